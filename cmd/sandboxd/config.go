@@ -1,0 +1,186 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
+)
+
+// Config is sandboxd's configuration. Precedence: flags > environment > config file > defaults.
+type Config struct {
+	// Listen is the HTTP address (default 127.0.0.1:8780). Env SANDBOXD_LISTEN.
+	Listen string `json:"listen"`
+	// RedisURL is a redis:// URL; empty runs an embedded in-process Redis. Env REDIS_URL.
+	RedisURL string `json:"redis_url"`
+	// StateDir holds the local runtime's boxes and workspaces. Env SANDBOXD_STATE_DIR.
+	StateDir string `json:"state_dir"`
+	// CheckpointDir is the local checkpoint store (default StateDir/checkpoints).
+	// Env SANDBOXD_CHECKPOINT_DIR.
+	CheckpointDir string `json:"checkpoint_dir"`
+	// Runsc is the runsc binary. Env SANDBOXD_RUNSC.
+	Runsc string `json:"runsc"`
+	// InitBinary is the static sandbox-init binary mounted into every sandbox. Env SANDBOXD_INIT.
+	InitBinary string `json:"init_binary"`
+	// Rootfs is the base rootfs of the default profile when the profile names none.
+	// Env SANDBOXD_ROOTFS.
+	Rootfs string `json:"rootfs"`
+
+	// APIKeys are the configured keys (hashes only).
+	APIKeys []auth.Key `json:"api_keys"`
+	// DevTenant and DevProject are the principal of SANDBOX_API_KEY (default dev:default).
+	DevTenant  string `json:"dev_tenant"`
+	DevProject string `json:"dev_project"`
+
+	Profiles       []sandbox.ProfileConfig `json:"profiles"`
+	DefaultProfile string                  `json:"default_profile"`
+	Limits         *sandbox.Limits         `json:"limits"`
+
+	GraphQL struct {
+		// AllowedOrigins are WebSocket Origin patterns allowed besides the server's own host.
+		AllowedOrigins  []string `json:"allowed_origins"`
+		KeepAliveSec    int      `json:"keepalive_sec"`
+		ComplexityLimit int      `json:"complexity_limit"`
+	} `json:"graphql"`
+
+	// EventsMaxLen bounds each project's event stream.
+	EventsMaxLen int64 `json:"events_max_len"`
+	// ShutdownSec bounds graceful shutdown.
+	ShutdownSec int    `json:"shutdown_sec"`
+	LogLevel    string `json:"log_level"`
+	LogFormat   string `json:"log_format"`
+
+	// devKey is SANDBOX_API_KEY (never read from the file).
+	devKey string
+}
+
+func defaultConfig() Config {
+	c := Config{Listen: "127.0.0.1:8780", DevTenant: "dev", DevProject: "default", EventsMaxLen: 10000,
+		ShutdownSec: 30, LogLevel: "info", LogFormat: "text"}
+	c.StateDir = "/var/lib/sandboxd"
+	if os.Geteuid() != 0 {
+		if home, err := os.UserHomeDir(); err == nil {
+			c.StateDir = filepath.Join(home, ".local", "state", "sandboxd")
+		}
+	}
+	l := sandbox.DefaultLimits()
+	c.Limits = &l // a config file's limits are merged over these
+	c.GraphQL.KeepAliveSec = 15
+	c.GraphQL.ComplexityLimit = 500
+	return c
+}
+
+// loadConfig reads flags (args), the environment and the config file into a Config.
+func loadConfig(args []string, getenv func(string) string) (Config, error) {
+	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
+	configPath := fs.String("config", getenv("SANDBOXD_CONFIG"), "config file (YAML or JSON); env SANDBOXD_CONFIG")
+	listen := fs.String("listen", "", "listen address (default 127.0.0.1:8780); env SANDBOXD_LISTEN")
+	redisURL := fs.String("redis-url", "", "Redis URL; empty runs an embedded Redis; env REDIS_URL")
+	stateDir := fs.String("state-dir", "", "local runtime state folder; env SANDBOXD_STATE_DIR")
+	ckptDir := fs.String("checkpoint-dir", "", "local checkpoint folder; env SANDBOXD_CHECKPOINT_DIR")
+	runsc := fs.String("runsc", "", "runsc binary; env SANDBOXD_RUNSC")
+	initBin := fs.String("init-binary", "", "static sandbox-init binary; env SANDBOXD_INIT")
+	rootfs := fs.String("rootfs", "", "base rootfs of the default profile; env SANDBOXD_ROOTFS")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	c := defaultConfig()
+	if *configPath != "" {
+		data, err := os.ReadFile(*configPath)
+		if err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(data, &c); err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", *configPath, err)
+		}
+	}
+	pick := func(dst *string, flagVal, env string) {
+		if v := getenv(env); v != "" {
+			*dst = v
+		}
+		if flagVal != "" {
+			*dst = flagVal
+		}
+	}
+	pick(&c.Listen, *listen, "SANDBOXD_LISTEN")
+	pick(&c.RedisURL, *redisURL, "REDIS_URL")
+	pick(&c.StateDir, *stateDir, "SANDBOXD_STATE_DIR")
+	pick(&c.CheckpointDir, *ckptDir, "SANDBOXD_CHECKPOINT_DIR")
+	pick(&c.Runsc, *runsc, "SANDBOXD_RUNSC")
+	pick(&c.InitBinary, *initBin, "SANDBOXD_INIT")
+	pick(&c.Rootfs, *rootfs, "SANDBOXD_ROOTFS")
+	pick(&c.LogLevel, *logLevel, "SANDBOXD_LOG_LEVEL")
+	c.devKey = getenv("SANDBOX_API_KEY")
+	if c.CheckpointDir == "" {
+		c.CheckpointDir = filepath.Join(c.StateDir, "checkpoints")
+	}
+	if len(c.Profiles) == 0 {
+		c.Profiles = []sandbox.ProfileConfig{{
+			Name: "sandboxes-default", Description: "Debian bookworm with bash, coreutils, git, curl, python3 and pytest",
+			MilliCPU: 1000, MemoryMB: 1024, DiskMB: 10240, Network: "none",
+		}}
+	}
+	for i := range c.Profiles {
+		if c.Profiles[i].Rootfs == "" && c.Profiles[i].Image == "" {
+			c.Profiles[i].Rootfs = c.Rootfs
+		}
+	}
+	return c, c.validate()
+}
+
+func (c *Config) validate() error {
+	var errs []string
+	if c.Runsc == "" {
+		errs = append(errs, "runsc is not set (flag --runsc, env SANDBOXD_RUNSC); scripts/run-server.sh builds it")
+	}
+	if c.InitBinary == "" {
+		errs = append(errs, "the sandbox-init binary is not set (flag --init-binary, env SANDBOXD_INIT); scripts/run-server.sh builds it")
+	}
+	for _, p := range c.Profiles {
+		if p.Rootfs == "" {
+			errs = append(errs, fmt.Sprintf("profile %s has no rootfs (flag --rootfs, env SANDBOXD_ROOTFS, or profiles[].rootfs)", p.Name))
+		}
+	}
+	if len(c.APIKeys) == 0 && c.devKey == "" {
+		errs = append(errs, "no API keys: set SANDBOX_API_KEY for a development principal, or api_keys in the config file")
+	}
+	if c.devKey != "" && len(c.devKey) < 8 {
+		errs = append(errs, "SANDBOX_API_KEY must be at least 8 characters")
+	}
+	if c.ShutdownSec <= 0 {
+		c.ShutdownSec = 30
+	}
+	if len(errs) > 0 {
+		return errors.New("config: " + strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// keys returns the configured keys plus the development key.
+func (c *Config) keys() []auth.Key {
+	keys := append([]auth.Key(nil), c.APIKeys...)
+	if c.devKey != "" {
+		keys = append(keys, auth.Key{Name: "SANDBOX_API_KEY", SHA256: auth.HashKey(c.devKey), Tenant: c.DevTenant, Project: c.DevProject})
+	}
+	return keys
+}
+
+func (c *Config) sandboxConfig() sandbox.Config {
+	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits}
+}
+
+func (c *Config) keepAlive() time.Duration {
+	return time.Duration(c.GraphQL.KeepAliveSec) * time.Second
+}

@@ -1,0 +1,314 @@
+// Command sandboxd is the sandbox control plane: REST at /sandbox/sandboxes/v1, GraphQL at
+// /graphql, health at /healthz and /readyz, Prometheus metrics at /metrics. With no REDIS_URL it
+// runs an embedded Redis; its default runtime runs gVisor sandboxes on this host with runsc.
+//
+//	sandboxd [flags]             serve (see -h)
+//	sandboxd hash-key KEY        print the sha256 of an API key, for api_keys in the config
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"sandboxd/internal/auth"
+	"sandboxd/internal/checkpoint"
+	"sandboxd/internal/events"
+	"sandboxd/internal/rest"
+	"sandboxd/internal/sandbox"
+	"sandboxd/internal/store"
+	"sandboxd/resolvers"
+	"sandboxd/runtime"
+	"sandboxd/runtime/gvisor"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "hash-key" {
+		if len(os.Args) != 3 {
+			fmt.Fprintln(os.Stderr, "usage: sandboxd hash-key KEY")
+			os.Exit(2)
+		}
+		fmt.Println(auth.HashKey(os.Args[2]))
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv); err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string) error {
+	cfg, err := loadConfig(args, getenv)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg)
+	slog.SetDefault(log)
+
+	rdb, closeRedis, err := openRedis(ctx, cfg.RedisURL, log)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+
+	driver, err := gvisor.New(gvisor.Options{Runsc: cfg.Runsc, StateDir: cfg.StateDir, InitBinary: cfg.InitBinary, Logger: log})
+	if err != nil {
+		return fmt.Errorf("gvisor runtime: %w", err)
+	}
+	if err := driver.Check(ctx); err != nil {
+		return fmt.Errorf("gvisor runtime: %w", err)
+	}
+	objs, err := checkpoint.NewLocalStore(cfg.CheckpointDir)
+	if err != nil {
+		return fmt.Errorf("checkpoint store: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
+		Driver:      driver,
+		Store:       store.New(rdb, lookupSource(driver)),
+		Events:      events.New(rdb, cfg.EventsMaxLen),
+		Checkpoints: checkpoint.New(objs, checkpoint.Options{}),
+		Metrics:     sandbox.NewMetrics(reg),
+		Logger:      log,
+	})
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	reg.MustRegister(sandbox.NewStateCollector(svc.CountByState))
+	authn, err := auth.New(cfg.keys())
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", readyz(rdb, driver))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/graphql", resolvers.NewHandler(svc, authn, resolvers.HandlerOptions{
+		AllowedOrigins: cfg.GraphQL.AllowedOrigins, KeepAlivePingInterval: cfg.keepAlive(),
+		ComplexityLimit: cfg.GraphQL.ComplexityLimit, Logger: log,
+	}))
+	mux.Handle("GET /graphiql", resolvers.GraphiQLHandler())
+	mux.Handle("/", rest.New(svc, authn, log))
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           instrument(mux, reg),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("sandboxd listening", "addr", ln.Addr().String(), "runtime", driver.Name(), "state_dir", cfg.StateDir,
+		"checkpoints", cfg.CheckpointDir, "redis", redactURL(cfg.RedisURL), "profiles", len(cfg.Profiles), "keys", authn.Len())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: sandboxes keep running")
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownSec)*time.Second)
+	defer cancel()
+	srv.RegisterOnShutdown(svc.Close)
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("graceful shutdown cut short", "err", err)
+	}
+	return nil
+}
+
+func newLogger(cfg Config) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// openRedis connects to REDIS_URL, or starts the embedded Redis when it is empty.
+func openRedis(ctx context.Context, url string, log *slog.Logger) (redis.UniversalClient, func(), error) {
+	if url == "" {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, nil, fmt.Errorf("embedded redis: %w", err)
+		}
+		log.Info("embedded Redis started (set REDIS_URL to use a real one)", "addr", mr.Addr())
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		return rdb, func() { rdb.Close(); mr.Close() }, nil
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	rdb := redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		rdb.Close()
+		return nil, nil, fmt.Errorf("redis at %s: %w", redactURL(url), err)
+	}
+	return rdb, func() { rdb.Close() }, nil
+}
+
+func redactURL(u string) string {
+	if u == "" {
+		return "embedded"
+	}
+	if i := strings.Index(u, "@"); i >= 0 {
+		if j := strings.Index(u, "://"); j >= 0 && j < i {
+			return u[:j+3] + "***" + u[i:]
+		}
+	}
+	return u
+}
+
+// lookupSource lists the runtime's boxes as lookup entries: what Redis is rebuilt from.
+func lookupSource(d runtime.Driver) store.Source {
+	return func(ctx context.Context) ([]store.Entry, error) {
+		boxes, err := d.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]store.Entry, 0, len(boxes))
+		for _, b := range boxes {
+			out = append(out, sandbox.EntryOf(b))
+		}
+		return out, nil
+	}
+}
+
+func readyz(rdb redis.UniversalClient, d runtime.Driver) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		var problems []string
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			problems = append(problems, "redis: "+err.Error())
+		}
+		if err := d.Check(ctx); err != nil {
+			problems = append(problems, "runtime: "+err.Error())
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, strings.Join(problems, "\n"))
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	}
+}
+
+// instrument records request latency by route (a bounded set of patterns, never an id).
+func instrument(next http.Handler, reg prometheus.Registerer) http.Handler {
+	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sandboxd_http_request_duration_seconds",
+		Help:    "HTTP request latency by route, method and status code.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"route", "method", "code"})
+	reg.MustRegister(hist)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		hist.WithLabelValues(route(r.URL.Path), method(r.Method), fmt.Sprint(sw.code)).Observe(time.Since(start).Seconds())
+	})
+}
+
+// route maps a path to its pattern: ids become {id}; unknown paths are "other".
+func route(path string) string {
+	switch path {
+	case "/healthz", "/readyz", "/metrics", "/graphql", "/graphiql", rest.Prefix:
+		return path
+	}
+	rest0, ok := strings.CutPrefix(path, rest.Prefix+"/")
+	if !ok {
+		return "other"
+	}
+	parts := strings.SplitN(rest0, "/", 2)
+	switch {
+	case len(parts) == 1:
+		return rest.Prefix + "/{id}"
+	case parts[1] == "exec" || parts[1] == "stop" || parts[1] == "start" || parts[1] == "files" || parts[1] == "files/list":
+		return rest.Prefix + "/{id}/" + parts[1]
+	}
+	return "other"
+}
+
+func method(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodHead, http.MethodOptions:
+		return m
+	}
+	return "other"
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.code, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush and Hijack (SSE, WebSocket).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush implements http.Flusher (SSE needs it).
+func (w *statusWriter) Flush() {
+	w.wrote = true
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Hijack implements http.Hijacker (WebSocket upgrades need it).
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, fmt.Errorf("hijack: %T is not a Hijacker", w.ResponseWriter)
+	}
+	w.wrote = true
+	if w.code == http.StatusOK {
+		w.code = http.StatusSwitchingProtocols
+	}
+	return h.Hijack()
+}

@@ -1,0 +1,188 @@
+// Package guest is the guest init's protocol, shared by both ends of the attach stream: the
+// server that runs as PID 1 inside every sandbox (cmd/sandbox-init) and the client the control
+// plane uses over a driver's Attach stream. The wire is HTTP/2 (h2c, prior knowledge) over that
+// one byte stream, so many calls share one attach.
+package guest
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Paths inside the sandbox.
+const (
+	// InitPath is where the guest init binary is mounted read-only in every sandbox.
+	InitPath = "/.sbx/init"
+	// SocketPath is the unix socket PID 1 listens on; `init connect` bridges stdio to it.
+	SocketPath = "/run/sbx/init.sock"
+	// StateDir holds each exec's output log and status (a tmpfs inside the sandbox).
+	StateDir = "/run/sbx/execs"
+	// Workspace is the sandbox's persistent working directory.
+	Workspace = "/workspace"
+	// ExecIDEnv is set in every exec's environment; it marks the exec's whole process tree.
+	ExecIDEnv = "SBX_EXEC_ID"
+)
+
+// ExecRequest starts a command inside the sandbox.
+type ExecRequest struct {
+	// ID is chosen by the control plane (exec_…); starting an id twice is an error.
+	ID   string   `json:"id"`
+	Argv []string `json:"argv"`
+	// Env entries KEY=VALUE are added to the sandbox's base environment.
+	Env []string `json:"env,omitempty"`
+	// Cwd defaults to /workspace.
+	Cwd string `json:"cwd,omitempty"`
+	// Timeout kills the whole process tree after this long; 0 means no timeout.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+	// Stdin is written to the command's stdin, which is then closed. Empty means /dev/null.
+	Stdin []byte `json:"stdin,omitempty"`
+	// MaxLogBytes bounds the output log kept inside the sandbox; 0 means the server default.
+	MaxLogBytes int64 `json:"max_log_bytes,omitempty"`
+}
+
+// ExecInfo is the state of one exec.
+type ExecInfo struct {
+	ID        string    `json:"id"`
+	Argv      []string  `json:"argv"`
+	Pid       int       `json:"pid"`
+	StartedAt time.Time `json:"started_at"`
+	// Running is true until the exit record has been written.
+	Running bool `json:"running"`
+	// LogBytes is the size of the output log so far (the offset a follower has to reach).
+	LogBytes int64 `json:"log_bytes"`
+	// Exit is set once the command has ended.
+	Exit *ExitStatus `json:"exit,omitempty"`
+}
+
+// ExitStatus is the final status of an exec.
+type ExitStatus struct {
+	// ExitCode is the process's exit code, 128+n when it was killed by signal n. A command that
+	// could not start reports it the way a shell does: 127 (not found, bad cwd) or 126 (not
+	// executable), with Error set.
+	ExitCode int `json:"exit_code"`
+	// Signal names the signal that killed it ("SIGKILL"), empty when it exited.
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out"`
+	// DurationMs is the wall time from start to exit.
+	DurationMs int64     `json:"duration_ms"`
+	EndedAt    time.Time `json:"ended_at"`
+	// Error says why the command could not start ("executable file not found"), if so.
+	Error string `json:"error,omitempty"`
+	// DroppedBytes counts output that did not fit in MaxLogBytes and was not kept.
+	DroppedBytes int64 `json:"dropped_bytes,omitempty"`
+}
+
+// Output log records. The log of an exec is a sequence of records, each a 5-byte header (one
+// kind byte, then the payload length as a big-endian uint32) followed by the payload. Offsets
+// are byte offsets into this log; a record never straddles a read from a record boundary.
+const (
+	RecordStdout byte = 1
+	RecordStderr byte = 2
+	// RecordExit's payload is the JSON ExitStatus; it is always the last record.
+	RecordExit byte = 3
+	// RecordHeaderLen is the size of a record header.
+	RecordHeaderLen = 5
+	// MaxRecordPayload bounds one record's payload.
+	MaxRecordPayload = 64 << 10
+)
+
+// FileInfo describes one file or directory inside the sandbox.
+type FileInfo struct {
+	Name string `json:"name"`
+	// Path is relative to /workspace for listings, absolute otherwise.
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+	// Mode holds the Unix permission bits (0o777) plus setuid 0o4000, setgid 0o2000 and
+	// sticky 0o1000; IsDir and Symlink say what kind of file it is.
+	Mode    uint32    `json:"mode"`
+	IsDir   bool      `json:"is_dir"`
+	Symlink string    `json:"symlink,omitempty"`
+	ModTime time.Time `json:"mod_time"`
+}
+
+// Error is the JSON body of every non-2xx answer from the guest init.
+type Error struct {
+	// Code is one of the ErrCode constants.
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error codes the guest init answers with.
+const (
+	ErrCodeNotFound    = "not_found"
+	ErrCodeInvalid     = "invalid"
+	ErrCodeExists      = "exists"
+	ErrCodeTooLarge    = "too_large"
+	ErrCodeIsDir       = "is_dir"
+	ErrCodeNotDir      = "not_dir"
+	ErrCodeInternal    = "internal"
+	ErrCodeUnavailable = "unavailable"
+)
+
+// Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it
+// at build time with -ldflags "-X sandboxd/guest.Version=…".
+var Version = "dev"
+
+// Health is the answer of GET /v1/health.
+type Health struct {
+	OK      bool   `json:"ok"`
+	Pid     int    `json:"pid"`
+	Version string `json:"version"`
+}
+
+// SignalRequest is the body of POST /v1/execs/{id}/signal.
+type SignalRequest struct {
+	// Signal is one of SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2.
+	Signal string `json:"signal"`
+}
+
+// DirListing is the answer of GET /v1/dirs.
+type DirListing struct {
+	Entries []FileInfo `json:"entries"`
+	// Truncated is true when the directory holds more entries than the limit.
+	Truncated bool `json:"truncated"`
+}
+
+// ImportResult is the answer of PUT /v1/workspace/tar.
+type ImportResult struct {
+	Files int64 `json:"files"`
+	Bytes int64 `json:"bytes"`
+}
+
+// Headers of file and tar answers.
+const (
+	// HeaderSize is the file's size in bytes (GET /v1/files).
+	HeaderSize = "X-Sbx-Size"
+	// HeaderMode is the file's FileInfo.Mode in octal, e.g. "0644" (GET /v1/files).
+	HeaderMode = "X-Sbx-Mode"
+	// HeaderModTime is the file's modification time, RFC 3339 with nanoseconds (GET /v1/files).
+	HeaderModTime = "X-Sbx-Mtime"
+	// HeaderFiles is a trailer of GET /v1/workspace/tar: how many entries the tar holds.
+	HeaderFiles = "X-Sbx-Files"
+	// HeaderLogBytes is the log size when a log answer started (GET /v1/execs/{id}/log).
+	HeaderLogBytes = "X-Sbx-Log-Bytes"
+)
+
+// Error implements error.
+func (e *Error) Error() string {
+	return fmt.Sprintf("guest: %s: %s", e.Code, e.Message)
+}
+
+// HTTPStatus is the status the guest init answers with for an error code.
+func HTTPStatus(code string) int {
+	switch code {
+	case ErrCodeNotFound:
+		return http.StatusNotFound
+	case ErrCodeInvalid, ErrCodeIsDir, ErrCodeNotDir:
+		return http.StatusBadRequest
+	case ErrCodeExists:
+		return http.StatusConflict
+	case ErrCodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case ErrCodeUnavailable:
+		return http.StatusTooManyRequests
+	default:
+		return http.StatusInternalServerError
+	}
+}

@@ -1,0 +1,122 @@
+// Package apierror is the one table of error codes: every domain error that a client may see
+// carries a Code, and the code decides the HTTP status (REST) and extensions.code (GraphQL).
+// Only an Error's Message reaches a client; any other error is "internal error".
+package apierror
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Code is a stable, documented error code.
+type Code string
+
+// The codes. Keep README.md's error table in step.
+const (
+	InvalidArgument  Code = "INVALID_ARGUMENT"
+	Unauthenticated  Code = "UNAUTHENTICATED"
+	PermissionDenied Code = "PERMISSION_DENIED"
+	NotFound         Code = "NOT_FOUND"
+	InvalidState     Code = "INVALID_STATE"
+	AlreadyExists    Code = "ALREADY_EXISTS"
+	PayloadTooLarge  Code = "PAYLOAD_TOO_LARGE"
+	QuotaExceeded    Code = "QUOTA_EXCEEDED"
+	Unavailable      Code = "UNAVAILABLE"
+	SandboxFailed    Code = "SANDBOX_FAILED"
+	Internal         Code = "INTERNAL"
+)
+
+// table maps each code to its HTTP status.
+var table = map[Code]int{
+	InvalidArgument:  http.StatusBadRequest,
+	Unauthenticated:  http.StatusUnauthorized,
+	PermissionDenied: http.StatusForbidden,
+	NotFound:         http.StatusNotFound,
+	InvalidState:     http.StatusConflict,
+	AlreadyExists:    http.StatusConflict,
+	PayloadTooLarge:  http.StatusRequestEntityTooLarge,
+	QuotaExceeded:    http.StatusTooManyRequests,
+	Unavailable:      http.StatusServiceUnavailable,
+	SandboxFailed:    http.StatusConflict,
+	Internal:         http.StatusInternalServerError,
+}
+
+// Codes lists every code, for documentation and tests.
+func Codes() []Code {
+	return []Code{InvalidArgument, Unauthenticated, PermissionDenied, NotFound, InvalidState,
+		AlreadyExists, PayloadTooLarge, QuotaExceeded, Unavailable, SandboxFailed, Internal}
+}
+
+// HTTPStatus is the HTTP status of a code (500 for an unknown one).
+func (c Code) HTTPStatus() int {
+	if s, ok := table[c]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// Error is an error with a code and a message that is safe to show to the client.
+type Error struct {
+	Code    Code
+	Message string
+	// RetryAfter, when set, becomes the Retry-After header (REST) and extensions.retryAfter.
+	RetryAfter time.Duration
+	// Details are extra public fields (extensions in GraphQL, error fields in REST).
+	Details map[string]any
+	// Err is the cause, for logs only.
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// New returns an Error with a formatted public message.
+func New(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap returns an Error with a public message and err as its (private) cause.
+func Wrap(err error, code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Err: err}
+}
+
+// WithRetryAfter sets RetryAfter and returns e.
+func (e *Error) WithRetryAfter(d time.Duration) *Error {
+	e.RetryAfter = d
+	return e
+}
+
+// WithDetail adds one public detail and returns e.
+func (e *Error) WithDetail(key string, value any) *Error {
+	if e.Details == nil {
+		e.Details = map[string]any{}
+	}
+	e.Details[key] = value
+	return e
+}
+
+// From returns the *Error in err's chain, or an Internal error with the generic message.
+func From(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Code: Internal, Message: "internal error", Err: err}
+}
+
+// CodeOf returns the code of err (Internal when it has none).
+func CodeOf(err error) Code { return From(err).Code }
+
+// Is reports whether err carries code.
+func Is(err error, code Code) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

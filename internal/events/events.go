@@ -1,0 +1,151 @@
+// Package events carries sandbox status events through Redis Streams, one bounded stream per
+// tenant:project, so that any replica can serve any subscriber and a subscriber that reconnects
+// resumes from its cursor (the stream entry id). Each subscriber reads Redis on its own: a slow
+// one only falls behind, it never slows the publisher or other subscribers.
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Event is one status event. Fields is a flat map so that producers of other kinds of events
+// (exec status, agent runs) can share the stream shape.
+type Event struct {
+	// Cursor is the stream entry id; pass it back as `after` to resume after this event.
+	Cursor    string
+	Type      string
+	SandboxID string
+	Fields    map[string]string
+	At        time.Time
+}
+
+// Bus publishes and follows events.
+type Bus struct {
+	rdb redis.UniversalClient
+	// MaxLen bounds each project's stream (approximately, on a real Redis).
+	maxLen int64
+	// block is how long one XREAD waits before checking the context again.
+	block time.Duration
+}
+
+// New returns a Bus keeping up to maxLen events per project.
+func New(rdb redis.UniversalClient, maxLen int64) *Bus {
+	if maxLen <= 0 {
+		maxLen = 10000
+	}
+	return &Bus{rdb: rdb, maxLen: maxLen, block: 5 * time.Second}
+}
+
+func streamKey(tenant, project string) string { return "sbx:{" + tenant + ":" + project + "}:events" }
+
+// ErrBadCursor is returned for a malformed `after` cursor.
+var ErrBadCursor = errors.New("events: malformed cursor")
+
+var cursorPattern = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+
+// ValidCursor reports whether s is a usable cursor ("" means "from now").
+func ValidCursor(s string) bool { return s == "" || cursorPattern.MatchString(s) }
+
+// Publish appends an event to the project's stream and returns its cursor.
+func (b *Bus) Publish(ctx context.Context, tenant, project string, ev Event) (string, error) {
+	values := map[string]any{"type": ev.Type, "sandbox_id": ev.SandboxID, "at": ev.At.UTC().Format(time.RFC3339Nano)}
+	for k, v := range ev.Fields {
+		values["f."+k] = v
+	}
+	id, err := b.rdb.XAdd(ctx, &redis.XAddArgs{
+		Stream: streamKey(tenant, project), MaxLen: b.maxLen, Approx: true, Values: values,
+	}).Result()
+	if err != nil {
+		return "", fmt.Errorf("events publish: %w", err)
+	}
+	return id, nil
+}
+
+// Subscribe follows the project's events after the cursor after ("" = only new events),
+// keeping those of sandboxID ("" = all of the project). The channel is closed when ctx ends or
+// Redis fails for good; each send waits on ctx, so an abandoned subscriber leaks nothing.
+func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after string) (<-chan Event, error) {
+	if !ValidCursor(after) {
+		return nil, ErrBadCursor
+	}
+	key := streamKey(tenant, project)
+	if after == "" {
+		// Start from the current last entry, so nothing published after Subscribe returns is missed.
+		last, err := b.rdb.XRevRangeN(ctx, key, "+", "-", 1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("events subscribe: %w", err)
+		}
+		after = "0-0"
+		if len(last) == 1 {
+			after = last[0].ID
+		}
+	}
+	out := make(chan Event, 16)
+	go func() {
+		defer close(out)
+		cursor := after
+		failures := 0
+		for ctx.Err() == nil {
+			res, err := b.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{key, cursor}, Count: 100, Block: b.block}).Result()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				failures++
+				if failures > 20 {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Duration(failures) * 50 * time.Millisecond):
+				}
+				continue
+			}
+			failures = 0
+			for _, st := range res {
+				for _, m := range st.Messages {
+					cursor = m.ID
+					ev := decode(m)
+					if sandboxID != "" && ev.SandboxID != sandboxID {
+						continue
+					}
+					select {
+					case out <- ev:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+func decode(m redis.XMessage) Event {
+	ev := Event{Cursor: m.ID, Fields: map[string]string{}}
+	for k, v := range m.Values {
+		s, _ := v.(string)
+		switch {
+		case k == "type":
+			ev.Type = s
+		case k == "sandbox_id":
+			ev.SandboxID = s
+		case k == "at":
+			ev.At, _ = time.Parse(time.RFC3339Nano, s)
+		case strings.HasPrefix(k, "f."):
+			ev.Fields[k[2:]] = s
+		}
+	}
+	return ev
+}

@@ -1,0 +1,458 @@
+// Package rest serves the documented REST paths (/sandbox/sandboxes/v1…) over the domain
+// service. Handlers are thin: authenticate, decode and bound the request, call internal/sandbox,
+// encode the answer. Errors are {"error":{"code","message",…}} with the status of their code.
+package rest
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
+)
+
+// Handler serves the REST API.
+type Handler struct {
+	svc  *sandbox.Service
+	auth *auth.Authenticator
+	log  *slog.Logger
+	mux  *http.ServeMux
+}
+
+// Prefix is the root of the sandbox REST paths.
+const Prefix = "/sandbox/sandboxes/v1"
+
+// maxJSONBody bounds JSON request bodies (an exec's stdin travels inside, base64-encoded).
+const maxJSONBody = 8 << 20
+
+// New returns the REST handler. Mount it at "/".
+func New(svc *sandbox.Service, authn *auth.Authenticator, log *slog.Logger) *Handler {
+	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux()}
+	h.mux.HandleFunc("POST "+Prefix, h.create)
+	h.mux.HandleFunc("GET "+Prefix, h.list)
+	h.mux.HandleFunc("GET "+Prefix+"/{id}", h.get)
+	h.mux.HandleFunc("DELETE "+Prefix+"/{id}", h.destroy)
+	h.mux.HandleFunc("POST "+Prefix+"/{id}/exec", h.exec)
+	h.mux.HandleFunc("POST "+Prefix+"/{id}/stop", h.stop)
+	h.mux.HandleFunc("POST "+Prefix+"/{id}/start", h.start)
+	h.mux.HandleFunc("GET "+Prefix+"/{id}/files", h.download)
+	h.mux.HandleFunc("PUT "+Prefix+"/{id}/files", h.upload)
+	h.mux.HandleFunc("POST "+Prefix+"/{id}/files", h.upload)
+	h.mux.HandleFunc("GET "+Prefix+"/{id}/files/list", h.listFiles)
+	h.mux.HandleFunc(Prefix+"/", h.notFound)
+	return h
+}
+
+// ServeHTTP authenticates the caller and routes the request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p, err := h.auth.Authenticate(r.Header.Get(auth.HeaderAPIKey), r.Header.Get(auth.HeaderTenant), r.Header.Get(auth.HeaderProject))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.mux.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+}
+
+func (h *Handler) notFound(w http.ResponseWriter, r *http.Request) {
+	h.fail(w, r, apierror.New(apierror.NotFound, "no such path: %s %s", r.Method, r.URL.Path))
+}
+
+// ---- sandboxes ----
+
+type createBody struct {
+	Profile     string            `json:"profile"`
+	AutostopSec *int64            `json:"autostop_sec"`
+	TTLSec      *int64            `json:"ttl_sec"`
+	Env         map[string]string `json:"env"`
+}
+
+func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
+	var b createBody
+	if !h.decode(w, r, &b) {
+		return
+	}
+	sb, err := h.svc.Create(r.Context(), principal(r), sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sandboxJSON(sb))
+}
+
+func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	opts := sandbox.ListOptions{After: q.Get("cursor"), State: sandbox.State(strings.ToUpper(q.Get("state")))}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			h.fail(w, r, apierror.New(apierror.InvalidArgument, "limit must be a positive integer, got %q", v))
+			return
+		}
+		opts.Limit = n
+	}
+	page, err := h.svc.List(r.Context(), principal(r), opts)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := struct {
+		Sandboxes  []sandboxOut `json:"sandboxes"`
+		NextCursor string       `json:"next_cursor,omitempty"`
+	}{Sandboxes: make([]sandboxOut, 0, len(page.Sandboxes)), NextCursor: page.NextCursor}
+	for _, sb := range page.Sandboxes {
+		out.Sandboxes = append(out.Sandboxes, sandboxJSON(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
+	sb, err := h.svc.Get(r.Context(), principal(r), r.PathValue("id"))
+	h.answerSandbox(w, r, sb, err)
+}
+
+func (h *Handler) stop(w http.ResponseWriter, r *http.Request) {
+	if !h.emptyBody(w, r) {
+		return
+	}
+	sb, err := h.svc.Stop(r.Context(), principal(r), r.PathValue("id"))
+	h.answerSandbox(w, r, sb, err)
+}
+
+func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
+	if !h.emptyBody(w, r) {
+		return
+	}
+	sb, err := h.svc.Start(r.Context(), principal(r), r.PathValue("id"))
+	h.answerSandbox(w, r, sb, err)
+}
+
+func (h *Handler) destroy(w http.ResponseWriter, r *http.Request) {
+	res, err := h.svc.Destroy(r.Context(), principal(r), r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := sandboxJSON(res.Sandbox)
+	writeJSON(w, http.StatusOK, struct {
+		sandboxOut
+		SnapshotID string `json:"snapshot_id"`
+	}{out, res.SnapshotID})
+}
+
+func (h *Handler) answerSandbox(w http.ResponseWriter, r *http.Request, sb sandbox.Sandbox, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sandboxJSON(sb))
+}
+
+// ---- exec ----
+
+type execBody struct {
+	Command     []string          `json:"command"`
+	TimeoutSec  *int64            `json:"timeout_sec"`
+	Env         map[string]string `json:"env"`
+	Cwd         string            `json:"cwd"`
+	Stdin       *string           `json:"stdin"`
+	StdinBase64 *string           `json:"stdin_base64"`
+}
+
+func (h *Handler) exec(w http.ResponseWriter, r *http.Request) {
+	var b execBody
+	if !h.decode(w, r, &b) {
+		return
+	}
+	req := sandbox.ExecRequest{Command: b.Command, TimeoutSec: b.TimeoutSec, Env: b.Env, Cwd: b.Cwd}
+	switch {
+	case b.Stdin != nil && b.StdinBase64 != nil:
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "send stdin or stdin_base64, not both"))
+		return
+	case b.Stdin != nil:
+		req.Stdin = []byte(*b.Stdin)
+	case b.StdinBase64 != nil:
+		data, err := base64.StdEncoding.DecodeString(*b.StdinBase64)
+		if err != nil {
+			h.fail(w, r, apierror.New(apierror.InvalidArgument, "stdin_base64 is not valid base64: %v", err))
+			return
+		}
+		req.Stdin = data
+	}
+	res, err := h.svc.Exec(r.Context(), principal(r), r.PathValue("id"), req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, execJSON(res))
+}
+
+type execOut struct {
+	ExecID          string    `json:"exec_id"`
+	ExitCode        int       `json:"exit_code"`
+	Signal          string    `json:"signal,omitempty"`
+	Stdout          string    `json:"stdout"`
+	Stderr          string    `json:"stderr"`
+	StdoutBase64    string    `json:"stdout_base64,omitempty"`
+	StderrBase64    string    `json:"stderr_base64,omitempty"`
+	TimedOut        bool      `json:"timed_out"`
+	DurationMs      int64     `json:"duration_ms"`
+	DurationSec     float64   `json:"duration_sec"`
+	StdoutTruncated bool      `json:"stdout_truncated"`
+	StderrTruncated bool      `json:"stderr_truncated"`
+	StartedAt       time.Time `json:"started_at"`
+	EndedAt         time.Time `json:"ended_at"`
+	Error           string    `json:"error,omitempty"`
+}
+
+func execJSON(res sandbox.ExecResult) execOut {
+	out := execOut{ExecID: res.ExecID, ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
+		Stdout: string(res.Stdout), Stderr: string(res.Stderr),
+		DurationMs: res.Duration.Milliseconds(), DurationSec: res.Duration.Seconds(),
+		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
+		StartedAt: res.StartedAt, EndedAt: res.EndedAt, Error: res.Error}
+	// JSON strings are UTF-8: binary output also travels base64-encoded, byte for byte.
+	if !utf8.Valid(res.Stdout) {
+		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout)
+	}
+	if !utf8.Valid(res.Stderr) {
+		out.StderrBase64 = base64.StdEncoding.EncodeToString(res.Stderr)
+	}
+	return out
+}
+
+// ---- files ----
+
+func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Query().Get("path")
+	rc, info, err := h.svc.OpenFile(r.Context(), principal(r), r.PathValue("id"), path)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
+	w.Header().Set("X-File-Mode", fmt.Sprintf("%04o", info.Mode&0o7777))
+	w.Header().Set("Last-Modified", info.ModTime.UTC().Format(http.TimeFormat))
+	if _, err := io.Copy(w, rc); err != nil {
+		h.log.Warn("file download cut short", "sandbox", r.PathValue("id"), "err", err)
+	}
+}
+
+func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var mode uint64
+	if v := q.Get("mode"); v != "" {
+		m, err := strconv.ParseUint(v, 8, 32)
+		if err != nil {
+			h.fail(w, r, apierror.New(apierror.InvalidArgument, "mode must be octal permission bits like 0644, got %q", v))
+			return
+		}
+		mode = m
+	}
+	limit := h.svc.Limits().MaxFileBytes
+	if r.ContentLength > limit {
+		h.fail(w, r, apierror.New(apierror.PayloadTooLarge, "the file is %d bytes, at most %d", r.ContentLength, limit))
+		return
+	}
+	fi, err := h.svc.WriteFile(r.Context(), principal(r), r.PathValue("id"), q.Get("path"), os.FileMode(mode), r.Body)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, fileJSON(fi))
+}
+
+func (h *Handler) listFiles(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 0
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			h.fail(w, r, apierror.New(apierror.InvalidArgument, "limit must be a positive integer, got %q", v))
+			return
+		}
+		limit = n
+	}
+	path := q.Get("path")
+	if path == "" {
+		path = "."
+	}
+	entries, truncated, err := h.svc.ListDir(r.Context(), principal(r), r.PathValue("id"), path, limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	out := struct {
+		Path      string    `json:"path"`
+		Entries   []fileOut `json:"entries"`
+		Truncated bool      `json:"truncated"`
+	}{Path: path, Entries: make([]fileOut, 0, len(entries)), Truncated: truncated}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, fileJSON(e))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ---- encoding ----
+
+type resourcesOut struct {
+	MilliCPU    int64 `json:"milli_cpu"`
+	MemoryBytes int64 `json:"memory_bytes"`
+	DiskBytes   int64 `json:"disk_bytes"`
+}
+
+type sandboxOut struct {
+	SandboxID        string       `json:"sandbox_id"`
+	TenantID         string       `json:"tenant_id"`
+	ProjectID        string       `json:"project_id"`
+	Profile          string       `json:"profile"`
+	State            string       `json:"state"`
+	StateReason      string       `json:"state_reason,omitempty"`
+	CreatedAt        time.Time    `json:"created_at"`
+	StateChangedAt   time.Time    `json:"state_changed_at"`
+	AutostopSec      int64        `json:"autostop_sec"`
+	TTLSec           int64        `json:"ttl_sec"`
+	ExpiresAt        *time.Time   `json:"expires_at,omitempty"`
+	LatestSnapshotID string       `json:"latest_snapshot_id,omitempty"`
+	Resources        resourcesOut `json:"resources"`
+	Network          string       `json:"network"`
+}
+
+func sandboxJSON(sb sandbox.Sandbox) sandboxOut {
+	out := sandboxOut{SandboxID: sb.ID, TenantID: sb.Tenant, ProjectID: sb.Project, Profile: sb.Profile,
+		State: string(sb.State), StateReason: sb.StateReason, CreatedAt: sb.CreatedAt, StateChangedAt: sb.StateChangedAt,
+		AutostopSec: sb.AutostopSec, TTLSec: sb.TTLSec, LatestSnapshotID: sb.LatestSnapshotID,
+		Resources: resourcesOut{MilliCPU: sb.MilliCPU, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, Network: sb.Network}
+	if t := sb.ExpiresAt(); !t.IsZero() {
+		out.ExpiresAt = &t
+	}
+	return out
+}
+
+type fileOut struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"`
+	IsDir   bool      `json:"is_dir"`
+	Symlink string    `json:"symlink,omitempty"`
+	ModTime time.Time `json:"mod_time"`
+}
+
+func fileJSON(f sandbox.FileInfo) fileOut {
+	return fileOut{Name: f.Name, Path: f.Path, Size: f.Size, Mode: fmt.Sprintf("%04o", f.Mode&0o7777), IsDir: f.IsDir,
+		Symlink: f.Symlink, ModTime: f.ModTime}
+}
+
+func principal(r *http.Request) auth.Principal {
+	p, _ := auth.FromContext(r.Context())
+	return p
+}
+
+// decode reads a bounded JSON body into v, refusing unknown fields and trailing data. It
+// answers the client itself and returns false when the body is bad.
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			h.fail(w, r, apierror.New(apierror.PayloadTooLarge, "the request body is larger than %d bytes", maxJSONBody))
+		} else {
+			h.fail(w, r, apierror.New(apierror.InvalidArgument, "could not read the request body"))
+		}
+		return false
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "the request body must be a JSON object"))
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "invalid JSON body: %s", jsonProblem(err)))
+		return false
+	}
+	if dec.More() {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "invalid JSON body: unexpected data after the object"))
+		return false
+	}
+	return true
+}
+
+// emptyBody accepts a verb with no body, or an empty JSON object.
+func (h *Handler) emptyBody(w http.ResponseWriter, r *http.Request) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+	if err != nil {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "could not read the request body"))
+		return false
+	}
+	if t := bytes.TrimSpace(body); len(t) != 0 && !bytes.Equal(t, []byte("{}")) {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "this call takes no body"))
+		return false
+	}
+	return true
+}
+
+func jsonProblem(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("syntax error at byte %d: %v", se.Offset, se)
+	case errors.As(err, &te):
+		if te.Field != "" {
+			return fmt.Sprintf("field %q must be %s, not a JSON %s", te.Field, te.Type.String(), te.Value)
+		}
+		return fmt.Sprintf("expected %s, got a JSON %s", te.Type.String(), te.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON ends early"
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return strings.TrimPrefix(err.Error(), "json: ")
+	}
+	return err.Error()
+}
+
+// WriteError answers err as {"error":{"code","message",…}} with its code's status.
+func WriteError(w http.ResponseWriter, log *slog.Logger, r *http.Request, err error) {
+	e := apierror.From(err)
+	if e.Code == apierror.Internal || e.Code == apierror.Unavailable {
+		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "code", e.Code, "err", err)
+	}
+	body := map[string]any{"code": string(e.Code), "message": e.Message}
+	for k, v := range e.Details {
+		if k != "code" && k != "message" {
+			body[k] = v
+		}
+	}
+	if e.RetryAfter > 0 {
+		secs := int((e.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		body["retry_after_sec"] = secs
+	}
+	writeJSON(w, e.Code.HTTPStatus(), map[string]any{"error": body})
+}
+
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	WriteError(w, h.log, r, err)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}

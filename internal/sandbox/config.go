@@ -1,0 +1,112 @@
+package sandbox
+
+import (
+	"fmt"
+	"time"
+)
+
+// ProfileConfig is one profile from config: what a sandbox of that kind is built from.
+type ProfileConfig struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	// Rootfs is the read-only base root filesystem folder (local gVisor driver).
+	Rootfs string `json:"rootfs,omitempty"`
+	// Image is the container image (Kubernetes driver).
+	Image    string            `json:"image,omitempty"`
+	MilliCPU int64             `json:"milli_cpu,omitempty"`
+	MemoryMB int64             `json:"memory_mb,omitempty"`
+	DiskMB   int64             `json:"disk_mb,omitempty"`
+	Network  string            `json:"network,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+}
+
+// Limits bound everything a client controls.
+type Limits struct {
+	AutostopDefaultSec int64 `json:"autostop_default_sec"`
+	AutostopMinSec     int64 `json:"autostop_min_sec"`
+	AutostopMaxSec     int64 `json:"autostop_max_sec"`
+	TTLDefaultSec      int64 `json:"ttl_default_sec"`
+	TTLMinSec          int64 `json:"ttl_min_sec"`
+	TTLMaxSec          int64 `json:"ttl_max_sec"`
+
+	ExecTimeoutDefaultSec int64 `json:"exec_timeout_default_sec"`
+	ExecTimeoutMaxSec     int64 `json:"exec_timeout_max_sec"`
+	// ExecMaxOutputBytes caps stdout and stderr (each) in a synchronous exec's answer.
+	ExecMaxOutputBytes int `json:"exec_max_output_bytes"`
+	// ExecMaxArgs and ExecMaxCommandBytes bound the command line; ExecMaxStdinBytes the stdin.
+	ExecMaxArgs         int `json:"exec_max_args"`
+	ExecMaxCommandBytes int `json:"exec_max_command_bytes"`
+	ExecMaxStdinBytes   int `json:"exec_max_stdin_bytes"`
+	// ExecMaxEnv bounds the number of environment variables per exec or create.
+	ExecMaxEnv int `json:"exec_max_env"`
+
+	// MaxFileBytes bounds one uploaded or downloaded file.
+	MaxFileBytes int64 `json:"max_file_bytes"`
+	// MaxPathBytes bounds a file path.
+	MaxPathBytes int `json:"max_path_bytes"`
+	// MaxListEntries bounds one directory listing.
+	MaxListEntries int `json:"max_list_entries"`
+	// MaxPageSize bounds one page of a sandbox listing.
+	MaxPageSize int `json:"max_page_size"`
+}
+
+// DefaultLimits are the limits when config says nothing.
+func DefaultLimits() Limits {
+	return Limits{
+		AutostopDefaultSec: 1800, AutostopMinSec: 1, AutostopMaxSec: 7 * 24 * 3600,
+		TTLDefaultSec: 24 * 3600, TTLMinSec: 1, TTLMaxSec: 30 * 24 * 3600,
+		ExecTimeoutDefaultSec: 600, ExecTimeoutMaxSec: 24 * 3600,
+		ExecMaxOutputBytes: 1 << 20, ExecMaxArgs: 4096, ExecMaxCommandBytes: 256 << 10,
+		ExecMaxStdinBytes: 4 << 20, ExecMaxEnv: 256,
+		MaxFileBytes: 100 << 20, MaxPathBytes: 4096, MaxListEntries: 10000, MaxPageSize: 500,
+	}
+}
+
+// Config configures the Service.
+type Config struct {
+	Profiles []ProfileConfig `json:"profiles"`
+	// DefaultProfile is used when a create names none.
+	DefaultProfile string `json:"default_profile"`
+	Limits         Limits `json:"limits"`
+	// LockTTL is the lease of a per-sandbox operation lock (renewed while held).
+	LockTTL time.Duration `json:"-"`
+}
+
+func (c *Config) validate() error {
+	if len(c.Profiles) == 0 {
+		return fmt.Errorf("sandbox config: no profiles")
+	}
+	seen := map[string]bool{}
+	for _, p := range c.Profiles {
+		if p.Name == "" {
+			return fmt.Errorf("sandbox config: a profile has no name")
+		}
+		if seen[p.Name] {
+			return fmt.Errorf("sandbox config: profile %q twice", p.Name)
+		}
+		seen[p.Name] = true
+		if p.Network != "" && p.Network != "none" {
+			return fmt.Errorf("sandbox config: profile %q: network %q is not supported (only none)", p.Name, p.Network)
+		}
+	}
+	if c.DefaultProfile == "" {
+		c.DefaultProfile = c.Profiles[0].Name
+	}
+	if !seen[c.DefaultProfile] {
+		return fmt.Errorf("sandbox config: default profile %q is not a profile", c.DefaultProfile)
+	}
+	l := &c.Limits
+	if l.AutostopMinSec > l.AutostopDefaultSec || l.AutostopDefaultSec > l.AutostopMaxSec {
+		return fmt.Errorf("sandbox config: autostop bounds must hold min <= default <= max")
+	}
+	if l.TTLMinSec > l.TTLDefaultSec || l.TTLDefaultSec > l.TTLMaxSec {
+		return fmt.Errorf("sandbox config: ttl bounds must hold min <= default <= max")
+	}
+	if l.ExecTimeoutDefaultSec <= 0 || l.ExecTimeoutDefaultSec > l.ExecTimeoutMaxSec {
+		return fmt.Errorf("sandbox config: exec timeout must hold 0 < default <= max")
+	}
+	if c.LockTTL <= 0 {
+		c.LockTTL = 30 * time.Second
+	}
+	return nil
+}

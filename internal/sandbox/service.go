@@ -1,0 +1,1017 @@
+// Package sandbox is the domain service: sandbox lifecycle, exec and files, behind both REST and
+// GraphQL. It owns the rules (the state table, limits, tenancy); the runtime driver owns the
+// boxes and their records (the truth), Redis the lookup, events and locks, the checkpoint store
+// the durable workspace bytes. It keeps no state another replica needs: only a cache of attach
+// streams to the guest inits of the sandboxes it serves.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"sandboxd/guest"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/checkpoint"
+	"sandboxd/internal/events"
+	"sandboxd/internal/store"
+	"sandboxd/runtime"
+)
+
+// Deps are the components the Service works with.
+type Deps struct {
+	Driver      runtime.Driver
+	Store       *store.Store
+	Events      *events.Bus
+	Checkpoints *checkpoint.Store
+	Metrics     *Metrics
+	Logger      *slog.Logger
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// Service is the domain service.
+type Service struct {
+	cfg      Config
+	profiles map[string]ProfileConfig
+	driver   runtime.Driver
+	store    *store.Store
+	events   *events.Bus
+	ckpt     *checkpoint.Store
+	metrics  *Metrics
+	log      *slog.Logger
+	now      func() time.Time
+
+	mu      sync.Mutex
+	attachs map[string]*attachment
+}
+
+// New returns a Service.
+func New(cfg Config, d Deps) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if d.Driver == nil || d.Store == nil || d.Events == nil || d.Checkpoints == nil {
+		return nil, errors.New("sandbox: driver, store, events and checkpoints are required")
+	}
+	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
+		events: d.Events, ckpt: d.Checkpoints, metrics: d.Metrics, log: d.Logger, now: d.Now,
+		attachs: map[string]*attachment{}}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(nil)
+	}
+	for _, p := range cfg.Profiles {
+		s.profiles[p.Name] = p
+	}
+	return s, nil
+}
+
+// Limits returns the configured limits.
+func (s *Service) Limits() Limits { return s.cfg.Limits }
+
+// Close drops every attach stream this replica holds. Sandboxes keep running.
+func (s *Service) Close() {
+	s.mu.Lock()
+	as := s.attachs
+	s.attachs = map[string]*attachment{}
+	s.mu.Unlock()
+	for _, a := range as {
+		a.close()
+	}
+}
+
+// Profiles lists the profiles a caller may create.
+func (s *Service) Profiles() []Profile {
+	out := make([]Profile, 0, len(s.cfg.Profiles))
+	for _, p := range s.cfg.Profiles {
+		out = append(out, Profile{Name: p.Name, Description: p.Description, MilliCPU: p.MilliCPU,
+			MemoryBytes: p.MemoryMB << 20, DiskBytes: p.DiskMB << 20, Network: network(p.Network),
+			Default: p.Name == s.cfg.DefaultProfile})
+	}
+	return out
+}
+
+func network(n string) string {
+	if n == "" {
+		return "none"
+	}
+	return n
+}
+
+// ---- ids ----
+
+const idPrefix = "sbx_"
+
+func newID(prefix string) string { return prefix + ulid.Make().String() }
+
+// validID reports whether id has the shape of a sandbox id, so that junk never reaches Redis or
+// the runtime.
+func validID(id string) bool {
+	if len(id) != len(idPrefix)+26 || !strings.HasPrefix(id, idPrefix) {
+		return false
+	}
+	_, err := ulid.ParseStrict(id[len(idPrefix):])
+	return err == nil
+}
+
+func notFound(id string) error { return apierror.New(apierror.NotFound, "sandbox %s not found", id) }
+
+// ---- create ----
+
+// Create creates a sandbox and returns it RUNNING.
+func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateRequest) (Sandbox, error) {
+	start := s.now()
+	prof, autostop, ttl, err := s.validateCreate(req)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	env := map[string]string{}
+	for k, v := range prof.Env {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	now := s.now().UTC()
+	rec := runtime.Record{
+		ID: newID(idPrefix), Tenant: p.Tenant, Project: p.Project,
+		Spec: runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
+			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: network(prof.Network), Env: env},
+		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
+		CreatedAt: now, StateChangedAt: now,
+	}
+	// The lookup first: a replica that dies after this leaves an entry whose box may not
+	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
+	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
+		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	s.publish(ctx, rec, "")
+	if err := s.driver.Create(ctx, rec); err != nil {
+		cleanup := context.WithoutCancel(ctx)
+		if derr := s.driver.Delete(cleanup, rec.ID); derr != nil {
+			s.log.Error("cleaning up a failed create", "sandbox", rec.ID, "err", derr)
+		}
+		_ = s.store.Delete(cleanup, entryOf(rec))
+		s.metrics.lifecycle("create", "error", s.now().Sub(start))
+		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "could not create the sandbox: the runtime failed to start it")
+	}
+	rec, err = s.setState(ctx, rec.ID, Creating, Running, "")
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.metrics.lifecycle("create", "ok", s.now().Sub(start))
+	s.log.Info("sandbox created", "sandbox", rec.ID, "tenant", p.Tenant, "project", p.Project, "profile", prof.Name,
+		"ms", s.now().Sub(start).Milliseconds())
+	return toSandbox(rec), nil
+}
+
+func (s *Service) validateCreate(req CreateRequest) (ProfileConfig, int64, int64, error) {
+	name := req.Profile
+	if name == "" {
+		name = s.cfg.DefaultProfile
+	}
+	prof, ok := s.profiles[name]
+	if !ok {
+		names := make([]string, 0, len(s.cfg.Profiles))
+		for _, p := range s.cfg.Profiles {
+			names = append(names, p.Name)
+		}
+		return prof, 0, 0, apierror.New(apierror.InvalidArgument, "unknown profile %q: one of %s", name, strings.Join(names, ", "))
+	}
+	l := s.cfg.Limits
+	autostop, err := bounded("autostop_sec", req.AutostopSec, l.AutostopDefaultSec, l.AutostopMinSec, l.AutostopMaxSec)
+	if err != nil {
+		return prof, 0, 0, err
+	}
+	ttl, err := bounded("ttl_sec", req.TTLSec, l.TTLDefaultSec, l.TTLMinSec, l.TTLMaxSec)
+	if err != nil {
+		return prof, 0, 0, err
+	}
+	if err := s.validateEnv(req.Env); err != nil {
+		return prof, 0, 0, err
+	}
+	return prof, autostop, ttl, nil
+}
+
+func bounded(name string, v *int64, def, min, max int64) (int64, error) {
+	if v == nil {
+		return def, nil
+	}
+	if *v < min || *v > max {
+		return 0, apierror.New(apierror.InvalidArgument, "%s must be between %d and %d, got %d", name, min, max, *v).
+			WithDetail("field", name)
+	}
+	return *v, nil
+}
+
+func (s *Service) validateEnv(env map[string]string) error {
+	if len(env) > s.cfg.Limits.ExecMaxEnv {
+		return apierror.New(apierror.InvalidArgument, "at most %d environment variables, got %d", s.cfg.Limits.ExecMaxEnv, len(env))
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || len(k)+len(v) > 32<<10 {
+			return apierror.New(apierror.InvalidArgument, "invalid environment variable %q: names must be non-empty without '=' or NUL, values without NUL, each at most 32 KiB", truncate(k, 64))
+		}
+		if k == guest.ExecIDEnv {
+			return apierror.New(apierror.InvalidArgument, "environment variable %s is reserved", k)
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// ---- read ----
+
+// Get returns one of the caller's sandboxes.
+func (s *Service) Get(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	rec, err := s.load(ctx, p, id, VerbGet)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return toSandbox(rec), nil
+}
+
+// List returns a page of the caller's sandboxes, newest first.
+func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) (Page, error) {
+	limit := opts.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	if limit > s.cfg.Limits.MaxPageSize {
+		return Page{}, apierror.New(apierror.InvalidArgument, "page size must be at most %d, got %d", s.cfg.Limits.MaxPageSize, limit)
+	}
+	if opts.After != "" && !validID(opts.After) {
+		return Page{}, apierror.New(apierror.InvalidArgument, "malformed cursor %q", truncate(opts.After, 64))
+	}
+	if opts.State != "" {
+		if _, err := ParseState(string(opts.State)); err != nil {
+			return Page{}, err
+		}
+	}
+	var page Page
+	after := opts.After
+	// Read the index in batches until the page is full; with a state filter this may take
+	// several batches, bounded so one call never scans a whole huge project.
+	for scanned := 0; len(page.Sandboxes) < limit && scanned < 20*limit+1000; {
+		batch := limit + 1
+		entries, err := s.store.List(ctx, p.Tenant, p.Project, after, batch)
+		if err != nil {
+			return Page{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+		}
+		scanned += len(entries)
+		for _, e := range entries {
+			after = e.ID
+			if State(e.State) == Destroyed || (opts.State != "" && State(e.State) != opts.State) {
+				continue
+			}
+			if len(page.Sandboxes) == limit {
+				page.NextCursor = page.Sandboxes[limit-1].ID
+				return page, nil
+			}
+			rec, err := s.driver.Get(ctx, e.ID)
+			if errors.Is(err, runtime.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return Page{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
+			}
+			sb := toSandbox(s.observe(ctx, rec))
+			if opts.State != "" && sb.State != opts.State {
+				continue
+			}
+			page.Sandboxes = append(page.Sandboxes, sb)
+		}
+		if len(entries) < batch {
+			break
+		}
+	}
+	if len(page.Sandboxes) == limit && after != page.Sandboxes[limit-1].ID {
+		page.NextCursor = page.Sandboxes[limit-1].ID
+	}
+	return page, nil
+}
+
+// load finds the caller's sandbox id and checks verb against its state. Another project's
+// sandbox, a malformed id and a missing one are all NOT_FOUND.
+func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Verb) (runtime.Record, error) {
+	if !validID(id) {
+		return runtime.Record{}, notFound(id)
+	}
+	e, err := s.store.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return runtime.Record{}, notFound(id)
+	}
+	if err != nil {
+		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	if e.Tenant != p.Tenant || e.Project != p.Project {
+		return runtime.Record{}, notFound(id)
+	}
+	box, err := s.driver.Get(ctx, id)
+	if errors.Is(err, runtime.ErrNotFound) {
+		// The lookup outlived the box (a create that died half way, a destroy elsewhere).
+		_ = s.store.Delete(ctx, e)
+		return runtime.Record{}, notFound(id)
+	}
+	if err != nil {
+		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
+	}
+	if box.Record.Tenant != p.Tenant || box.Record.Project != p.Project {
+		return runtime.Record{}, notFound(id)
+	}
+	rec := s.observe(ctx, box)
+	if err := Check(State(rec.State), verb, id); err != nil {
+		if State(rec.State) == Failed && rec.StateReason != "" {
+			if e := apierror.From(err); e.Code == apierror.InvalidState {
+				e.Message += ": " + rec.StateReason
+			}
+		}
+		return rec, err
+	}
+	return rec, nil
+}
+
+// observe reconciles a record with what the driver sees: a box whose compute died while it was
+// RUNNING is FAILED with the driver's reason, and that is written back to the record.
+func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
+	rec := box.Record
+	if box.Phase == runtime.PhaseFailed && State(rec.State) == Running {
+		reason := box.Reason
+		if reason == "" {
+			reason = "the sandbox's runtime died"
+		}
+		updated, err := s.setState(ctx, rec.ID, Running, Failed, reason)
+		if err == nil {
+			s.dropAttach(rec.ID)
+			s.log.Warn("sandbox failed", "sandbox", rec.ID, "reason", reason)
+			return updated
+		}
+		rec.State, rec.StateReason = string(Failed), reason
+	}
+	return rec
+}
+
+// ---- state changes ----
+
+// setState moves a sandbox's record from one state to another (only if it is still in from),
+// updates the lookup and publishes the event.
+func (s *Service) setState(ctx context.Context, id string, from, to State, reason string) (runtime.Record, error) {
+	ctx = context.WithoutCancel(ctx)
+	rec, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
+		if State(r.State) != from {
+			return apierror.New(apierror.InvalidState, "sandbox %s is %s, not %s", id, r.State, from).WithDetail("state", r.State)
+		}
+		r.State = string(to)
+		r.StateReason = reason
+		r.StateChangedAt = s.now().UTC()
+		switch to {
+		case Running, Stopped, Destroyed:
+			r.DesiredState = string(to)
+		case Starting:
+			r.DesiredState = string(Running)
+		case Stopping:
+			r.DesiredState = string(Stopped)
+		case Destroying:
+			r.DesiredState = string(Destroyed)
+		}
+		return nil
+	})
+	if err != nil {
+		if apierror.Is(err, apierror.InvalidState) {
+			return rec, err
+		}
+		return rec, apierror.Wrap(err, apierror.Unavailable, "could not record the sandbox's state")
+	}
+	if err := s.store.SetState(ctx, id, string(to)); errors.Is(err, store.ErrNotFound) {
+		_ = s.store.Put(ctx, entryOf(rec))
+	} else if err != nil {
+		s.log.Warn("lookup state update failed; it is rebuilt from the runtime", "sandbox", id, "err", err)
+	}
+	s.publish(ctx, rec, from)
+	return rec, nil
+}
+
+func (s *Service) publish(ctx context.Context, rec runtime.Record, prev State) {
+	ev := events.Event{Type: EventStateChanged, SandboxID: rec.ID, At: s.now().UTC(),
+		Fields: map[string]string{"state": rec.State, "previous_state": string(prev), "reason": rec.StateReason}}
+	if _, err := s.events.Publish(context.WithoutCancel(ctx), rec.Tenant, rec.Project, ev); err != nil {
+		s.log.Warn("publishing a sandbox event failed", "sandbox", rec.ID, "err", err)
+	}
+}
+
+// transition runs a stateful verb: it takes the sandbox's operation lock, checks the table,
+// moves the record to the verb's transient state, runs work and moves it to the target state
+// (or back, when work fails and says so).
+func (s *Service) transition(ctx context.Context, p auth.Principal, id string, verb Verb,
+	work func(ctx context.Context, rec runtime.Record) (reason string, err error)) (runtime.Record, error) {
+	start := s.now()
+	if _, err := s.load(ctx, p, id, verb); err != nil {
+		return runtime.Record{}, err
+	}
+	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
+	if errors.Is(err, store.ErrLocked) {
+		return runtime.Record{}, apierror.New(apierror.InvalidState, "sandbox %s: another operation is in flight, retry shortly", id).
+			WithRetryAfter(busyRetryAfter)
+	}
+	if err != nil {
+		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	defer lock.Unlock(ctx)
+	// Load again under the lock: the state may have moved while we waited.
+	rec, err := s.load(ctx, p, id, verb)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	transient, target, _ := verb.transient()
+	from := State(rec.State)
+	if rec, err = s.setState(ctx, id, from, transient, ""); err != nil {
+		return rec, err
+	}
+	// The work must finish even if the client goes away: the record says where it is going.
+	wctx := context.WithoutCancel(ctx)
+	reason, werr := work(wctx, rec)
+	if werr != nil {
+		var back State
+		switch verb {
+		case VerbStart:
+			back, reason = Failed, "start failed: "+apierror.From(werr).Message
+		default:
+			back = from
+		}
+		if _, err := s.setState(wctx, id, transient, back, reason); err != nil {
+			s.log.Error("could not roll a failed transition back", "sandbox", id, "verb", verb, "err", err)
+		}
+		s.metrics.lifecycle(string(verb), "error", s.now().Sub(start))
+		return rec, werr
+	}
+	if target == Destroyed {
+		s.metrics.lifecycle(string(verb), "ok", s.now().Sub(start))
+		rec.State = string(Destroyed)
+		return rec, nil
+	}
+	rec, err = s.setState(wctx, id, transient, target, reason)
+	s.metrics.lifecycle(string(verb), outcome(err), s.now().Sub(start))
+	return rec, err
+}
+
+func outcome(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
+// Stop checkpoints the workspace and releases the sandbox's compute.
+func (s *Service) Stop(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	rec, err := s.transition(ctx, p, id, VerbStop, func(ctx context.Context, rec runtime.Record) (string, error) {
+		reason := ""
+		if _, err := s.checkpoint(ctx, rec); err != nil {
+			if !s.boxDead(ctx, id) {
+				return "", err
+			}
+			// A dead box has no guest to stream from: its workspace is kept by the runtime and
+			// the last checkpoint stays the latest.
+			reason = "stopped without a new checkpoint: the sandbox's runtime had died"
+		}
+		s.dropAttach(id)
+		if err := s.driver.Stop(ctx, id); err != nil {
+			return "", apierror.Wrap(err, apierror.Unavailable, "could not stop the sandbox's runtime")
+		}
+		return reason, nil
+	})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return toSandbox(rec), nil
+}
+
+// Start restores the workspace if the runtime lost it and starts the sandbox's compute.
+func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	rec, err := s.transition(ctx, p, id, VerbStart, func(ctx context.Context, rec runtime.Record) (string, error) {
+		s.dropAttach(id)
+		fresh, err := s.driver.Start(ctx, id)
+		if err != nil {
+			return "", apierror.Wrap(err, apierror.Unavailable, "could not start the sandbox's runtime")
+		}
+		if fresh && rec.LatestCheckpoint != "" {
+			if err := s.restore(ctx, rec); err != nil {
+				return "", err
+			}
+		}
+		return "", nil
+	})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return toSandbox(rec), nil
+}
+
+// Destroy checkpoints the workspace (when the sandbox runs), removes the runtime and answers
+// with the final snapshot id.
+func (s *Service) Destroy(ctx context.Context, p auth.Principal, id string) (DestroyResult, error) {
+	var snapshot string
+	rec, err := s.transition(ctx, p, id, VerbDestroy, func(ctx context.Context, rec runtime.Record) (string, error) {
+		snapshot = rec.LatestCheckpoint
+		box, err := s.driver.Get(ctx, id)
+		if err == nil && box.Phase == runtime.PhaseRunning {
+			m, err := s.checkpoint(ctx, rec)
+			if err != nil && !s.boxDead(ctx, id) {
+				return "", err
+			}
+			if err == nil {
+				snapshot = m
+			}
+		}
+		s.dropAttach(id)
+		if err := s.driver.Delete(ctx, id); err != nil {
+			return "", apierror.Wrap(err, apierror.Unavailable, "could not remove the sandbox's runtime")
+		}
+		e := entryOf(rec)
+		if err := s.store.Delete(ctx, e); err != nil {
+			s.log.Warn("removing the lookup failed; the next read cleans it", "sandbox", id, "err", err)
+		}
+		rec.State = string(Destroyed)
+		s.publish(ctx, rec, Destroying)
+		return "", nil
+	})
+	if err != nil {
+		return DestroyResult{}, err
+	}
+	rec.LatestCheckpoint = snapshot
+	return DestroyResult{Sandbox: toSandbox(rec), SnapshotID: snapshot}, nil
+}
+
+// boxDead reports whether the box's compute is gone (so no checkpoint can be taken).
+func (s *Service) boxDead(ctx context.Context, id string) bool {
+	box, err := s.driver.Get(ctx, id)
+	return err == nil && box.Phase != runtime.PhaseRunning
+}
+
+// checkpoint streams the workspace from the guest into the checkpoint store and records it as
+// the latest checkpoint. It returns the snapshot id.
+func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (string, error) {
+	start := s.now()
+	g, err := s.guest(ctx, rec.ID)
+	if err != nil {
+		return "", err
+	}
+	tarStream, err := g.ExportWorkspace(ctx)
+	if err != nil {
+		return "", apierror.Wrap(err, apierror.Unavailable, "could not read the workspace for a checkpoint")
+	}
+	defer tarStream.Close()
+	m, err := s.ckpt.Save(ctx, scopeOf(rec), tarStream, rec.LatestCheckpoint)
+	if err != nil {
+		return "", apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
+	}
+	if _, err := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
+		r.LatestCheckpoint = m.ID
+		return nil
+	}); err != nil {
+		return "", apierror.Wrap(err, apierror.Unavailable, "could not record the checkpoint")
+	}
+	s.metrics.lifecycle("checkpoint", "ok", s.now().Sub(start))
+	s.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", s.now().Sub(start).Milliseconds())
+	return m.ID, nil
+}
+
+// restore extracts the latest checkpoint into a fresh workspace. A checkpoint whose hash does
+// not match aborts the import before anything replaces the workspace.
+func (s *Service) restore(ctx context.Context, rec runtime.Record) error {
+	start := s.now()
+	r, _, err := s.ckpt.Open(ctx, scopeOf(rec), rec.LatestCheckpoint)
+	if err != nil {
+		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s", rec.LatestCheckpoint)
+	}
+	defer r.Close()
+	g, err := s.guest(ctx, rec.ID)
+	if err != nil {
+		return err
+	}
+	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true}); err != nil {
+		if errors.Is(err, checkpoint.ErrCorrupt) {
+			return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its hash does not match)", rec.LatestCheckpoint)
+		}
+		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", rec.LatestCheckpoint)
+	}
+	s.metrics.lifecycle("restore", "ok", s.now().Sub(start))
+	return nil
+}
+
+// ---- exec ----
+
+// Exec runs a command in the sandbox's workspace and returns its collected result.
+func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req ExecRequest) (ExecResult, error) {
+	start := s.now()
+	timeout, err := s.validateExec(req)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	if _, err := s.load(ctx, p, id, VerbExec); err != nil {
+		return ExecResult{}, err
+	}
+	g, err := s.guest(ctx, id)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	execID := newID("exec_")
+	max := s.cfg.Limits.ExecMaxOutputBytes
+	res, err := g.Run(ctx, guest.ExecRequest{ID: execID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin}, max, max)
+	if err != nil {
+		s.metrics.exec("error", s.now().Sub(start))
+		return ExecResult{}, s.guestError(ctx, id, err)
+	}
+	out := ExecResult{ExecID: execID, ExitCode: res.Exit.ExitCode, Signal: res.Exit.Signal, TimedOut: res.Exit.TimedOut,
+		Duration: time.Duration(res.Exit.DurationMs) * time.Millisecond, EndedAt: res.Exit.EndedAt,
+		StartedAt: res.Exit.EndedAt.Add(-time.Duration(res.Exit.DurationMs) * time.Millisecond),
+		Stdout:    res.Stdout, Stderr: res.Stderr, StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
+		Error: res.Exit.Error}
+	s.metrics.exec("ok", s.now().Sub(start))
+	return out, nil
+}
+
+func (s *Service) validateExec(req ExecRequest) (time.Duration, error) {
+	l := s.cfg.Limits
+	if len(req.Command) == 0 || req.Command[0] == "" {
+		return 0, apierror.New(apierror.InvalidArgument, "command must be a non-empty array whose first element names the program, e.g. [\"bash\",\"-lc\",\"ls\"]").
+			WithDetail("field", "command")
+	}
+	if len(req.Command) > l.ExecMaxArgs {
+		return 0, apierror.New(apierror.InvalidArgument, "command has %d arguments, at most %d", len(req.Command), l.ExecMaxArgs)
+	}
+	n := 0
+	for _, a := range req.Command {
+		if strings.ContainsRune(a, 0) {
+			return 0, apierror.New(apierror.InvalidArgument, "command arguments must not contain NUL bytes")
+		}
+		n += len(a)
+	}
+	if n > l.ExecMaxCommandBytes {
+		return 0, apierror.New(apierror.PayloadTooLarge, "command is %d bytes, at most %d", n, l.ExecMaxCommandBytes)
+	}
+	if len(req.Stdin) > l.ExecMaxStdinBytes {
+		return 0, apierror.New(apierror.PayloadTooLarge, "stdin is %d bytes, at most %d", len(req.Stdin), l.ExecMaxStdinBytes)
+	}
+	if len(req.Cwd) > l.MaxPathBytes || strings.ContainsRune(req.Cwd, 0) {
+		return 0, apierror.New(apierror.InvalidArgument, "cwd must be a path of at most %d bytes", l.MaxPathBytes)
+	}
+	if err := s.validateEnv(req.Env); err != nil {
+		return 0, err
+	}
+	t, err := bounded("timeout_sec", req.TimeoutSec, l.ExecTimeoutDefaultSec, 1, l.ExecTimeoutMaxSec)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(t) * time.Second, nil
+}
+
+// guestError turns a failed guest call into a client error: a broken attach to a dead box
+// marks the sandbox FAILED; a guest's own error keeps its meaning.
+func (s *Service) guestError(ctx context.Context, id string, err error) error {
+	var ge *guest.Error
+	if errors.As(err, &ge) {
+		switch ge.Code {
+		case guest.ErrCodeNotFound:
+			return apierror.Wrap(err, apierror.NotFound, "%s", ge.Message)
+		case guest.ErrCodeInvalid, guest.ErrCodeIsDir, guest.ErrCodeNotDir:
+			return apierror.Wrap(err, apierror.InvalidArgument, "%s", ge.Message)
+		case guest.ErrCodeTooLarge:
+			return apierror.Wrap(err, apierror.PayloadTooLarge, "%s", ge.Message)
+		case guest.ErrCodeExists:
+			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)
+		case guest.ErrCodeUnavailable:
+			return apierror.Wrap(err, apierror.Unavailable, "%s", ge.Message).WithRetryAfter(time.Second)
+		}
+		return apierror.Wrap(err, apierror.Internal, "internal error")
+	}
+	if ctx.Err() != nil {
+		return apierror.Wrap(err, apierror.Unavailable, "the request was cancelled")
+	}
+	s.dropAttach(id)
+	box, gerr := s.driver.Get(context.WithoutCancel(ctx), id)
+	if gerr == nil && box.Phase == runtime.PhaseFailed {
+		rec := s.observe(context.WithoutCancel(ctx), box)
+		return apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason).WithDetail("state", rec.State)
+	}
+	return apierror.Wrap(err, apierror.Unavailable, "lost the connection to the sandbox; retry").WithRetryAfter(time.Second)
+}
+
+// ---- files ----
+
+// ReadFile returns a file of the workspace, refusing files larger than maxBytes.
+func (s *Service) ReadFile(ctx context.Context, p auth.Principal, id, path string, maxBytes int64) ([]byte, FileInfo, error) {
+	r, info, err := s.OpenFile(ctx, p, id, path)
+	if err != nil {
+		return nil, FileInfo{}, err
+	}
+	defer r.Close()
+	if maxBytes <= 0 || maxBytes > s.cfg.Limits.MaxFileBytes {
+		maxBytes = s.cfg.Limits.MaxFileBytes
+	}
+	if info.Size > maxBytes {
+		return nil, FileInfo{}, apierror.New(apierror.PayloadTooLarge, "%s is %d bytes, at most %d can be read here", path, info.Size, maxBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
+	if err != nil {
+		return nil, FileInfo{}, s.guestError(ctx, id, err)
+	}
+	if int64(len(data)) > maxBytes {
+		return nil, FileInfo{}, apierror.New(apierror.PayloadTooLarge, "%s grew beyond %d bytes while being read", path, maxBytes)
+	}
+	return data, info, nil
+}
+
+// OpenFile streams a file of the workspace. The caller closes the reader.
+func (s *Service) OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, FileInfo, error) {
+	if err := s.validatePath(path); err != nil {
+		return nil, FileInfo{}, err
+	}
+	g, err := s.filesGuest(ctx, p, id)
+	if err != nil {
+		return nil, FileInfo{}, err
+	}
+	r, fi, err := g.ReadFile(ctx, path)
+	if err != nil {
+		return nil, FileInfo{}, s.guestError(ctx, id, err)
+	}
+	if fi.Size > s.cfg.Limits.MaxFileBytes {
+		r.Close()
+		return nil, FileInfo{}, apierror.New(apierror.PayloadTooLarge, "%s is %d bytes, at most %d", path, fi.Size, s.cfg.Limits.MaxFileBytes)
+	}
+	return r, fileInfo(fi), nil
+}
+
+// WriteFile writes a file into the workspace (parents created), bounded by the file limit.
+func (s *Service) WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (FileInfo, error) {
+	if err := s.validatePath(path); err != nil {
+		return FileInfo{}, err
+	}
+	if mode == 0 {
+		mode = 0o644
+	}
+	if mode&^os.ModePerm != 0 {
+		return FileInfo{}, apierror.New(apierror.InvalidArgument, "mode must be permission bits only (e.g. 0644), got %o", mode)
+	}
+	g, err := s.filesGuest(ctx, p, id)
+	if err != nil {
+		return FileInfo{}, err
+	}
+	lr := &limitedReader{r: r, left: s.cfg.Limits.MaxFileBytes}
+	fi, err := g.WriteFile(ctx, path, mode, lr)
+	if lr.over {
+		return FileInfo{}, apierror.New(apierror.PayloadTooLarge, "the file is larger than %d bytes", s.cfg.Limits.MaxFileBytes)
+	}
+	if err != nil {
+		return FileInfo{}, s.guestError(ctx, id, err)
+	}
+	return fileInfo(fi), nil
+}
+
+// ListDir lists a folder of the workspace.
+func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]FileInfo, bool, error) {
+	if path == "" {
+		path = "."
+	}
+	if err := s.validatePath(path); err != nil {
+		return nil, false, err
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	if limit > s.cfg.Limits.MaxListEntries {
+		return nil, false, apierror.New(apierror.InvalidArgument, "limit must be at most %d, got %d", s.cfg.Limits.MaxListEntries, limit)
+	}
+	g, err := s.filesGuest(ctx, p, id)
+	if err != nil {
+		return nil, false, err
+	}
+	entries, truncated, err := g.ListDir(ctx, path, limit)
+	if err != nil {
+		return nil, false, s.guestError(ctx, id, err)
+	}
+	out := make([]FileInfo, len(entries))
+	for i, e := range entries {
+		out[i] = fileInfo(e)
+	}
+	return out, truncated, nil
+}
+
+func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*guest.Client, error) {
+	if _, err := s.load(ctx, p, id, VerbFiles); err != nil {
+		return nil, err
+	}
+	return s.guest(ctx, id)
+}
+
+func (s *Service) validatePath(path string) error {
+	if path == "" {
+		return apierror.New(apierror.InvalidArgument, "path is required").WithDetail("field", "path")
+	}
+	if len(path) > s.cfg.Limits.MaxPathBytes || strings.ContainsRune(path, 0) {
+		return apierror.New(apierror.InvalidArgument, "path must be at most %d bytes without NUL", s.cfg.Limits.MaxPathBytes)
+	}
+	return nil
+}
+
+type limitedReader struct {
+	r    io.Reader
+	left int64
+	over bool
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.left < 0 {
+		l.over = true
+		return 0, errors.New("file too large")
+	}
+	if int64(len(p)) > l.left+1 {
+		p = p[:l.left+1]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	if l.left < 0 {
+		l.over = true
+		return 0, errors.New("file too large")
+	}
+	return n, err
+}
+
+// ---- events ----
+
+// Events follows status events of one of the caller's sandboxes, or of the caller's whole
+// project when sandboxID is "". after resumes after a cursor ("" = only new events).
+func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan Event, error) {
+	if sandboxID != "" {
+		if _, err := s.load(ctx, p, sandboxID, VerbGet); err != nil {
+			return nil, err
+		}
+	}
+	if !events.ValidCursor(after) {
+		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", truncate(after, 64))
+	}
+	in, err := s.events.Subscribe(ctx, p.Tenant, p.Project, sandboxID, after)
+	if err != nil {
+		return nil, apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable")
+	}
+	out := make(chan Event)
+	go func() {
+		defer close(out)
+		for ev := range in {
+			e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
+				PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// ---- attach cache ----
+
+// attachment is this replica's attach stream to one sandbox's guest init, shared by every call.
+type attachment struct {
+	ready  chan struct{}
+	client *guest.Client
+	err    error
+}
+
+func (a *attachment) close() {
+	<-a.ready
+	if a.client != nil {
+		a.client.Close()
+	}
+}
+
+// guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
+func (s *Service) guest(ctx context.Context, id string) (*guest.Client, error) {
+	for {
+		s.mu.Lock()
+		a, ok := s.attachs[id]
+		if !ok {
+			a = &attachment{ready: make(chan struct{})}
+			s.attachs[id] = a
+			s.mu.Unlock()
+			a.client, a.err = s.attach(ctx, id)
+			close(a.ready)
+			if a.err != nil {
+				s.mu.Lock()
+				if s.attachs[id] == a {
+					delete(s.attachs, id)
+				}
+				s.mu.Unlock()
+				return nil, a.err
+			}
+			return a.client, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-a.ready:
+		case <-ctx.Done():
+			return nil, apierror.Wrap(ctx.Err(), apierror.Unavailable, "the request was cancelled")
+		}
+		if a.err != nil {
+			return nil, a.err
+		}
+		select {
+		case <-a.client.Done():
+			// The stream broke: forget it and attach again.
+			s.mu.Lock()
+			if s.attachs[id] == a {
+				delete(s.attachs, id)
+			}
+			s.mu.Unlock()
+			continue
+		default:
+			return a.client, nil
+		}
+	}
+}
+
+func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) {
+	// The attach outlives the request that opened it.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	rwc, err := s.driver.Attach(actx, id)
+	if err != nil {
+		if errors.Is(err, runtime.ErrNotRunning) {
+			box, gerr := s.driver.Get(actx, id)
+			if gerr == nil && box.Phase == runtime.PhaseFailed {
+				rec := s.observe(actx, box)
+				return nil, apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason)
+			}
+		}
+		return nil, apierror.Wrap(err, apierror.Unavailable, "could not attach to the sandbox").WithRetryAfter(time.Second)
+	}
+	c, err := guest.Dial(rwc)
+	if err != nil {
+		rwc.Close()
+		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
+	}
+	return c, nil
+}
+
+func (s *Service) dropAttach(id string) {
+	s.mu.Lock()
+	a, ok := s.attachs[id]
+	delete(s.attachs, id)
+	s.mu.Unlock()
+	if ok {
+		go a.close()
+	}
+}
+
+// ---- conversions ----
+
+func entryOf(rec runtime.Record) store.Entry {
+	return store.Entry{ID: rec.ID, Tenant: rec.Tenant, Project: rec.Project, State: rec.State,
+		Profile: rec.Spec.Profile, CreatedAt: rec.CreatedAt}
+}
+
+// EntryOf converts a runtime box to its lookup entry (the store's rebuild source).
+func EntryOf(b runtime.Box) store.Entry { return entryOf(b.Record) }
+
+func scopeOf(rec runtime.Record) checkpoint.Scope {
+	return checkpoint.Scope{Tenant: rec.Tenant, Project: rec.Project, Sandbox: rec.ID}
+}
+
+func toSandbox(rec runtime.Record) Sandbox {
+	return Sandbox{ID: rec.ID, Tenant: rec.Tenant, Project: rec.Project, Profile: rec.Spec.Profile,
+		State: State(rec.State), StateReason: rec.StateReason, CreatedAt: rec.CreatedAt, StateChangedAt: rec.StateChangedAt,
+		AutostopSec: rec.AutostopSec, TTLSec: rec.TTLSec, LatestSnapshotID: rec.LatestCheckpoint,
+		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network)}
+}
+
+func fileInfo(f guest.FileInfo) FileInfo {
+	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime}
+}
+
+var _ = fmt.Sprintf

@@ -1,0 +1,131 @@
+package sandbox
+
+import (
+	"fmt"
+	"time"
+
+	"sandboxd/internal/apierror"
+)
+
+// State is a sandbox's lifecycle state.
+type State string
+
+// The states, as DESIGN.md names them.
+const (
+	Creating   State = "CREATING"
+	Running    State = "RUNNING"
+	Stopping   State = "STOPPING"
+	Stopped    State = "STOPPED"
+	Starting   State = "STARTING"
+	Destroying State = "DESTROYING"
+	Destroyed  State = "DESTROYED"
+	Failed     State = "FAILED"
+	Expired    State = "EXPIRED"
+)
+
+// States lists every state.
+var States = []State{Creating, Running, Stopping, Stopped, Starting, Destroying, Destroyed, Failed, Expired}
+
+// ParseState returns the state named s (case-sensitive, as the API spells it).
+func ParseState(s string) (State, error) {
+	for _, st := range States {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	return "", apierror.New(apierror.InvalidArgument, "unknown state %q: one of %v", s, States)
+}
+
+// Verb is something a caller asks of an existing sandbox.
+type Verb string
+
+// The verbs.
+const (
+	VerbGet     Verb = "get"
+	VerbExec    Verb = "exec"
+	VerbFiles   Verb = "files"
+	VerbStop    Verb = "stop"
+	VerbStart   Verb = "start"
+	VerbDestroy Verb = "destroy"
+)
+
+// Verbs lists every verb.
+var Verbs = []Verb{VerbGet, VerbExec, VerbFiles, VerbStop, VerbStart, VerbDestroy}
+
+// rule is what one verb does in one state.
+type rule int
+
+const (
+	// reject: the verb does not fit the state (409 INVALID_STATE).
+	reject rule = iota
+	// allow: the verb runs; stateful verbs move through their transient state.
+	allow
+	// busy: another transition is in flight (409 INVALID_STATE with Retry-After).
+	busy
+	// gone: the sandbox no longer exists for callers (404).
+	gone
+)
+
+// transitions is the one table of what each verb may do in each state. Stateful verbs move
+// through a transient state to their target: stop RUNNING|FAILED → STOPPING → STOPPED,
+// start STOPPED|FAILED → STARTING → RUNNING, destroy → DESTROYING → DESTROYED.
+var transitions = map[State]map[Verb]rule{
+	Creating:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
+	Running:    {VerbGet: allow, VerbExec: allow, VerbFiles: allow, VerbStop: allow, VerbStart: reject, VerbDestroy: allow},
+	Stopping:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
+	Stopped:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: allow, VerbDestroy: allow},
+	Starting:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
+	Destroying: {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
+	Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone},
+	Failed:     {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: allow, VerbStart: allow, VerbDestroy: allow},
+	Expired:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: reject, VerbDestroy: allow},
+}
+
+// busyRetryAfter is the Retry-After of a verb refused because a transition is in flight.
+const busyRetryAfter = 2 * time.Second
+
+// Transient is the state a stateful verb moves through, and Target where it ends.
+func (v Verb) transient() (transient, target State, ok bool) {
+	switch v {
+	case VerbStop:
+		return Stopping, Stopped, true
+	case VerbStart:
+		return Starting, Running, true
+	case VerbDestroy:
+		return Destroying, Destroyed, true
+	}
+	return "", "", false
+}
+
+// Check returns nil when verb fits state, else the coded error a client sees.
+func Check(state State, verb Verb, id string) error {
+	switch transitions[state][verb] {
+	case allow:
+		return nil
+	case busy:
+		return apierror.New(apierror.InvalidState, "sandbox %s is %s: another operation is in flight, retry shortly", id, state).
+			WithRetryAfter(busyRetryAfter).WithDetail("state", string(state))
+	case gone:
+		return apierror.New(apierror.NotFound, "sandbox %s not found", id)
+	default:
+		return apierror.New(apierror.InvalidState, "cannot %s sandbox %s: it is %s%s", verb, id, state, hint(state, verb)).
+			WithDetail("state", string(state))
+	}
+}
+
+func hint(state State, verb Verb) string {
+	switch {
+	case state == Stopped && (verb == VerbExec || verb == VerbFiles):
+		return " (start it first)"
+	case state == Running && verb == VerbStart:
+		return " already"
+	case state == Failed && (verb == VerbExec || verb == VerbFiles):
+		return " (start it again, or destroy it)"
+	}
+	return ""
+}
+
+// String implements fmt.Stringer.
+func (s State) String() string { return string(s) }
+
+var _ fmt.Stringer = State("")

@@ -1,0 +1,314 @@
+// Package store is the Redis lookup of sandboxes: sandbox id → owner, state and profile, plus a
+// per-project index for listing. It is a cache of the runtime's records, never the truth: when
+// Redis loses it (a restart, a FLUSHALL) it is rebuilt by listing the runtime. It also holds the
+// short per-sandbox operation locks that keep two replicas from acting on one sandbox at once.
+//
+// Key schema (see README.md beside this file): every key of one sandbox shares the hash tag
+// {id}; every key of one project shares {tenant:project}.
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors.
+var (
+	ErrNotFound = errors.New("store: not found")
+	// ErrLocked means another operation holds the sandbox's lock.
+	ErrLocked = errors.New("store: sandbox is locked by another operation")
+)
+
+// Entry is the lookup of one sandbox.
+type Entry struct {
+	ID        string
+	Tenant    string
+	Project   string
+	State     string
+	Profile   string
+	CreatedAt time.Time
+}
+
+// Source lists the runtime truth the lookup is rebuilt from.
+type Source func(ctx context.Context) ([]Entry, error)
+
+// Store is the Redis lookup.
+type Store struct {
+	rdb    redis.UniversalClient
+	source Source
+}
+
+// New returns a Store on rdb that rebuilds itself from source when Redis has lost the lookup.
+func New(rdb redis.UniversalClient, source Source) *Store {
+	return &Store{rdb: rdb, source: source}
+}
+
+const (
+	// builtKey exists while the lookup is complete; FLUSHALL removes it and so triggers a rebuild.
+	builtKey   = "sbx:lookup:built"
+	rebuildKey = "sbx:lookup:rebuild-lock"
+)
+
+func entryKey(id string) string              { return "sbx:{" + id + "}:entry" }
+func lockKey(id string) string               { return "sbx:{" + id + "}:lock" }
+func indexKey(tenant, project string) string { return "sbx:{" + tenant + ":" + project + "}:index" }
+
+func (e Entry) fields() map[string]any {
+	return map[string]any{
+		"tenant": e.Tenant, "project": e.Project, "state": e.State, "profile": e.Profile,
+		"created_at": strconv.FormatInt(e.CreatedAt.UnixMilli(), 10),
+	}
+}
+
+func parseEntry(id string, m map[string]string) (Entry, bool) {
+	if len(m) == 0 || m["tenant"] == "" {
+		return Entry{}, false
+	}
+	ms, _ := strconv.ParseInt(m["created_at"], 10, 64)
+	return Entry{ID: id, Tenant: m["tenant"], Project: m["project"], State: m["state"], Profile: m["profile"],
+		CreatedAt: time.UnixMilli(ms).UTC()}, true
+}
+
+// Put stores or replaces an entry and indexes it under its project.
+func (s *Store) Put(ctx context.Context, e Entry) error {
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, entryKey(e.ID), e.fields())
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store put %s: %w", e.ID, err)
+	}
+	// The index lives in another hash slot (the project's), so it is a separate command.
+	if err := s.rdb.ZAdd(ctx, indexKey(e.Tenant, e.Project), redis.Z{Score: 0, Member: e.ID}).Err(); err != nil {
+		return fmt.Errorf("store index %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// SetState updates the cached state of an existing entry.
+func (s *Store) SetState(ctx context.Context, id, state string) error {
+	// Only touch an entry that exists, so a late write cannot resurrect a deleted sandbox.
+	n, err := setStateScript.Run(ctx, s.rdb, []string{entryKey(id)}, state).Int()
+	if err != nil {
+		return fmt.Errorf("store set state %s: %w", id, err)
+	}
+	if n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// setStateScript sets field state of an existing hash.
+// KEYS[1] entry hash; ARGV[1] the state. Returns 1 when set, 0 when the entry is missing.
+var setStateScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[1])
+return 1`)
+
+// Delete removes an entry and its index member.
+func (s *Store) Delete(ctx context.Context, e Entry) error {
+	if err := s.rdb.Del(ctx, entryKey(e.ID)).Err(); err != nil {
+		return fmt.Errorf("store delete %s: %w", e.ID, err)
+	}
+	if err := s.rdb.ZRem(ctx, indexKey(e.Tenant, e.Project), e.ID).Err(); err != nil {
+		return fmt.Errorf("store unindex %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// Get returns the entry of id, rebuilding the lookup first when Redis has lost it.
+func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
+	for attempt := 0; ; attempt++ {
+		var hget *redis.MapStringStringCmd
+		var built *redis.IntCmd
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			hget = p.HGetAll(ctx, entryKey(id))
+			built = p.Exists(ctx, builtKey)
+			return nil
+		})
+		if err != nil {
+			return Entry{}, fmt.Errorf("store get %s: %w", id, err)
+		}
+		if e, ok := parseEntry(id, hget.Val()); ok {
+			return e, nil
+		}
+		if built.Val() == 1 || attempt > 0 {
+			return Entry{}, ErrNotFound
+		}
+		if err := s.EnsureBuilt(ctx); err != nil {
+			return Entry{}, err
+		}
+	}
+}
+
+// List returns up to limit entries of a project, newest first (ids sort by creation time),
+// starting after the id after ("" for the first page).
+func (s *Store) List(ctx context.Context, tenant, project, after string, limit int) ([]Entry, error) {
+	if err := s.EnsureBuilt(ctx); err != nil {
+		return nil, err
+	}
+	max := "+"
+	if after != "" {
+		max = "(" + after
+	}
+	ids, err := s.rdb.ZRevRangeByLex(ctx, indexKey(tenant, project), &redis.ZRangeBy{Max: max, Min: "-", Count: int64(limit)}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+	}
+	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.HGetAll(ctx, entryKey(id))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+	}
+	out := make([]Entry, 0, len(ids))
+	for i, id := range ids {
+		if e, ok := parseEntry(id, cmds[i].Val()); ok && e.Tenant == tenant && e.Project == project {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// EnsureBuilt rebuilds the lookup from the runtime when Redis does not hold a complete one.
+func (s *Store) EnsureBuilt(ctx context.Context) error {
+	n, err := s.rdb.Exists(ctx, builtKey).Result()
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	return s.Rebuild(ctx)
+}
+
+// Rebuild lists the runtime and writes every entry, then marks the lookup complete. Concurrent
+// rebuilds from several replicas are harmless (they write the same truth); a short lock keeps
+// them from all listing the runtime at once.
+func (s *Store) Rebuild(ctx context.Context) error {
+	token := newToken()
+	ok, err := lockScript.Run(ctx, s.rdb, []string{rebuildKey}, token, time.Now().UnixMilli(), int64(30000), 0).Int()
+	if err != nil {
+		return fmt.Errorf("store rebuild: %w", err)
+	}
+	if ok == 0 {
+		// Another replica is rebuilding: wait for it (bounded), then go on either way.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if n, err := s.rdb.Exists(ctx, builtKey).Result(); err == nil && n == 1 {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	defer unlockScript.Run(context.WithoutCancel(ctx), s.rdb, []string{rebuildKey}, token)
+	entries, err := s.source(ctx)
+	if err != nil {
+		return fmt.Errorf("store rebuild: listing the runtime: %w", err)
+	}
+	for _, e := range entries {
+		if err := s.Put(ctx, e); err != nil {
+			return err
+		}
+	}
+	if err := s.rdb.Set(ctx, builtKey, time.Now().UTC().Format(time.RFC3339Nano), 0).Err(); err != nil {
+		return fmt.Errorf("store rebuild: %w", err)
+	}
+	return nil
+}
+
+// Lock is a held per-sandbox operation lock.
+type Lock struct {
+	s     *Store
+	key   string
+	token string
+	ttl   time.Duration
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// Lock takes the operation lock of sandbox id for ttl, renewing it every ttl/3 until Unlock.
+// ErrLocked when another holder has it. Expiry is data compared with the caller's clock inside
+// the scripts, not a Redis key TTL, so the embedded Redis behaves like the real one.
+func (s *Store) Lock(ctx context.Context, id string, ttl time.Duration) (*Lock, error) {
+	l := &Lock{s: s, key: lockKey(id), token: newToken(), ttl: ttl, stop: make(chan struct{}), done: make(chan struct{})}
+	ok, err := lockScript.Run(ctx, s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), ttl.Milliseconds(), 0).Int()
+	if err != nil {
+		return nil, fmt.Errorf("store lock %s: %w", id, err)
+	}
+	if ok == 0 {
+		return nil, ErrLocked
+	}
+	go l.renew()
+	return l, nil
+}
+
+func (l *Lock) renew() {
+	defer close(l.done)
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), l.ttl/3)
+			lockScript.Run(ctx, l.s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), l.ttl.Milliseconds(), 1)
+			cancel()
+		}
+	}
+}
+
+// Unlock releases the lock if it is still ours.
+func (l *Lock) Unlock(ctx context.Context) {
+	close(l.stop)
+	<-l.done
+	unlockScript.Run(context.WithoutCancel(ctx), l.s.rdb, []string{l.key}, l.token)
+}
+
+// lockScript takes or renews a lock whose value is "token|expiry_ms".
+// KEYS[1] lock key; ARGV[1] token; ARGV[2] now (ms); ARGV[3] ttl (ms); ARGV[4] 1 to renew only.
+// Returns 1 when the lock is ours until now+ttl, 0 when another holder's lease is still valid
+// (or, renewing, when we no longer hold it).
+var lockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+local now = tonumber(ARGV[2])
+if v then
+  local sep = string.find(v, '|', 1, true)
+  local holder = string.sub(v, 1, sep - 1)
+  local expiry = tonumber(string.sub(v, sep + 1))
+  if holder ~= ARGV[1] and expiry > now then return 0 end
+  if ARGV[4] == '1' and holder ~= ARGV[1] then return 0 end
+elseif ARGV[4] == '1' then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. (now + tonumber(ARGV[3])))
+return 1`)
+
+// unlockScript deletes a lock only if we hold it.
+// KEYS[1] lock key; ARGV[1] token. Returns 1 when deleted, 0 otherwise.
+var unlockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. '|' then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+func newToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,120 @@
+// Package runtime defines the Driver seam between the domain service and the boxes that run
+// sandboxes: a box is one gVisor container (local) or one pod + PVC (Kubernetes) with a
+// workspace that outlives the box's compute. The driver's records are the runtime truth.
+//
+// This package imports no other package of the project.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// Errors a driver returns; callers test them with errors.Is.
+var (
+	ErrNotFound = errors.New("runtime: box not found")
+	ErrExists   = errors.New("runtime: box already exists")
+	// ErrNotRunning means the box has no running compute to act on (attach, stop).
+	ErrNotRunning = errors.New("runtime: box is not running")
+)
+
+// Phase is what the driver observes of a box's compute, independent of the domain's lifecycle state.
+type Phase string
+
+const (
+	// PhaseRunning: the box's compute is up and its guest init answers attaches.
+	PhaseRunning Phase = "running"
+	// PhaseStopped: no compute; the workspace is kept.
+	PhaseStopped Phase = "stopped"
+	// PhaseFailed: the compute died under us (out of memory, crashed, pod deleted); Reason says why.
+	PhaseFailed Phase = "failed"
+)
+
+// BoxSpec is what a box is built from. It is resolved from a profile at create and stored in the
+// record, so a later start builds the same box.
+type BoxSpec struct {
+	// Profile names the profile the spec came from.
+	Profile string `json:"profile"`
+	// Rootfs is the read-only base root filesystem (a host folder, local driver).
+	Rootfs string `json:"rootfs,omitempty"`
+	// Image is the container image (Kubernetes driver).
+	Image string `json:"image,omitempty"`
+	// MilliCPU is the CPU limit in thousandths of a core; 0 means no limit.
+	MilliCPU int64 `json:"milli_cpu,omitempty"`
+	// MemoryBytes is the memory limit; 0 means no limit.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// DiskBytes is the workspace size (PVC request); the local driver does not enforce it.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// PidsLimit is a generous backstop on host tasks; 0 means the driver default.
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// Network is "none" (only the sandbox's own loopback) unless a profile allows more.
+	Network string `json:"network,omitempty"`
+	// Env is added to the environment of every process in the box.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// Record is the sandbox's own record, kept by the driver beside the box (a JSON file locally,
+// annotations on Kubernetes). The driver stores it and does not interpret the domain fields.
+type Record struct {
+	ID      string  `json:"id"`
+	Tenant  string  `json:"tenant"`
+	Project string  `json:"project"`
+	Spec    BoxSpec `json:"spec"`
+
+	// State is the domain lifecycle state last written by the control plane (CREATING, RUNNING, …).
+	State string `json:"state"`
+	// StateReason explains State (why a sandbox FAILED, say).
+	StateReason string `json:"state_reason,omitempty"`
+	// DesiredState is where the control plane is taking the sandbox (RUNNING, STOPPED, DESTROYED).
+	DesiredState string `json:"desired_state"`
+	// LatestCheckpoint is the id of the newest complete workspace checkpoint ("" when none).
+	LatestCheckpoint string `json:"latest_checkpoint,omitempty"`
+
+	AutostopSec int64 `json:"autostop_sec,omitempty"`
+	TTLSec      int64 `json:"ttl_sec,omitempty"`
+
+	CreatedAt      time.Time `json:"created_at"`
+	StateChangedAt time.Time `json:"state_changed_at"`
+	// Annotations hold further domain fields; keys and values are short strings.
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Box is a record together with what the driver observes of its compute.
+type Box struct {
+	Record Record
+	Phase  Phase
+	// Reason says why a box is PhaseFailed.
+	Reason string
+}
+
+// Driver owns boxes. Every method is safe for concurrent use; methods on one box are serialized by
+// the caller. Implementations: runtime/gvisor (local runsc) and runtime/kube (pods + PVCs).
+type Driver interface {
+	// Name is a short name for logs and metrics ("gvisor", "kube").
+	Name() string
+	// Create stores the record, creates an empty workspace and starts the box's compute.
+	// It returns ErrExists when a box with that id exists already.
+	Create(ctx context.Context, rec Record) error
+	// Start starts the compute of a stopped or failed box on its kept workspace. fresh reports
+	// that the workspace was gone and an empty one was made (the caller restores a checkpoint).
+	Start(ctx context.Context, id string) (fresh bool, err error)
+	// Stop ends the box's compute and keeps its workspace and record. Stopping a stopped box is
+	// not an error.
+	Stop(ctx context.Context, id string) error
+	// Delete removes the compute, the workspace and the record. Deleting a missing box is not an
+	// error.
+	Delete(ctx context.Context, id string) error
+	// Get returns one box, or ErrNotFound.
+	Get(ctx context.Context, id string) (Box, error)
+	// List returns every box the driver owns: the truth the Redis lookup is rebuilt from.
+	List(ctx context.Context) ([]Box, error)
+	// UpdateRecord applies fn to the stored record and stores the result atomically.
+	UpdateRecord(ctx context.Context, id string, fn func(*Record) error) (Record, error)
+	// Attach opens a byte stream to the guest init inside a running box (its `connect`
+	// command). Closing the stream ends the attach. ErrNotRunning when the box has no compute.
+	Attach(ctx context.Context, id string) (io.ReadWriteCloser, error)
+	// Check reports whether the driver can create boxes (for /readyz).
+	Check(ctx context.Context) error
+}
