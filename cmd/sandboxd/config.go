@@ -23,7 +23,7 @@ type Config struct {
 	RedisURL string `json:"redis_url"`
 	// StateDir holds the local runtime's boxes and workspaces. Env SANDBOXD_STATE_DIR.
 	StateDir string `json:"state_dir"`
-	// CheckpointDir is the local checkpoint store (default StateDir/checkpoints).
+	// CheckpointDir is the local checkpoint store (default StateDir/checkpoint-store).
 	// Env SANDBOXD_CHECKPOINT_DIR.
 	CheckpointDir string `json:"checkpoint_dir"`
 	// Runsc is the runsc binary. Env SANDBOXD_RUNSC.
@@ -124,7 +124,7 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 	pick(&c.LogLevel, *logLevel, "SANDBOXD_LOG_LEVEL")
 	c.devKey = getenv("SANDBOX_API_KEY")
 	if c.CheckpointDir == "" {
-		c.CheckpointDir = filepath.Join(c.StateDir, "checkpoints")
+		c.CheckpointDir = filepath.Join(c.StateDir, "checkpoint-store")
 	}
 	if len(c.Profiles) == 0 {
 		c.Profiles = []sandbox.ProfileConfig{{

@@ -105,9 +105,11 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	})
 	mux.HandleFunc("GET /readyz", readyz(rdb, driver))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Closing shutdown ends open WebSocket and SSE streams, which http.Server.Shutdown does not.
+	shutdown := make(chan struct{})
 	mux.Handle("/graphql", resolvers.NewHandler(svc, authn, resolvers.HandlerOptions{
 		AllowedOrigins: cfg.GraphQL.AllowedOrigins, KeepAlivePingInterval: cfg.keepAlive(),
-		ComplexityLimit: cfg.GraphQL.ComplexityLimit, Logger: log,
+		ComplexityLimit: cfg.GraphQL.ComplexityLimit, Logger: log, Shutdown: shutdown,
 	}))
 	mux.Handle("GET /graphiql", resolvers.GraphiQLHandler())
 	mux.Handle("/", rest.New(svc, authn, log))
@@ -136,6 +138,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownSec)*time.Second)
 	defer cancel()
 	srv.RegisterOnShutdown(svc.Close)
+	close(shutdown)
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("graceful shutdown cut short", "err", err)
 	}

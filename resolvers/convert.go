@@ -1,0 +1,319 @@
+package resolvers
+
+import (
+	"context"
+	"encoding/base64"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"sandboxd/graph/model"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/sandbox"
+)
+
+// This file converts GraphQL arguments to service requests (rejecting what the schema cannot
+// express with INVALID_ARGUMENT) and service results to GraphQL models. Range checks of
+// values (page sizes, timeouts, env sizes, mode bits) are the service's.
+
+// maxReadFileBytes bounds readFile: larger files are PAYLOAD_TOO_LARGE (the REST download
+// streams them).
+const maxReadFileBytes = 10 << 20
+
+// Defaults of nullable arguments that were sent as an explicit null.
+const (
+	defaultPageSize    = 50
+	defaultListEntries = 1000
+)
+
+func invalidArg(field, format string, args ...any) error {
+	return apierror.New(apierror.InvalidArgument, format, args...).WithDetail("field", field)
+}
+
+// ---- arguments ----
+
+func listOptions(first *int, after *string, state *model.SandboxState) (sandbox.ListOptions, error) {
+	opts := sandbox.ListOptions{Limit: defaultPageSize, After: deref(after)}
+	if first != nil {
+		if *first < 1 {
+			return opts, invalidArg("first", "first must be at least 1, got %d", *first)
+		}
+		opts.Limit = *first
+	}
+	if state != nil {
+		opts.State = sandbox.State(*state)
+	}
+	return opts, nil
+}
+
+func listDirArgs(path *string, first *int) (string, int, error) {
+	p, limit := ".", defaultListEntries
+	if path != nil && *path != "" {
+		p = *path
+	}
+	if first != nil {
+		if *first < 1 {
+			return "", 0, invalidArg("first", "first must be at least 1, got %d", *first)
+		}
+		limit = *first
+	}
+	return p, limit, nil
+}
+
+func createRequest(in model.CreateSandboxInput) (sandbox.CreateRequest, error) {
+	env, err := envMap("input.env", in.Env)
+	if err != nil {
+		return sandbox.CreateRequest{}, err
+	}
+	return sandbox.CreateRequest{Profile: deref(in.Profile), AutostopSec: int64Ptr(in.AutostopSec),
+		TTLSec: int64Ptr(in.TTLSec), Env: env}, nil
+}
+
+func execRequest(in model.ExecInput) (sandbox.ExecRequest, error) {
+	env, err := envMap("input.env", in.Env)
+	if err != nil {
+		return sandbox.ExecRequest{}, err
+	}
+	stdin, err := oneOf("input.stdin", in.Stdin, "input.stdinBase64", in.StdinBase64, false)
+	if err != nil {
+		return sandbox.ExecRequest{}, err
+	}
+	return sandbox.ExecRequest{Command: in.Command, TimeoutSec: int64Ptr(in.TimeoutSec), Env: env,
+		Cwd: deref(in.Cwd), Stdin: stdin}, nil
+}
+
+// oneOf returns the bytes of a text argument or of its base64 twin. Both set is
+// INVALID_ARGUMENT; neither is too when required.
+func oneOf(textName string, text *string, b64Name string, b64 *string, required bool) ([]byte, error) {
+	switch {
+	case text != nil && b64 != nil:
+		return nil, invalidArg(b64Name, "send %s or %s, not both", textName, b64Name)
+	case text != nil:
+		return []byte(*text), nil
+	case b64 != nil:
+		data, err := base64.StdEncoding.DecodeString(*b64)
+		if err != nil {
+			return nil, invalidArg(b64Name, "%s is not valid base64 (standard alphabet, padded)", b64Name)
+		}
+		return data, nil
+	case required:
+		return nil, invalidArg(textName, "send exactly one of %s and %s", textName, b64Name)
+	}
+	return nil, nil
+}
+
+func fileMode(mode *int) (os.FileMode, error) {
+	if mode == nil {
+		return 0, nil
+	}
+	if *mode < 0 || *mode > 0o777 {
+		return 0, invalidArg("mode", "mode must be permission bits between 0 and 511 (0777), got %d", *mode)
+	}
+	return os.FileMode(*mode), nil
+}
+
+// envMap turns a list of variables into the service's map; a name given twice is an error
+// rather than a silent overwrite.
+func envMap(field string, vars []*model.EnvVarInput) (map[string]string, error) {
+	if vars == nil {
+		return nil, nil
+	}
+	env := make(map[string]string, len(vars))
+	for _, v := range vars {
+		if _, dup := env[v.Name]; dup {
+			return nil, invalidArg(field, "environment variable %q is given twice", v.Name)
+		}
+		env[v.Name] = v.Value
+	}
+	return env, nil
+}
+
+// ---- results ----
+
+func toSandbox(s sandbox.Sandbox) *model.Sandbox {
+	return &model.Sandbox{
+		ID:               s.ID,
+		TenantID:         s.Tenant,
+		ProjectID:        s.Project,
+		Profile:          s.Profile,
+		State:            model.SandboxState(s.State),
+		StateReason:      optString(s.StateReason),
+		CreatedAt:        s.CreatedAt,
+		StateChangedAt:   s.StateChangedAt,
+		AutostopSec:      int(s.AutostopSec),
+		TTLSec:           int(s.TTLSec),
+		ExpiresAt:        optTime(s.ExpiresAt()),
+		LatestSnapshotID: optString(s.LatestSnapshotID),
+		Resources:        &model.Resources{MilliCPU: int(s.MilliCPU), MemoryMb: mib(s.MemoryBytes), DiskMb: mib(s.DiskBytes)},
+		Network:          s.Network,
+	}
+}
+
+// sandboxCursor is the list cursor of a sandbox: the service pages by sandbox id
+// (ListOptions.After is the id of the last sandbox of the previous page).
+func sandboxCursor(s sandbox.Sandbox) string { return s.ID }
+
+func toConnection(page sandbox.Page) *model.SandboxConnection {
+	c := &model.SandboxConnection{
+		Edges:    make([]*model.SandboxEdge, len(page.Sandboxes)),
+		Nodes:    make([]*model.Sandbox, len(page.Sandboxes)),
+		PageInfo: &model.PageInfo{HasNextPage: page.NextCursor != ""},
+	}
+	for i, s := range page.Sandboxes {
+		n := toSandbox(s)
+		c.Nodes[i] = n
+		c.Edges[i] = &model.SandboxEdge{Cursor: sandboxCursor(s), Node: n}
+	}
+	if len(c.Edges) > 0 {
+		c.PageInfo.StartCursor = &c.Edges[0].Cursor
+		end := c.Edges[len(c.Edges)-1].Cursor
+		if page.NextCursor != "" {
+			end = page.NextCursor
+		}
+		c.PageInfo.EndCursor = &end
+	}
+	return c
+}
+
+func toDestroyPayload(r sandbox.DestroyResult) *model.DestroySandboxPayload {
+	return &model.DestroySandboxPayload{Sandbox: toSandbox(r.Sandbox), SnapshotID: optString(r.SnapshotID)}
+}
+
+func toProfiles(ps []sandbox.Profile) []*model.Profile {
+	out := make([]*model.Profile, len(ps))
+	for i, p := range ps {
+		out[i] = &model.Profile{Name: p.Name, Description: p.Description, MilliCPU: int(p.MilliCPU),
+			MemoryMb: mib(p.MemoryBytes), DiskMb: mib(p.DiskBytes), Network: p.Network, Default: p.Default}
+	}
+	return out
+}
+
+func toExecResult(r sandbox.ExecResult) *model.ExecResult {
+	return &model.ExecResult{
+		ExecID:          r.ExecID,
+		ExitCode:        r.ExitCode,
+		Signal:          optString(r.Signal),
+		TimedOut:        r.TimedOut,
+		DurationMs:      r.Duration.Milliseconds(),
+		StartedAt:       optTime(r.StartedAt),
+		EndedAt:         optTime(r.EndedAt),
+		Stdout:          validUTF8(r.Stdout),
+		Stderr:          validUTF8(r.Stderr),
+		StdoutBase64:    base64.StdEncoding.EncodeToString(r.Stdout),
+		StderrBase64:    base64.StdEncoding.EncodeToString(r.Stderr),
+		StdoutTruncated: r.StdoutTruncated,
+		StderrTruncated: r.StderrTruncated,
+		Error:           optString(r.Error),
+	}
+}
+
+func toFileInfo(f sandbox.FileInfo) *model.FileInfo {
+	return &model.FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: int(f.Mode), IsDir: f.IsDir,
+		Symlink: optString(f.Symlink), ModTime: optTime(f.ModTime)}
+}
+
+func toFileContent(path string, data []byte, info sandbox.FileInfo) *model.FileContent {
+	fc := &model.FileContent{Path: path, ContentBase64: base64.StdEncoding.EncodeToString(data),
+		Size: int64(len(data)), File: toFileInfo(info)}
+	if info.Path != "" {
+		fc.Path = info.Path
+	}
+	if utf8.Valid(data) {
+		s := string(data)
+		fc.Content = &s
+	}
+	return fc
+}
+
+func toFileListing(path string, entries []sandbox.FileInfo, truncated bool) *model.FileListing {
+	l := &model.FileListing{Path: path, Entries: make([]*model.FileInfo, len(entries)), Truncated: truncated}
+	for i, e := range entries {
+		l.Entries[i] = toFileInfo(e)
+	}
+	return l
+}
+
+func toEvent(e sandbox.Event) *model.SandboxEvent {
+	ev := &model.SandboxEvent{Cursor: e.Cursor, Type: e.Type, SandboxID: e.SandboxID,
+		State: model.SandboxState(e.State), Reason: optString(e.Reason), At: e.At}
+	if e.PreviousState != "" {
+		prev := model.SandboxState(e.PreviousState)
+		ev.PreviousState = &prev
+	}
+	return ev
+}
+
+// forwardEvents converts the service's event stream into the subscription's channel. It owns
+// and closes out; it ends when in closes or ctx ends, and never blocks past ctx.
+func forwardEvents(ctx context.Context, in <-chan sandbox.Event) <-chan *model.SandboxEvent {
+	out := make(chan *model.SandboxEvent)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case out <- toEvent(e):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// ---- small helpers ----
+
+// validUTF8 returns b as text with each invalid byte replaced by U+FFFD.
+func validUTF8(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	var sb strings.Builder
+	sb.Grow(len(b) + 16)
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		sb.WriteRune(r) // utf8.RuneError for an invalid byte (n == 1)
+		b = b[n:]
+	}
+	return sb.String()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func optString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func int64Ptr(i *int) *int64 {
+	if i == nil {
+		return nil
+	}
+	v := int64(*i)
+	return &v
+}
+
+// mib converts bytes to whole MiB (GraphQL's Int is 32-bit, too small for bytes).
+func mib(b int64) int { return int(b >> 20) }

@@ -1,0 +1,36 @@
+package resolvers
+
+import (
+	"context"
+	"io"
+	"os"
+
+	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
+)
+
+// Service is what the resolvers need of the domain service. *sandbox.Service satisfies it;
+// tests use a fake. Errors are *apierror.Error with a code, or plain errors that clients see
+// as "internal error".
+type Service interface {
+	Create(ctx context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error)
+	Get(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	List(ctx context.Context, p auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error)
+	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
+	// ReadFile answers PAYLOAD_TOO_LARGE when the file is larger than maxBytes.
+	ReadFile(ctx context.Context, p auth.Principal, id, path string, maxBytes int64) ([]byte, sandbox.FileInfo, error)
+	// WriteFile writes r to path; mode 0 means 0644.
+	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
+	// ListDir returns at most limit entries and whether there were more.
+	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
+	Profiles() []sandbox.Profile
+	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
+	// project. The channel closes when ctx ends.
+	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)
+}
+
+// The domain service is what production passes to NewHandler.
+var _ Service = (*sandbox.Service)(nil)
