@@ -875,19 +875,26 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	if !events.ValidCursor(after) {
 		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", truncate(after, 64))
 	}
-	in, err := s.events.Subscribe(ctx, p.Tenant, p.Project, sandboxID, after)
+	sctx, cancel := context.WithCancel(ctx)
+	in, err := s.events.Subscribe(sctx, p.Tenant, p.Project, sandboxID, after)
 	if err != nil {
+		cancel()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable")
 	}
 	out := make(chan Event)
 	go func() {
 		defer close(out)
+		defer cancel() // ends the Redis reader too when we stop early
 		for ev := range in {
 			e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
 				PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
 			select {
 			case out <- e:
 			case <-ctx.Done():
+				return
+			}
+			if sandboxID != "" && e.State == Destroyed {
+				// Nothing more will happen to this sandbox: end the subscription.
 				return
 			}
 		}
