@@ -1,0 +1,5 @@
+//go:build race
+
+package checkpoint_test
+
+const raceEnabled = true
