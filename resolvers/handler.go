@@ -184,6 +184,12 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 					writeError(w, apierror.New(apierror.PayloadTooLarge, "the request body is larger than %d bytes", g.maxBody))
 					return
 				}
+				// gqlgen answers a malformed body without a code and echoes the body back: refuse
+				// it here with a code and a short message.
+				if r.Method == http.MethodPost && len(bytes.TrimSpace(body)) > 0 && !json.Valid(body) {
+					writeError(w, apierror.New(apierror.InvalidArgument, "the request body is not valid JSON"))
+					return
+				}
 				r.Body = io.NopCloser(bytes.NewReader(body))
 			}
 			if (transport.SSE{}).Supports(r) {

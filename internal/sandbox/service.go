@@ -129,7 +129,9 @@ func validID(id string) bool {
 	return err == nil
 }
 
-func notFound(id string) error { return apierror.New(apierror.NotFound, "sandbox %s not found", id) }
+func notFound(id string) error {
+	return apierror.New(apierror.NotFound, "sandbox %s not found", truncate(id, 64))
+}
 
 // ---- create ----
 

@@ -1,0 +1,210 @@
+package tests
+
+import (
+	"strings"
+	"testing"
+)
+
+// GraphQL documents used by several tests.
+const (
+	gqlSandboxFields = `id tenantId projectId profile state stateReason autostopSec ttlSec latestSnapshotId
+		resources { milliCpu memoryMb }`
+	gqlExecFields = `execId exitCode signal timedOut durationMs stdout stderr stdoutBase64 stdoutTruncated stderrTruncated error`
+
+	gqlCreate  = `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { ` + gqlSandboxFields + ` } }`
+	gqlGet     = `query($id: ID!) { sandbox(id: $id) { ` + gqlSandboxFields + ` } }`
+	gqlList    = `query { sandboxes(first: 500) { nodes { id state } pageInfo { hasNextPage } } }`
+	gqlExec    = `mutation($id: ID!, $in: ExecInput!) { exec(sandboxId: $id, input: $in) { ` + gqlExecFields + ` } }`
+	gqlStop    = `mutation($id: ID!) { stopSandbox(id: $id) { ` + gqlSandboxFields + ` } }`
+	gqlStart   = `mutation($id: ID!) { startSandbox(id: $id) { ` + gqlSandboxFields + ` } }`
+	gqlDestroy = `mutation($id: ID!) { destroySandbox(id: $id) { snapshotId sandbox { id state } } }`
+	gqlWrite   = `mutation($id: ID!, $path: String!, $content: String) {
+		writeFile(sandboxId: $id, path: $path, content: $content) { name path size isDir } }`
+	gqlRead = `query($id: ID!, $path: String!) { readFile(sandboxId: $id, path: $path) {
+		path content contentBase64 size truncated file { name size } } }`
+	gqlListFiles = `query($id: ID!, $path: String) { listFiles(sandboxId: $id, path: $path) {
+		path truncated entries { name isDir size } } }`
+)
+
+type gqlSandbox struct {
+	ID               string  `json:"id"`
+	TenantID         string  `json:"tenantId"`
+	ProjectID        string  `json:"projectId"`
+	Profile          string  `json:"profile"`
+	State            string  `json:"state"`
+	StateReason      *string `json:"stateReason"`
+	AutostopSec      int     `json:"autostopSec"`
+	TTLSec           int     `json:"ttlSec"`
+	LatestSnapshotID *string `json:"latestSnapshotId"`
+	Resources        struct {
+		MilliCPU int `json:"milliCpu"`
+		MemoryMB int `json:"memoryMb"`
+	} `json:"resources"`
+}
+
+type gqlExecResult struct {
+	ExecID          string  `json:"execId"`
+	ExitCode        int     `json:"exitCode"`
+	Signal          *string `json:"signal"`
+	TimedOut        bool    `json:"timedOut"`
+	DurationMs      int64   `json:"durationMs"`
+	Stdout          string  `json:"stdout"`
+	Stderr          string  `json:"stderr"`
+	StdoutBase64    string  `json:"stdoutBase64"`
+	StdoutTruncated bool    `json:"stdoutTruncated"`
+	StderrTruncated bool    `json:"stderrTruncated"`
+	Error           *string `json:"error"`
+}
+
+type gqlFileContent struct {
+	Path          string  `json:"path"`
+	Content       *string `json:"content"`
+	ContentBase64 string  `json:"contentBase64"`
+	Size          int64   `json:"size"`
+	Truncated     bool    `json:"truncated"`
+}
+
+// gqlExecOK runs a command through GraphQL and wants exit 0; it returns stdout.
+func (s *Server) gqlExecOK(t *testing.T, id string, argv []string, headers ...string) string {
+	t.Helper()
+	var res gqlExecResult
+	s.gql(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": argv, "timeoutSec": 60}}, headers...).
+		ok(t, "exec", &res)
+	if res.ExitCode != 0 || res.Signal != nil || res.TimedOut || res.Error != nil {
+		t.Fatalf("exec %q: got %+v, want exit 0", argv, res)
+	}
+	return res.Stdout
+}
+
+// TestDocumentFlowGraphQL walks the same flow as TestDocumentFlowREST through POST /graphql.
+func TestDocumentFlowGraphQL(t *testing.T) {
+	s := startServer(t, serverOptions{})
+	key := hdrDev
+
+	var sb gqlSandbox
+	s.gql(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default", "autostopSec": 1800, "ttlSec": 14400}}, key).
+		ok(t, "createSandbox", &sb)
+	if sb.ID != "" {
+		s.track(sb.ID, key)
+	}
+	id := sb.ID
+	step(t, "create", func(t *testing.T) {
+		if !sandboxIDPattern.MatchString(id) {
+			t.Fatalf("got id %q, want sbx_ and a ULID", id)
+		}
+		if sb.State != "RUNNING" || sb.Profile != "sandboxes-default" || sb.AutostopSec != 1800 || sb.TTLSec != 14400 ||
+			sb.TenantID != "dev" || sb.ProjectID != "default" {
+			t.Errorf("got %+v, want RUNNING sandboxes-default 1800/14400 of dev:default", sb)
+		}
+		if sb.Resources.MilliCPU != 1000 || sb.Resources.MemoryMB != 1024 {
+			t.Errorf("got resources %+v, want 1000 milliCpu and 1024 memoryMb", sb.Resources)
+		}
+		var got gqlSandbox
+		s.gql(t, gqlGet, map[string]any{"id": id}, key).ok(t, "sandbox", &got)
+		if got.ID != id || got.State != "RUNNING" {
+			t.Errorf("sandbox(id): got %+v, want %s RUNNING", got, id)
+		}
+	})
+
+	step(t, "exec-twice-same-workspace", func(t *testing.T) {
+		if out := s.gqlExecOK(t, id, []string{"bash", "-lc", "echo from graphql > notes.txt && pwd"}, key); out != "/workspace\n" {
+			t.Errorf("got stdout %q, want /workspace", out)
+		}
+		if out := s.gqlExecOK(t, id, []string{"cat", "notes.txt"}, key); out != "from graphql\n" {
+			t.Errorf("got stdout %q, want the first exec's line", out)
+		}
+	})
+
+	step(t, "write-file-and-run-pytest", func(t *testing.T) {
+		var fi struct {
+			Name string `json:"name"`
+			Size int64  `json:"size"`
+		}
+		s.gql(t, gqlWrite, map[string]any{"id": id, "path": "test_sample.py", "content": testSample}, key).ok(t, "writeFile", &fi)
+		if fi.Name != "test_sample.py" || fi.Size != int64(len(testSample)) {
+			t.Errorf("writeFile: got %+v, want test_sample.py of %d bytes", fi, len(testSample))
+		}
+		var res gqlExecResult
+		s.gql(t, gqlExec, map[string]any{"id": id, "in": map[string]any{
+			"command": []string{"bash", "-lc", "python -m pytest -q"}, "timeoutSec": 300}}, key).ok(t, "exec", &res)
+		if res.ExitCode != 0 || !strings.Contains(res.Stdout, "1 passed") {
+			t.Fatalf("pytest: got %+v, want exit 0 and \"1 passed\"", res)
+		}
+	})
+
+	step(t, "list-and-files", func(t *testing.T) {
+		var conn struct {
+			Nodes []gqlSandbox `json:"nodes"`
+		}
+		s.gql(t, gqlList, nil, key).ok(t, "sandboxes", &conn)
+		found := false
+		for _, n := range conn.Nodes {
+			found = found || (n.ID == id && n.State == "RUNNING")
+		}
+		if !found {
+			t.Errorf("sandboxes: got %+v, want %s RUNNING", conn.Nodes, id)
+		}
+		var listing struct {
+			Entries []struct {
+				Name string `json:"name"`
+			} `json:"entries"`
+		}
+		s.gql(t, gqlListFiles, map[string]any{"id": id}, key).ok(t, "listFiles", &listing)
+		names := map[string]bool{}
+		for _, e := range listing.Entries {
+			names[e.Name] = true
+		}
+		if !names["notes.txt"] || !names["test_sample.py"] {
+			t.Errorf("listFiles: got %v, want notes.txt and test_sample.py", names)
+		}
+		var fc gqlFileContent
+		s.gql(t, gqlRead, map[string]any{"id": id, "path": "test_sample.py"}, key).ok(t, "readFile", &fc)
+		if fc.Content == nil || *fc.Content != testSample || fc.Size != int64(len(testSample)) {
+			t.Errorf("readFile: got %+v, want the uploaded test", fc)
+		}
+	})
+
+	step(t, "stop", func(t *testing.T) {
+		var got gqlSandbox
+		s.gql(t, gqlStop, map[string]any{"id": id}, key).ok(t, "stopSandbox", &got)
+		if got.State != "STOPPED" {
+			t.Fatalf("stopSandbox: got state %q, want STOPPED", got.State)
+		}
+		if got.LatestSnapshotID == nil || *got.LatestSnapshotID == "" {
+			t.Errorf("stopSandbox: got no latestSnapshotId, want the stop's checkpoint")
+		}
+		s.gql(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": []string{"true"}}}, key).
+			wantCode(t, 200, "INVALID_STATE", "STOPPED")
+	})
+
+	step(t, "start", func(t *testing.T) {
+		var got gqlSandbox
+		s.gql(t, gqlStart, map[string]any{"id": id}, key).ok(t, "startSandbox", &got)
+		if got.State != "RUNNING" {
+			t.Fatalf("startSandbox: got state %q, want RUNNING", got.State)
+		}
+		var fc gqlFileContent
+		s.gql(t, gqlRead, map[string]any{"id": id, "path": "notes.txt"}, key).ok(t, "readFile", &fc)
+		if fc.Content == nil || *fc.Content != "from graphql\n" {
+			t.Errorf("readFile after start: got %+v, want the first exec's line", fc)
+		}
+	})
+
+	step(t, "destroy", func(t *testing.T) {
+		var got struct {
+			SnapshotID *string `json:"snapshotId"`
+			Sandbox    struct {
+				ID string `json:"id"`
+			} `json:"sandbox"`
+		}
+		s.gql(t, gqlDestroy, map[string]any{"id": id}, key).ok(t, "destroySandbox", &got)
+		if got.SnapshotID == nil || *got.SnapshotID == "" || got.Sandbox.ID != id {
+			t.Errorf("destroySandbox: got snapshotId %v sandbox %q, want a snapshot id and %s", got.SnapshotID, got.Sandbox.ID, id)
+		}
+		g := s.gql(t, gqlGet, map[string]any{"id": id}, key)
+		g.wantCode(t, 200, "NOT_FOUND")
+		if string(g.Data["sandbox"]) != "null" {
+			t.Errorf("%s: got data.sandbox %s, want null", g, g.Data["sandbox"])
+		}
+	})
+}
