@@ -1,0 +1,170 @@
+package gvisor_test
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"sandboxd/guest"
+	"sandboxd/runtime/runtimetest"
+)
+
+// The benchmarks measure, side by side on the same machine: a command through the guest init
+// over an existing attach against a bare `runsc exec`, and the driver's create-to-first-exec
+// against raw runsc create + start + exec of a minimal bundle.
+
+func BenchmarkBareRunscExec(b *testing.B) {
+	d := newDriver(b)
+	id := runtimetest.CreateBox(b, d, defaultSpec())
+	flags, err := d.ContainerFlags(id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := append(flags, "exec", id, "true")
+	b.ResetTimer()
+	for b.Loop() {
+		if out, err := exec.Command(components.runsc, args...).CombinedOutput(); err != nil {
+			b.Fatalf("runsc exec: %v: %s", err, out)
+		}
+	}
+}
+
+func BenchmarkAttachExec(b *testing.B) {
+	d := newDriver(b)
+	id := runtimetest.CreateBox(b, d, defaultSpec())
+	c := runtimetest.Client(b, d, id)
+	b.ResetTimer()
+	for b.Loop() {
+		res := runtimetest.MustRun(b, c, guest.ExecRequest{Argv: []string{"true"}})
+		if res.Exit.ExitCode != 0 {
+			b.Fatalf("got exit %+v", res.Exit)
+		}
+	}
+}
+
+// BenchmarkAttachHealth is the transport's floor: one request/response over an existing
+// attach, no process started.
+func BenchmarkAttachHealth(b *testing.B) {
+	d := newDriver(b)
+	id := runtimetest.CreateBox(b, d, defaultSpec())
+	c := runtimetest.Client(b, d, id)
+	ctx := ctxT(b)
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := c.Health(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCreateToFirstExec(b *testing.B) {
+	d := newDriver(b)
+	spec := defaultSpec()
+	for i := 0; i < b.N; i++ {
+		rec := runtimetest.NewRecord(spec)
+		if err := d.Create(ctxT(b), rec); err != nil {
+			b.Fatal(err)
+		}
+		rwc, err := d.Attach(ctxT(b), rec.ID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := guest.DialContext(ctxT(b), rwc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := c.Run(ctxT(b), guest.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}}, 1<<10, 1<<10)
+		if err != nil || res.Exit.ExitCode != 0 {
+			b.Fatalf("Run: %v %+v", err, res.Exit)
+		}
+		b.StopTimer()
+		c.Close()
+		if err := d.Delete(ctxT(b), rec.ID); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+func BenchmarkRawRunscCreateStartExec(b *testing.B) {
+	need(b)
+	dir, err := os.MkdirTemp("", "sbxraw")
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := filepath.Join(dir, "root")
+	bundle := filepath.Join(dir, "bundle")
+	for _, p := range []string{root, bundle} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() {
+		for syscall.Unmount(filepath.Join(root, "null-netns"), syscall.MNT_DETACH) == nil {
+		}
+		os.RemoveAll(dir)
+	})
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"root":       map[string]any{"path": components.rootfs, "readonly": true},
+		"process": map[string]any{
+			"args": []string{"/bin/sleep", "infinity"}, "cwd": "/", "user": map[string]int{"uid": 0, "gid": 0},
+			"env": []string{"PATH=/usr/bin:/bin"},
+		},
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+			{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+		},
+		"linux": map[string]any{"namespaces": []map[string]string{{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}}},
+	}
+	js, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), js, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	log, err := os.OpenFile(filepath.Join(dir, "runsc.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer log.Close()
+	flags := []string{"--root=" + root, "--platform=systrap", "--network=none"}
+	run := func(logged bool, args ...string) {
+		cmd := exec.Command(components.runsc, append(append([]string{}, flags...), args...)...)
+		var out []byte
+		var err error
+		if logged { // create and start: the sandbox keeps their stdio open
+			cmd.Stdout, cmd.Stderr = log, log
+			err = cmd.Run()
+		} else {
+			out, err = cmd.CombinedOutput()
+		}
+		if err != nil {
+			b.Fatalf("runsc %v: %v %s", args, err, out)
+		}
+	}
+	for i := 0; i < b.N; i++ {
+		id := runtimetest.NewID()
+		run(true, "create", "--bundle="+bundle, id)
+		run(true, "start", id)
+		run(false, "exec", id, "true")
+		b.StopTimer()
+		run(false, "delete", "-force", id)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkGet is what observing a running box costs (record, runsc state file, /proc).
+func BenchmarkGet(b *testing.B) {
+	d := newDriver(b)
+	id := runtimetest.CreateBox(b, d, defaultSpec())
+	ctx := ctxT(b)
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := d.Get(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

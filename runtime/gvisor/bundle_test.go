@@ -1,0 +1,198 @@
+package gvisor
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"sandboxd/runtime"
+)
+
+func TestBuildSpec(t *testing.T) {
+	spec := runtime.BoxSpec{
+		Rootfs:      "/srv/rootfs",
+		MilliCPU:    1500,
+		MemoryBytes: 1 << 30,
+		Env:         map[string]string{"FOO": "bar", "PATH": "/opt/bin:/usr/bin"},
+	}
+	oci, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !oci.Root.Readonly || oci.Root.Path != "/srv/rootfs" {
+		t.Errorf("got root %+v, want /srv/rootfs read-only", oci.Root)
+	}
+	if got := oci.Process.Args; !slices.Equal(got, []string{"/.sbx/init"}) {
+		t.Errorf("got args %q, want [/.sbx/init]", got)
+	}
+	if oci.Process.Terminal || !oci.Process.NoNewPrivileges || oci.Process.Cwd != "/workspace" {
+		t.Errorf("got process %+v, want no terminal, noNewPrivileges, cwd /workspace", oci.Process)
+	}
+	wantEnv := []string{"FOO=bar", "HOME=/root", "LANG=C.UTF-8", "PATH=/opt/bin:/usr/bin"}
+	if !slices.Equal(oci.Process.Env, wantEnv) {
+		t.Errorf("got env %q, want %q", oci.Process.Env, wantEnv)
+	}
+	if r := oci.Process.Rlimits; len(r) != 1 || r[0].Type != "RLIMIT_NOFILE" || r[0].Soft != 65536 {
+		t.Errorf("got rlimits %+v, want RLIMIT_NOFILE 65536", r)
+	}
+	mounts := map[string]ociMount{}
+	for _, m := range oci.Mounts {
+		mounts[m.Destination] = m
+	}
+	for _, tc := range []struct {
+		dest, typ, source, option string
+	}{
+		{"/proc", "proc", "proc", ""},
+		{"/dev", "tmpfs", "tmpfs", ""},
+		{"/dev/pts", "devpts", "devpts", "newinstance"},
+		{"/dev/shm", "tmpfs", "shm", "size=67108864"},
+		{"/sys", "sysfs", "sysfs", "ro"},
+		{"/tmp", "tmpfs", "tmpfs", "mode=1777"},
+		{"/run/sbx", "tmpfs", "tmpfs", ""},
+		{"/workspace", "bind", "/state/boxes/sbx_1/workspace", "rw"},
+		{"/.sbx", "bind", "/state/init", "ro"},
+	} {
+		m, ok := mounts[tc.dest]
+		if !ok {
+			t.Errorf("no mount at %s", tc.dest)
+			continue
+		}
+		if m.Type != tc.typ || m.Source != tc.source || (tc.option != "" && !slices.Contains(m.Options, tc.option)) {
+			t.Errorf("got mount %+v, want type %s source %s option %q", m, tc.typ, tc.source, tc.option)
+		}
+	}
+	res := oci.Linux.Resources
+	if res.Memory == nil || res.Memory.Limit != 1<<30 {
+		t.Errorf("got memory %+v, want 1 GiB", res.Memory)
+	}
+	if res.CPU == nil || res.CPU.Quota != 150000 || res.CPU.Period != 100000 {
+		t.Errorf("got cpu %+v, want quota 150000 period 100000", res.CPU)
+	}
+	if res.Pids == nil || res.Pids.Limit != DefaultPidsLimit {
+		t.Errorf("got pids %+v, want %d", res.Pids, DefaultPidsLimit)
+	}
+	if oci.Linux.CgroupsPath != "/sbx_1" {
+		t.Errorf("got cgroups path %q, want /sbx_1", oci.Linux.CgroupsPath)
+	}
+	var ns []string
+	for _, n := range oci.Linux.Namespaces {
+		ns = append(ns, n.Type)
+	}
+	if want := []string{"pid", "network", "ipc", "uts", "mount"}; !slices.Equal(ns, want) {
+		t.Errorf("got namespaces %q, want %q", ns, want)
+	}
+	if _, err := json.Marshal(oci); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBuildSpecNoLimits(t *testing.T) {
+	oci, err := buildSpec("sbx_1", runtime.BoxSpec{Rootfs: "/r", PidsLimit: 100}, "/w", "/i")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := oci.Linux.Resources; r.Memory != nil || r.CPU != nil || r.Pids.Limit != 100 {
+		t.Errorf("got resources %+v, want only pids 100", r)
+	}
+}
+
+func TestValidateSpec(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec runtime.BoxSpec
+		ok   bool
+	}{
+		{"Minimal", runtime.BoxSpec{Rootfs: "/r"}, true},
+		{"NetworkNone", runtime.BoxSpec{Rootfs: "/r", Network: "none"}, true},
+		{"NoRootfs", runtime.BoxSpec{}, false},
+		{"RelativeRootfs", runtime.BoxSpec{Rootfs: "r"}, false},
+		{"HostRoot", runtime.BoxSpec{Rootfs: "/"}, false},
+		{"HostNetwork", runtime.BoxSpec{Rootfs: "/r", Network: "host"}, false},
+		{"NegativeMemory", runtime.BoxSpec{Rootfs: "/r", MemoryBytes: -1}, false},
+		{"TinyMemory", runtime.BoxSpec{Rootfs: "/r", MemoryBytes: 1 << 20}, false},
+		{"EnvEquals", runtime.BoxSpec{Rootfs: "/r", Env: map[string]string{"A=B": ""}}, false},
+		{"EnvNul", runtime.BoxSpec{Rootfs: "/r", Env: map[string]string{"A": "\x00"}}, false},
+		{"EnvReserved", runtime.BoxSpec{Rootfs: "/r", Env: map[string]string{"SBX_REAP": "0"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := validateSpec(tc.spec); (err == nil) != tc.ok {
+				t.Errorf("got %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for _, tc := range []struct {
+		id string
+		ok bool
+	}{
+		{"sbx_01ARZ3NDEKTSV4RRFFQ69G5FAV", true},
+		{"a", true},
+		{"a-b_c", true},
+		{"", false},
+		{"-a", false},
+		{"_a", false},
+		{"a/b", false},
+		{"..", false},
+		{"a:b", false},
+		{"a b", false},
+		{strings.Repeat("a", MaxIDLen), true},
+		{strings.Repeat("a", MaxIDLen+1), false},
+	} {
+		if got := ValidID(tc.id); got != tc.ok {
+			t.Errorf("ValidID(%q): got %v, want %v", tc.id, got, tc.ok)
+		}
+	}
+}
+
+func TestFieldValue(t *testing.T) {
+	v1 := []byte("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+	if n, ok := fieldValue(v1, "oom_kill"); !ok || n != 3 {
+		t.Errorf("got %d %v, want 3 true", n, ok)
+	}
+	if _, ok := fieldValue(v1, "missing"); ok {
+		t.Errorf("found a missing key")
+	}
+}
+
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f.json")
+	for _, content := range []string{"one", "two"} {
+		if err := writeFileAtomic(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(p); string(b) != content {
+			t.Errorf("got %q, want %q", b, content)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("got %d files, want 1 (no temporary file left)", len(entries))
+	}
+}
+
+func TestKeyedMutex(t *testing.T) {
+	var k keyedMutex
+	var wg sync.WaitGroup
+	counter := 0
+	for i := 0; i < 50; i++ {
+		wg.Go(func() {
+			unlock := k.lock("a")
+			counter++
+			unlock()
+		})
+	}
+	wg.Wait()
+	if counter != 50 {
+		t.Errorf("got %d, want 50", counter)
+	}
+	if len(k.m) != 0 {
+		t.Errorf("got %d entries left, want 0", len(k.m))
+	}
+}

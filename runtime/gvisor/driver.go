@@ -1,0 +1,466 @@
+// Package gvisor is the local runtime driver: one runsc (gVisor) container per box, built from
+// an OCI bundle over a profile's read-only base rootfs, with the box's workspace a host folder
+// mounted at /workspace and the guest init (cmd/sandbox-init) as PID 1. Everything the driver
+// keeps lives under its StateDir:
+//
+//	StateDir/boxes/<id>/record.json      the sandbox record (the runtime truth), written atomically
+//	StateDir/boxes/<id>/workspace/       the workspace (the local stand-in for a PVC)
+//	StateDir/boxes/<id>/bundle/config.json
+//	StateDir/boxes/<id>/runsc.log        stdio of runsc create/start, the sandbox and attaches
+//	StateDir/init/init                   the guest init, mounted read-only at /.sbx
+//	StateDir/runsc-root/                 runsc's --root
+//
+// A box's phase is observed without running runsc: the container's state file in the runsc
+// root gives the sandbox process's pid, and /proc says whether that process is alive (a
+// zombie is not: `runsc state` keeps saying "running" for a sandbox the OOM killer took). A
+// dead sandbox is PhaseFailed; the reason names an OOM kill when the box's memory cgroup
+// counted one.
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/runtime"
+)
+
+// Options configure a Driver.
+type Options struct {
+	// Runsc is the runsc binary (a path, or a name looked up in PATH).
+	Runsc string
+	// StateDir holds everything of the driver (e.g. /var/lib/sandboxd/gvisor).
+	StateDir string
+	// InitBinary is the host path of the static guest init binary.
+	InitBinary string
+	// Platform is runsc's --platform; default "systrap".
+	Platform string
+	// ExtraFlags are appended to runsc's global flags on every call.
+	ExtraFlags []string
+	// ReadyTimeout bounds how long Create and Start wait for the guest init to answer;
+	// default 10 s.
+	ReadyTimeout time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Driver is the local gVisor runtime driver. It implements runtime.Driver.
+type Driver struct {
+	opts     Options
+	log      *slog.Logger
+	boxesDir string
+	rootDir  string
+	initDir  string
+
+	// boxMu serializes lifecycle operations on one box within this process; recMu serializes
+	// record read-modify-writes (a flock extends that across processes).
+	boxMu keyedMutex
+	recMu keyedMutex
+	// createMu is held shared by runsc create and exclusively while the shared null-netns
+	// mount is removed.
+	createMu sync.RWMutex
+	initMu   sync.Mutex
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// New returns a driver over opts.StateDir, creating its folders.
+func New(opts Options) (*Driver, error) {
+	if opts.Runsc == "" {
+		return nil, errors.New("gvisor: Options.Runsc is required")
+	}
+	if !filepath.IsAbs(opts.Runsc) {
+		p, err := exec.LookPath(opts.Runsc)
+		if err != nil {
+			return nil, fmt.Errorf("gvisor: runsc: %w", err)
+		}
+		opts.Runsc = p
+	}
+	if opts.StateDir == "" || opts.InitBinary == "" {
+		return nil, errors.New("gvisor: Options.StateDir and Options.InitBinary are required")
+	}
+	var err error
+	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
+		return nil, err
+	}
+	if opts.InitBinary, err = filepath.Abs(opts.InitBinary); err != nil {
+		return nil, err
+	}
+	if opts.Platform == "" {
+		opts.Platform = "systrap"
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 10 * time.Second
+	}
+	opts.ExtraFlags = slices.Clone(opts.ExtraFlags)
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	d := &Driver{
+		opts:     opts,
+		log:      opts.Logger.With("driver", "gvisor"),
+		boxesDir: filepath.Join(opts.StateDir, "boxes"),
+		rootDir:  filepath.Join(opts.StateDir, "runsc-root"),
+		initDir:  filepath.Join(opts.StateDir, "init"),
+	}
+	for _, dir := range []string{d.boxesDir, d.rootDir, d.initDir} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	// The init folder is mounted into every box: it must be traversable there.
+	if err := os.Chmod(d.initDir, 0o755); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	return d, nil
+}
+
+// Name implements runtime.Driver.
+func (d *Driver) Name() string { return "gvisor" }
+
+// RootDir is runsc's --root folder of this driver (for tools and tests: `runsc --root … list`).
+func (d *Driver) RootDir() string { return d.rootDir }
+
+// Create implements runtime.Driver: it writes the record, makes the workspace and the bundle,
+// creates and starts the container and returns once the guest init answers. On failure it
+// leaves nothing behind.
+func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
+	id := rec.ID
+	if !ValidID(id) {
+		return fmt.Errorf("gvisor: invalid box id %q", id)
+	}
+	if err := validateSpec(rec.Spec); err != nil {
+		return err
+	}
+	if fi, err := os.Stat(rec.Spec.Rootfs); err != nil || !fi.IsDir() {
+		return fmt.Errorf("gvisor: rootfs %q is not a folder", rec.Spec.Rootfs)
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	start := time.Now()
+	if err := d.checkPrefixes(id); err != nil {
+		return err
+	}
+	if err := os.Mkdir(d.boxDir(id), 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrExists)
+		}
+		return fmt.Errorf("gvisor: create box folder: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
+			defer cancel()
+			if cerr := d.destroyContainer(cctx, id); cerr != nil {
+				d.log.Error("cleanup after failed create", "box", id, "err", cerr)
+				return // keep the folder: it is what names the container left behind
+			}
+			if rerr := os.RemoveAll(d.boxDir(id)); rerr != nil {
+				d.log.Error("cleanup after failed create", "box", id, "err", rerr)
+			}
+		}
+	}()
+	if err := d.writeRecord(rec); err != nil {
+		return err
+	}
+	if err := os.Mkdir(d.boxPath(id, workspaceDn), 0o755); err != nil {
+		return fmt.Errorf("gvisor: create workspace: %w", err)
+	}
+	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
+		return err
+	}
+	d.log.Info("box created", "box", id, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// checkPrefixes refuses an id that is a proper prefix of another box's id or has one as its
+// prefix: runsc matches container ids by prefix, so `runsc kill abc` would reach box abcd
+// (or fail as ambiguous). The project's fixed-length ids never trip this.
+func (d *Driver) checkPrefixes(id string) error {
+	entries, err := os.ReadDir(d.boxesDir)
+	if err != nil {
+		return fmt.Errorf("gvisor: list boxes: %w", err)
+	}
+	for _, e := range entries {
+		other := e.Name()
+		if other != id && (strings.HasPrefix(other, id) || strings.HasPrefix(id, other)) {
+			return fmt.Errorf("gvisor: box id %q and existing %q are prefixes of one another (runsc matches ids by prefix)", id, other)
+		}
+	}
+	return nil
+}
+
+// Start implements runtime.Driver. A running box is left alone (fresh = false).
+func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
+	if err := checkID(id); err != nil {
+		return false, err
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	rec, err := d.readRecord(id)
+	if err != nil {
+		return false, err
+	}
+	phase, _, err := d.observe(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if phase == runtime.PhaseRunning {
+		return false, nil
+	}
+	start := time.Now()
+	if err := d.destroyContainer(ctx, id); err != nil {
+		return false, err
+	}
+	ws := d.boxPath(id, workspaceDn)
+	if _, err := os.Stat(ws); errors.Is(err, fs.ErrNotExist) {
+		if err := os.Mkdir(ws, 0o755); err != nil {
+			return false, fmt.Errorf("gvisor: create workspace: %w", err)
+		}
+		fresh = true
+	} else if err != nil {
+		return false, fmt.Errorf("gvisor: workspace: %w", err)
+	}
+	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
+		defer cancel()
+		if cerr := d.destroyContainer(cctx, id); cerr != nil {
+			d.log.Error("cleanup after failed start", "box", id, "err", cerr)
+		}
+		return fresh, err
+	}
+	d.log.Info("box started", "box", id, "fresh", fresh, "ms", time.Since(start).Milliseconds())
+	return fresh, nil
+}
+
+// Stop implements runtime.Driver: kill and delete the container, keep workspace and record.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	if _, err := os.Stat(d.boxDir(id)); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
+	}
+	if err := d.destroyContainer(ctx, id); err != nil {
+		return err
+	}
+	d.log.Info("box stopped", "box", id)
+	return nil
+}
+
+// Delete implements runtime.Driver.
+func (d *Driver) Delete(ctx context.Context, id string) error {
+	if !ValidID(id) {
+		return fmt.Errorf("gvisor: invalid box id %q", id)
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	if err := d.destroyContainer(ctx, id); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(d.boxDir(id)); err != nil {
+		return fmt.Errorf("gvisor: remove box %s: %w", id, err)
+	}
+	d.log.Info("box deleted", "box", id)
+	return nil
+}
+
+// Get implements runtime.Driver. It is cheap: two small file reads and a /proc check.
+func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
+	if err := checkID(id); err != nil {
+		return runtime.Box{}, err
+	}
+	rec, err := d.readRecord(id)
+	if err != nil {
+		return runtime.Box{}, err
+	}
+	phase, reason, err := d.observe(ctx, id)
+	if err != nil {
+		return runtime.Box{}, err
+	}
+	return runtime.Box{Record: rec, Phase: phase, Reason: reason}, nil
+}
+
+// List implements runtime.Driver. Folders without a record (a create in progress) are skipped.
+func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
+	entries, err := os.ReadDir(d.boxesDir)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: list boxes: %w", err)
+	}
+	boxes := make([]runtime.Box, 0, len(entries))
+	for _, e := range entries {
+		if !e.IsDir() || !ValidID(e.Name()) {
+			continue
+		}
+		b, err := d.Get(ctx, e.Name())
+		if errors.Is(err, runtime.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		boxes = append(boxes, b)
+	}
+	return boxes, nil
+}
+
+// UpdateRecord implements runtime.Driver: a read-modify-write under a per-box mutex and a
+// flock (for other processes sharing StateDir), stored atomically. fn may not change the id.
+func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
+	if err := checkID(id); err != nil {
+		return runtime.Record{}, err
+	}
+	unlock := d.recMu.lock(id)
+	defer unlock()
+	funlock, err := d.lockRecordFile(ctx, id)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	defer funlock()
+	rec, err := d.readRecord(id)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	if err := fn(&rec); err != nil {
+		return runtime.Record{}, err
+	}
+	if rec.ID != id {
+		return runtime.Record{}, fmt.Errorf("gvisor: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
+	}
+	if err := d.writeRecord(rec); err != nil {
+		return runtime.Record{}, err
+	}
+	return rec, nil
+}
+
+// Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists.
+func (d *Driver) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, d.opts.Runsc, "--version").CombinedOutput(); err != nil {
+		return fmt.Errorf("gvisor: runsc --version: %w: %s", err, out)
+	}
+	f, err := os.CreateTemp(d.opts.StateDir, ".check*")
+	if err != nil {
+		return fmt.Errorf("gvisor: state folder not writable: %w", err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	fi, err := os.Stat(d.opts.InitBinary)
+	if err != nil {
+		return fmt.Errorf("gvisor: guest init: %w", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("gvisor: guest init %s is not an executable file", d.opts.InitBinary)
+	}
+	return nil
+}
+
+// startContainer writes the bundle, creates and starts the box's container and waits until
+// the guest init answers. The caller cleans up on error.
+func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.BoxSpec) error {
+	if err := d.syncInit(); err != nil {
+		return err
+	}
+	flags, err := d.globalFlags(spec)
+	if err != nil {
+		return err
+	}
+	oci, err := buildSpec(id, spec, d.boxPath(id, workspaceDn), d.initDir)
+	if err != nil {
+		return err
+	}
+	bundle := d.boxPath(id, bundleDn)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return fmt.Errorf("gvisor: bundle: %w", err)
+	}
+	if err := writeJSONAtomic(filepath.Join(bundle, "config.json"), oci); err != nil {
+		return err
+	}
+	if err := writeJSONAtomic(d.boxPath(id, flagsFile), flags); err != nil {
+		return err
+	}
+	d.rotateLog(id)
+
+	t0 := time.Now()
+	d.createMu.RLock()
+	err = d.runscLogged(ctx, id, flags, "create", "--bundle="+bundle, id)
+	d.createMu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("gvisor: create %s: %w", id, err)
+	}
+	t1 := time.Now()
+	if err := d.runscLogged(ctx, id, flags, "start", id); err != nil {
+		return fmt.Errorf("gvisor: start %s: %w", id, err)
+	}
+	t2 := time.Now()
+	if err := d.waitReady(ctx, id); err != nil {
+		return err
+	}
+	d.log.Debug("container up", "box", id, "create_ms", t1.Sub(t0).Milliseconds(),
+		"start_ms", t2.Sub(t1).Milliseconds(), "ready_ms", time.Since(t2).Milliseconds())
+	return nil
+}
+
+// maxLogBytes is the size past which a box's runsc.log is rotated (to runsc.log.1) when its
+// container is next created.
+const maxLogBytes = 8 << 20
+
+func (d *Driver) rotateLog(id string) {
+	p := d.boxPath(id, logFile)
+	if fi, err := os.Stat(p); err == nil && fi.Size() > maxLogBytes {
+		_ = os.Rename(p, p+".1")
+	}
+}
+
+// syncInit copies the guest init binary into StateDir/init/, the folder mounted at /.sbx,
+// when it differs (size or modification time) from the copy there.
+func (d *Driver) syncInit() error {
+	d.initMu.Lock()
+	defer d.initMu.Unlock()
+	src, err := os.Open(d.opts.InitBinary)
+	if err != nil {
+		return fmt.Errorf("gvisor: guest init: %w", err)
+	}
+	defer src.Close()
+	sfi, err := src.Stat()
+	if err != nil {
+		return fmt.Errorf("gvisor: guest init: %w", err)
+	}
+	dst := filepath.Join(d.initDir, "init")
+	if dfi, err := os.Stat(dst); err == nil && dfi.Size() == sfi.Size() && dfi.ModTime().Equal(sfi.ModTime()) {
+		return nil
+	}
+	tmp, err := os.CreateTemp(d.initDir, ".init.tmp*")
+	if err != nil {
+		return fmt.Errorf("gvisor: copy guest init: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, src); err != nil {
+		tmp.Close()
+		return fmt.Errorf("gvisor: copy guest init: %w", err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Chtimes(tmp.Name(), sfi.ModTime(), sfi.ModTime()); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}

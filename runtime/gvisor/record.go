@@ -1,0 +1,196 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"syscall"
+	"time"
+
+	"sandboxd/runtime"
+)
+
+// MaxIDLen bounds a box id. The project's ids are fixed-length (`sbx_` + a 26-character ULID),
+// which also keeps runsc's prefix matching of container ids unambiguous.
+const MaxIDLen = 64
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*$`)
+
+// ValidID reports whether id is usable as a box id: letters, digits, '_' and '-', starting
+// with a letter or digit (so it can never be read as a flag), at most MaxIDLen bytes (so it
+// is always one path element).
+func ValidID(id string) bool {
+	return len(id) <= MaxIDLen && idPattern.MatchString(id)
+}
+
+func checkID(id string) error {
+	if !ValidID(id) {
+		return fmt.Errorf("gvisor: invalid box id %q: %w", id, runtime.ErrNotFound)
+	}
+	return nil
+}
+
+// Files of a box under StateDir/boxes/<id>/.
+const (
+	recordFile  = "record.json"
+	lockFile    = "record.lock"
+	flagsFile   = "runsc-flags.json"
+	logFile     = "runsc.log"
+	workspaceDn = "workspace"
+	bundleDn    = "bundle"
+)
+
+func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
+func (d *Driver) boxPath(id, name string) string {
+	return filepath.Join(d.boxesDir, id, name)
+}
+
+// readRecord reads a box's record; ErrNotFound when the box (or its record) is missing.
+func (d *Driver) readRecord(id string) (runtime.Record, error) {
+	var rec runtime.Record
+	b, err := os.ReadFile(d.boxPath(id, recordFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return rec, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
+	}
+	if err != nil {
+		return rec, fmt.Errorf("gvisor: read record of %s: %w", id, err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("gvisor: decode record of %s: %w", id, err)
+	}
+	return rec, nil
+}
+
+func (d *Driver) writeRecord(rec runtime.Record) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("gvisor: encode record of %s: %w", rec.ID, err)
+	}
+	return writeFileAtomic(d.boxPath(rec.ID, recordFile), append(b, '\n'), 0o600)
+}
+
+// writeFileAtomic writes data to a temporary file beside path, syncs it, renames it over path
+// and syncs the folder, so a reader sees the old or the new content, never a mix, even after a
+// crash.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Chmod(perm); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	ok = true
+	if df, err := os.Open(dir); err == nil {
+		_ = df.Sync()
+		df.Close()
+	}
+	return nil
+}
+
+// lockRecordFile takes an exclusive flock on the box's lock file, so that two processes
+// sharing a StateDir do not interleave read-modify-writes of a record. The lock lives on a
+// separate file because the record itself is replaced by rename on every write. It polls so
+// that ctx bounds the wait.
+func (d *Driver) lockRecordFile(ctx context.Context, id string) (unlock func(), err error) {
+	f, err := os.OpenFile(d.boxPath(id, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: open lock of %s: %w", id, err)
+	}
+	delay := time.Millisecond
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() {
+				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+				f.Close()
+			}, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("gvisor: lock record of %s: %w", id, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("gvisor: lock record of %s: %w", id, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 20*time.Millisecond)
+	}
+}
+
+// keyedMutex is a set of mutexes by key whose entries are dropped when nobody holds or waits
+// for them, so it does not grow with every id ever seen.
+type keyedMutex struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = make(map[string]*keyedEntry)
+	}
+	e := k.m[key]
+	if e == nil {
+		e = &keyedEntry{}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		e.refs--
+		if e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+}
+
+func writeJSONAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, append(b, '\n'), 0o600)
+}

@@ -1,0 +1,311 @@
+package runtimetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+
+	"sandboxd/guest"
+	"sandboxd/runtime"
+)
+
+// Fake is an in-memory runtime.Driver for unit tests of the domain. Records live in a map;
+// a box's workspace is a folder under the Fake's dir; Attach serves a real guest.Server
+// in-process over net.Pipe, so commands really run, on the host, with the workspace as their
+// working directory (there is no isolation: absolute paths are the host's). Kill injects a
+// crash, FailNext an error. It passes Run with SkipHostIsolation.
+type Fake struct {
+	dir string
+
+	mu     sync.Mutex
+	boxes  map[string]*fakeBox
+	fail   map[string]error
+	starts int
+	closed bool
+}
+
+type fakeBox struct {
+	rec    runtime.Record
+	phase  runtime.Phase
+	reason string
+	srv    *guest.Server // while running
+}
+
+var _ runtime.Driver = (*Fake)(nil)
+
+// NewFake returns a Fake keeping its boxes' workspaces and guest state under dir.
+func NewFake(dir string) *Fake {
+	return &Fake{dir: dir, boxes: make(map[string]*fakeBox), fail: make(map[string]error)}
+}
+
+// NewFakeT returns a Fake in a temporary folder that is closed when the test ends.
+func NewFakeT(t testing.TB) *Fake {
+	f := NewFake(t.TempDir())
+	t.Cleanup(f.Close)
+	return f
+}
+
+// Close stops every box's guest server (killing what runs in it).
+func (f *Fake) Close() {
+	f.mu.Lock()
+	f.closed = true
+	var srvs []*guest.Server
+	for _, b := range f.boxes {
+		if b.srv != nil {
+			srvs = append(srvs, b.srv)
+			b.srv = nil
+			b.phase = runtime.PhaseStopped
+		}
+	}
+	f.mu.Unlock()
+	for _, s := range srvs {
+		s.Close()
+	}
+}
+
+// Workspace is the host folder of a box's workspace (it may be removed to simulate a lost
+// volume: the next Start reports fresh).
+func (f *Fake) Workspace(id string) string { return filepath.Join(f.dir, "boxes", id, "workspace") }
+
+// Kill makes a running box fail as a crashed one would: its processes die, its attaches
+// break, and Get reports PhaseFailed with reason.
+func (f *Fake) Kill(id, reason string) error {
+	f.mu.Lock()
+	b, ok := f.boxes[id]
+	if !ok {
+		f.mu.Unlock()
+		return fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
+	}
+	srv := b.srv
+	b.srv, b.phase, b.reason = nil, runtime.PhaseFailed, reason
+	f.mu.Unlock()
+	if srv != nil {
+		srv.Close()
+	}
+	return nil
+}
+
+// FailNext makes the next call of the named method ("Create", "Start", "Stop", "Delete",
+// "Get", "List", "UpdateRecord", "Attach", "Check") return err.
+func (f *Fake) FailNext(method string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail[method] = err
+}
+
+// injected returns and clears the error queued for method. Called with f.mu held.
+func (f *Fake) injected(method string) error {
+	err := f.fail[method]
+	delete(f.fail, method)
+	return err
+}
+
+// Name implements runtime.Driver.
+func (f *Fake) Name() string { return "fake" }
+
+// Create implements runtime.Driver.
+func (f *Fake) Create(ctx context.Context, rec runtime.Record) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.injected("Create"); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if rec.ID == "" || filepath.Base(rec.ID) != rec.ID || rec.ID == "." || rec.ID == ".." {
+		return fmt.Errorf("fake: invalid box id %q", rec.ID)
+	}
+	if _, ok := f.boxes[rec.ID]; ok {
+		return fmt.Errorf("fake: box %s: %w", rec.ID, runtime.ErrExists)
+	}
+	ws := f.Workspace(rec.ID)
+	_ = os.RemoveAll(filepath.Dir(ws))
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		return err
+	}
+	b := &fakeBox{rec: cloneRecord(rec)}
+	if err := f.startLocked(b); err != nil {
+		_ = os.RemoveAll(filepath.Dir(ws))
+		return err
+	}
+	f.boxes[rec.ID] = b
+	return nil
+}
+
+// startLocked starts a box's guest server with a fresh state folder (the real one is a tmpfs
+// that a stop loses). Called with f.mu held.
+func (f *Fake) startLocked(b *fakeBox) error {
+	if f.closed {
+		return errors.New("fake: closed")
+	}
+	f.starts++
+	srv, err := guest.NewServer(guest.ServerOptions{
+		Workspace: f.Workspace(b.rec.ID),
+		StateDir:  filepath.Join(f.dir, "boxes", b.rec.ID, "execs-"+strconv.Itoa(f.starts)),
+		Reap:      false,
+	})
+	if err != nil {
+		return fmt.Errorf("fake: guest server: %w", err)
+	}
+	b.srv, b.phase, b.reason = srv, runtime.PhaseRunning, ""
+	return nil
+}
+
+// Start implements runtime.Driver.
+func (f *Fake) Start(ctx context.Context, id string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.injected("Start"); err != nil {
+		return false, err
+	}
+	b, ok := f.boxes[id]
+	if !ok {
+		return false, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
+	}
+	if b.phase == runtime.PhaseRunning {
+		return false, nil
+	}
+	fresh := false
+	if _, err := os.Stat(f.Workspace(id)); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(f.Workspace(id), 0o755); err != nil {
+			return false, err
+		}
+		fresh = true
+	}
+	return fresh, f.startLocked(b)
+}
+
+// Stop implements runtime.Driver.
+func (f *Fake) Stop(ctx context.Context, id string) error {
+	f.mu.Lock()
+	if err := f.injected("Stop"); err != nil {
+		f.mu.Unlock()
+		return err
+	}
+	b, ok := f.boxes[id]
+	if !ok {
+		f.mu.Unlock()
+		return fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
+	}
+	srv := b.srv
+	b.srv, b.phase, b.reason = nil, runtime.PhaseStopped, ""
+	f.mu.Unlock()
+	if srv != nil {
+		srv.Close()
+	}
+	return nil
+}
+
+// Delete implements runtime.Driver.
+func (f *Fake) Delete(ctx context.Context, id string) error {
+	f.mu.Lock()
+	if err := f.injected("Delete"); err != nil {
+		f.mu.Unlock()
+		return err
+	}
+	b, ok := f.boxes[id]
+	delete(f.boxes, id)
+	f.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if b.srv != nil {
+		b.srv.Close()
+	}
+	return os.RemoveAll(filepath.Join(f.dir, "boxes", id))
+}
+
+// Get implements runtime.Driver.
+func (f *Fake) Get(ctx context.Context, id string) (runtime.Box, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.injected("Get"); err != nil {
+		return runtime.Box{}, err
+	}
+	b, ok := f.boxes[id]
+	if !ok {
+		return runtime.Box{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
+	}
+	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason}, nil
+}
+
+// List implements runtime.Driver, in id order.
+func (f *Fake) List(ctx context.Context) ([]runtime.Box, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.injected("List"); err != nil {
+		return nil, err
+	}
+	boxes := make([]runtime.Box, 0, len(f.boxes))
+	for _, id := range slices.Sorted(maps.Keys(f.boxes)) {
+		b := f.boxes[id]
+		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason})
+	}
+	return boxes, nil
+}
+
+// UpdateRecord implements runtime.Driver. fn runs under the Fake's lock: it must not call
+// the Fake.
+func (f *Fake) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.injected("UpdateRecord"); err != nil {
+		return runtime.Record{}, err
+	}
+	b, ok := f.boxes[id]
+	if !ok {
+		return runtime.Record{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
+	}
+	rec := cloneRecord(b.rec)
+	if err := fn(&rec); err != nil {
+		return runtime.Record{}, err
+	}
+	if rec.ID != id {
+		return runtime.Record{}, fmt.Errorf("fake: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
+	}
+	b.rec = cloneRecord(rec)
+	return rec, nil
+}
+
+// Attach implements runtime.Driver: one end of a net.Pipe whose other end the box's guest
+// server serves until either side closes.
+func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.injected("Attach"); err != nil {
+		return nil, err
+	}
+	b, ok := f.boxes[id]
+	if !ok {
+		return nil, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
+	}
+	if b.phase != runtime.PhaseRunning {
+		return nil, fmt.Errorf("fake: box %s is %s: %w", id, b.phase, runtime.ErrNotRunning)
+	}
+	client, server := net.Pipe()
+	go b.srv.ServeConn(server) // ends when the pipe closes or the server is closed
+	return client, nil
+}
+
+// Check implements runtime.Driver.
+func (f *Fake) Check(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.injected("Check")
+}
+
+func cloneRecord(r runtime.Record) runtime.Record {
+	r.Annotations = maps.Clone(r.Annotations)
+	r.Spec.Env = maps.Clone(r.Spec.Env)
+	return r
+}
