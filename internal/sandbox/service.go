@@ -229,8 +229,8 @@ func (s *Service) validateEnv(env map[string]string) error {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || len(k)+len(v) > 32<<10 {
 			return apierror.New(apierror.InvalidArgument, "invalid environment variable %q: names must be non-empty without '=' or NUL, values without NUL, each at most 32 KiB", truncate(k, 64))
 		}
-		if k == guest.ExecIDEnv {
-			return apierror.New(apierror.InvalidArgument, "environment variable %s is reserved", k)
+		if strings.HasPrefix(k, "SBX_") {
+			return apierror.New(apierror.InvalidArgument, "environment variable %s is reserved: names starting with SBX_ belong to the guest init", truncate(k, 64))
 		}
 	}
 	return nil
