@@ -2,6 +2,25 @@
 // server that runs as PID 1 inside every sandbox (cmd/sandbox-init) and the client the control
 // plane uses over a driver's Attach stream. The wire is HTTP/2 (h2c, prior knowledge) over that
 // one byte stream, so many calls share one attach.
+//
+// Endpoints (JSON bodies; every non-2xx answer carries an Error with a stable code):
+//
+//	GET    /v1/health                          Health
+//	POST   /v1/execs                           ExecRequest → 201 ExecInfo
+//	GET    /v1/execs                           []ExecInfo, oldest first
+//	GET    /v1/execs/{id}                      ExecInfo
+//	GET    /v1/execs/{id}/log?offset=N&follow=1  raw log records from a record boundary
+//	POST   /v1/execs/{id}/signal               SignalRequest → ExecInfo (the whole tree)
+//	GET    /v1/files?path=P                    the bytes; HeaderSize, HeaderMode, HeaderModTime
+//	PUT    /v1/files?path=P&mode=0644&max=N    body → FileInfo (atomic, parents created)
+//	DELETE /v1/files?path=P&recursive=1        204
+//	GET    /v1/dirs?path=P&limit=N             DirListing
+//	GET    /v1/workspace/tar                   the workspace as tar; trailer HeaderFiles
+//	PUT    /v1/workspace/tar?replace=1&max_bytes=N&max_files=N&external_symlinks=1
+//	                                           tar body → ImportResult
+//
+// Paths are relative to the workspace or absolute under /workspace; anything that resolves
+// outside it (.., symlinks) is ErrCodeInvalid.
 package guest
 
 import (

@@ -26,11 +26,11 @@ var (
 )
 
 type env struct {
-	svc    *Service
-	fake   *runtimetest.Fake
-	ckpt   *checkpoint.Store
-	objs   *checkpoint.LocalStore
-	redis  *redistest.Server
+	svc   *Service
+	fake  *runtimetest.Fake
+	ckpt  *checkpoint.Store
+	objs  *checkpoint.LocalStore
+	redis *redistest.Server
 }
 
 // newEnv wires the real service over the fake driver (real guest server on the host), the
@@ -187,8 +187,11 @@ func TestTenancyIsNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := map[string]func() error{
-		"get":     func() error { _, err := e.svc.Get(ctx, bob, sb.ID); return err },
-		"exec":    func() error { _, err := e.svc.Exec(ctx, bob, sb.ID, ExecRequest{Command: []string{"true"}}); return err },
+		"get": func() error { _, err := e.svc.Get(ctx, bob, sb.ID); return err },
+		"exec": func() error {
+			_, err := e.svc.Exec(ctx, bob, sb.ID, ExecRequest{Command: []string{"true"}})
+			return err
+		},
 		"stop":    func() error { _, err := e.svc.Stop(ctx, bob, sb.ID); return err },
 		"start":   func() error { _, err := e.svc.Start(ctx, bob, sb.ID); return err },
 		"destroy": func() error { _, err := e.svc.Destroy(ctx, bob, sb.ID); return err },
