@@ -7,6 +7,7 @@
 //
 //	GET    /v1/health                          Health
 //	POST   /v1/execs                           ExecRequest → 201 ExecInfo
+//	POST   /v1/execs?follow=1                  ExecRequest → 201 and the log, as below
 //	GET    /v1/execs                           []ExecInfo, oldest first
 //	GET    /v1/execs/{id}                      ExecInfo
 //	GET    /v1/execs/{id}/log?offset=N&follow=1  raw log records from a record boundary

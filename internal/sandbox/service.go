@@ -611,7 +611,7 @@ func (s *Service) restore(ctx context.Context, rec runtime.Record) error {
 	if err != nil {
 		return err
 	}
-	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true}); err != nil {
+	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its hash does not match)", rec.LatestCheckpoint)
 		}

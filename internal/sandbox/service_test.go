@@ -85,7 +85,8 @@ func TestLifecycleRestoresALostWorkspace(t *testing.T) {
 	if sb.State != Running || sb.Profile != "p" || sb.AutostopSec != 1800 {
 		t.Fatalf("create: got %+v", sb)
 	}
-	mustExec(t, e, alice, sb.ID, "sh", "-c", "mkdir -p d && echo kept > d/f && ln -s d/f link")
+	// A venv-like absolute link out of the workspace must survive a restore too.
+	mustExec(t, e, alice, sb.ID, "sh", "-c", "mkdir -p d && echo kept > d/f && ln -s d/f link && ln -s /usr/bin/env abs")
 	if res := mustExec(t, e, alice, sb.ID, "cat", "link"); string(res.Stdout) != "kept\n" {
 		t.Fatalf("second exec: got %q, want %q", res.Stdout, "kept\n")
 	}
@@ -109,6 +110,9 @@ func TestLifecycleRestoresALostWorkspace(t *testing.T) {
 	}
 	if res := mustExec(t, e, alice, sb.ID, "cat", "link"); string(res.Stdout) != "kept\n" {
 		t.Fatalf("after restore: got %q, want %q", res.Stdout, "kept\n")
+	}
+	if res := mustExec(t, e, alice, sb.ID, "readlink", "abs"); string(res.Stdout) != "/usr/bin/env\n" {
+		t.Fatalf("absolute link after restore: got %q, want %q", res.Stdout, "/usr/bin/env\n")
 	}
 	res, err := e.svc.Destroy(ctx, alice, sb.ID)
 	if err != nil {

@@ -1,0 +1,175 @@
+// Command sandbox-init is the guest init: PID 1 inside every sandbox, mounted read-only at
+// /.sbx/init. It is a static binary (CGO_ENABLED=0).
+//
+//	sandbox-init [serve]   PID-1 mode: reap orphans, serve the guest protocol on the socket
+//	sandbox-init connect   bridge stdin/stdout to the socket (what `runsc exec <id> /.sbx/init
+//	                       connect` runs: the host speaks HTTP/2 over that stdio)
+//	sandbox-init version   print the version
+//
+// Environment overrides (for tests and for running the server on a host):
+//
+//	SBX_SOCKET     the unix socket (default /run/sbx/init.sock)
+//	SBX_STATE_DIR  exec logs and status (default /run/sbx/execs)
+//	SBX_WORKSPACE  the workspace (default /workspace)
+//	SBX_REAP       1 or 0: reap every child with one SIGCHLD loop (default: only as PID 1;
+//	               outside PID 1 the process becomes a child subreaper)
+//
+// The SBX_* variables are not passed on to execs.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"sandboxd/guest"
+)
+
+// connectWait is how long `connect` retries while PID 1 is not listening yet.
+const connectWait = 10 * time.Second
+
+func main() {
+	cmd := "serve"
+	if len(os.Args) > 1 {
+		cmd = os.Args[1]
+	}
+	switch cmd {
+	case "serve":
+		os.Exit(serve())
+	case "connect":
+		os.Exit(connect())
+	case "version", "-version", "--version":
+		fmt.Println(guest.Version)
+	default:
+		fmt.Fprintf(os.Stderr, "usage: %s [serve|connect|version]\n", filepath.Base(os.Args[0]))
+		os.Exit(2)
+	}
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func serve() int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-init")
+	sock := env("SBX_SOCKET", guest.SocketPath)
+	reap := os.Getpid() == 1
+	if v := os.Getenv("SBX_REAP"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			log.Error("bad SBX_REAP", "value", v)
+			return 2
+		}
+		reap = b
+	}
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+
+	srv, err := guest.NewServer(guest.ServerOptions{
+		Workspace: env("SBX_WORKSPACE", guest.Workspace),
+		StateDir:  env("SBX_STATE_DIR", guest.StateDir),
+		Reap:      reap,
+		Logger:    log,
+	})
+	if err != nil {
+		log.Error("starting", "err", err)
+		return 1
+	}
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		log.Error("socket dir", "err", err)
+		srv.Close()
+		return 1
+	}
+	_ = os.Remove(sock) // stale, from an earlier run
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		log.Error("listen", "socket", sock, "err", err)
+		srv.Close()
+		return 1
+	}
+	_ = os.Chmod(sock, 0o600)
+	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version)
+
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				log.Warn("accept", "err", err)
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			go srv.ServeConn(c)
+		}
+	}()
+
+	sig := <-stop
+	log.Info("stopping", "signal", sig.String())
+	_ = ln.Close()
+	<-accepted
+	srv.Close()
+	_ = os.Remove(sock)
+	return 0
+}
+
+func connect() int {
+	sock := env("SBX_SOCKET", guest.SocketPath)
+	deadline := time.Now().Add(connectWait)
+	var c *net.UnixConn
+	for {
+		var err error
+		c, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "sandbox-init connect: %v\n", err)
+			return 1
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// stdin → socket; on stdin EOF half-close, the server then ends the connection.
+	go func() {
+		_ = relay(c, os.Stdin)
+		_ = c.CloseWrite()
+	}()
+	// socket → stdout until the server closes or the host stops reading.
+	_ = relay(os.Stdout, c)
+	_ = c.Close()
+	return 0
+}
+
+// relay copies with plain reads and writes (no splice or sendfile fast paths, which the
+// sandbox kernel may implement differently) and one write per read.
+func relay(dst io.Writer, src io.Reader) error {
+	buf := make([]byte, 256<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
+	}
+}

@@ -1,0 +1,526 @@
+package guest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// drainAfterExit is how long the pipes are read after the main process exited: a background
+// process that inherited stdout must not hold the exec open.
+const drainAfterExit = time.Second
+
+var execIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// execState is one exec, owned by the server (not by the request that started it).
+type execState struct {
+	id      string
+	argv    []string
+	dir     string
+	log     *execLog
+	started time.Time
+
+	mu       sync.Mutex
+	pid      int
+	timedOut bool
+}
+
+func (e *execState) info() ExecInfo {
+	size, exit := e.log.status()
+	e.mu.Lock()
+	pid := e.pid
+	e.mu.Unlock()
+	return ExecInfo{
+		ID:        e.id,
+		Argv:      e.argv,
+		Pid:       pid,
+		StartedAt: e.started,
+		Running:   exit == nil,
+		LogBytes:  size,
+		Exit:      exit,
+	}
+}
+
+// kill signals the exec's tree; for a running exec that includes its process group.
+func (e *execState) kill(sig syscall.Signal) {
+	e.mu.Lock()
+	pgid := e.pid
+	e.mu.Unlock()
+	if e.log.isEnded() {
+		pgid = 0
+	}
+	killTree(e.id, pgid, sig)
+}
+
+// proc is a started exec's process and pipes.
+type proc struct {
+	status         <-chan syscall.WaitStatus
+	stdout, stderr *os.File
+	stdin          *os.File // write end, nil without stdin data
+}
+
+// startError is a command that could not start, reported the way a shell does.
+type startError struct {
+	code int
+	msg  string
+}
+
+func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
+	if !execIDPattern.MatchString(req.ID) {
+		return ExecInfo{}, errorf(ErrCodeInvalid, "exec id must match [A-Za-z0-9_-]{1,64}")
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return ExecInfo{}, errorf(ErrCodeInvalid, "argv is empty")
+	}
+	for _, kv := range req.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return ExecInfo{}, errorf(ErrCodeInvalid, "env entry %q is not KEY=VALUE", kv)
+		}
+	}
+	if req.TimeoutMs < 0 || req.MaxLogBytes < 0 {
+		return ExecInfo{}, errorf(ErrCodeInvalid, "timeout_ms and max_log_bytes must not be negative")
+	}
+	maxLog := req.MaxLogBytes
+	if maxLog == 0 {
+		maxLog = s.opts.DefaultMaxLogBytes
+	}
+
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return ExecInfo{}, errorf(ErrCodeUnavailable, "the guest init is shutting down")
+	case s.execs[req.ID] != nil:
+		s.mu.Unlock()
+		return ExecInfo{}, errorf(ErrCodeExists, "exec %s exists", req.ID)
+	case s.running >= s.opts.MaxRunning:
+		s.mu.Unlock()
+		return ExecInfo{}, errorf(ErrCodeUnavailable, "too many running execs (%d)", s.opts.MaxRunning)
+	}
+	dir := filepath.Join(s.opts.StateDir, req.ID)
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		// Left over from an exec dropped earlier, or from an earlier server.
+		_ = os.RemoveAll(dir)
+		err = os.Mkdir(dir, 0o700)
+	}
+	var log *execLog
+	if err == nil {
+		log, err = newExecLog(filepath.Join(dir, "log"), maxLog)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return ExecInfo{}, errorf(ErrCodeInternal, "creating the exec log: %v", err)
+	}
+	e := &execState{
+		id:      req.ID,
+		argv:    append([]string(nil), req.Argv...),
+		dir:     dir,
+		log:     log,
+		started: time.Now().UTC(),
+	}
+	s.execs[e.id] = e
+	s.running++
+	s.wg.Add(1)
+	s.mu.Unlock()
+
+	p, serr := s.spawn(e, req)
+	if serr != nil {
+		defer s.wg.Done()
+		e.log.write(RecordStderr, []byte(serr.msg+"\n"))
+		now := time.Now().UTC()
+		s.retire(e)
+		e.log.finish(ExitStatus{
+			ExitCode:   serr.code,
+			DurationMs: now.Sub(e.started).Milliseconds(),
+			EndedAt:    now,
+			Error:      serr.msg,
+		})
+		s.writeStatus(e)
+		return e.info(), nil
+	}
+	go s.supervise(e, p, time.Duration(req.TimeoutMs)*time.Millisecond)
+	return e.info(), nil
+}
+
+// spawn starts the exec's process in its own process group with its pipes.
+func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
+	env := mergeEnv(s.opts.BaseEnv, req.Env, []string{ExecIDEnv + "=" + e.id})
+	cwd := s.cwd(req.Cwd)
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		reason := "No such file or directory"
+		if err == nil {
+			reason = "Not a directory"
+		} else if errors.Is(err, fs.ErrPermission) {
+			reason = "Permission denied"
+		}
+		return nil, &startError{127, fmt.Sprintf("cd: %s: %s", cwd, reason)}
+	}
+	argv0, serr := lookPath(req.Argv[0], envValue(env, "PATH"), cwd)
+	if serr != nil {
+		return nil, serr
+	}
+
+	stdinR, stdinW := s.devNull, (*os.File)(nil)
+	if len(req.Stdin) > 0 {
+		var err error
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			return nil, &startError{127, "stdin: " + err.Error()}
+		}
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		closeAll(stdinW)
+		if stdinW != nil {
+			closeAll(stdinR)
+		}
+		return nil, &startError{127, "pipe: " + err.Error()}
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		closeAll(stdinW, outR, outW)
+		if stdinW != nil {
+			closeAll(stdinR)
+		}
+		return nil, &startError{127, "pipe: " + err.Error()}
+	}
+	attr := &os.ProcAttr{
+		Dir:   cwd,
+		Env:   env,
+		Files: []*os.File{stdinR, outW, errW},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	pid, status, err := s.waiter.start(argv0, req.Argv, attr)
+	closeAll(outW, errW) // the child holds its own copies
+	if stdinW != nil {
+		closeAll(stdinR)
+	}
+	if err != nil {
+		closeAll(stdinW, outR, errR)
+		code := 126
+		if errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		var perr *fs.PathError
+		if errors.As(err, &perr) {
+			err = perr.Err
+		}
+		return nil, &startError{code, fmt.Sprintf("%s: %v", req.Argv[0], err)}
+	}
+
+	e.mu.Lock()
+	e.pid = pid
+	e.mu.Unlock()
+	if s.isClosed() {
+		// Close ran while we were starting and could not see the pid.
+		killTree(e.id, pid, syscall.SIGKILL)
+	}
+	if stdinW != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_, _ = stdinW.Write(req.Stdin)
+			_ = stdinW.Close()
+		}()
+	}
+	return &proc{status: status, stdout: outR, stderr: errR, stdin: stdinW}, nil
+}
+
+// supervise owns a running exec: it collects the pipes into the log, enforces the timeout,
+// drains after exit and writes the exit record.
+func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
+	defer s.wg.Done()
+	col, err := newCollector(e.log, p.stdout, p.stderr)
+	if err != nil {
+		// Cannot happen for os.Pipe files; fall back to not collecting at all.
+		s.log.Error("guest: collecting exec output", "exec", e.id, "err", err)
+	}
+	var pumps sync.WaitGroup
+	if col != nil {
+		pumps.Add(2)
+		go col.run(&pumps, 0)
+		go col.run(&pumps, 1)
+	}
+
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	var ws syscall.WaitStatus
+wait:
+	for {
+		select {
+		case ws = <-p.status:
+			break wait
+		case <-expired:
+			expired = nil
+			e.mu.Lock()
+			e.timedOut = true
+			pgid := e.pid
+			e.mu.Unlock()
+			killTree(e.id, pgid, syscall.SIGKILL)
+		}
+	}
+	exited := time.Now().UTC()
+
+	deadline := exited.Add(drainAfterExit)
+	if col != nil {
+		col.stopAt.Store(deadline.UnixNano())
+	}
+	_ = p.stdout.SetReadDeadline(deadline)
+	_ = p.stderr.SetReadDeadline(deadline)
+	pumps.Wait()
+	closeAll(p.stdout, p.stderr, p.stdin)
+
+	code, sig := exitStatus(ws)
+	e.mu.Lock()
+	timedOut := e.timedOut
+	e.mu.Unlock()
+	s.retire(e)
+	e.log.finish(ExitStatus{
+		ExitCode:   code,
+		Signal:     sig,
+		TimedOut:   timedOut,
+		DurationMs: exited.Sub(e.started).Milliseconds(),
+		EndedAt:    exited,
+	})
+	s.writeStatus(e)
+}
+
+// collector reads an exec's stdout and stderr pipes into its log. Each pipe has a goroutine
+// parked in the runtime poller (no thread per pipe); whichever wakes drains both pipes under
+// one lock, stdout first, so records keep the order in which output arrived as far as two
+// pipes can tell it.
+type collector struct {
+	log   *execLog
+	conns [2]syscall.RawConn
+	fds   [2]int
+	kinds [2]byte
+	// stopAt (unix nanoseconds, 0 for none) ends draining even while a background process
+	// keeps writing; the pipes' read deadlines end the waiting.
+	stopAt atomic.Int64
+
+	mu  sync.Mutex
+	eof [2]bool
+	buf []byte
+}
+
+func newCollector(log *execLog, stdout, stderr *os.File) (*collector, error) {
+	c := &collector{log: log, kinds: [2]byte{RecordStdout, RecordStderr}, buf: make([]byte, MaxRecordPayload)}
+	for i, f := range []*os.File{stdout, stderr} {
+		rc, err := f.SyscallConn()
+		if err != nil {
+			return nil, err
+		}
+		// The fd stays valid until the supervisor closes the files, after both run loops.
+		if err := rc.Control(func(fd uintptr) { c.fds[i] = int(fd) }); err != nil {
+			return nil, err
+		}
+		c.conns[i] = rc
+	}
+	return c, nil
+}
+
+// run waits on pipe i until it reaches EOF or its read deadline.
+func (c *collector) run(wg *sync.WaitGroup, i int) {
+	defer wg.Done()
+	_ = c.conns[i].Read(func(uintptr) bool {
+		return c.drain(i)
+	})
+}
+
+// drain reads whatever both pipes hold, a chunk of each in turn, and reports whether pipe i
+// is done: at EOF, or past stopAt.
+func (c *collector) drain(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if stop := c.stopAt.Load(); stop != 0 && time.Now().UnixNano() >= stop {
+			return true
+		}
+		progress := false
+		for j := range c.fds {
+			if c.eof[j] {
+				continue
+			}
+			n, err := syscall.Read(c.fds[j], c.buf)
+			switch {
+			case n > 0:
+				c.log.write(c.kinds[j], c.buf[:n])
+				progress = true
+			case err == syscall.EINTR:
+				progress = true
+			case err == syscall.EAGAIN:
+			default: // EOF or a broken pipe
+				c.eof[j] = true
+			}
+		}
+		if !progress {
+			return c.eof[i]
+		}
+	}
+}
+
+// retire moves an exec to the ended list and forgets the oldest ended ones. It runs before
+// the exit record is written, so that whoever sees the record sees the bookkeeping done.
+func (s *Server) retire(e *execState) {
+	s.mu.Lock()
+	s.running--
+	s.ended = append(s.ended, e.id)
+	var drop []*execState
+	for len(s.ended) > s.opts.KeepEnded {
+		old := s.execs[s.ended[0]]
+		delete(s.execs, s.ended[0])
+		s.ended = s.ended[1:]
+		if old != nil {
+			drop = append(drop, old)
+		}
+	}
+	s.mu.Unlock()
+	for _, old := range drop {
+		_ = os.RemoveAll(old.dir)
+	}
+}
+
+// writeStatus records the ended exec's ExecInfo in StateDir/<id>/status (for people
+// debugging a sandbox; the server itself keeps the truth in memory).
+func (s *Server) writeStatus(e *execState) {
+	b, err := json.Marshal(e.info())
+	if err != nil {
+		return
+	}
+	tmp := filepath.Join(e.dir, ".status.tmp")
+	if os.WriteFile(tmp, append(b, '\n'), 0o600) == nil {
+		_ = os.Rename(tmp, filepath.Join(e.dir, "status"))
+	}
+}
+
+// cwd resolves an exec's working directory: relative to the workspace, and a path under
+// /workspace is mapped to the server's workspace when that lives elsewhere (a host driver).
+func (s *Server) cwd(dir string) string {
+	switch {
+	case dir == "":
+		return s.ws
+	case !filepath.IsAbs(dir):
+		return filepath.Join(s.ws, dir)
+	}
+	if s.ws != Workspace {
+		if c := path.Clean(dir); c == Workspace || strings.HasPrefix(c, Workspace+"/") {
+			return filepath.Join(s.ws, strings.TrimPrefix(c, Workspace))
+		}
+	}
+	return dir
+}
+
+// lookPath finds a command the way a shell does, with the exec's own PATH.
+func lookPath(file, pathEnv, cwd string) (string, *startError) {
+	if strings.Contains(file, "/") {
+		p := file
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
+		if err := checkExecutable(p); err != nil {
+			return "", &startError{err.code, file + ": " + err.msg}
+		}
+		return p, nil
+	}
+	var denied *startError
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(cwd, dir)
+		}
+		p := filepath.Join(dir, file)
+		err := checkExecutable(p)
+		if err == nil {
+			return p, nil
+		}
+		if err.code == 126 && denied == nil {
+			denied = &startError{126, file + ": " + err.msg}
+		}
+	}
+	if denied != nil {
+		return "", denied
+	}
+	return "", &startError{127, file + ": command not found"}
+}
+
+func checkExecutable(p string) *startError {
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return &startError{127, "No such file or directory"}
+	case fi.IsDir():
+		return &startError{126, "Is a directory"}
+	case fi.Mode()&0o111 == 0:
+		return &startError{126, "Permission denied"}
+	}
+	return nil
+}
+
+// mergeEnv joins KEY=VALUE lists; a later list overrides an earlier one, order is kept.
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	at := make(map[string]int)
+	for _, list := range lists {
+		for _, kv := range list {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := at[k]; ok {
+				out[i] = kv
+				continue
+			}
+			at[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func envValue(env []string, key string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// DefaultBaseEnv is the environment every exec starts from when ServerOptions.BaseEnv is nil:
+// a standard PATH, HOME and LANG, overridden by the init's own environment (the profile's env
+// in the OCI spec or pod), without the init's own SBX_* settings.
+func DefaultBaseEnv() []string {
+	var own []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "SBX_") {
+			continue
+		}
+		own = append(own, kv)
+	}
+	return mergeEnv([]string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root",
+		"LANG=C.UTF-8",
+	}, own)
+}
+
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}

@@ -1,0 +1,770 @@
+package guest_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"sandboxd/guest"
+)
+
+func TestHealth(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	got, err := h.c.Health(ctxT(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Health: %v", err)
+	}
+	if !got.OK || got.Pid != os.Getpid() || got.Version != guest.Version {
+		t.Fatalf("Health: got %+v, want ok, pid %d, version %s", got, os.Getpid(), guest.Version)
+	}
+}
+
+func TestExec(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		if err := os.WriteFile(filepath.Join(h.ws, "noexec.sh"), []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(h.ws, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		tests := []struct {
+			name       string
+			req        guest.ExecRequest
+			wantCode   int
+			wantSignal string
+			wantOut    string
+			wantErr    string // substring of stderr
+			wantStatus string // substring of ExitStatus.Error
+		}{
+			{name: "true", req: guest.ExecRequest{Argv: []string{"true"}}},
+			{name: "false", req: guest.ExecRequest{Argv: []string{"false"}}, wantCode: 1},
+			{name: "out-err-code", req: guest.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}},
+				wantCode: 3, wantOut: "out\n", wantErr: "err\n"},
+			{name: "not-found", req: guest.ExecRequest{Argv: []string{"no-such-command-x"}},
+				wantCode: 127, wantErr: "no-such-command-x: command not found", wantStatus: "command not found"},
+			{name: "path-not-found", req: guest.ExecRequest{Argv: []string{"./missing"}},
+				wantCode: 127, wantErr: "./missing: No such file or directory", wantStatus: "No such file"},
+			{name: "not-executable", req: guest.ExecRequest{Argv: []string{"./noexec.sh"}},
+				wantCode: 126, wantErr: "Permission denied", wantStatus: "Permission denied"},
+			{name: "is-directory", req: guest.ExecRequest{Argv: []string{"./sub"}},
+				wantCode: 126, wantErr: "Is a directory", wantStatus: "Is a directory"},
+			{name: "bad-cwd", req: guest.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"},
+				wantCode: 127, wantErr: "cd: /no/such/dir", wantStatus: "cd: /no/such/dir"},
+			{name: "stdin", req: guest.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello stdin")},
+				wantOut: "hello stdin"},
+			{name: "no-stdin", req: guest.ExecRequest{Argv: []string{"cat"}}},
+			{name: "env", req: guest.ExecRequest{ID: "env-id", Argv: []string{"sh", "-c", `echo "$FOO $SBX_EXEC_ID $HOME"`},
+				Env: []string{"FOO=bar", "SBX_EXEC_ID=forged"}}, wantOut: "bar env-id /root\n"},
+			{name: "cwd-default", req: guest.ExecRequest{Argv: []string{"pwd"}}, wantOut: h.ws + "\n"},
+			{name: "cwd-relative", req: guest.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, wantOut: filepath.Join(h.ws, "sub") + "\n"},
+			{name: "cwd-workspace-alias", req: guest.ExecRequest{Argv: []string{"pwd"}, Cwd: "/workspace/sub"},
+				wantOut: filepath.Join(h.ws, "sub") + "\n"},
+			{name: "killed-by-signal", req: guest.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}},
+				wantCode: 143, wantSignal: "SIGTERM"},
+		}
+		for i, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				if tt.req.ID == "" {
+					tt.req.ID = fmt.Sprintf("exec-%d", i)
+				}
+				res, err := h.c.Run(ctxT(t, 20*time.Second), tt.req, 0, 0)
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if res.Exit.ExitCode != tt.wantCode || res.Exit.Signal != tt.wantSignal {
+					t.Errorf("exit: got %d %q, want %d %q (stderr %q)", res.Exit.ExitCode, res.Exit.Signal, tt.wantCode, tt.wantSignal, res.Stderr)
+				}
+				if string(res.Stdout) != tt.wantOut {
+					t.Errorf("stdout: got %q, want %q", res.Stdout, tt.wantOut)
+				}
+				if !strings.Contains(string(res.Stderr), tt.wantErr) || (tt.wantErr == "" && len(res.Stderr) > 0) {
+					t.Errorf("stderr: got %q, want %q", res.Stderr, tt.wantErr)
+				}
+				if !strings.Contains(res.Exit.Error, tt.wantStatus) || (tt.wantStatus == "" && res.Exit.Error != "") {
+					t.Errorf("exit error: got %q, want %q", res.Exit.Error, tt.wantStatus)
+				}
+				if res.Exit.EndedAt.IsZero() || res.Exit.TimedOut {
+					t.Errorf("exit: got %+v, want an end time and not timed out", res.Exit)
+				}
+				info, err := h.c.Exec(ctxT(t, 5*time.Second), tt.req.ID)
+				if err != nil {
+					t.Fatalf("Exec: %v", err)
+				}
+				if info.Running || info.Exit == nil || info.Exit.ExitCode != tt.wantCode {
+					t.Errorf("Exec: got %+v, want ended with code %d", info, tt.wantCode)
+				}
+				if _, err := os.Stat(filepath.Join(h.state, tt.req.ID, "log")); err != nil {
+					t.Errorf("state dir: %v", err)
+				}
+			})
+		}
+	})
+}
+
+// TestExecRecordOrder checks the records of one exec arrive in order, stdout and stderr kept
+// apart, with the exit record last.
+func TestExecRecordOrder(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	for i := range 20 {
+		id := fmt.Sprintf("order-%d", i)
+		if _, err := h.c.StartExec(ctxT(t, 5*time.Second), guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}); err != nil {
+			t.Fatal(err)
+		}
+		recs := records(t, h.c, id, 0, true)
+		var kinds []byte
+		var data []string
+		for _, r := range recs {
+			kinds = append(kinds, r.Kind)
+			if r.Kind != guest.RecordExit {
+				data = append(data, string(r.Data))
+			}
+		}
+		if !bytes.Equal(kinds, []byte{guest.RecordStdout, guest.RecordStderr, guest.RecordExit}) || strings.Join(data, "") != "out\nerr\n" {
+			t.Fatalf("records: got kinds %v data %q, want stdout, stderr, exit", kinds, data)
+		}
+		st, err := recs[2].ExitStatus()
+		if err != nil || st.ExitCode != 3 {
+			t.Fatalf("exit record: got %+v %v, want code 3", st, err)
+		}
+	}
+}
+
+func TestExecErrors(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		code string
+	}{
+		{"reused-id", func() error {
+			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "dup", Argv: []string{"true"}})
+			return err
+		}, guest.ErrCodeExists},
+		{"empty-argv", func() error {
+			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "x1"})
+			return err
+		}, guest.ErrCodeInvalid},
+		{"bad-id", func() error {
+			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "a/b", Argv: []string{"true"}})
+			return err
+		}, guest.ErrCodeInvalid},
+		{"long-id", func() error {
+			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: strings.Repeat("a", 65), Argv: []string{"true"}})
+			return err
+		}, guest.ErrCodeInvalid},
+		{"bad-env", func() error {
+			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "x2", Argv: []string{"true"}, Env: []string{"NOEQUALS"}})
+			return err
+		}, guest.ErrCodeInvalid},
+		{"unknown-exec", func() error {
+			_, err := h.c.Exec(ctx, "nope")
+			return err
+		}, guest.ErrCodeNotFound},
+		{"unknown-log", func() error {
+			_, err := h.c.Log(ctx, "nope", 0, false)
+			return err
+		}, guest.ErrCodeNotFound},
+		{"unknown-signal-target", func() error { return h.c.Signal(ctx, "nope", "SIGTERM") }, guest.ErrCodeNotFound},
+		{"unknown-signal", func() error { return h.c.Signal(ctx, "dup", "SIGWHAT") }, guest.ErrCodeInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.code) })
+	}
+}
+
+func TestTimeoutKillsTree(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		tests := []struct {
+			name string
+			argv []string
+		}{
+			{"background-and-foreground", []string{"sh", "-c", "sleep 100 & sleep 100; "}},
+			{"setsid-child", []string{"sh", "-c", "setsid sleep 100"}},
+			{"setsid-background", []string{"sh", "-c", "setsid sleep 100 & sleep 100; "}},
+			{"new-process-group", []string{"sh", "-c", "set -m; sleep 100 & wait"}},
+		}
+		for i, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				id := fmt.Sprintf("timeout-%d", i)
+				start := time.Now()
+				res, err := h.c.Run(ctxT(t, 20*time.Second), guest.ExecRequest{ID: id, Argv: tt.argv, TimeoutMs: 300}, 0, 0)
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if !res.Exit.TimedOut || res.Exit.ExitCode != 137 || res.Exit.Signal != "SIGKILL" {
+					t.Errorf("exit: got %+v, want timed out, 137, SIGKILL", res.Exit)
+				}
+				if d := time.Since(start); d > 3*time.Second {
+					t.Errorf("took %v, want about 300ms", d)
+				}
+				waitTreeGone(t, id)
+			})
+		}
+	})
+}
+
+func TestSignal(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		// A non-interactive shell starts background jobs with SIGINT ignored: SIGINT is
+		// tried on a lone process.
+		tree := "setsid sleep 100 & sleep 100 & exec sleep 100"
+		tests := []struct {
+			sig      string
+			script   string
+			procs    int
+			wantCode int
+		}{
+			{"SIGTERM", tree, 3, 143},
+			{"SIGKILL", tree, 3, 137},
+			{"SIGINT", "exec sleep 100", 1, 130},
+			{"HUP", tree, 3, 129},
+		}
+		for _, tt := range tests {
+			t.Run(tt.sig, func(t *testing.T) {
+				id := fmt.Sprintf("sig-%s-%v", tt.sig, reap)
+				ctx := ctxT(t, 20*time.Second)
+				// exec replaces sh by sleep, so the main process dies of the signal itself.
+				argv := []string{"sh", "-c", tt.script}
+				if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: id, Argv: argv}); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, func() bool { return len(treeLeft(id)) == tt.procs })
+				if err := h.c.Signal(ctx, id, tt.sig); err != nil {
+					t.Fatalf("Signal: %v", err)
+				}
+				recs := records(t, h.c, id, 0, true)
+				st, err := recs[len(recs)-1].ExitStatus()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.ExitCode != tt.wantCode || st.TimedOut {
+					t.Errorf("exit: got %+v, want code %d", st, tt.wantCode)
+				}
+				waitTreeGone(t, id)
+			})
+		}
+	})
+}
+
+// TestBackgroundHoldsStdout: a background process that inherited stdout must not hold the
+// exec open much beyond one second after the main process exited.
+func TestBackgroundHoldsStdout(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		ctx := ctxT(t, 20*time.Second)
+		start := time.Now()
+		res, err := h.c.Run(ctx, guest.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		if string(res.Stdout) != "hi\n" || res.Exit.ExitCode != 0 {
+			t.Errorf("got %q %+v, want hi and code 0", res.Stdout, res.Exit)
+		}
+		if took < 900*time.Millisecond || took > 3*time.Second {
+			t.Errorf("took %v, want about 1s", took)
+		}
+		if len(treeLeft("bg")) != 1 {
+			t.Errorf("background sleep: got %v, want it still running", treeLeft("bg"))
+		}
+		// Signalling an ended exec still reaches what is left of its tree.
+		if err := h.c.Signal(ctx, "bg", "SIGKILL"); err != nil {
+			t.Fatal(err)
+		}
+		waitTreeGone(t, "bg")
+	})
+}
+
+// TestBackgroundFloodsStdout: a background process that keeps writing must not hold the
+// exec open either.
+func TestBackgroundFloodsStdout(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	start := time.Now()
+	res, err := h.c.Run(ctx, guest.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("took %v, want about 1s", took)
+	}
+	if res.Exit.ExitCode != 0 || res.Exit.DroppedBytes == 0 || !res.StdoutTruncated {
+		t.Errorf("got %+v truncated=%v, want code 0 with dropped bytes", res.Exit, res.StdoutTruncated)
+	}
+	if err := h.c.Signal(ctx, "flood", "SIGKILL"); err != nil {
+		t.Fatal(err)
+	}
+	waitTreeGone(t, "flood")
+}
+
+func TestLogReplayFromOffset(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	script := `for i in $(seq 1 300); do echo "line $i"; echo "err $i" >&2; [ $((i % 10)) = 0 ] && sleep 0.002; done; true`
+	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	all := records(t, h.c, "replay", 0, false)
+	if len(all) < 8 {
+		t.Fatalf("records: got %d, want many", len(all))
+	}
+	for _, mid := range []int{0, 1, len(all) / 2, len(all) - 2, len(all) - 1} {
+		tail := records(t, h.c, "replay", all[mid].Offset, true)
+		if len(tail) != len(all)-mid-1 {
+			t.Fatalf("tail from record %d: got %d records, want %d", mid, len(tail), len(all)-mid-1)
+		}
+		for i, r := range tail {
+			w := all[mid+1+i]
+			if r.Kind != w.Kind || !bytes.Equal(r.Data, w.Data) || r.Offset != w.Offset {
+				t.Fatalf("tail record %d: got %d %q @%d, want %d %q @%d", i, r.Kind, r.Data, r.Offset, w.Kind, w.Data, w.Offset)
+			}
+		}
+	}
+	size := all[len(all)-1].Offset
+	for _, off := range []int64{-1, 1, all[1].Offset + 2, size + 1} {
+		if _, err := h.c.Log(ctx, "replay", off, false); err == nil {
+			t.Errorf("Log at offset %d: got no error, want invalid", off)
+		} else {
+			wantCode(t, err, guest.ErrCodeInvalid)
+		}
+	}
+	if got := records(t, h.c, "replay", size, true); len(got) != 0 {
+		t.Errorf("Log at the end: got %d records, want none", len(got))
+	}
+}
+
+// TestLogLargeRecords: output larger than a record is cut at MaxRecordPayload and offsets
+// stay valid across the sparse index.
+func TestLogLargeRecords(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	res, err := h.c.Run(ctx, guest.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Stdout) != 3000000 {
+		t.Fatalf("stdout: got %d bytes, want 3000000", len(res.Stdout))
+	}
+	all := records(t, h.c, "big", 0, false)
+	for _, r := range all {
+		if len(r.Data) > guest.MaxRecordPayload {
+			t.Fatalf("record payload: got %d, want ≤ %d", len(r.Data), guest.MaxRecordPayload)
+		}
+	}
+	for _, mid := range []int{len(all) / 3, len(all) / 2, len(all) - 3} {
+		tail := records(t, h.c, "big", all[mid].Offset, false)
+		if len(tail) != len(all)-mid-1 || !bytes.Equal(tail[0].Data, all[mid+1].Data) {
+			t.Fatalf("tail from %d: got %d records, want %d", mid, len(tail), len(all)-mid-1)
+		}
+		if _, err := h.c.Log(ctx, "big", all[mid].Offset+100, false); err == nil {
+			t.Errorf("Log inside a record: got no error, want invalid")
+		}
+	}
+}
+
+// TestFollowerJoinsMidRun: followers that join while the command runs get every byte.
+func TestFollowerJoinsMidRun(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	script := `for i in $(seq 1 40); do echo "n $i"; sleep 0.01; done`
+	if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		info, err := h.c.Exec(ctx, "follow")
+		return err == nil && info.LogBytes > 0
+	})
+	var want strings.Builder
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&want, "n %d\n", i)
+	}
+	var wg sync.WaitGroup
+	outs := make([]string, 4)
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * 60 * time.Millisecond)
+			var b strings.Builder
+			for _, r := range records(t, h.c, "follow", 0, true) {
+				if r.Kind == guest.RecordStdout {
+					b.Write(r.Data)
+				}
+			}
+			outs[i] = b.String()
+		}()
+	}
+	wg.Wait()
+	for i, got := range outs {
+		if got != want.String() {
+			t.Errorf("follower %d: got %q, want %q", i, got, want.String())
+		}
+	}
+}
+
+func TestMaxLogBytes(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{DefaultMaxLogBytes: 5000}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	tests := []struct {
+		name   string
+		max    int64
+		total  int
+		budget int64
+	}{
+		{"request-bound", 1000, 100000, 1000},
+		{"server-default", 0, 100000, 5000},
+		{"fits", 1 << 20, 1000, 1 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := "max-" + tt.name
+			req := guest.ExecRequest{ID: id, Argv: []string{"head", "-c", fmt.Sprint(tt.total), "/dev/zero"}, MaxLogBytes: tt.max}
+			res, err := h.c.Run(ctx, req, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := int64(len(res.Stdout)) + res.Exit.DroppedBytes; got != int64(tt.total) {
+				t.Errorf("kept %d + dropped %d = %d, want %d", len(res.Stdout), res.Exit.DroppedBytes, got, tt.total)
+			}
+			info, err := h.c.Exec(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs := records(t, h.c, id, 0, false)
+			exitLen := int64(guest.RecordHeaderLen + len(recs[len(recs)-1].Data))
+			if info.LogBytes-exitLen > tt.budget {
+				t.Errorf("log bytes before the exit record: got %d, want ≤ %d", info.LogBytes-exitLen, tt.budget)
+			}
+			if tt.total < int(tt.budget) && res.Exit.DroppedBytes != 0 {
+				t.Errorf("dropped: got %d, want 0", res.Exit.DroppedBytes)
+			}
+		})
+	}
+}
+
+func TestRunCaps(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	tests := []struct {
+		name                    string
+		maxOut, maxErr          int
+		wantOut, wantErr        string
+		wantOutTrunc, wantTrErr bool
+	}{
+		{"no-caps", 0, 0, "0123456789", "abcdefghij", false, false},
+		{"stdout-capped", 4, 100, "0123", "abcdefghij", true, false},
+		{"stderr-capped", 100, 3, "0123456789", "abc", false, true},
+		{"exact", 10, 10, "0123456789", "abcdefghij", false, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := guest.ExecRequest{ID: fmt.Sprintf("caps-%d", i), Argv: []string{"sh", "-c", "printf 01234; printf 56789; printf abcdefghij >&2"}}
+			res, err := h.c.Run(ctxT(t, 10*time.Second), req, tt.maxOut, tt.maxErr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(res.Stdout) != tt.wantOut || res.StdoutTruncated != tt.wantOutTrunc {
+				t.Errorf("stdout: got %q %v, want %q %v", res.Stdout, res.StdoutTruncated, tt.wantOut, tt.wantOutTrunc)
+			}
+			if string(res.Stderr) != tt.wantErr || res.StderrTruncated != tt.wantTrErr {
+				t.Errorf("stderr: got %q %v, want %q %v", res.Stderr, res.StderrTruncated, tt.wantErr, tt.wantTrErr)
+			}
+		})
+	}
+	t.Run("cancel-keeps-running", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		_, err := h.c.Run(ctx, guest.ExecRequest{ID: "cancelled", Argv: []string{"sleep", "100"}}, 0, 0)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Run: got %v, want deadline exceeded", err)
+		}
+		info, err := h.c.Exec(ctxT(t, 5*time.Second), "cancelled")
+		if err != nil || !info.Running {
+			t.Fatalf("Exec: got %+v %v, want still running", info, err)
+		}
+		if err := h.c.Signal(ctxT(t, 5*time.Second), "cancelled", "SIGKILL"); err != nil {
+			t.Fatal(err)
+		}
+		waitTreeGone(t, "cancelled")
+	})
+}
+
+func TestExecLimits(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{MaxRunning: 2, KeepEnded: 3}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	for _, id := range []string{"run-1", "run-2"} {
+		if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}})
+	wantCode(t, err, guest.ErrCodeUnavailable)
+	for _, id := range []string{"run-1", "run-2"} {
+		if err := h.c.Signal(ctx, id, "SIGKILL"); err != nil {
+			t.Fatal(err)
+		}
+		records(t, h.c, id, 0, true)
+	}
+	for i := range 4 {
+		if _, err := h.c.Run(ctx, guest.ExecRequest{ID: fmt.Sprintf("done-%d", i), Argv: []string{"true"}}, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	infos, err := h.c.Execs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, info := range infos {
+		ids = append(ids, info.ID)
+	}
+	if got, want := strings.Join(ids, ","), "done-1,done-2,done-3"; got != want {
+		t.Errorf("Execs: got %s, want %s", got, want)
+	}
+	for _, id := range []string{"run-1", "run-2", "done-0"} {
+		_, err := h.c.Exec(ctx, id)
+		wantCode(t, err, guest.ErrCodeNotFound)
+		if _, err := os.Stat(filepath.Join(h.state, id)); !os.IsNotExist(err) {
+			t.Errorf("state of dropped exec %s: got %v, want removed", id, err)
+		}
+	}
+	// A dropped id may be used again.
+	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {
+		t.Errorf("reusing a dropped id: %v", err)
+	}
+}
+
+func TestCloseKillsExecs(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		ctx := ctxT(t, 20*time.Second)
+		if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return len(treeLeft("long")) == 3 })
+		lr, err := h.c.Log(ctx, "long", 0, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lr.Close()
+		h.srv.Close()
+		waitTreeGone(t, "long")
+		// The follower ends: with the exit record, or because the stream went away.
+		for {
+			if _, err := lr.Next(); err != nil {
+				break
+			}
+		}
+		select {
+		case <-h.c.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("client: Done not closed after the server closed")
+		}
+		_, err = h.c.Health(ctx)
+		if !errors.Is(err, guest.ErrClosed) {
+			t.Errorf("Health after close: got %v, want ErrClosed", err)
+		}
+	})
+}
+
+// TestReaperReapsOrphans: in reap mode, orphans re-parented to the server are reaped.
+func TestReaperReapsOrphans(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{Reap: true}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	res, err := h.c.Run(ctx, guest.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
+	if err != nil || res.Exit.ExitCode != 0 {
+		t.Fatalf("Run: %+v %v", res.Exit, err)
+	}
+	waitFor(t, func() bool { return len(zombieChildren()) == 0 && len(treeLeft("orphans")) == 0 })
+}
+
+// zombieChildren lists zombies whose parent is this process.
+func zombieChildren() []int {
+	self := fmt.Sprint(os.Getpid())
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) > 1 && f[0] == "Z" && f[1] == self {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestConcurrentCalls(t *testing.T) {
+	for _, tr := range []struct {
+		name string
+		tr   transport
+	}{{"socketpair", overSocketpair}, {"netpipe", overNetPipe}} {
+		t.Run(tr.name, func(t *testing.T) {
+			h := newHarness(t, guest.ServerOptions{}, tr.tr)
+			ctx := ctxT(t, 60*time.Second)
+			var wg sync.WaitGroup
+			errs := make(chan error, 200)
+			for i := range 40 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					id := fmt.Sprintf("c-%d", i)
+					res, err := h.c.Run(ctx, guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo $SBX_EXEC_ID; head -c 100000 /dev/zero"}}, 0, 0)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if want := id + "\n"; !strings.HasPrefix(string(res.Stdout), want) || len(res.Stdout) != len(want)+100000 {
+						errs <- fmt.Errorf("%s: got %d bytes of stdout", id, len(res.Stdout))
+					}
+					name := fmt.Sprintf("dir-%d/file", i)
+					content := strings.Repeat(id, 1000)
+					if _, err := h.c.WriteFile(ctx, name, 0o600, strings.NewReader(content)); err != nil {
+						errs <- err
+						return
+					}
+					rc, _, err := h.c.ReadFile(ctx, name)
+					if err != nil {
+						errs <- err
+						return
+					}
+					var b bytes.Buffer
+					_, err = b.ReadFrom(rc)
+					rc.Close()
+					if err != nil || b.String() != content {
+						errs <- fmt.Errorf("%s: read back %d bytes, %v", name, b.Len(), err)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestBrokenStream(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "survivor", Argv: []string{"sh", "-c", "sleep 0.3; echo done"}}); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := h.c.Log(ctx, "survivor", 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lr.Close()
+	_ = h.serverEnd.Close()
+	if _, err := lr.Next(); !errors.Is(err, guest.ErrClosed) {
+		t.Errorf("Next on a broken stream: got %v, want ErrClosed", err)
+	}
+	select {
+	case <-h.c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done not closed")
+	}
+	if _, err := h.c.Exec(ctx, "survivor"); !errors.Is(err, guest.ErrClosed) {
+		t.Errorf("Exec on a broken stream: got %v, want ErrClosed", err)
+	}
+	// The exec belongs to the server: a new attach finds it finished with its output.
+	a, b := socketpair(t)
+	go h.srv.ServeConn(a)
+	c2, err := guest.Dial(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	var out []byte
+	for _, r := range records(t, c2, "survivor", 0, true) {
+		if r.Kind == guest.RecordStdout {
+			out = append(out, r.Data...)
+		}
+	}
+	if string(out) != "done\n" {
+		t.Errorf("output after reattach: got %q, want done", out)
+	}
+}
+
+func TestDialFailsOnDeadStream(t *testing.T) {
+	a, b := socketpair(t)
+	_ = a.Close()
+	_, err := guest.Dial(b)
+	if !errors.Is(err, guest.ErrClosed) {
+		t.Errorf("Dial on a dead stream: got %v, want ErrClosed", err)
+	}
+}
+
+func BenchmarkRunTrue(b *testing.B) {
+	h := newHarness(b, guest.ServerOptions{KeepEnded: 100}, overSocketpair)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		res, err := h.c.Run(ctx, guest.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
+		if err != nil || res.Exit.ExitCode != 0 {
+			b.Fatalf("Run: %+v %v", res.Exit, err)
+		}
+	}
+}
+
+// BenchmarkStartProcessTrue is the floor BenchmarkRunTrue compares with: a plain fork, exec
+// and wait of `true` from Go, without the protocol.
+func BenchmarkStartProcessTrue(b *testing.B) {
+	for b.Loop() {
+		p, err := os.StartProcess("/bin/true", []string{"true"}, &os.ProcAttr{
+			Files: []*os.File{nil, nil, nil},
+			Sys:   &syscall.SysProcAttr{Setpgid: true},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHealth is one protocol round trip over the stream.
+func BenchmarkHealth(b *testing.B) {
+	h := newHarness(b, guest.ServerOptions{}, overSocketpair)
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := h.c.Health(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,284 @@
+package guest_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/guest"
+)
+
+func TestFiles(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+
+	fi, err := h.c.WriteFile(ctx, "a/b/c.txt", 0o640, strings.NewReader("hello"))
+	if err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	if fi.Path != "/workspace/a/b/c.txt" || fi.Name != "c.txt" || fi.Size != 5 || fi.Mode != 0o640 || fi.IsDir {
+		t.Errorf("WriteFile: got %+v, want /workspace/a/b/c.txt, 5 bytes, 0640", fi)
+	}
+	st, err := os.Stat(filepath.Join(h.ws, "a/b/c.txt"))
+	if err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("on disk: got %v %v, want 0640", st.Mode(), err)
+	}
+	// Overwrite through the absolute form, with setuid kept.
+	if _, err := h.c.WriteFile(ctx, "/workspace/a/b/c.txt", 0o4755, strings.NewReader("hello again")); err != nil {
+		t.Fatalf("WriteFile absolute: %v", err)
+	}
+	rc, fi, err := h.c.ReadFile(ctx, "a/b/c.txt")
+	if err != nil {
+		t.Fatalf("ReadFile: %v", err)
+	}
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || string(b) != "hello again" {
+		t.Fatalf("ReadFile: got %q %v, want hello again", b, err)
+	}
+	if fi.Size != 11 || fi.Mode != 0o4755 || fi.Path != "/workspace/a/b/c.txt" || fi.ModTime.IsZero() {
+		t.Errorf("ReadFile info: got %+v, want 11 bytes, mode 4755", fi)
+	}
+	// The host path of the workspace is accepted as well.
+	if rc, _, err := h.c.ReadFile(ctx, filepath.Join(h.ws, "a/b/c.txt")); err != nil {
+		t.Errorf("ReadFile by host path: %v", err)
+	} else {
+		rc.Close()
+	}
+	if _, err := h.c.WriteFile(ctx, "empty", 0o600, strings.NewReader("")); err != nil {
+		t.Fatalf("WriteFile empty: %v", err)
+	}
+	if err := os.Symlink("a/b/c.txt", filepath.Join(h.ws, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(h.ws, "emptydir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	entries, truncated, err := h.c.ListDir(ctx, "", 0)
+	if err != nil {
+		t.Fatalf("ListDir: %v", err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name)
+		if e.Name == "link" && e.Symlink != "a/b/c.txt" {
+			t.Errorf("symlink entry: got %+v, want target a/b/c.txt", e)
+		}
+		if e.Name == "a" && (!e.IsDir || e.Path != "a") {
+			t.Errorf("dir entry: got %+v, want a directory with path a", e)
+		}
+	}
+	if got := strings.Join(names, ","); got != "a,empty,emptydir,link" || truncated {
+		t.Errorf("ListDir: got %s truncated=%v, want a,empty,emptydir,link", got, truncated)
+	}
+	entries, truncated, err = h.c.ListDir(ctx, "/workspace", 2)
+	if err != nil || len(entries) != 2 || !truncated {
+		t.Errorf("ListDir limit 2: got %d entries truncated=%v %v, want 2 and truncated", len(entries), truncated, err)
+	}
+	entries, _, err = h.c.ListDir(ctx, "a/b", 0)
+	if err != nil || len(entries) != 1 || entries[0].Path != "a/b/c.txt" {
+		t.Errorf("ListDir a/b: got %+v %v, want c.txt at a/b/c.txt", entries, err)
+	}
+
+	errTests := []struct {
+		name string
+		call func() error
+		code string
+	}{
+		{"read-missing", func() error { _, _, err := h.c.ReadFile(ctx, "nope"); return err }, guest.ErrCodeNotFound},
+		{"read-dir", func() error { _, _, err := h.c.ReadFile(ctx, "a"); return err }, guest.ErrCodeIsDir},
+		{"read-empty-path", func() error { _, _, err := h.c.ReadFile(ctx, ""); return err }, guest.ErrCodeInvalid},
+		{"list-file", func() error { _, _, err := h.c.ListDir(ctx, "empty", 0); return err }, guest.ErrCodeNotDir},
+		{"list-missing", func() error { _, _, err := h.c.ListDir(ctx, "nope", 0); return err }, guest.ErrCodeNotFound},
+		{"write-over-dir", func() error { _, err := h.c.WriteFile(ctx, "a", 0o644, strings.NewReader("x")); return err }, guest.ErrCodeIsDir},
+		{"write-under-file", func() error {
+			_, err := h.c.WriteFile(ctx, "empty/x", 0o644, strings.NewReader("x"))
+			return err
+		}, guest.ErrCodeNotDir},
+		{"remove-missing", func() error { return h.c.Remove(ctx, "nope", false) }, guest.ErrCodeNotFound},
+		{"remove-nonempty", func() error { return h.c.Remove(ctx, "a", false) }, guest.ErrCodeInvalid},
+		{"remove-workspace", func() error { return h.c.Remove(ctx, "/workspace", true) }, guest.ErrCodeInvalid},
+	}
+	for _, tt := range errTests {
+		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.code) })
+	}
+
+	if err := h.c.Remove(ctx, "emptydir", false); err != nil {
+		t.Errorf("Remove empty dir: %v", err)
+	}
+	if err := h.c.Remove(ctx, "link", false); err != nil {
+		t.Errorf("Remove symlink: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, "a/b/c.txt")); err != nil {
+		t.Errorf("removing a symlink removed its target: %v", err)
+	}
+	if err := h.c.Remove(ctx, "a", true); err != nil {
+		t.Errorf("Remove recursive: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, "a")); !os.IsNotExist(err) {
+		t.Errorf("after recursive remove: got %v, want gone", err)
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(h.ws, ".sbx-tmp-*"))
+	if len(leftovers) > 0 {
+		t.Errorf("temp files left: %v", leftovers)
+	}
+}
+
+// TestFilesEscapes: nothing outside the workspace is read, written, listed or removed,
+// whether by .. or through symlinks.
+func TestFilesEscapes(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	outside := t.TempDir()
+	secret := filepath.Join(outside, "secret")
+	if err := os.WriteFile(secret, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{
+		"abs":      outside,                      // absolute symlink out
+		"rel":      "../../../../../../../../..", // relative symlink out
+		"etc":      "/etc",
+		"sneaky/x": "../../" + filepath.Base(h.ws) + "/../", // in, then out
+	} {
+		p := filepath.Join(h.ws, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths := []string{
+		"../secret",
+		"a/../../secret",
+		secret,
+		"/etc/passwd",
+		"/workspace/../etc/passwd",
+		"abs/secret",
+		"rel" + secret,
+		"etc/passwd",
+		"etc/hostname",
+		"sneaky/x/secret",
+	}
+	for _, p := range paths {
+		t.Run(strings.ReplaceAll(p, "/", "_"), func(t *testing.T) {
+			_, _, err := h.c.ReadFile(ctx, p)
+			wantCode(t, err, guest.ErrCodeInvalid)
+			_, err = h.c.WriteFile(ctx, p+"-new", 0o644, strings.NewReader("pwned"))
+			wantCode(t, err, guest.ErrCodeInvalid)
+			_, _, err = h.c.ListDir(ctx, filepath.Dir(p), 0)
+			if filepath.Dir(p) != "." && filepath.Dir(p) != "a/.." {
+				wantCode(t, err, guest.ErrCodeInvalid)
+			}
+			err = h.c.Remove(ctx, p, true)
+			wantCode(t, err, guest.ErrCodeInvalid)
+		})
+	}
+	if b, err := os.ReadFile(secret); err != nil || string(b) != "secret" {
+		t.Errorf("outside file: got %q %v, want it untouched", b, err)
+	}
+	ents, _ := os.ReadDir(outside)
+	if len(ents) != 1 {
+		t.Errorf("outside dir: got %d entries, want only the secret", len(ents))
+	}
+	if _, err := os.Stat("/etc/passwd-new"); err == nil {
+		t.Errorf("/etc/passwd-new was created")
+	}
+	// Writing a file named like a symlink replaces the link, never writes through it.
+	if _, err := h.c.WriteFile(ctx, "abs", 0o644, strings.NewReader("replaced")); err != nil {
+		t.Fatalf("WriteFile over a symlink: %v", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(h.ws, "abs")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("abs: got %v %v, want a regular file", fi, err)
+	}
+}
+
+// TestFilesThroughLinks: symlinks that stay inside the workspace are followed like the kernel
+// does (the last component only where the operation follows it).
+func TestFilesThroughLinks(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	writeTree(t, h.ws, map[string]string{"real/sub/f.txt": "inside"})
+	for name, target := range map[string]string{
+		"ldir":      "real",
+		"labs":      "/workspace/real/sub",
+		"real/back": "../real/sub/f.txt",
+	} {
+		must(t, os.Symlink(target, filepath.Join(h.ws, name)))
+	}
+	for _, p := range []string{"ldir/sub/f.txt", "labs/f.txt", "real/back", "/workspace/ldir/sub/../sub/f.txt"} {
+		rc, fi, err := h.c.ReadFile(ctx, p)
+		if err != nil {
+			t.Errorf("ReadFile(%s): %v", p, err)
+			continue
+		}
+		b, _ := io.ReadAll(rc)
+		rc.Close()
+		if string(b) != "inside" || fi.Size != 6 {
+			t.Errorf("ReadFile(%s): got %q, want inside", p, b)
+		}
+	}
+	if _, err := h.c.WriteFile(ctx, "ldir/new.txt", 0o600, strings.NewReader("new")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(h.ws, "real/new.txt")); err != nil || string(b) != "new" {
+		t.Errorf("write through a directory link: got %q %v, want real/new.txt", b, err)
+	}
+	entries, _, err := h.c.ListDir(ctx, "labs", 0)
+	if err != nil || len(entries) != 1 || entries[0].Path != "labs/f.txt" {
+		t.Errorf("ListDir(labs): got %+v %v, want f.txt", entries, err)
+	}
+	if err := h.c.Remove(ctx, "ldir", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(h.ws, "real/sub/f.txt")); err != nil {
+		t.Errorf("removing a link removed what it points to: %v", err)
+	}
+}
+
+// TestWriteFileMax uses the handler directly to exercise the max bound.
+func TestWriteFileMax(t *testing.T) {
+	ws := t.TempDir()
+	srv, err := guest.NewServer(guest.ServerOptions{Workspace: ws, StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	tests := []struct {
+		name   string
+		url    string
+		body   string
+		length int64
+		status int
+	}{
+		{"under", "/v1/files?path=f1&max=10", "0123456789", 10, http.StatusOK},
+		{"over-declared", "/v1/files?path=f2&max=10", "0123456789a", 11, http.StatusRequestEntityTooLarge},
+		{"over-streamed", "/v1/files?path=f3&max=10", "0123456789a", -1, http.StatusRequestEntityTooLarge},
+		{"bad-mode", "/v1/files?path=f4&mode=999", "x", 1, http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPut, tt.url, strings.NewReader(tt.body))
+			req.ContentLength = tt.length
+			w := httptest.NewRecorder()
+			srv.Handler().ServeHTTP(w, req)
+			if w.Code != tt.status {
+				t.Fatalf("status: got %d (%s), want %d", w.Code, w.Body, tt.status)
+			}
+		})
+	}
+	ents, _ := os.ReadDir(ws)
+	if len(ents) != 1 || ents[0].Name() != "f1" {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("workspace: got %v, want only f1", names)
+	}
+}

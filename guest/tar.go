@@ -1,0 +1,542 @@
+package guest
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Import limits when the request does not set them.
+const (
+	defaultImportMaxBytes = 10 << 30
+	defaultImportMaxFiles = 1_000_000
+)
+
+// handleExport streams the workspace as an uncompressed tar: directories, regular files and
+// symlinks (as symlinks); hard links become regular files, sockets and devices are skipped.
+// The entry count is sent as the trailer X-Sbx-Files. A failure midway aborts the stream, so
+// a client never mistakes a partial tar for a whole one.
+func (s *Server) handleExport(w http.ResponseWriter, r *http.Request) {
+	root, err := os.OpenRoot(s.ws)
+	if err != nil {
+		writeError(w, fsError(err))
+		return
+	}
+	defer root.Close()
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set("Trailer", HeaderFiles)
+	w.WriteHeader(http.StatusOK)
+
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	tw := tar.NewWriter(w)
+	files := 0
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p != "." {
+				return nil // removed while we walked
+			}
+			return err
+		}
+		if p == "." {
+			return nil
+		}
+		if hiddenName(path.Dir(p), d.Name()) {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if err := r.Context().Err(); err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		hdr := &tar.Header{
+			Name:    p,
+			Mode:    int64(unixMode(fi.Mode())),
+			ModTime: fi.ModTime(),
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
+		}
+		switch {
+		case fi.IsDir():
+			hdr.Typeflag = tar.TypeDir
+			hdr.Name += "/"
+			files++
+			return tw.WriteHeader(hdr)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := root.Readlink(p)
+			if err != nil {
+				return nil
+			}
+			hdr.Typeflag = tar.TypeSymlink
+			hdr.Linkname = target
+			files++
+			return tw.WriteHeader(hdr)
+		case fi.Mode().IsRegular():
+			f, err := root.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ELOOP) {
+					return nil
+				}
+				return err
+			}
+			defer f.Close()
+			fi, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			if !fi.Mode().IsRegular() {
+				return nil
+			}
+			hdr.Typeflag = tar.TypeReg
+			hdr.Size = fi.Size()
+			hdr.Mode = int64(unixMode(fi.Mode()))
+			hdr.ModTime = fi.ModTime()
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			n, err := io.CopyBuffer(tw, io.LimitReader(f, hdr.Size), *bp)
+			if err != nil {
+				return err
+			}
+			if n < hdr.Size {
+				// The file shrank while we read it: pad, to keep the archive consistent.
+				if _, err := io.CopyN(tw, zeroReader{}, hdr.Size-n); err != nil {
+					return err
+				}
+			}
+			files++
+			return nil
+		}
+		return nil // sockets, devices, FIFOs
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.log.Warn("guest: workspace export failed", "err", err)
+		}
+		panic(http.ErrAbortHandler)
+	}
+	w.Header().Set(HeaderFiles, strconv.Itoa(files))
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// importOptions are the query parameters of PUT /v1/workspace/tar.
+type importOptions struct {
+	replace       bool
+	maxBytes      int64
+	maxFiles      int64
+	externalLinks bool
+}
+
+// handleImport extracts a tar into a staging folder inside the workspace, and only when the
+// whole body was read without error moves the staged entries into place (replace=1 removes
+// the old top-level entries first). A body that breaks midway leaves the workspace untouched.
+func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	opts := importOptions{
+		replace:       isTrue(q.Get("replace")),
+		maxBytes:      defaultImportMaxBytes,
+		maxFiles:      defaultImportMaxFiles,
+		externalLinks: isTrue(q.Get("external_symlinks")),
+	}
+	for _, p := range []struct {
+		name string
+		v    *int64
+	}{{"max_bytes", &opts.maxBytes}, {"max_files", &opts.maxFiles}} {
+		if v := q.Get(p.name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				writeError(w, errorf(ErrCodeInvalid, "bad %s %q", p.name, v))
+				return
+			}
+			*p.v = n
+		}
+	}
+
+	s.importMu.Lock()
+	defer s.importMu.Unlock()
+	root, err := os.OpenRoot(s.ws)
+	if err != nil {
+		writeError(w, fsError(err))
+		return
+	}
+	defer root.Close()
+	staging := randName(importPrefix)
+	if err := root.Mkdir(staging, 0o700); err != nil {
+		writeError(w, fsError(err))
+		return
+	}
+	defer func() { _ = root.RemoveAll(staging) }()
+	sroot, err := root.OpenRoot(staging)
+	if err != nil {
+		writeError(w, fsError(err))
+		return
+	}
+	defer sroot.Close()
+
+	res, perr := s.extract(sroot, r.Body, opts)
+	if perr != nil {
+		writeError(w, perr)
+		return
+	}
+	if err := install(root, staging, opts.replace); err != nil {
+		s.log.Error("guest: installing an imported workspace failed", "err", err)
+		writeError(w, errorf(ErrCodeInternal, "installing the imported workspace: %v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// bodyReader counts the raw body and remembers a transport error, so that a body that broke
+// (the caller aborted the request) is never mistaken for a tar that ended.
+type bodyReader struct {
+	r    io.Reader
+	n    int64
+	max  int64
+	err  error
+	over bool
+}
+
+var errBodyTooLarge = errors.New("body over the limit")
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if b.n >= b.max {
+		b.over = true
+		return 0, errBodyTooLarge
+	}
+	p = p[:min(int64(len(p)), b.max-b.n)]
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
+
+type dirMeta struct {
+	mode  fs.FileMode
+	mtime time.Time
+}
+
+// extract unpacks the tar into sroot (the staging folder) with every check applied.
+func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (ImportResult, *Error) {
+	// Headers cost at least 512 bytes; allow generous room for them beyond the content.
+	rawMax := opts.maxBytes + min(opts.maxFiles, 1<<40)*4096 + 1<<20
+	if rawMax < 0 {
+		rawMax = 1 << 62
+	}
+	br := &bodyReader{r: body, max: rawMax}
+	fail := func(err error) *Error {
+		switch {
+		case br.over:
+			return errorf(ErrCodeTooLarge, "tar stream over %d bytes", rawMax)
+		case br.err != nil:
+			return errorf(ErrCodeInvalid, "reading the tar stream: %v", br.err)
+		}
+		return errorf(ErrCodeInvalid, "bad tar stream: %v", err)
+	}
+	tr := tar.NewReader(br)
+	var res ImportResult
+	dirs := make(map[string]dirMeta)
+	// links holds the symlinks this tar created; an entry below one is resolved through it
+	// (never by os.Root walking it: see resolveIn).
+	links := make(map[string]bool)
+	through := func(name string, followLast bool) (string, *Error) {
+		for p := name; p != "."; p = path.Dir(p) {
+			if links[p] {
+				r, err := resolveIn(sroot, name, followLast, nil)
+				if err != nil {
+					return "", entryError(name, err)
+				}
+				return r, nil
+			}
+		}
+		return name, nil
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return res, fail(err)
+		}
+		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			continue
+		}
+		name, ok := cleanTarName(hdr.Name)
+		if !ok {
+			return res, errorf(ErrCodeInvalid, "tar entry %q escapes the workspace", hdr.Name)
+		}
+		if name == "." {
+			if hdr.Typeflag == tar.TypeDir {
+				continue
+			}
+			return res, errorf(ErrCodeInvalid, "tar entry %q is not a directory", hdr.Name)
+		}
+		if res.Files++; res.Files > opts.maxFiles {
+			return res, errorf(ErrCodeTooLarge, "tar holds more than %d files", opts.maxFiles)
+		}
+		name, perr := through(name, hdr.Typeflag == tar.TypeDir)
+		if perr != nil {
+			return res, perr
+		}
+		if name == "." {
+			return res, errorf(ErrCodeInvalid, "tar entry %q replaces the workspace", hdr.Name)
+		}
+		if hdr.Typeflag != tar.TypeDir {
+			if err := prepareEntry(sroot, name); err != nil {
+				return res, err
+			}
+			delete(links, name)
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := sroot.MkdirAll(name, 0o700); err != nil {
+				return res, entryError(hdr.Name, err)
+			}
+			dirs[name] = dirMeta{goMode(hdr.Mode), hdr.ModTime}
+		case tar.TypeReg:
+			if res.Bytes+hdr.Size > opts.maxBytes {
+				return res, errorf(ErrCodeTooLarge, "tar content over %d bytes", opts.maxBytes)
+			}
+			f, err := sroot.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return res, entryError(hdr.Name, err)
+			}
+			n, err := io.CopyBuffer(f, tr, *bp)
+			res.Bytes += n
+			if err == nil {
+				err = f.Chmod(goMode(hdr.Mode))
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				if br.over || br.err != nil || errors.Is(err, io.ErrUnexpectedEOF) {
+					return res, fail(err)
+				}
+				return res, entryError(hdr.Name, err)
+			}
+			if !hdr.ModTime.IsZero() {
+				_ = sroot.Chtimes(name, hdr.ModTime, hdr.ModTime)
+			}
+		case tar.TypeSymlink:
+			if hdr.Linkname == "" {
+				return res, errorf(ErrCodeInvalid, "symlink %q has no target", hdr.Name)
+			}
+			if !opts.externalLinks && s.linkEscapes(name, hdr.Linkname) {
+				return res, errorf(ErrCodeInvalid, "symlink %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
+			}
+			if err := sroot.Symlink(hdr.Linkname, name); err != nil {
+				return res, entryError(hdr.Name, err)
+			}
+			links[name] = true
+		case tar.TypeLink:
+			target, ok := cleanTarName(hdr.Linkname)
+			if !ok || target == "." {
+				return res, errorf(ErrCodeInvalid, "hard link %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
+			}
+			if target, perr = through(target, false); perr != nil {
+				return res, perr
+			}
+			if err := sroot.Link(target, name); err != nil {
+				return res, entryError(hdr.Name, err)
+			}
+		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+			return res, errorf(ErrCodeInvalid, "tar entry %q is a device or FIFO", hdr.Name)
+		default:
+			return res, errorf(ErrCodeInvalid, "tar entry %q has unsupported type %q", hdr.Name, hdr.Typeflag)
+		}
+	}
+	// Read the body to its end: a caller that checks a hash fails the request only there.
+	if _, err := io.CopyBuffer(io.Discard, br, *bp); err != nil || br.err != nil {
+		return res, fail(err)
+	}
+	// Directory modes last (a read-only directory must not stop its own extraction), deepest
+	// first.
+	names := make([]string, 0, len(dirs))
+	for name := range dirs {
+		names = append(names, name)
+	}
+	slices.SortFunc(names, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	for _, name := range names {
+		m := dirs[name]
+		if err := sroot.Chmod(name, m.mode); err != nil {
+			return res, entryError(name, err)
+		}
+		if !m.mtime.IsZero() {
+			_ = sroot.Chtimes(name, m.mtime, m.mtime)
+		}
+	}
+	return res, nil
+}
+
+// prepareEntry creates the parents of name and removes whatever non-directory is already
+// there (a later tar entry replaces an earlier one; it is never written through a symlink).
+func prepareEntry(sroot *os.Root, name string) *Error {
+	if dir := path.Dir(name); dir != "." {
+		if err := sroot.MkdirAll(dir, 0o700); err != nil {
+			return entryError(name, err)
+		}
+	}
+	fi, err := sroot.Lstat(name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return entryError(name, err)
+	case fi.IsDir():
+		return errorf(ErrCodeInvalid, "tar entry %q replaces a directory", name)
+	}
+	if err := sroot.Remove(name); err != nil {
+		return entryError(name, err)
+	}
+	return nil
+}
+
+func entryError(name string, err error) *Error {
+	e := fsError(err)
+	if e.Code == ErrCodeNotFound || e.Code == ErrCodeNotDir || e.Code == ErrCodeIsDir {
+		e.Code = ErrCodeInvalid
+	}
+	e.Message = fmt.Sprintf("tar entry %q: %s", name, e.Message)
+	return e
+}
+
+// cleanTarName validates a tar entry name (or hard link target): relative, no escape.
+func cleanTarName(n string) (string, bool) {
+	if n == "" || strings.HasPrefix(n, "/") || strings.IndexByte(n, 0) >= 0 {
+		return "", false
+	}
+	c := path.Clean(n)
+	if c == ".." || strings.HasPrefix(c, "../") {
+		return "", false
+	}
+	return c, true
+}
+
+// linkEscapes reports whether a symlink at name with this target resolves (lexically, from
+// the link's final place) outside the workspace.
+func (s *Server) linkEscapes(name, target string) bool {
+	if path.IsAbs(target) {
+		c := path.Clean(target)
+		_, in := underDir(c, Workspace)
+		if !in {
+			_, in = underDir(c, s.ws)
+		}
+		return !in
+	}
+	j := path.Join(path.Dir(name), target)
+	return j == ".." || strings.HasPrefix(j, "../")
+}
+
+// install moves the staged entries into the workspace.
+func install(root *os.Root, staging string, replace bool) error {
+	if replace {
+		old, err := readDirNames(root, ".")
+		if err != nil {
+			return err
+		}
+		for _, name := range old {
+			if name == staging {
+				continue
+			}
+			if err := root.RemoveAll(name); err != nil {
+				return err
+			}
+		}
+	}
+	return merge(root, staging, ".")
+}
+
+// merge moves every entry of src into dst; directories present on both sides are merged,
+// anything else in dst is replaced.
+func merge(root *os.Root, src, dst string) error {
+	names, err := readDirNames(root, src)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		from, to := path.Join(src, name), path.Join(dst, name)
+		have, err := root.Lstat(to)
+		if err == nil {
+			want, err := root.Lstat(from)
+			if err != nil {
+				return err
+			}
+			if have.IsDir() && want.IsDir() {
+				if err := merge(root, from, to); err != nil {
+					return err
+				}
+				_ = root.Chmod(to, want.Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky))
+				_ = root.Chtimes(to, want.ModTime(), want.ModTime())
+				continue
+			}
+			if err := root.RemoveAll(to); err != nil {
+				return err
+			}
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		if err := root.Rename(from, to); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readDirNames(root *os.Root, dir string) ([]string, error) {
+	f, err := root.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// removeStaleImports deletes staging folders left by an import that was cut short.
+func (s *Server) removeStaleImports() {
+	root, err := os.OpenRoot(s.ws)
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	names, err := readDirNames(root, ".")
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, importPrefix) {
+			_ = root.RemoveAll(name)
+		}
+	}
+}

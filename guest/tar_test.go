@@ -1,0 +1,398 @@
+package guest_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/guest"
+)
+
+// snapshot describes a directory tree: kind, mode, content hash or link target per path.
+func snapshot(t testing.TB, root string) map[string]string {
+	t.Helper()
+	out := make(map[string]string)
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if rel == "." {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			out[rel] = "link " + target
+		case fi.IsDir():
+			out[rel] = fmt.Sprintf("dir %v", fi.Mode().Perm())
+		case !fi.Mode().IsRegular():
+			out[rel] = fmt.Sprintf("special %v", fi.Mode().Type())
+		default:
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			out[rel] = fmt.Sprintf("file %v %x", fi.Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSticky), sha256.Sum256(b))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	return out
+}
+
+func diffSnapshots(got, want map[string]string) string {
+	var lines []string
+	for k, w := range want {
+		if g, ok := got[k]; !ok {
+			lines = append(lines, fmt.Sprintf("missing %s (%s)", k, w))
+		} else if g != w {
+			lines = append(lines, fmt.Sprintf("%s: got %s, want %s", k, g, w))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			lines = append(lines, fmt.Sprintf("extra %s (%s)", k, g))
+		}
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+func populate(t testing.TB, ws string) {
+	t.Helper()
+	writeTree(t, ws, map[string]string{
+		"README.md":           "# hello\n",
+		"src/main.go":         "package main\n",
+		"src/deep/a/b/c.txt":  strings.Repeat("c", 100000),
+		"bin/run.sh":          "#!/bin/sh\necho run\n",
+		"empty/":              "",
+		".hidden/config":      "x=1",
+		"name with spaces.md": "spaces",
+	})
+	must(t, os.Chmod(filepath.Join(ws, "bin/run.sh"), 0o755))
+	must(t, os.Chmod(filepath.Join(ws, "README.md"), 0o600))
+	must(t, os.Chmod(filepath.Join(ws, "src/deep"), 0o750))
+	must(t, os.Chmod(filepath.Join(ws, "src/main.go"), 0o644|fs.ModeSticky))
+	must(t, os.Symlink("src/main.go", filepath.Join(ws, "main-link")))
+	must(t, os.Symlink("../README.md", filepath.Join(ws, "src/readme-link")))
+	must(t, os.Symlink("/workspace/src", filepath.Join(ws, "abs-inside")))
+	must(t, os.Symlink("dangling-target", filepath.Join(ws, "dangling")))
+	must(t, os.MkdirAll(filepath.Join(ws, "ro"), 0o755))
+	must(t, os.WriteFile(filepath.Join(ws, "ro/file"), []byte("ro"), 0o444))
+	must(t, os.Chmod(filepath.Join(ws, "ro"), 0o555))
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func export(t testing.TB, c *guest.Client) []byte {
+	t.Helper()
+	rc, err := c.ExportWorkspace(ctxT(t, 30*time.Second))
+	if err != nil {
+		t.Fatalf("ExportWorkspace: %v", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatalf("reading the export: %v", err)
+	}
+	return b
+}
+
+func TestWorkspaceRoundTrip(t *testing.T) {
+	src := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	populate(t, src.ws)
+	// A FIFO and a socket are skipped, a hard link becomes a regular file.
+	must(t, exec("mkfifo", filepath.Join(src.ws, "fifo")))
+	must(t, os.Link(filepath.Join(src.ws, "src/main.go"), filepath.Join(src.ws, "hardlink")))
+	want := snapshot(t, src.ws)
+	delete(want, "fifo")
+
+	tarball := export(t, src.c)
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(tarball))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		must(t, err)
+		names = append(names, hdr.Name)
+	}
+	if len(names) != len(want) {
+		t.Errorf("tar entries: got %d (%v), want %d", len(names), names, len(want))
+	}
+
+	dst := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	writeTree(t, dst.ws, map[string]string{"old.txt": "old", "src/old.go": "old"})
+	res, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{Replace: true})
+	if err != nil {
+		t.Fatalf("ImportWorkspace: %v", err)
+	}
+	if res.Files != int64(len(want)) {
+		t.Errorf("import files: got %d, want %d", res.Files, len(want))
+	}
+	if d := diffSnapshots(snapshot(t, dst.ws), want); d != "" {
+		t.Errorf("workspace after round trip:\n%s", d)
+	}
+	fi, err := os.Stat(filepath.Join(dst.ws, "src/deep/a/b/c.txt"))
+	want0, _ := os.Stat(filepath.Join(src.ws, "src/deep/a/b/c.txt"))
+	if err != nil || !fi.ModTime().Equal(want0.ModTime().Round(time.Second)) {
+		t.Errorf("mtime: got %v, want %v", fi.ModTime(), want0.ModTime())
+	}
+
+	// Without replace, the tar is merged over what is there.
+	writeTree(t, dst.ws, map[string]string{"extra/keep.txt": "keep"})
+	must(t, os.WriteFile(filepath.Join(dst.ws, "README.md"), []byte("changed"), 0o644))
+	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{}); err != nil {
+		t.Fatalf("ImportWorkspace merge: %v", err)
+	}
+	got := snapshot(t, dst.ws)
+	if !strings.HasPrefix(got["extra/keep.txt"], "file") || got["README.md"] != want["README.md"] {
+		t.Errorf("merge: got extra %q README %q, want kept and restored", got["extra/keep.txt"], got["README.md"])
+	}
+}
+
+// TestImportExternalSymlinks: a symlink out of the workspace is refused unless allowed.
+func TestImportExternalSymlinks(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 30*time.Second)
+	tarball := buildTar(t, []tarEntry{
+		{name: "venv/bin/", typ: tar.TypeDir},
+		{name: "venv/bin/python", typ: tar.TypeSymlink, link: "/usr/bin/python3"},
+		{name: "app.py", body: "print(1)"},
+	})
+	_, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{Replace: true})
+	wantCode(t, err, guest.ErrCodeInvalid)
+	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
+		t.Fatalf("ImportWorkspace with external symlinks: %v", err)
+	}
+	if target, err := os.Readlink(filepath.Join(h.ws, "venv/bin/python")); err != nil || target != "/usr/bin/python3" {
+		t.Errorf("venv link: got %q %v, want /usr/bin/python3", target, err)
+	}
+}
+
+type tarEntry struct {
+	name string
+	typ  byte
+	body string
+	link string
+	mode int64
+	size int64 // overrides len(body) in the header
+}
+
+func buildTar(t testing.TB, entries []tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		typ := e.typ
+		if typ == 0 {
+			typ = tar.TypeReg
+		}
+		mode := e.mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		hdr := &tar.Header{Name: e.name, Typeflag: typ, Linkname: e.link, Mode: mode, ModTime: time.Unix(1700000000, 0)}
+		if typ == tar.TypeReg {
+			hdr.Size = int64(len(e.body))
+		}
+		if typ == tar.TypeChar || typ == tar.TypeBlock {
+			hdr.Devmajor, hdr.Devminor = 1, 3
+		}
+		must(t, tw.WriteHeader(hdr))
+		if typ == tar.TypeReg {
+			_, err := io.WriteString(tw, e.body)
+			must(t, err)
+		}
+	}
+	must(t, tw.Close())
+	return buf.Bytes()
+}
+
+func TestImportHostile(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	populate(t, h.ws)
+	before := snapshot(t, h.ws)
+	outside := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(outside, "target"), []byte("outside"), 0o644))
+	outsideBefore := snapshot(t, outside)
+	rel := func(p string) string { r, _ := filepath.Rel(h.ws, p); return r }
+
+	many := make([]tarEntry, 6)
+	for i := range many {
+		many[i] = tarEntry{name: fmt.Sprintf("f%d", i), body: "x"}
+	}
+	tests := []struct {
+		name    string
+		entries []tarEntry
+		opts    guest.ImportOptions
+		code    string
+	}{
+		{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"symlink-to-etc-then-write", []tarEntry{
+			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
+			{name: "etc/evil", body: "evil"},
+		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"symlink-to-etc-then-write-allowed", []tarEntry{
+			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
+			{name: "etc/evil", body: "evil"},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		{"symlink-relative-out-then-write", []tarEntry{
+			{name: "d/up", typ: tar.TypeSymlink, link: "../../" + filepath.Base(outside)},
+			{name: "d/up/target", body: "evil"},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"symlink-then-dir-through-it", []tarEntry{
+			{name: "l", typ: tar.TypeSymlink, link: outside},
+			{name: "l/sub/", typ: tar.TypeDir},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"hardlink-through-symlink", []tarEntry{
+			{name: "l", typ: tar.TypeSymlink, link: outside},
+			{name: "h", typ: tar.TypeLink, link: "l/target"},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"too-many-files", many, guest.ImportOptions{MaxFiles: 5}, guest.ErrCodeTooLarge},
+		{"too-many-bytes", []tarEntry{{name: "a", body: strings.Repeat("a", 60)}, {name: "b", body: strings.Repeat("b", 60)}},
+			guest.ImportOptions{MaxBytes: 100}, guest.ErrCodeTooLarge},
+		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.opts.Replace = true
+			_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, tt.entries)), tt.opts)
+			wantCode(t, err, tt.code)
+			if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
+				t.Errorf("workspace changed:\n%s", d)
+			}
+			if d := diffSnapshots(snapshot(t, outside), outsideBefore); d != "" {
+				t.Errorf("outside changed:\n%s", d)
+			}
+			for _, p := range []string{"/etc/evil", "/tmp/evil-abs", filepath.Join(filepath.Dir(h.ws), "evil")} {
+				if _, err := os.Lstat(p); err == nil {
+					os.Remove(p)
+					t.Errorf("%s was created", p)
+				}
+			}
+		})
+	}
+	// A garbage body is a bad tar, nothing more.
+	_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), guest.ImportOptions{Replace: true})
+	wantCode(t, err, guest.ErrCodeInvalid)
+	if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
+		t.Errorf("workspace changed by garbage:\n%s", d)
+	}
+}
+
+// failingReader yields r, then fails: a caller's hash check that aborts the request.
+type failingReader struct {
+	r    io.Reader
+	fail error
+}
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err == io.EOF {
+		return n, f.fail
+	}
+	return n, err
+}
+
+func TestImportAbortedMidway(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	populate(t, h.ws)
+	before := snapshot(t, h.ws)
+	big := make([]tarEntry, 0, 50)
+	for i := range 50 {
+		big = append(big, tarEntry{name: fmt.Sprintf("new/f%d", i), body: strings.Repeat("z", 50000)})
+	}
+	tarball := buildTar(t, big)
+	errHash := errors.New("sha256 mismatch")
+	tests := []struct {
+		name string
+		body io.Reader
+	}{
+		{"midway", &failingReader{r: bytes.NewReader(tarball[:len(tarball)/2]), fail: errHash}},
+		{"at-the-end", &failingReader{r: bytes.NewReader(tarball), fail: errHash}},
+		{"truncated-inside-a-file", bytes.NewReader(tarball[:len(tarball)/2+100])},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), tt.body, guest.ImportOptions{Replace: true})
+			if err == nil {
+				t.Fatal("ImportWorkspace: got no error, want one")
+			}
+			// The server cleans its staging folder after answering.
+			waitFor(t, func() bool {
+				m, _ := filepath.Glob(filepath.Join(h.ws, ".sbx-import-*"))
+				return len(m) == 0
+			})
+			if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
+				t.Errorf("workspace changed:\n%s", d)
+			}
+		})
+	}
+	// The same stream, whole, goes in.
+	res, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{})
+	if err != nil || res.Files != 50 || res.Bytes != 50*50000 {
+		t.Fatalf("ImportWorkspace: got %+v %v, want 50 files", res, err)
+	}
+}
+
+func exec(name string, args ...string) error {
+	p, err := os.StartProcess(lookPath(name), append([]string{name}, args...), &os.ProcAttr{Files: []*os.File{nil, os.Stderr, os.Stderr}})
+	if err != nil {
+		return err
+	}
+	st, err := p.Wait()
+	if err != nil {
+		return err
+	}
+	if !st.Success() {
+		return fmt.Errorf("%s: %v", name, st)
+	}
+	return nil
+}
+
+func lookPath(name string) string {
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if p := filepath.Join(dir, name); fileExists(p) {
+			return p
+		}
+	}
+	return name
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
