@@ -1,0 +1,110 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"sandboxd/internal/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func next(t *testing.T, ch <-chan Event) Event {
+	t.Helper()
+	select {
+	case ev, ok := <-ch:
+		if !ok {
+			t.Fatal("stream closed, want an event")
+		}
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event within 5s")
+	}
+	return Event{}
+}
+
+func TestPublishSubscribeResume(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		b := New(srv.Client, 1000)
+		b.block = 100 * time.Millisecond
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// Only new events: nothing published before Subscribe arrives.
+		if _, err := b.Publish(ctx, "t", "p", Event{Type: "X", SandboxID: "old"}); err != nil {
+			t.Fatal(err)
+		}
+		all, err := b.Subscribe(ctx, "t", "p", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		one, err := b.Subscribe(ctx, "t", "p", "sbx_b", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cursors []string
+		for i, id := range []string{"sbx_a", "sbx_b", "sbx_a", "sbx_b"} {
+			c, err := b.Publish(ctx, "t", "p", Event{Type: "STATE_CHANGED", SandboxID: id, At: time.Now(),
+				Fields: map[string]string{"state": fmt.Sprint(i)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cursors = append(cursors, c)
+		}
+		// Another project's events never arrive.
+		if _, err := b.Publish(ctx, "t", "other", Event{Type: "X", SandboxID: "sbx_a"}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 4; i++ {
+			ev := next(t, all)
+			if ev.Cursor != cursors[i] || ev.Fields["state"] != fmt.Sprint(i) {
+				t.Fatalf("event %d: got %+v, want cursor %s state %d", i, ev, cursors[i], i)
+			}
+		}
+		for _, i := range []int{1, 3} {
+			if ev := next(t, one); ev.SandboxID != "sbx_b" || ev.Cursor != cursors[i] {
+				t.Fatalf("filtered: got %+v, want sbx_b at %s", ev, cursors[i])
+			}
+		}
+		// Resume after the second event: exactly the third and fourth follow.
+		resumed, err := b.Subscribe(ctx, "t", "p", "", cursors[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range []int{2, 3} {
+			if ev := next(t, resumed); ev.Cursor != cursors[i] {
+				t.Fatalf("resumed: got %s, want %s", ev.Cursor, cursors[i])
+			}
+		}
+		if _, err := b.Subscribe(ctx, "t", "p", "", "not-a-cursor"); err != ErrBadCursor {
+			t.Fatalf("bad cursor: got %v, want ErrBadCursor", err)
+		}
+		// Cancelling ends every subscription (goleak checks the readers are gone).
+		cancel()
+		for _, ch := range []<-chan Event{all, one, resumed} {
+			for range ch {
+			}
+		}
+	})
+}
+
+func TestStreamIsBounded(t *testing.T) {
+	srv := redistest.Embedded(t)
+	b := New(srv.Client, 50)
+	ctx := context.Background()
+	for i := 0; i < 500; i++ {
+		if _, err := b.Publish(ctx, "t", "p", Event{Type: "X", SandboxID: "s"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := srv.Client.XLen(ctx, streamKey("t", "p")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n > 150 {
+		t.Fatalf("stream holds %d events, want about 50", n)
+	}
+}
