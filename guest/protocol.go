@@ -26,6 +26,7 @@ package guest
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -205,4 +206,21 @@ func HTTPStatus(code string) int {
 	default:
 		return http.StatusInternalServerError
 	}
+}
+
+// ConnectReady is the one byte `init connect` writes to its stdout once it has reached PID 1's
+// socket, before any protocol byte. A driver reads it (AwaitReady) before handing the stream on:
+// its arrival means the guest init is up, so a fresh box's readiness costs no extra attach.
+const ConnectReady byte = 0x06
+
+// AwaitReady reads the ConnectReady byte from a new attach stream.
+func AwaitReady(r io.Reader) error {
+	var b [1]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return fmt.Errorf("guest: waiting for the init's ready byte: %w", err)
+	}
+	if b[0] != ConnectReady {
+		return fmt.Errorf("guest: attach stream began with %#x, want the ready byte %#x (an older init?)", b[0], ConnectReady)
+	}
+	return nil
 }

@@ -143,6 +143,11 @@ func connect() int {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Tell the host the init is up before any protocol byte (guest.ConnectReady).
+	if _, err := os.Stdout.Write([]byte{guest.ConnectReady}); err != nil {
+		_ = c.Close()
+		return 1
+	}
 	// stdin → socket; on stdin EOF half-close, the server then ends the connection.
 	go func() {
 		_ = relay(c, os.Stdin)

@@ -63,7 +63,23 @@ func startConnect(t *testing.T, bin string, env []string) (*exec.Cmd, *stdioStre
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	return cmd, &stdioStream{Reader: stdout, WriteCloser: stdin}, &stderr
+	return cmd, &stdioStream{Reader: &readyReader{r: stdout}, WriteCloser: stdin}, &stderr
+}
+
+// readyReader checks and drops the ready byte before the protocol's first byte, as a driver does.
+type readyReader struct {
+	r    io.Reader
+	seen bool
+}
+
+func (r *readyReader) Read(p []byte) (int, error) {
+	if !r.seen {
+		if err := guest.AwaitReady(r.r); err != nil {
+			return 0, err
+		}
+		r.seen = true
+	}
+	return r.r.Read(p)
 }
 
 func waitExit(t *testing.T, cmd *exec.Cmd, d time.Duration) error {

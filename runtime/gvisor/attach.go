@@ -37,7 +37,51 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 		}
 		return nil, fmt.Errorf("gvisor: box %s is %s: %w", id, phase, runtime.ErrNotRunning)
 	}
+	if s := d.takeSpare(id); s != nil {
+		return s, nil
+	}
 	return d.attach(ctx, id)
+}
+
+// takeSpare returns the attach that proved the box ready, if it is still alive: the first
+// Attach after a create or start then costs no runsc exec.
+func (d *Driver) takeSpare(id string) *attachStream {
+	d.spareMu.Lock()
+	s := d.spares[id]
+	delete(d.spares, id)
+	d.spareMu.Unlock()
+	if s == nil {
+		return nil
+	}
+	select {
+	case <-s.done:
+		s.Close()
+		return nil
+	default:
+		return s
+	}
+}
+
+// keepSpare stores a ready attach for the next Attach of the box (closing any older one).
+func (d *Driver) keepSpare(id string, s *attachStream) {
+	d.spareMu.Lock()
+	old := d.spares[id]
+	d.spares[id] = s
+	d.spareMu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+// dropSpare closes a box's unused ready attach (before its container goes away).
+func (d *Driver) dropSpare(id string) {
+	d.spareMu.Lock()
+	s := d.spares[id]
+	delete(d.spares, id)
+	d.spareMu.Unlock()
+	if s != nil {
+		s.Close()
+	}
 }
 
 // attach starts the attach process of a box without checking its phase.
@@ -87,6 +131,22 @@ func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
 		s.waitErr = cmd.Wait()
 		close(s.done)
 	}()
+	// The init's `connect` writes one ready byte once it reached PID 1 (it retries for up to
+	// 10 s while PID 1 is not listening yet). Wait for it within ctx.
+	if dl, ok := ctx.Deadline(); ok {
+		_ = outR.SetReadDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = outR.SetReadDeadline(time.Now()) })
+	err = guest.AwaitReady(outR)
+	stop()
+	_ = outR.SetReadDeadline(time.Time{})
+	if err != nil {
+		s.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("gvisor: attach %s: %w", id, ctx.Err())
+		}
+		return nil, fmt.Errorf("gvisor: attach %s: %w", id, err)
+	}
 	return s, nil
 }
 
@@ -166,7 +226,7 @@ func (s *attachStream) innerPid() (int, error) {
 	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
-// waitReady attaches and asks the guest init for its health until it answers, bounded by ctx
+// waitReady attaches until the guest init answers with its ready byte, bounded by ctx
 // and Options.ReadyTimeout. It gives up early when the box's sandbox dies.
 func (d *Driver) waitReady(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
@@ -191,15 +251,13 @@ func (d *Driver) waitReady(ctx context.Context, id string) error {
 	}
 }
 
-// probe makes one attach and one health call.
+// probe makes one attach: its ready byte says the guest init is up. The attach is kept for
+// the box's next Attach.
 func (d *Driver) probe(ctx context.Context, id string) error {
 	s, err := d.attach(ctx, id)
 	if err != nil {
 		return err
 	}
-	c, err := guest.DialContext(ctx, s) // checks health; closes s when it fails
-	if err != nil {
-		return err
-	}
-	return c.Close()
+	d.keepSpare(id, s)
+	return nil
 }

@@ -62,6 +62,10 @@ type Driver struct {
 	rootDir  string
 	initDir  string
 
+	// spares holds, per box, the ready attach of its last create or start (see takeSpare).
+	spareMu sync.Mutex
+	spares  map[string]*attachStream
+
 	// boxMu serializes lifecycle operations on one box within this process; recMu serializes
 	// record read-modify-writes (a flock extends that across processes).
 	boxMu keyedMutex
@@ -107,6 +111,7 @@ func New(opts Options) (*Driver, error) {
 		opts.Logger = slog.Default()
 	}
 	d := &Driver{
+		spares:   map[string]*attachStream{},
 		opts:     opts,
 		log:      opts.Logger.With("driver", "gvisor"),
 		boxesDir: filepath.Join(opts.StateDir, "boxes"),
