@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// bareSkipReason says why the bare rows cannot run ("" when they can).
+func (b *bench) bareSkipReason() string {
+	switch {
+	case b.stateDir == "":
+		return "no --state-dir"
+	case b.runsc == "":
+		return "no runsc"
+	default:
+		return ""
+	}
+}
+
+// finishSandbox destroys a sandbox a suite made (untimed), joining the error to err.
+func (b *bench) finishSandbox(id string, err *error) {
+	if id == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if derr := b.destroySandbox(ctx, id); derr != nil {
+		*err = errors.Join(*err, derr)
+	}
+}
+
+// benchExec: the round trip of a tiny command through REST, GraphQL POST and GraphQL over a
+// WebSocket kept open, next to a bare `runsc exec` on the same sandbox.
+func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
+	id, _, err := b.createSandbox(ctx)
+	defer b.finishSandbox(id, &err)
+	if err != nil {
+		return nil, fmt.Errorf("creating the sandbox: %w", err)
+	}
+	skip := b.bareSkipReason()
+	var flags []string
+	if skip == "" {
+		if flags, err = b.containerFlags(id); err != nil {
+			return nil, err
+		}
+	}
+	ws, err := b.api.dialWS(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer ws.close()
+
+	for _, c := range []struct {
+		name string
+		argv []string
+		want string
+	}{
+		{"exec `true`", []string{"true"}, ""},
+		{"exec `echo hi`", []string{"echo", "hi"}, "hi\n"},
+	} {
+		g := &Group{Name: c.name}
+		groups = append(groups, g)
+		rest := g.result("REST POST …/exec", false)
+		gqlPost := g.result("GraphQL POST mutation", false)
+		gqlWS := g.result("GraphQL WebSocket mutation", false)
+		bare := g.result("bare runsc exec", true)
+		restBody := execBody(c.argv, "")
+		gqlBody := gqlExecRequest(id, c.argv)
+		steps := []step{
+			{rest, func(ctx context.Context) (time.Duration, error) {
+				var res execResult
+				d, err := timed(func() (err error) {
+					res, err = b.api.exec(ctx, id, restBody)
+					return err
+				})
+				if err != nil {
+					return d, err
+				}
+				return d, res.check(c.want)
+			}},
+			{gqlPost, func(ctx context.Context) (time.Duration, error) {
+				var res execResult
+				d, err := timed(func() (err error) {
+					res, err = b.api.gqlExec(ctx, gqlBody)
+					return err
+				})
+				if err != nil {
+					return d, err
+				}
+				return d, res.check(c.want)
+			}},
+			{gqlWS, func(ctx context.Context) (time.Duration, error) {
+				var op string
+				var payload json.RawMessage
+				d, err := timed(func() (err error) {
+					if op, err = ws.subscribe(ctx, gqlBody); err != nil {
+						return err
+					}
+					payload, err = ws.answer(ctx, op)
+					return err
+				})
+				if err != nil {
+					return d, err
+				}
+				if err := ws.complete(ctx, op); err != nil {
+					return d, err
+				}
+				res, err := execResultOf(payload)
+				if err != nil {
+					return d, err
+				}
+				return d, res.check(c.want)
+			}},
+		}
+		if skip != "" {
+			bare.Skipped = skip
+		} else {
+			steps = append(steps, step{bare, func(ctx context.Context) (time.Duration, error) {
+				var out string
+				d, err := timed(func() (err error) {
+					out, err = b.runscExec(ctx, flags, id, c.argv...)
+					return err
+				})
+				if err == nil && c.want != "" && out != c.want {
+					err = fmt.Errorf("got stdout %q, want %q", out, c.want)
+				}
+				return d, err
+			}})
+		}
+		if err := interleave(ctx, g.Name, b.opts.warmup, b.opts.execN, steps); err != nil {
+			return groups, err
+		}
+	}
+	groups[0].Note = "one sandbox of the default profile; REST and GraphQL POST over a keep-alive HTTP connection; " +
+		"WebSocket: one graphql-transport-ws connection kept open, the exec mutation sent as `subscribe`, timed until its `next`; " +
+		"bare: `runsc <the driver's global flags> exec <sandbox id> …` on the same sandbox (no guest init in its path). " +
+		"The paths alternate round by round, the first one rotating."
+	return groups, nil
+}
+
+// benchCreate: REST create + REST exec `true` of a new sandbox each round (destroyed untimed),
+// next to bare runsc create + start + exec `true` of the driver's own bundle (deleted untimed).
+func benchCreate(ctx context.Context, b *bench) (groups []*Group, err error) {
+	g := &Group{Name: "create → first exec `true`"}
+	groups = []*Group{g}
+	ours := g.result("REST create + REST exec", false)
+	bare := g.result("bare runsc create + start + exec", true)
+	var raw *rawBundle
+	if skip := b.bareSkipReason(); skip != "" {
+		bare.Skipped = skip
+	} else {
+		// A reference sandbox whose bundle and flags the bare rows copy.
+		ref, _, err := b.createSandbox(ctx)
+		if err == nil {
+			raw, err = b.newRawBundle(ref)
+		}
+		b.finishSandbox(ref, &err)
+		if err != nil {
+			return groups, fmt.Errorf("preparing the bare bundle: %w", err)
+		}
+	}
+	body := execBody([]string{"true"}, "")
+	steps := []step{{ours, func(ctx context.Context) (time.Duration, error) {
+		var id string
+		d, err := timed(func() (err error) {
+			if id, _, err = b.createSandbox(ctx); err != nil {
+				return err
+			}
+			res, err := b.api.exec(ctx, id, body)
+			if err != nil {
+				return err
+			}
+			return res.check("")
+		})
+		b.finishSandbox(id, &err)
+		return d, err
+	}}}
+	if raw != nil {
+		steps = append(steps, step{bare, raw.createStartExec})
+	}
+	err = interleave(ctx, g.Name, min(b.opts.warmup, 1), b.opts.createN, steps)
+	g.Note = "ours: a new sandbox each round (record, workspace, bundle, runsc create + start, guest init ready, " +
+		"then the first exec's attach), destroyed outside the timed part; bare: the OCI config.json the driver wrote " +
+		"for a reference sandbox (same rootfs, mounts, limits, the guest init as PID 1) with its own empty workspace " +
+		"and no cgroupsPath, in its own --root with the driver's other global flags, `runsc create` + `start` + " +
+		"`exec <id> true`, `delete -force` outside the timed part."
+	return groups, err
+}

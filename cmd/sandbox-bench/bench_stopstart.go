@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// genWorkspace writes argv[1] bytes in argv[2] files under /workspace/bench-data, 100 files a
+// folder: every third file random bytes, the others text cut from a corpus of random words
+// (compressible). It prints "<files> <bytes>".
+const genWorkspace = `import os, random, sys
+total, n = int(sys.argv[1]), int(sys.argv[2])
+rnd = random.Random(8)
+words = ("the quick brown fox jumps over a lazy dog while sandbox workspace python import def return "
+         "class self print value error test assert module package install build run exec start stop "
+         "checkpoint restore tenant project profile stream").split()
+corpus = "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(60000)).encode()
+per = max(total // n, 1)
+written = 0
+for i in range(n):
+    d = "/workspace/bench-data/d%03d" % (i // 100)
+    if i % 100 == 0:
+        os.makedirs(d, exist_ok=True)
+    size = rnd.randint(per // 2, per * 3 // 2)
+    if i % 3 == 0:
+        data, ext = os.urandom(size), "bin"
+    else:
+        off = rnd.randrange(0, max(len(corpus) - size, 1))
+        data, ext = corpus[off:off + size], "txt"
+    with open("%s/f%05d.%s" % (d, i, ext), "wb") as f:
+        f.write(data)
+    written += len(data)
+print(n, written)
+`
+
+func fmtMB(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
+
+// benchStopStart: REST stop and REST start of a sandbox with a generated workspace, next to a
+// bare tar | zstd -1 -T0 of its host folder and a bare zstd -d | tar -x of that archive.
+func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) {
+	mb := b.opts.workspaceMB
+	stop := &Group{Name: fmt.Sprintf("stop, %d MB workspace", mb)}
+	start := &Group{Name: fmt.Sprintf("start, %d MB workspace", mb)}
+	groups = []*Group{stop, start}
+	oursStop := stop.result("REST POST …/stop", false)
+	bareTar := stop.result("bare tar -cf - | zstd -1 -T0 > file", true)
+	oursStart := start.result("REST POST …/start", false)
+	bareUntar := start.result("bare zstd -d < file | tar -x", true)
+
+	id, _, err := b.createSandbox(ctx)
+	defer b.finishSandbox(id, &err)
+	if err != nil {
+		return groups, fmt.Errorf("creating the sandbox: %w", err)
+	}
+	progress("generating the workspace: %d files, %d MB (python3 in the sandbox)", b.opts.workspaceFiles, mb)
+	var res execResult
+	gen, err := timed(func() (err error) {
+		argv := []string{"python3", "-c", genWorkspace, strconv.Itoa(mb * 1_000_000), strconv.Itoa(b.opts.workspaceFiles)}
+		res, err = b.api.exec(ctx, id, execBody(argv, ""))
+		return err
+	})
+	if err == nil {
+		err = res.check("")
+	}
+	if err != nil {
+		return groups, fmt.Errorf("generating the workspace: %w", err)
+	}
+	var files, size int64
+	if _, err := fmt.Sscan(res.Stdout, &files, &size); err != nil {
+		return groups, fmt.Errorf("generating the workspace: got %q: %w", res.Stdout, err)
+	}
+	progress("workspace: %d files, %s in %s", files, fmtMB(size), fmtDuration(gen))
+	// Runs before the destroy (defers run last first): an empty workspace keeps the destroy's
+	// final checkpoint, which nobody measures, short.
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if _, err := b.api.exec(ctx, id, execBody([]string{"rm", "-rf", "/workspace/bench-data"}, "")); err != nil {
+			progress("emptying the workspace before the destroy: %v", err)
+		}
+	}()
+
+	steps := []step{
+		{oursStop, func(ctx context.Context) (time.Duration, error) {
+			return timed(func() error {
+				_, err := b.api.lifecycle(ctx, id, "stop", "STOPPED")
+				return err
+			})
+		}},
+		{oursStart, func(ctx context.Context) (time.Duration, error) {
+			return timed(func() error {
+				_, err := b.api.lifecycle(ctx, id, "start", "RUNNING")
+				return err
+			})
+		}},
+	}
+	archive := filepath.Join(b.tmp, "workspace.tar.zst")
+	extract := filepath.Join(b.tmp, "extract")
+	if skip := b.bareSkipReason(); skip != "" {
+		bareTar.Skipped, bareUntar.Skipped = skip, skip
+	} else {
+		ws := b.boxPath(id, "workspace")
+		if _, err := os.Stat(ws); err != nil {
+			return groups, fmt.Errorf("the workspace host folder: %w", err)
+		}
+		steps = append(steps,
+			step{bareTar, func(ctx context.Context) (time.Duration, error) {
+				if err := os.Remove(archive); err != nil && !os.IsNotExist(err) {
+					return 0, err
+				}
+				return timed(func() error { return tarZstd(ctx, ws, archive) })
+			}},
+			step{bareUntar, func(ctx context.Context) (time.Duration, error) {
+				if err := os.RemoveAll(extract); err != nil {
+					return 0, err
+				}
+				if err := os.Mkdir(extract, 0o755); err != nil {
+					return 0, err
+				}
+				return timed(func() error { return zstdUntar(ctx, archive, extract) })
+			}})
+	}
+	// Stop before start; the bare compression before its extraction; which side goes first
+	// alternates round by round.
+	order := func(round int) []int {
+		if len(steps) == 2 {
+			return []int{0, 1}
+		}
+		if round%2 == 0 {
+			return []int{0, 2, 1, 3}
+		}
+		return []int{2, 0, 3, 1}
+	}
+	err = interleaveOrdered(ctx, "stop/start", 0, b.opts.stopStart, steps, order)
+	os.RemoveAll(extract)
+
+	note := fmt.Sprintf("workspace: %d files, %s (every third file random bytes, the rest text), made by python3 in the sandbox in %s",
+		files, fmtMB(size), fmtDuration(gen))
+	if fi, err := os.Stat(archive); err == nil {
+		note += fmt.Sprintf("; bare tar.zst %s", fmtMB(fi.Size()))
+	}
+	if ck := latestCheckpoint(b.stateDir, id); ck > 0 {
+		note += fmt.Sprintf(", checkpoint object %s", fmtMB(ck))
+	}
+	stop.Note = note + ". Ours: the guest init tars the workspace, sandboxd compresses it (Go zstd level 1) into the " +
+		"local checkpoint store (fsynced; the bare pipeline does not fsync), then `runsc delete -force`."
+	start.Note = "ours: runsc create + start and the guest init ready. The local driver keeps the workspace folder on " +
+		"the host, so a start restores nothing (a restore runs only when the folder is gone): the bare extraction " +
+		"is what a restore's data work would cost, not a like-for-like counterpart."
+	return groups, err
+}
+
+// latestCheckpoint is the size of the largest checkpoint object of a sandbox in the local
+// checkpoint store under the state folder (0 when none is found there).
+func latestCheckpoint(stateDir, id string) int64 {
+	if stateDir == "" {
+		return 0
+	}
+	matches, _ := filepath.Glob(filepath.Join(stateDir, "checkpoint-store", "checkpoints", "*", "*", id, "*.tar.zst"))
+	var best int64
+	for _, m := range matches {
+		if fi, err := os.Stat(m); err == nil && fi.Size() > best {
+			best = fi.Size()
+		}
+	}
+	return best
+}
+
+// pipeline runs two commands with the first one's stdout as the second one's stdin.
+func pipeline(a, b *exec.Cmd) error {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	var aErr, bErr bytes.Buffer
+	a.Stdout, a.Stderr = pw, &aErr
+	b.Stdin, b.Stderr = pr, &bErr
+	if err := a.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		return err
+	}
+	pw.Close()
+	err = b.Start()
+	pr.Close()
+	if err != nil {
+		_ = a.Process.Kill()
+		_ = a.Wait()
+		return err
+	}
+	errA, errB := a.Wait(), b.Wait()
+	if errA != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(a.Args, " "), errA, bytes.TrimSpace(aErr.Bytes()))
+	}
+	if errB != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(b.Args, " "), errB, bytes.TrimSpace(bErr.Bytes()))
+	}
+	return nil
+}
+
+// tarZstd is `tar -C src -cf - . | zstd -1 -T0 > dst`.
+func tarZstd(ctx context.Context, src, dst string) error {
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	z := exec.CommandContext(ctx, "zstd", "-1", "-T0", "-q", "-c")
+	z.Stdout = out
+	err = pipeline(exec.CommandContext(ctx, "tar", "-C", src, "-cf", "-", "."), z)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// zstdUntar is `zstd -d < src | tar -x -C dst`.
+func zstdUntar(ctx context.Context, src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	z := exec.CommandContext(ctx, "zstd", "-d", "-q", "-c")
+	z.Stdin = in
+	return pipeline(z, exec.CommandContext(ctx, "tar", "-x", "-C", dst))
+}

@@ -1,0 +1,389 @@
+// Command sandbox-bench measures sandboxd against the bare runtime under it, side by side in one
+// run, so that the machine's noise hits both alike: every group alternates its paths (ours
+// through sandboxd's APIs, and the bare runsc or tar/zstd counterpart) iteration by iteration
+// and reports medians, p99 and the ratio ours/bare.
+//
+// It starts its own sandboxd (the binaries that scripts/build.sh, scripts/ensure-runsc.sh and
+// scripts/ensure-rootfs.sh make; it builds nothing) on a free loopback port with a temporary
+// state folder and a generated development key, or targets a running one with --url and --key
+// (the bare rows then need --state-dir, the server's state folder, and are skipped without it).
+// It needs root, like runsc. Progress goes to stderr, the table (Markdown, or JSON with --json)
+// to stdout. Every sandbox it makes is destroyed, the sandboxd it started is stopped and its
+// temporary folder removed.
+//
+//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart] [--exec-n 100] [--json]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	url, key, stateDir                string
+	sandboxd, runsc, initBin, rootfs  string
+	tmpDir                            string
+	json, keep                        bool
+	only                              string
+	warmup, execN, createN, stopStart int
+	workspaceMB, workspaceFiles       int
+}
+
+// suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
+// group to one): it gets the bench (API client, state folder, runsc, temp folder, sandbox
+// tracking) and returns its finished groups.
+type suite struct {
+	name string
+	run  func(ctx context.Context, b *bench) ([]*Group, error)
+}
+
+var suites = []suite{
+	{"exec", benchExec},
+	{"create", benchCreate},
+	{"stopstart", benchStopStart},
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func parseFlags() *options {
+	o := &options{}
+	cache := cacheDir()
+	flag.StringVar(&o.url, "url", "", "target this running sandboxd instead of starting one (needs --key)")
+	flag.StringVar(&o.key, "key", os.Getenv("SANDBOX_API_KEY"), "API key for --url (default $SANDBOX_API_KEY)")
+	flag.StringVar(&o.stateDir, "state-dir", "", "with --url: the server's state folder (runsc --root, workspaces); the bare rows are skipped without it")
+	flag.StringVar(&o.sandboxd, "sandboxd", filepath.Join(cache, "bin", "sandboxd"), "sandboxd binary (scripts/build.sh)")
+	flag.StringVar(&o.initBin, "init-binary", defaultInit(), "sandbox-init binary (scripts/build.sh)")
+	flag.StringVar(&o.runsc, "runsc", defaultRunsc(), "runsc binary (scripts/ensure-runsc.sh)")
+	flag.StringVar(&o.rootfs, "rootfs", defaultRootfs(), "base rootfs of the default profile (scripts/ensure-rootfs.sh)")
+	flag.StringVar(&o.tmpDir, "tmp-dir", os.TempDir(), "where the run's temporary folder goes (state, checkpoints, tar files)")
+	flag.BoolVar(&o.json, "json", false, "print JSON instead of a Markdown table")
+	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (server log, state) for inspection")
+	flag.StringVar(&o.only, "only", "", "comma-separated suites to run (exec, create, stopstart); default all")
+	flag.IntVar(&o.warmup, "warmup", 3, "unrecorded warm-up rounds of the exec and create groups")
+	flag.IntVar(&o.execN, "exec-n", 30, "recorded rounds of each exec group")
+	flag.IntVar(&o.createN, "create-n", 6, "recorded rounds of create → first exec")
+	flag.IntVar(&o.stopStart, "stopstart-n", 3, "recorded stop/start rounds of the 100 MB workspace")
+	flag.IntVar(&o.workspaceMB, "workspace-mb", 100, "size of the stop/start workspace in MB")
+	flag.IntVar(&o.workspaceFiles, "workspace-files", 6000, "number of files of the stop/start workspace")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	return o
+}
+
+func run() int {
+	o := parseFlags()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "sandbox-bench: unexpected arguments %v\n", flag.Args())
+		return 2
+	}
+	selected, err := selectSuites(o.only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-bench:", err)
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "sandbox-bench: needs root (runsc does): run it with sudo")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	b, err := setup(ctx, o)
+	if b != nil {
+		defer b.cleanup()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-bench:", err)
+		return 1
+	}
+	report := &Report{Date: time.Now(), Machine: machineInfo(o.runsc, b.tmp), Target: b.target}
+	loadStart := loadAvg()
+	for _, s := range selected {
+		if ctx.Err() != nil {
+			report.Errors = append(report.Errors, "interrupted")
+			break
+		}
+		progress("== %s", s.name)
+		groups, err := s.run(ctx, b)
+		for _, g := range groups {
+			g.finish()
+		}
+		report.Groups = append(report.Groups, groups...)
+		if err != nil {
+			progress("%s failed: %v", s.name, err)
+			report.Errors = append(report.Errors, fmt.Sprintf("%s: %v", s.name, err))
+		}
+	}
+	report.Machine.RunscFlags = b.flagsShown
+	if loadEnd := loadAvg(); loadStart != "" && loadEnd != "" {
+		report.Machine.LoadAvg = loadStart + " → " + loadEnd
+	}
+	b.cleanup()
+	if o.json {
+		err = writeJSON(os.Stdout, report)
+	} else {
+		err = writeMarkdown(os.Stdout, report)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-bench:", err)
+		return 1
+	}
+	if len(report.Errors) > 0 || len(b.cleanupErrs) > 0 {
+		return 1
+	}
+	return 0
+}
+
+func selectSuites(only string) ([]suite, error) {
+	if only == "" {
+		return suites, nil
+	}
+	var out []suite
+	for name := range strings.SplitSeq(only, ",") {
+		name = strings.TrimSpace(name)
+		found := false
+		for _, s := range suites {
+			if s.name == name {
+				out = append(out, s)
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown suite %q (have exec, create, stopstart)", name)
+		}
+	}
+	return out, nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[bench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// bench is what every suite works with.
+type bench struct {
+	opts *options
+	api  *client
+	// stateDir is sandboxd's state folder; "" when unknown (the bare rows are then skipped).
+	stateDir string
+	runsc    string
+	// tmp is this run's temporary folder.
+	tmp    string
+	target string
+	server *server
+	// flagsShown are the global runsc flags of the sandboxes, for the report.
+	flagsShown string
+
+	mu        sync.Mutex
+	sandboxes map[string]bool
+	// raw are the containers made with bare runsc, by bundle.
+	raw map[*rawBundle]map[string]bool
+
+	cleanOnce   sync.Once
+	cleanupErrs []string
+}
+
+// setup checks the components and starts sandboxd (or connects to --url).
+func setup(ctx context.Context, o *options) (*bench, error) {
+	if err := checkFile("runsc", o.runsc, "scripts/ensure-runsc.sh"); err != nil {
+		if o.url == "" || o.stateDir != "" {
+			return nil, err
+		}
+		o.runsc = ""
+	}
+	tmp, err := os.MkdirTemp(o.tmpDir, "sandbox-bench-")
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{opts: o, runsc: o.runsc, tmp: tmp, sandboxes: map[string]bool{}, raw: map[*rawBundle]map[string]bool{}}
+	if o.url != "" {
+		if o.key == "" {
+			return b, errors.New("--url needs --key (or SANDBOX_API_KEY)")
+		}
+		b.api = newClient(o.url, o.key)
+		b.stateDir = o.stateDir
+		b.target = "running server at " + o.url
+		if b.stateDir == "" {
+			progress("no --state-dir: the bare rows are skipped")
+		}
+		return b, nil
+	}
+	for _, c := range []struct{ what, path, script string }{
+		{"sandboxd", o.sandboxd, "scripts/build.sh"},
+		{"sandbox-init", o.initBin, "scripts/build.sh"},
+		{"rootfs", o.rootfs, "scripts/ensure-rootfs.sh"},
+	} {
+		if err := checkFile(c.what, c.path, c.script); err != nil {
+			return b, err
+		}
+	}
+	s, err := startServer(ctx, o, tmp)
+	if s != nil {
+		b.server = s
+	}
+	if err != nil {
+		return b, err
+	}
+	b.api = newClient(s.url, s.key)
+	b.stateDir = s.stateDir
+	b.target = "started by the benchmark (embedded Redis, default profile)"
+	return b, nil
+}
+
+// createSandbox creates a sandbox through REST and tracks it for destruction.
+func (b *bench) createSandbox(ctx context.Context) (string, time.Duration, error) {
+	t0 := time.Now()
+	sb, err := b.api.create(ctx)
+	d := time.Since(t0)
+	if sb.ID != "" {
+		b.mu.Lock()
+		b.sandboxes[sb.ID] = true
+		b.mu.Unlock()
+	}
+	return sb.ID, d, err
+}
+
+// destroySandbox destroys a tracked sandbox.
+func (b *bench) destroySandbox(ctx context.Context, id string) error {
+	if err := b.api.destroy(ctx, id); err != nil {
+		return fmt.Errorf("destroying %s: %w", id, err)
+	}
+	b.mu.Lock()
+	delete(b.sandboxes, id)
+	b.mu.Unlock()
+	return nil
+}
+
+// cleanup destroys what the run made, stops the sandboxd it started and removes the
+// temporary folder. It runs once; errors are reported on stderr and in the exit code.
+func (b *bench) cleanup() {
+	b.cleanOnce.Do(func() {
+		fail := func(format string, args ...any) {
+			msg := fmt.Sprintf(format, args...)
+			progress("cleanup: %s", msg)
+			b.cleanupErrs = append(b.cleanupErrs, msg)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		b.mu.Lock()
+		var ids []string
+		for id := range b.sandboxes {
+			ids = append(ids, id)
+		}
+		b.mu.Unlock()
+		if b.api != nil {
+			for _, id := range ids {
+				if err := b.destroySandbox(ctx, id); err != nil {
+					fail("%v", err)
+				}
+			}
+		}
+		for r, ids := range b.raw {
+			for id := range ids {
+				if err := b.deleteRaw(r, id); err != nil {
+					fail("%v", err)
+				}
+			}
+		}
+		if b.server != nil {
+			if err := b.server.stop(); err != nil {
+				fail("sandboxd exited with %v after SIGTERM (log: %s)", err, b.server.logPath)
+			}
+			// Anything left in its runsc root is a sandbox that was not destroyed.
+			if b.runsc != "" {
+				left, err := leftoverContainers(b.runsc, runscRoot(b.server.stateDir))
+				if err != nil {
+					fail("%v", err)
+				}
+				for _, id := range left {
+					fail("runsc container %s was left behind: deleting it", id)
+					_ = b.runscRun(ctx, []string{"--root=" + runscRoot(b.server.stateDir)}, "delete", "-force", id)
+					removeCgroups(id)
+				}
+			}
+		}
+		if !unmountUnder(b.tmp) {
+			fail("mounts left under %s: not removing it", b.tmp)
+			return
+		}
+		if b.opts.keep || (len(b.cleanupErrs) > 0 && b.server != nil) {
+			progress("kept %s", b.tmp)
+			return
+		}
+		if err := os.RemoveAll(b.tmp); err != nil {
+			fail("removing %s: %v", b.tmp, err)
+		}
+	})
+}
+
+// step is one timed operation of a round. It times itself, so that set-up and clean-up around
+// the timed part stay out of the sample.
+type step struct {
+	res *Result
+	run func(ctx context.Context) (time.Duration, error)
+}
+
+// interleave runs warmup unrecorded rounds and then n recorded rounds of steps. Each round runs
+// every step once, starting one step further than the round before, so that no path always
+// runs first (or always right after another).
+func interleave(ctx context.Context, name string, warmup, n int, steps []step) error {
+	return interleaveOrdered(ctx, name, warmup, n, steps, func(round int) []int {
+		order := make([]int, len(steps))
+		for k := range order {
+			order[k] = (round + k) % len(steps)
+		}
+		return order
+	})
+}
+
+// interleaveOrdered is interleave with the order of each round's steps (indexes into steps)
+// given by order, for steps that depend on one another.
+func interleaveOrdered(ctx context.Context, name string, warmup, n int, steps []step, order func(round int) []int) error {
+	progress("%s: %d warm-up + %d rounds of %d paths", name, warmup, n, len(steps))
+	lastReport := time.Now()
+	for round := 0; round < warmup+n; round++ {
+		for _, k := range order(round) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			s := steps[k]
+			d, err := s.run(ctx)
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", name, s.res.Label, err)
+			}
+			if round >= warmup {
+				s.res.add(d)
+			}
+		}
+		if time.Since(lastReport) > 5*time.Second {
+			progress("%s: %d/%d rounds", name, round+1, warmup+n)
+			lastReport = time.Now()
+		}
+	}
+	var parts []string
+	for _, s := range steps {
+		parts = append(parts, fmt.Sprintf("%s %s", s.res.Label, fmtDuration(summarize(s.res.Samples).Median)))
+	}
+	progress("%s: medians: %s", name, strings.Join(parts, ", "))
+	return nil
+}
+
+// timed runs f and returns how long it took.
+func timed(f func() error) (time.Duration, error) {
+	t0 := time.Now()
+	err := f()
+	return time.Since(t0), err
+}
