@@ -536,7 +536,10 @@ func (s *Service) Destroy(ctx context.Context, p auth.Principal, id string) (Des
 	rec, err := s.transition(ctx, p, id, VerbDestroy, func(ctx context.Context, rec runtime.Record) (string, error) {
 		snapshot = rec.LatestCheckpoint
 		box, err := s.driver.Get(ctx, id)
-		if err == nil && box.Phase == runtime.PhaseRunning {
+		_, exporter := s.driver.(runtime.WorkspaceExporter)
+		// A running box is checkpointed; so is a failed one whose workspace the driver can
+		// still read. A stopped box's latest checkpoint was taken when it stopped.
+		if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
 			m, err := s.checkpoint(ctx, rec)
 			if err != nil && !s.boxDead(ctx, id) {
 				return "", err
@@ -574,13 +577,9 @@ func (s *Service) boxDead(ctx context.Context, id string) bool {
 // the latest checkpoint. It returns the snapshot id.
 func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (string, error) {
 	start := s.now()
-	g, err := s.guest(ctx, rec.ID)
+	tarStream, err := s.exportWorkspace(ctx, rec.ID)
 	if err != nil {
 		return "", err
-	}
-	tarStream, err := g.ExportWorkspace(ctx)
-	if err != nil {
-		return "", apierror.Wrap(err, apierror.Unavailable, "could not read the workspace for a checkpoint")
 	}
 	defer tarStream.Close()
 	m, err := s.ckpt.Save(ctx, scopeOf(rec), tarStream, rec.LatestCheckpoint)
@@ -596,6 +595,27 @@ func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (string, e
 	s.metrics.lifecycle("checkpoint", "ok", s.now().Sub(start))
 	s.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", s.now().Sub(start).Milliseconds())
 	return m.ID, nil
+}
+
+// exportWorkspace streams the workspace as tar: from the driver when it can read the
+// workspace itself (runtime.WorkspaceExporter), else from the guest init.
+func (s *Service) exportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
+	if ex, ok := s.driver.(runtime.WorkspaceExporter); ok {
+		r, err := ex.ExportWorkspace(ctx, id)
+		if err != nil {
+			return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the workspace for a checkpoint")
+		}
+		return r, nil
+	}
+	g, err := s.guest(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	r, err := g.ExportWorkspace(ctx)
+	if err != nil {
+		return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the workspace for a checkpoint")
+	}
+	return r, nil
 }
 
 // restore extracts the latest checkpoint into a fresh workspace. A checkpoint whose hash does

@@ -261,3 +261,24 @@ func (d *Driver) probe(ctx context.Context, id string) error {
 	d.keepSpare(id, s)
 	return nil
 }
+
+// ExportWorkspace implements runtime.WorkspaceExporter: the box's workspace folder on the host
+// as a tar stream, read without following any symlink the sandbox may have planted.
+func (d *Driver) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	ws := d.boxPath(id, workspaceDn)
+	if _, err := os.Lstat(ws); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("gvisor: box %s has no workspace: %w", id, runtime.ErrNotFound)
+		}
+		return nil, err
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := guest.WriteTar(ctx, ws, pw)
+		pw.CloseWithError(err)
+	}()
+	return pr, nil
+}
