@@ -25,12 +25,7 @@ type Sandbox struct {
 }
 
 // ExpiresAt is when the sandbox's TTL ends (zero when it has none).
-func (s Sandbox) ExpiresAt() time.Time {
-	if s.TTLSec <= 0 {
-		return time.Time{}
-	}
-	return s.CreatedAt.Add(time.Duration(s.TTLSec) * time.Second)
-}
+func (s Sandbox) ExpiresAt() time.Time { return ExpiresAt(s.CreatedAt, s.TTLSec) }
 
 // CreateRequest creates a sandbox. Nil fields take the configured defaults.
 type CreateRequest struct {
