@@ -113,9 +113,15 @@ type ComplexityRoot struct {
 	Query struct {
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
 		Profiles  func(childComplexity int) int
+		Quota     func(childComplexity int) int
 		ReadFile  func(childComplexity int, sandboxID string, path string) int
 		Sandbox   func(childComplexity int, id string) int
 		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState) int
+	}
+
+	Quota struct {
+		InUse func(childComplexity int) int
+		Limit func(childComplexity int) int
 	}
 
 	Resources struct {
@@ -125,6 +131,7 @@ type ComplexityRoot struct {
 	}
 
 	Sandbox struct {
+		AutostopAt       func(childComplexity int) int
 		AutostopSec      func(childComplexity int) int
 		CreatedAt        func(childComplexity int) int
 		ExpiresAt        func(childComplexity int) int
@@ -183,6 +190,7 @@ type QueryResolver interface {
 	Sandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState) (*model.SandboxConnection, error)
 	Profiles(ctx context.Context) ([]*model.Profile, error)
+	Quota(ctx context.Context) (*model.Quota, error)
 	ReadFile(ctx context.Context, sandboxID string, path string) (*model.FileContent, error)
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
 }
@@ -557,6 +565,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Profiles(childComplexity), true
+	case "Query.quota":
+		if e.ComplexityRoot.Query.Quota == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Query.Quota(childComplexity), true
 	case "Query.readFile":
 		if e.ComplexityRoot.Query.ReadFile == nil {
 			break
@@ -591,6 +605,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Query.Sandboxes(childComplexity, args["first"].(*int), args["after"].(*string), args["state"].(*model.SandboxState)), true
 
+	case "Quota.inUse":
+		if e.ComplexityRoot.Quota.InUse == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Quota.InUse(childComplexity), true
+	case "Quota.limit":
+		if e.ComplexityRoot.Quota.Limit == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Quota.Limit(childComplexity), true
+
 	case "Resources.diskMb":
 		if e.ComplexityRoot.Resources.DiskMb == nil {
 			break
@@ -610,6 +637,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Resources.MilliCPU(childComplexity), true
 
+	case "Sandbox.autostopAt":
+		if e.ComplexityRoot.Sandbox.AutostopAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.AutostopAt(childComplexity), true
 	case "Sandbox.autostopSec":
 		if e.ComplexityRoot.Sandbox.AutostopSec == nil {
 			break
@@ -936,6 +969,11 @@ type Query {
   profiles: [Profile!]!
 
   """
+  The caller's concurrency slots: each sandbox that is CREATING, STARTING or RUNNING holds one.
+  """
+  quota: Quota!
+
+  """
   Reads one file of a running sandbox's workspace. Files larger than 10 MiB are refused with
   PAYLOAD_TOO_LARGE (use the REST download for those).
   """
@@ -1056,6 +1094,8 @@ type Sandbox {
   ttlSec: Int!
   "When the sandbox expires (createdAt + ttlSec); null when it has no TTL."
   expiresAt: Time
+  "When a RUNNING sandbox stops by itself if nothing happens before (its last activity plus autostopSec); null otherwise. Any API call on the sandbox, and any command still running in it, is activity."
+  autostopAt: Time
   "The newest complete workspace checkpoint; null when none was taken yet."
   latestSnapshotId: String
   "The compute and disk the sandbox may use."
@@ -1312,6 +1352,18 @@ type SandboxEvent {
   "When the change happened."
   at: Time!
 }
+
+"""
+Concurrency slots of a tenant:project. A create or start takes one; stop, destroy, expiry and
+failure give it back. When all are taken, createSandbox and startSandbox fail with
+QUOTA_EXCEEDED and extensions.retryAfter.
+"""
+type Quota {
+  "Slots the project may hold at once; 0 means unlimited."
+  limit: Int!
+  "Slots in use now."
+  inUse: Int!
+}
 `, BuiltIn: false},
 }
 var parsedSchema = gqlparser.MustLoadSchema(sources...)
@@ -1448,6 +1500,16 @@ func (ec *executionContext) childFields_Profile(ctx context.Context, field graph
 	return nil, fmt.Errorf("no field named %q was found under type Profile", field.Name)
 }
 
+func (ec *executionContext) childFields_Quota(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "limit":
+		return ec.fieldContext_Quota_limit(ctx, field)
+	case "inUse":
+		return ec.fieldContext_Quota_inUse(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Quota", field.Name)
+}
+
 func (ec *executionContext) childFields_Resources(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "milliCpu":
@@ -1484,6 +1546,8 @@ func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graph
 		return ec.fieldContext_Sandbox_ttlSec(ctx, field)
 	case "expiresAt":
 		return ec.fieldContext_Sandbox_expiresAt(ctx, field)
+	case "autostopAt":
+		return ec.fieldContext_Sandbox_autostopAt(ctx, field)
 	case "latestSnapshotId":
 		return ec.fieldContext_Sandbox_latestSnapshotId(ctx, field)
 	case "resources":
@@ -3382,6 +3446,38 @@ func (ec *executionContext) fieldContext_Query_profiles(_ context.Context, field
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_quota(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_quota(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Query().Quota(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Quota) graphql.Marshaler {
+			return ec.marshalNQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_quota(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Quota(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_readFile(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -3544,6 +3640,52 @@ func (ec *executionContext) fieldContext_Query___schema(_ context.Context, field
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _Quota_limit(ctx context.Context, field graphql.CollectedField, obj *model.Quota) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Quota_limit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Limit, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Quota_limit(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Quota", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Quota_inUse(ctx context.Context, field graphql.CollectedField, obj *model.Quota) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Quota_inUse(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InUse, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Quota_inUse(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Quota", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Resources_milliCpu(ctx context.Context, field graphql.CollectedField, obj *model.Resources) (ret graphql.Marshaler) {
@@ -3865,6 +4007,29 @@ func (ec *executionContext) _Sandbox_expiresAt(ctx context.Context, field graphq
 	)
 }
 func (ec *executionContext) fieldContext_Sandbox_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Sandbox_autostopAt(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_autostopAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AutostopAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_autostopAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "Time")
 }
 
@@ -6098,6 +6263,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_profiles(ctx, field)
 				})
+		case "quota":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_quota(ctx, field)
+				})
 		case "readFile":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
@@ -6123,6 +6294,44 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 			})
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var quotaImplementors = []string{"Quota"}
+
+func (ec *executionContext) _Quota(ctx context.Context, sel ast.SelectionSet, obj *model.Quota) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, quotaImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Quota")
+		case "limit":
+			out.Values[i] = ec._Quota_limit(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "inUse":
+			out.Values[i] = ec._Quota_inUse(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -6247,6 +6456,11 @@ func (ec *executionContext) _Sandbox(ctx context.Context, sel ast.SelectionSet, 
 			}
 		case "expiresAt":
 			out.Values[i] = ec._Sandbox_expiresAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "autostopAt":
+			out.Values[i] = ec._Sandbox_autostopAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
@@ -6965,6 +7179,14 @@ func (ec *executionContext) marshalNProfile2ᚖsandboxdᚋgraphᚋmodelᚐProfil
 		return graphql.Null
 	}
 	return ec._Profile(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ctx context.Context, sel ast.SelectionSet, v *model.Quota) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Quota!")
+		return graphql.Null
+	}
+	return ec._Quota(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNResources2ᚖsandboxdᚋgraphᚋmodelᚐResources(ctx context.Context, sel ast.SelectionSet, v *model.Resources) graphql.Marshaler {

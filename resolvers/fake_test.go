@@ -17,6 +17,7 @@ import (
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
@@ -205,6 +206,10 @@ func (f *fakeService) ListDir(_ context.Context, p auth.Principal, id, path stri
 		{Name: "src", Path: "/workspace/src", IsDir: true, Mode: 0o755, ModTime: t0},
 		{Name: "link", Path: "/workspace/link", Symlink: "src", Mode: 0o777},
 	}, true, nil
+}
+
+func (f *fakeService) Quota(ctx context.Context, p auth.Principal) (quota.Usage, error) {
+	return quota.Usage{Limit: 10, InUse: 3}, nil
 }
 
 func (f *fakeService) Profiles() []sandbox.Profile {

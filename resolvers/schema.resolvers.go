@@ -145,6 +145,19 @@ func (r *queryResolver) Profiles(ctx context.Context) ([]*model.Profile, error) 
 	return toProfiles(r.svc.Profiles()), nil
 }
 
+// Quota is the resolver for the quota field.
+func (r *queryResolver) Quota(ctx context.Context) (*model.Quota, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	u, err := r.svc.Quota(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return &model.Quota{Limit: u.Limit, InUse: u.InUse}, nil
+}
+
 // ReadFile is the resolver for the readFile field.
 func (r *queryResolver) ReadFile(ctx context.Context, sandboxID string, path string) (*model.FileContent, error) {
 	p, err := auth.Require(ctx)

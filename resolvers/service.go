@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"sandboxd/internal/auth"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
@@ -27,6 +28,8 @@ type Service interface {
 	// ListDir returns at most limit entries and whether there were more.
 	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
 	Profiles() []sandbox.Profile
+	// Quota reports the caller's concurrency limit and use.
+	Quota(ctx context.Context, p auth.Principal) (quota.Usage, error)
 	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
 	// project. The channel closes when ctx ends.
 	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/auth"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
@@ -51,6 +53,20 @@ type Config struct {
 		ComplexityLimit int      `json:"complexity_limit"`
 	} `json:"graphql"`
 
+	Quota struct {
+		// DefaultLimit is each tenant:project's concurrency limit (sandboxes CREATING,
+		// STARTING or RUNNING); 0 means unlimited. Env SANDBOX_CONCURRENCY_LIMIT.
+		DefaultLimit int `json:"default_limit"`
+		// Limits overrides it per "tenant:project".
+		Limits map[string]int `json:"limits"`
+		// LeaseSec is a slot lease; the reconciler renews live ones.
+		LeaseSec int `json:"lease_sec"`
+		// RetryAfterSec is the Retry-After of a full project.
+		RetryAfterSec int `json:"retry_after_sec"`
+	} `json:"quota"`
+	// ReconcileIntervalMs is how often each replica's reconciler passes over the sandboxes.
+	ReconcileIntervalMs int `json:"reconcile_interval_ms"`
+
 	// EventsMaxLen bounds each project's event stream.
 	EventsMaxLen int64 `json:"events_max_len"`
 	// ShutdownSec bounds graceful shutdown.
@@ -74,6 +90,10 @@ func defaultConfig() Config {
 	l := sandbox.DefaultLimits()
 	c.Limits = &l // a config file's limits are merged over these
 	c.GraphQL.KeepAliveSec = 15
+	c.Quota.DefaultLimit = 10
+	c.Quota.LeaseSec = 60
+	c.Quota.RetryAfterSec = 5
+	c.ReconcileIntervalMs = 5000
 	c.GraphQL.ComplexityLimit = 500
 	return c
 }
@@ -123,6 +143,13 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 	pick(&c.Rootfs, *rootfs, "SANDBOXD_ROOTFS")
 	pick(&c.LogLevel, *logLevel, "SANDBOXD_LOG_LEVEL")
 	c.devKey = getenv("SANDBOX_API_KEY")
+	if v := getenv("SANDBOX_CONCURRENCY_LIMIT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return Config{}, fmt.Errorf("SANDBOX_CONCURRENCY_LIMIT must be a non-negative integer, got %q", v)
+		}
+		c.Quota.DefaultLimit = n
+	}
 	if c.CheckpointDir == "" {
 		c.CheckpointDir = filepath.Join(c.StateDir, "checkpoint-store")
 	}
@@ -159,6 +186,17 @@ func (c *Config) validate() error {
 	if c.devKey != "" && len(c.devKey) < 8 {
 		errs = append(errs, "SANDBOX_API_KEY must be at least 8 characters")
 	}
+	if c.Quota.DefaultLimit < 0 || c.Quota.LeaseSec <= 0 || c.Quota.RetryAfterSec <= 0 {
+		errs = append(errs, "quota: default_limit must be >= 0, lease_sec and retry_after_sec > 0")
+	}
+	for scope, n := range c.Quota.Limits {
+		if t, p, ok := strings.Cut(scope, ":"); !ok || !auth.ValidID(t) || !auth.ValidID(p) || n < 0 {
+			errs = append(errs, fmt.Sprintf("quota.limits: %q must be tenant:project with a limit >= 0", scope))
+		}
+	}
+	if c.ReconcileIntervalMs < 100 {
+		errs = append(errs, "reconcile_interval_ms must be at least 100")
+	}
 	if c.ShutdownSec <= 0 {
 		c.ShutdownSec = 30
 	}
@@ -183,4 +221,12 @@ func (c *Config) sandboxConfig() sandbox.Config {
 
 func (c *Config) keepAlive() time.Duration {
 	return time.Duration(c.GraphQL.KeepAliveSec) * time.Second
+}
+
+func (c *Config) quotaOptions() quota.Options {
+	return quota.Options{
+		Limits:     quota.Limits{Default: c.Quota.DefaultLimit, PerScope: c.Quota.Limits},
+		Lease:      time.Duration(c.Quota.LeaseSec) * time.Second,
+		RetryAfter: time.Duration(c.Quota.RetryAfterSec) * time.Second,
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/rest"
 	"sandboxd/internal/sandbox"
 	"sandboxd/internal/store"
@@ -85,6 +86,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		Store:       store.New(rdb, lookupSource(driver)),
 		Events:      events.New(rdb, cfg.EventsMaxLen),
 		Checkpoints: checkpoint.New(objs, checkpoint.Options{}),
+		Quota:       quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
 		Metrics:     sandbox.NewMetrics(reg),
 		Logger:      log,
 	})
@@ -113,6 +115,18 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}))
 	mux.Handle("GET /graphiql", resolvers.GraphiQLHandler())
 	mux.Handle("/", rest.New(svc, authn, log))
+
+	// The reconciler runs in every replica until shutdown.
+	rctx, stopReconciler := context.WithCancel(context.WithoutCancel(ctx))
+	reconcilerDone := make(chan struct{})
+	go func() {
+		defer close(reconcilerDone)
+		svc.RunReconciler(rctx, time.Duration(cfg.ReconcileIntervalMs)*time.Millisecond)
+	}()
+	defer func() {
+		stopReconciler()
+		<-reconcilerDone
+	}()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -168,6 +168,16 @@ type Profile struct {
 type Query struct {
 }
 
+// Concurrency slots of a tenant:project. A create or start takes one; stop, destroy, expiry and
+// failure give it back. When all are taken, createSandbox and startSandbox fail with
+// QUOTA_EXCEEDED and extensions.retryAfter.
+type Quota struct {
+	// Slots the project may hold at once; 0 means unlimited.
+	Limit int `json:"limit"`
+	// Slots in use now.
+	InUse int `json:"inUse"`
+}
+
 // Limits of a sandbox.
 type Resources struct {
 	// CPU limit in thousandths of a core; 0 means no limit.
@@ -202,6 +212,8 @@ type Sandbox struct {
 	TTLSec int `json:"ttlSec"`
 	// When the sandbox expires (createdAt + ttlSec); null when it has no TTL.
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	// When a RUNNING sandbox stops by itself if nothing happens before (its last activity plus autostopSec); null otherwise. Any API call on the sandbox, and any command still running in it, is activity.
+	AutostopAt *time.Time `json:"autostopAt,omitempty"`
 	// The newest complete workspace checkpoint; null when none was taken yet.
 	LatestSnapshotID *string `json:"latestSnapshotId,omitempty"`
 	// The compute and disk the sandbox may use.

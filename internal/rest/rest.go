@@ -42,6 +42,7 @@ func New(svc *sandbox.Service, authn *auth.Authenticator, log *slog.Logger) *Han
 	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux()}
 	h.mux.HandleFunc("POST "+Prefix, h.create)
 	h.mux.HandleFunc("GET "+Prefix, h.list)
+	h.mux.HandleFunc("GET "+Prefix+"/quota", h.quota)
 	h.mux.HandleFunc("GET "+Prefix+"/{id}", h.get)
 	h.mux.HandleFunc("DELETE "+Prefix+"/{id}", h.destroy)
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/exec", h.exec)
@@ -120,6 +121,15 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	sb, err := h.svc.Get(r.Context(), principal(r), r.PathValue("id"))
 	h.answerSandbox(w, r, sb, err)
+}
+
+func (h *Handler) quota(w http.ResponseWriter, r *http.Request) {
+	u, err := h.svc.Quota(r.Context(), principal(r))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"limit": u.Limit, "in_use": u.InUse})
 }
 
 func (h *Handler) stop(w http.ResponseWriter, r *http.Request) {
@@ -326,6 +336,7 @@ type sandboxOut struct {
 	AutostopSec      int64        `json:"autostop_sec"`
 	TTLSec           int64        `json:"ttl_sec"`
 	ExpiresAt        *time.Time   `json:"expires_at,omitempty"`
+	AutostopAt       *time.Time   `json:"autostop_at,omitempty"`
 	LatestSnapshotID string       `json:"latest_snapshot_id,omitempty"`
 	Resources        resourcesOut `json:"resources"`
 	Network          string       `json:"network"`
@@ -338,6 +349,9 @@ func sandboxJSON(sb sandbox.Sandbox) sandboxOut {
 		Resources: resourcesOut{MilliCPU: sb.MilliCPU, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, Network: sb.Network}
 	if t := sb.ExpiresAt(); !t.IsZero() {
 		out.ExpiresAt = &t
+	}
+	if t := sb.AutostopAt; !t.IsZero() {
+		out.AutostopAt = &t
 	}
 	return out
 }

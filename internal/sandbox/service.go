@@ -23,6 +23,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/store"
 	"sandboxd/runtime"
 )
@@ -33,8 +34,10 @@ type Deps struct {
 	Store       *store.Store
 	Events      *events.Bus
 	Checkpoints *checkpoint.Store
-	Metrics     *Metrics
-	Logger      *slog.Logger
+	// Quota holds the concurrency slots; nil means no limits.
+	Quota   *quota.Quota
+	Metrics *Metrics
+	Logger  *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -47,6 +50,7 @@ type Service struct {
 	store    *store.Store
 	events   *events.Bus
 	ckpt     *checkpoint.Store
+	quota    *quota.Quota
 	metrics  *Metrics
 	log      *slog.Logger
 	now      func() time.Time
@@ -64,7 +68,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, errors.New("sandbox: driver, store, events and checkpoints are required")
 	}
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
-		events: d.Events, ckpt: d.Checkpoints, metrics: d.Metrics, log: d.Logger, now: d.Now,
+		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, metrics: d.Metrics, log: d.Logger, now: d.Now,
 		attachs: map[string]*attachment{}}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -149,9 +153,21 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	for k, v := range req.Env {
 		env[k] = v
 	}
+	id := newID(idPrefix)
+	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
+		return Sandbox{}, err
+	}
+	// The create holds the sandbox's lock: a reconciler that can take it knows a CREATING
+	// record's creator is gone and finishes (or fails) the create.
+	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
+	if err != nil {
+		s.release(ctx, p.Tenant, p.Project, id)
+		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	defer lock.Unlock(ctx)
 	now := s.now().UTC()
 	rec := runtime.Record{
-		ID: newID(idPrefix), Tenant: p.Tenant, Project: p.Project,
+		ID: id, Tenant: p.Tenant, Project: p.Project,
 		Spec: runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
 			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: network(prof.Network), Env: env},
 		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
@@ -160,8 +176,10 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	// The lookup first: a replica that dies after this leaves an entry whose box may not
 	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
 	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
+		s.release(ctx, p.Tenant, p.Project, id)
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
+	s.touch(ctx, id)
 	s.publish(ctx, rec, "")
 	if err := s.driver.Create(ctx, rec); err != nil {
 		cleanup := context.WithoutCancel(ctx)
@@ -169,6 +187,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 			s.log.Error("cleaning up a failed create", "sandbox", rec.ID, "err", derr)
 		}
 		_ = s.store.Delete(cleanup, entryOf(rec))
+		s.release(cleanup, p.Tenant, p.Project, id)
 		s.metrics.lifecycle("create", "error", s.now().Sub(start))
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "could not create the sandbox: the runtime failed to start it")
 	}
@@ -251,7 +270,7 @@ func (s *Service) Get(ctx context.Context, p auth.Principal, id string) (Sandbox
 	if err != nil {
 		return Sandbox{}, err
 	}
-	return toSandbox(rec), nil
+	return s.withActivity(ctx, toSandbox(rec)), nil
 }
 
 // List returns a page of the caller's sandboxes, newest first.
@@ -289,6 +308,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 			}
 			if len(page.Sandboxes) == limit {
 				page.NextCursor = page.Sandboxes[limit-1].ID
+				s.withActivities(ctx, page.Sandboxes)
 				return page, nil
 			}
 			rec, err := s.driver.Get(ctx, e.ID)
@@ -311,6 +331,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 	if len(page.Sandboxes) == limit && after != page.Sandboxes[limit-1].ID {
 		page.NextCursor = page.Sandboxes[limit-1].ID
 	}
+	s.withActivities(ctx, page.Sandboxes)
 	return page, nil
 }
 
@@ -343,6 +364,9 @@ func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Ve
 		return runtime.Record{}, notFound(id)
 	}
 	rec := s.observe(ctx, box)
+	if p.Key != systemKey {
+		s.touch(ctx, id)
+	}
 	if err := Check(State(rec.State), verb, id); err != nil {
 		if State(rec.State) == Failed && rec.StateReason != "" {
 			if e := apierror.From(err); e.Code == apierror.InvalidState {
@@ -366,6 +390,7 @@ func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
 		updated, err := s.setState(ctx, rec.ID, Running, Failed, reason)
 		if err == nil {
 			s.dropAttach(rec.ID)
+			s.release(ctx, rec.Tenant, rec.Project, rec.ID)
 			s.log.Warn("sandbox failed", "sandbox", rec.ID, "reason", reason)
 			return updated
 		}
@@ -469,7 +494,6 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	}
 	if target == Destroyed {
 		s.metrics.lifecycle(string(verb), "ok", s.now().Sub(start))
-		rec.State = string(Destroyed)
 		return rec, nil
 	}
 	rec, err = s.setState(wctx, id, transient, target, reason)
@@ -484,87 +508,130 @@ func outcome(err error) string {
 	return "ok"
 }
 
-// Stop checkpoints the workspace and releases the sandbox's compute.
+// Stop checkpoints the workspace and releases the sandbox's compute and slot.
 func (s *Service) Stop(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	return s.stop(ctx, p, id, "")
+}
+
+func (s *Service) stop(ctx context.Context, p auth.Principal, id, why string) (Sandbox, error) {
 	rec, err := s.transition(ctx, p, id, VerbStop, func(ctx context.Context, rec runtime.Record) (string, error) {
-		reason := ""
-		if _, err := s.checkpoint(ctx, rec); err != nil {
-			if !s.boxDead(ctx, id) {
-				return "", err
-			}
-			// A dead box has no guest to stream from: its workspace is kept by the runtime and
-			// the last checkpoint stays the latest.
-			reason = "stopped without a new checkpoint: the sandbox's runtime had died"
+		reason, err := s.stopWork(ctx, rec)
+		if reason == "" {
+			reason = why
 		}
-		s.dropAttach(id)
-		if err := s.driver.Stop(ctx, id); err != nil {
-			return "", apierror.Wrap(err, apierror.Unavailable, "could not stop the sandbox's runtime")
-		}
-		return reason, nil
+		return reason, err
 	})
 	if err != nil {
+		return Sandbox{}, err
+	}
+	s.release(ctx, rec.Tenant, rec.Project, id)
+	return toSandbox(rec), nil
+}
+
+// stopWork checkpoints the workspace and stops the box.
+func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, error) {
+	reason := ""
+	if _, err := s.checkpoint(ctx, rec); err != nil {
+		if !s.boxDead(ctx, rec.ID) {
+			return "", err
+		}
+		// A dead box has no guest to stream from: its workspace is kept by the runtime and
+		// the last checkpoint stays the latest.
+		reason = "stopped without a new checkpoint: the sandbox's runtime had died"
+	}
+	s.dropAttach(rec.ID)
+	if err := s.driver.Stop(ctx, rec.ID); err != nil {
+		return "", apierror.Wrap(err, apierror.Unavailable, "could not stop the sandbox's runtime")
+	}
+	return reason, nil
+}
+
+// Start takes a concurrency slot, restores the workspace if the runtime lost it and starts the
+// sandbox's compute.
+func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	if _, err := s.load(ctx, p, id, VerbStart); err != nil {
+		return Sandbox{}, err
+	}
+	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
+		return Sandbox{}, err
+	}
+	rec, err := s.transition(ctx, p, id, VerbStart, func(ctx context.Context, rec runtime.Record) (string, error) {
+		return "", s.startWork(ctx, rec)
+	})
+	if err != nil {
+		s.releaseUnlessHolding(ctx, p.Tenant, p.Project, id)
 		return Sandbox{}, err
 	}
 	return toSandbox(rec), nil
 }
 
-// Start restores the workspace if the runtime lost it and starts the sandbox's compute.
-func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
-	rec, err := s.transition(ctx, p, id, VerbStart, func(ctx context.Context, rec runtime.Record) (string, error) {
-		s.dropAttach(id)
-		fresh, err := s.driver.Start(ctx, id)
-		if err != nil {
-			return "", apierror.Wrap(err, apierror.Unavailable, "could not start the sandbox's runtime")
-		}
-		if fresh && rec.LatestCheckpoint != "" {
-			if err := s.restore(ctx, rec); err != nil {
-				return "", err
-			}
-		}
-		return "", nil
-	})
+// startWork starts the box and restores its workspace when the runtime lost it.
+func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
+	s.dropAttach(rec.ID)
+	fresh, err := s.driver.Start(ctx, rec.ID)
 	if err != nil {
-		return Sandbox{}, err
+		return apierror.Wrap(err, apierror.Unavailable, "could not start the sandbox's runtime")
 	}
-	return toSandbox(rec), nil
+	if fresh && rec.LatestCheckpoint != "" {
+		return s.restore(ctx, rec)
+	}
+	return nil
 }
 
 // Destroy checkpoints the workspace (when the sandbox runs), removes the runtime and answers
 // with the final snapshot id.
 func (s *Service) Destroy(ctx context.Context, p auth.Principal, id string) (DestroyResult, error) {
+	return s.destroy(ctx, p, id, Destroyed, "")
+}
+
+// destroy is Destroy; final is the state the last event reports (DESTROYED, or EXPIRED when the
+// TTL ended it).
+func (s *Service) destroy(ctx context.Context, p auth.Principal, id string, final State, why string) (DestroyResult, error) {
 	var snapshot string
 	rec, err := s.transition(ctx, p, id, VerbDestroy, func(ctx context.Context, rec runtime.Record) (string, error) {
-		snapshot = rec.LatestCheckpoint
-		box, err := s.driver.Get(ctx, id)
-		_, exporter := s.driver.(runtime.WorkspaceExporter)
-		// A running box is checkpointed; so is a failed one whose workspace the driver can
-		// still read. A stopped box's latest checkpoint was taken when it stopped.
-		if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
-			m, err := s.checkpoint(ctx, rec)
-			if err != nil && !s.boxDead(ctx, id) {
-				return "", err
-			}
-			if err == nil {
-				snapshot = m
-			}
-		}
-		s.dropAttach(id)
-		if err := s.driver.Delete(ctx, id); err != nil {
-			return "", apierror.Wrap(err, apierror.Unavailable, "could not remove the sandbox's runtime")
-		}
-		e := entryOf(rec)
-		if err := s.store.Delete(ctx, e); err != nil {
-			s.log.Warn("removing the lookup failed; the next read cleans it", "sandbox", id, "err", err)
-		}
-		rec.State = string(Destroyed)
-		s.publish(ctx, rec, Destroying)
-		return "", nil
+		var err error
+		snapshot, err = s.destroyWork(ctx, rec, final, why)
+		return "", err
 	})
 	if err != nil {
 		return DestroyResult{}, err
 	}
 	rec.LatestCheckpoint = snapshot
+	rec.State = string(final)
+	rec.StateReason = why
 	return DestroyResult{Sandbox: toSandbox(rec), SnapshotID: snapshot}, nil
+}
+
+// destroyWork takes the final checkpoint, removes the box, the lookup and the slot, and
+// publishes the final event. It returns the final snapshot id.
+func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final State, why string) (string, error) {
+	id := rec.ID
+	snapshot := rec.LatestCheckpoint
+	box, err := s.driver.Get(ctx, id)
+	_, exporter := s.driver.(runtime.WorkspaceExporter)
+	// A running box is checkpointed; so is a failed one whose workspace the driver can
+	// still read. A stopped box's latest checkpoint was taken when it stopped.
+	if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
+		m, err := s.checkpoint(ctx, rec)
+		if err != nil && !s.boxDead(ctx, id) {
+			return "", err
+		}
+		if err == nil {
+			snapshot = m
+		}
+	}
+	s.dropAttach(id)
+	if err := s.driver.Delete(ctx, id); err != nil {
+		return "", apierror.Wrap(err, apierror.Unavailable, "could not remove the sandbox's runtime")
+	}
+	if err := s.store.Delete(ctx, entryOf(rec)); err != nil {
+		s.log.Warn("removing the lookup failed; the next read cleans it", "sandbox", id, "err", err)
+	}
+	_ = s.store.ForgetActivity(ctx, id)
+	s.release(ctx, rec.Tenant, rec.Project, id)
+	rec.State, rec.StateReason = string(final), why
+	s.publish(ctx, rec, Destroying)
+	return snapshot, nil
 }
 
 // boxDead reports whether the box's compute is gone (so no checkpoint can be taken).
@@ -639,6 +706,109 @@ func (s *Service) restore(ctx context.Context, rec runtime.Record) error {
 	}
 	s.metrics.lifecycle("restore", "ok", s.now().Sub(start))
 	return nil
+}
+
+// ---- slots and activity ----
+
+// systemKey is the principal key of the control plane's own actions (the reconciler): they act
+// as the sandbox's owner but are not activity.
+const systemKey = "system:reconciler"
+
+// acquire takes a concurrency slot for sandbox id of tenant:project.
+func (s *Service) acquire(ctx context.Context, tenant, project, id string) error {
+	if s.quota == nil {
+		return nil
+	}
+	if _, err := s.quota.Acquire(ctx, tenant, project, id); err != nil {
+		if apierror.Is(err, apierror.QuotaExceeded) {
+			return err
+		}
+		return apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable").WithRetryAfter(time.Second)
+	}
+	return nil
+}
+
+// release gives sandbox id's slot back. A failure only delays it: the lease runs out.
+func (s *Service) release(ctx context.Context, tenant, project, id string) {
+	if s.quota == nil {
+		return
+	}
+	if err := s.quota.Release(context.WithoutCancel(ctx), tenant, project, id); err != nil {
+		s.log.Warn("releasing a slot failed; its lease will run out", "sandbox", id, "err", err)
+	}
+}
+
+// releaseUnlessHolding gives the slot back unless the sandbox is (still, or by another call)
+// in a state that holds one.
+func (s *Service) releaseUnlessHolding(ctx context.Context, tenant, project, id string) {
+	if box, err := s.driver.Get(context.WithoutCancel(ctx), id); err == nil && holdsSlot(State(box.Record.State)) {
+		return
+	}
+	s.release(ctx, tenant, project, id)
+}
+
+// holdsSlot reports whether a sandbox in state st holds a concurrency slot.
+func holdsSlot(st State) bool { return st == Creating || st == Starting || st == Running }
+
+// Quota reports the caller's concurrency limit and use.
+func (s *Service) Quota(ctx context.Context, p auth.Principal) (quota.Usage, error) {
+	if s.quota == nil {
+		return quota.Usage{}, nil
+	}
+	u, err := s.quota.Usage(ctx, p.Tenant, p.Project)
+	if err != nil {
+		return quota.Usage{}, apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable")
+	}
+	return u, nil
+}
+
+// touch records activity on a sandbox (for auto-stop).
+func (s *Service) touch(ctx context.Context, id string) {
+	if err := s.store.Touch(context.WithoutCancel(ctx), id, s.now()); err != nil {
+		s.log.Debug("recording activity failed", "sandbox", id, "err", err)
+	}
+}
+
+// lastActivity is the later of the recorded activity and the last state change (which stands
+// in when Redis lost the activity).
+func lastActivity(recorded time.Time, rec runtime.Record) time.Time {
+	if recorded.After(rec.StateChangedAt) {
+		return recorded
+	}
+	return rec.StateChangedAt
+}
+
+func (s *Service) withActivity(ctx context.Context, sb Sandbox) Sandbox {
+	one := []Sandbox{sb}
+	s.withActivities(ctx, one)
+	return one[0]
+}
+
+// withActivities fills AutostopAt of running sandboxes from their recorded activity.
+func (s *Service) withActivities(ctx context.Context, sbs []Sandbox) {
+	var ids []string
+	for _, sb := range sbs {
+		if sb.State == Running {
+			ids = append(ids, sb.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	acts, err := s.store.Activity(ctx, ids...)
+	if err != nil {
+		s.log.Debug("reading activity failed", "err", err)
+	}
+	for i := range sbs {
+		if sbs[i].State != Running {
+			continue
+		}
+		last := acts[sbs[i].ID]
+		if sbs[i].StateChangedAt.After(last) {
+			last = sbs[i].StateChangedAt
+		}
+		sbs[i].AutostopAt = AutostopAt(last, sbs[i].AutostopSec)
+	}
 }
 
 // ---- exec ----

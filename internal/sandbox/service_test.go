@@ -15,6 +15,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/redistest"
 	"sandboxd/internal/store"
 	"sandboxd/runtime/runtimetest"
@@ -31,11 +32,34 @@ type env struct {
 	ckpt  *checkpoint.Store
 	objs  *checkpoint.LocalStore
 	redis *redistest.Server
+	clock *fakeClock
+}
+
+// fakeClock is the service's clock in tests: real time plus an offset the test advances.
+type fakeClock struct {
+	mu     sync.Mutex
+	t      time.Time
+	offset time.Duration
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.offset += d
+	c.mu.Unlock()
 }
 
 // newEnv wires the real service over the fake driver (real guest server on the host), the
 // embedded Redis and a local checkpoint folder.
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWithLimit(t, 0) }
+
+// newEnvWithLimit is newEnv with a concurrency limit per project (0: unlimited).
+func newEnvWithLimit(t *testing.T, limit int) *env {
 	t.Helper()
 	fake := runtimetest.NewFakeT(t)
 	rs := redistest.Embedded(t)
@@ -55,13 +79,17 @@ func newEnv(t *testing.T) *env {
 		}
 		return out, nil
 	})
-	cfg := Config{Profiles: []ProfileConfig{{Name: "p", MemoryMB: 64}}, Limits: DefaultLimits()}
-	svc, err := New(cfg, Deps{Driver: fake, Store: st, Events: events.New(rs.Client, 100), Checkpoints: ck})
+	cfg := Config{Profiles: []ProfileConfig{{Name: "p", MemoryMB: 64}}, Limits: DefaultLimits(), LockTTL: 3 * time.Second}
+	clock := &fakeClock{t: time.Now()}
+	q := quota.New(rs.Client, SlotSource(fake), quota.Options{Limits: quota.Limits{Default: limit}, Lease: time.Minute,
+		Settle: -1, Now: clock.Now})
+	svc, err := New(cfg, Deps{Driver: fake, Store: st, Events: events.New(rs.Client, 100), Checkpoints: ck,
+		Quota: q, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Close)
-	return &env{svc: svc, fake: fake, ckpt: ck, objs: objs, redis: rs}
+	return &env{svc: svc, fake: fake, ckpt: ck, objs: objs, redis: rs, clock: clock}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -16,6 +16,8 @@ type Sandbox struct {
 	StateChangedAt time.Time
 	AutostopSec    int64
 	TTLSec         int64
+	// AutostopAt is when a running sandbox stops if nothing happens before (zero otherwise).
+	AutostopAt time.Time
 	// LatestSnapshotID is the newest complete workspace checkpoint, "" when none.
 	LatestSnapshotID string
 	MilliCPU         int64

@@ -58,6 +58,7 @@ const (
 
 func entryKey(id string) string              { return "sbx:{" + id + "}:entry" }
 func lockKey(id string) string               { return "sbx:{" + id + "}:lock" }
+func activityKey(id string) string           { return "sbx:{" + id + "}:activity" }
 func indexKey(tenant, project string) string { return "sbx:{" + tenant + ":" + project + "}:index" }
 
 func (e Entry) fields() map[string]any {
@@ -311,4 +312,39 @@ func newToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Touch records activity on sandbox id at the time at (unix ms). Activity is ephemeral: after a
+// flush the reconciler falls back to the record's last state change.
+func (s *Store) Touch(ctx context.Context, id string, at time.Time) error {
+	if err := s.rdb.Set(ctx, activityKey(id), at.UnixMilli(), 0).Err(); err != nil {
+		return fmt.Errorf("store touch %s: %w", id, err)
+	}
+	return nil
+}
+
+// Activity returns the last recorded activity of each id (absent ids have none).
+func (s *Store) Activity(ctx context.Context, ids ...string) (map[string]time.Time, error) {
+	cmds := make([]*redis.StringCmd, len(ids))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.Get(ctx, activityKey(id))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("store activity: %w", err)
+	}
+	out := make(map[string]time.Time, len(ids))
+	for i, id := range ids {
+		if ms, err := cmds[i].Int64(); err == nil {
+			out[id] = time.UnixMilli(ms).UTC()
+		}
+	}
+	return out, nil
+}
+
+// ForgetActivity drops the activity of a destroyed sandbox.
+func (s *Store) ForgetActivity(ctx context.Context, id string) error {
+	return s.rdb.Del(ctx, activityKey(id)).Err()
 }

@@ -1,0 +1,244 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/store"
+	"sandboxd/runtime"
+)
+
+// The reconciler runs in every replica. Each pass lists the runtime (the truth) and, per
+// sandbox: finishes a transition whose replica died half way (its lock has lapsed), marks a
+// dead box FAILED, auto-stops an idle sandbox (never one with an exec still running), destroys
+// an expired one (checkpointed first), and renews the concurrency-slot leases of every sandbox
+// that holds one. Actions go through the same code as the API verbs and take the same
+// per-sandbox lock, so one sandbox is acted on by one replica at a time; every state change is
+// conditional on the state it starts from, so a replica whose lock lapsed cannot undo another's
+// work (the state check is the fencing token).
+
+// RunReconciler runs a pass every interval until ctx ends.
+func (s *Service) RunReconciler(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("reconcile pass failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Reconcile makes one pass over every sandbox of the runtime.
+func (s *Service) Reconcile(ctx context.Context) error {
+	boxes, err := s.driver.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing the runtime: %w", err)
+	}
+	var running []string
+	for _, b := range boxes {
+		if State(b.Record.State) == Running {
+			running = append(running, b.Record.ID)
+		}
+	}
+	acts, err := s.store.Activity(ctx, running...)
+	if err != nil {
+		s.log.Debug("reading activity failed; using state changes", "err", err)
+	}
+	holders := map[[2]string][]string{}
+	for _, b := range boxes {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		st := s.reconcileBox(ctx, b, acts[b.Record.ID])
+		if holdsSlot(st) {
+			k := [2]string{b.Record.Tenant, b.Record.Project}
+			holders[k] = append(holders[k], b.Record.ID)
+		}
+	}
+	s.renewSlots(ctx, holders)
+	return nil
+}
+
+// renewSlots extends the leases of the sandboxes that hold a slot by runtime truth, and takes
+// one again for a holder whose lease was lost (a Redis flush).
+func (s *Service) renewSlots(ctx context.Context, holders map[[2]string][]string) {
+	if s.quota == nil {
+		return
+	}
+	for k, ids := range holders {
+		missing, err := s.quota.Renew(ctx, k[0], k[1], ids)
+		if err != nil {
+			s.log.Warn("renewing slot leases failed", "tenant", k[0], "project", k[1], "err", err)
+			continue
+		}
+		for _, id := range missing {
+			if _, err := s.quota.Acquire(ctx, k[0], k[1], id); err != nil {
+				s.log.Warn("a running sandbox has no slot and none is free", "sandbox", id, "err", err)
+			}
+		}
+	}
+}
+
+// reconcileBox acts on one sandbox if something is due, and returns the state it leaves it in
+// (as far as this pass knows).
+func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time.Time) State {
+	rec := b.Record
+	st := State(rec.State)
+	now := s.now()
+	p := auth.Principal{Key: systemKey, Tenant: rec.Tenant, Project: rec.Project}
+	switch st {
+	case Creating, Starting, Stopping, Destroying:
+		// In flight, or left half done by a replica that died: its lock tells which.
+		if now.Sub(rec.StateChangedAt) < s.cfg.LockTTL/3 {
+			return st
+		}
+		return s.finish(ctx, b)
+	case Running:
+		if b.Phase == runtime.PhaseFailed {
+			return State(s.observe(ctx, b).State)
+		}
+	}
+	facts := ClockFacts{State: st, CreatedAt: rec.CreatedAt, TTLSec: rec.TTLSec, AutostopSec: rec.AutostopSec,
+		LastActivity: lastActivity(activity, rec)}
+	switch DueAt(facts, now) {
+	case DueExpire:
+		why := fmt.Sprintf("expired: its ttl_sec of %d ended", rec.TTLSec)
+		if _, err := s.destroy(ctx, p, rec.ID, Expired, why); err != nil {
+			s.actionFailed(rec.ID, "expire", err)
+			return st
+		}
+		s.log.Info("sandbox expired", "sandbox", rec.ID, "ttl_sec", rec.TTLSec)
+		return Expired
+	case DueAutostop:
+		if s.busy(ctx, rec.ID) {
+			// A command still runs: that is activity. The countdown starts again after it.
+			s.touch(ctx, rec.ID)
+			return st
+		}
+		why := fmt.Sprintf("auto-stopped after %d s without activity", rec.AutostopSec)
+		if _, err := s.stop(ctx, p, rec.ID, why); err != nil {
+			s.actionFailed(rec.ID, "auto-stop", err)
+			return st
+		}
+		s.log.Info("sandbox auto-stopped", "sandbox", rec.ID, "autostop_sec", rec.AutostopSec)
+		return Stopped
+	}
+	return st
+}
+
+func (s *Service) actionFailed(id, action string, err error) {
+	if apierror.Is(err, apierror.InvalidState) || apierror.Is(err, apierror.NotFound) {
+		return // another replica or a user got there first
+	}
+	s.log.Warn("reconciler action failed", "sandbox", id, "action", action, "err", err)
+}
+
+// busy reports whether an exec is still running in the sandbox (asking its guest init).
+func (s *Service) busy(ctx context.Context, id string) bool {
+	g, err := s.guest(ctx, id)
+	if err != nil {
+		return false
+	}
+	execs, err := g.Execs(ctx)
+	if err != nil {
+		return false
+	}
+	for _, e := range execs {
+		if e.Running {
+			return true
+		}
+	}
+	return false
+}
+
+// finish completes a transition whose replica is gone. It takes the sandbox's lock: when it
+// is held, the transition is still in flight and nothing is done.
+func (s *Service) finish(ctx context.Context, b runtime.Box) State {
+	rec := b.Record
+	id := rec.ID
+	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
+	if errors.Is(err, store.ErrLocked) {
+		return State(rec.State)
+	}
+	if err != nil {
+		s.log.Warn("reconciler could not lock", "sandbox", id, "err", err)
+		return State(rec.State)
+	}
+	defer lock.Unlock(ctx)
+	// Read again under the lock.
+	b, err = s.driver.Get(ctx, id)
+	if err != nil {
+		return State(rec.State)
+	}
+	rec = b.Record
+	from := State(rec.State)
+	to, reason := from, ""
+	switch from {
+	case Creating:
+		if b.Phase == runtime.PhaseRunning {
+			to = Running
+		} else {
+			to, reason = Failed, "creation was interrupted (its control-plane replica stopped)"
+		}
+	case Starting:
+		if b.Phase == runtime.PhaseRunning {
+			to = Running
+		} else if err := s.startWork(ctx, rec); err != nil {
+			to, reason = Failed, "start failed: "+apierror.From(err).Message
+		} else {
+			to = Running
+		}
+	case Stopping:
+		r, err := s.stopWork(ctx, rec)
+		if err != nil {
+			s.actionFailed(id, "finish stop", err)
+			return from
+		}
+		to, reason = Stopped, r
+	case Destroying:
+		if _, err := s.destroyWork(ctx, rec, Destroyed, ""); err != nil {
+			s.actionFailed(id, "finish destroy", err)
+			return from
+		}
+		s.log.Info("finished an interrupted destroy", "sandbox", id)
+		return Destroyed
+	default:
+		return from
+	}
+	if _, err := s.setState(ctx, id, from, to, reason); err != nil {
+		s.actionFailed(id, "finish", err)
+		return from
+	}
+	if !holdsSlot(to) {
+		s.release(ctx, rec.Tenant, rec.Project, id)
+	}
+	s.log.Info("finished an interrupted transition", "sandbox", id, "from", from, "to", to)
+	return to
+}
+
+// SlotSource lists, from the runtime's records, the sandboxes of a tenant:project that hold a
+// concurrency slot: what the quota is rebuilt from after Redis lost it.
+func SlotSource(d runtime.Driver) func(ctx context.Context, tenant, project string) ([]string, error) {
+	return func(ctx context.Context, tenant, project string) ([]string, error) {
+		boxes, err := d.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, b := range boxes {
+			if b.Record.Tenant == tenant && b.Record.Project == project && holdsSlot(State(b.Record.State)) {
+				ids = append(ids, b.Record.ID)
+			}
+		}
+		return ids, nil
+	}
+}
