@@ -89,6 +89,12 @@ type serverOptions struct {
 	RedisURL string
 	// Limits are merged over sandboxd's default limits (config file keys).
 	Limits map[string]any
+	// Extra are further top-level config keys, set over the harness's own (e.g. "quota",
+	// "reconcile_interval_ms"). The harness sets quota: {default_limit: 0} (unlimited) unless
+	// Extra sets "quota".
+	Extra map[string]any
+	// Env are further environment variables of the server ("NAME=value").
+	Env []string
 }
 
 // Server is one running sandboxd process.
@@ -147,7 +153,7 @@ func startServer(t *testing.T, opts serverOptions) *Server {
 		t.Fatal(err)
 	}
 	s.cmd = exec.Command(suite.sandboxd, args...)
-	s.cmd.Env = serverEnv()
+	s.cmd.Env = append(serverEnv(), opts.Env...)
 	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
 	if err := s.cmd.Start(); err != nil {
 		logFile.Close()
@@ -174,7 +180,8 @@ func serverEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if name == "REDIS_URL" || name == "SANDBOX_API_KEY" || strings.HasPrefix(name, "SANDBOXD_") {
+		if name == "REDIS_URL" || name == "SANDBOX_API_KEY" || name == "SANDBOX_CONCURRENCY_LIMIT" ||
+			strings.HasPrefix(name, "SANDBOXD_") {
 			continue
 		}
 		env = append(env, kv)
@@ -182,7 +189,8 @@ func serverEnv() []string {
 	return append(env, "SANDBOX_API_KEY="+keyDev)
 }
 
-// writeConfig writes the server's YAML config: the test keys, the profiles and the limits.
+// writeConfig writes the server's YAML config: the test keys, the profiles, the limits, no
+// concurrency limit (quota.default_limit 0) and opts.Extra.
 func writeConfig(t *testing.T, path string, opts serverOptions) {
 	t.Helper()
 	cfg := map[string]any{
@@ -199,9 +207,14 @@ func writeConfig(t *testing.T, path string, opts serverOptions) {
 		},
 		"shutdown_sec": 10,
 		"log_level":    "debug",
+		// Unlimited, so that tests about other things are not limited by the default of 10.
+		"quota": map[string]any{"default_limit": 0},
 	}
 	if opts.Limits != nil {
 		cfg["limits"] = opts.Limits
+	}
+	for k, v := range opts.Extra {
+		cfg[k] = v
 	}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -270,6 +283,33 @@ func (s *Server) Stop(t *testing.T) {
 	if s.waitErr != nil {
 		t.Errorf("sandboxd %s exited with %v after SIGTERM, want exit status 0", s.name, s.waitErr)
 	}
+	log, _ := os.ReadFile(s.logPath)
+	if i := bytes.Index(log, []byte("WARNING: DATA RACE")); i >= 0 {
+		t.Errorf("sandboxd %s reported a data race:\n%s", s.name, excerpt(log, i, 6000))
+	}
+	for _, marker := range []string{"\npanic: ", "graphql: panic", "fatal error: "} {
+		if i := bytes.Index(log, []byte(marker)); i >= 0 {
+			t.Errorf("sandboxd %s log has %q:\n%s", s.name, strings.TrimSpace(marker), excerpt(log, i, 4000))
+		}
+	}
+}
+
+// Kill kills the server with SIGKILL (by its PID), as a crash would, and waits for it to exit.
+// Its sandboxes keep running; the tracked ones are not destroyed through it. The log is still
+// checked for a data race or panic before the kill.
+func (s *Server) Kill(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.stopped = true
+	s.mu.Unlock()
+	if err := syscall.Kill(s.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Errorf("SIGKILL to sandboxd %s (pid %d): %v", s.name, s.cmd.Process.Pid, err)
+	}
+	<-s.done
 	log, _ := os.ReadFile(s.logPath)
 	if i := bytes.Index(log, []byte("WARNING: DATA RACE")); i >= 0 {
 		t.Errorf("sandboxd %s reported a data race:\n%s", s.name, excerpt(log, i, 6000))
@@ -371,6 +411,11 @@ func (s *Server) send(method, path string, body io.Reader, headers ...string) (*
 }
 
 func (s *Server) sendContext(ctx context.Context, method, path string, body io.Reader, headers ...string) (*Response, error) {
+	return s.sendVia(ctx, s.client, method, path, body, headers...)
+}
+
+// sendVia makes one request with HTTP client c (a client of its own, with its own connections).
+func (s *Server) sendVia(ctx context.Context, c *http.Client, method, path string, body io.Reader, headers ...string) (*Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, body)
 	if err != nil {
 		return nil, err
@@ -384,7 +429,7 @@ func (s *Server) sendContext(ctx context.Context, method, path string, body io.R
 		}
 		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
-	resp, err := s.client.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -436,6 +481,9 @@ type apiError struct {
 		Message       string `json:"message"`
 		State         string `json:"state"`
 		RetryAfterSec int    `json:"retry_after_sec"`
+		// Limit and InUse are in a QUOTA_EXCEEDED error.
+		Limit *int `json:"limit"`
+		InUse *int `json:"in_use"`
 	} `json:"error"`
 }
 
@@ -473,15 +521,19 @@ func (r *Response) wantError(t *testing.T, status int, code string, mention ...s
 // ---- REST shapes ----
 
 type sandboxJSON struct {
-	SandboxID        string `json:"sandbox_id"`
-	TenantID         string `json:"tenant_id"`
-	ProjectID        string `json:"project_id"`
-	Profile          string `json:"profile"`
-	State            string `json:"state"`
-	StateReason      string `json:"state_reason"`
-	AutostopSec      int64  `json:"autostop_sec"`
-	TTLSec           int64  `json:"ttl_sec"`
-	LatestSnapshotID string `json:"latest_snapshot_id"`
+	SandboxID        string     `json:"sandbox_id"`
+	TenantID         string     `json:"tenant_id"`
+	ProjectID        string     `json:"project_id"`
+	Profile          string     `json:"profile"`
+	State            string     `json:"state"`
+	StateReason      string     `json:"state_reason"`
+	AutostopSec      int64      `json:"autostop_sec"`
+	TTLSec           int64      `json:"ttl_sec"`
+	LatestSnapshotID string     `json:"latest_snapshot_id"`
+	CreatedAt        time.Time  `json:"created_at"`
+	StateChangedAt   time.Time  `json:"state_changed_at"`
+	ExpiresAt        *time.Time `json:"expires_at"`
+	AutostopAt       *time.Time `json:"autostop_at"`
 	// SnapshotID is only in a destroy's answer.
 	SnapshotID string `json:"snapshot_id"`
 	Resources  struct {
@@ -734,10 +786,17 @@ func step(t *testing.T, name string, f func(t *testing.T)) {
 // replicas starts n sandboxd processes on one real redis-server and one state folder.
 func replicas(t *testing.T, redisURL string, n int) []*Server {
 	t.Helper()
-	sd := newStateDir(t)
+	return replicasWith(t, serverOptions{RedisURL: redisURL}, n)
+}
+
+// replicasWith starts n sandboxd processes with opts (its RedisURL a real redis-server) on one
+// new state folder.
+func replicasWith(t *testing.T, opts serverOptions, n int) []*Server {
+	t.Helper()
+	opts.State = newStateDir(t)
 	out := make([]*Server, n)
 	for i := range out {
-		out[i] = startServer(t, serverOptions{State: sd, RedisURL: redisURL})
+		out[i] = startServer(t, opts)
 	}
 	return out
 }
