@@ -37,6 +37,10 @@ const (
 	InitPath = "/.sbx/init"
 	// SocketPath is the unix socket PID 1 listens on; `init connect` bridges stdio to it.
 	SocketPath = "/run/sbx/init.sock"
+	// HostSocketEnv names a second socket PID 1 listens on when set: a runtime that mounts a
+	// host folder there (with runsc --host-uds=create) attaches by dialing it from the host,
+	// with no `runsc exec` at all. Each connection on it starts with the ConnectReady byte.
+	HostSocketEnv = "SBX_HOST_SOCKET"
 	// StateDir holds each exec's output log and status (a tmpfs inside the sandbox).
 	StateDir = "/run/sbx/execs"
 	// Workspace is the sandbox's persistent working directory.

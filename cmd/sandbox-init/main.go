@@ -104,27 +104,62 @@ func serve() int {
 	accepted := make(chan struct{})
 	go func() {
 		defer close(accepted)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
-					return
-				}
-				log.Warn("accept", "err", err)
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			go srv.ServeConn(c)
-		}
+		acceptLoop(log, ln, srv, false)
 	}()
+	// The host socket: the runtime dials it from the host (no `runsc exec` per attach).
+	var hostLn net.Listener
+	hostAccepted := make(chan struct{})
+	if hostSock := os.Getenv(guest.HostSocketEnv); hostSock != "" {
+		_ = os.Remove(hostSock)
+		hostLn, err = net.Listen("unix", hostSock)
+		if err != nil {
+			// Not fatal: attaches fall back to `init connect`.
+			log.Warn("listen on the host socket", "socket", hostSock, "err", err)
+		} else {
+			_ = os.Chmod(hostSock, 0o600)
+			go func() {
+				defer close(hostAccepted)
+				acceptLoop(log, hostLn, srv, true)
+			}()
+		}
+	}
 
 	sig := <-stop
 	log.Info("stopping", "signal", sig.String())
 	_ = ln.Close()
 	<-accepted
+	if hostLn != nil {
+		_ = hostLn.Close()
+		<-hostAccepted
+	}
 	srv.Close()
 	_ = os.Remove(sock)
 	return 0
+}
+
+// acceptLoop serves every connection of ln until it closes. ready says to write the
+// ConnectReady byte first (on the host socket, where no `connect` does it).
+func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, ready bool) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		go func() {
+			if ready {
+				if _, err := c.Write([]byte{guest.ConnectReady}); err != nil {
+					_ = c.Close()
+					return
+				}
+			}
+			srv.ServeConn(c)
+		}()
+	}
 }
 
 func connect() int {

@@ -64,6 +64,10 @@ type Config struct {
 		// RetryAfterSec is the Retry-After of a full project.
 		RetryAfterSec int `json:"retry_after_sec"`
 	} `json:"quota"`
+	// LockTTLSec is the lease of a per-sandbox operation lock (renewed while its holder lives).
+	// A transition left half done by a dead replica is finished once it lapses, so it must not
+	// exceed quota.lease_sec: a dead create's slot then comes back within one lease.
+	LockTTLSec int `json:"lock_ttl_sec"`
 	// ReconcileIntervalMs is how often each replica's reconciler passes over the sandboxes.
 	ReconcileIntervalMs int `json:"reconcile_interval_ms"`
 
@@ -94,6 +98,7 @@ func defaultConfig() Config {
 	c.Quota.LeaseSec = 60
 	c.Quota.RetryAfterSec = 5
 	c.ReconcileIntervalMs = 5000
+	c.LockTTLSec = 30
 	c.GraphQL.ComplexityLimit = 500
 	return c
 }
@@ -194,6 +199,9 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Sprintf("quota.limits: %q must be tenant:project with a limit >= 0", scope))
 		}
 	}
+	if c.LockTTLSec <= 0 || c.LockTTLSec > c.Quota.LeaseSec {
+		errs = append(errs, fmt.Sprintf("lock_ttl_sec must be between 1 and quota.lease_sec (%d), got %d", c.Quota.LeaseSec, c.LockTTLSec))
+	}
 	if c.ReconcileIntervalMs < 100 {
 		errs = append(errs, "reconcile_interval_ms must be at least 100")
 	}
@@ -216,7 +224,8 @@ func (c *Config) keys() []auth.Key {
 }
 
 func (c *Config) sandboxConfig() sandbox.Config {
-	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits}
+	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
+		LockTTL: time.Duration(c.LockTTLSec) * time.Second}
 }
 
 func (c *Config) keepAlive() time.Duration {

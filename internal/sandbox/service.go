@@ -835,6 +835,8 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 	max := s.cfg.Limits.ExecMaxOutputBytes
 	res, err := g.Run(ctx, guest.ExecRequest{ID: execID, Argv: req.Command, Env: env, Cwd: req.Cwd,
 		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin}, max, max)
+	// The command's end is activity too: auto-stop counts idle time from here.
+	s.touch(ctx, id)
 	if err != nil {
 		s.metrics.exec("error", s.now().Sub(start))
 		return ExecResult{}, s.guestError(ctx, id, err)

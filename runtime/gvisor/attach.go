@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"sandboxd/guest"
@@ -40,12 +44,54 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if s := d.takeSpare(id); s != nil {
 		return s, nil
 	}
+	if c, err := d.dialHost(ctx, id); err == nil {
+		return c, nil
+	}
+	// No host socket (a box created before it existed, or the init could not make it).
 	return d.attach(ctx, id)
+}
+
+// hostSocket is the host path of the socket the box's guest init listens on (see
+// guest.HostSocketEnv).
+func (d *Driver) hostSocket(id string) string {
+	return filepath.Join(d.boxPath(id, hostDn), "init.sock")
+}
+
+// startedAt is when the box's current container was set up (its host folder was made), zero
+// for a box without one.
+func (d *Driver) startedAt(id string) time.Time {
+	fi, err := os.Stat(d.boxPath(id, hostDn))
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
+}
+
+// dialHost attaches through the box's host socket: a plain connect, no `runsc exec`. The
+// stream starts with the ready byte, which it consumes.
+func (d *Driver) dialHost(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	var dialer net.Dialer
+	c, err := dialer.DialContext(ctx, "unix", d.hostSocket(id))
+	if err != nil {
+		return nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetReadDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
+	err = guest.AwaitReady(c)
+	stop()
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("gvisor: attach %s through its host socket: %w", id, err)
+	}
+	return c, nil
 }
 
 // takeSpare returns the attach that proved the box ready, if it is still alive: the first
 // Attach after a create or start then costs no runsc exec.
-func (d *Driver) takeSpare(id string) *attachStream {
+func (d *Driver) takeSpare(id string) io.ReadWriteCloser {
 	d.spareMu.Lock()
 	s := d.spares[id]
 	delete(d.spares, id)
@@ -53,17 +99,19 @@ func (d *Driver) takeSpare(id string) *attachStream {
 	if s == nil {
 		return nil
 	}
-	select {
-	case <-s.done:
-		s.Close()
-		return nil
-	default:
-		return s
+	if as, ok := s.(*attachStream); ok {
+		select {
+		case <-as.done:
+			as.Close()
+			return nil
+		default:
+		}
 	}
+	return s
 }
 
 // keepSpare stores a ready attach for the next Attach of the box (closing any older one).
-func (d *Driver) keepSpare(id string, s *attachStream) {
+func (d *Driver) keepSpare(id string, s io.ReadWriteCloser) {
 	d.spareMu.Lock()
 	old := d.spares[id]
 	d.spares[id] = s
@@ -241,7 +289,7 @@ func (d *Driver) waitReady(ctx context.Context, id string) error {
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("gvisor: box %s: guest init did not answer: %w (last error: %v; runsc.log: %s)", id, ctx.Err(), last, d.logTail(id, 400))
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(5 * time.Millisecond):
 			}
 		}
 		last = d.probe(ctx, id)
@@ -254,6 +302,15 @@ func (d *Driver) waitReady(ctx context.Context, id string) error {
 // probe makes one attach: its ready byte says the guest init is up. The attach is kept for
 // the box's next Attach.
 func (d *Driver) probe(ctx context.Context, id string) error {
+	if c, err := d.dialHost(ctx, id); err == nil {
+		d.keepSpare(id, c)
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ECONNREFUSED) {
+		return err
+	}
+	if time.Since(d.startedAt(id)) < hostSocketGrace {
+		return errNotYet // the init is still coming up: try the host socket again shortly
+	}
 	s, err := d.attach(ctx, id)
 	if err != nil {
 		return err
@@ -261,6 +318,12 @@ func (d *Driver) probe(ctx context.Context, id string) error {
 	d.keepSpare(id, s)
 	return nil
 }
+
+// hostSocketGrace is how long a new box's init gets to make its host socket before probes
+// fall back to `runsc exec … connect`.
+const hostSocketGrace = 2 * time.Second
+
+var errNotYet = errors.New("gvisor: guest init not listening yet")
 
 // ExportWorkspace implements runtime.WorkspaceExporter: the box's workspace folder on the host
 // as a tar stream, read without following any symlink the sandbox may have planted.

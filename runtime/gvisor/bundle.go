@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"sandboxd/guest"
 	"sandboxd/runtime"
 )
 
@@ -114,12 +115,17 @@ var dockerCaps = []string{
 // init binary; it is mounted read-only at /.sbx, an existing folder of the rootfs, so that
 // runsc never has to create a mount point in the shared rootfs (it would, on the host: a
 // file bind at /.sbx/init leaves an empty /.sbx/init in the rootfs folder).
-func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir string) (*ociSpec, error) {
+// hostDir, when not empty, is a host folder mounted at /run/sbx/host where the guest init
+// creates its host socket (guest.HostSocketEnv).
+func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string) (*ociSpec, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
 	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "LANG": "C.UTF-8"}
 	maps.Copy(env, spec.Env)
+	if hostDir != "" {
+		env[guest.HostSocketEnv] = hostSocketInBox
+	}
 	envList := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])
@@ -136,7 +142,7 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir string) (*oci
 		res.CPU = &ociCPU{Quota: max(spec.MilliCPU*cpuPeriodMicros/1000, 1000), Period: cpuPeriodMicros}
 	}
 
-	return &ociSpec{
+	oci := &ociSpec{
 		Version: "1.0.2",
 		Root:    ociRoot{Path: spec.Rootfs, Readonly: true},
 		Process: ociProcess{
@@ -168,13 +174,21 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir string) (*oci
 			// the memory cgroup's OOM counter and which stale cgroup to remove.
 			CgroupsPath: cgroupPath(id),
 		},
-	}, nil
+	}
+	if hostDir != "" {
+		// After /run/sbx's tmpfs, so the mount point is made in the tmpfs, never in the rootfs.
+		oci.Mounts = append(oci.Mounts, ociMount{Destination: hostDirInBox, Type: "bind", Source: hostDir, Options: []string{"rbind", "rw"}})
+	}
+	return oci, nil
 }
 
 // Where the guest init lives inside a box.
 const (
-	initDirInBox  = "/.sbx"
-	initPathInBox = "/.sbx/init"
+	// hostDirInBox is where the box's host folder is mounted; the init makes its host socket there.
+	hostDirInBox    = "/run/sbx/host"
+	hostSocketInBox = hostDirInBox + "/init.sock"
+	initDirInBox    = "/.sbx"
+	initPathInBox   = "/.sbx/init"
 )
 
 func cgroupPath(id string) string { return "/" + id }

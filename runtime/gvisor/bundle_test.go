@@ -19,7 +19,7 @@ func TestBuildSpec(t *testing.T) {
 		MemoryBytes: 1 << 30,
 		Env:         map[string]string{"FOO": "bar", "PATH": "/opt/bin:/usr/bin"},
 	}
-	oci, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init")
+	oci, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestBuildSpec(t *testing.T) {
 }
 
 func TestBuildSpecNoLimits(t *testing.T) {
-	oci, err := buildSpec("sbx_1", runtime.BoxSpec{Rootfs: "/r", PidsLimit: 100}, "/w", "/i")
+	oci, err := buildSpec("sbx_1", runtime.BoxSpec{Rootfs: "/r", PidsLimit: 100}, "/w", "/i", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ type Driver struct {
 
 	// spares holds, per box, the ready attach of its last create or start (see takeSpare).
 	spareMu sync.Mutex
-	spares  map[string]*attachStream
+	spares  map[string]io.ReadWriteCloser
 
 	// boxMu serializes lifecycle operations on one box within this process; recMu serializes
 	// record read-modify-writes (a flock extends that across processes).
@@ -111,7 +111,7 @@ func New(opts Options) (*Driver, error) {
 		opts.Logger = slog.Default()
 	}
 	d := &Driver{
-		spares:   map[string]*attachStream{},
+		spares:   map[string]io.ReadWriteCloser{},
 		opts:     opts,
 		log:      opts.Logger.With("driver", "gvisor"),
 		boxesDir: filepath.Join(opts.StateDir, "boxes"),
@@ -383,7 +383,14 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	if err != nil {
 		return err
 	}
-	oci, err := buildSpec(id, spec, d.boxPath(id, workspaceDn), d.initDir)
+	hostDir := d.boxPath(id, hostDn)
+	if err := os.RemoveAll(hostDir); err != nil { // a stale socket of an earlier container
+		return fmt.Errorf("gvisor: host socket folder: %w", err)
+	}
+	if err := os.Mkdir(hostDir, 0o700); err != nil {
+		return fmt.Errorf("gvisor: host socket folder: %w", err)
+	}
+	oci, err := buildSpec(id, spec, d.boxPath(id, workspaceDn), d.initDir, hostDir)
 	if err != nil {
 		return err
 	}

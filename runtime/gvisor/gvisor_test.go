@@ -2,6 +2,7 @@ package gvisor_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -237,40 +238,55 @@ func TestBoxSurvivesAttachClose(t *testing.T) {
 	}
 }
 
-// Closed attaches leave no connect process in the box and no runsc exec on the host.
+// Attaches go through the box's host socket: no connect process in the box, no runsc exec
+// on the host. Without the socket they fall back to `runsc exec … connect`, and closed
+// fallback attaches leave nothing behind either.
 func TestAttachCloseLeavesNothing(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
-	for i := 0; i < 5; i++ {
-		rwc, err := d.Attach(ctxT(t), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i%2 == 0 {
-			c, err := guest.DialContext(ctxT(t), rwc)
+	attachAndClose := func() {
+		for i := 0; i < 5; i++ {
+			rwc, err := d.Attach(ctxT(t), id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.Close()
-		} else {
-			rwc.Close() // closed before any byte went through
+			if i%2 == 0 {
+				c, err := guest.DialContext(ctxT(t), rwc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Close()
+			} else {
+				rwc.Close() // closed before any byte went through
+			}
 		}
 	}
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "ps -eo args= | grep -c '^/.sbx/init connect'"}})
-	if got := strings.TrimSpace(string(res.Stdout)); got != "1" {
-		t.Errorf("got %s connect processes in the box, want 1 (the current attach)", got)
-	}
-	execs := 0
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, _ := os.ReadFile(p)
-		if strings.Contains(string(b), "\x00exec\x00") && strings.Contains(string(b), id) {
-			execs++
+	count := func(wantConnect, wantExec int) {
+		t.Helper()
+		res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "ps -eo args= | grep -c '^/.sbx/init connect'"}})
+		if got := strings.TrimSpace(string(res.Stdout)); got != fmt.Sprint(wantConnect) {
+			t.Errorf("got %s connect processes in the box, want %d", got, wantConnect)
+		}
+		execs := 0
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			b, _ := os.ReadFile(p)
+			if strings.Contains(string(b), "\x00exec\x00") && strings.Contains(string(b), id) {
+				execs++
+			}
+		}
+		if execs != wantExec {
+			t.Errorf("got %d runsc exec processes of the box on the host, want %d", execs, wantExec)
 		}
 	}
-	if execs != 1 {
-		t.Errorf("got %d runsc exec processes of the box on the host, want 1", execs)
+	attachAndClose()
+	count(0, 0) // the counting attach itself dials the host socket
+	sock := filepath.Join(stateDirOf(t, d), "boxes", id, "host", "init.sock")
+	if err := os.Remove(sock); err != nil {
+		t.Fatalf("the box has no host socket: %v", err)
 	}
+	attachAndClose()
+	count(1, 1) // the counting attach is a fallback one
 }
 
 func TestStartFreshWorkspace(t *testing.T) {

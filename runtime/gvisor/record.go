@@ -44,6 +44,8 @@ const (
 	logFile     = "runsc.log"
 	workspaceDn = "workspace"
 	bundleDn    = "bundle"
+	// hostDn is mounted at /run/sbx/host: the guest init makes its host socket there.
+	hostDn = "host"
 )
 
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }

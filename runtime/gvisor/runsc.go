@@ -31,6 +31,9 @@ func (d *Driver) globalFlags(spec runtime.BoxSpec) ([]string, error) {
 		"--root=" + d.rootDir,
 		"--platform=" + d.opts.Platform,
 		"--network=" + network,
+		// The guest init may create its host socket (and only create: the sandbox cannot
+		// connect to any host socket), so attaches dial it instead of running `runsc exec`.
+		"--host-uds=create",
 	}
 	return append(flags, d.opts.ExtraFlags...), nil
 }
