@@ -126,7 +126,8 @@ func (b *bench) newRawBundle(refID string) (*rawBundle, error) {
 	}
 	r := &rawBundle{b: b, root: filepath.Join(dir, "root"), bundle: filepath.Join(dir, "bundle"), logPath: filepath.Join(dir, "runsc.log")}
 	ws := filepath.Join(dir, "workspace")
-	for _, d := range []string{r.root, r.bundle, ws} {
+	host := filepath.Join(dir, "host") // the box's own host-socket folder (never the reference's)
+	for _, d := range []string{r.root, r.bundle, ws, host} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -137,9 +138,16 @@ func (b *bench) newRawBundle(refID string) (*rawBundle, error) {
 	mounts, _ := spec["mounts"].([]any)
 	found := false
 	for _, m := range mounts {
-		if mm, ok := m.(map[string]any); ok && mm["destination"] == "/workspace" {
+		mm, ok := m.(map[string]any)
+		if !ok {
+			continue
+		}
+		switch mm["destination"] {
+		case "/workspace":
 			mm["source"] = ws
 			found = true
+		case "/run/sbx/host":
+			mm["source"] = host
 		}
 	}
 	if !found {
