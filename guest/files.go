@@ -157,29 +157,40 @@ func randName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// openInWorkspace opens the workspace root and, resolved inside it (links are followed only
+// within the workspace), the file or folder rel names: read-only, O_NONBLOCK so that a FIFO
+// cannot hang a handler, O_NOFOLLOW, and never O_DIRECTORY (with O_NOFOLLOW, the combination
+// gVisor gets wrong). It returns the resolved name; the caller closes f and root.
+func (s *Server) openInWorkspace(rel string) (*os.Root, string, *os.File, *Error) {
+	root, err := os.OpenRoot(s.ws)
+	if err != nil {
+		return nil, "", nil, fsError(err)
+	}
+	name, perr := s.resolve(root, rel, true)
+	if perr != nil {
+		root.Close()
+		return nil, "", nil, perr
+	}
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		root.Close()
+		return nil, "", nil, fsError(err)
+	}
+	return root, name, f, nil
+}
+
 func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) {
 	rel, perr := s.relPath(r.URL.Query().Get("path"), false)
 	if perr != nil {
 		writeError(w, perr)
 		return
 	}
-	root, err := os.OpenRoot(s.ws)
-	if err != nil {
-		writeError(w, fsError(err))
-		return
-	}
-	defer root.Close()
-	name, perr := s.resolve(root, rel, true)
+	root, _, f, perr := s.openInWorkspace(rel)
 	if perr != nil {
 		writeError(w, perr)
 		return
 	}
-	// O_NONBLOCK: opening a FIFO must not hang the handler.
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		writeError(w, fsError(err))
-		return
-	}
+	defer root.Close()
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
@@ -362,23 +373,12 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 			limit = min(n, maxDirLimit)
 		}
 	}
-	root, err := os.OpenRoot(s.ws)
-	if err != nil {
-		writeError(w, fsError(err))
-		return
-	}
-	defer root.Close()
-	dir, perr := s.resolve(root, rel, true)
+	root, dir, f, perr := s.openInWorkspace(rel)
 	if perr != nil {
 		writeError(w, perr)
 		return
 	}
-	// No O_DIRECTORY: with O_NOFOLLOW it is the combination gVisor gets wrong.
-	f, err := root.OpenFile(dir, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		writeError(w, fsError(err))
-		return
-	}
+	defer root.Close()
 	defer f.Close()
 	if fi, err := f.Stat(); err != nil {
 		writeError(w, fsError(err))
