@@ -100,20 +100,25 @@ func (d *Driver) runscLogged(ctx context.Context, id string, flags []string, arg
 
 // logTail returns about the last n bytes of the box's runsc log, on one line.
 func (d *Driver) logTail(id string, n int64) string {
+	s := strings.TrimSpace(string(d.readLogTail(id, n)))
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// readLogTail returns the last n bytes (at most) of the box's runsc log; nil when it has none.
+func (d *Driver) readLogTail(id string, n int64) []byte {
 	f, err := os.Open(d.boxPath(id, logFile))
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return ""
+		return nil
 	}
 	off := max(st.Size()-n, 0)
 	b := make([]byte, st.Size()-off)
 	k, _ := f.ReadAt(b, off)
-	s := strings.TrimSpace(string(b[:k]))
-	return strings.Join(strings.Fields(s), " ")
+	return b[:k]
 }
 
 // containerState is what the driver reads of runsc's state file of a container
@@ -298,19 +303,7 @@ func (d *Driver) deathReason(id string, st containerState) string {
 // lastErrorLine returns the last line of the box's runsc log (its tail) that reports an
 // error, panic or fatal condition, shortened; "" when there is none.
 func (d *Driver) lastErrorLine(id string) string {
-	f, err := os.Open(d.boxPath(id, logFile))
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(st.Size()-16<<10, 0)
-	b := make([]byte, st.Size()-off)
-	n, _ := f.ReadAt(b, off)
-	lines := strings.Split(string(b[:n]), "\n")
+	lines := strings.Split(string(d.readLogTail(id, 16<<10)), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		l := strings.TrimSpace(lines[i])
 		low := strings.ToLower(l)
