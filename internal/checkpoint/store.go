@@ -12,6 +12,9 @@
 // checkpoint exists only once its manifest does: a data object or claim without a manifest is
 // a Save in flight or the remains of a crash; listing ignores it and GC removes it after a grace
 // period. Delete removes the manifest first, then the data.
+//
+// The ObjectStore is a LocalStore (a folder: the embedded default) or a GCSStore (a Cloud
+// Storage bucket); storetest.Run is the suite both pass.
 package checkpoint
 
 import (
@@ -202,15 +205,16 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 	if err == nil {
 		return m, nil
 	}
-	if !errors.Is(err, ErrPrecondition) {
-		// A Put may fail after storing the object (a lost response): then the Save is done.
-		c, cancel := detached(ctx)
-		got, gerr := s.readManifest(c, sc, n)
-		cancel()
-		if gerr == nil && got.SHA256 == m.SHA256 && got.CreatedAt.Equal(m.CreatedAt) {
-			return got, nil
-		}
-	} else {
+	// A Put may fail after storing the object (a lost response), and a store that retries a
+	// conditional write after a lost response then reports a precondition failure for its own
+	// object (GCS): either way, when the manifest there is ours, the Save is done.
+	c, cancel := detached(ctx)
+	got, gerr := s.readManifest(c, sc, n)
+	cancel()
+	if gerr == nil && got.SHA256 == m.SHA256 && got.CreatedAt.Equal(m.CreatedAt) {
+		return got, nil
+	}
+	if errors.Is(err, ErrPrecondition) {
 		err = fmt.Errorf("%w: manifest %s exists: %w", ErrConflict, mkey, err)
 	}
 	if derr := s.cleanup(ctx, m.Object); derr != nil {

@@ -1,0 +1,250 @@
+package execstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"sandboxd/internal/apierror"
+)
+
+// EventKind says what an Event carries.
+type EventKind string
+
+// The event kinds.
+const (
+	// EventChunk carries output: Stream and Data.
+	EventChunk EventKind = "chunk"
+	// EventExit carries the exit status; it is always the last event of an exec.
+	EventExit EventKind = "exit"
+	// EventTruncated says that output between the previous cursor and this event's Cursor is no
+	// longer in the bounded stream (trimmed, or the exec was swept): Missed guest log bytes.
+	EventTruncated EventKind = "truncated"
+)
+
+// Event is one event of an exec's output.
+type Event struct {
+	Kind EventKind
+	// Cursor is the position after this event; pass it back as `after` to resume there.
+	Cursor string
+	Stream Stream
+	Data   []byte
+	Exit   *Exit
+	// Missed is, for EventTruncated, how many guest log bytes (output plus 5-byte record
+	// headers) were lost; 0 when unknown (the exec itself is gone).
+	Missed int64
+}
+
+// cursor is a position in an exec's stream: the entry id "<guest offset>-<part>", part 0 after
+// the chunk that ends at that offset (or at the start, "0-0"), part 1 after the exit entry.
+type cursor struct {
+	off  int64
+	part int64
+}
+
+var cursorPattern = regexp.MustCompile(`^[0-9]{1,19}-[0-9]{1,19}$`)
+
+func parseCursor(s string) (cursor, error) {
+	if s == "" {
+		return cursor{}, nil
+	}
+	if !cursorPattern.MatchString(s) {
+		return cursor{}, ErrBadCursor
+	}
+	a, b, _ := strings.Cut(s, "-")
+	off, err1 := strconv.ParseInt(a, 10, 64)
+	part, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil || part > 1 {
+		return cursor{}, ErrBadCursor
+	}
+	return cursor{off: off, part: part}, nil
+}
+
+func (c cursor) String() string {
+	return strconv.FormatInt(c.off, 10) + "-" + strconv.FormatInt(c.part, 10)
+}
+
+// Read returns up to count events after the cursor after ("" = from the start of the exec's
+// output; count <= 0 means 100). When nothing follows the cursor yet and block > 0, it waits up
+// to block for more (an empty result means nothing came). A truncated event comes first when
+// output after the cursor has been trimmed, so a result may hold count+1 events. A cursor at the
+// exit event gives an empty result at once. ErrBadCursor for a malformed cursor or one this
+// exec never gave; ErrNotFound for an unknown (or swept) exec.
+func (s *Store) Read(ctx context.Context, execID, after string, count int, block time.Duration) ([]Event, error) {
+	evs, _, err := s.read(ctx, execID, after, count, block)
+	return evs, err
+}
+
+// read is Read that also reports whether nothing can ever follow the events returned (the exit
+// event is among them, or the cursor was already at it).
+func (s *Store) read(ctx context.Context, execID, after string, count int, block time.Duration) ([]Event, bool, error) {
+	if !validID(execID) {
+		return nil, false, fmt.Errorf("execstream read %q: %w", execID, ErrNotFound)
+	}
+	pos, err := parseCursor(after)
+	if err != nil {
+		return nil, false, fmt.Errorf("execstream read %s: cursor %q: %w", execID, after, err)
+	}
+	if count <= 0 {
+		count = 100
+	}
+	var hm *redis.SliceCmd
+	var xr *redis.XMessageSliceCmd
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		hm = p.HMGet(ctx, metaKey(execID), "state", "offset")
+		xr = p.XRangeN(ctx, outKey(execID), cursor{pos.off, pos.part + 1}.String(), "+", int64(count))
+		return nil
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("execstream read %s: %w", execID, err)
+	}
+	vals := hm.Val()
+	state, _ := vals[0].(string)
+	if state == "" {
+		return nil, false, fmt.Errorf("execstream read %s: %w", execID, ErrNotFound)
+	}
+	offStr, _ := vals[1].(string)
+	stored, _ := strconv.ParseInt(offStr, 10, 64)
+	ended := State(state) == Ended
+	// The last entry id is "<stored>-1" once ended, else "<stored>-0" (or nothing yet): a cursor
+	// past it was never given out, and waiting for it could hang.
+	if pos.off > stored || pos.part == 1 && (!ended || pos.off != stored) {
+		return nil, false, fmt.Errorf("execstream read %s: cursor %q is past the end: %w", execID, after, ErrBadCursor)
+	}
+	msgs := xr.Val()
+	if len(msgs) == 0 {
+		// The newest entry is never trimmed, so an ended exec with nothing after the cursor means
+		// the cursor is at the exit event.
+		if ended || block <= 0 {
+			return nil, ended, nil
+		}
+		res, err := s.block.XRead(ctx, &redis.XReadArgs{
+			Streams: []string{outKey(execID), pos.String()}, Count: int64(count), Block: max(block, time.Millisecond),
+		}).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("execstream read %s: %w", execID, err)
+		}
+		if len(res) == 1 {
+			msgs = res[0].Messages
+		}
+	}
+	evs, done, err := decode(pos, msgs)
+	if err != nil {
+		return nil, false, fmt.Errorf("execstream read %s: cursor %q: %w", execID, after, err)
+	}
+	return evs, done, nil
+}
+
+// decode turns stream entries after pos into events, with a truncated event wherever an entry
+// does not start where the previous one (or the cursor) ended.
+func decode(pos cursor, msgs []redis.XMessage) ([]Event, bool, error) {
+	evs := make([]Event, 0, len(msgs)+1)
+	expect := pos.off
+	for _, m := range msgs {
+		id, err := parseCursor(m.ID)
+		if err != nil {
+			return nil, false, fmt.Errorf("stream entry id %q: %w", m.ID, err)
+		}
+		str := func(k string) string { v, _ := m.Values[k].(string); return v }
+		start := id.off
+		if id.part == 0 {
+			start, err = strconv.ParseInt(str("start"), 10, 64)
+			if err != nil {
+				return nil, false, fmt.Errorf("stream entry %s: bad start %q", m.ID, str("start"))
+			}
+		}
+		switch {
+		case start < expect:
+			// Only a cursor that is not an entry boundary of this exec gets here.
+			return nil, false, ErrBadCursor
+		case start > expect:
+			evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: start}.String(), Missed: start - expect})
+		}
+		if id.part == 1 {
+			code, _ := strconv.Atoi(str("code"))
+			dur, _ := strconv.ParseInt(str("duration_ms"), 10, 64)
+			evs = append(evs, Event{Kind: EventExit, Cursor: m.ID, Exit: &Exit{
+				ExitCode: code, Signal: str("signal"), TimedOut: str("timed_out") == "1", DurationMs: dur, Error: str("error"),
+			}})
+			return evs, true, nil
+		}
+		evs = append(evs, Event{Kind: EventChunk, Cursor: m.ID, Stream: Stream(str("stream")), Data: []byte(str("data"))})
+		expect = id.off
+	}
+	return evs, false, nil
+}
+
+// Subscribe replays an exec's output after the cursor after ("" = from the start) and then
+// follows it live, from any replica. The channel carries chunk events in order, a truncated
+// event wherever output was trimmed before this subscriber read it, and finally the exit event,
+// after which it is closed. It is also closed when ctx ends, or when Redis keeps failing
+// (the caller resumes from its last cursor). Each subscriber reads Redis on its own and each
+// send waits on ctx: a slow subscriber only falls behind (and may then see a truncated event),
+// it never slows Append or other subscribers, and an abandoned one leaks nothing.
+// ErrBadCursor and ErrNotFound are returned at once.
+func (s *Store) Subscribe(ctx context.Context, execID, after string) (<-chan Event, error) {
+	batch := s.opts.Buffer
+	first, done, err := s.read(ctx, execID, after, batch, 0)
+	if err != nil {
+		return nil, err
+	}
+	pos := after
+	if pos == "" {
+		pos = "0-0"
+	}
+	out := make(chan Event, s.opts.Buffer)
+	go func() {
+		defer close(out)
+		evs := first
+		failures := 0
+		for {
+			for _, ev := range evs {
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+				pos = ev.Cursor
+			}
+			if done || ctx.Err() != nil {
+				return
+			}
+			var err error
+			evs, done, err = s.read(ctx, execID, pos, batch, s.opts.Block)
+			if err == nil {
+				failures = 0
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, ErrNotFound) {
+				// Swept (or lost) while this subscriber was behind: the rest is gone.
+				select {
+				case out <- Event{Kind: EventTruncated, Cursor: pos}:
+				case <-ctx.Done():
+				}
+				return
+			}
+			var coded *apierror.Error
+			if failures++; failures > 20 || errors.As(err, &coded) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(failures) * 50 * time.Millisecond):
+			}
+		}
+	}()
+	return out, nil
+}
