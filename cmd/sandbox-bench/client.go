@@ -32,6 +32,15 @@ func newClient(base, key string) *client {
 	return &client{base: strings.TrimRight(base, "/"), key: key, http: &http.Client{Transport: tr, Timeout: 15 * time.Minute}}
 }
 
+// withConns returns a client of the same server and key that keeps up to n idle keep-alive
+// connections (for n concurrent callers).
+func (c *client) withConns(n int) *client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = n
+	tr.MaxIdleConns = max(n, tr.MaxIdleConns)
+	return &client{base: c.base, key: c.key, http: &http.Client{Transport: tr, Timeout: time.Minute}}
+}
+
 // apiError is a non-2xx answer.
 type apiError struct {
 	Status     int

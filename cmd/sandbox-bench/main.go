@@ -11,7 +11,12 @@
 // to stdout. Every sandbox it makes is destroyed, the sandboxd it started is stopped and its
 // temporary folder removed.
 //
-//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart] [--exec-n 100] [--json]
+// Besides the side-by-side groups, the reads suite loads REST reads with N concurrent clients
+// next to /healthz, the quota suite times internal/quota against a redis-server of its own,
+// and the memory and subscriptions suites measure what idle sandboxes and idle subscriptions
+// cost the host and sandboxd.
+//
+//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--json]
 package main
 
 import (
@@ -36,6 +41,14 @@ type options struct {
 	only                              string
 	warmup, execN, createN, stopStart int
 	workspaceMB, workspaceFiles       int
+	readsClients                      string
+	readsDuration                     time.Duration
+	readsRounds                       int
+	quotaN, quotaConc                 int
+	memoryK                           int
+	memorySettle                      time.Duration
+	subs                              int
+	subsWait                          time.Duration
 }
 
 // suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
@@ -50,6 +63,20 @@ var suites = []suite{
 	{"exec", benchExec},
 	{"create", benchCreate},
 	{"stopstart", benchStopStart},
+	{"stream", benchStream},
+	{"reads", benchReads},
+	{"quota", benchQuota},
+	{"memory", benchMemory},
+	{"subscriptions", benchSubscriptions},
+}
+
+// suiteNames lists the suites, for the usage and errors.
+func suiteNames() string {
+	names := make([]string, len(suites))
+	for i, s := range suites {
+		names[i] = s.name
+	}
+	return strings.Join(names, ", ")
 }
 
 func main() {
@@ -69,13 +96,22 @@ func parseFlags() *options {
 	flag.StringVar(&o.tmpDir, "tmp-dir", os.TempDir(), "where the run's temporary folder goes (state, checkpoints, tar files)")
 	flag.BoolVar(&o.json, "json", false, "print JSON instead of a Markdown table")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (server log, state) for inspection")
-	flag.StringVar(&o.only, "only", "", "comma-separated suites to run (exec, create, stopstart); default all")
+	flag.StringVar(&o.only, "only", "", "comma-separated suites to run ("+suiteNames()+"); default all")
 	flag.IntVar(&o.warmup, "warmup", 3, "unrecorded warm-up rounds of the exec and create groups")
 	flag.IntVar(&o.execN, "exec-n", 30, "recorded rounds of each exec group")
 	flag.IntVar(&o.createN, "create-n", 6, "recorded rounds of create → first exec")
 	flag.IntVar(&o.stopStart, "stopstart-n", 3, "recorded stop/start rounds of the 100 MB workspace")
 	flag.IntVar(&o.workspaceMB, "workspace-mb", 100, "size of the stop/start workspace in MB")
 	flag.IntVar(&o.workspaceFiles, "workspace-files", 6000, "number of files of the stop/start workspace")
+	flag.StringVar(&o.readsClients, "reads-clients", "1,8,32", "comma-separated numbers of concurrent clients of the reads suite")
+	flag.DurationVar(&o.readsDuration, "reads-duration", 3*time.Second, "how long each read path is loaded at each client count")
+	flag.IntVar(&o.readsRounds, "reads-rounds", 3, "slices the reads duration is split into, alternating the paths")
+	flag.IntVar(&o.quotaN, "quota-n", 300, "recorded serial acquire/release pairs (and SET/DEL pairs)")
+	flag.IntVar(&o.quotaConc, "quota-concurrency", 20, "goroutines of the concurrent quota group")
+	flag.IntVar(&o.memoryK, "memory-k", 5, "idle sandboxes of the memory suite (at most the concurrency limit, 10 by default)")
+	flag.DurationVar(&o.memorySettle, "memory-settle", 10*time.Second, "how long the idle sandboxes settle before they are measured")
+	flag.IntVar(&o.subs, "subscriptions", 1000, "idle sandboxEvents subscriptions of the subscriptions suite (one per WebSocket)")
+	flag.DurationVar(&o.subsWait, "subscriptions-wait", 15*time.Second, "how long the subscriptions stay idle before they are measured")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
 		flag.PrintDefaults()
@@ -91,6 +127,9 @@ func run() int {
 		return 2
 	}
 	selected, err := selectSuites(o.only)
+	if err == nil {
+		_, err = parseClients(o.readsClients)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-bench:", err)
 		return 2
@@ -163,7 +202,7 @@ func selectSuites(only string) ([]suite, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("unknown suite %q (have exec, create, stopstart)", name)
+			return nil, fmt.Errorf("unknown suite %q (have %s)", name, suiteNames())
 		}
 	}
 	return out, nil
