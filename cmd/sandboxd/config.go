@@ -71,6 +71,10 @@ type Config struct {
 	// ReconcileIntervalMs is how often each replica's reconciler passes over the sandboxes.
 	ReconcileIntervalMs int `json:"reconcile_interval_ms"`
 
+	// MaxSubscriptions bounds the subscriptions one replica follows at once (each holds a
+	// connection of a dedicated Redis pool while it waits); beyond it a subscribe is refused
+	// with UNAVAILABLE and Retry-After.
+	MaxSubscriptions int `json:"max_subscriptions"`
 	// EventsMaxLen bounds each project's event stream.
 	EventsMaxLen int64 `json:"events_max_len"`
 	// ShutdownSec bounds graceful shutdown.
@@ -99,6 +103,7 @@ func defaultConfig() Config {
 	c.Quota.RetryAfterSec = 5
 	c.ReconcileIntervalMs = 5000
 	c.LockTTLSec = 30
+	c.MaxSubscriptions = 1000
 	c.GraphQL.ComplexityLimit = 500
 	return c
 }
@@ -201,6 +206,9 @@ func (c *Config) validate() error {
 	}
 	if c.LockTTLSec <= 0 || c.LockTTLSec > c.Quota.LeaseSec {
 		errs = append(errs, fmt.Sprintf("lock_ttl_sec must be between 1 and quota.lease_sec (%d), got %d", c.Quota.LeaseSec, c.LockTTLSec))
+	}
+	if c.MaxSubscriptions < 1 || c.MaxSubscriptions > 100000 {
+		errs = append(errs, "max_subscriptions must be between 1 and 100000")
 	}
 	if c.ReconcileIntervalMs < 100 {
 		errs = append(errs, "reconcile_interval_ms must be at least 100")

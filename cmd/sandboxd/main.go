@@ -62,7 +62,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	log := newLogger(cfg)
 	slog.SetDefault(log)
 
-	rdb, closeRedis, err := openRedis(ctx, cfg.RedisURL, log)
+	rdb, blocking, closeRedis, err := openRedis(ctx, cfg.RedisURL, cfg.MaxSubscriptions, log)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
 		Driver:      driver,
 		Store:       store.New(rdb, lookupSource(driver)),
-		Events:      events.New(rdb, cfg.EventsMaxLen),
+		Events:      events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
 		Checkpoints: checkpoint.New(objs, checkpoint.Options{}),
 		Quota:       quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
 		Metrics:     sandbox.NewMetrics(reg),
@@ -171,29 +171,51 @@ func newLogger(cfg Config) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
-// openRedis connects to REDIS_URL, or starts the embedded Redis when it is empty.
-func openRedis(ctx context.Context, url string, log *slog.Logger) (redis.UniversalClient, func(), error) {
+// openRedis connects to REDIS_URL, or starts the embedded Redis when it is empty. It returns
+// two clients on the same server: one for everything, and one whose pool holds a connection
+// per subscription for the subscribers' blocking reads, so that waiting subscribers never
+// starve the rest.
+func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (rdb, blocking redis.UniversalClient, closeAll func(), err error) {
+	var opts *redis.Options
+	var mr *miniredis.Miniredis
 	if url == "" {
-		mr := miniredis.NewMiniRedis()
+		mr = miniredis.NewMiniRedis()
 		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis: %w", err)
+			return nil, nil, nil, fmt.Errorf("embedded redis: %w", err)
 		}
 		log.Info("embedded Redis started (set REDIS_URL to use a real one)", "addr", mr.Addr())
-		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		return rdb, func() { rdb.Close(); mr.Close() }, nil
+		opts = &redis.Options{Addr: mr.Addr()}
+	} else {
+		opts, err = redis.ParseURL(url)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("REDIS_URL: %w", err)
+		}
 	}
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, nil, fmt.Errorf("REDIS_URL: %w", err)
+	main := redis.NewClient(opts)
+	bopts := *opts
+	bopts.PoolSize = maxSubs + 16
+	bopts.PoolTimeout = 2 * time.Second
+	// A waiting subscriber reads a few small events at a time: small buffers, and idle
+	// connections closed when the subscriptions end.
+	bopts.ReadBufferSize = 4 << 10
+	bopts.WriteBufferSize = 4 << 10
+	bopts.MaxIdleConns = 32
+	bopts.ConnMaxIdleTime = time.Minute
+	block := redis.NewClient(&bopts)
+	closeAll = func() {
+		block.Close()
+		main.Close()
+		if mr != nil {
+			mr.Close()
+		}
 	}
-	rdb := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
-		rdb.Close()
-		return nil, nil, fmt.Errorf("redis at %s: %w", redactURL(url), err)
+	if err := main.Ping(pctx).Err(); err != nil {
+		closeAll()
+		return nil, nil, nil, fmt.Errorf("redis at %s: %w", redactURL(url), err)
 	}
-	return rdb, func() { rdb.Close() }, nil
+	return main, block, closeAll, nil
 }
 
 func redactURL(u string) string {

@@ -29,18 +29,46 @@ type Event struct {
 // Bus publishes and follows events.
 type Bus struct {
 	rdb redis.UniversalClient
+	// blocking serves the subscribers' blocking reads, so that they never hold the
+	// connections everything else needs.
+	blocking redis.UniversalClient
 	// MaxLen bounds each project's stream (approximately, on a real Redis).
 	maxLen int64
 	// block is how long one XREAD waits before checking the context again.
 	block time.Duration
+	// slots bounds the subscriptions this replica follows at once.
+	slots chan struct{}
 }
 
-// New returns a Bus keeping up to maxLen events per project.
-func New(rdb redis.UniversalClient, maxLen int64) *Bus {
-	if maxLen <= 0 {
-		maxLen = 10000
+// Options configure a Bus.
+type Options struct {
+	// MaxLen bounds each project's stream (default 10,000 events).
+	MaxLen int64
+	// Blocking is the client for subscribers' blocking reads; its pool must hold
+	// MaxSubscribers connections. Default: the Bus's own client (fine for tests only: each
+	// waiting subscriber holds one of its connections).
+	Blocking redis.UniversalClient
+	// MaxSubscribers bounds concurrent subscriptions (default 1,000); beyond it Subscribe
+	// answers ErrTooManySubscribers.
+	MaxSubscribers int
+}
+
+// ErrTooManySubscribers means this replica follows as many subscriptions as it may.
+var ErrTooManySubscribers = errors.New("events: too many subscriptions on this replica")
+
+// New returns a Bus.
+func New(rdb redis.UniversalClient, opts Options) *Bus {
+	if opts.MaxLen <= 0 {
+		opts.MaxLen = 10000
 	}
-	return &Bus{rdb: rdb, maxLen: maxLen, block: 5 * time.Second}
+	if opts.Blocking == nil {
+		opts.Blocking = rdb
+	}
+	if opts.MaxSubscribers <= 0 {
+		opts.MaxSubscribers = 1000
+	}
+	return &Bus{rdb: rdb, blocking: opts.Blocking, maxLen: opts.MaxLen, block: 5 * time.Second,
+		slots: make(chan struct{}, opts.MaxSubscribers)}
 }
 
 func streamKey(tenant, project string) string { return "sbx:{" + tenant + ":" + project + "}:events" }
@@ -75,11 +103,17 @@ func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after s
 	if !ValidCursor(after) {
 		return nil, ErrBadCursor
 	}
+	select {
+	case b.slots <- struct{}{}:
+	default:
+		return nil, ErrTooManySubscribers
+	}
 	key := streamKey(tenant, project)
 	if after == "" {
 		// Start from the current last entry, so nothing published after Subscribe returns is missed.
 		last, err := b.rdb.XRevRangeN(ctx, key, "+", "-", 1).Result()
 		if err != nil {
+			<-b.slots
 			return nil, fmt.Errorf("events subscribe: %w", err)
 		}
 		after = "0-0"
@@ -89,11 +123,12 @@ func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after s
 	}
 	out := make(chan Event, 16)
 	go func() {
+		defer func() { <-b.slots }()
 		defer close(out)
 		cursor := after
 		failures := 0
 		for ctx.Err() == nil {
-			res, err := b.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{key, cursor}, Count: 100, Block: b.block}).Result()
+			res, err := b.blocking.XRead(ctx, &redis.XReadArgs{Streams: []string{key, cursor}, Count: 100, Block: b.block}).Result()
 			if errors.Is(err, redis.Nil) {
 				continue
 			}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"sandboxd/internal/redistest"
@@ -29,7 +30,7 @@ func next(t *testing.T, ch <-chan Event) Event {
 
 func TestPublishSubscribeResume(t *testing.T) {
 	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
-		b := New(srv.Client, 1000)
+		b := New(srv.Client, Options{MaxLen: 1000})
 		b.block = 100 * time.Millisecond
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -93,7 +94,7 @@ func TestPublishSubscribeResume(t *testing.T) {
 
 func TestStreamIsBounded(t *testing.T) {
 	srv := redistest.Embedded(t)
-	b := New(srv.Client, 50)
+	b := New(srv.Client, Options{MaxLen: 50})
 	ctx := context.Background()
 	for i := 0; i < 500; i++ {
 		if _, err := b.Publish(ctx, "t", "p", Event{Type: "X", SandboxID: "s"}); err != nil {
@@ -106,5 +107,54 @@ func TestStreamIsBounded(t *testing.T) {
 	}
 	if n > 150 {
 		t.Fatalf("stream holds %d events, want about 50", n)
+	}
+}
+
+// TestSubscribersDoNotStarvePublishers: waiting subscribers use their own client, so
+// publishing (and everything else on the main client) goes on; beyond MaxSubscribers a
+// subscription is refused rather than queued.
+func TestSubscribersDoNotStarvePublishers(t *testing.T) {
+	srv := redistest.Start(t)
+	main := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2, PoolTimeout: 500 * time.Millisecond})
+	defer main.Close()
+	blocking := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 40, PoolTimeout: time.Second})
+	defer blocking.Close()
+	b := New(main, Options{Blocking: blocking, MaxSubscribers: 30})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var subs []<-chan Event
+	for i := 0; i < 30; i++ {
+		ch, err := b.Subscribe(ctx, "t", "p", "", "")
+		if err != nil {
+			t.Fatalf("subscription %d: %v", i, err)
+		}
+		subs = append(subs, ch)
+	}
+	if _, err := b.Subscribe(ctx, "t", "p", "", ""); err != ErrTooManySubscribers {
+		t.Fatalf("subscription 31: got %v, want ErrTooManySubscribers", err)
+	}
+	time.Sleep(200 * time.Millisecond) // every subscriber is now waiting in XREAD BLOCK
+	start := time.Now()
+	if _, err := b.Publish(ctx, "t", "p", Event{Type: "X", SandboxID: "s"}); err != nil {
+		t.Fatalf("publish with 30 waiting subscribers on a 2-connection main pool: %v", err)
+	}
+	if d := time.Since(start); d > 400*time.Millisecond {
+		t.Fatalf("publish took %v with subscribers waiting, want it unaffected", d)
+	}
+	for i, ch := range subs {
+		if ev := next(t, ch); ev.SandboxID != "s" {
+			t.Fatalf("subscriber %d: got %+v", i, ev)
+		}
+	}
+	cancel()
+	for _, ch := range subs {
+		for range ch {
+		}
+	}
+	// Slots come back when subscriptions end.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	if _, err := b.Subscribe(ctx2, "t", "p", "", ""); err != nil {
+		t.Fatalf("after the others ended: %v", err)
 	}
 }

@@ -1073,6 +1073,10 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	in, err := s.events.Subscribe(sctx, p.Tenant, p.Project, sandboxID, after)
 	if err != nil {
 		cancel()
+		if errors.Is(err, events.ErrTooManySubscribers) {
+			return nil, apierror.Wrap(err, apierror.Unavailable, "this server follows as many subscriptions as it may; retry shortly").
+				WithRetryAfter(5 * time.Second)
+		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable")
 	}
 	out := make(chan Event)

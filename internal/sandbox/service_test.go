@@ -83,7 +83,7 @@ func newEnvWithLimit(t *testing.T, limit int) *env {
 	clock := &fakeClock{t: time.Now()}
 	q := quota.New(rs.Client, SlotSource(fake), quota.Options{Limits: quota.Limits{Default: limit}, Lease: time.Minute,
 		Settle: -1, Now: clock.Now})
-	svc, err := New(cfg, Deps{Driver: fake, Store: st, Events: events.New(rs.Client, 100), Checkpoints: ck,
+	svc, err := New(cfg, Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
 		Quota: q, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
