@@ -8,7 +8,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -1218,5 +1217,3 @@ func toSandbox(rec runtime.Record) Sandbox {
 func fileInfo(f guest.FileInfo) FileInfo {
 	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime}
 }
-
-var _ = fmt.Sprintf
