@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,15 +39,17 @@ type Bus struct {
 	block time.Duration
 	// slots bounds the subscriptions this replica follows at once.
 	slots chan struct{}
+
+	hubMu sync.Mutex
+	hubs  map[string]*hub // by stream key: one reader per project stream with subscribers
 }
 
 // Options configure a Bus.
 type Options struct {
 	// MaxLen bounds each project's stream (default 10,000 events).
 	MaxLen int64
-	// Blocking is the client for subscribers' blocking reads; its pool must hold
-	// MaxSubscribers connections. Default: the Bus's own client (fine for tests only: each
-	// waiting subscriber holds one of its connections).
+	// Blocking is the client for the blocking reads: one per project stream that has
+	// subscribers on this replica. Default: the Bus's own client.
 	Blocking redis.UniversalClient
 	// MaxSubscribers bounds concurrent subscriptions (default 1,000); beyond it Subscribe
 	// answers ErrTooManySubscribers.
@@ -68,7 +71,7 @@ func New(rdb redis.UniversalClient, opts Options) *Bus {
 		opts.MaxSubscribers = 1000
 	}
 	return &Bus{rdb: rdb, blocking: opts.Blocking, maxLen: opts.MaxLen, block: 5 * time.Second,
-		slots: make(chan struct{}, opts.MaxSubscribers)}
+		slots: make(chan struct{}, opts.MaxSubscribers), hubs: map[string]*hub{}}
 }
 
 func streamKey(tenant, project string) string { return "sbx:{" + tenant + ":" + project + "}:events" }
@@ -125,44 +128,7 @@ func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after s
 	go func() {
 		defer func() { <-b.slots }()
 		defer close(out)
-		cursor := after
-		failures := 0
-		for ctx.Err() == nil {
-			res, err := b.blocking.XRead(ctx, &redis.XReadArgs{Streams: []string{key, cursor}, Count: 100, Block: b.block}).Result()
-			if errors.Is(err, redis.Nil) {
-				continue
-			}
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				failures++
-				if failures > 20 {
-					return
-				}
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(time.Duration(failures) * 50 * time.Millisecond):
-				}
-				continue
-			}
-			failures = 0
-			for _, st := range res {
-				for _, m := range st.Messages {
-					cursor = m.ID
-					ev := decode(m)
-					if sandboxID != "" && ev.SandboxID != sandboxID {
-						continue
-					}
-					select {
-					case out <- ev:
-					case <-ctx.Done():
-						return
-					}
-				}
-			}
-		}
+		b.follow(ctx, key, sandboxID, after, out)
 	}()
 	return out, nil
 }

@@ -158,3 +158,48 @@ func TestSubscribersDoNotStarvePublishers(t *testing.T) {
 		t.Fatalf("after the others ended: %v", err)
 	}
 }
+
+// TestOneReaderPerProject: many subscribers of one project share one blocking read, and a
+// subscriber that does not read for a while loses nothing and gets nothing twice.
+func TestOneReaderPerProject(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		blocking := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 50})
+		defer blocking.Close()
+		b := New(srv.Client, Options{Blocking: blocking, MaxLen: 100000})
+		b.block = 200 * time.Millisecond
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		const n = 200
+		var subs []<-chan Event
+		for i := 0; i < n; i++ {
+			ch, err := b.Subscribe(ctx, "t", "p", "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			subs = append(subs, ch)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if got := blocking.PoolStats().TotalConns; got > 2 {
+			t.Fatalf("%d subscribers of one project hold %d blocking connections, want 1", n, got)
+		}
+		// 1,000 events while nobody reads: every live queue overflows.
+		const events = 1000
+		for i := 0; i < events; i++ {
+			if _, err := b.Publish(ctx, "t", "p", Event{Type: "X", SandboxID: "s", Fields: map[string]string{"i": fmt.Sprint(i)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k, ch := range []<-chan Event{subs[0], subs[n/2], subs[n-1]} {
+			for i := 0; i < events; i++ {
+				if ev := next(t, ch); ev.Fields["i"] != fmt.Sprint(i) {
+					t.Fatalf("subscriber %d, event %d: got %q, want %d (no loss, no duplicate, in order)", k, i, ev.Fields["i"], i)
+				}
+			}
+		}
+		cancel()
+		for _, ch := range subs {
+			for range ch {
+			}
+		}
+	})
+}
