@@ -28,6 +28,15 @@ type Config struct {
 	// CheckpointDir is the local checkpoint store (default StateDir/checkpoint-store).
 	// Env SANDBOXD_CHECKPOINT_DIR.
 	CheckpointDir string `json:"checkpoint_dir"`
+	// Checkpoints chooses where workspace checkpoints live.
+	Checkpoints struct {
+		// Store is "local" (CheckpointDir, the default) or "gcs".
+		Store string `json:"store"`
+		// GCSBucket and GCSPrefix locate the objects in GCS. Credentials come from the
+		// application-default chain; STORAGE_EMULATOR_HOST points the client at an emulator.
+		GCSBucket string `json:"gcs_bucket"`
+		GCSPrefix string `json:"gcs_prefix"`
+	} `json:"checkpoints"`
 	// Runsc is the runsc binary. Env SANDBOXD_RUNSC.
 	Runsc string `json:"runsc"`
 	// InitBinary is the static sandbox-init binary mounted into every sandbox. Env SANDBOXD_INIT.
@@ -206,6 +215,15 @@ func (c *Config) validate() error {
 	}
 	if c.LockTTLSec <= 0 || c.LockTTLSec > c.Quota.LeaseSec {
 		errs = append(errs, fmt.Sprintf("lock_ttl_sec must be between 1 and quota.lease_sec (%d), got %d", c.Quota.LeaseSec, c.LockTTLSec))
+	}
+	switch c.Checkpoints.Store {
+	case "", "local":
+	case "gcs":
+		if c.Checkpoints.GCSBucket == "" {
+			errs = append(errs, "checkpoints.store gcs needs checkpoints.gcs_bucket")
+		}
+	default:
+		errs = append(errs, fmt.Sprintf("checkpoints.store must be local or gcs, got %q", c.Checkpoints.Store))
 	}
 	if c.MaxSubscriptions < 1 || c.MaxSubscriptions > 100000 {
 		errs = append(errs, "max_subscriptions must be between 1 and 100000")

@@ -75,10 +75,11 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if err := driver.Check(ctx); err != nil {
 		return fmt.Errorf("gvisor runtime: %w", err)
 	}
-	objs, err := checkpoint.NewLocalStore(cfg.CheckpointDir)
+	objs, closeObjs, err := openCheckpointStore(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("checkpoint store: %w", err)
 	}
+	defer closeObjs()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
@@ -140,7 +141,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("sandboxd listening", "addr", ln.Addr().String(), "runtime", driver.Name(), "state_dir", cfg.StateDir,
-		"checkpoints", cfg.CheckpointDir, "redis", redactURL(cfg.RedisURL), "profiles", len(cfg.Profiles), "keys", authn.Len())
+		"checkpoints", checkpointLocation(cfg), "redis", redactURL(cfg.RedisURL), "profiles", len(cfg.Profiles), "keys", authn.Len())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -218,6 +219,13 @@ func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (
 	return main, block, closeAll, nil
 }
 
+func checkpointLocation(cfg Config) string {
+	if cfg.Checkpoints.Store == "gcs" {
+		return "gs://" + cfg.Checkpoints.GCSBucket + "/" + strings.Trim(cfg.Checkpoints.GCSPrefix, "/")
+	}
+	return cfg.CheckpointDir
+}
+
 func redactURL(u string) string {
 	if u == "" {
 		return "embedded"
@@ -228,6 +236,22 @@ func redactURL(u string) string {
 		}
 	}
 	return u
+}
+
+// openCheckpointStore opens the configured object store for checkpoints.
+func openCheckpointStore(ctx context.Context, cfg Config) (checkpoint.ObjectStore, func(), error) {
+	if cfg.Checkpoints.Store == "gcs" {
+		g, err := checkpoint.NewGCSStore(ctx, checkpoint.GCSOptions{Bucket: cfg.Checkpoints.GCSBucket, Prefix: cfg.Checkpoints.GCSPrefix})
+		if err != nil {
+			return nil, nil, err
+		}
+		return g, func() { g.Close() }, nil
+	}
+	l, err := checkpoint.NewLocalStore(cfg.CheckpointDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, func() {}, nil
 }
 
 // lookupSource lists the runtime's boxes as lookup entries: what Redis is rebuilt from.
