@@ -81,7 +81,7 @@ func (s *Service) CountByState(ctx context.Context) (map[string]int, error) {
 	out := map[string]int{}
 	for _, b := range boxes {
 		st := b.Record.State
-		if b.Phase == "failed" && st == string(Running) {
+		if diedRunning(b) {
 			st = string(Failed)
 		}
 		out[st]++

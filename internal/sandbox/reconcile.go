@@ -103,7 +103,7 @@ func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time
 		}
 		return s.finish(ctx, b)
 	case Running:
-		if b.Phase == runtime.PhaseFailed {
+		if diedRunning(b) {
 			return State(s.observe(ctx, b).State)
 		}
 	}

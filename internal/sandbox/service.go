@@ -381,7 +381,7 @@ func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Ve
 // RUNNING is FAILED with the driver's reason, and that is written back to the record.
 func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
 	rec := box.Record
-	if box.Phase == runtime.PhaseFailed && State(rec.State) == Running {
+	if diedRunning(box) {
 		reason := box.Reason
 		if reason == "" {
 			reason = "the sandbox's runtime died"
@@ -396,6 +396,11 @@ func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
 		rec.State, rec.StateReason = string(Failed), reason
 	}
 	return rec
+}
+
+// diedRunning reports a box whose compute died while its record says RUNNING: it is FAILED.
+func diedRunning(b runtime.Box) bool {
+	return b.Phase == runtime.PhaseFailed && State(b.Record.State) == Running
 }
 
 // ---- state changes ----

@@ -38,7 +38,6 @@ type env struct {
 // fakeClock is the service's clock in tests: real time plus an offset the test advances.
 type fakeClock struct {
 	mu     sync.Mutex
-	t      time.Time
 	offset time.Duration
 }
 
@@ -80,7 +79,7 @@ func newEnvWithLimit(t *testing.T, limit int) *env {
 		return out, nil
 	})
 	cfg := Config{Profiles: []ProfileConfig{{Name: "p", MemoryMB: 64}}, Limits: DefaultLimits(), LockTTL: 3 * time.Second}
-	clock := &fakeClock{t: time.Now()}
+	clock := &fakeClock{}
 	q := quota.New(rs.Client, SlotSource(fake), quota.Options{Limits: quota.Limits{Default: limit}, Lease: time.Minute,
 		Settle: -1, Now: clock.Now})
 	svc, err := New(cfg, Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
