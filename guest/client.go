@@ -194,6 +194,21 @@ func (r *LogReader) Close() error {
 	return r.body.Close()
 }
 
+// StartLog starts a command and follows its log from offset 0 in the same round trip: the
+// reader yields the command's records as they are written and ends after the exit record.
+// Cancelling ctx stops reading; the command keeps running.
+func (c *Client) StartLog(ctx context.Context, req ExecRequest) (*LogReader, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/execs", url.Values{"follow": {"1"}}, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	return &LogReader{c: c, ctx: ctx, body: resp.Body, br: bufio.NewReaderSize(resp.Body, 64<<10)}, nil
+}
+
 // RunResult is the collected outcome of Run.
 type RunResult struct {
 	ID              string
@@ -209,16 +224,10 @@ type RunResult struct {
 // and returns what was collected with ctx's error; the command keeps running.
 func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr int) (RunResult, error) {
 	res := RunResult{ID: req.ID}
-	b, err := json.Marshal(req)
+	lr, err := c.StartLog(ctx, req)
 	if err != nil {
 		return res, err
 	}
-	// One round trip: the exec starts and its log follows in the same answer.
-	resp, err := c.do(ctx, http.MethodPost, "/v1/execs", url.Values{"follow": {"1"}}, bytes.NewReader(b))
-	if err != nil {
-		return res, err
-	}
-	lr := &LogReader{c: c, ctx: ctx, body: resp.Body, br: bufio.NewReaderSize(resp.Body, 64<<10)}
 	defer lr.Close()
 	for {
 		rec, err := lr.Next()

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/auth"
+	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
@@ -86,6 +87,20 @@ type Config struct {
 	MaxSubscriptions int `json:"max_subscriptions"`
 	// EventsMaxLen bounds each project's event stream.
 	EventsMaxLen int64 `json:"events_max_len"`
+
+	// Execs bounds the exec output streams in Redis.
+	Execs struct {
+		// StreamMaxEntries and StreamMaxBytes bound one exec's output stream (entries, and log
+		// bytes: output plus 5 bytes per chunk); older output is dropped and readers get a
+		// truncated event.
+		StreamMaxEntries int64 `json:"stream_max_entries"`
+		StreamMaxBytes   int64 `json:"stream_max_bytes"`
+		// RetentionSec is how long an ended exec's output and status stay readable.
+		RetentionSec int `json:"retention_sec"`
+		// FollowLeaseSec is the follower lease: how long the execs of a replica that died wait
+		// before another replica follows them on.
+		FollowLeaseSec int `json:"follow_lease_sec"`
+	} `json:"execs"`
 	// ShutdownSec bounds graceful shutdown.
 	ShutdownSec int    `json:"shutdown_sec"`
 	LogLevel    string `json:"log_level"`
@@ -113,6 +128,10 @@ func defaultConfig() Config {
 	c.ReconcileIntervalMs = 5000
 	c.LockTTLSec = 30
 	c.MaxSubscriptions = 1000
+	c.Execs.StreamMaxEntries = 50000
+	c.Execs.StreamMaxBytes = 16 << 20
+	c.Execs.RetentionSec = 3600
+	c.Execs.FollowLeaseSec = 10
 	c.GraphQL.ComplexityLimit = 500
 	return c
 }
@@ -228,6 +247,12 @@ func (c *Config) validate() error {
 	if c.MaxSubscriptions < 1 || c.MaxSubscriptions > 100000 {
 		errs = append(errs, "max_subscriptions must be between 1 and 100000")
 	}
+	if c.Execs.StreamMaxEntries < 100 || c.Execs.StreamMaxBytes < 64<<10 || c.Execs.StreamMaxBytes > 1<<30 {
+		errs = append(errs, "execs: stream_max_entries must be at least 100 and stream_max_bytes between 65536 and 1 GiB")
+	}
+	if c.Execs.RetentionSec < 1 || c.Execs.FollowLeaseSec < 3 || c.Execs.FollowLeaseSec > 600 {
+		errs = append(errs, "execs: retention_sec must be at least 1 and follow_lease_sec between 3 and 600")
+	}
 	if c.ReconcileIntervalMs < 100 {
 		errs = append(errs, "reconcile_interval_ms must be at least 100")
 	}
@@ -251,7 +276,13 @@ func (c *Config) keys() []auth.Key {
 
 func (c *Config) sandboxConfig() sandbox.Config {
 	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
-		LockTTL: time.Duration(c.LockTTLSec) * time.Second}
+		LockTTL: time.Duration(c.LockTTLSec) * time.Second, ExecLease: time.Duration(c.Execs.FollowLeaseSec) * time.Second,
+		MaxExecSubscriptions: c.MaxSubscriptions}
+}
+
+func (c *Config) execOptions() execstream.Options {
+	return execstream.Options{MaxLen: c.Execs.StreamMaxEntries, MaxBytes: c.Execs.StreamMaxBytes,
+		Retention: time.Duration(c.Execs.RetentionSec) * time.Second}
 }
 
 func (c *Config) keepAlive() time.Duration {

@@ -28,6 +28,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/rest"
 	"sandboxd/internal/sandbox"
@@ -82,11 +83,15 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	defer closeObjs()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	execOpts := cfg.execOptions()
+	execOpts.Blocking = blocking
+	execs := execstream.New(rdb, execOpts)
 	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
 		Driver:      driver,
 		Store:       store.New(rdb, lookupSource(driver)),
 		Events:      events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
 		Checkpoints: checkpoint.New(objs, checkpoint.Options{}),
+		Execs:       execs,
 		Quota:       quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
 		Metrics:     sandbox.NewMetrics(reg),
 		Logger:      log,
@@ -115,7 +120,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		ComplexityLimit: cfg.GraphQL.ComplexityLimit, Logger: log, Shutdown: shutdown,
 	}))
 	mux.Handle("GET /graphiql", resolvers.GraphiQLHandler())
-	mux.Handle("/", rest.New(svc, authn, log))
+	mux.Handle("/", rest.New(svc, authn, log, shutdown))
 
 	// The reconciler runs in every replica until shutdown.
 	rctx, stopReconciler := context.WithCancel(context.WithoutCancel(ctx))
@@ -194,7 +199,8 @@ func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (
 	}
 	main := redis.NewClient(opts)
 	bopts := *opts
-	bopts.PoolSize = maxSubs + 16
+	// Sandbox event subscriptions and exec output subscriptions are bounded by maxSubs each.
+	bopts.PoolSize = 2*maxSubs + 16
 	bopts.PoolTimeout = 2 * time.Second
 	// A waiting subscriber reads a few small events at a time: small buffers, and idle
 	// connections closed when the subscriptions end.

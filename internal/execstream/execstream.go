@@ -169,6 +169,9 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	return s
 }
 
+// Retention is how long an ended exec's stream and status are kept.
+func (s *Store) Retention() time.Duration { return s.opts.Retention }
+
 // Keys. Every key of one exec shares the hash tag {<exec id>}; the two indexes are global keys
 // written by separate commands, never inside a script with an exec's keys.
 const (

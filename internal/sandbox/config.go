@@ -70,6 +70,12 @@ type Config struct {
 	Limits         Limits `json:"limits"`
 	// LockTTL is the lease of a per-sandbox operation lock (renewed while held).
 	LockTTL time.Duration `json:"-"`
+	// ExecLease is the follower lease of an exec (renewed every third of it): how long a dead
+	// replica's execs wait before another replica follows them on (default 10 s).
+	ExecLease time.Duration `json:"-"`
+	// MaxExecSubscriptions bounds the exec output streams one replica serves at once (default
+	// 1000); more are refused with UNAVAILABLE and a Retry-After.
+	MaxExecSubscriptions int `json:"-"`
 }
 
 func (c *Config) validate() error {
@@ -107,6 +113,12 @@ func (c *Config) validate() error {
 	}
 	if c.LockTTL <= 0 {
 		c.LockTTL = 30 * time.Second
+	}
+	if c.ExecLease <= 0 {
+		c.ExecLease = 10 * time.Second
+	}
+	if c.MaxExecSubscriptions <= 0 {
+		c.MaxExecSubscriptions = 1000
 	}
 	return nil
 }

@@ -65,6 +65,7 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		}
 	}
 	s.renewSlots(ctx, holders)
+	s.reconcileExecs(ctx)
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -22,6 +23,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/store"
 	"sandboxd/runtime"
@@ -33,6 +35,10 @@ type Deps struct {
 	Store       *store.Store
 	Events      *events.Bus
 	Checkpoints *checkpoint.Store
+	// Execs keeps exec output streams and status.
+	Execs *execstream.Store
+	// ReplicaToken names this replica as an exec follower (a fresh random one when empty).
+	ReplicaToken string
 	// Quota holds the concurrency slots; nil means no limits.
 	Quota   *quota.Quota
 	Metrics *Metrics
@@ -54,6 +60,17 @@ type Service struct {
 	log      *slog.Logger
 	now      func() time.Time
 
+	execs *execstream.Store
+	token string
+	// bg lives as long as the service: exec followers run on it, not on a request.
+	bg        context.Context
+	cancel    context.CancelFunc
+	followers sync.WaitGroup
+	followMu  sync.Mutex
+	following map[string]bool // exec ids this replica follows
+	execSubs  atomic.Int64
+	lastSweep atomic.Int64
+
 	mu      sync.Mutex
 	attachs map[string]*attachment
 }
@@ -63,12 +80,16 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if d.Driver == nil || d.Store == nil || d.Events == nil || d.Checkpoints == nil {
-		return nil, errors.New("sandbox: driver, store, events and checkpoints are required")
+	if d.Driver == nil || d.Store == nil || d.Events == nil || d.Checkpoints == nil || d.Execs == nil {
+		return nil, errors.New("sandbox: driver, store, events, checkpoints and execs are required")
 	}
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
 		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, metrics: d.Metrics, log: d.Logger, now: d.Now,
-		attachs: map[string]*attachment{}}
+		execs: d.Execs, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{}}
+	if s.token == "" {
+		s.token = "replica_" + ulid.Make().String()
+	}
+	s.bg, s.cancel = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -87,8 +108,11 @@ func New(cfg Config, d Deps) (*Service, error) {
 // Limits returns the configured limits.
 func (s *Service) Limits() Limits { return s.cfg.Limits }
 
-// Close drops every attach stream this replica holds. Sandboxes keep running.
+// Close stops following execs (their leases are released, so another replica follows on at
+// once) and drops every attach stream this replica holds. Sandboxes and commands keep running.
 func (s *Service) Close() {
+	s.cancel()
+	s.followers.Wait()
 	s.mu.Lock()
 	as := s.attachs
 	s.attachs = map[string]*attachment{}
@@ -817,43 +841,6 @@ func (s *Service) withActivities(ctx context.Context, sbs []Sandbox) {
 
 // ---- exec ----
 
-// Exec runs a command in the sandbox's workspace and returns its collected result.
-func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req ExecRequest) (ExecResult, error) {
-	start := s.now()
-	timeout, err := s.validateExec(req)
-	if err != nil {
-		return ExecResult{}, err
-	}
-	if _, err := s.load(ctx, p, id, VerbExec); err != nil {
-		return ExecResult{}, err
-	}
-	g, err := s.guest(ctx, id)
-	if err != nil {
-		return ExecResult{}, err
-	}
-	env := make([]string, 0, len(req.Env))
-	for k, v := range req.Env {
-		env = append(env, k+"="+v)
-	}
-	execID := newID("exec_")
-	max := s.cfg.Limits.ExecMaxOutputBytes
-	res, err := g.Run(ctx, guest.ExecRequest{ID: execID, Argv: req.Command, Env: env, Cwd: req.Cwd,
-		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin}, max, max)
-	// The command's end is activity too: auto-stop counts idle time from here.
-	s.touch(ctx, id)
-	if err != nil {
-		s.metrics.exec("error", s.now().Sub(start))
-		return ExecResult{}, s.guestError(ctx, id, err)
-	}
-	out := ExecResult{ExecID: execID, ExitCode: res.Exit.ExitCode, Signal: res.Exit.Signal, TimedOut: res.Exit.TimedOut,
-		Duration: time.Duration(res.Exit.DurationMs) * time.Millisecond, EndedAt: res.Exit.EndedAt,
-		StartedAt: res.Exit.EndedAt.Add(-time.Duration(res.Exit.DurationMs) * time.Millisecond),
-		Stdout:    res.Stdout, Stderr: res.Stderr, StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
-		Error: res.Exit.Error}
-	s.metrics.exec("ok", s.now().Sub(start))
-	return out, nil
-}
-
 func (s *Service) validateExec(req ExecRequest) (time.Duration, error) {
 	l := s.cfg.Limits
 	if len(req.Command) == 0 || req.Command[0] == "" {
@@ -1090,6 +1077,9 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 		for ev := range in {
 			e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
 				PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
+			if ev.Type == EventExecStarted || ev.Type == EventExecEnded {
+				e.Exec = execEventResult(ev)
+			}
 			select {
 			case out <- e:
 			case <-ctx.Done():

@@ -15,6 +15,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/redistest"
 	"sandboxd/internal/store"
@@ -33,6 +34,9 @@ type env struct {
 	objs  *checkpoint.LocalStore
 	redis *redistest.Server
 	clock *fakeClock
+
+	cfg     Config
+	newDeps func() Deps
 }
 
 // fakeClock is the service's clock in tests: real time plus an offset the test advances.
@@ -82,13 +86,25 @@ func newEnvWithLimit(t *testing.T, limit int) *env {
 	clock := &fakeClock{}
 	q := quota.New(rs.Client, SlotSource(fake), quota.Options{Limits: quota.Limits{Default: limit}, Lease: time.Minute,
 		Settle: -1, Now: clock.Now})
-	svc, err := New(cfg, Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
-		Quota: q, Now: clock.Now})
+	e := &env{fake: fake, ckpt: ck, objs: objs, redis: rs, clock: clock}
+	e.newDeps = func() Deps {
+		return Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
+			Execs: execstream.New(rs.Client, execstream.Options{Now: clock.Now, Block: 200 * time.Millisecond}), Quota: q, Now: clock.Now}
+	}
+	e.cfg = cfg
+	e.svc = e.replica(t)
+	return e
+}
+
+// replica starts another Service on the same runtime and Redis: a second replica.
+func (e *env) replica(t *testing.T) *Service {
+	t.Helper()
+	svc, err := New(e.cfg, e.newDeps())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Close)
-	return &env{svc: svc, fake: fake, ckpt: ck, objs: objs, redis: rs, clock: clock}
+	return svc
 }
 
 func ptr[T any](v T) *T { return &v }

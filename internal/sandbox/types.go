@@ -46,11 +46,33 @@ type ExecRequest struct {
 	// Cwd defaults to /workspace.
 	Cwd   string
 	Stdin []byte
+	// Detach answers at once with the exec's id and state RUNNING instead of waiting for the
+	// end (GraphQL wait: false, REST "wait": false); the command runs on after the caller has
+	// gone. Its output and status are then read with ExecOutput and GetExec, from any replica.
+	Detach bool
 }
 
-// ExecResult is the collected result of a finished exec.
+// ExecState is where an exec is.
+type ExecState string
+
+// The exec states.
+const (
+	// ExecRunning: started, not ended yet.
+	ExecRunning ExecState = "RUNNING"
+	// ExecEnded: the exit status is known (exited, killed, timed out, or could not be
+	// followed to its end: then Error says why).
+	ExecEnded ExecState = "ENDED"
+)
+
+// ExecResult is the result of an exec: collected when it ended, or its status so far. The
+// exit fields (ExitCode, Signal, TimedOut, Duration, EndedAt, Error) mean something only when
+// State is ExecEnded.
 type ExecResult struct {
-	ExecID   string
+	ExecID    string
+	SandboxID string
+	// Command is a short, shell-quoted summary of the command line (at most 256 bytes).
+	Command  string
+	State    ExecState
 	ExitCode int
 	// Signal names the signal that ended the command ("SIGKILL"), "" when it exited.
 	Signal          string
@@ -62,8 +84,38 @@ type ExecResult struct {
 	Stderr          []byte
 	StdoutTruncated bool
 	StderrTruncated bool
-	// Error says why the command could not start, if so.
+	// OutputBytes counts the bytes the command wrote so far (stdout and stderr), kept or not.
+	OutputBytes int64
+	// Error says why the command could not start, or could not be followed to its end.
 	Error string
+}
+
+// ExecEventKind says what an ExecEvent carries.
+type ExecEventKind string
+
+// The exec output event kinds.
+const (
+	// ExecChunk carries output: Stream and Data.
+	ExecChunk ExecEventKind = "CHUNK"
+	// ExecTruncated says that output between the previous cursor and this one is no longer
+	// kept (the stream is bounded): MissedBytes were dropped. Never a silent gap.
+	ExecTruncated ExecEventKind = "TRUNCATED"
+	// ExecExit carries the final status; it is always the last event.
+	ExecExit ExecEventKind = "EXIT"
+)
+
+// ExecEvent is one event of an exec's output stream.
+type ExecEvent struct {
+	Kind ExecEventKind
+	// Cursor is the position after this event; pass it back as `after` to resume there.
+	Cursor string
+	// Stream is "stdout" or "stderr" for ExecChunk.
+	Stream string
+	Data   []byte
+	// MissedBytes is, for ExecTruncated, how many log bytes were lost (0 when unknown).
+	MissedBytes int64
+	// Result is, for ExecExit, the exec's final status (without its output).
+	Result *ExecResult
 }
 
 // ListOptions selects a page of the caller's sandboxes, newest first.
@@ -123,9 +175,15 @@ type Event struct {
 	PreviousState State
 	Reason        string
 	At            time.Time
+	// Exec is the exec's status (without output) for EventExecStarted and EventExecEnded.
+	Exec *ExecResult
 }
 
 // Event types.
 const (
 	EventStateChanged = "STATE_CHANGED"
+	// EventExecStarted and EventExecEnded follow commands; State is the sandbox's state as
+	// the replica that published the event last saw it.
+	EventExecStarted = "EXEC_STARTED"
+	EventExecEnded   = "EXEC_ENDED"
 )

@@ -1,0 +1,702 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"sandboxd/guest"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/events"
+	"sandboxd/internal/execstream"
+	"sandboxd/runtime"
+)
+
+// Exec output travels in three hops. The guest init keeps each command's output in a log with
+// byte offsets (the command outlives every client). Exactly one replica, the follower, copies
+// that log into the exec's bounded Redis Stream (internal/execstream), fenced by a lease and
+// the stored offset. Every replica serves readers from the stream. The replica that starts an
+// exec follows it; when it dies, the reconciler of any replica finds the exec orphaned and
+// follows on from the stored offset, so subscribers see every byte once and the exit status.
+
+// Exec runs a command in the sandbox's workspace. It waits for the end and returns the
+// collected result, or with req.Detach returns at once with the exec's id and state RUNNING.
+// Either way the command runs to its end (or timeout) even when the caller goes away, and its
+// output and status can be read from any replica (ExecOutput, GetExec).
+func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req ExecRequest) (ExecResult, error) {
+	start := s.now()
+	timeout, err := s.validateExec(req)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	rec, err := s.load(ctx, p, id, VerbExec)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	g, err := s.guest(ctx, id)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	meta := execstream.Meta{ID: newID(execPrefix), Tenant: rec.Tenant, Project: rec.Project, Sandbox: id,
+		Argv: execstream.Summarize(req.Command), StartedAt: start}
+	if err := s.execs.Create(ctx, meta, s.token, start, s.cfg.ExecLease); err != nil {
+		s.metrics.exec("error", s.now().Sub(start))
+		return ExecResult{}, apierror.Wrap(err, apierror.Unavailable, "could not record the exec; retry").WithRetryAfter(time.Second)
+	}
+	f := s.newFollower(meta, 0, !req.Detach)
+	f.fresh = true
+	// The log is read on the service's context: the command and its follower outlive the request.
+	lr, err := g.StartLog(s.bg, guest.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin})
+	if err != nil {
+		gerr := s.guestError(ctx, id, err)
+		// The command never started: end its stream so that no subscriber waits for it.
+		f.finishUnstarted(gerr)
+		s.metrics.exec("error", s.now().Sub(start))
+		return ExecResult{}, gerr
+	}
+	f.start(lr)
+	if req.Detach {
+		s.metrics.exec("detached", s.now().Sub(start))
+		return ExecResult{ExecID: meta.ID, SandboxID: id, Command: meta.Argv, State: ExecRunning, StartedAt: start}, nil
+	}
+	select {
+	case res := <-f.result:
+		s.metrics.exec("ok", s.now().Sub(start))
+		res.StartedAt = start
+		return res, nil
+	case <-ctx.Done():
+		s.metrics.exec("error", s.now().Sub(start))
+		return ExecResult{}, apierror.Wrap(ctx.Err(), apierror.Unavailable,
+			"the request was cancelled; the command runs on as exec %s", meta.ID).WithDetail("exec_id", meta.ID)
+	case <-s.bg.Done():
+		return ExecResult{}, apierror.New(apierror.Unavailable, "the server is shutting down; the command runs on as exec %s", meta.ID).
+			WithDetail("exec_id", meta.ID).WithRetryAfter(time.Second)
+	}
+}
+
+// GetExec returns an exec of the caller's project: its status, and with output its stdout and
+// stderr as far as the bounded stream still holds them (each cut at the exec output cap).
+// sandboxID, when not "", must be the exec's sandbox (else NOT_FOUND).
+func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (ExecResult, error) {
+	m, err := s.loadExec(ctx, p, sandboxID, execID)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	res := execResultOf(m)
+	if !output {
+		return res, nil
+	}
+	limit := s.cfg.Limits.ExecMaxOutputBytes
+	after := ""
+	for {
+		evs, err := s.execs.Read(ctx, execID, after, 256, 0)
+		if err != nil {
+			if errors.Is(err, execstream.ErrNotFound) {
+				break // swept while reading: what was read stands
+			}
+			return ExecResult{}, apierror.Wrap(err, apierror.Unavailable, "could not read the exec's output; retry").WithRetryAfter(time.Second)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, ev := range evs {
+			switch ev.Kind {
+			case execstream.EventTruncated:
+				res.StdoutTruncated, res.StderrTruncated = true, true
+			case execstream.EventChunk:
+				if ev.Stream == execstream.Stderr {
+					res.Stderr, res.StderrTruncated = capAppend(res.Stderr, ev.Data, limit, res.StderrTruncated)
+				} else {
+					res.Stdout, res.StdoutTruncated = capAppend(res.Stdout, ev.Data, limit, res.StdoutTruncated)
+				}
+			}
+			after = ev.Cursor
+		}
+		if len(res.Stdout) >= limit && len(res.Stderr) >= limit {
+			res.StdoutTruncated, res.StderrTruncated = true, true
+			break
+		}
+	}
+	return res, nil
+}
+
+func capAppend(buf, data []byte, limit int, truncated bool) ([]byte, bool) {
+	room := limit - len(buf)
+	if len(data) > room {
+		return append(buf, data[:max(room, 0)]...), true
+	}
+	return append(buf, data...), truncated
+}
+
+// ExecOutput replays an exec's output after the cursor after ("" = from the start) and then
+// follows it live, from any replica: chunks in order, a truncated event wherever the bounded
+// stream dropped output, and the exit event last, after which the channel closes. It also
+// closes when ctx ends.
+func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan ExecEvent, error) {
+	if _, err := s.loadExec(ctx, p, "", execID); err != nil {
+		return nil, err
+	}
+	if n := s.execSubs.Add(1); n > int64(s.cfg.MaxExecSubscriptions) {
+		s.execSubs.Add(-1)
+		return nil, apierror.New(apierror.Unavailable, "this server follows as many exec streams as it may; retry shortly").
+			WithRetryAfter(5 * time.Second)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	in, err := s.execs.Subscribe(sctx, execID, after)
+	if err != nil {
+		cancel()
+		s.execSubs.Add(-1)
+		var coded *apierror.Error
+		if errors.As(err, &coded) {
+			return nil, err
+		}
+		return nil, apierror.Wrap(err, apierror.Unavailable, "the exec's output stream is unavailable; retry").WithRetryAfter(time.Second)
+	}
+	out := make(chan ExecEvent)
+	go func() {
+		defer s.execSubs.Add(-1)
+		defer close(out)
+		defer cancel() // ends the Redis reader too when we stop early
+		for ev := range in {
+			e := ExecEvent{Cursor: ev.Cursor}
+			switch ev.Kind {
+			case execstream.EventChunk:
+				e.Kind, e.Stream, e.Data = ExecChunk, string(ev.Stream), ev.Data
+			case execstream.EventTruncated:
+				e.Kind, e.MissedBytes = ExecTruncated, ev.Missed
+			case execstream.EventExit:
+				e.Kind = ExecExit
+				// The exit entry carries the status; the rest (times, size) is in the meta hash.
+				m, err := s.execs.Get(context.WithoutCancel(ctx), execID)
+				var r ExecResult
+				if err == nil {
+					r = execResultOf(m)
+				} else {
+					r = ExecResult{ExecID: execID, State: ExecEnded}
+				}
+				applyExit(&r, ev.Exit)
+				e.Result = &r
+			default:
+				continue
+			}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// loadExec reads an exec's status and checks that it belongs to the caller's project (and to
+// sandboxID when given): another tenant's exec does not exist.
+func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, execID string) (execstream.Meta, error) {
+	if !validExecID(execID) {
+		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", truncate(execID, 64))
+	}
+	m, err := s.execs.Get(ctx, execID)
+	if err != nil {
+		if errors.Is(err, execstream.ErrNotFound) {
+			return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found (unknown, or ended more than %s ago)",
+				execID, s.execs.Retention())
+		}
+		return execstream.Meta{}, apierror.Wrap(err, apierror.Unavailable, "could not read the exec; retry").WithRetryAfter(time.Second)
+	}
+	if m.Tenant != p.Tenant || m.Project != p.Project || (sandboxID != "" && m.Sandbox != sandboxID) {
+		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", execID)
+	}
+	return m, nil
+}
+
+const execPrefix = "exec_"
+
+func validExecID(id string) bool {
+	if len(id) != len(execPrefix)+26 || !strings.HasPrefix(id, execPrefix) {
+		return false
+	}
+	_, err := ulid.ParseStrict(id[len(execPrefix):])
+	return err == nil
+}
+
+func execResultOf(m execstream.Meta) ExecResult {
+	r := ExecResult{ExecID: m.ID, SandboxID: m.Sandbox, Command: m.Argv, State: ExecRunning,
+		StartedAt: m.StartedAt, OutputBytes: m.Bytes}
+	if m.State == execstream.Ended {
+		r.State = ExecEnded
+		r.EndedAt = m.EndedAt
+		applyExit(&r, m.Exit)
+	}
+	return r
+}
+
+func applyExit(r *ExecResult, e *execstream.Exit) {
+	if e == nil {
+		return
+	}
+	r.State = ExecEnded
+	r.ExitCode, r.Signal, r.TimedOut, r.Error = e.ExitCode, e.Signal, e.TimedOut, e.Error
+	r.Duration = time.Duration(e.DurationMs) * time.Millisecond
+}
+
+// ---- following ----
+
+// follower copies one exec's guest log into its Redis stream while this replica holds the
+// exec's follower lease. When a caller waits for the exec (a synchronous exec), it also
+// collects the output for the answer, whether or not Redis takes it.
+type follower struct {
+	s    *Service
+	meta execstream.Meta
+	// fresh: this replica started the exec (it publishes EXEC_STARTED).
+	fresh bool
+	// pos is the guest log offset after the last record read; stored is the offset Redis has
+	// (the start of the next Append).
+	pos, stored int64
+	// writing is false once the lease is lost: nothing more goes to Redis.
+	writing bool
+	// exitAppended: this follower put the exit status into the stream (exactly one does).
+	exitAppended bool
+	wait         *collector
+	result       chan ExecResult
+}
+
+// collector keeps a waiting caller's output, each stream cut at limit.
+type collector struct {
+	stdout, stderr       []byte
+	stdoutCut, stderrCut bool
+	upTo                 int64 // guest offset collected so far: a reopened log repeats nothing
+	limit                int
+}
+
+func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follower {
+	f := &follower{s: s, meta: m, pos: offset, stored: offset, writing: true, result: make(chan ExecResult, 1)}
+	if wait {
+		f.wait = &collector{upTo: offset, limit: s.cfg.Limits.ExecMaxOutputBytes}
+	}
+	s.followMu.Lock()
+	s.following[m.ID] = true
+	s.followMu.Unlock()
+	return f
+}
+
+// start runs the follower in the background; lr is the guest log opened at f.pos, or nil to
+// open it first (a takeover).
+func (f *follower) start(lr *guest.LogReader) {
+	f.s.followers.Add(1)
+	go func() {
+		defer f.s.followers.Done()
+		defer func() {
+			f.s.followMu.Lock()
+			delete(f.s.following, f.meta.ID)
+			f.s.followMu.Unlock()
+		}()
+		f.follow(lr)
+	}()
+}
+
+// finishUnstarted ends the stream of an exec the guest never started.
+func (f *follower) finishUnstarted(cause error) {
+	msg := cause.Error()
+	var coded *apierror.Error
+	if errors.As(cause, &coded) {
+		msg = coded.Message
+	}
+	f.finish(&execstream.Exit{ExitCode: -1, Error: "the command did not start: " + msg})
+	f.s.followMu.Lock()
+	delete(f.s.following, f.meta.ID)
+	f.s.followMu.Unlock()
+}
+
+type logItem struct {
+	rec guest.Record
+	err error
+}
+
+// One Append carries at most this many records and payload bytes.
+const (
+	maxBatchRecords = 256
+	maxBatchBytes   = 1 << 20
+)
+
+// follow copies the exec's log until its exit status is in the stream, the lease is lost (and
+// nobody waits here), or the service closes.
+func (f *follower) follow(lr *guest.LogReader) {
+	s := f.s
+	if f.fresh {
+		s.publishExec(f.meta, EventExecStarted, nil)
+	}
+	renew := time.NewTicker(s.cfg.ExecLease / 3)
+	defer renew.Stop()
+	for {
+		if lr == nil {
+			// The log broke (or was never opened here): the attach went away because the sandbox
+			// stopped, or the stream to it broke. Reopen it where Redis stands, or end the exec
+			// when the sandbox is gone.
+			var err error
+			lr, err = f.reopen()
+			if err != nil {
+				f.finish(&execstream.Exit{ExitCode: -1, Error: err.Error()})
+				return
+			}
+			if lr == nil {
+				f.abandon()
+				return
+			}
+		}
+		items := make(chan logItem, 64)
+		rctx, stopReader := context.WithCancel(s.bg)
+		go readLog(rctx, lr, items)
+		exit, stop := f.copy(items, renew.C)
+		stopReader()
+		lr.Close()
+		for range items {
+		}
+		lr = nil
+		switch {
+		case exit != nil:
+			f.finish(exit)
+			return
+		case stop:
+			f.abandon()
+			return
+		}
+	}
+}
+
+func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
+	defer close(out)
+	for {
+		rec, err := lr.Next()
+		select {
+		case out <- logItem{rec: rec, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil || rec.Kind == guest.RecordExit {
+			return
+		}
+	}
+}
+
+// copy moves records from items into the stream, in batches of what is ready. It returns the
+// exit status once the exit record was read (appended when this replica still writes), stop
+// when this replica should stop following (the service closes, or the lease went to another
+// replica and nobody waits here), and neither when the log broke.
+func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *execstream.Exit, stop bool) {
+	s := f.s
+	var batch []execstream.Chunk
+	for {
+		var it logItem
+		var ok bool
+		select {
+		case it, ok = <-items:
+		case <-renew:
+			f.renew()
+			if !f.writing && f.wait == nil {
+				return nil, true
+			}
+			continue
+		case <-s.bg.Done():
+			return nil, true
+		}
+		batch, size := batch[:0], 0
+	drain:
+		for ok {
+			if it.err != nil {
+				if !errors.Is(it.err, io.EOF) {
+					s.log.Debug("exec log broke", "exec", f.meta.ID, "err", it.err)
+				}
+				f.append(batch, nil)
+				return nil, false
+			}
+			rec := it.rec
+			f.collect(rec)
+			if rec.Kind == guest.RecordExit {
+				st, err := rec.ExitStatus()
+				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs, Error: st.Error}
+				if err != nil {
+					e = &execstream.Exit{ExitCode: -1, Error: "the sandbox reported an unreadable exit status"}
+				}
+				f.pos = rec.Offset
+				f.append(batch, e)
+				return e, false
+			}
+			stream := execstream.Stdout
+			if rec.Kind == guest.RecordStderr {
+				stream = execstream.Stderr
+			}
+			batch = append(batch, execstream.Chunk{Stream: stream, Data: rec.Data, Start: f.pos, Offset: rec.Offset})
+			f.pos = rec.Offset
+			size += len(rec.Data)
+			if len(batch) >= maxBatchRecords || size >= maxBatchBytes {
+				break
+			}
+			select {
+			case it, ok = <-items:
+			default:
+				break drain
+			}
+		}
+		f.append(batch, nil)
+		if !ok {
+			return nil, false
+		}
+		if !f.writing && f.wait == nil {
+			return nil, true
+		}
+	}
+}
+
+func (f *follower) collect(rec guest.Record) {
+	c := f.wait
+	if c == nil || rec.Offset <= c.upTo {
+		return
+	}
+	c.upTo = rec.Offset
+	switch rec.Kind {
+	case guest.RecordStdout:
+		c.stdout, c.stdoutCut = capAppend(c.stdout, rec.Data, c.limit, c.stdoutCut)
+	case guest.RecordStderr:
+		c.stderr, c.stderrCut = capAppend(c.stderr, rec.Data, c.limit, c.stderrCut)
+	}
+}
+
+// append writes a batch (and the exit) while this replica is the follower, retrying failures
+// of Redis itself until the lease would have lapsed; after that, or when another replica holds
+// the lease, this replica stops writing.
+func (f *follower) append(chunks []execstream.Chunk, exit *execstream.Exit) {
+	s := f.s
+	if !f.writing || len(chunks) == 0 && exit == nil {
+		return
+	}
+	deadline := s.now().Add(s.cfg.ExecLease)
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.bg), 5*time.Second)
+		err := s.execs.Append(ctx, f.meta.ID, s.token, chunks, exit)
+		cancel()
+		switch {
+		case err == nil:
+			if len(chunks) > 0 {
+				f.stored = chunks[len(chunks)-1].Offset
+			}
+			f.exitAppended = exit != nil
+			return
+		case errors.Is(err, execstream.ErrNotFollower), errors.Is(err, execstream.ErrEnded), errors.Is(err, execstream.ErrNotFound):
+			// Another replica follows now (our lease lapsed while we stalled), or it is over.
+			s.log.Info("stopped copying an exec's output", "exec", f.meta.ID, "why", err)
+			f.writing = false
+			return
+		case errors.Is(err, execstream.ErrOffset):
+			// Redis holds another offset than this follower (a takeover raced it): the lease
+			// holder continues from the stored offset.
+			s.log.Warn("exec stream offset mismatch; leaving it to the lease holder", "exec", f.meta.ID, "err", err)
+			f.writing = false
+			return
+		}
+		if s.now().After(deadline) || s.bg.Err() != nil {
+			s.log.Warn("giving up copying an exec's output; another replica takes over", "exec", f.meta.ID, "err", err)
+			f.writing = false
+			return
+		}
+		s.log.Debug("appending exec output failed; retrying", "exec", f.meta.ID, "attempt", attempt, "err", err)
+		select {
+		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
+		case <-s.bg.Done():
+		}
+	}
+}
+
+// renew extends the lease; losing it stops the copying.
+func (f *follower) renew() {
+	if !f.writing {
+		return
+	}
+	s := f.s
+	ctx, cancel := context.WithTimeout(s.bg, 5*time.Second)
+	defer cancel()
+	_, ok, err := s.execs.TryFollow(ctx, f.meta.ID, s.token, s.now(), s.cfg.ExecLease)
+	switch {
+	case err == nil && !ok:
+		s.log.Info("another replica follows the exec now", "exec", f.meta.ID)
+		f.writing = false
+	case errors.Is(err, execstream.ErrEnded), errors.Is(err, execstream.ErrNotFound):
+		f.writing = false
+	case err != nil:
+		s.log.Debug("renewing an exec lease failed", "exec", f.meta.ID, "err", err)
+	}
+}
+
+// reopen opens the guest log again, at the offset Redis holds (or, once the lease is gone but a
+// caller waits here, where the collector stands). It returns (nil, nil) when this replica
+// should stop following, and an error when the exec cannot be followed to its end any more
+// (the sandbox is gone or restarted): that error becomes the exec's end.
+func (f *follower) reopen() (*guest.LogReader, error) {
+	s := f.s
+	for attempt := 0; ; attempt++ {
+		f.renew()
+		if s.bg.Err() != nil || !f.writing && f.wait == nil {
+			return nil, nil
+		}
+		ctx, cancel := context.WithTimeout(s.bg, 30*time.Second)
+		box, err := s.driver.Get(ctx, f.meta.Sandbox)
+		cancel()
+		switch {
+		case errors.Is(err, runtime.ErrNotFound):
+			return nil, errors.New("the sandbox was destroyed while the command ran")
+		case err == nil && box.Phase == runtime.PhaseFailed:
+			return nil, errors.New("the sandbox failed while the command ran: " + box.Reason)
+		case err == nil && box.Phase != runtime.PhaseRunning:
+			return nil, errors.New("the sandbox was stopped while the command ran")
+		case err == nil:
+			offset := f.stored
+			if !f.writing {
+				offset = f.wait.upTo
+			}
+			ctx, cancel := context.WithTimeout(s.bg, 30*time.Second)
+			g, err := s.guest(ctx, f.meta.Sandbox)
+			cancel()
+			if err == nil {
+				var lr *guest.LogReader
+				if lr, err = g.Log(s.bg, f.meta.ID, offset, true); err == nil {
+					f.pos = offset
+					return lr, nil
+				}
+				var ge *guest.Error
+				if errors.As(err, &ge) && ge.Code == guest.ErrCodeNotFound {
+					return nil, errors.New("the sandbox restarted while the command ran; its end is unknown")
+				}
+			}
+			s.log.Debug("reopening an exec log failed", "exec", f.meta.ID, "attempt", attempt, "err", err)
+		default:
+			s.log.Debug("looking up the sandbox of an exec failed", "exec", f.meta.ID, "err", err)
+		}
+		select {
+		case <-time.After(min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)):
+		case <-s.bg.Done():
+			return nil, nil
+		}
+	}
+}
+
+// finish puts the exit status into the stream (unless it is there already), publishes
+// EXEC_ENDED when this follower was the one to end the stream, and answers a waiting caller.
+func (f *follower) finish(exit *execstream.Exit) {
+	s := f.s
+	if !f.exitAppended {
+		f.append(nil, exit)
+	}
+	r := ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
+	applyExit(&r, exit)
+	if c := f.wait; c != nil {
+		r.Stdout, r.Stderr, r.StdoutTruncated, r.StderrTruncated = c.stdout, c.stderr, c.stdoutCut, c.stderrCut
+		r.OutputBytes = int64(len(c.stdout) + len(c.stderr))
+		f.result <- r
+	}
+	// The command's end is activity: auto-stop counts idle time from here.
+	s.touch(s.bg, f.meta.Sandbox)
+	if f.exitAppended {
+		status := r
+		status.Stdout, status.Stderr = nil, nil
+		s.publishExec(f.meta, EventExecEnded, &status)
+	}
+}
+
+// abandon hands the exec over: the lease is released (when still ours) so that another
+// replica's reconciler follows on at once.
+func (f *follower) abandon() {
+	s := f.s
+	if !f.writing {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.bg), 2*time.Second)
+	defer cancel()
+	if _, err := s.execs.Release(ctx, f.meta.ID, s.token); err != nil {
+		s.log.Debug("releasing an exec lease failed", "exec", f.meta.ID, "err", err)
+	}
+}
+
+// publishExec puts an exec status event on the sandbox's project event stream.
+func (s *Service) publishExec(m execstream.Meta, typ string, r *ExecResult) {
+	fields := map[string]string{"exec_id": m.ID, "command": m.Argv, "state": string(Running),
+		"exec_state": string(ExecRunning), "started_at": strconv.FormatInt(m.StartedAt.UnixMilli(), 10)}
+	if r != nil && r.State == ExecEnded {
+		fields["exec_state"] = string(ExecEnded)
+		fields["exit_code"] = strconv.Itoa(r.ExitCode)
+		fields["signal"] = r.Signal
+		fields["timed_out"] = strconv.FormatBool(r.TimedOut)
+		fields["duration_ms"] = strconv.FormatInt(r.Duration.Milliseconds(), 10)
+		fields["error"] = r.Error
+		fields["ended_at"] = strconv.FormatInt(r.EndedAt.UnixMilli(), 10)
+	}
+	ev := events.Event{Type: typ, SandboxID: m.Sandbox, At: s.now().UTC(), Fields: fields}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.bg), 5*time.Second)
+	defer cancel()
+	if _, err := s.events.Publish(ctx, m.Tenant, m.Project, ev); err != nil {
+		s.log.Warn("publishing an exec event failed", "exec", m.ID, "err", err)
+	}
+}
+
+// execEventResult decodes the exec status of an EXEC_* event.
+func execEventResult(ev events.Event) *ExecResult {
+	f := ev.Fields
+	r := &ExecResult{ExecID: f["exec_id"], SandboxID: ev.SandboxID, Command: f["command"], State: ExecState(f["exec_state"])}
+	if ms, err := strconv.ParseInt(f["started_at"], 10, 64); err == nil {
+		r.StartedAt = time.UnixMilli(ms).UTC()
+	}
+	if r.State == ExecEnded {
+		r.ExitCode, _ = strconv.Atoi(f["exit_code"])
+		r.Signal, r.Error = f["signal"], f["error"]
+		r.TimedOut = f["timed_out"] == "true"
+		if ms, err := strconv.ParseInt(f["duration_ms"], 10, 64); err == nil {
+			r.Duration = time.Duration(ms) * time.Millisecond
+		}
+		if ms, err := strconv.ParseInt(f["ended_at"], 10, 64); err == nil {
+			r.EndedAt = time.UnixMilli(ms).UTC()
+		}
+	}
+	return r
+}
+
+// ---- takeover ----
+
+// reconcileExecs follows the running execs nobody follows (their replica died or shut down)
+// and, once a minute, deletes the streams of execs that ended longer ago than the retention.
+func (s *Service) reconcileExecs(ctx context.Context) {
+	now := s.now()
+	orphans, err := s.execs.Orphans(ctx, now)
+	if err != nil {
+		s.log.Warn("listing orphaned execs failed", "err", err)
+	}
+	for _, m := range orphans {
+		s.followMu.Lock()
+		mine := s.following[m.ID]
+		s.followMu.Unlock()
+		if mine {
+			continue
+		}
+		offset, ok, err := s.execs.TryFollow(ctx, m.ID, s.token, s.now(), s.cfg.ExecLease)
+		if err != nil || !ok {
+			continue
+		}
+		s.log.Info("following an orphaned exec", "exec", m.ID, "sandbox", m.Sandbox, "offset", offset)
+		s.newFollower(m, offset, false).start(nil)
+	}
+	if last := s.lastSweep.Load(); now.UnixNano()-last >= int64(time.Minute) && s.lastSweep.CompareAndSwap(last, now.UnixNano()) {
+		if n, err := s.execs.Sweep(ctx, now); err != nil {
+			s.log.Warn("sweeping ended execs failed", "err", err)
+		} else if n > 0 {
+			s.log.Debug("swept ended execs", "count", n)
+		}
+	}
+}
