@@ -1,11 +1,12 @@
 // Package rest serves the documented REST paths (/sandbox/sandboxes/v1…) over the domain
 // service. Handlers are thin: authenticate, decode and bound the request, call internal/sandbox,
 // encode the answer. Errors are {"error":{"code","message",…}} with the status of their code.
+// An exec's output also streams as Server-Sent Events (exec.go, sse.go).
 package rest
 
 import (
 	"bytes"
-	"encoding/base64"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,19 +17,44 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
+// Service is what the handler needs of the domain service (*sandbox.Service), so that it can
+// be tested with a fake.
+type Service interface {
+	Create(ctx context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error)
+	List(ctx context.Context, p auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error)
+	Get(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Quota(ctx context.Context, p auth.Principal) (quota.Usage, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
+	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
+	GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error)
+	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
+	OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, sandbox.FileInfo, error)
+	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
+	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
+	Limits() sandbox.Limits
+}
+
+var _ Service = (*sandbox.Service)(nil)
+
 // Handler serves the REST API.
 type Handler struct {
-	svc  *sandbox.Service
+	svc  Service
 	auth *auth.Authenticator
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// shutdown, when closed, ends the open exec output streams (clients reattach elsewhere).
+	shutdown <-chan struct{}
+	// writeTimeout bounds each write of a stream; keepAlive is the idle time before a comment.
+	writeTimeout, keepAlive time.Duration
 }
 
 // Prefix is the root of the sandbox REST paths.
@@ -37,15 +63,19 @@ const Prefix = "/sandbox/sandboxes/v1"
 // maxJSONBody bounds JSON request bodies (an exec's stdin travels inside, base64-encoded).
 const maxJSONBody = 8 << 20
 
-// New returns the REST handler. Mount it at "/".
-func New(svc *sandbox.Service, authn *auth.Authenticator, log *slog.Logger) *Handler {
-	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux()}
+// New returns the REST handler. Mount it at "/". Closing shutdown ends the open exec output
+// streams, which http.Server.Shutdown would otherwise wait for.
+func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-chan struct{}) *Handler {
+	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux(), shutdown: shutdown,
+		writeTimeout: sseWriteTimeout, keepAlive: sseKeepAlive}
 	h.mux.HandleFunc("POST "+Prefix, h.create)
 	h.mux.HandleFunc("GET "+Prefix, h.list)
 	h.mux.HandleFunc("GET "+Prefix+"/quota", h.quota)
 	h.mux.HandleFunc("GET "+Prefix+"/{id}", h.get)
 	h.mux.HandleFunc("DELETE "+Prefix+"/{id}", h.destroy)
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/exec", h.exec)
+	h.mux.HandleFunc("GET "+Prefix+"/{id}/execs/{exec_id}", h.execStatus)
+	h.mux.HandleFunc("GET "+Prefix+"/{id}/execs/{exec_id}/output", h.execOutput)
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/stop", h.stop)
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/start", h.start)
 	h.mux.HandleFunc("GET "+Prefix+"/{id}/files", h.download)
@@ -167,79 +197,6 @@ func (h *Handler) answerSandbox(w http.ResponseWriter, r *http.Request, sb sandb
 		return
 	}
 	writeJSON(w, http.StatusOK, sandboxJSON(sb))
-}
-
-// ---- exec ----
-
-type execBody struct {
-	Command     []string          `json:"command"`
-	TimeoutSec  *int64            `json:"timeout_sec"`
-	Env         map[string]string `json:"env"`
-	Cwd         string            `json:"cwd"`
-	Stdin       *string           `json:"stdin"`
-	StdinBase64 *string           `json:"stdin_base64"`
-}
-
-func (h *Handler) exec(w http.ResponseWriter, r *http.Request) {
-	var b execBody
-	if !h.decode(w, r, &b) {
-		return
-	}
-	req := sandbox.ExecRequest{Command: b.Command, TimeoutSec: b.TimeoutSec, Env: b.Env, Cwd: b.Cwd}
-	switch {
-	case b.Stdin != nil && b.StdinBase64 != nil:
-		h.fail(w, r, apierror.New(apierror.InvalidArgument, "send stdin or stdin_base64, not both"))
-		return
-	case b.Stdin != nil:
-		req.Stdin = []byte(*b.Stdin)
-	case b.StdinBase64 != nil:
-		data, err := base64.StdEncoding.DecodeString(*b.StdinBase64)
-		if err != nil {
-			h.fail(w, r, apierror.New(apierror.InvalidArgument, "stdin_base64 is not valid base64: %v", err))
-			return
-		}
-		req.Stdin = data
-	}
-	res, err := h.svc.Exec(r.Context(), principal(r), r.PathValue("id"), req)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, execJSON(res))
-}
-
-type execOut struct {
-	ExecID          string    `json:"exec_id"`
-	ExitCode        int       `json:"exit_code"`
-	Signal          string    `json:"signal,omitempty"`
-	Stdout          string    `json:"stdout"`
-	Stderr          string    `json:"stderr"`
-	StdoutBase64    string    `json:"stdout_base64,omitempty"`
-	StderrBase64    string    `json:"stderr_base64,omitempty"`
-	TimedOut        bool      `json:"timed_out"`
-	DurationMs      int64     `json:"duration_ms"`
-	DurationSec     float64   `json:"duration_sec"`
-	StdoutTruncated bool      `json:"stdout_truncated"`
-	StderrTruncated bool      `json:"stderr_truncated"`
-	StartedAt       time.Time `json:"started_at"`
-	EndedAt         time.Time `json:"ended_at"`
-	Error           string    `json:"error,omitempty"`
-}
-
-func execJSON(res sandbox.ExecResult) execOut {
-	out := execOut{ExecID: res.ExecID, ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
-		Stdout: string(res.Stdout), Stderr: string(res.Stderr),
-		DurationMs: res.Duration.Milliseconds(), DurationSec: res.Duration.Seconds(),
-		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
-		StartedAt: res.StartedAt, EndedAt: res.EndedAt, Error: res.Error}
-	// JSON strings are UTF-8: binary output also travels base64-encoded, byte for byte.
-	if !utf8.Valid(res.Stdout) {
-		out.StdoutBase64 = base64.StdEncoding.EncodeToString(res.Stdout)
-	}
-	if !utf8.Valid(res.Stderr) {
-		out.StderrBase64 = base64.StdEncoding.EncodeToString(res.Stderr)
-	}
-	return out
 }
 
 // ---- files ----
