@@ -328,6 +328,11 @@ func route(path string) string {
 		return rest.Prefix + "/{id}"
 	case parts[1] == "exec" || parts[1] == "stop" || parts[1] == "start" || parts[1] == "files" || parts[1] == "files/list":
 		return rest.Prefix + "/{id}/" + parts[1]
+	case strings.HasPrefix(parts[1], "execs/"):
+		if strings.HasSuffix(parts[1], "/output") {
+			return rest.Prefix + "/{id}/execs/{exec_id}/output"
+		}
+		return rest.Prefix + "/{id}/execs/{exec_id}"
 	}
 	return "other"
 }

@@ -1,0 +1,22 @@
+package main
+
+import "testing"
+
+// TestRouteLabels: request metrics are labelled by route pattern, never by an id.
+func TestRouteLabels(t *testing.T) {
+	for path, want := range map[string]string{
+		"/graphql":                                    "/graphql",
+		"/sandbox/sandboxes/v1":                       "/sandbox/sandboxes/v1",
+		"/sandbox/sandboxes/v1/sbx_1":                 "/sandbox/sandboxes/v1/{id}",
+		"/sandbox/sandboxes/v1/s/exec":                "/sandbox/sandboxes/v1/{id}/exec",
+		"/sandbox/sandboxes/v1/s/files/list":          "/sandbox/sandboxes/v1/{id}/files/list",
+		"/sandbox/sandboxes/v1/s/execs/exec_1":        "/sandbox/sandboxes/v1/{id}/execs/{exec_id}",
+		"/sandbox/sandboxes/v1/s/execs/exec_1/output": "/sandbox/sandboxes/v1/{id}/execs/{exec_id}/output",
+		"/sandbox/sandboxes/v1/s/nothing":             "other",
+		"/favicon.ico":                                "other",
+	} {
+		if got := route(path); got != want {
+			t.Errorf("route(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
