@@ -42,14 +42,28 @@ type ComplexityRoot struct {
 		SnapshotID func(childComplexity int) int
 	}
 
+	ExecOutputEvent struct {
+		Cursor      func(childComplexity int) int
+		Data        func(childComplexity int) int
+		DataBase64  func(childComplexity int) int
+		Kind        func(childComplexity int) int
+		MissedBytes func(childComplexity int) int
+		Result      func(childComplexity int) int
+		Stream      func(childComplexity int) int
+	}
+
 	ExecResult struct {
+		Command         func(childComplexity int) int
 		DurationMs      func(childComplexity int) int
 		EndedAt         func(childComplexity int) int
 		Error           func(childComplexity int) int
 		ExecID          func(childComplexity int) int
 		ExitCode        func(childComplexity int) int
+		OutputBytes     func(childComplexity int) int
+		SandboxID       func(childComplexity int) int
 		Signal          func(childComplexity int) int
 		StartedAt       func(childComplexity int) int
+		State           func(childComplexity int) int
 		Stderr          func(childComplexity int) int
 		StderrBase64    func(childComplexity int) int
 		StderrTruncated func(childComplexity int) int
@@ -87,7 +101,7 @@ type ComplexityRoot struct {
 	Mutation struct {
 		CreateSandbox  func(childComplexity int, input model.CreateSandboxInput) int
 		DestroySandbox func(childComplexity int, id string) int
-		Exec           func(childComplexity int, sandboxID string, input model.ExecInput) int
+		Exec           func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
 		StartSandbox   func(childComplexity int, id string) int
 		StopSandbox    func(childComplexity int, id string) int
 		WriteFile      func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
@@ -111,6 +125,7 @@ type ComplexityRoot struct {
 	}
 
 	Query struct {
+		Exec      func(childComplexity int, id string) int
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
 		Profiles  func(childComplexity int) int
 		Quota     func(childComplexity int) int
@@ -162,6 +177,7 @@ type ComplexityRoot struct {
 	SandboxEvent struct {
 		At            func(childComplexity int) int
 		Cursor        func(childComplexity int) int
+		Exec          func(childComplexity int) int
 		PreviousState func(childComplexity int) int
 		Reason        func(childComplexity int) int
 		SandboxID     func(childComplexity int) int
@@ -170,6 +186,7 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
+		ExecOutput    func(childComplexity int, execID string, after *string) int
 		SandboxEvents func(childComplexity int, sandboxID *string, after *string) int
 	}
 }
@@ -180,7 +197,7 @@ type ComplexityRoot struct {
 
 type MutationResolver interface {
 	CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.Sandbox, error)
-	Exec(ctx context.Context, sandboxID string, input model.ExecInput) (*model.ExecResult, error)
+	Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecResult, error)
 	StopSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	StartSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
@@ -193,9 +210,11 @@ type QueryResolver interface {
 	Quota(ctx context.Context) (*model.Quota, error)
 	ReadFile(ctx context.Context, sandboxID string, path string) (*model.FileContent, error)
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
+	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 }
 type SubscriptionResolver interface {
 	SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error)
+	ExecOutput(ctx context.Context, execID string, after *string) (<-chan *model.ExecOutputEvent, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -229,6 +248,55 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.DestroySandboxPayload.SnapshotID(childComplexity), true
 
+	case "ExecOutputEvent.cursor":
+		if e.ComplexityRoot.ExecOutputEvent.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.Cursor(childComplexity), true
+	case "ExecOutputEvent.data":
+		if e.ComplexityRoot.ExecOutputEvent.Data == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.Data(childComplexity), true
+	case "ExecOutputEvent.dataBase64":
+		if e.ComplexityRoot.ExecOutputEvent.DataBase64 == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.DataBase64(childComplexity), true
+	case "ExecOutputEvent.kind":
+		if e.ComplexityRoot.ExecOutputEvent.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.Kind(childComplexity), true
+	case "ExecOutputEvent.missedBytes":
+		if e.ComplexityRoot.ExecOutputEvent.MissedBytes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.MissedBytes(childComplexity), true
+	case "ExecOutputEvent.result":
+		if e.ComplexityRoot.ExecOutputEvent.Result == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.Result(childComplexity), true
+	case "ExecOutputEvent.stream":
+		if e.ComplexityRoot.ExecOutputEvent.Stream == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecOutputEvent.Stream(childComplexity), true
+
+	case "ExecResult.command":
+		if e.ComplexityRoot.ExecResult.Command == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.Command(childComplexity), true
 	case "ExecResult.durationMs":
 		if e.ComplexityRoot.ExecResult.DurationMs == nil {
 			break
@@ -259,6 +327,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ExecResult.ExitCode(childComplexity), true
+	case "ExecResult.outputBytes":
+		if e.ComplexityRoot.ExecResult.OutputBytes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.OutputBytes(childComplexity), true
+	case "ExecResult.sandboxId":
+		if e.ComplexityRoot.ExecResult.SandboxID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.SandboxID(childComplexity), true
 	case "ExecResult.signal":
 		if e.ComplexityRoot.ExecResult.Signal == nil {
 			break
@@ -271,6 +351,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ExecResult.StartedAt(childComplexity), true
+	case "ExecResult.state":
+		if e.ComplexityRoot.ExecResult.State == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.State(childComplexity), true
 	case "ExecResult.stderr":
 		if e.ComplexityRoot.ExecResult.Stderr == nil {
 			break
@@ -445,7 +531,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Mutation.Exec(childComplexity, args["sandboxId"].(string), args["input"].(model.ExecInput)), true
+		return e.ComplexityRoot.Mutation.Exec(childComplexity, args["sandboxId"].(string), args["input"].(model.ExecInput), args["wait"].(*bool)), true
 	case "Mutation.startSandbox":
 		if e.ComplexityRoot.Mutation.StartSandbox == nil {
 			break
@@ -547,6 +633,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Profile.Network(childComplexity), true
+
+	case "Query.exec":
+		if e.ComplexityRoot.Query.Exec == nil {
+			break
+		}
+
+		args, err := ec.field_Query_exec_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Exec(childComplexity, args["id"].(string)), true
 
 	case "Query.listFiles":
 		if e.ComplexityRoot.Query.ListFiles == nil {
@@ -772,6 +870,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.SandboxEvent.Cursor(childComplexity), true
+	case "SandboxEvent.exec":
+		if e.ComplexityRoot.SandboxEvent.Exec == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SandboxEvent.Exec(childComplexity), true
 	case "SandboxEvent.previousState":
 		if e.ComplexityRoot.SandboxEvent.PreviousState == nil {
 			break
@@ -803,6 +907,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.SandboxEvent.Type(childComplexity), true
 
+	case "Subscription.execOutput":
+		if e.ComplexityRoot.Subscription.ExecOutput == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_execOutput_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.ExecOutput(childComplexity, args["execId"].(string), args["after"].(*string)), true
 	case "Subscription.sandboxEvents":
 		if e.ComplexityRoot.Subscription.SandboxEvents == nil {
 			break
@@ -995,6 +1110,15 @@ type Query {
     "The most entries to return, 1 to the configured maximum (10000 by default); truncated says when there were more."
     first: Int = 1000
   ): FileListing!
+
+  """
+  One command of the caller's tenant:project, answered by any replica: its state and, once it
+  ENDED, its exit status. Its output (stdout, stderr, their base64 forms and the truncated flags)
+  is read only when one of those fields is selected, as far as the bounded output stream still
+  holds it (each stream cut at the exec output cap). A missing or another tenant's exec is null
+  plus an error with extensions.code NOT_FOUND.
+  """
+  exec("The exec id (exec_…), from the exec mutation." id: ID!): ExecResult
 }
 
 """
@@ -1008,10 +1132,21 @@ type Mutation {
   createSandbox("What to create." input: CreateSandboxInput!): Sandbox!
 
   """
-  Runs one command in a running sandbox's workspace and waits for it to end. Output is collected up
-  to a cap (stdoutTruncated/stderrTruncated say when it was cut).
+  Runs one command in a running sandbox's workspace. By default it waits for the command to end
+  and answers with its result; output is collected up to a cap (stdoutTruncated/stderrTruncated
+  say when it was cut). With wait: false it answers at once with the exec id and state RUNNING
+  (exit fields null, output empty) while the command runs on, also after the client has gone:
+  follow its output with the execOutput subscription and read its status with the exec query,
+  on any replica.
   """
-  exec("The sandbox id." sandboxId: ID!, "The command to run." input: ExecInput!): ExecResult!
+  exec(
+    "The sandbox id."
+    sandboxId: ID!
+    "The command to run."
+    input: ExecInput!
+    "Whether to wait for the command to end; false answers at once with the exec id (null means true)."
+    wait: Boolean = true
+  ): ExecResult!
 
   """
   Stops a sandbox: checkpoints the workspace and releases its compute and concurrency slot.
@@ -1056,9 +1191,9 @@ Accept: text/event-stream); a plain POST of a subscription is refused.
 """
 type Subscription {
   """
-  Status changes of sandboxes: replays the events after the cursor, then follows live. The stream
-  ends when the client unsubscribes or disconnects; reconnect with after set to the last cursor
-  seen to lose nothing.
+  Changes of sandboxes (state changes, commands starting and ending): replays the events after the
+  cursor, then follows live. The stream ends when the client unsubscribes or disconnects;
+  reconnect with after set to the last cursor seen to lose nothing.
   """
   sandboxEvents(
     "Only this sandbox's events; null for every sandbox of the caller's tenant:project."
@@ -1066,6 +1201,23 @@ type Subscription {
     "The cursor of the last event seen; null to start with new events."
     after: String
   ): SandboxEvent!
+
+  """
+  The output of one command, answered by any replica: replays what the bounded output stream
+  still holds after the cursor, then follows live. Events come in order, each once: CHUNK events
+  carry output; a TRUNCATED event stands wherever the stream no longer holds output that was
+  written (never a silent gap); an EXIT event with the final status is always the last, after
+  which the stream ends. To resume after a disconnect, subscribe again with after set to the
+  cursor of the last event seen: the stream goes on right after it, with nothing lost and nothing
+  twice (except what a TRUNCATED event reports as missed). A missing or another tenant's exec is
+  NOT_FOUND; a malformed cursor, or one this exec's stream never had, is INVALID_ARGUMENT.
+  """
+  execOutput(
+    "The exec id (exec_…)."
+    execId: ID!
+    "The cursor of the last event seen; null to start at the beginning of the output."
+    after: String
+  ): ExecOutputEvent!
 }
 
 """
@@ -1240,23 +1392,35 @@ input ExecInput {
 }
 
 """
-The result of a finished command.
+A command run in a sandbox: its status while it runs, its result once it ended. The exit fields
+(exitCode, signal, durationMs, endedAt, error) are null, and timedOut is false, while it is
+RUNNING. The output fields hold the output collected by exec (waiting) and read by the exec
+query; they are empty in the answer of exec with wait: false and in the results carried by
+execOutput and sandboxEvents, which come without output.
 """
 type ExecResult {
   "The exec id (exec_…)."
   execId: ID!
-  "The exit code; meaningful when signal and error are null."
-  exitCode: Int!
-  "The signal that ended the command (e.g. \"SIGKILL\"); null when it exited."
+  "The sandbox the command runs in."
+  sandboxId: ID!
+  "A short, shell-quoted summary of the command line (at most 256 bytes)."
+  command: String!
+  "Whether the command is still running or has ended."
+  state: ExecState!
+  "The exit code; null while RUNNING; meaningful when signal and error are null."
+  exitCode: Int
+  "The signal that ended the command (e.g. \"SIGKILL\"); null when it exited or while RUNNING."
   signal: String
-  "Whether the command was killed because it ran past its timeout."
+  "Whether the command was killed because it ran past its timeout; false while RUNNING."
   timedOut: Boolean!
-  "How long the command ran, in milliseconds."
-  durationMs: Int64!
+  "How long the command ran, in milliseconds; null while RUNNING."
+  durationMs: Int64
   "When the command started; null when it did not start."
   startedAt: Time
-  "When the command ended; null when it did not start."
+  "When the command ended; null while RUNNING or when it did not start."
   endedAt: Time
+  "The bytes the command wrote so far to standard output and standard error together, kept or not."
+  outputBytes: Int64!
   "Standard output as UTF-8 text; invalid bytes are replaced by U+FFFD (use stdoutBase64 for the exact bytes)."
   stdout: String!
   "Standard error as UTF-8 text; invalid bytes are replaced by U+FFFD (use stderrBase64 for the exact bytes)."
@@ -1265,12 +1429,64 @@ type ExecResult {
   stdoutBase64: String!
   "Standard error, base64-encoded (standard alphabet, padded)."
   stderrBase64: String!
-  "Whether standard output was cut at the cap."
+  "Whether standard output is incomplete: cut at the cap, or no longer held whole by the bounded output stream."
   stdoutTruncated: Boolean!
-  "Whether standard error was cut at the cap."
+  "Whether standard error is incomplete: cut at the cap, or no longer held whole by the bounded output stream."
   stderrTruncated: Boolean!
-  "Why the command could not start; null when it started."
+  "Why the command could not start, or could not be followed to its end; null otherwise and while RUNNING."
   error: String
+}
+
+"""
+Where a command is.
+"""
+enum ExecState {
+  "Started, not ended yet."
+  RUNNING
+  "Ended: exited, killed, timed out, or could not be followed to its end (then error says why)."
+  ENDED
+}
+
+"""
+One event of a command's output stream (execOutput).
+"""
+type ExecOutputEvent {
+  "The position after this event; pass the last one seen as after to resume right after it."
+  cursor: String!
+  "What the event carries."
+  kind: ExecOutputKind!
+  "The stream the output was written to; null unless kind is CHUNK."
+  stream: ExecOutputStream
+  "The output as UTF-8 text; null unless kind is CHUNK, and null when the chunk is not valid UTF-8. A multi-byte character may be split across two chunks (then both are null here): dataBase64 always has the exact bytes."
+  data: String
+  "The output, base64-encoded (standard alphabet, padded); null unless kind is CHUNK."
+  dataBase64: String
+  "How many bytes were dropped before this event, counted in the command's output log (the output plus a few bytes per chunk; 0 when unknown); null unless kind is TRUNCATED."
+  missedBytes: Int64
+  "The command's final status, without output; null unless kind is EXIT."
+  result: ExecResult
+}
+
+"""
+What an ExecOutputEvent carries.
+"""
+enum ExecOutputKind {
+  "Output: stream, data and dataBase64."
+  CHUNK
+  "The bounded stream no longer holds the output between the previous cursor and this one: missedBytes were dropped. Never a silent gap."
+  TRUNCATED
+  "The command ended: result. Always the last event; the stream ends after it."
+  EXIT
+}
+
+"""
+The stream a command wrote output to.
+"""
+enum ExecOutputStream {
+  "Standard output."
+  STDOUT
+  "Standard error."
+  STDERR
 }
 
 """
@@ -1334,23 +1550,25 @@ type FileListing {
 }
 
 """
-A status change of a sandbox.
+A change of a sandbox: its state changed, or a command in it started or ended.
 """
 type SandboxEvent {
   "Orders events; pass the last one seen as after to resume."
   cursor: String!
-  "The kind of event; today always STATE_CHANGED."
+  "The kind of event: STATE_CHANGED, EXEC_STARTED or EXEC_ENDED."
   type: String!
-  "The sandbox that changed."
+  "The sandbox the event is about."
   sandboxId: ID!
-  "The state after the change."
+  "The state after the change; for EXEC_STARTED and EXEC_ENDED, the sandbox's state as last seen."
   state: SandboxState!
-  "The state before the change; null when the sandbox is new."
+  "The state before the change (STATE_CHANGED); null when the sandbox is new."
   previousState: SandboxState
   "Why the change happened (e.g. \"autostop\", \"ttl\", \"requested\"); null when there is nothing to say."
   reason: String
   "When the change happened."
   at: Time!
+  "The command, without output, for EXEC_STARTED (state RUNNING) and EXEC_ENDED (state ENDED); null for other events."
+  exec: ExecResult
 }
 
 """
@@ -1382,10 +1600,36 @@ func (ec *executionContext) childFields_DestroySandboxPayload(ctx context.Contex
 	return nil, fmt.Errorf("no field named %q was found under type DestroySandboxPayload", field.Name)
 }
 
+func (ec *executionContext) childFields_ExecOutputEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_ExecOutputEvent_cursor(ctx, field)
+	case "kind":
+		return ec.fieldContext_ExecOutputEvent_kind(ctx, field)
+	case "stream":
+		return ec.fieldContext_ExecOutputEvent_stream(ctx, field)
+	case "data":
+		return ec.fieldContext_ExecOutputEvent_data(ctx, field)
+	case "dataBase64":
+		return ec.fieldContext_ExecOutputEvent_dataBase64(ctx, field)
+	case "missedBytes":
+		return ec.fieldContext_ExecOutputEvent_missedBytes(ctx, field)
+	case "result":
+		return ec.fieldContext_ExecOutputEvent_result(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ExecOutputEvent", field.Name)
+}
+
 func (ec *executionContext) childFields_ExecResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "execId":
 		return ec.fieldContext_ExecResult_execId(ctx, field)
+	case "sandboxId":
+		return ec.fieldContext_ExecResult_sandboxId(ctx, field)
+	case "command":
+		return ec.fieldContext_ExecResult_command(ctx, field)
+	case "state":
+		return ec.fieldContext_ExecResult_state(ctx, field)
 	case "exitCode":
 		return ec.fieldContext_ExecResult_exitCode(ctx, field)
 	case "signal":
@@ -1398,6 +1642,8 @@ func (ec *executionContext) childFields_ExecResult(ctx context.Context, field gr
 		return ec.fieldContext_ExecResult_startedAt(ctx, field)
 	case "endedAt":
 		return ec.fieldContext_ExecResult_endedAt(ctx, field)
+	case "outputBytes":
+		return ec.fieldContext_ExecResult_outputBytes(ctx, field)
 	case "stdout":
 		return ec.fieldContext_ExecResult_stdout(ctx, field)
 	case "stderr":
@@ -1596,6 +1842,8 @@ func (ec *executionContext) childFields_SandboxEvent(ctx context.Context, field 
 		return ec.fieldContext_SandboxEvent_reason(ctx, field)
 	case "at":
 		return ec.fieldContext_SandboxEvent_at(ctx, field)
+	case "exec":
+		return ec.fieldContext_SandboxEvent_exec(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type SandboxEvent", field.Name)
 }
@@ -1763,6 +2011,14 @@ func (ec *executionContext) field_Mutation_exec_args(ctx context.Context, rawArg
 		return nil, err
 	}
 	args["input"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "wait",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["wait"] = arg2
 	return args, nil
 }
 
@@ -1851,6 +2107,20 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 		return nil, err
 	}
 	args["name"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_exec_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
 	return args, nil
 }
 
@@ -1947,6 +2217,28 @@ func (ec *executionContext) field_Query_sandboxes_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["state"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_execOutput_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "execId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["execId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
 	return args, nil
 }
 
@@ -2101,6 +2393,176 @@ func (ec *executionContext) fieldContext_DestroySandboxPayload_snapshotId(_ cont
 	return graphql.NewScalarFieldContext("DestroySandboxPayload", field, false, false, "String")
 }
 
+func (ec *executionContext) _ExecOutputEvent_cursor(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecOutputEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ExecOutputEvent_kind(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.ExecOutputKind) graphql.Marshaler {
+			return ec.marshalNExecOutputKind2sandboxdᚋgraphᚋmodelᚐExecOutputKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecOutputEvent", field, false, false, "ExecOutputKind")
+}
+
+func (ec *executionContext) _ExecOutputEvent_stream(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_stream(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Stream, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecOutputStream) graphql.Marshaler {
+			return ec.marshalOExecOutputStream2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputStream(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_stream(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecOutputEvent", field, false, false, "ExecOutputStream")
+}
+
+func (ec *executionContext) _ExecOutputEvent_data(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_data(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Data, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_data(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecOutputEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ExecOutputEvent_dataBase64(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_dataBase64(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DataBase64, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_dataBase64(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecOutputEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ExecOutputEvent_missedBytes(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_missedBytes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MissedBytes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_missedBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecOutputEvent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ExecOutputEvent_result(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecOutputEvent_result(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Result, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ExecOutputEvent_result(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecOutputEvent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _ExecResult_execId(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -2124,6 +2586,75 @@ func (ec *executionContext) fieldContext_ExecResult_execId(_ context.Context, fi
 	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "ID")
 }
 
+func (ec *executionContext) _ExecResult_sandboxId(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_sandboxId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SandboxID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_sandboxId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ExecResult_command(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_command(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Command, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_command(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "String")
+}
+
+func (ec *executionContext) _ExecResult_state(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_state(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.State, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.ExecState) graphql.Marshaler {
+			return ec.marshalNExecState2sandboxdᚋgraphᚋmodelᚐExecState(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_state(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "ExecState")
+}
+
 func (ec *executionContext) _ExecResult_exitCode(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -2136,11 +2667,11 @@ func (ec *executionContext) _ExecResult_exitCode(ctx context.Context, field grap
 			return obj.ExitCode, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
-			return ec.marshalNInt2int(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *int) graphql.Marshaler {
+			return ec.marshalOInt2ᚖint(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_ExecResult_exitCode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -2205,11 +2736,11 @@ func (ec *executionContext) _ExecResult_durationMs(ctx context.Context, field gr
 			return obj.DurationMs, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_ExecResult_durationMs(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -2260,6 +2791,29 @@ func (ec *executionContext) _ExecResult_endedAt(ctx context.Context, field graph
 }
 func (ec *executionContext) fieldContext_ExecResult_endedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ExecResult_outputBytes(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_outputBytes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OutputBytes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_outputBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "Int64")
 }
 
 func (ec *executionContext) _ExecResult_stdout(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
@@ -2863,7 +3417,7 @@ func (ec *executionContext) _Mutation_exec(ctx context.Context, field graphql.Co
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Mutation().Exec(ctx, fc.Args["sandboxId"].(string), fc.Args["input"].(model.ExecInput))
+			return ec.Resolvers.Mutation().Exec(ctx, fc.Args["sandboxId"].(string), fc.Args["input"].(model.ExecInput), fc.Args["wait"].(*bool))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
@@ -3560,6 +4114,50 @@ func (ec *executionContext) fieldContext_Query_listFiles(ctx context.Context, fi
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_listFiles_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_exec(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_exec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Exec(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_exec(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_exec_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -4423,6 +5021,38 @@ func (ec *executionContext) fieldContext_SandboxEvent_at(_ context.Context, fiel
 	return graphql.NewScalarFieldContext("SandboxEvent", field, false, false, "Time")
 }
 
+func (ec *executionContext) _SandboxEvent_exec(ctx context.Context, field graphql.CollectedField, obj *model.SandboxEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SandboxEvent_exec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Exec, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_SandboxEvent_exec(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SandboxEvent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Subscription_sandboxEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
 	return graphql.ResolveFieldStream(
 		ctx,
@@ -4461,6 +5091,50 @@ func (ec *executionContext) fieldContext_Subscription_sandboxEvents(ctx context.
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Subscription_sandboxEvents_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_execOutput(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_execOutput(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().ExecOutput(ctx, fc.Args["execId"].(string), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecOutputEvent) graphql.Marshaler {
+			return ec.marshalNExecOutputEvent2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputEvent(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_execOutput(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecOutputEvent(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_execOutput_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -5775,6 +6449,69 @@ func (ec *executionContext) _DestroySandboxPayload(ctx context.Context, sel ast.
 	return out
 }
 
+var execOutputEventImplementors = []string{"ExecOutputEvent"}
+
+func (ec *executionContext) _ExecOutputEvent(ctx context.Context, sel ast.SelectionSet, obj *model.ExecOutputEvent) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, execOutputEventImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ExecOutputEvent")
+		case "cursor":
+			out.Values[i] = ec._ExecOutputEvent_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "kind":
+			out.Values[i] = ec._ExecOutputEvent_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "stream":
+			out.Values[i] = ec._ExecOutputEvent_stream(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "data":
+			out.Values[i] = ec._ExecOutputEvent_data(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "dataBase64":
+			out.Values[i] = ec._ExecOutputEvent_dataBase64(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "missedBytes":
+			out.Values[i] = ec._ExecOutputEvent_missedBytes(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "result":
+			out.Values[i] = ec._ExecOutputEvent_result(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var execResultImplementors = []string{"ExecResult"}
 
 func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSet, obj *model.ExecResult) graphql.Marshaler {
@@ -5791,9 +6528,24 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "sandboxId":
+			out.Values[i] = ec._ExecResult_sandboxId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "command":
+			out.Values[i] = ec._ExecResult_command(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "state":
+			out.Values[i] = ec._ExecResult_state(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "exitCode":
 			out.Values[i] = ec._ExecResult_exitCode(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "signal":
@@ -5808,7 +6560,7 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 			}
 		case "durationMs":
 			out.Values[i] = ec._ExecResult_durationMs(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "startedAt":
@@ -5819,6 +6571,11 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 		case "endedAt":
 			out.Values[i] = ec._ExecResult_endedAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "outputBytes":
+			out.Values[i] = ec._ExecResult_outputBytes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		case "stdout":
@@ -6281,6 +7038,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_listFiles(ctx, field)
 				})
+		case "exec":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_exec(ctx, field)
+				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Query___type(ctx, field)
@@ -6623,6 +7386,11 @@ func (ec *executionContext) _SandboxEvent(ctx context.Context, sel ast.Selection
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "exec":
+			out.Values[i] = ec._SandboxEvent_exec(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -6655,6 +7423,8 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 	switch fields[0].Name {
 	case "sandboxEvents":
 		return ec._Subscription_sandboxEvents(ctx, fields[0])
+	case "execOutput":
+		return ec._Subscription_execOutput(ctx, fields[0])
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
@@ -7059,12 +7829,40 @@ func (ec *executionContext) unmarshalNExecInput2sandboxdᚋgraphᚋmodelᚐExecI
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
+func (ec *executionContext) marshalNExecOutputEvent2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputEvent(ctx context.Context, sel ast.SelectionSet, v *model.ExecOutputEvent) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ExecOutputEvent!")
+		return graphql.Null
+	}
+	return ec._ExecOutputEvent(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNExecOutputKind2sandboxdᚋgraphᚋmodelᚐExecOutputKind(ctx context.Context, v any) (model.ExecOutputKind, error) {
+	var res model.ExecOutputKind
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNExecOutputKind2sandboxdᚋgraphᚋmodelᚐExecOutputKind(ctx context.Context, sel ast.SelectionSet, v model.ExecOutputKind) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx context.Context, sel ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "ExecResult!")
 		return graphql.Null
 	}
 	return ec._ExecResult(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNExecState2sandboxdᚋgraphᚋmodelᚐExecState(ctx context.Context, v any) (model.ExecState, error) {
+	var res model.ExecState
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNExecState2sandboxdᚋgraphᚋmodelᚐExecState(ctx context.Context, sel ast.SelectionSet, v model.ExecState) graphql.Marshaler {
+	return v
 }
 
 func (ec *executionContext) marshalNFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx context.Context, sel ast.SelectionSet, v *model.FileContent) graphql.Marshaler {
@@ -7517,6 +8315,29 @@ func (ec *executionContext) unmarshalOEnvVarInput2ᚕᚖsandboxdᚋgraphᚋmodel
 	return res, nil
 }
 
+func (ec *executionContext) unmarshalOExecOutputStream2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputStream(ctx context.Context, v any) (*model.ExecOutputStream, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.ExecOutputStream)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOExecOutputStream2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputStream(ctx context.Context, sel ast.SelectionSet, v *model.ExecOutputStream) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
+}
+
+func (ec *executionContext) marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx context.Context, sel ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ExecResult(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOID2ᚖstring(ctx context.Context, v any) (*string, error) {
 	if v == nil {
 		return nil, nil
@@ -7550,6 +8371,24 @@ func (ec *executionContext) marshalOInt2ᚖint(ctx context.Context, sel ast.Sele
 	_ = sel
 	_ = ctx
 	res := graphql.MarshalInt(*v)
+	return res
+}
+
+func (ec *executionContext) unmarshalOInt642ᚖint64(ctx context.Context, v any) (*int64, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalInt64(v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOInt642ᚖint64(ctx context.Context, sel ast.SelectionSet, v *int64) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalInt64(*v)
 	return res
 }
 

@@ -70,7 +70,8 @@ func createRequest(in model.CreateSandboxInput) (sandbox.CreateRequest, error) {
 		TTLSec: int64Ptr(in.TTLSec), Env: env}, nil
 }
 
-func execRequest(in model.ExecInput) (sandbox.ExecRequest, error) {
+// execRequest converts exec's arguments; wait false (not null) detaches.
+func execRequest(in model.ExecInput, wait *bool) (sandbox.ExecRequest, error) {
 	env, err := envMap("input.env", in.Env)
 	if err != nil {
 		return sandbox.ExecRequest{}, err
@@ -80,7 +81,7 @@ func execRequest(in model.ExecInput) (sandbox.ExecRequest, error) {
 		return sandbox.ExecRequest{}, err
 	}
 	return sandbox.ExecRequest{Command: in.Command, TimeoutSec: int64Ptr(in.TimeoutSec), Env: env,
-		Cwd: deref(in.Cwd), Stdin: stdin}, nil
+		Cwd: deref(in.Cwd), Stdin: stdin, Detach: wait != nil && !*wait}, nil
 }
 
 // oneOf returns the bytes of a text argument or of its base64 twin. Both set is
@@ -191,23 +192,32 @@ func toProfiles(ps []sandbox.Profile) []*model.Profile {
 	return out
 }
 
+// toExecResult converts an exec's status or result. The exit fields are null (timedOut false)
+// while it runs. A result without a state is a finished one (what Exec answered before execs
+// had states).
 func toExecResult(r sandbox.ExecResult) *model.ExecResult {
-	return &model.ExecResult{
+	res := &model.ExecResult{
 		ExecID:          r.ExecID,
-		ExitCode:        r.ExitCode,
-		Signal:          optString(r.Signal),
-		TimedOut:        r.TimedOut,
-		DurationMs:      r.Duration.Milliseconds(),
+		SandboxID:       r.SandboxID,
+		Command:         r.Command,
+		State:           model.ExecStateEnded,
 		StartedAt:       optTime(r.StartedAt),
-		EndedAt:         optTime(r.EndedAt),
+		OutputBytes:     r.OutputBytes,
 		Stdout:          validUTF8(r.Stdout),
 		Stderr:          validUTF8(r.Stderr),
 		StdoutBase64:    base64.StdEncoding.EncodeToString(r.Stdout),
 		StderrBase64:    base64.StdEncoding.EncodeToString(r.Stderr),
 		StdoutTruncated: r.StdoutTruncated,
 		StderrTruncated: r.StderrTruncated,
-		Error:           optString(r.Error),
 	}
+	if r.State == sandbox.ExecRunning {
+		res.State = model.ExecStateRunning
+		return res
+	}
+	exitCode, durationMs := r.ExitCode, r.Duration.Milliseconds()
+	res.ExitCode, res.DurationMs = &exitCode, &durationMs
+	res.Signal, res.TimedOut, res.EndedAt, res.Error = optString(r.Signal), r.TimedOut, optTime(r.EndedAt), optString(r.Error)
+	return res
 }
 
 func toFileInfo(f sandbox.FileInfo) *model.FileInfo {
@@ -243,13 +253,22 @@ func toEvent(e sandbox.Event) *model.SandboxEvent {
 		prev := model.SandboxState(e.PreviousState)
 		ev.PreviousState = &prev
 	}
+	if e.Exec != nil {
+		ev.Exec = toExecResult(*e.Exec)
+	}
 	return ev
 }
 
-// forwardEvents converts the service's event stream into the subscription's channel. It owns
-// and closes out; it ends when in closes or ctx ends, and never blocks past ctx.
+// forwardEvents converts the service's event stream into the subscription's channel.
 func forwardEvents(ctx context.Context, in <-chan sandbox.Event) <-chan *model.SandboxEvent {
-	out := make(chan *model.SandboxEvent)
+	return forward(ctx, in, toEvent, nil)
+}
+
+// forward converts a service stream into a subscription's channel. It owns and closes out; it
+// ends when in closes, when ctx ends, or after sending an event for which last is true (last
+// nil: never), and never blocks past ctx.
+func forward[In, Out any](ctx context.Context, in <-chan In, convert func(In) Out, last func(In) bool) <-chan Out {
+	out := make(chan Out)
 	go func() {
 		defer close(out)
 		for {
@@ -261,8 +280,11 @@ func forwardEvents(ctx context.Context, in <-chan sandbox.Event) <-chan *model.S
 					return
 				}
 				select {
-				case out <- toEvent(e):
+				case out <- convert(e):
 				case <-ctx.Done():
+					return
+				}
+				if last != nil && last(e) {
 					return
 				}
 			}

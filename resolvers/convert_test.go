@@ -2,6 +2,8 @@ package resolvers
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +97,107 @@ func TestValidUTF8(t *testing.T) {
 		if got := validUTF8([]byte(tt.in)); got != tt.want {
 			t.Errorf("validUTF8(%q): got %q, want %q", tt.in, got, tt.want)
 		}
+	}
+}
+
+// The schema's exec enums and the domain's must name the same values.
+func TestExecEnumsMatchSchema(t *testing.T) {
+	for _, s := range []sandbox.ExecState{sandbox.ExecRunning, sandbox.ExecEnded} {
+		if !model.ExecState(s).IsValid() {
+			t.Errorf("domain exec state %s is not in the schema's ExecState", s)
+		}
+	}
+	kinds := []sandbox.ExecEventKind{sandbox.ExecChunk, sandbox.ExecTruncated, sandbox.ExecExit}
+	if len(kinds) != len(model.AllExecOutputKind) {
+		t.Errorf("got %d domain event kinds, %d schema kinds", len(kinds), len(model.AllExecOutputKind))
+	}
+	for _, k := range kinds {
+		if !model.ExecOutputKind(k).IsValid() {
+			t.Errorf("domain event kind %s is not in the schema's ExecOutputKind", k)
+		}
+	}
+}
+
+func TestToExecResult(t *testing.T) {
+	full := sandbox.ExecResult{ExecID: "exec_1", ExitCode: 0, Signal: "SIGKILL", TimedOut: true, Duration: time.Second,
+		StartedAt: t0, EndedAt: t0.Add(time.Second), Error: "lost", OutputBytes: 7}
+	tests := []struct {
+		name      string
+		state     sandbox.ExecState
+		wantState model.ExecState
+		wantExit  bool
+	}{
+		{name: "running", state: sandbox.ExecRunning, wantState: model.ExecStateRunning},
+		{name: "ended", state: sandbox.ExecEnded, wantState: model.ExecStateEnded, wantExit: true},
+		{name: "no-state-is-ended", state: "", wantState: model.ExecStateEnded, wantExit: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := full
+			r.State = tt.state
+			got := toExecResult(r)
+			if got.State != tt.wantState || got.OutputBytes != 7 || got.StartedAt == nil {
+				t.Errorf("got state %s outputBytes %d startedAt %v, want %s, 7 and set", got.State, got.OutputBytes, got.StartedAt, tt.wantState)
+			}
+			exit := got.ExitCode != nil && *got.ExitCode == 0 && got.DurationMs != nil && *got.DurationMs == 1000 &&
+				got.EndedAt != nil && got.Signal != nil && got.Error != nil && got.TimedOut
+			none := got.ExitCode == nil && got.DurationMs == nil && got.EndedAt == nil && got.Signal == nil &&
+				got.Error == nil && !got.TimedOut
+			if tt.wantExit && !exit {
+				t.Errorf("got %+v, want every exit field set (exit code 0 included)", got)
+			}
+			if !tt.wantExit && !none {
+				t.Errorf("got %+v, want the exit fields null and timedOut false", got)
+			}
+		})
+	}
+}
+
+func TestToExecOutputEvent(t *testing.T) {
+	tests := []struct {
+		name string
+		in   sandbox.ExecEvent
+		want string
+	}{
+		{name: "text", in: sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: "3-0", Stream: "stdout", Data: []byte("héllo")},
+			want: `{"cursor":"3-0","kind":"CHUNK","stream":"STDOUT","data":"héllo","dataBase64":"aMOpbGxv"}`},
+		{name: "empty-chunk", in: sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: "3-0", Stream: "stderr"},
+			want: `{"cursor":"3-0","kind":"CHUNK","stream":"STDERR","data":"","dataBase64":""}`},
+		{name: "split-character", in: sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: "2-0", Stream: "stdout", Data: []byte("h\xc3")},
+			want: `{"cursor":"2-0","kind":"CHUNK","stream":"STDOUT","dataBase64":"aMM="}`},
+		{name: "truncated-unknown", in: sandbox.ExecEvent{Kind: sandbox.ExecTruncated, Cursor: "9-0"},
+			want: `{"cursor":"9-0","kind":"TRUNCATED","missedBytes":0}`},
+		{name: "exit", in: sandbox.ExecEvent{Kind: sandbox.ExecExit, Cursor: "9-1", Result: &sandbox.ExecResult{ExecID: "exec_1",
+			State: sandbox.ExecEnded, ExitCode: 1}},
+			want: `{"cursor":"9-1","kind":"EXIT","result":{"execId":"exec_1","sandboxId":"","command":"","state":"ENDED","exitCode":1,` +
+				`"timedOut":false,"durationMs":0,"outputBytes":0,"stdout":"","stderr":"","stdoutBase64":"","stderrBase64":"",` +
+				`"stdoutTruncated":false,"stderrTruncated":false}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := json.Marshal(toExecOutputEvent(tt.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != tt.want {
+				t.Errorf("got %s, want %s", b, tt.want)
+			}
+		})
+	}
+}
+
+// forwardExecOutput ends after EXIT even when the service's channel stays open.
+func TestForwardExecOutputEndsAfterExit(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	in := make(chan sandbox.ExecEvent, 3)
+	in <- sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: "1-0", Stream: "stdout", Data: []byte("a")}
+	in <- sandbox.ExecEvent{Kind: sandbox.ExecExit, Cursor: "1-1", Result: &sandbox.ExecResult{State: sandbox.ExecEnded}}
+	in <- sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: "2-0", Stream: "stdout", Data: []byte("never")}
+	var got []string
+	for e := range forwardExecOutput(context.Background(), in) {
+		got = append(got, string(e.Kind))
+	}
+	if strings.Join(got, ",") != "CHUNK,EXIT" {
+		t.Errorf("got %v, want CHUNK,EXIT", got)
 	}
 }

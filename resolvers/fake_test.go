@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -27,6 +28,14 @@ const (
 	idBusy    = "sbx_busy"  // every verb: INVALID_STATE with Retry-After
 	idBoom    = "sbx_boom"  // every verb: a plain (uncoded) error
 	idPanic   = "sbx_panic" // every verb: a panic
+)
+
+// Exec ids the fake knows. Anything else is NOT_FOUND.
+const (
+	execEnded   = "exec_1" // ENDED with exit code 3
+	execRunning = "exec_2" // RUNNING
+	// badCursor is the cursor ExecOutput refuses with INVALID_ARGUMENT.
+	badCursor = "nope"
 )
 
 // secretCause is the text of the fake's uncoded error; it must never reach a client.
@@ -54,6 +63,10 @@ type fakeService struct {
 	listPath  string
 	listLimit int
 	eventsArg [2]string
+	// getExec is what GetExec was last asked.
+	getExec getExecArgs
+	// execOutputArg is what ExecOutput was last asked: exec id and cursor.
+	execOutputArg [2]string
 
 	// file is what ReadFile answers.
 	file []byte
@@ -67,10 +80,30 @@ type fakeService struct {
 	eventsDelay time.Duration
 	// eventsDone is closed when an Events producer has finished (its ctx ended or it ran out).
 	eventsDone chan struct{}
+
+	// execEvents are sent by ExecOutput, which then closes its channel (as the domain does
+	// after EXIT). With execEndless it then sends CHUNKs of execChunk until its ctx ends.
+	execEvents  []sandbox.ExecEvent
+	execEndless bool
+	execChunk   []byte
+	// execDone receives how each ExecOutput producer ended.
+	execDone chan execStreamEnd
+}
+
+type getExecArgs struct {
+	sandboxID, execID string
+	output            bool
+}
+
+// execStreamEnd is how an ExecOutput producer ended: the events it sent, and whether it sent
+// them all and closed its channel (else the subscriber's ctx ended first).
+type execStreamEnd struct {
+	sent    int
+	drained bool
 }
 
 func newFake() *fakeService {
-	return &fakeService{eventsDone: make(chan struct{}, 16)}
+	return &fakeService{eventsDone: make(chan struct{}, 16), execDone: make(chan execStreamEnd, 16)}
 }
 
 func (f *fakeService) record(p auth.Principal, call string) {
@@ -142,8 +175,80 @@ func (f *fakeService) Exec(_ context.Context, p auth.Principal, id string, req s
 	f.mu.Lock()
 	f.execReq = req
 	f.mu.Unlock()
-	return sandbox.ExecResult{ExecID: "exec_1", ExitCode: 3, Duration: 1500 * time.Millisecond, StartedAt: t0,
-		EndedAt: t0.Add(1500 * time.Millisecond), Stdout: f.stdout, Stderr: []byte("warn\n"), StdoutTruncated: true}, nil
+	if req.Detach {
+		return runningExec(id), nil
+	}
+	return sandbox.ExecResult{ExecID: execEnded, SandboxID: id, Command: "cat", State: sandbox.ExecEnded, ExitCode: 3,
+		Duration: 1500 * time.Millisecond, StartedAt: t0, EndedAt: t0.Add(1500 * time.Millisecond), Stdout: f.stdout,
+		Stderr: []byte("warn\n"), StdoutTruncated: true, OutputBytes: int64(len(f.stdout)) + 5}, nil
+}
+
+func runningExec(sandboxID string) sandbox.ExecResult {
+	return sandbox.ExecResult{ExecID: execRunning, SandboxID: sandboxID, Command: "'sleep' '60'",
+		State: sandbox.ExecRunning, StartedAt: t0, OutputBytes: 12}
+}
+
+func endedExec() *sandbox.ExecResult {
+	return &sandbox.ExecResult{ExecID: execEnded, SandboxID: idRunning, Command: "'make' 'test'", State: sandbox.ExecEnded,
+		ExitCode: 3, Duration: 1500 * time.Millisecond, StartedAt: t0, EndedAt: t0.Add(1500 * time.Millisecond), OutputBytes: 11}
+}
+
+func (f *fakeService) GetExec(_ context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error) {
+	f.record(p, "GetExec")
+	f.mu.Lock()
+	f.getExec = getExecArgs{sandboxID: sandboxID, execID: execID, output: output}
+	f.mu.Unlock()
+	var res sandbox.ExecResult
+	switch execID {
+	case execEnded:
+		res = *endedExec()
+	case execRunning:
+		res = runningExec(idRunning)
+	default:
+		return sandbox.ExecResult{}, apierror.New(apierror.NotFound, "exec %s not found", execID)
+	}
+	if output {
+		res.Stdout, res.Stderr, res.StderrTruncated = []byte("hello\n"), []byte("oops\xff"), true
+	}
+	return res, nil
+}
+
+func (f *fakeService) ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error) {
+	f.record(p, "ExecOutput")
+	if execID != execEnded {
+		return nil, apierror.New(apierror.NotFound, "exec %s not found", execID)
+	}
+	if after == badCursor {
+		return nil, apierror.New(apierror.InvalidArgument, "bad cursor %q", after).WithDetail("field", "after")
+	}
+	f.mu.Lock()
+	f.execOutputArg = [2]string{execID, after}
+	evs, endless, chunk := append([]sandbox.ExecEvent(nil), f.execEvents...), f.execEndless, f.execChunk
+	f.mu.Unlock()
+	out := make(chan sandbox.ExecEvent)
+	go func() {
+		end := execStreamEnd{}
+		defer func() { f.execDone <- end }()
+		for _, e := range evs {
+			select {
+			case out <- e:
+				end.sent++
+			case <-ctx.Done():
+				return
+			}
+		}
+		for i := 0; endless; i++ {
+			select {
+			case out <- sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: fmt.Sprintf("%d-0", i), Stream: "stdout", Data: chunk}:
+				end.sent++
+			case <-ctx.Done():
+				return
+			}
+		}
+		close(out)
+		end.drained = true
+	}()
+	return out, nil
 }
 
 func (f *fakeService) Stop(_ context.Context, p auth.Principal, id string) (sandbox.Sandbox, error) {

@@ -35,6 +35,11 @@ type HandlerOptions struct {
 	// KeepAlivePingInterval is how often an idle WebSocket (graphql-ws "ka", graphql-transport-ws
 	// "ping") or SSE stream (": ping") gets a keepalive. Default 15s.
 	KeepAlivePingInterval time.Duration
+	// WriteTimeout bounds each write to a stream: a WebSocket message (keepalives included) or
+	// an SSE event and its flush. A subscriber that stops reading is cut off when one write
+	// misses it: its WebSocket closes, or its SSE response ends, and its subscriptions end.
+	// Default 30s.
+	WriteTimeout time.Duration
 	// ComplexityLimit bounds the complexity of one operation (each field counts 1). Default 500.
 	ComplexityLimit int
 	// MaxBodyBytes bounds an HTTP request body and one WebSocket message. Default 1 MiB.
@@ -50,6 +55,7 @@ type HandlerOptions struct {
 // Defaults of HandlerOptions and fixed bounds.
 const (
 	DefaultKeepAlivePingInterval = 15 * time.Second
+	DefaultWriteTimeout          = 30 * time.Second
 	DefaultComplexityLimit       = 500
 	DefaultMaxBodyBytes          = 1 << 20
 
@@ -82,6 +88,9 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 	if opts.KeepAlivePingInterval <= 0 {
 		opts.KeepAlivePingInterval = DefaultKeepAlivePingInterval
 	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
+	}
 	if opts.ComplexityLimit <= 0 {
 		opts.ComplexityLimit = DefaultComplexityLimit
 	}
@@ -92,15 +101,20 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 		opts.Logger = slog.Default()
 	}
 	errs := errorPolicy{log: opts.Logger}
-	g := &gate{authn: authn, maxBody: opts.MaxBodyBytes, shutdown: opts.Shutdown}
+	g := &gate{authn: authn, maxBody: opts.MaxBodyBytes, shutdown: opts.Shutdown, writeTimeout: opts.WriteTimeout,
+		log: opts.Logger}
 
 	srv := handler.New(graph.NewExecutableSchema(graph.Config{Resolvers: &Resolver{svc: svc}}))
 	// Order matters: the first transport that supports a request serves it. SSE must come
 	// before POST, which would otherwise answer a subscription with its first event only.
 	srv.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAlivePingInterval})
 	srv.AddTransport(transport.Websocket{
-		Implementation: transport.CoderWebsocketImplementation{
-			AcceptOptions: websocket.AcceptOptions{OriginPatterns: opts.AllowedOrigins},
+		Implementation: deadlineWebsocket{
+			impl: transport.CoderWebsocketImplementation{
+				AcceptOptions: websocket.AcceptOptions{OriginPatterns: opts.AllowedOrigins},
+			},
+			timeout: opts.WriteTimeout,
+			log:     opts.Logger,
 		},
 		InitFunc:              g.websocketInit,
 		InitTimeout:           wsInitTimeout,
@@ -136,9 +150,11 @@ func GraphiQLHandler() http.Handler {
 
 // gate authenticates requests and bounds their bodies before gqlgen sees them.
 type gate struct {
-	authn    *auth.Authenticator
-	maxBody  int64
-	shutdown <-chan struct{}
+	authn        *auth.Authenticator
+	maxBody      int64
+	shutdown     <-chan struct{}
+	writeTimeout time.Duration
+	log          *slog.Logger
 }
 
 type oneShotKey struct{}
@@ -150,17 +166,29 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 			return
 		}
 		upgrade := r.Header.Get("Upgrade") != ""
-		if (upgrade || (transport.SSE{}).Supports(r)) && g.shutdown != nil {
+		sse := !upgrade && (transport.SSE{}).Supports(r)
+		if upgrade || sse {
+			// A stream ends with its request's context: on shutdown, and for SSE when a write
+			// fails or misses its deadline (a WebSocket's writes are bounded by deadlineConn).
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
-			go func() {
-				select {
-				case <-g.shutdown:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
+			if g.shutdown != nil {
+				go func() {
+					select {
+					case <-g.shutdown:
+						cancel()
+					case <-ctx.Done():
+					}
+				}()
+			}
 			r = r.WithContext(ctx)
+			if sse {
+				// An SSE stream outlives the server's WriteTimeout, as a WebSocket does (net/http
+				// clears a hijacked connection's deadlines): each write sets its own deadline.
+				sw := newSSEWriter(ctx, w, g.writeTimeout, cancel, g.log)
+				defer sw.finish()
+				w = sw
+			}
 		}
 		key := r.Header.Get(auth.HeaderAPIKey)
 		if upgrade && key == "" {
@@ -192,11 +220,7 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 				}
 				r.Body = io.NopCloser(bytes.NewReader(body))
 			}
-			if (transport.SSE{}).Supports(r) {
-				// An SSE stream outlives the server's WriteTimeout, as a WebSocket does
-				// (net/http clears a hijacked connection's deadlines).
-				_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
-			} else {
+			if !sse {
 				ctx = context.WithValue(ctx, oneShotKey{}, true)
 			}
 		}

@@ -31,12 +31,12 @@ func (r *mutationResolver) CreateSandbox(ctx context.Context, input model.Create
 }
 
 // Exec is the resolver for the exec field.
-func (r *mutationResolver) Exec(ctx context.Context, sandboxID string, input model.ExecInput) (*model.ExecResult, error) {
+func (r *mutationResolver) Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecResult, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
 	}
-	req, err := execRequest(input)
+	req, err := execRequest(input, wait)
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +188,19 @@ func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *s
 	return toFileListing(dir, entries, truncated), nil
 }
 
+// Exec is the resolver for the exec field.
+func (r *queryResolver) Exec(ctx context.Context, id string) (*model.ExecResult, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.svc.GetExec(ctx, p, "", id, outputSelected(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return toExecResult(res), nil
+}
+
 // SandboxEvents is the resolver for the sandboxEvents field.
 func (r *subscriptionResolver) SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error) {
 	p, err := auth.Require(ctx)
@@ -199,6 +212,19 @@ func (r *subscriptionResolver) SandboxEvents(ctx context.Context, sandboxID *str
 		return nil, err
 	}
 	return forwardEvents(ctx, in), nil
+}
+
+// ExecOutput is the resolver for the execOutput field.
+func (r *subscriptionResolver) ExecOutput(ctx context.Context, execID string, after *string) (<-chan *model.ExecOutputEvent, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in, err := r.svc.ExecOutput(ctx, p, execID, deref(after))
+	if err != nil {
+		return nil, err
+	}
+	return forwardExecOutput(ctx, in), nil
 }
 
 // Mutation returns graph.MutationResolver implementation.

@@ -17,7 +17,14 @@ type Service interface {
 	Create(ctx context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error)
 	Get(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	List(ctx context.Context, p auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error)
+	// Exec runs a command; with req.Detach it answers at once with the exec RUNNING.
 	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
+	// GetExec returns an exec's status, and its output as far as still kept when output is
+	// set; sandboxID "" means any sandbox of the caller's project.
+	GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error)
+	// ExecOutput replays an exec's output after the cursor and follows it; the channel closes
+	// after the EXIT event or when ctx ends.
+	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
 	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)

@@ -293,7 +293,14 @@ func TestWebsocketLegacyProtocol(t *testing.T) {
 
 func postSSE(t *testing.T, e *env, key, query string) (*http.Response, *bufio.Scanner) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/graphql", strings.NewReader(string(mustJSON(map[string]any{"query": query}))))
+	return postSSEVars(t, e, key, query, nil)
+}
+
+// postSSEVars subscribes over SSE; key "" sends none.
+func postSSEVars(t *testing.T, e *env, key, query string, vars map[string]any) (*http.Response, *bufio.Scanner) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.srv.URL+"/graphql",
+		strings.NewReader(string(mustJSON(map[string]any{"query": query, "variables": vars}))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,22 +54,52 @@ type ExecInput struct {
 	StdinBase64 *string `json:"stdinBase64,omitempty"`
 }
 
-// The result of a finished command.
+// One event of a command's output stream (execOutput).
+type ExecOutputEvent struct {
+	// The position after this event; pass the last one seen as after to resume right after it.
+	Cursor string `json:"cursor"`
+	// What the event carries.
+	Kind ExecOutputKind `json:"kind"`
+	// The stream the output was written to; null unless kind is CHUNK.
+	Stream *ExecOutputStream `json:"stream,omitempty"`
+	// The output as UTF-8 text; null unless kind is CHUNK, and null when the chunk is not valid UTF-8. A multi-byte character may be split across two chunks (then both are null here): dataBase64 always has the exact bytes.
+	Data *string `json:"data,omitempty"`
+	// The output, base64-encoded (standard alphabet, padded); null unless kind is CHUNK.
+	DataBase64 *string `json:"dataBase64,omitempty"`
+	// How many bytes were dropped before this event, counted in the command's output log (the output plus a few bytes per chunk; 0 when unknown); null unless kind is TRUNCATED.
+	MissedBytes *int64 `json:"missedBytes,omitempty"`
+	// The command's final status, without output; null unless kind is EXIT.
+	Result *ExecResult `json:"result,omitempty"`
+}
+
+// A command run in a sandbox: its status while it runs, its result once it ended. The exit fields
+// (exitCode, signal, durationMs, endedAt, error) are null, and timedOut is false, while it is
+// RUNNING. The output fields hold the output collected by exec (waiting) and read by the exec
+// query; they are empty in the answer of exec with wait: false and in the results carried by
+// execOutput and sandboxEvents, which come without output.
 type ExecResult struct {
 	// The exec id (exec_…).
 	ExecID string `json:"execId"`
-	// The exit code; meaningful when signal and error are null.
-	ExitCode int `json:"exitCode"`
-	// The signal that ended the command (e.g. "SIGKILL"); null when it exited.
+	// The sandbox the command runs in.
+	SandboxID string `json:"sandboxId"`
+	// A short, shell-quoted summary of the command line (at most 256 bytes).
+	Command string `json:"command"`
+	// Whether the command is still running or has ended.
+	State ExecState `json:"state"`
+	// The exit code; null while RUNNING; meaningful when signal and error are null.
+	ExitCode *int `json:"exitCode,omitempty"`
+	// The signal that ended the command (e.g. "SIGKILL"); null when it exited or while RUNNING.
 	Signal *string `json:"signal,omitempty"`
-	// Whether the command was killed because it ran past its timeout.
+	// Whether the command was killed because it ran past its timeout; false while RUNNING.
 	TimedOut bool `json:"timedOut"`
-	// How long the command ran, in milliseconds.
-	DurationMs int64 `json:"durationMs"`
+	// How long the command ran, in milliseconds; null while RUNNING.
+	DurationMs *int64 `json:"durationMs,omitempty"`
 	// When the command started; null when it did not start.
 	StartedAt *time.Time `json:"startedAt,omitempty"`
-	// When the command ended; null when it did not start.
+	// When the command ended; null while RUNNING or when it did not start.
 	EndedAt *time.Time `json:"endedAt,omitempty"`
+	// The bytes the command wrote so far to standard output and standard error together, kept or not.
+	OutputBytes int64 `json:"outputBytes"`
 	// Standard output as UTF-8 text; invalid bytes are replaced by U+FFFD (use stdoutBase64 for the exact bytes).
 	Stdout string `json:"stdout"`
 	// Standard error as UTF-8 text; invalid bytes are replaced by U+FFFD (use stderrBase64 for the exact bytes).
@@ -78,11 +108,11 @@ type ExecResult struct {
 	StdoutBase64 string `json:"stdoutBase64"`
 	// Standard error, base64-encoded (standard alphabet, padded).
 	StderrBase64 string `json:"stderrBase64"`
-	// Whether standard output was cut at the cap.
+	// Whether standard output is incomplete: cut at the cap, or no longer held whole by the bounded output stream.
 	StdoutTruncated bool `json:"stdoutTruncated"`
-	// Whether standard error was cut at the cap.
+	// Whether standard error is incomplete: cut at the cap, or no longer held whole by the bounded output stream.
 	StderrTruncated bool `json:"stderrTruncated"`
-	// Why the command could not start; null when it started.
+	// Why the command could not start, or could not be followed to its end; null otherwise and while RUNNING.
 	Error *string `json:"error,omitempty"`
 }
 
@@ -240,27 +270,206 @@ type SandboxEdge struct {
 	Node *Sandbox `json:"node"`
 }
 
-// A status change of a sandbox.
+// A change of a sandbox: its state changed, or a command in it started or ended.
 type SandboxEvent struct {
 	// Orders events; pass the last one seen as after to resume.
 	Cursor string `json:"cursor"`
-	// The kind of event; today always STATE_CHANGED.
+	// The kind of event: STATE_CHANGED, EXEC_STARTED or EXEC_ENDED.
 	Type string `json:"type"`
-	// The sandbox that changed.
+	// The sandbox the event is about.
 	SandboxID string `json:"sandboxId"`
-	// The state after the change.
+	// The state after the change; for EXEC_STARTED and EXEC_ENDED, the sandbox's state as last seen.
 	State SandboxState `json:"state"`
-	// The state before the change; null when the sandbox is new.
+	// The state before the change (STATE_CHANGED); null when the sandbox is new.
 	PreviousState *SandboxState `json:"previousState,omitempty"`
 	// Why the change happened (e.g. "autostop", "ttl", "requested"); null when there is nothing to say.
 	Reason *string `json:"reason,omitempty"`
 	// When the change happened.
 	At time.Time `json:"at"`
+	// The command, without output, for EXEC_STARTED (state RUNNING) and EXEC_ENDED (state ENDED); null for other events.
+	Exec *ExecResult `json:"exec,omitempty"`
 }
 
 // Live streams. Use WebSocket (graphql-transport-ws or graphql-ws) or SSE (POST with
 // Accept: text/event-stream); a plain POST of a subscription is refused.
 type Subscription struct {
+}
+
+// What an ExecOutputEvent carries.
+type ExecOutputKind string
+
+const (
+	// Output: stream, data and dataBase64.
+	ExecOutputKindChunk ExecOutputKind = "CHUNK"
+	// The bounded stream no longer holds the output between the previous cursor and this one: missedBytes were dropped. Never a silent gap.
+	ExecOutputKindTruncated ExecOutputKind = "TRUNCATED"
+	// The command ended: result. Always the last event; the stream ends after it.
+	ExecOutputKindExit ExecOutputKind = "EXIT"
+)
+
+var AllExecOutputKind = []ExecOutputKind{
+	ExecOutputKindChunk,
+	ExecOutputKindTruncated,
+	ExecOutputKindExit,
+}
+
+func (e ExecOutputKind) IsValid() bool {
+	switch e {
+	case ExecOutputKindChunk, ExecOutputKindTruncated, ExecOutputKindExit:
+		return true
+	}
+	return false
+}
+
+func (e ExecOutputKind) String() string {
+	return string(e)
+}
+
+func (e *ExecOutputKind) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = ExecOutputKind(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid ExecOutputKind", str)
+	}
+	return nil
+}
+
+func (e ExecOutputKind) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *ExecOutputKind) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e ExecOutputKind) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// The stream a command wrote output to.
+type ExecOutputStream string
+
+const (
+	// Standard output.
+	ExecOutputStreamStdout ExecOutputStream = "STDOUT"
+	// Standard error.
+	ExecOutputStreamStderr ExecOutputStream = "STDERR"
+)
+
+var AllExecOutputStream = []ExecOutputStream{
+	ExecOutputStreamStdout,
+	ExecOutputStreamStderr,
+}
+
+func (e ExecOutputStream) IsValid() bool {
+	switch e {
+	case ExecOutputStreamStdout, ExecOutputStreamStderr:
+		return true
+	}
+	return false
+}
+
+func (e ExecOutputStream) String() string {
+	return string(e)
+}
+
+func (e *ExecOutputStream) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = ExecOutputStream(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid ExecOutputStream", str)
+	}
+	return nil
+}
+
+func (e ExecOutputStream) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *ExecOutputStream) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e ExecOutputStream) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// Where a command is.
+type ExecState string
+
+const (
+	// Started, not ended yet.
+	ExecStateRunning ExecState = "RUNNING"
+	// Ended: exited, killed, timed out, or could not be followed to its end (then error says why).
+	ExecStateEnded ExecState = "ENDED"
+)
+
+var AllExecState = []ExecState{
+	ExecStateRunning,
+	ExecStateEnded,
+}
+
+func (e ExecState) IsValid() bool {
+	switch e {
+	case ExecStateRunning, ExecStateEnded:
+		return true
+	}
+	return false
+}
+
+func (e ExecState) String() string {
+	return string(e)
+}
+
+func (e *ExecState) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = ExecState(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid ExecState", str)
+	}
+	return nil
+}
+
+func (e ExecState) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *ExecState) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e ExecState) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }
 
 // A sandbox's lifecycle state. CREATING → RUNNING → STOPPING → STOPPED → STARTING → RUNNING;

@@ -1,0 +1,71 @@
+package resolvers
+
+import (
+	"context"
+	"encoding/base64"
+	"unicode/utf8"
+
+	"github.com/99designs/gqlgen/graphql"
+
+	"sandboxd/graph/model"
+	"sandboxd/internal/sandbox"
+)
+
+// This file holds what the exec query and the execOutput subscription need besides the
+// conversions of convert.go.
+
+// outputFields are the ExecResult fields that need the exec's output.
+var outputFields = map[string]bool{
+	"stdout": true, "stderr": true, "stdoutBase64": true, "stderrBase64": true,
+	"stdoutTruncated": true, "stderrTruncated": true,
+}
+
+// outputSelected reports whether the selection of the field being resolved (an ExecResult)
+// asks for the exec's output, directly or through fragments (@skip and @include honoured).
+func outputSelected(ctx context.Context) bool {
+	for _, f := range graphql.CollectFieldsCtx(ctx, []string{"ExecResult"}) {
+		if outputFields[f.Name] {
+			return true
+		}
+	}
+	return false
+}
+
+// toExecOutputEvent converts one event of an exec's output stream: stream, data and
+// dataBase64 for CHUNK, missedBytes for TRUNCATED, result for EXIT.
+func toExecOutputEvent(e sandbox.ExecEvent) *model.ExecOutputEvent {
+	ev := &model.ExecOutputEvent{Cursor: e.Cursor, Kind: model.ExecOutputKind(e.Kind)}
+	switch e.Kind {
+	case sandbox.ExecChunk:
+		var stream model.ExecOutputStream
+		switch e.Stream {
+		case "stdout":
+			stream = model.ExecOutputStreamStdout
+		case "stderr":
+			stream = model.ExecOutputStreamStderr
+		}
+		if stream != "" {
+			ev.Stream = &stream
+		}
+		b64 := base64.StdEncoding.EncodeToString(e.Data)
+		ev.DataBase64 = &b64
+		if utf8.Valid(e.Data) {
+			text := string(e.Data)
+			ev.Data = &text
+		}
+	case sandbox.ExecTruncated:
+		missed := e.MissedBytes
+		ev.MissedBytes = &missed
+	case sandbox.ExecExit:
+		if e.Result != nil {
+			ev.Result = toExecResult(*e.Result)
+		}
+	}
+	return ev
+}
+
+// forwardExecOutput converts the service's output stream into the subscription's channel; it
+// ends after EXIT even if the service's channel were to stay open.
+func forwardExecOutput(ctx context.Context, in <-chan sandbox.ExecEvent) <-chan *model.ExecOutputEvent {
+	return forward(ctx, in, toExecOutputEvent, func(e sandbox.ExecEvent) bool { return e.Kind == sandbox.ExecExit })
+}
