@@ -95,8 +95,11 @@ func TestExecOfAnotherTenantOrSandboxIsNotFound(t *testing.T) {
 		"other tenant get":    func() error { _, err := e.svc.GetExec(ctx, bob, "", res.ExecID, false); return err },
 		"other tenant output": func() error { _, err := e.svc.ExecOutput(ctx, bob, res.ExecID, ""); return err },
 		"other sandbox":       func() error { _, err := e.svc.GetExec(ctx, alice, sb2.ID, res.ExecID, false); return err },
-		"unknown":             func() error { _, err := e.svc.GetExec(ctx, alice, "", "exec_01ARZ3NDEKTSV4RRFFQ69G5FAV", false); return err },
-		"malformed":           func() error { _, err := e.svc.ExecOutput(ctx, alice, "../x", ""); return err },
+		"unknown": func() error {
+			_, err := e.svc.GetExec(ctx, alice, "", "exec_01ARZ3NDEKTSV4RRFFQ69G5FAV", false)
+			return err
+		},
+		"malformed": func() error { _, err := e.svc.ExecOutput(ctx, alice, "../x", ""); return err },
 	} {
 		if code := apierror.CodeOf(call()); code != apierror.NotFound {
 			t.Errorf("%s: got %s, want NOT_FOUND", name, code)
