@@ -475,18 +475,3 @@ func (b *bench) destroyStrays(ctx context.Context) {
 		return
 	}
 }
-
-// benchStream: the rows that need the execOutput subscription, which does not exist yet.
-func benchStream(ctx context.Context, b *bench) ([]*Group, error) {
-	var groups []*Group
-	for _, c := range []struct{ name, ours, bare string }{
-		{"stdout throughput", "subscription (execOutput)", "bare runsc exec pipe"},
-		{"first byte of stdout", "subscription (execOutput)", "bare runsc exec pipe"},
-	} {
-		g := &Group{Name: c.name}
-		g.result(c.ours, false).NotMeasured = "needs execOutput (issue 3)"
-		g.result(c.bare, true).NotMeasured = "needs execOutput (issue 3)"
-		groups = append(groups, g)
-	}
-	return groups, nil
-}

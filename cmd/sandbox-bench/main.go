@@ -16,7 +16,7 @@
 // and the memory and subscriptions suites measure what idle sandboxes and idle subscriptions
 // cost the host and sandboxd.
 //
-//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--json]
+//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--stream-mb 32] [--json]
 package main
 
 import (
@@ -49,6 +49,7 @@ type options struct {
 	memorySettle                      time.Duration
 	subs                              int
 	subsWait                          time.Duration
+	streamMB, streamN, firstByteN     int
 }
 
 // suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
@@ -112,6 +113,9 @@ func parseFlags() *options {
 	flag.DurationVar(&o.memorySettle, "memory-settle", 10*time.Second, "how long the idle sandboxes settle before they are measured")
 	flag.IntVar(&o.subs, "subscriptions", 1000, "idle sandboxEvents subscriptions of the subscriptions suite (one per WebSocket)")
 	flag.DurationVar(&o.subsWait, "subscriptions-wait", 15*time.Second, "how long the subscriptions stay idle before they are measured")
+	flag.IntVar(&o.streamMB, "stream-mb", 32, "MiB of stdout of the stream throughput group (below 64: the guest keeps at most 64 MiB of an exec's output log, record headers included)")
+	flag.IntVar(&o.streamN, "stream-n", 10, "recorded rounds of the stream throughput group (after one warm-up round, none with --warmup 0)")
+	flag.IntVar(&o.firstByteN, "first-byte-n", 30, "recorded rounds of the first-byte-of-stdout group")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
 		flag.PrintDefaults()
