@@ -194,6 +194,8 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 		}
 		return nil, &startError{127, "pipe: " + err.Error()}
 	}
+	growPipe(outR)
+	growPipe(errR)
 	attr := &os.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
@@ -299,6 +301,22 @@ wait:
 	s.writeStatus(e)
 }
 
+// maxCollect is the most one read of an output pipe takes (and the size pipes are grown to):
+// a command writing fast is copied in few large reads and log writes, not one per 64 KiB.
+const maxCollect = 1 << 20
+
+// fSetPipeSize is fcntl's F_SETPIPE_SZ.
+const fSetPipeSize = 0x407
+
+// growPipe asks for a pipe buffer of maxCollect; where that is refused the default stays.
+func growPipe(f *os.File) {
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSize, maxCollect)
+		})
+	}
+}
+
 // collector reads an exec's stdout and stderr pipes into its log. Each pipe has a goroutine
 // parked in the runtime poller (no thread per pipe); whichever wakes drains both pipes under
 // one lock, stdout first, so records keep the order in which output arrived as far as two
@@ -318,7 +336,7 @@ type collector struct {
 }
 
 func newCollector(log *execLog, stdout, stderr *os.File) (*collector, error) {
-	c := &collector{log: log, kinds: [2]byte{RecordStdout, RecordStderr}, buf: make([]byte, MaxRecordPayload)}
+	c := &collector{log: log, kinds: [2]byte{RecordStdout, RecordStderr}, buf: make([]byte, maxCollect)}
 	for i, f := range []*os.File{stdout, stderr} {
 		rc, err := f.SyscallConn()
 		if err != nil {

@@ -39,8 +39,8 @@ func newExecLog(path string, max int64) (*execLog, error) {
 	return &execLog{path: path, max: max, f: f, changed: make(chan struct{})}, nil
 }
 
-// write appends p as records of kind, cut at MaxRecordPayload; what does not fit under max
-// is dropped and counted.
+// write appends p as records of kind, cut at MaxRecordPayload, in one write to the log file;
+// what does not fit under max is dropped and counted.
 func (l *execLog) write(kind byte, p []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -48,43 +48,65 @@ func (l *execLog) write(kind byte, p []byte) {
 		l.dropped += int64(len(p))
 		return
 	}
-	wrote := false
+	l.buf = l.buf[:0]
 	for len(p) > 0 {
-		room := l.max - l.size - RecordHeaderLen
+		room := l.max - l.size - int64(len(l.buf)) - RecordHeaderLen
 		if room <= 0 {
 			l.dropped += int64(len(p))
 			break
 		}
 		n := min(len(p), MaxRecordPayload, int(min(room, int64(MaxRecordPayload))))
-		if l.appendLocked(kind, p[:n]) {
-			wrote = true
-		}
+		l.buf = appendRecord(l.buf, kind, p[:n])
 		p = p[n:]
 	}
-	if wrote {
+	if l.flushLocked() {
 		l.notifyLocked()
 	}
 }
 
+func appendRecord(buf []byte, kind byte, p []byte) []byte {
+	buf = append(buf, kind, 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(buf[len(buf)-4:], uint32(len(p)))
+	return append(buf, p...)
+}
+
 func (l *execLog) appendLocked(kind byte, p []byte) bool {
-	l.buf = append(l.buf[:0], kind, 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(l.buf[1:RecordHeaderLen], uint32(len(p)))
-	l.buf = append(l.buf, p...)
+	l.buf = appendRecord(l.buf[:0], kind, p)
+	return l.flushLocked()
+}
+
+// flushLocked writes the whole records in l.buf to the log file and indexes them. It reports
+// whether anything was written.
+func (l *execLog) flushLocked() bool {
+	if len(l.buf) == 0 {
+		return false
+	}
+	defer func() {
+		if cap(l.buf) > 2*(maxCollect+RecordHeaderLen) {
+			l.buf = nil
+		}
+	}()
 	if _, err := l.f.Write(l.buf); err != nil {
 		// A full state dir: the bytes are lost. The file may now hold a partial record;
 		// truncate it back so that the log stays a sequence of whole records.
 		_ = l.f.Truncate(l.size)
 		_, _ = l.f.Seek(l.size, io.SeekStart)
-		l.dropped += int64(len(p))
+		for b := l.buf; len(b) >= RecordHeaderLen; {
+			n := int(binary.BigEndian.Uint32(b[1:RecordHeaderLen]))
+			l.dropped += int64(n)
+			b = b[RecordHeaderLen+n:]
+		}
 		return false
 	}
-	for int64(len(l.index))*indexStride <= l.size {
-		l.index = append(l.index, l.size)
+	for b, at := l.buf, l.size; len(b) >= RecordHeaderLen; {
+		for int64(len(l.index))*indexStride <= at {
+			l.index = append(l.index, at)
+		}
+		n := int64(RecordHeaderLen) + int64(binary.BigEndian.Uint32(b[1:RecordHeaderLen]))
+		at += n
+		b = b[n:]
 	}
 	l.size += int64(len(l.buf))
-	if cap(l.buf) > 2*(MaxRecordPayload+RecordHeaderLen) {
-		l.buf = nil
-	}
 	return true
 }
 

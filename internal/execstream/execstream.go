@@ -84,6 +84,9 @@ type Exit struct {
 	DurationMs int64
 	// Error says why the command could not start or could not be followed to its end.
 	Error string
+	// Dropped counts output bytes the guest could not keep (its per-exec log is bounded): they
+	// never reached the stream, and readers get a truncated event for them before the exit.
+	Dropped int64
 }
 
 // Meta is the state of one exec.
@@ -318,7 +321,8 @@ func parseMeta(id string, v map[string]string) (Meta, bool) {
 	if m.State == Ended {
 		code, _ := strconv.Atoi(v["exit_code"])
 		dur, _ := strconv.ParseInt(v["duration_ms"], 10, 64)
-		m.Exit = &Exit{ExitCode: code, Signal: v["signal"], TimedOut: v["timed_out"] == "1", DurationMs: dur, Error: v["error"]}
+		dropped, _ := strconv.ParseInt(v["dropped"], 10, 64)
+		m.Exit = &Exit{ExitCode: code, Signal: v["signal"], TimedOut: v["timed_out"] == "1", DurationMs: dur, Error: v["error"], Dropped: dropped}
 	}
 	return m, true
 }

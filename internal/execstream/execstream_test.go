@@ -199,6 +199,31 @@ func TestExitWithoutOutput(t *testing.T) {
 	})
 }
 
+// TestDroppedOutputIsATruncatedEvent: output the guest's bounded log could not keep never
+// reached the stream; readers learn it from a truncated event just before the exit, also when
+// they resume there, and the status counts it.
+func TestDroppedOutputIsATruncatedEvent(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{})
+		create(t, s, c, "exec_drop")
+		chunks := series(0, numbered(0, 3)...)
+		mustAppend(t, s, "exec_drop", "A", chunks, &Exit{ExitCode: 0, Dropped: 4096})
+		last := fmt.Sprintf("%d-0", chunks[2].Offset)
+		for _, after := range []string{"", last} {
+			evs := readAll(t, s, "exec_drop", after, 10)
+			n := len(evs)
+			if n < 2 || evs[n-2].Kind != EventTruncated || evs[n-2].Missed != 4096 || evs[n-2].Cursor != last ||
+				evs[n-1].Kind != EventExit || evs[n-1].Exit.Dropped != 4096 {
+				t.Fatalf("after %q: got %+v, want a truncated event of 4096 bytes at %s, then the exit", after, evs, last)
+			}
+		}
+		m, err := s.Get(context.Background(), "exec_drop")
+		if err != nil || m.Exit == nil || m.Exit.Dropped != 4096 {
+			t.Fatalf("Get: %+v, %v", m, err)
+		}
+	})
+}
+
 func TestReadResumeFromMiddle(t *testing.T) {
 	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
 		s, c := newStore(srv, Options{})

@@ -172,8 +172,15 @@ func decode(pos cursor, msgs []redis.XMessage) ([]Event, bool, error) {
 		if id.part == 1 {
 			code, _ := strconv.Atoi(str("code"))
 			dur, _ := strconv.ParseInt(str("duration_ms"), 10, 64)
+			dropped, _ := strconv.ParseInt(str("dropped"), 10, 64)
+			if dropped > 0 {
+				// The guest's bounded log could not keep the end of the output: say so before the
+				// exit, at the cursor just before it (a resume there sees both again).
+				evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: start}.String(), Missed: dropped})
+			}
 			evs = append(evs, Event{Kind: EventExit, Cursor: m.ID, Exit: &Exit{
 				ExitCode: code, Signal: str("signal"), TimedOut: str("timed_out") == "1", DurationMs: dur, Error: str("error"),
+				Dropped: dropped,
 			}})
 			return evs, true, nil
 		}

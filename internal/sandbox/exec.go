@@ -248,6 +248,11 @@ func applyExit(r *ExecResult, e *execstream.Exit) {
 	r.State = ExecEnded
 	r.ExitCode, r.Signal, r.TimedOut, r.Error = e.ExitCode, e.Signal, e.TimedOut, e.Error
 	r.Duration = time.Duration(e.DurationMs) * time.Millisecond
+	if e.Dropped > 0 {
+		// The sandbox's bounded log could not keep all of it (which stream is not known).
+		r.OutputBytes += e.Dropped
+		r.StdoutTruncated, r.StderrTruncated = true, true
+	}
 }
 
 // ---- following ----
@@ -276,6 +281,7 @@ type collector struct {
 	stdout, stderr       []byte
 	stdoutCut, stderrCut bool
 	upTo                 int64 // guest offset collected so far: a reopened log repeats nothing
+	written              int64 // output bytes seen, kept or cut
 	limit                int
 }
 
@@ -424,7 +430,8 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			f.collect(rec)
 			if rec.Kind == guest.RecordExit {
 				st, err := rec.ExitStatus()
-				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs, Error: st.Error}
+				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs,
+					Error: st.Error, Dropped: st.DroppedBytes}
 				if err != nil {
 					e = &execstream.Exit{ExitCode: -1, Error: "the sandbox reported an unreadable exit status"}
 				}
@@ -464,6 +471,9 @@ func (f *follower) collect(rec guest.Record) {
 		return
 	}
 	c.upTo = rec.Offset
+	if rec.Kind != guest.RecordExit {
+		c.written += int64(len(rec.Data))
+	}
 	switch rec.Kind {
 	case guest.RecordStdout:
 		c.stdout, c.stdoutCut = capAppend(c.stdout, rec.Data, c.limit, c.stdoutCut)
@@ -589,8 +599,10 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 	}
 }
 
-// finish puts the exit status into the stream (unless it is there already), publishes
-// EXEC_ENDED when this follower was the one to end the stream, and answers a waiting caller.
+// finish puts the exit status into the stream (unless it is there already), records the
+// command's end as activity, publishes EXEC_ENDED when this follower was the one to end the
+// stream, and then answers a waiting caller: when a synchronous exec returns, its status and
+// event are already visible from every replica.
 func (f *follower) finish(exit *execstream.Exit) {
 	s := f.s
 	if !f.exitAppended {
@@ -599,16 +611,17 @@ func (f *follower) finish(exit *execstream.Exit) {
 	r := ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
 	applyExit(&r, exit)
 	if c := f.wait; c != nil {
-		r.Stdout, r.Stderr, r.StdoutTruncated, r.StderrTruncated = c.stdout, c.stderr, c.stdoutCut, c.stderrCut
-		r.OutputBytes = int64(len(c.stdout) + len(c.stderr))
-		f.result <- r
+		r.StdoutTruncated, r.StderrTruncated = r.StdoutTruncated || c.stdoutCut, r.StderrTruncated || c.stderrCut
+		r.OutputBytes += c.written
 	}
 	// The command's end is activity: auto-stop counts idle time from here.
 	s.touch(s.bg, f.meta.Sandbox)
 	if f.exitAppended {
-		status := r
-		status.Stdout, status.Stderr = nil, nil
-		s.publishExec(f.meta, EventExecEnded, &status)
+		s.publishExec(f.meta, EventExecEnded, &r)
+	}
+	if c := f.wait; c != nil {
+		r.Stdout, r.Stderr = c.stdout, c.stderr
+		f.result <- r
 	}
 }
 
