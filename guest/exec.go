@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 	"time"
 )
 
@@ -64,9 +66,11 @@ func (e *execState) kill(sig syscall.Signal) {
 
 // proc is a started exec's process and pipes.
 type proc struct {
-	status         <-chan syscall.WaitStatus
-	stdout, stderr *os.File
-	stdin          *os.File // write end, nil without stdin data
+	status <-chan syscall.WaitStatus
+	// out are the read ends of the stdout and stderr pipes: raw non-blocking descriptors,
+	// kept out of Go's poller (see collector).
+	out   [2]int
+	stdin *os.File // write end, nil without stdin data
 }
 
 // startError is a command that could not start, reported the way a shell does.
@@ -178,7 +182,7 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 			return nil, &startError{127, "stdin: " + err.Error()}
 		}
 	}
-	outR, outW, err := os.Pipe()
+	outR, outW, err := outputPipe()
 	if err != nil {
 		closeAll(stdinW)
 		if stdinW != nil {
@@ -186,16 +190,15 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 		}
 		return nil, &startError{127, "pipe: " + err.Error()}
 	}
-	errR, errW, err := os.Pipe()
+	errR, errW, err := outputPipe()
 	if err != nil {
-		closeAll(stdinW, outR, outW)
+		closeAll(stdinW, outW)
+		_ = syscall.Close(outR)
 		if stdinW != nil {
 			closeAll(stdinR)
 		}
 		return nil, &startError{127, "pipe: " + err.Error()}
 	}
-	growPipe(outR)
-	growPipe(errR)
 	attr := &os.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
@@ -208,7 +211,9 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 		closeAll(stdinR)
 	}
 	if err != nil {
-		closeAll(stdinW, outR, errR)
+		closeAll(stdinW)
+		_ = syscall.Close(outR)
+		_ = syscall.Close(errR)
 		code := 126
 		if errors.Is(err, fs.ErrNotExist) {
 			code = 127
@@ -235,24 +240,19 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 			_ = stdinW.Close()
 		}()
 	}
-	return &proc{status: status, stdout: outR, stderr: errR, stdin: stdinW}, nil
+	return &proc{status: status, out: [2]int{outR, errR}, stdin: stdinW}, nil
 }
 
 // supervise owns a running exec: it collects the pipes into the log, enforces the timeout,
 // drains after exit and writes the exit record.
 func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
 	defer s.wg.Done()
-	col, err := newCollector(e.log, p.stdout, p.stderr)
-	if err != nil {
-		// Cannot happen for os.Pipe files; fall back to not collecting at all.
-		s.log.Error("guest: collecting exec output", "exec", e.id, "err", err)
-	}
-	var pumps sync.WaitGroup
-	if col != nil {
-		pumps.Add(2)
-		go col.run(&pumps, 0)
-		go col.run(&pumps, 1)
-	}
+	col := newCollector(e.log, p.out)
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		col.run()
+	}()
 
 	var expired <-chan time.Time
 	if timeout > 0 {
@@ -277,14 +277,11 @@ wait:
 	}
 	exited := time.Now().UTC()
 
-	deadline := exited.Add(drainAfterExit)
-	if col != nil {
-		col.stopAt.Store(deadline.UnixNano())
-	}
-	_ = p.stdout.SetReadDeadline(deadline)
-	_ = p.stderr.SetReadDeadline(deadline)
-	pumps.Wait()
-	closeAll(p.stdout, p.stderr, p.stdin)
+	col.stopAt.Store(exited.Add(drainAfterExit).UnixNano())
+	<-collected
+	_ = syscall.Close(p.out[0])
+	_ = syscall.Close(p.out[1])
+	closeAll(p.stdin)
 
 	code, sig := exitStatus(ws)
 	e.mu.Lock()
@@ -301,93 +298,142 @@ wait:
 	s.writeStatus(e)
 }
 
-// maxCollect is the most one read of an output pipe takes (and the size pipes are grown to):
-// a command writing fast is copied in few large reads and log writes, not one per 64 KiB.
+// maxCollect is the most one read of an output pipe takes (and the size pipes are grown to).
 const maxCollect = 1 << 20
 
 // fSetPipeSize is fcntl's F_SETPIPE_SZ.
 const fSetPipeSize = 0x407
 
-// growPipe asks for a pipe buffer of maxCollect; where that is refused the default stays.
-func growPipe(f *os.File) {
-	if rc, err := f.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) {
-			_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, fd, fSetPipeSize, maxCollect)
-		})
+// outputPipe makes a pipe for a command's stdout or stderr: the write end a blocking *os.File
+// for the child, the read end a raw non-blocking descriptor grown to maxCollect (where the
+// kernel allows) that the collector reads without Go's poller.
+func outputPipe() (r int, w *os.File, err error) {
+	var fds [2]int
+	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
+		return -1, nil, err
 	}
+	if err := syscall.SetNonblock(fds[0], true); err != nil {
+		_ = syscall.Close(fds[0])
+		_ = syscall.Close(fds[1])
+		return -1, nil, err
+	}
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fds[0]), fSetPipeSize, maxCollect)
+	return fds[0], os.NewFile(uintptr(fds[1]), "|output"), nil
 }
 
-// collector reads an exec's stdout and stderr pipes into its log. Each pipe has a goroutine
-// parked in the runtime poller (no thread per pipe); whichever wakes drains both pipes under
-// one lock, stdout first, so records keep the order in which output arrived as far as two
-// pipes can tell it.
+// Output is coalesced before it goes into the log. Most commands write 4–8 KiB at a time; under
+// gVisor each wake-up of a reader is a host context switch, costlier than the copy. A reader
+// parked in Go's poller (or in a blocking read) is woken by every such write. So the collector
+// waits in poll(2) only while the pipes are quiet; once output flows it reads what gathered
+// every outputLinger, with nobody waiting on the pipes in between, and puts output into the log
+// when flushAt bytes are pending or the pipes fall quiet. A lone piece waits one linger at most.
+const (
+	outputLinger = 2 * time.Millisecond
+	flushAt      = 256 << 10
+	// quietPoll bounds one poll(2), so that stopAt is noticed.
+	quietPoll = 100 * time.Millisecond
+)
+
+// collector reads an exec's stdout and stderr pipes into its log, stdout first in each round,
+// so records keep the order in which output arrived as far as two pipes can tell it.
 type collector struct {
 	log   *execLog
-	conns [2]syscall.RawConn
 	fds   [2]int
 	kinds [2]byte
-	// stopAt (unix nanoseconds, 0 for none) ends draining even while a background process
-	// keeps writing; the pipes' read deadlines end the waiting.
+	// stopAt (unix nanoseconds, 0 for none) ends collecting even while a background process
+	// keeps the pipes open: the supervisor sets it a little after the command exited.
 	stopAt atomic.Int64
 
-	mu  sync.Mutex
 	eof [2]bool
 	buf []byte
+	// pend is output read but not yet in the log, all of kind pendKind.
+	pend     []byte
+	pendKind byte
 }
 
-func newCollector(log *execLog, stdout, stderr *os.File) (*collector, error) {
-	c := &collector{log: log, kinds: [2]byte{RecordStdout, RecordStderr}, buf: make([]byte, maxCollect)}
-	for i, f := range []*os.File{stdout, stderr} {
-		rc, err := f.SyscallConn()
-		if err != nil {
-			return nil, err
-		}
-		// The fd stays valid until the supervisor closes the files, after both run loops.
-		if err := rc.Control(func(fd uintptr) { c.fds[i] = int(fd) }); err != nil {
-			return nil, err
-		}
-		c.conns[i] = rc
-	}
-	return c, nil
+func newCollector(log *execLog, fds [2]int) *collector {
+	return &collector{log: log, fds: fds, kinds: [2]byte{RecordStdout, RecordStderr}, buf: make([]byte, maxCollect)}
 }
 
-// run waits on pipe i until it reaches EOF or its read deadline.
-func (c *collector) run(wg *sync.WaitGroup, i int) {
-	defer wg.Done()
-	_ = c.conns[i].Read(func(uintptr) bool {
-		return c.drain(i)
-	})
-}
-
-// drain reads whatever both pipes hold, a chunk of each in turn, and reports whether pipe i
-// is done: at EOF, or past stopAt.
-func (c *collector) drain(i int) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// run collects until both pipes reach EOF or stopAt passes, then flushes.
+func (c *collector) run() {
+	defer c.flush()
 	for {
 		if stop := c.stopAt.Load(); stop != 0 && time.Now().UnixNano() >= stop {
-			return true
+			return
 		}
-		progress := false
-		for j := range c.fds {
-			if c.eof[j] {
-				continue
+		progress := c.readRound()
+		if c.eof[0] && c.eof[1] {
+			return
+		}
+		if progress {
+			// Output flows: let more gather in the pipes before reading again.
+			time.Sleep(outputLinger)
+			continue
+		}
+		// The pipes are quiet: what was read goes out now, then wait for more.
+		c.flush()
+		c.poll()
+	}
+}
+
+// readRound reads each open pipe once and reports whether anything came.
+func (c *collector) readRound() bool {
+	progress := false
+	for j := range c.fds {
+		if c.eof[j] {
+			continue
+		}
+		n, err := syscall.Read(c.fds[j], c.buf)
+		switch {
+		case n > 0:
+			if len(c.pend) > 0 && c.pendKind != c.kinds[j] {
+				c.flush() // the other stream's output came first
 			}
-			n, err := syscall.Read(c.fds[j], c.buf)
-			switch {
-			case n > 0:
-				c.log.write(c.kinds[j], c.buf[:n])
-				progress = true
-			case err == syscall.EINTR:
-				progress = true
-			case err == syscall.EAGAIN:
-			default: // EOF or a broken pipe
-				c.eof[j] = true
+			c.pend = append(c.pend, c.buf[:n]...)
+			c.pendKind = c.kinds[j]
+			if len(c.pend) >= flushAt {
+				c.flush()
 			}
+			progress = true
+		case err == syscall.EINTR:
+			progress = true
+		case err == syscall.EAGAIN:
+		default: // EOF or a broken pipe
+			c.eof[j] = true
 		}
-		if !progress {
-			return c.eof[i]
+	}
+	return progress
+}
+
+// poll waits until a pipe is readable (or closed), quietPoll passes, or stopAt comes.
+func (c *collector) poll() {
+	timeout := quietPoll
+	if stop := c.stopAt.Load(); stop != 0 {
+		timeout = min(timeout, time.Until(time.Unix(0, stop)))
+	}
+	if timeout <= 0 {
+		return
+	}
+	fds := make([]unix.PollFd, 0, 2)
+	for j, fd := range c.fds {
+		if !c.eof[j] {
+			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
+	}
+	_, _ = unix.Poll(fds, int(max(timeout.Milliseconds(), 1)))
+}
+
+// flush puts pending output into the log.
+func (c *collector) flush() {
+	if len(c.pend) == 0 {
+		return
+	}
+	c.log.write(c.pendKind, c.pend)
+	if cap(c.pend) > 2*maxCollect {
+		c.pend = nil
+	} else {
+		c.pend = c.pend[:0]
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -62,6 +63,12 @@ func env(key, def string) string {
 }
 
 func serve() int {
+	if os.Getenv("GOMAXPROCS") == "" {
+		// Under gVisor every hand-off between OS threads is a host context switch (a futex
+		// wake through the sentry), which costs far more than the work the init does: one
+		// thread runs all its goroutines, and blocking syscalls still get their own.
+		runtime.GOMAXPROCS(1)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-init")
 	sock := env("SBX_SOCKET", guest.SocketPath)
 	reap := os.Getpid() == 1
