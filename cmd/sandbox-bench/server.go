@@ -208,7 +208,13 @@ func startServer(ctx context.Context, o *options, dir string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--listen", addr, "--state-dir", s.stateDir,
+	// Each exec's output stream keeps 64 MiB (the default is 16 MiB): a throughput reader that
+	// lags the command by more than the bound would get a truncated event, which fails the run.
+	cfgPath := filepath.Join(dir, "sandboxd.yaml")
+	if err := os.WriteFile(cfgPath, []byte("execs:\n  stream_max_bytes: 67108864\n"), 0o600); err != nil {
+		return nil, err
+	}
+	args := []string{"--config", cfgPath, "--listen", addr, "--state-dir", s.stateDir,
 		"--runsc", o.runsc, "--init-binary", o.initBin, "--rootfs", o.rootfs}
 	s.cmd = exec.Command(o.sandboxd, args...)
 	var env []string

@@ -182,7 +182,9 @@ func (s *sse) execEvent(sandboxID string, ev sandbox.ExecEvent) (exited bool, er
 	switch ev.Kind {
 	case sandbox.ExecChunk:
 		c := chunkOut{Stream: ev.Stream}
-		if utf8.Valid(ev.Data) {
+		// Text travels as text; binary output (not UTF-8, or holding NUL bytes, which JSON
+		// would escape to six bytes each) as base64.
+		if utf8.Valid(ev.Data) && bytes.IndexByte(ev.Data, 0) < 0 {
 			c.Data = string(ev.Data)
 		} else {
 			c.DataBase64 = base64.StdEncoding.EncodeToString(ev.Data)
