@@ -110,8 +110,8 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 	srv.AddTransport(transport.SSE{KeepAlivePingInterval: opts.KeepAlivePingInterval})
 	srv.AddTransport(transport.Websocket{
 		Implementation: deadlineWebsocket{
-			impl: transport.CoderWebsocketImplementation{
-				AcceptOptions: websocket.AcceptOptions{OriginPatterns: opts.AllowedOrigins},
+			impl: coderWebsocket{
+				acceptOptions: websocket.AcceptOptions{OriginPatterns: opts.AllowedOrigins},
 			},
 			timeout: opts.WriteTimeout,
 			log:     opts.Logger,
