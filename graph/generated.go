@@ -5,6 +5,7 @@ package graph
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sandboxd/graph/model"
@@ -99,12 +100,14 @@ type ComplexityRoot struct {
 	}
 
 	Mutation struct {
-		CreateSandbox  func(childComplexity int, input model.CreateSandboxInput) int
-		DestroySandbox func(childComplexity int, id string) int
-		Exec           func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
-		StartSandbox   func(childComplexity int, id string) int
-		StopSandbox    func(childComplexity int, id string) int
-		WriteFile      func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
+		CreateSandbox   func(childComplexity int, input model.CreateSandboxInput) int
+		DeleteSnapshot  func(childComplexity int, id string) int
+		DestroySandbox  func(childComplexity int, id string) int
+		Exec            func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
+		SnapshotSandbox func(childComplexity int, id string) int
+		StartSandbox    func(childComplexity int, id string) int
+		StopSandbox     func(childComplexity int, id string) int
+		WriteFile       func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
 	}
 
 	PageInfo struct {
@@ -132,6 +135,7 @@ type ComplexityRoot struct {
 		ReadFile  func(childComplexity int, sandboxID string, path string) int
 		Sandbox   func(childComplexity int, id string) int
 		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState) int
+		Snapshots func(childComplexity int, sandboxID *string, first *int) int
 	}
 
 	Quota struct {
@@ -185,6 +189,16 @@ type ComplexityRoot struct {
 		Type          func(childComplexity int) int
 	}
 
+	Snapshot struct {
+		CreatedAt        func(childComplexity int) int
+		ID               func(childComplexity int) int
+		ParentSnapshotID func(childComplexity int) int
+		RawSizeBytes     func(childComplexity int) int
+		SandboxID        func(childComplexity int) int
+		Sha256           func(childComplexity int) int
+		SizeBytes        func(childComplexity int) int
+	}
+
 	Subscription struct {
 		ExecOutput    func(childComplexity int, execID string, after *string) int
 		SandboxEvents func(childComplexity int, sandboxID *string, after *string) int
@@ -201,6 +215,8 @@ type MutationResolver interface {
 	StopSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	StartSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
+	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) (bool, error)
 	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
 }
 type QueryResolver interface {
@@ -211,6 +227,7 @@ type QueryResolver interface {
 	ReadFile(ctx context.Context, sandboxID string, path string) (*model.FileContent, error)
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
+	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
 }
 type SubscriptionResolver interface {
 	SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error)
@@ -510,6 +527,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateSandbox(childComplexity, args["input"].(model.CreateSandboxInput)), true
+	case "Mutation.deleteSnapshot":
+		if e.ComplexityRoot.Mutation.DeleteSnapshot == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteSnapshot_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteSnapshot(childComplexity, args["id"].(string)), true
 	case "Mutation.destroySandbox":
 		if e.ComplexityRoot.Mutation.DestroySandbox == nil {
 			break
@@ -532,6 +560,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.Exec(childComplexity, args["sandboxId"].(string), args["input"].(model.ExecInput), args["wait"].(*bool)), true
+	case "Mutation.snapshotSandbox":
+		if e.ComplexityRoot.Mutation.SnapshotSandbox == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_snapshotSandbox_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.SnapshotSandbox(childComplexity, args["id"].(string)), true
 	case "Mutation.startSandbox":
 		if e.ComplexityRoot.Mutation.StartSandbox == nil {
 			break
@@ -702,6 +741,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Sandboxes(childComplexity, args["first"].(*int), args["after"].(*string), args["state"].(*model.SandboxState)), true
+	case "Query.snapshots":
+		if e.ComplexityRoot.Query.Snapshots == nil {
+			break
+		}
+
+		args, err := ec.field_Query_snapshots_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Snapshots(childComplexity, args["sandboxId"].(*string), args["first"].(*int)), true
 
 	case "Quota.inUse":
 		if e.ComplexityRoot.Quota.InUse == nil {
@@ -907,6 +957,49 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.SandboxEvent.Type(childComplexity), true
 
+	case "Snapshot.createdAt":
+		if e.ComplexityRoot.Snapshot.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.CreatedAt(childComplexity), true
+	case "Snapshot.id":
+		if e.ComplexityRoot.Snapshot.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.ID(childComplexity), true
+	case "Snapshot.parentSnapshotId":
+		if e.ComplexityRoot.Snapshot.ParentSnapshotID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.ParentSnapshotID(childComplexity), true
+	case "Snapshot.rawSizeBytes":
+		if e.ComplexityRoot.Snapshot.RawSizeBytes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.RawSizeBytes(childComplexity), true
+	case "Snapshot.sandboxId":
+		if e.ComplexityRoot.Snapshot.SandboxID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.SandboxID(childComplexity), true
+	case "Snapshot.sha256":
+		if e.ComplexityRoot.Snapshot.Sha256 == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.Sha256(childComplexity), true
+	case "Snapshot.sizeBytes":
+		if e.ComplexityRoot.Snapshot.SizeBytes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.SizeBytes(childComplexity), true
+
 	case "Subscription.execOutput":
 		if e.ComplexityRoot.Subscription.ExecOutput == nil {
 			break
@@ -942,6 +1035,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			graphql.NewInputUnmarshaler("CreateSandboxInput", ec.unmarshalInputCreateSandboxInput),
 			graphql.NewInputUnmarshaler("EnvVarInput", ec.unmarshalInputEnvVarInput),
 			graphql.NewInputUnmarshaler("ExecInput", ec.unmarshalInputExecInput),
+			graphql.NewInputUnmarshaler("SandboxSourceInput", ec.unmarshalInputSandboxSourceInput),
 		)
 	}
 	first := true
@@ -1119,6 +1213,20 @@ type Query {
   plus an error with extensions.code NOT_FOUND.
   """
   exec("The exec id (exec_…), from the exec mutation." id: ID!): ExecResult
+
+  """
+  Workspace snapshots of the caller's tenant:project, newest first: those of one sandbox, or of
+  every sandbox (destroyed ones included, as long as their snapshots are kept). Stop and destroy
+  take one each, snapshotSandbox takes one of a running sandbox; the configured number of the
+  newest ones per sandbox are kept. A missing or another tenant's sandbox with no snapshots is
+  NOT_FOUND.
+  """
+  snapshots(
+    "Only this sandbox's snapshots; null for every sandbox of the caller's tenant:project."
+    sandboxId: ID
+    "The most snapshots to return (the newest), 1 to the configured maximum (500 by default)."
+    first: Int = 50
+  ): [Snapshot!]!
 }
 
 """
@@ -1165,6 +1273,21 @@ type Mutation {
   sandbox is NOT_FOUND afterwards.
   """
   destroySandbox("The sandbox id." id: ID!): DestroySandboxPayload!
+
+  """
+  Snapshots a running sandbox's workspace without stopping it: commands keep running, and the
+  snapshot becomes the sandbox's latestSnapshotId. A stop, start or destroy meanwhile is
+  INVALID_STATE with extensions.retryAfter; a sandbox that is not RUNNING is INVALID_STATE.
+  Older snapshots beyond the configured number per sandbox are deleted, never the latest.
+  """
+  snapshotSandbox("The sandbox id." id: ID!): Snapshot!
+
+  """
+  Deletes one snapshot of the caller's tenant:project; true when it was deleted. The latest
+  snapshot of a sandbox that is not RUNNING (e.g. STOPPED) is INVALID_STATE: it may be the only
+  copy of the workspace. A missing or another tenant's snapshot is NOT_FOUND.
+  """
+  deleteSnapshot("The snapshot id (snap_…)." id: ID!): Boolean!
 
   """
   Writes one file into a running sandbox's workspace. Send exactly one
@@ -1371,6 +1494,40 @@ input CreateSandboxInput {
   ttlSec: Int
   "Environment variables of every command run in the sandbox."
   env: [EnvVarInput!]
+  "Where the workspace comes from, fetched once before the sandbox is RUNNING; null means an empty workspace."
+  source: SandboxSourceInput
+}
+
+"""
+Where a new sandbox's workspace comes from. Set exactly one field, else INVALID_ARGUMENT.
+"""
+input SandboxSourceInput {
+  "A snapshot (snap_…) of the caller's tenant:project, of any sandbox (also a destroyed one). It is hash-checked while it is restored; a corrupt one fails the create. Another tenant's snapshot is NOT_FOUND."
+  snapshotId: ID
+  "An HTTPS archive (zip, tar, tar.gz, tar.zst). Not supported yet: INVALID_ARGUMENT."
+  archiveUrl: String
+  "A GCS prefix that config permits to the tenant:project. Not supported yet: INVALID_ARGUMENT."
+  gcsPrefix: String
+}
+
+"""
+A workspace snapshot: a checkpoint of one sandbox's /workspace, kept after the sandbox is gone.
+"""
+type Snapshot {
+  "The snapshot id (snap_…); pass it as CreateSandboxInput.source.snapshotId to create a sandbox from it."
+  id: ID!
+  "The sandbox whose workspace it holds (it may have been destroyed since)."
+  sandboxId: ID!
+  "When the snapshot was taken."
+  createdAt: Time!
+  "The stored (compressed) size in bytes."
+  sizeBytes: Int64!
+  "The size of the workspace as an uncompressed tar, in bytes."
+  rawSizeBytes: Int64!
+  "The hex SHA-256 of the stored bytes, checked whenever the snapshot is restored."
+  sha256: String!
+  "The snapshot this workspace came from (the sandbox's previous one, or the source it was created from); null for none."
+  parentSnapshotId: ID
 }
 
 """
@@ -1848,6 +2005,26 @@ func (ec *executionContext) childFields_SandboxEvent(ctx context.Context, field 
 	return nil, fmt.Errorf("no field named %q was found under type SandboxEvent", field.Name)
 }
 
+func (ec *executionContext) childFields_Snapshot(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Snapshot_id(ctx, field)
+	case "sandboxId":
+		return ec.fieldContext_Snapshot_sandboxId(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_Snapshot_createdAt(ctx, field)
+	case "sizeBytes":
+		return ec.fieldContext_Snapshot_sizeBytes(ctx, field)
+	case "rawSizeBytes":
+		return ec.fieldContext_Snapshot_rawSizeBytes(ctx, field)
+	case "sha256":
+		return ec.fieldContext_Snapshot_sha256(ctx, field)
+	case "parentSnapshotId":
+		return ec.fieldContext_Snapshot_parentSnapshotId(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Snapshot", field.Name)
+}
+
 func (ec *executionContext) childFields___Directive(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "name":
@@ -1978,6 +2155,20 @@ func (ec *executionContext) field_Mutation_createSandbox_args(ctx context.Contex
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_deleteSnapshot_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_destroySandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2019,6 +2210,20 @@ func (ec *executionContext) field_Mutation_exec_args(ctx context.Context, rawArg
 		return nil, err
 	}
 	args["wait"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_snapshotSandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
 	return args, nil
 }
 
@@ -2217,6 +2422,28 @@ func (ec *executionContext) field_Query_sandboxes_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["state"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_snapshots_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
 	return args, nil
 }
 
@@ -3583,6 +3810,94 @@ func (ec *executionContext) fieldContext_Mutation_destroySandbox(ctx context.Con
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_snapshotSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_snapshotSandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().SnapshotSandbox(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
+			return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_snapshotSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Snapshot(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_snapshotSandbox_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteSnapshot(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteSnapshot(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteSnapshot(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteSnapshot(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type Boolean does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteSnapshot_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_writeFile(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4158,6 +4473,50 @@ func (ec *executionContext) fieldContext_Query_exec(ctx context.Context, field g
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_exec_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_snapshots(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_snapshots(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Snapshots(ctx, fc.Args["sandboxId"].(*string), fc.Args["first"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
+			return ec.marshalNSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_snapshots(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Snapshot(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_snapshots_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -5051,6 +5410,167 @@ func (ec *executionContext) fieldContext_SandboxEvent_exec(_ context.Context, fi
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _Snapshot_id(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Snapshot_sandboxId(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_sandboxId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SandboxID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_sandboxId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Snapshot_createdAt(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Snapshot_sizeBytes(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_sizeBytes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SizeBytes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_sizeBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Snapshot_rawSizeBytes(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_rawSizeBytes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RawSizeBytes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_rawSizeBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Snapshot_sha256(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_sha256(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sha256, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_sha256(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "String")
+}
+
+func (ec *executionContext) _Snapshot_parentSnapshotId(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_parentSnapshotId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ParentSnapshotID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_parentSnapshotId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Subscription_sandboxEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
@@ -6225,7 +6745,7 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env"}
+	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -6260,6 +6780,13 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 				return it, err
 			}
 			it.Env = data
+		case "source":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("source"))
+			data, err := ec.unmarshalOSandboxSourceInput2ᚖsandboxdᚋgraphᚋmodelᚐSandboxSourceInput(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Source = data
 		}
 	}
 	return it, nil
@@ -6400,6 +6927,62 @@ func (ec *executionContext) unmarshalInputExecInput(ctx context.Context, obj any
 func UnmarshalExecInput(ctx context.Context, raw any) (model.ExecInput, error) {
 	var out model.ExecInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "ExecInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputSandboxSourceInput(ctx context.Context, obj any) (model.SandboxSourceInput, error) {
+	var it model.SandboxSourceInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"snapshotId", "archiveUrl", "gcsPrefix"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "snapshotId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("snapshotId"))
+			data, err := ec.unmarshalOID2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.SnapshotID = data
+		case "archiveUrl":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("archiveUrl"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ArchiveURL = data
+		case "gcsPrefix":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("gcsPrefix"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.GcsPrefix = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalSandboxSourceInput unmarshals raw into the SandboxSourceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalSandboxSourceInput(ctx context.Context, raw any) (model.SandboxSourceInput, error) {
+	var out model.SandboxSourceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "SandboxSourceInput", raw, &out)
 	return out, err
 }
 
@@ -6848,6 +7431,20 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "snapshotSandbox":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_snapshotSandbox(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteSnapshot":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteSnapshot(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "writeFile":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_writeFile(ctx, field)
@@ -7043,6 +7640,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_exec(ctx, field)
+				})
+		case "snapshots":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_snapshots(ctx, field)
 				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
@@ -7388,6 +7991,69 @@ func (ec *executionContext) _SandboxEvent(ctx context.Context, sel ast.Selection
 			}
 		case "exec":
 			out.Values[i] = ec._SandboxEvent_exec(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var snapshotImplementors = []string{"Snapshot"}
+
+func (ec *executionContext) _Snapshot(ctx context.Context, sel ast.SelectionSet, obj *model.Snapshot) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, snapshotImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Snapshot")
+		case "id":
+			out.Values[i] = ec._Snapshot_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sandboxId":
+			out.Values[i] = ec._Snapshot_sandboxId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._Snapshot_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sizeBytes":
+			out.Values[i] = ec._Snapshot_sizeBytes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "rawSizeBytes":
+			out.Values[i] = ec._Snapshot_rawSizeBytes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sha256":
+			out.Values[i] = ec._Snapshot_sha256(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "parentSnapshotId":
+			out.Values[i] = ec._Snapshot_parentSnapshotId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
@@ -8069,6 +8735,30 @@ func (ec *executionContext) marshalNSandboxState2sandboxdᚋgraphᚋmodelᚐSand
 	return v
 }
 
+func (ec *executionContext) marshalNSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx context.Context, sel ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Snapshot!")
+		return graphql.Null
+	}
+	return ec._Snapshot(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {
 	res, err := graphql.UnmarshalString(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -8397,6 +9087,14 @@ func (ec *executionContext) marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbo
 		return graphql.Null
 	}
 	return ec._Sandbox(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalOSandboxSourceInput2ᚖsandboxdᚋgraphᚋmodelᚐSandboxSourceInput(ctx context.Context, v any) (*model.SandboxSourceInput, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := ec.unmarshalInputSandboxSourceInput(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) unmarshalOSandboxState2ᚖsandboxdᚋgraphᚋmodelᚐSandboxState(ctx context.Context, v any) (*model.SandboxState, error) {

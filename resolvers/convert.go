@@ -34,17 +34,26 @@ func invalidArg(field, format string, args ...any) error {
 // ---- arguments ----
 
 func listOptions(first *int, after *string, state *model.SandboxState) (sandbox.ListOptions, error) {
-	opts := sandbox.ListOptions{Limit: defaultPageSize, After: deref(after)}
-	if first != nil {
-		if *first < 1 {
-			return opts, invalidArg("first", "first must be at least 1, got %d", *first)
-		}
-		opts.Limit = *first
+	limit, err := pageSize(first)
+	if err != nil {
+		return sandbox.ListOptions{}, err
 	}
+	opts := sandbox.ListOptions{Limit: limit, After: deref(after)}
 	if state != nil {
 		opts.State = sandbox.State(*state)
 	}
 	return opts, nil
+}
+
+// pageSize is a page's size from first (null: the default); the service bounds it above.
+func pageSize(first *int) (int, error) {
+	if first == nil {
+		return defaultPageSize, nil
+	}
+	if *first < 1 {
+		return 0, invalidArg("first", "first must be at least 1, got %d", *first)
+	}
+	return *first, nil
 }
 
 func listDirArgs(path *string, first *int) (string, int, error) {
@@ -66,8 +75,12 @@ func createRequest(in model.CreateSandboxInput) (sandbox.CreateRequest, error) {
 	if err != nil {
 		return sandbox.CreateRequest{}, err
 	}
-	return sandbox.CreateRequest{Profile: deref(in.Profile), AutostopSec: int64Ptr(in.AutostopSec),
-		TTLSec: int64Ptr(in.TTLSec), Env: env}, nil
+	req := sandbox.CreateRequest{Profile: deref(in.Profile), AutostopSec: int64Ptr(in.AutostopSec),
+		TTLSec: int64Ptr(in.TTLSec), Env: env}
+	if src := in.Source; src != nil {
+		req.Source = &sandbox.Source{SnapshotID: deref(src.SnapshotID), ArchiveURL: deref(src.ArchiveURL), GCSPrefix: deref(src.GcsPrefix)}
+	}
+	return req, nil
 }
 
 // execRequest converts exec's arguments; wait false (not null) detaches.
@@ -181,6 +194,19 @@ func toConnection(page sandbox.Page) *model.SandboxConnection {
 
 func toDestroyPayload(r sandbox.DestroyResult) *model.DestroySandboxPayload {
 	return &model.DestroySandboxPayload{Sandbox: toSandbox(r.Sandbox), SnapshotID: optString(r.SnapshotID)}
+}
+
+func toSnapshot(s sandbox.SnapshotInfo) *model.Snapshot {
+	return &model.Snapshot{ID: s.ID, SandboxID: s.SandboxID, CreatedAt: s.CreatedAt, SizeBytes: s.SizeBytes,
+		RawSizeBytes: s.RawSizeBytes, Sha256: s.SHA256, ParentSnapshotID: optString(s.Parent)}
+}
+
+func toSnapshots(ss []sandbox.SnapshotInfo) []*model.Snapshot {
+	out := make([]*model.Snapshot, len(ss))
+	for i, s := range ss {
+		out[i] = toSnapshot(s)
+	}
+	return out
 }
 
 func toProfiles(ps []sandbox.Profile) []*model.Profile {

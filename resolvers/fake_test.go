@@ -67,6 +67,13 @@ type fakeService struct {
 	getExec getExecArgs
 	// execOutputArg is what ExecOutput was last asked: exec id and cursor.
 	execOutputArg [2]string
+	// listSnapshots is what ListSnapshots was last asked: sandbox id and limit.
+	listSnapshots struct {
+		sandboxID string
+		limit     int
+	}
+	// deleted is the snapshot DeleteSnapshot was last asked to delete.
+	deleted string
 
 	// file is what ReadFile answers.
 	file []byte
@@ -355,6 +362,55 @@ func (f *fakeService) Events(ctx context.Context, p auth.Principal, sandboxID, a
 		}
 	}()
 	return out, nil
+}
+
+// Snapshot ids the fake knows (of idRunning). Anything else is NOT_FOUND.
+const (
+	snapOld    = "snap_01HZZZZZZZZZZZZZZZZZZZZZZZ_0000000001"
+	snapLatest = "snap_01HZZZZZZZZZZZZZZZZZZZZZZZ_0000000002" // DeleteSnapshot: INVALID_STATE
+)
+
+func fakeSnapshots() []sandbox.SnapshotInfo {
+	return []sandbox.SnapshotInfo{
+		{ID: snapLatest, SandboxID: idRunning, CreatedAt: t0.Add(time.Minute), SizeBytes: 5 << 30, RawSizeBytes: 6 << 30,
+			SHA256: strings.Repeat("ab", 32), Parent: snapOld},
+		{ID: snapOld, SandboxID: idRunning, CreatedAt: t0, SizeBytes: 100, RawSizeBytes: 2048, SHA256: strings.Repeat("cd", 32)},
+	}
+}
+
+func (f *fakeService) Snapshot(_ context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error) {
+	f.record(p, "Snapshot")
+	if _, err := lookup(p, id); err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	return fakeSnapshots()[0], nil
+}
+
+func (f *fakeService) ListSnapshots(_ context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error) {
+	f.record(p, "ListSnapshots")
+	if sandboxID != "" {
+		if _, err := lookup(p, sandboxID); err != nil {
+			return nil, err
+		}
+	}
+	f.mu.Lock()
+	f.listSnapshots.sandboxID, f.listSnapshots.limit = sandboxID, limit
+	f.mu.Unlock()
+	return fakeSnapshots(), nil
+}
+
+func (f *fakeService) DeleteSnapshot(_ context.Context, p auth.Principal, snapshotID string) error {
+	f.record(p, "DeleteSnapshot")
+	switch snapshotID {
+	case snapOld:
+		f.mu.Lock()
+		f.deleted = snapshotID
+		f.mu.Unlock()
+		return nil
+	case snapLatest:
+		return apierror.New(apierror.InvalidState, "cannot delete snapshot %s: it is the only copy", snapshotID).WithDetail("state", "STOPPED")
+	}
+	return apierror.New(apierror.NotFound, "snapshot %s not found", snapshotID)
 }
 
 // ---- harness ----

@@ -86,6 +86,31 @@ func (r *mutationResolver) DestroySandbox(ctx context.Context, id string) (*mode
 	return toDestroyPayload(res), nil
 }
 
+// SnapshotSandbox is the resolver for the snapshotSandbox field.
+func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := r.svc.Snapshot(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return toSnapshot(snap), nil
+}
+
+// DeleteSnapshot is the resolver for the deleteSnapshot field.
+func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (bool, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := r.svc.DeleteSnapshot(ctx, p, id); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // WriteFile is the resolver for the writeFile field.
 func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error) {
 	p, err := auth.Require(ctx)
@@ -199,6 +224,23 @@ func (r *queryResolver) Exec(ctx context.Context, id string) (*model.ExecResult,
 		return nil, err
 	}
 	return toExecResult(res), nil
+}
+
+// Snapshots is the resolver for the snapshots field.
+func (r *queryResolver) Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	limit, err := pageSize(first)
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := r.svc.ListSnapshots(ctx, p, deref(sandboxID), limit)
+	if err != nil {
+		return nil, err
+	}
+	return toSnapshots(snaps), nil
 }
 
 // SandboxEvents is the resolver for the sandboxEvents field.

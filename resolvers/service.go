@@ -40,6 +40,11 @@ type Service interface {
 	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
 	// project. The channel closes when ctx ends.
 	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)
+	// Snapshot checkpoints a running sandbox without stopping it.
+	Snapshot(ctx context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error)
+	// ListSnapshots lists snapshots newest first; sandboxID "" means the caller's whole project.
+	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
+	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
 }
 
 // The domain service is what production passes to NewHandler.

@@ -37,6 +37,9 @@ type Config struct {
 		// application-default chain; STORAGE_EMULATOR_HOST points the client at an emulator.
 		GCSBucket string `json:"gcs_bucket"`
 		GCSPrefix string `json:"gcs_prefix"`
+		// KeepLast is how many snapshots of each sandbox are kept (default 10): after every
+		// checkpoint (stop, destroy, snapshot) older ones are deleted, never the latest.
+		KeepLast int `json:"keep_last"`
 	} `json:"checkpoints"`
 	// Runsc is the runsc binary. Env SANDBOXD_RUNSC.
 	Runsc string `json:"runsc"`
@@ -133,6 +136,7 @@ func defaultConfig() Config {
 	c.Execs.RetentionSec = 3600
 	c.Execs.FollowLeaseSec = 10
 	c.GraphQL.ComplexityLimit = 500
+	c.Checkpoints.KeepLast = 10
 	return c
 }
 
@@ -244,6 +248,9 @@ func (c *Config) validate() error {
 	default:
 		errs = append(errs, fmt.Sprintf("checkpoints.store must be local or gcs, got %q", c.Checkpoints.Store))
 	}
+	if c.Checkpoints.KeepLast < 1 {
+		errs = append(errs, fmt.Sprintf("checkpoints.keep_last must be at least 1, got %d", c.Checkpoints.KeepLast))
+	}
 	if c.MaxSubscriptions < 1 || c.MaxSubscriptions > 100000 {
 		errs = append(errs, "max_subscriptions must be between 1 and 100000")
 	}
@@ -277,7 +284,7 @@ func (c *Config) keys() []auth.Key {
 func (c *Config) sandboxConfig() sandbox.Config {
 	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
 		LockTTL: time.Duration(c.LockTTLSec) * time.Second, ExecLease: time.Duration(c.Execs.FollowLeaseSec) * time.Second,
-		MaxExecSubscriptions: c.MaxSubscriptions}
+		MaxExecSubscriptions: c.MaxSubscriptions, KeepCheckpoints: c.Checkpoints.KeepLast}
 }
 
 func (c *Config) execOptions() execstream.Options {

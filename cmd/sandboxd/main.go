@@ -324,9 +324,14 @@ func route(path string) string {
 	}
 	parts := strings.SplitN(rest0, "/", 2)
 	switch {
+	case len(parts) == 1 && (parts[0] == "quota" || parts[0] == "snapshots"):
+		return path
 	case len(parts) == 1:
 		return rest.Prefix + "/{id}"
-	case parts[1] == "exec" || parts[1] == "stop" || parts[1] == "start" || parts[1] == "files" || parts[1] == "files/list":
+	case parts[0] == "snapshots" && !strings.Contains(parts[1], "/"):
+		return rest.Prefix + "/snapshots/{snapshot_id}"
+	case parts[1] == "exec" || parts[1] == "stop" || parts[1] == "start" || parts[1] == "files" || parts[1] == "files/list" ||
+		parts[1] == "snapshots":
 		return rest.Prefix + "/{id}/" + parts[1]
 	case strings.HasPrefix(parts[1], "execs/"):
 		if strings.HasSuffix(parts[1], "/output") {

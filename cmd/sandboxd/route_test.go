@@ -12,6 +12,11 @@ func TestRouteLabels(t *testing.T) {
 		"/sandbox/sandboxes/v1/s/files/list":          "/sandbox/sandboxes/v1/{id}/files/list",
 		"/sandbox/sandboxes/v1/s/execs/exec_1":        "/sandbox/sandboxes/v1/{id}/execs/{exec_id}",
 		"/sandbox/sandboxes/v1/s/execs/exec_1/output": "/sandbox/sandboxes/v1/{id}/execs/{exec_id}/output",
+		"/sandbox/sandboxes/v1/quota":                 "/sandbox/sandboxes/v1/quota",
+		"/sandbox/sandboxes/v1/s/snapshots":           "/sandbox/sandboxes/v1/{id}/snapshots",
+		"/sandbox/sandboxes/v1/snapshots":             "/sandbox/sandboxes/v1/snapshots",
+		"/sandbox/sandboxes/v1/snapshots/snap_1":      "/sandbox/sandboxes/v1/snapshots/{snapshot_id}",
+		"/sandbox/sandboxes/v1/snapshots/snap_1/x":    "other",
 		"/sandbox/sandboxes/v1/s/nothing":             "other",
 		"/favicon.ico":                                "other",
 	} {

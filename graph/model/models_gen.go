@@ -20,6 +20,8 @@ type CreateSandboxInput struct {
 	TTLSec *int `json:"ttlSec,omitempty"`
 	// Environment variables of every command run in the sandbox.
 	Env []*EnvVarInput `json:"env,omitempty"`
+	// Where the workspace comes from, fetched once before the sandbox is RUNNING; null means an empty workspace.
+	Source *SandboxSourceInput `json:"source,omitempty"`
 }
 
 // What destroySandbox did.
@@ -288,6 +290,34 @@ type SandboxEvent struct {
 	At time.Time `json:"at"`
 	// The command, without output, for EXEC_STARTED (state RUNNING) and EXEC_ENDED (state ENDED); null for other events.
 	Exec *ExecResult `json:"exec,omitempty"`
+}
+
+// Where a new sandbox's workspace comes from. Set exactly one field, else INVALID_ARGUMENT.
+type SandboxSourceInput struct {
+	// A snapshot (snap_…) of the caller's tenant:project, of any sandbox (also a destroyed one). It is hash-checked while it is restored; a corrupt one fails the create. Another tenant's snapshot is NOT_FOUND.
+	SnapshotID *string `json:"snapshotId,omitempty"`
+	// An HTTPS archive (zip, tar, tar.gz, tar.zst). Not supported yet: INVALID_ARGUMENT.
+	ArchiveURL *string `json:"archiveUrl,omitempty"`
+	// A GCS prefix that config permits to the tenant:project. Not supported yet: INVALID_ARGUMENT.
+	GcsPrefix *string `json:"gcsPrefix,omitempty"`
+}
+
+// A workspace snapshot: a checkpoint of one sandbox's /workspace, kept after the sandbox is gone.
+type Snapshot struct {
+	// The snapshot id (snap_…); pass it as CreateSandboxInput.source.snapshotId to create a sandbox from it.
+	ID string `json:"id"`
+	// The sandbox whose workspace it holds (it may have been destroyed since).
+	SandboxID string `json:"sandboxId"`
+	// When the snapshot was taken.
+	CreatedAt time.Time `json:"createdAt"`
+	// The stored (compressed) size in bytes.
+	SizeBytes int64 `json:"sizeBytes"`
+	// The size of the workspace as an uncompressed tar, in bytes.
+	RawSizeBytes int64 `json:"rawSizeBytes"`
+	// The hex SHA-256 of the stored bytes, checked whenever the snapshot is restored.
+	Sha256 string `json:"sha256"`
+	// The snapshot this workspace came from (the sandbox's previous one, or the source it was created from); null for none.
+	ParentSnapshotID *string `json:"parentSnapshotId,omitempty"`
 }
 
 // Live streams. Use WebSocket (graphql-transport-ws or graphql-ws) or SSE (POST with

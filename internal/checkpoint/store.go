@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -582,8 +583,9 @@ func (s *Store) GC(ctx context.Context, sc Scope) ([]string, error) {
 }
 
 // Retain deletes all but the newest keep checkpoints of the scope and returns the deleted
-// ones, oldest first.
-func (s *Store) Retain(ctx context.Context, sc Scope, keep int) ([]Manifest, error) {
+// ones, oldest first. The ids in protect are never deleted (a sandbox's recorded latest
+// checkpoint, say); they count towards keep when they are among the newest.
+func (s *Store) Retain(ctx context.Context, sc Scope, keep int, protect ...string) ([]Manifest, error) {
 	if keep < 0 {
 		return nil, fmt.Errorf("retain checkpoints: keep %d < 0", keep)
 	}
@@ -593,6 +595,9 @@ func (s *Store) Retain(ctx context.Context, sc Scope, keep int) ([]Manifest, err
 	}
 	var deleted []Manifest
 	for _, m := range all[:max(len(all)-keep, 0)] {
+		if slices.Contains(protect, m.ID) {
+			continue
+		}
 		if err := s.Delete(ctx, sc, m.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			return deleted, fmt.Errorf("retain checkpoints: %w", err)
 		}

@@ -622,6 +622,17 @@ func TestRetain(t *testing.T) {
 	if got := objectKeys(t, objs); len(got) != 4 {
 		t.Errorf("objects = %q, want the 2 manifests and 2 data objects", got)
 	}
+	// A protected checkpoint survives even when it is not among the newest.
+	deleted, err = st.Retain(t.Context(), sc, 0, all[3].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(deleted), ids(all[4:]); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("Retain(0, protect %s) deleted %q, want %q", all[3].ID, got, want)
+	}
+	if got := objectKeys(t, objs); len(got) != 2 || got[1] != all[3].Object {
+		t.Errorf("objects after Retain(0, protect) = %q, want only checkpoint 4", got)
+	}
 	if _, err := st.Retain(t.Context(), sc, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package rest
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -37,9 +38,16 @@ type fakeService struct {
 	execErr    error
 	outputErr  error
 
+	// snapshots answer Snapshot and ListSnapshots; snapshotErr fails them and DeleteSnapshot.
+	snapshots   []sandbox.SnapshotInfo
+	snapshotErr error
+
 	// Recorded calls.
-	execReqs []sandbox.ExecRequest
-	afters   []string
+	createReqs []sandbox.CreateRequest
+	// snapshotCalls are "Snapshot sbx_1", "ListSnapshots sbx_1 10", "DeleteSnapshot snap_1".
+	snapshotCalls []string
+	execReqs      []sandbox.ExecRequest
+	afters        []string
 	// outputs counts the ExecOutput goroutines still running; subscribed gets one value per
 	// goroutine started.
 	outputs    sync.WaitGroup
@@ -49,6 +57,40 @@ type fakeService struct {
 func newFake() *fakeService {
 	return &fakeService{execs: map[string]sandbox.ExecResult{}, events: map[string][]sandbox.ExecEvent{},
 		subscribed: make(chan struct{}, 100)}
+}
+
+func (f *fakeService) Create(_ context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.createReqs = append(f.createReqs, req)
+	return sandbox.Sandbox{ID: sbx, Tenant: p.Tenant, Project: p.Project, State: sandbox.Running, CreatedAt: t0}, nil
+}
+
+func (f *fakeService) Snapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.snapshotCalls = append(f.snapshotCalls, "Snapshot "+id)
+	if f.snapshotErr != nil {
+		return sandbox.SnapshotInfo{}, f.snapshotErr
+	}
+	return f.snapshots[0], nil
+}
+
+func (f *fakeService) ListSnapshots(_ context.Context, _ auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.snapshotCalls = append(f.snapshotCalls, fmt.Sprintf("ListSnapshots %s %d", sandboxID, limit))
+	if f.snapshotErr != nil {
+		return nil, f.snapshotErr
+	}
+	return f.snapshots, nil
+}
+
+func (f *fakeService) DeleteSnapshot(_ context.Context, _ auth.Principal, snapshotID string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.snapshotCalls = append(f.snapshotCalls, "DeleteSnapshot "+snapshotID)
+	return f.snapshotErr
 }
 
 func (f *fakeService) Exec(_ context.Context, _ auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {

@@ -40,6 +40,10 @@ type Service interface {
 	OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, sandbox.FileInfo, error)
 	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
 	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
+	Snapshot(ctx context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error)
+	// ListSnapshots lists one sandbox's snapshots, or the project's when sandboxID is "".
+	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
+	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
 	Limits() sandbox.Limits
 }
 
@@ -71,6 +75,9 @@ func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-ch
 	h.mux.HandleFunc("POST "+Prefix, h.create)
 	h.mux.HandleFunc("GET "+Prefix, h.list)
 	h.mux.HandleFunc("GET "+Prefix+"/quota", h.quota)
+	// More specific than GET …/{id}, so ServeMux routes it here.
+	h.mux.HandleFunc("GET "+Prefix+"/snapshots", h.listSnapshots)
+	h.mux.HandleFunc("DELETE "+Prefix+"/snapshots/{snapshot_id}", h.deleteSnapshot)
 	h.mux.HandleFunc("GET "+Prefix+"/{id}", h.get)
 	h.mux.HandleFunc("DELETE "+Prefix+"/{id}", h.destroy)
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/exec", h.exec)
@@ -82,6 +89,8 @@ func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-ch
 	h.mux.HandleFunc("PUT "+Prefix+"/{id}/files", h.upload)
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/files", h.upload)
 	h.mux.HandleFunc("GET "+Prefix+"/{id}/files/list", h.listFiles)
+	h.mux.HandleFunc("POST "+Prefix+"/{id}/snapshots", h.snapshot)
+	h.mux.HandleFunc("GET "+Prefix+"/{id}/snapshots", h.listSnapshots)
 	h.mux.HandleFunc(Prefix+"/", h.notFound)
 	return h
 }
@@ -107,6 +116,22 @@ type createBody struct {
 	AutostopSec *int64            `json:"autostop_sec"`
 	TTLSec      *int64            `json:"ttl_sec"`
 	Env         map[string]string `json:"env"`
+	Source      *sourceBody       `json:"source"`
+}
+
+// sourceBody is where a new sandbox's workspace comes from: exactly one field.
+type sourceBody struct {
+	SnapshotID string `json:"snapshot_id"`
+	ArchiveURL string `json:"archive_url"`
+	GCSPrefix  string `json:"gcs_prefix"`
+}
+
+func (b createBody) request() sandbox.CreateRequest {
+	req := sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env}
+	if b.Source != nil {
+		req.Source = &sandbox.Source{SnapshotID: b.Source.SnapshotID, ArchiveURL: b.Source.ArchiveURL, GCSPrefix: b.Source.GCSPrefix}
+	}
+	return req
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
@@ -114,7 +139,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 	if !h.decode(w, r, &b) {
 		return
 	}
-	sb, err := h.svc.Create(r.Context(), principal(r), sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env})
+	sb, err := h.svc.Create(r.Context(), principal(r), b.request())
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -76,6 +76,9 @@ type Config struct {
 	// MaxExecSubscriptions bounds the exec output streams one replica serves at once (default
 	// 1000); more are refused with UNAVAILABLE and a Retry-After.
 	MaxExecSubscriptions int `json:"-"`
+	// KeepCheckpoints is how many checkpoints (snapshots) of each sandbox are kept: after
+	// every checkpoint the older ones are deleted, never the sandbox's latest (default 10).
+	KeepCheckpoints int `json:"-"`
 }
 
 func (c *Config) validate() error {
@@ -119,6 +122,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxExecSubscriptions <= 0 {
 		c.MaxExecSubscriptions = 1000
+	}
+	if c.KeepCheckpoints < 0 {
+		return fmt.Errorf("sandbox config: keep checkpoints must be at least 1, got %d", c.KeepCheckpoints)
+	}
+	if c.KeepCheckpoints == 0 {
+		c.KeepCheckpoints = 10
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		lifecycleSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sandboxd_lifecycle_duration_seconds",
-			Help:    "Duration of sandbox lifecycle operations (create, stop, start, destroy, checkpoint, restore).",
+			Help:    "Duration of sandbox lifecycle operations (create, stop, start, destroy, snapshot, checkpoint, restore).",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"operation", "outcome"}),
 		execSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -186,7 +186,13 @@ func (s *Service) finish(ctx context.Context, b runtime.Box) State {
 	switch from {
 	case Creating:
 		if b.Phase == runtime.PhaseRunning {
-			to = Running
+			// The creator may have died before or during its source's restore: restore it
+			// (again: the import replaces the workspace, so this is idempotent).
+			if err := s.restoreSource(ctx, rec); err != nil {
+				to, reason = Failed, "creation was interrupted and its source could not be restored: "+apierror.From(err).Message
+			} else {
+				to = Running
+			}
 		} else {
 			to, reason = Failed, "creation was interrupted (its control-plane replica stopped)"
 		}

@@ -169,6 +169,11 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	if err != nil {
 		return Sandbox{}, err
 	}
+	// The source is checked before a slot is taken: a missing snapshot costs nothing.
+	source, err := s.createSource(ctx, p, req.Source)
+	if err != nil {
+		return Sandbox{}, err
+	}
 	env := map[string]string{}
 	for k, v := range prof.Env {
 		env[k] = v
@@ -196,6 +201,11 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
 		CreatedAt: now, StateChangedAt: now,
 	}
+	if source != "" {
+		// Recorded before the box exists, so that a reconciler finishing this create restores
+		// it too, and the first checkpoint names it as its parent.
+		rec.Annotations = map[string]string{annSourceSnapshot: source}
+	}
 	// The lookup first: a replica that dies after this leaves an entry whose box may not
 	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
 	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
@@ -205,14 +215,14 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	s.touch(ctx, id)
 	s.publish(ctx, rec, "")
 	if err := s.driver.Create(ctx, rec); err != nil {
-		cleanup := context.WithoutCancel(ctx)
-		if derr := s.driver.Delete(cleanup, rec.ID); derr != nil {
-			s.log.Error("cleaning up a failed create", "sandbox", rec.ID, "err", derr)
-		}
-		_ = s.store.Delete(cleanup, entryOf(rec))
-		s.release(cleanup, p.Tenant, p.Project, id)
-		s.metrics.lifecycle("create", "error", s.now().Sub(start))
+		s.abortCreate(ctx, rec, start)
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "could not create the sandbox: the runtime failed to start it")
+	}
+	if source != "" {
+		if err := s.restoreSource(ctx, rec); err != nil {
+			s.abortCreate(ctx, rec, start)
+			return Sandbox{}, err
+		}
 	}
 	rec, err = s.setState(ctx, rec.ID, Creating, Running, "")
 	if err != nil {
@@ -222,6 +232,19 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	s.log.Info("sandbox created", "sandbox", rec.ID, "tenant", p.Tenant, "project", p.Project, "profile", prof.Name,
 		"ms", s.now().Sub(start).Milliseconds())
 	return toSandbox(rec), nil
+}
+
+// abortCreate removes what a failed create made: the box, the lookup and the slot.
+func (s *Service) abortCreate(ctx context.Context, rec runtime.Record, start time.Time) {
+	cleanup := context.WithoutCancel(ctx)
+	s.dropAttach(rec.ID)
+	if err := s.driver.Delete(cleanup, rec.ID); err != nil {
+		s.log.Error("cleaning up a failed create", "sandbox", rec.ID, "err", err)
+	}
+	_ = s.store.Delete(cleanup, entryOf(rec))
+	_ = s.store.ForgetActivity(cleanup, rec.ID)
+	s.release(cleanup, rec.Tenant, rec.Project, rec.ID)
+	s.metrics.lifecycle("create", "error", s.now().Sub(start))
 }
 
 func (s *Service) validateCreate(req CreateRequest) (ProfileConfig, int64, int64, error) {
@@ -484,13 +507,9 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	if _, err := s.load(ctx, p, id, verb); err != nil {
 		return runtime.Record{}, err
 	}
-	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
-	if errors.Is(err, store.ErrLocked) {
-		return runtime.Record{}, apierror.New(apierror.InvalidState, "sandbox %s: another operation is in flight, retry shortly", id).
-			WithRetryAfter(busyRetryAfter)
-	}
+	lock, err := s.lock(ctx, id)
 	if err != nil {
-		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+		return runtime.Record{}, err
 	}
 	defer lock.Unlock(ctx)
 	// Load again under the lock: the state may have moved while we waited.
@@ -527,6 +546,19 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	rec, err = s.setState(wctx, id, transient, target, reason)
 	s.metrics.lifecycle(string(verb), outcome(err), s.now().Sub(start))
 	return rec, err
+}
+
+// lock takes the sandbox's operation lock; a held one is INVALID_STATE with Retry-After.
+func (s *Service) lock(ctx context.Context, id string) (*store.Lock, error) {
+	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
+	if errors.Is(err, store.ErrLocked) {
+		return nil, apierror.New(apierror.InvalidState, "sandbox %s: another operation is in flight, retry shortly", id).
+			WithRetryAfter(busyRetryAfter)
+	}
+	if err != nil {
+		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	return lock, nil
 }
 
 func outcome(err error) string {
@@ -600,10 +632,14 @@ func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
 	if err != nil {
 		return apierror.Wrap(err, apierror.Unavailable, "could not start the sandbox's runtime")
 	}
-	if fresh && rec.LatestCheckpoint != "" {
-		return s.restore(ctx, rec)
+	if !fresh {
+		return nil
 	}
-	return nil
+	if rec.LatestCheckpoint != "" {
+		return s.restore(ctx, rec.ID, scopeOf(rec), rec.LatestCheckpoint)
+	}
+	// Never checkpointed: the workspace it started from is its source snapshot.
+	return s.restoreSource(ctx, rec)
 }
 
 // Destroy checkpoints the workspace (when the sandbox runs), removes the runtime and answers
@@ -645,7 +681,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 			return "", err
 		}
 		if err == nil {
-			snapshot = m
+			snapshot = m.ID
 		}
 	}
 	s.dropAttach(id)
@@ -668,28 +704,33 @@ func (s *Service) boxDead(ctx context.Context, id string) bool {
 	return err == nil && box.Phase != runtime.PhaseRunning
 }
 
-// checkpoint streams the workspace from the guest into the checkpoint store and records it as
-// the latest checkpoint. It returns the snapshot id.
-func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (string, error) {
+// checkpoint streams the workspace from the guest into the checkpoint store, records it as
+// the latest checkpoint and applies retention. The caller holds the sandbox's lock.
+func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
 	start := s.now()
 	tarStream, err := s.exportWorkspace(ctx, rec.ID)
 	if err != nil {
-		return "", err
+		return checkpoint.Manifest{}, err
 	}
 	defer tarStream.Close()
-	m, err := s.ckpt.Save(ctx, scopeOf(rec), tarStream, rec.LatestCheckpoint)
+	parent := rec.LatestCheckpoint
+	if parent == "" {
+		parent = sourceOf(rec)
+	}
+	m, err := s.ckpt.Save(ctx, scopeOf(rec), tarStream, parent)
 	if err != nil {
-		return "", apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
+		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
 	}
 	if _, err := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 		r.LatestCheckpoint = m.ID
 		return nil
 	}); err != nil {
-		return "", apierror.Wrap(err, apierror.Unavailable, "could not record the checkpoint")
+		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not record the checkpoint")
 	}
 	s.metrics.lifecycle("checkpoint", "ok", s.now().Sub(start))
 	s.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", s.now().Sub(start).Milliseconds())
-	return m.ID, nil
+	s.retain(ctx, rec, m.ID)
+	return m, nil
 }
 
 // exportWorkspace streams the workspace as tar: from the driver when it can read the
@@ -713,26 +754,33 @@ func (s *Service) exportWorkspace(ctx context.Context, id string) (io.ReadCloser
 	return r, nil
 }
 
-// restore extracts the latest checkpoint into a fresh workspace. A checkpoint whose hash does
-// not match aborts the import before anything replaces the workspace.
-func (s *Service) restore(ctx context.Context, rec runtime.Record) error {
+// restore extracts checkpoint snapID of scope sc into the workspace of the running sandbox
+// id, replacing what is there. The stream is hashed as it is read: a checkpoint whose hash
+// does not match aborts the import before anything replaces the workspace.
+func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, snapID string) error {
 	start := s.now()
-	r, _, err := s.ckpt.Open(ctx, scopeOf(rec), rec.LatestCheckpoint)
-	if err != nil {
-		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s", rec.LatestCheckpoint)
+	r, _, err := s.ckpt.Open(ctx, sc, snapID)
+	switch {
+	case errors.Is(err, checkpoint.ErrCorrupt):
+		return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its data does not match its manifest)", snapID)
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s: it no longer exists", snapID)
+	case err != nil:
+		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s", snapID)
 	}
 	defer r.Close()
-	g, err := s.guest(ctx, rec.ID)
+	g, err := s.guest(ctx, id)
 	if err != nil {
 		return err
 	}
 	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
-			return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its hash does not match)", rec.LatestCheckpoint)
+			return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its hash does not match)", snapID)
 		}
-		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", rec.LatestCheckpoint)
+		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", snapID)
 	}
 	s.metrics.lifecycle("restore", "ok", s.now().Sub(start))
+	s.log.Info("workspace restored", "sandbox", id, "snapshot", snapID, "ms", s.now().Sub(start).Milliseconds())
 	return nil
 }
 

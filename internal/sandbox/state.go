@@ -47,10 +47,12 @@ const (
 	VerbStop    Verb = "stop"
 	VerbStart   Verb = "start"
 	VerbDestroy Verb = "destroy"
+	// VerbSnapshot checkpoints a running sandbox's workspace without stopping it.
+	VerbSnapshot Verb = "snapshot"
 )
 
 // Verbs lists every verb.
-var Verbs = []Verb{VerbGet, VerbExec, VerbFiles, VerbStop, VerbStart, VerbDestroy}
+var Verbs = []Verb{VerbGet, VerbExec, VerbFiles, VerbStop, VerbStart, VerbDestroy, VerbSnapshot}
 
 // rule is what one verb does in one state.
 type rule int
@@ -68,17 +70,18 @@ const (
 
 // transitions is the one table of what each verb may do in each state. Stateful verbs move
 // through a transient state to their target: stop RUNNING|FAILED → STOPPING → STOPPED,
-// start STOPPED|FAILED → STARTING → RUNNING, destroy → DESTROYING → DESTROYED.
+// start STOPPED|FAILED → STARTING → RUNNING, destroy → DESTROYING → DESTROYED. Snapshot keeps
+// the state (RUNNING) and holds the sandbox's operation lock while it checkpoints.
 var transitions = map[State]map[Verb]rule{
-	Creating:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
-	Running:    {VerbGet: allow, VerbExec: allow, VerbFiles: allow, VerbStop: allow, VerbStart: reject, VerbDestroy: allow},
-	Stopping:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
-	Stopped:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: allow, VerbDestroy: allow},
-	Starting:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
-	Destroying: {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy},
-	Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone},
-	Failed:     {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: allow, VerbStart: allow, VerbDestroy: allow},
-	Expired:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: reject, VerbDestroy: allow},
+	Creating:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
+	Running:    {VerbGet: allow, VerbExec: allow, VerbFiles: allow, VerbStop: allow, VerbStart: reject, VerbDestroy: allow, VerbSnapshot: allow},
+	Stopping:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
+	Stopped:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: allow, VerbDestroy: allow, VerbSnapshot: reject},
+	Starting:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
+	Destroying: {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
+	Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone},
+	Failed:     {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: allow, VerbStart: allow, VerbDestroy: allow, VerbSnapshot: reject},
+	Expired:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: reject, VerbDestroy: allow, VerbSnapshot: reject},
 }
 
 // busyRetryAfter is the Retry-After of a verb refused because a transition is in flight.
@@ -119,8 +122,10 @@ func hint(state State, verb Verb) string {
 		return " (start it first)"
 	case state == Running && verb == VerbStart:
 		return " already"
-	case state == Failed && (verb == VerbExec || verb == VerbFiles):
+	case state == Failed && (verb == VerbExec || verb == VerbFiles || verb == VerbSnapshot):
 		return " (start it again, or destroy it)"
+	case state == Stopped && verb == VerbSnapshot:
+		return " (its latest snapshot already holds the workspace)"
 	}
 	return ""
 }

@@ -35,6 +35,35 @@ type CreateRequest struct {
 	AutostopSec *int64
 	TTLSec      *int64
 	Env         map[string]string
+	// Source, when set, bootstraps the workspace once, before the sandbox is RUNNING.
+	Source *Source
+}
+
+// Source is where a new sandbox's workspace comes from. Exactly one field is set.
+type Source struct {
+	// SnapshotID is a snapshot of the caller's tenant:project (of any of its sandboxes,
+	// destroyed ones included).
+	SnapshotID string
+	// ArchiveURL is an HTTPS archive (zip, tar, tar.gz, tar.zst). Not supported yet.
+	ArchiveURL string
+	// GCSPrefix is a GCS prefix the config permits to the tenant:project. Not supported yet.
+	GCSPrefix string
+}
+
+// SnapshotInfo describes one workspace snapshot (a checkpoint).
+type SnapshotInfo struct {
+	// ID is "snap_" + the sandbox id's ULID + "_" + a sequence number.
+	ID        string
+	SandboxID string
+	CreatedAt time.Time
+	// SizeBytes is the stored (compressed) size; RawSizeBytes the size of the workspace's tar.
+	SizeBytes    int64
+	RawSizeBytes int64
+	// SHA256 is the hex sha256 of the stored bytes, checked on every restore.
+	SHA256 string
+	// Parent is the snapshot the workspace came from ("" for none); it may belong to another
+	// sandbox (the source of a create).
+	Parent string
 }
 
 // ExecRequest runs one command in a sandbox's workspace.

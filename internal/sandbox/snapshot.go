@@ -1,0 +1,275 @@
+package sandbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/checkpoint"
+	"sandboxd/runtime"
+)
+
+// Snapshots are the workspace checkpoints of internal/checkpoint as callers see them: the ones
+// stop and destroy take, and the ones Snapshot takes of a running sandbox. A snapshot id names
+// its sandbox (snap_<the sandbox's ULID>_<n>); it is looked up only under the caller's
+// tenant:project, so another project's snapshot is NOT_FOUND. Snapshots outlive their sandbox:
+// a destroyed sandbox's snapshots stay listed until they are deleted.
+
+// annSourceSnapshot is the record annotation naming the snapshot a sandbox was created from.
+const annSourceSnapshot = "source_snapshot"
+
+// sourceOf returns the snapshot the sandbox was created from ("" for none).
+func sourceOf(rec runtime.Record) string { return rec.Annotations[annSourceSnapshot] }
+
+// Snapshot checkpoints a running sandbox's workspace without stopping it. It holds the
+// sandbox's operation lock meanwhile, so a stop, start or destroy waits (INVALID_STATE with
+// Retry-After); commands keep running. The new snapshot becomes the sandbox's latest.
+func (s *Service) Snapshot(ctx context.Context, p auth.Principal, id string) (SnapshotInfo, error) {
+	start := s.now()
+	if _, err := s.load(ctx, p, id, VerbSnapshot); err != nil {
+		return SnapshotInfo{}, err
+	}
+	lock, err := s.lock(ctx, id)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer lock.Unlock(ctx)
+	// Load again under the lock: the state may have moved while we waited.
+	rec, err := s.load(ctx, p, id, VerbSnapshot)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	m, err := s.checkpoint(ctx, rec)
+	s.metrics.lifecycle(string(VerbSnapshot), outcome(err), s.now().Sub(start))
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	return toSnapshotInfo(m), nil
+}
+
+// ListSnapshots returns the snapshots of one of the caller's sandboxes, or of the caller's
+// whole project when sandboxID is "", newest first, at most limit (default 50, at most the
+// page size limit). A destroyed sandbox's snapshots are listed as long as any is left.
+func (s *Service) ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]SnapshotInfo, error) {
+	if limit <= 0 {
+		limit = 50
+	}
+	if limit > s.cfg.Limits.MaxPageSize {
+		return nil, apierror.New(apierror.InvalidArgument, "page size must be at most %d, got %d", s.cfg.Limits.MaxPageSize, limit)
+	}
+	var (
+		list []checkpoint.Manifest
+		err  error
+	)
+	if sandboxID == "" {
+		list, err = s.ckpt.ListProject(ctx, p.Tenant, p.Project)
+	} else {
+		if !validID(sandboxID) {
+			return nil, notFound(sandboxID)
+		}
+		_, lerr := s.load(ctx, p, sandboxID, VerbGet)
+		if lerr != nil && !apierror.Is(lerr, apierror.NotFound) {
+			return nil, lerr
+		}
+		list, err = s.ckpt.List(ctx, checkpoint.Scope{Tenant: p.Tenant, Project: p.Project, Sandbox: sandboxID})
+		if err == nil && lerr != nil && len(list) == 0 {
+			return nil, lerr // no such sandbox, and no snapshots left of one
+		}
+	}
+	if err != nil {
+		return nil, storeError(err)
+	}
+	slices.SortFunc(list, func(a, b checkpoint.Manifest) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.ID, a.ID)
+	})
+	out := make([]SnapshotInfo, 0, min(len(list), limit))
+	for _, m := range list[:min(len(list), limit)] {
+		out = append(out, toSnapshotInfo(m))
+	}
+	return out, nil
+}
+
+// GetSnapshot returns one snapshot of the caller's project.
+func (s *Service) GetSnapshot(ctx context.Context, p auth.Principal, snapshotID string) (SnapshotInfo, error) {
+	sc, err := snapshotScope(p.Tenant, p.Project, snapshotID)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	m, err := s.ckpt.Get(ctx, sc, snapshotID)
+	if err != nil {
+		return SnapshotInfo{}, snapshotError(err, snapshotID)
+	}
+	return toSnapshotInfo(m), nil
+}
+
+// DeleteSnapshot deletes one snapshot of the caller's project. The latest snapshot of a
+// sandbox that is not RUNNING is refused with INVALID_STATE: it may be the only copy of the
+// workspace (a stopped sandbox's always is). When a running sandbox's latest snapshot is
+// deleted, the newest one left becomes its latest.
+func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error {
+	sc, err := snapshotScope(p.Tenant, p.Project, snapshotID)
+	if err != nil {
+		return err
+	}
+	if _, err := s.ckpt.Get(ctx, sc, snapshotID); err != nil && !errors.Is(err, checkpoint.ErrCorrupt) {
+		return snapshotError(err, snapshotID) // a corrupt snapshot can be deleted
+	}
+	_, err = s.load(ctx, p, sc.Sandbox, VerbGet)
+	if apierror.Is(err, apierror.NotFound) {
+		// The sandbox is gone; its snapshots are the caller's to delete.
+		return s.deleteCheckpoint(ctx, sc, snapshotID)
+	}
+	if err != nil {
+		return err
+	}
+	lock, err := s.lock(ctx, sc.Sandbox)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock(ctx)
+	rec, err := s.load(ctx, p, sc.Sandbox, VerbGet)
+	if apierror.Is(err, apierror.NotFound) {
+		return s.deleteCheckpoint(ctx, sc, snapshotID)
+	}
+	if err != nil {
+		return err
+	}
+	if rec.LatestCheckpoint != snapshotID {
+		return s.deleteCheckpoint(ctx, sc, snapshotID)
+	}
+	if st := State(rec.State); st != Running {
+		return apierror.New(apierror.InvalidState,
+			"cannot delete snapshot %s: it is the latest snapshot of sandbox %s, which is %s, so it may be the only copy of its workspace (start the sandbox first, or destroy it)",
+			snapshotID, rec.ID, st).WithDetail("state", string(st))
+	}
+	if err := s.deleteCheckpoint(ctx, sc, snapshotID); err != nil {
+		return err
+	}
+	// The running sandbox's workspace is live; its latest is now the newest one left.
+	latest, err := s.ckpt.Latest(ctx, sc)
+	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
+		s.log.Warn("finding the latest snapshot left failed", "sandbox", rec.ID, "err", err)
+		return nil
+	}
+	if _, err := s.driver.UpdateRecord(context.WithoutCancel(ctx), rec.ID, func(r *runtime.Record) error {
+		if r.LatestCheckpoint == snapshotID {
+			r.LatestCheckpoint = latest.ID
+		}
+		return nil
+	}); err != nil {
+		s.log.Warn("recording the latest snapshot failed", "sandbox", rec.ID, "err", err)
+	}
+	return nil
+}
+
+func (s *Service) deleteCheckpoint(ctx context.Context, sc checkpoint.Scope, snapshotID string) error {
+	if err := s.ckpt.Delete(ctx, sc, snapshotID); err != nil {
+		return snapshotError(err, snapshotID)
+	}
+	s.log.Info("snapshot deleted", "sandbox", sc.Sandbox, "snapshot", snapshotID)
+	return nil
+}
+
+// retain deletes the sandbox's checkpoints beyond the configured number, never latest (the
+// one just recorded). A failure only delays it to the next checkpoint.
+func (s *Service) retain(ctx context.Context, rec runtime.Record, latest string) {
+	deleted, err := s.ckpt.Retain(context.WithoutCancel(ctx), scopeOf(rec), s.cfg.KeepCheckpoints, latest)
+	if err != nil {
+		s.log.Warn("deleting old snapshots failed", "sandbox", rec.ID, "err", err)
+	}
+	if len(deleted) > 0 {
+		s.log.Info("old snapshots deleted", "sandbox", rec.ID, "count", len(deleted), "keep", s.cfg.KeepCheckpoints)
+	}
+}
+
+// createSource checks a create's source and returns the snapshot to restore ("" for none).
+func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Source) (string, error) {
+	if src == nil {
+		return "", nil
+	}
+	n := 0
+	for _, v := range []string{src.SnapshotID, src.ArchiveURL, src.GCSPrefix} {
+		if v != "" {
+			n++
+		}
+	}
+	switch {
+	case n != 1:
+		return "", apierror.New(apierror.InvalidArgument, "source must set exactly one of snapshot_id, archive_url and gcs_prefix, got %d", n).
+			WithDetail("field", "source")
+	case src.ArchiveURL != "":
+		return "", apierror.New(apierror.InvalidArgument, "source.archive_url is not supported yet").WithDetail("field", "source.archive_url")
+	case src.GCSPrefix != "":
+		return "", apierror.New(apierror.InvalidArgument, "source.gcs_prefix is not supported yet").WithDetail("field", "source.gcs_prefix")
+	}
+	sc, err := snapshotScope(p.Tenant, p.Project, src.SnapshotID)
+	if err != nil {
+		return "", err
+	}
+	if _, err := s.ckpt.Get(ctx, sc, src.SnapshotID); err != nil {
+		return "", snapshotError(err, src.SnapshotID)
+	}
+	return src.SnapshotID, nil
+}
+
+// restoreSource restores the snapshot a sandbox was created from into its workspace (nothing
+// when it has none). Its hash is checked while it streams; a corrupt one is refused whole.
+func (s *Service) restoreSource(ctx context.Context, rec runtime.Record) error {
+	src := sourceOf(rec)
+	if src == "" {
+		return nil
+	}
+	sc, err := snapshotScope(rec.Tenant, rec.Project, src)
+	if err != nil {
+		return err
+	}
+	if err := s.restore(ctx, rec.ID, sc, src); err != nil {
+		e := apierror.From(err)
+		return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
+	}
+	return nil
+}
+
+// snapshotScope is the checkpoint scope of snapshot id within tenant:project. A malformed id is
+// NOT_FOUND, like a malformed sandbox id.
+func snapshotScope(tenant, project, id string) (checkpoint.Scope, error) {
+	sandboxID, _, err := checkpoint.ParseID(id)
+	if err != nil {
+		return checkpoint.Scope{}, snapshotNotFound(id)
+	}
+	return checkpoint.Scope{Tenant: tenant, Project: project, Sandbox: sandboxID}, nil
+}
+
+func snapshotNotFound(id string) error {
+	return apierror.New(apierror.NotFound, "snapshot %s not found", truncate(id, 64))
+}
+
+// snapshotError turns a checkpoint store error about snapshot id into a client error.
+func snapshotError(err error, id string) error {
+	switch {
+	case errors.Is(err, checkpoint.ErrNotFound), errors.Is(err, checkpoint.ErrInvalidID), errors.Is(err, checkpoint.ErrInvalidScope):
+		return snapshotNotFound(id)
+	case errors.Is(err, checkpoint.ErrCorrupt):
+		return apierror.Wrap(err, apierror.Unavailable, "snapshot %s is corrupt", id)
+	}
+	return storeError(err)
+}
+
+func storeError(err error) error {
+	if errors.Is(err, checkpoint.ErrInvalidScope) {
+		return apierror.Wrap(err, apierror.InvalidArgument, "this tenant or project cannot hold snapshots")
+	}
+	return apierror.Wrap(err, apierror.Unavailable, "the checkpoint store is unavailable").WithRetryAfter(time.Second)
+}
+
+func toSnapshotInfo(m checkpoint.Manifest) SnapshotInfo {
+	return SnapshotInfo{ID: m.ID, SandboxID: m.Sandbox, CreatedAt: m.CreatedAt, SizeBytes: m.Size,
+		RawSizeBytes: m.RawSize, SHA256: m.SHA256, Parent: m.Parent}
+}
