@@ -100,6 +100,9 @@ type Config struct {
 		StreamMaxBytes   int64 `json:"stream_max_bytes"`
 		// RetentionSec is how long an ended exec's output and status stay readable.
 		RetentionSec int `json:"retention_sec"`
+		// MaxEndedBytes bounds the output all ended execs keep together; beyond it the oldest
+		// ended execs are dropped before their retention ends.
+		MaxEndedBytes int64 `json:"max_ended_bytes"`
 		// FollowLeaseSec is the follower lease: how long the execs of a replica that died wait
 		// before another replica follows them on.
 		FollowLeaseSec int `json:"follow_lease_sec"`
@@ -134,6 +137,7 @@ func defaultConfig() Config {
 	c.Execs.StreamMaxEntries = 50000
 	c.Execs.StreamMaxBytes = 16 << 20
 	c.Execs.RetentionSec = 3600
+	c.Execs.MaxEndedBytes = 256 << 20
 	c.Execs.FollowLeaseSec = 10
 	c.GraphQL.ComplexityLimit = 500
 	c.Checkpoints.KeepLast = 10
@@ -260,6 +264,9 @@ func (c *Config) validate() error {
 	if c.Execs.RetentionSec < 1 || c.Execs.FollowLeaseSec < 3 || c.Execs.FollowLeaseSec > 600 {
 		errs = append(errs, "execs: retention_sec must be at least 1 and follow_lease_sec between 3 and 600")
 	}
+	if c.Execs.MaxEndedBytes < c.Execs.StreamMaxBytes {
+		errs = append(errs, "execs: max_ended_bytes must be at least stream_max_bytes")
+	}
 	if c.ReconcileIntervalMs < 100 {
 		errs = append(errs, "reconcile_interval_ms must be at least 100")
 	}
@@ -289,7 +296,7 @@ func (c *Config) sandboxConfig() sandbox.Config {
 
 func (c *Config) execOptions() execstream.Options {
 	return execstream.Options{MaxLen: c.Execs.StreamMaxEntries, MaxBytes: c.Execs.StreamMaxBytes,
-		Retention: time.Duration(c.Execs.RetentionSec) * time.Second}
+		Retention: time.Duration(c.Execs.RetentionSec) * time.Second, MaxEndedBytes: c.Execs.MaxEndedBytes}
 }
 
 func (c *Config) keepAlive() time.Duration {

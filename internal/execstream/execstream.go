@@ -125,6 +125,10 @@ type Options struct {
 	// Retention is how long an ended exec's stream and status are kept (default 1 h); Sweep
 	// deletes them after that.
 	Retention time.Duration
+	// MaxEndedBytes bounds the output all ended execs' streams hold together (default
+	// 256 MiB; each counts as its guest log bytes, at most MaxBytes): Sweep deletes the oldest
+	// ended execs beyond it, before their retention ends. Running execs are never deleted.
+	MaxEndedBytes int64
 	// Block is how long one XREAD of a subscription waits before it checks its context again
 	// (default 5 s). A cancelled subscription ends within about this long.
 	Block time.Duration
@@ -156,6 +160,9 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	if opts.Retention <= 0 {
 		opts.Retention = time.Hour
 	}
+	if opts.MaxEndedBytes <= 0 {
+		opts.MaxEndedBytes = 256 << 20
+	}
 	if opts.Block <= 0 {
 		opts.Block = 5 * time.Second
 	}
@@ -174,6 +181,9 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 
 // Retention is how long an ended exec's stream and status are kept.
 func (s *Store) Retention() time.Duration { return s.opts.Retention }
+
+// MaxEndedBytes is the most output all ended execs' streams hold together.
+func (s *Store) MaxEndedBytes() int64 { return s.opts.MaxEndedBytes }
 
 // Keys. Every key of one exec shares the hash tag {<exec id>}; the two indexes are global keys
 // written by separate commands, never inside a script with an exec's keys.

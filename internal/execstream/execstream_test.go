@@ -966,3 +966,33 @@ func TestTakeoverDeliversEveryByteOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestSweepKeepsEndedOutputUnderBudget: beyond MaxEndedBytes of ended output, the oldest ended
+// execs go first, before their retention ends; running ones stay whatever their size.
+func TestSweepKeepsEndedOutputUnderBudget(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{Retention: time.Hour, MaxEndedBytes: 2500})
+		ctx := context.Background()
+		big := bytes.Repeat([]byte("x"), 995) // 1000 guest log bytes with the record header
+		for _, id := range []string{"exec_b1", "exec_b2", "exec_b3", "exec_b4"} {
+			create(t, s, c, id)
+			mustAppend(t, s, id, "A", series(0, big), &Exit{})
+			c.Add(time.Second)
+		}
+		create(t, s, c, "exec_brun")
+		mustAppend(t, s, "exec_brun", "A", series(0, bytes.Repeat(big, 5)), nil)
+		n, err := s.Sweep(ctx, c.Now())
+		if err != nil || n != 2 {
+			t.Fatalf("sweep: got %d %v, want the 2 oldest of 4 ended execs of 1000 bytes under a budget of 2500", n, err)
+		}
+		for id, want := range map[string]bool{"exec_b1": false, "exec_b2": false, "exec_b3": true, "exec_b4": true, "exec_brun": true} {
+			_, err := s.Get(ctx, id)
+			if got := err == nil; got != want {
+				t.Errorf("%s: present %v, want %v (%v)", id, got, want, err)
+			}
+		}
+		if n, _ := srv.Client.ZCard(ctx, endedKey).Result(); n != 2 {
+			t.Errorf("ended index: %d members, want 2", n)
+		}
+	})
+}

@@ -2,7 +2,10 @@ package execstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -260,8 +263,9 @@ func (s *Store) Orphans(ctx context.Context, now time.Time) ([]Meta, error) {
 	return out, nil
 }
 
-// Sweep deletes the stream and status of every exec that ended at or before now-Retention and
-// returns how many it deleted. Running execs are never swept (the domain appends an exit
+// Sweep deletes the stream and status of every exec that ended at or before now-Retention,
+// then of the oldest ended execs while the ended ones hold more than MaxEndedBytes together,
+// and returns how many it deleted. Running execs are never swept (the domain appends an exit
 // status, with Error, for an exec whose sandbox is gone).
 func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	cutoff := now.Add(-s.opts.Retention).UnixMilli()
@@ -293,9 +297,58 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 			}
 		}
 		if len(ids) < batch || len(drop) < len(ids) {
-			return removed, nil
+			break
 		}
 	}
+	n, err := s.sweepOverBudget(ctx)
+	return removed + n, err
+}
+
+// sweepOverBudget deletes the oldest ended execs while all ended execs' streams together hold
+// more than MaxEndedBytes.
+func (s *Store) sweepOverBudget(ctx context.Context) (int, error) {
+	ids, err := s.rdb.ZRevRange(ctx, endedKey, 0, -1).Result() // newest first
+	if err != nil {
+		return 0, fmt.Errorf("execstream sweep: %w", err)
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	offs := make([]*redis.StringCmd, len(ids))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			offs[i] = p.HGet(ctx, metaKey(id), "offset")
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, fmt.Errorf("execstream sweep: %w", err)
+	}
+	var total int64
+	removed := 0
+	var drop []any
+	for i, id := range ids {
+		size, _ := strconv.ParseInt(offs[i].Val(), 10, 64)
+		total += min(size, s.opts.MaxBytes)
+		if total <= s.opts.MaxEndedBytes {
+			continue
+		}
+		n, err := sweepScript.Run(ctx, s.rdb, []string{metaKey(id), outKey(id)}, math.MaxInt64).Int()
+		if err != nil {
+			return removed, fmt.Errorf("execstream sweep %s: %w", id, err)
+		}
+		if n == 1 {
+			removed++
+		}
+		if n != -1 {
+			drop = append(drop, id)
+		}
+	}
+	if len(drop) > 0 {
+		if err := s.rdb.ZRem(ctx, endedKey, drop...).Err(); err != nil {
+			return removed, fmt.Errorf("execstream sweep: %w", err)
+		}
+	}
+	return removed, nil
 }
 
 // sweepScript deletes one ended exec whose retention is over.

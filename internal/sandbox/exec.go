@@ -209,8 +209,9 @@ func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, exe
 	m, err := s.execs.Get(ctx, execID)
 	if err != nil {
 		if errors.Is(err, execstream.ErrNotFound) {
-			return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found (unknown, or ended more than %s ago)",
-				execID, s.execs.Retention())
+			return execstream.Meta{}, apierror.New(apierror.NotFound,
+				"exec %q not found (unknown, or ended and dropped: ended execs are kept %s, the newest %d MiB of output in all)",
+				execID, s.execs.Retention(), s.execs.MaxEndedBytes()>>20)
 		}
 		return execstream.Meta{}, apierror.Wrap(err, apierror.Unavailable, "could not read the exec; retry").WithRetryAfter(time.Second)
 	}
@@ -684,7 +685,8 @@ func execEventResult(ev events.Event) *ExecResult {
 // ---- takeover ----
 
 // reconcileExecs follows the running execs nobody follows (their replica died or shut down)
-// and, once a minute, deletes the streams of execs that ended longer ago than the retention.
+// and, every ten seconds, deletes the streams of execs that ended longer ago than the retention
+// or beyond the budget of ended output.
 func (s *Service) reconcileExecs(ctx context.Context) {
 	now := s.now()
 	orphans, err := s.execs.Orphans(ctx, now)
@@ -705,7 +707,7 @@ func (s *Service) reconcileExecs(ctx context.Context) {
 		s.log.Info("following an orphaned exec", "exec", m.ID, "sandbox", m.Sandbox, "offset", offset)
 		s.newFollower(m, offset, false).start(nil)
 	}
-	if last := s.lastSweep.Load(); now.UnixNano()-last >= int64(time.Minute) && s.lastSweep.CompareAndSwap(last, now.UnixNano()) {
+	if last := s.lastSweep.Load(); now.UnixNano()-last >= int64(10*time.Second) && s.lastSweep.CompareAndSwap(last, now.UnixNano()) {
 		if n, err := s.execs.Sweep(ctx, now); err != nil {
 			s.log.Warn("sweeping ended execs failed", "err", err)
 		} else if n > 0 {
