@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 	"unicode/utf8"
 )
 
@@ -228,6 +229,45 @@ func (s *LocalStore) List(ctx context.Context, prefix string) ([]ObjectAttrs, er
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// RemoveStaleTemps removes the temporary files of Puts that never finished (a process killed
+// mid-upload) in the folder of prefix, when they were last written before before. A Put in
+// flight keeps writing its file, so a cutoff well in the past never removes a live one.
+func (s *LocalStore) RemoveStaleTemps(ctx context.Context, prefix string, before time.Time) ([]string, error) {
+	p := strings.Trim(prefix, "/")
+	if p == "" {
+		return nil, nil
+	}
+	if err := checkKey(p); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(s.root, filepath.FromSlash(p))
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("remove stale temporary files in %s: %w", prefix, err)
+	}
+	var removed []string
+	for _, e := range entries {
+		if ctx.Err() != nil {
+			return removed, ctx.Err()
+		}
+		if !strings.HasPrefix(e.Name(), ".tmp-") || !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil || !fi.ModTime().Before(before) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("remove stale temporary file %s: %w", e.Name(), err)
+		}
+		removed = append(removed, p+"/"+e.Name())
+	}
+	return removed, nil
 }
 
 // Delete implements ObjectStore.

@@ -204,6 +204,7 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 	mkey := s.key(sc, n, kindManifest)
 	_, err = s.objs.Put(ctx, mkey, bytes.NewReader(b), PutOptions{IfNotExists: true, ContentType: "application/json"})
 	if err == nil {
+		s.gcAfterSave(ctx, sc)
 		return m, nil
 	}
 	// A Put may fail after storing the object (a lost response), and a store that retries a
@@ -222,6 +223,15 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 		err = fmt.Errorf("%w (and removing the data object: %v)", err, derr)
 	}
 	return Manifest{}, fmt.Errorf("save checkpoint %s: manifest: %w", m.ID, err)
+}
+
+// gcAfterSave removes what earlier Saves of the sandbox left behind when their process died
+// mid-upload (older than the grace period). It is best effort: the new checkpoint is complete
+// whatever happens here, and the next Save tries again.
+func (s *Store) gcAfterSave(ctx context.Context, sc Scope) {
+	c, cancel := detached(ctx)
+	defer cancel()
+	_, _ = s.GC(c, sc)
 }
 
 // detached returns a context for cleanup that outlives ctx's cancellation.
@@ -579,7 +589,21 @@ func (s *Store) GC(ctx context.Context, sc Scope) ([]string, error) {
 		}
 		removed = append(removed, o.Key)
 	}
+	// A store whose unfinished uploads leave files behind (the local folder; an interrupted
+	// GCS upload leaves no object) removes those too.
+	if t, ok := s.objs.(staleTempRemover); ok {
+		temps, err := t.RemoveStaleTemps(ctx, s.dir(sc), cutoff)
+		removed = append(removed, temps...)
+		if err != nil {
+			return removed, fmt.Errorf("gc checkpoints: %w", err)
+		}
+	}
 	return removed, nil
+}
+
+// staleTempRemover is implemented by object stores that keep unfinished uploads as files.
+type staleTempRemover interface {
+	RemoveStaleTemps(ctx context.Context, prefix string, before time.Time) ([]string, error)
 }
 
 // Retain deletes all but the newest keep checkpoints of the scope and returns the deleted

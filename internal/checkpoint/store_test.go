@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -541,13 +543,19 @@ func TestOrphansAndGC(t *testing.T) {
 	if m := save(t, st, sc, tarball, first.ID); m.N != 4 {
 		t.Errorf("next n = %d, want 4", m.N)
 	}
-	// Within the grace period GC removes only the claim of a complete checkpoint.
+	// Within the grace period GC removes only the claim of a complete checkpoint, and the Save
+	// above already ran it.
+	for _, k := range objectKeys(t, objs) {
+		if k == dir+"0000000001.claim" {
+			t.Errorf("after a Save, the stale claim of the complete checkpoint 1 is still there")
+		}
+	}
 	removed, err := st.GC(t.Context(), sc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(removed, ","); got != dir+"0000000001.claim" {
-		t.Errorf("GC removed %q, want only the stale claim of 1", removed)
+	if len(removed) != 0 {
+		t.Errorf("GC within the grace period removed %q, want nothing more", removed)
 	}
 	now = now.Add(2 * time.Hour)
 	removed, err = st.GC(t.Context(), sc)
@@ -794,4 +802,59 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestSaveRemovesWhatAKilledSaveLeft: a process killed mid-upload leaves a claim, perhaps a
+// data object without manifest, and (local folder) a temporary file; the next Save of the
+// sandbox removes those once they are older than the grace period, never a complete
+// checkpoint and never a young temporary file (an upload in flight).
+func TestSaveRemovesWhatAKilledSaveLeft(t *testing.T) {
+	now := time.Now()
+	clock := func() time.Time { return now }
+	st, objs := newStore(t, checkpoint.Options{GCGrace: time.Hour, Now: clock})
+	sc := newScope()
+	tarball, _ := smallTar(t, 21)
+	first := save(t, st, sc, tarball, "")
+	dir := path.Dir(first.Object)
+	old := now.Add(-2 * time.Hour)
+	for _, key := range []string{dir + "/0000000002.claim", dir + "/0000000002.tar.zst"} {
+		if _, err := objs.Put(t.Context(), key, strings.NewReader("partial"), checkpoint.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p, _ := objs.Path(key)
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	folder, _ := objs.Path(dir)
+	stale, fresh := filepath.Join(folder, ".tmp-killed"), filepath.Join(folder, ".tmp-inflight")
+	for _, p := range []string{stale, fresh} {
+		if err := os.WriteFile(p, []byte("half an upload"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	next := save(t, st, sc, tarball, first.ID)
+	if next.N != 3 {
+		t.Fatalf("the next Save got number %d, want 3 (2 was claimed)", next.N)
+	}
+	got := objectKeys(t, objs)
+	for _, k := range got {
+		if strings.Contains(k, "0000000002") {
+			t.Errorf("the killed Save's %s is still there", k)
+		}
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stale temporary file is still there (%v)", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a young temporary file (an upload in flight) was removed: %v", err)
+	}
+	for _, m := range []checkpoint.Manifest{first, next} {
+		if _, err := st.Verify(t.Context(), sc, m.ID); err != nil {
+			t.Errorf("checkpoint %s after the cleanup: %v", m.ID, err)
+		}
+	}
 }
