@@ -180,6 +180,7 @@ type ComplexityRoot struct {
 
 	SandboxEvent struct {
 		At            func(childComplexity int) int
+		BytesRead     func(childComplexity int) int
 		Cursor        func(childComplexity int) int
 		Exec          func(childComplexity int) int
 		PreviousState func(childComplexity int) int
@@ -914,6 +915,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.SandboxEvent.At(childComplexity), true
+	case "SandboxEvent.bytesRead":
+		if e.ComplexityRoot.SandboxEvent.BytesRead == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SandboxEvent.BytesRead(childComplexity), true
 	case "SandboxEvent.cursor":
 		if e.ComplexityRoot.SandboxEvent.Cursor == nil {
 			break
@@ -1357,7 +1364,7 @@ type Sandbox {
   profile: String!
   "The lifecycle state."
   state: SandboxState!
-  "Why the sandbox is in its state (e.g. why it FAILED or was stopped); null when there is nothing to say."
+  "Why the sandbox is in its state (e.g. why it FAILED or was stopped; while CREATING from an archive or GCS prefix, how far its bootstrap is); null when there is nothing to say."
   stateReason: String
   "When the sandbox was created."
   createdAt: Time!
@@ -1504,9 +1511,9 @@ Where a new sandbox's workspace comes from. Set exactly one field, else INVALID_
 input SandboxSourceInput {
   "A snapshot (snap_…) of the caller's tenant:project, of any sandbox (also a destroyed one). It is hash-checked while it is restored; a corrupt one fails the create. Another tenant's snapshot is NOT_FOUND."
   snapshotId: ID
-  "An HTTPS archive (zip, tar, tar.gz, tar.zst). Not supported yet: INVALID_ARGUMENT."
+  "An HTTPS archive (zip, tar, tar.gz or tar.zst, told by its bytes), fetched once into the workspace. Its host must resolve to public addresses only (config allow-lists mirrors). A hostile archive (paths or links out of the workspace, devices, over the size or file limits) is INVALID_ARGUMENT naming the entry, and leaves no sandbox; a failed download is UNAVAILABLE with extensions.retryAfter."
   archiveUrl: String
-  "A GCS prefix that config permits to the tenant:project. Not supported yet: INVALID_ARGUMENT."
+  "A GCS prefix, gs://bucket/prefix/: the objects under it become the workspace's files. Only prefixes that config permits to the caller's tenant:project; any other is INVALID_ARGUMENT."
   gcsPrefix: String
 }
 
@@ -1707,12 +1714,13 @@ type FileListing {
 }
 
 """
-A change of a sandbox: its state changed, or a command in it started or ended.
+A change of a sandbox: its state changed, a command in it started or ended, or its bootstrap
+from a source made progress.
 """
 type SandboxEvent {
   "Orders events; pass the last one seen as after to resume."
   cursor: String!
-  "The kind of event: STATE_CHANGED, EXEC_STARTED or EXEC_ENDED."
+  "The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, or BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is)."
   type: String!
   "The sandbox the event is about."
   sandboxId: ID!
@@ -1726,6 +1734,8 @@ type SandboxEvent {
   at: Time!
   "The command, without output, for EXEC_STARTED (state RUNNING) and EXEC_ENDED (state ENDED); null for other events."
   exec: ExecResult
+  "For BOOTSTRAP_PROGRESS, the bytes of the source's workspace stream (files and their tar headers, uncompressed) read so far; null for other events."
+  bytesRead: Int64
 }
 
 """
@@ -2001,6 +2011,8 @@ func (ec *executionContext) childFields_SandboxEvent(ctx context.Context, field 
 		return ec.fieldContext_SandboxEvent_at(ctx, field)
 	case "exec":
 		return ec.fieldContext_SandboxEvent_exec(ctx, field)
+	case "bytesRead":
+		return ec.fieldContext_SandboxEvent_bytesRead(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type SandboxEvent", field.Name)
 }
@@ -5412,6 +5424,29 @@ func (ec *executionContext) fieldContext_SandboxEvent_exec(_ context.Context, fi
 	return fc, nil
 }
 
+func (ec *executionContext) _SandboxEvent_bytesRead(ctx context.Context, field graphql.CollectedField, obj *model.SandboxEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SandboxEvent_bytesRead(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.BytesRead, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_SandboxEvent_bytesRead(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SandboxEvent", field, false, false, "Int64")
+}
+
 func (ec *executionContext) _Snapshot_id(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7991,6 +8026,11 @@ func (ec *executionContext) _SandboxEvent(ctx context.Context, sel ast.Selection
 			}
 		case "exec":
 			out.Values[i] = ec._SandboxEvent_exec(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "bytesRead":
+			out.Values[i] = ec._SandboxEvent_bytesRead(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}

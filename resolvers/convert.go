@@ -282,6 +282,10 @@ func toEvent(e sandbox.Event) *model.SandboxEvent {
 	if e.Exec != nil {
 		ev.Exec = toExecResult(*e.Exec)
 	}
+	if e.Type == sandbox.EventBootstrapProgress {
+		n := e.BytesRead
+		ev.BytesRead = &n
+	}
 	return ev
 }
 

@@ -84,6 +84,21 @@ func TestForwardEventsEndsWithInput(t *testing.T) {
 	}
 }
 
+func TestBootstrapProgressEvent(t *testing.T) {
+	ev := toEvent(sandbox.Event{Cursor: "1", Type: sandbox.EventBootstrapProgress, State: sandbox.Creating,
+		Reason: "bootstrapping from https://files.example.com/…: 1.5 MB read", BytesRead: 1_500_000})
+	if ev.BytesRead == nil || *ev.BytesRead != 1_500_000 || ev.Reason == nil || !strings.Contains(*ev.Reason, "1.5 MB") {
+		t.Errorf("got %+v, want bytesRead 1500000 and the reason", ev)
+	}
+	if ev := toEvent(sandbox.Event{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Running}); ev.BytesRead != nil {
+		t.Errorf("STATE_CHANGED: got bytesRead %d, want null", *ev.BytesRead)
+	}
+	// A bootstrap that has just begun has read nothing: 0, not null.
+	if ev := toEvent(sandbox.Event{Cursor: "3", Type: sandbox.EventBootstrapProgress, State: sandbox.Creating}); ev.BytesRead == nil || *ev.BytesRead != 0 {
+		t.Errorf("first BOOTSTRAP_PROGRESS: got %v, want bytesRead 0", ev.BytesRead)
+	}
+}
+
 func TestValidUTF8(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"", ""},

@@ -10,27 +10,39 @@ import (
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 )
 
-// TestCheckpointsOnGCS: with `checkpoints.store: gcs`, stop, start and destroy keep the
-// workspace in GCS (fake-gcs-server's JSON API on loopback, reached through
-// STORAGE_EMULATOR_HOST, as the storage client does against the real service).
-func TestCheckpointsOnGCS(t *testing.T) {
-	requireComponents(t)
+// startFakeGCS starts fake-gcs-server (its JSON API on loopback, in this process) with the
+// buckets; it stops when the test ends. It returns the server and the environment that points
+// a sandboxd process at it (STORAGE_EMULATOR_HOST, as the storage client does against the
+// real service; no credentials).
+func startFakeGCS(t *testing.T, buckets ...string) (*fakestorage.Server, []string) {
+	t.Helper()
 	gcs, err := fakestorage.NewServerWithOptions(fakestorage.Options{
 		Scheme: "http", Host: "127.0.0.1", Port: 0, PublicHost: "127.0.0.1",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gcs.Stop()
-	const bucket = "sandbox-checkpoints"
-	gcs.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: bucket})
+	t.Cleanup(gcs.Stop) // after the servers' cleanups, which were registered later
+	for _, b := range buckets {
+		gcs.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: b})
+	}
 	u, err := url.Parse(gcs.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return gcs, []string{"STORAGE_EMULATOR_HOST=" + u.Host, "GOOGLE_APPLICATION_CREDENTIALS=/nonexistent"}
+}
+
+// TestCheckpointsOnGCS: with `checkpoints.store: gcs`, stop, start and destroy keep the
+// workspace in GCS (fake-gcs-server's JSON API on loopback, reached through
+// STORAGE_EMULATOR_HOST, as the storage client does against the real service).
+func TestCheckpointsOnGCS(t *testing.T) {
+	requireComponents(t)
+	const bucket = "sandbox-checkpoints"
+	gcs, gcsEnv := startFakeGCS(t, bucket)
 	s := startServer(t, serverOptions{
 		Extra: map[string]any{"checkpoints": map[string]any{"store": "gcs", "gcs_bucket": bucket, "gcs_prefix": "ckpt"}},
-		Env:   []string{"STORAGE_EMULATOR_HOST=" + u.Host, "GOOGLE_APPLICATION_CREDENTIALS=/nonexistent"},
+		Env:   gcsEnv,
 	})
 	objects := func(sandboxID string) []string {
 		t.Helper()

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/auth"
+	"sandboxd/internal/source/sourcetest"
 )
 
 // The API keys of every test server. SANDBOX_API_KEY (keyDev) is the document's key: the
@@ -222,6 +223,20 @@ func writeConfig(t *testing.T, path string, opts serverOptions) {
 	}
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// archiveHost starts an HTTPS server on loopback (sourcetest.Server: a certificate of its own,
+// requests counted per path) for sandboxd to fetch source.archive_url from, and returns it with
+// the config section that lets it: sources.allow_hosts names its host:port (loopback is refused
+// otherwise) and sources.ca_file its certificate, written into the suite's folder. Add further
+// sources keys to the map before passing it as serverOptions.Extra["sources"].
+func archiveHost(t *testing.T) (*sourcetest.Server, map[string]any) {
+	t.Helper()
+	srv := sourcetest.NewServer(t)
+	return srv, map[string]any{
+		"allow_hosts": []string{srv.Host()},
+		"ca_file":     srv.WriteCA(t, suite.root),
 	}
 }
 

@@ -166,13 +166,14 @@ func TestSnapshots(t *testing.T) {
 		}
 	})
 
-	step(t, "sources-not-supported-yet", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, prefix, []byte(`{"source":{"archive_url":"https://storage.example/task.zip"}}`), hdrJSON, key)
-		r.wantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "not supported yet")
+	// Archives and GCS prefixes: TestBootstrapSources (bootstrap_test.go).
+	step(t, "source-refusals", func(t *testing.T) {
+		r := s.curl(t, http.MethodPost, prefix, []byte(`{"source":{"archive_url":"http://storage.example/task.zip"}}`), hdrJSON, key)
+		r.wantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "only https")
 		r = s.curl(t, http.MethodPost, prefix, []byte(`{"source":{"snapshot_id":"`+snap.SnapshotID+`","gcs_prefix":"gs://b/p/"}}`), hdrJSON, key)
 		r.wantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "exactly one")
-		s.gql(t, gqlCreate, map[string]any{"in": map[string]any{"source": map[string]any{"gcsPrefix": "gs://b/p/"}}}, key).
-			wantCode(t, http.StatusOK, "INVALID_ARGUMENT", "not supported yet")
+		s.gql(t, gqlCreate, map[string]any{"in": map[string]any{"source": map[string]any{"gcsPrefix": "gs://some-bucket/p/"}}}, key).
+			wantCode(t, http.StatusOK, "INVALID_ARGUMENT", "not permitted for this project")
 	})
 
 	step(t, "delete", func(t *testing.T) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,10 +13,12 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
+	"sandboxd/internal/source"
 )
 
 // Config is sandboxd's configuration. Precedence: flags > environment > config file > defaults.
@@ -41,6 +44,26 @@ type Config struct {
 		// checkpoint (stop, destroy, snapshot) older ones are deleted, never the latest.
 		KeepLast int `json:"keep_last"`
 	} `json:"checkpoints"`
+	// Sources configures the bootstrap sources of a create (source.archive_url and
+	// source.gcs_prefix; source.snapshot_id needs nothing).
+	Sources struct {
+		// AllowHosts are "host" or "host:port" patterns an archive URL may name even when they
+		// resolve to a loopback, private or link-local address (and over plain http): for
+		// on-prem mirrors and tests. Empty by default: only public addresses.
+		AllowHosts []string `json:"allow_hosts"`
+		// CAFile is a PEM file of extra CA certificates that archive hosts are verified
+		// against, besides the system's (e.g. an on-prem mirror's, or a test server's).
+		CAFile string `json:"ca_file"`
+		// GCSPrefixes are the GCS prefixes each "tenant:project" may bootstrap from
+		// ("gs://bucket/prefix/"; "gs://bucket" for the whole bucket). None by default.
+		GCSPrefixes map[string][]string `json:"gcs_prefixes"`
+		// MaxDownloadBytes bounds an archive's download; MaxFiles the entries of a source;
+		// MaxTotalBytes its uncompressed content (internal/source's defaults: 1 GiB,
+		// 100,000, 4 GiB). The workspace import applies the same limits.
+		MaxDownloadBytes int64 `json:"max_download_bytes"`
+		MaxFiles         int   `json:"max_files"`
+		MaxTotalBytes    int64 `json:"max_total_bytes"`
+	} `json:"sources"`
 	// Runsc is the runsc binary. Env SANDBOXD_RUNSC.
 	Runsc string `json:"runsc"`
 	// InitBinary is the static sandbox-init binary mounted into every sandbox. Env SANDBOXD_INIT.
@@ -141,6 +164,9 @@ func defaultConfig() Config {
 	c.Execs.FollowLeaseSec = 10
 	c.GraphQL.ComplexityLimit = 500
 	c.Checkpoints.KeepLast = 10
+	c.Sources.MaxDownloadBytes = source.DefaultMaxDownloadBytes
+	c.Sources.MaxFiles = source.DefaultMaxFiles
+	c.Sources.MaxTotalBytes = source.DefaultMaxTotalBytes
 	return c
 }
 
@@ -255,6 +281,7 @@ func (c *Config) validate() error {
 	if c.Checkpoints.KeepLast < 1 {
 		errs = append(errs, fmt.Sprintf("checkpoints.keep_last must be at least 1, got %d", c.Checkpoints.KeepLast))
 	}
+	errs = append(errs, c.validateSources()...)
 	if c.MaxSubscriptions < 1 || c.MaxSubscriptions > 100000 {
 		errs = append(errs, "max_subscriptions must be between 1 and 100000")
 	}
@@ -279,6 +306,54 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// validateSources checks the sources section: scopes, prefixes, limits, hosts and the CA file.
+func (c *Config) validateSources() []string {
+	var errs []string
+	for scope, prefixes := range c.Sources.GCSPrefixes {
+		if t, p, ok := strings.Cut(scope, ":"); !ok || !auth.ValidID(t) || !auth.ValidID(p) {
+			errs = append(errs, fmt.Sprintf("sources.gcs_prefixes: %q must be tenant:project", scope))
+			continue
+		}
+		for _, pf := range prefixes {
+			if _, _, err := source.ParseGCSPrefix(pf); err != nil {
+				errs = append(errs, fmt.Sprintf("sources.gcs_prefixes[%s]: %s (want gs://bucket/prefix/)", scope, apierror.From(err).Message))
+			}
+		}
+	}
+	if c.Sources.MaxDownloadBytes <= 0 || c.Sources.MaxFiles <= 0 || c.Sources.MaxTotalBytes <= 0 {
+		errs = append(errs, "sources: max_download_bytes, max_files and max_total_bytes must be > 0")
+	}
+	if _, err := c.sourceOptions(); err != nil {
+		errs = append(errs, err.Error())
+	}
+	return errs
+}
+
+// sourceOptions are the bootstrap fetcher's options: the limits, the allow list, and the
+// system's roots plus the certificates of sources.ca_file.
+func (c *Config) sourceOptions() (source.Options, error) {
+	opts := source.Options{AllowHosts: c.Sources.AllowHosts, MaxDownloadBytes: c.Sources.MaxDownloadBytes,
+		MaxFiles: c.Sources.MaxFiles, MaxTotalBytes: c.Sources.MaxTotalBytes}
+	if c.Sources.CAFile != "" {
+		data, err := os.ReadFile(c.Sources.CAFile)
+		if err != nil {
+			return opts, fmt.Errorf("sources.ca_file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(data) {
+			return opts, fmt.Errorf("sources.ca_file %s holds no PEM certificate", c.Sources.CAFile)
+		}
+		opts.RootCAs = pool
+	}
+	if _, err := source.New(opts); err != nil { // checks the allow list
+		return opts, fmt.Errorf("sources.allow_hosts: %w", err)
+	}
+	return opts, nil
+}
+
 // keys returns the configured keys plus the development key.
 func (c *Config) keys() []auth.Key {
 	keys := append([]auth.Key(nil), c.APIKeys...)
@@ -291,7 +366,8 @@ func (c *Config) keys() []auth.Key {
 func (c *Config) sandboxConfig() sandbox.Config {
 	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
 		LockTTL: time.Duration(c.LockTTLSec) * time.Second, ExecLease: time.Duration(c.Execs.FollowLeaseSec) * time.Second,
-		MaxExecSubscriptions: c.MaxSubscriptions, KeepCheckpoints: c.Checkpoints.KeepLast}
+		MaxExecSubscriptions: c.MaxSubscriptions, KeepCheckpoints: c.Checkpoints.KeepLast,
+		SourcePrefixes: c.Sources.GCSPrefixes}
 }
 
 func (c *Config) execOptions() execstream.Options {

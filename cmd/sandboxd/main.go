@@ -32,6 +32,7 @@ import (
 	"sandboxd/internal/quota"
 	"sandboxd/internal/rest"
 	"sandboxd/internal/sandbox"
+	"sandboxd/internal/source"
 	"sandboxd/internal/store"
 	"sandboxd/resolvers"
 	"sandboxd/runtime"
@@ -81,20 +82,32 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return fmt.Errorf("checkpoint store: %w", err)
 	}
 	defer closeObjs()
+	srcOpts, err := cfg.sourceOptions()
+	if err != nil {
+		return err
+	}
+	sources, err := source.New(srcOpts)
+	if err != nil {
+		return fmt.Errorf("sources: %w", err)
+	}
+	gcsSources := &lazyGCS{} // its client is made on the first create from a GCS prefix
+	defer gcsSources.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	execOpts := cfg.execOptions()
 	execOpts.Blocking = blocking
 	execs := execstream.New(rdb, execOpts)
 	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
-		Driver:      driver,
-		Store:       store.New(rdb, lookupSource(driver)),
-		Events:      events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
-		Checkpoints: checkpoint.New(objs, checkpoint.Options{}),
-		Execs:       execs,
-		Quota:       quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
-		Metrics:     sandbox.NewMetrics(reg),
-		Logger:      log,
+		Driver:        driver,
+		Store:         store.New(rdb, lookupSource(driver)),
+		Events:        events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
+		Checkpoints:   checkpoint.New(objs, checkpoint.Options{}),
+		Execs:         execs,
+		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
+		Sources:       sources,
+		SourceObjects: gcsSources,
+		Metrics:       sandbox.NewMetrics(reg),
+		Logger:        log,
 	})
 	if err != nil {
 		return err

@@ -232,7 +232,7 @@ type Sandbox struct {
 	Profile string `json:"profile"`
 	// The lifecycle state.
 	State SandboxState `json:"state"`
-	// Why the sandbox is in its state (e.g. why it FAILED or was stopped); null when there is nothing to say.
+	// Why the sandbox is in its state (e.g. why it FAILED or was stopped; while CREATING from an archive or GCS prefix, how far its bootstrap is); null when there is nothing to say.
 	StateReason *string `json:"stateReason,omitempty"`
 	// When the sandbox was created.
 	CreatedAt time.Time `json:"createdAt"`
@@ -272,11 +272,12 @@ type SandboxEdge struct {
 	Node *Sandbox `json:"node"`
 }
 
-// A change of a sandbox: its state changed, or a command in it started or ended.
+// A change of a sandbox: its state changed, a command in it started or ended, or its bootstrap
+// from a source made progress.
 type SandboxEvent struct {
 	// Orders events; pass the last one seen as after to resume.
 	Cursor string `json:"cursor"`
-	// The kind of event: STATE_CHANGED, EXEC_STARTED or EXEC_ENDED.
+	// The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, or BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is).
 	Type string `json:"type"`
 	// The sandbox the event is about.
 	SandboxID string `json:"sandboxId"`
@@ -290,15 +291,17 @@ type SandboxEvent struct {
 	At time.Time `json:"at"`
 	// The command, without output, for EXEC_STARTED (state RUNNING) and EXEC_ENDED (state ENDED); null for other events.
 	Exec *ExecResult `json:"exec,omitempty"`
+	// For BOOTSTRAP_PROGRESS, the bytes of the source's workspace stream (files and their tar headers, uncompressed) read so far; null for other events.
+	BytesRead *int64 `json:"bytesRead,omitempty"`
 }
 
 // Where a new sandbox's workspace comes from. Set exactly one field, else INVALID_ARGUMENT.
 type SandboxSourceInput struct {
 	// A snapshot (snap_…) of the caller's tenant:project, of any sandbox (also a destroyed one). It is hash-checked while it is restored; a corrupt one fails the create. Another tenant's snapshot is NOT_FOUND.
 	SnapshotID *string `json:"snapshotId,omitempty"`
-	// An HTTPS archive (zip, tar, tar.gz, tar.zst). Not supported yet: INVALID_ARGUMENT.
+	// An HTTPS archive (zip, tar, tar.gz or tar.zst, told by its bytes), fetched once into the workspace. Its host must resolve to public addresses only (config allow-lists mirrors). A hostile archive (paths or links out of the workspace, devices, over the size or file limits) is INVALID_ARGUMENT naming the entry, and leaves no sandbox; a failed download is UNAVAILABLE with extensions.retryAfter.
 	ArchiveURL *string `json:"archiveUrl,omitempty"`
-	// A GCS prefix that config permits to the tenant:project. Not supported yet: INVALID_ARGUMENT.
+	// A GCS prefix, gs://bucket/prefix/: the objects under it become the workspace's files. Only prefixes that config permits to the caller's tenant:project; any other is INVALID_ARGUMENT.
 	GcsPrefix *string `json:"gcsPrefix,omitempty"`
 }
 

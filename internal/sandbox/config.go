@@ -2,7 +2,12 @@ package sandbox
 
 import (
 	"fmt"
+	"strings"
 	"time"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/source"
 )
 
 // ProfileConfig is one profile from config: what a sandbox of that kind is built from.
@@ -79,6 +84,9 @@ type Config struct {
 	// KeepCheckpoints is how many checkpoints (snapshots) of each sandbox are kept: after
 	// every checkpoint the older ones are deleted, never the sandbox's latest (default 10).
 	KeepCheckpoints int `json:"-"`
+	// SourcePrefixes are the GCS prefixes ("gs://bucket/prefix/") each "tenant:project" may
+	// create sandboxes from (source.gcs_prefix); a project not named here may use none.
+	SourcePrefixes map[string][]string `json:"-"`
 }
 
 func (c *Config) validate() error {
@@ -128,6 +136,16 @@ func (c *Config) validate() error {
 	}
 	if c.KeepCheckpoints == 0 {
 		c.KeepCheckpoints = 10
+	}
+	for scope, prefixes := range c.SourcePrefixes {
+		if t, p, ok := strings.Cut(scope, ":"); !ok || !auth.ValidID(t) || !auth.ValidID(p) {
+			return fmt.Errorf("sandbox config: source prefixes: %q is not tenant:project", scope)
+		}
+		for _, pf := range prefixes {
+			if _, _, err := source.ParseGCSPrefix(pf); err != nil {
+				return fmt.Errorf("sandbox config: source prefixes of %s: %s", scope, apierror.From(err).Message)
+			}
+		}
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"sandboxd/internal/events"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
+	"sandboxd/internal/source"
 	"sandboxd/internal/store"
 	"sandboxd/runtime"
 )
@@ -40,7 +42,14 @@ type Deps struct {
 	// ReplicaToken names this replica as an exec follower (a fresh random one when empty).
 	ReplicaToken string
 	// Quota holds the concurrency slots; nil means no limits.
-	Quota   *quota.Quota
+	Quota *quota.Quota
+	// Sources fetches bootstrap archives and GCS prefixes (nil: a Fetcher with the
+	// defaults, which allow-lists no host).
+	Sources *source.Fetcher
+	// SourceObjects lists and reads the objects of a source.gcs_prefix; it is required when
+	// Config.SourcePrefixes permits any. It may make its client lazily, on first use.
+	SourceObjects source.ObjectLister
+
 	Metrics *Metrics
 	Logger  *slog.Logger
 	// Now is the clock (time.Now when nil).
@@ -56,9 +65,13 @@ type Service struct {
 	events   *events.Bus
 	ckpt     *checkpoint.Store
 	quota    *quota.Quota
+	sources  *source.Fetcher
+	objects  source.ObjectLister
 	metrics  *Metrics
 	log      *slog.Logger
 	now      func() time.Time
+	// progressEvery is how often a bootstrap's progress is recorded and published.
+	progressEvery time.Duration
 
 	execs *execstream.Store
 	token string
@@ -84,8 +97,19 @@ func New(cfg Config, d Deps) (*Service, error) {
 		return nil, errors.New("sandbox: driver, store, events, checkpoints and execs are required")
 	}
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
-		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, metrics: d.Metrics, log: d.Logger, now: d.Now,
+		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, sources: d.Sources, objects: d.SourceObjects,
+		metrics: d.Metrics, log: d.Logger, now: d.Now, progressEvery: defaultProgressEvery,
 		execs: d.Execs, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{}}
+	if s.sources == nil {
+		f, err := source.New(source.Options{})
+		if err != nil {
+			return nil, err
+		}
+		s.sources = f
+	}
+	if len(cfg.SourcePrefixes) > 0 && s.objects == nil {
+		return nil, errors.New("sandbox: source prefixes are permitted but there is no object lister (Deps.SourceObjects)")
+	}
 	if s.token == "" {
 		s.token = "replica_" + ulid.Make().String()
 	}
@@ -169,8 +193,9 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	if err != nil {
 		return Sandbox{}, err
 	}
-	// The source is checked before a slot is taken: a missing snapshot costs nothing.
-	source, err := s.createSource(ctx, p, req.Source)
+	// The source is checked before a slot is taken: a missing snapshot, a refused URL or a
+	// prefix the project may not use costs nothing.
+	src, err := s.createSource(ctx, p, req.Source)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -201,10 +226,10 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
 		CreatedAt: now, StateChangedAt: now,
 	}
-	if source != "" {
-		// Recorded before the box exists, so that a reconciler finishing this create restores
-		// it too, and the first checkpoint names it as its parent.
-		rec.Annotations = map[string]string{annSourceSnapshot: source}
+	if src.key != "" {
+		// Recorded before the box exists, so that a reconciler finishing this create fills
+		// the workspace from it too (and a snapshot is the first checkpoint's parent).
+		rec.Annotations = map[string]string{src.key: src.value}
 	}
 	// The lookup first: a replica that dies after this leaves an entry whose box may not
 	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
@@ -218,7 +243,8 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		s.abortCreate(ctx, rec, start)
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "could not create the sandbox: the runtime failed to start it")
 	}
-	if source != "" {
+	if src.key != "" {
+		// Fetched once, streamed into the workspace before the sandbox is RUNNING.
 		if err := s.restoreSource(ctx, rec); err != nil {
 			s.abortCreate(ctx, rec, start)
 			return Sandbox{}, err
@@ -638,7 +664,8 @@ func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
 	if rec.LatestCheckpoint != "" {
 		return s.restore(ctx, rec.ID, scopeOf(rec), rec.LatestCheckpoint)
 	}
-	// Never checkpointed: the workspace it started from is its source snapshot.
+	// Never checkpointed (its only stop found the box dead): the workspace it started from
+	// is its source, fetched again for an archive or prefix.
 	return s.restoreSource(ctx, rec)
 }
 
@@ -1125,8 +1152,11 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 		for ev := range in {
 			e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
 				PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
-			if ev.Type == EventExecStarted || ev.Type == EventExecEnded {
+			switch ev.Type {
+			case EventExecStarted, EventExecEnded:
 				e.Exec = execEventResult(ev)
+			case EventBootstrapProgress:
+				e.BytesRead, _ = strconv.ParseInt(ev.Fields["bytes_read"], 10, 64)
 			}
 			select {
 			case out <- e:

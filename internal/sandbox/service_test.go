@@ -62,8 +62,21 @@ func (c *fakeClock) Advance(d time.Duration) {
 func newEnv(t *testing.T) *env { return newEnvWithLimit(t, 0) }
 
 // newEnvWithLimit is newEnv with a concurrency limit per project (0: unlimited).
-func newEnvWithLimit(t *testing.T, limit int) *env {
+func newEnvWithLimit(t *testing.T, limit int) *env { return newEnvWith(t, envOptions{limit: limit}) }
+
+// envOptions adjust newEnvWith's service.
+type envOptions struct {
+	// limit is the concurrency limit per project (0: unlimited).
+	limit int
+	// config adjusts the config; deps adjusts the deps of every replica.
+	config func(*Config)
+	deps   func(*Deps)
+}
+
+// newEnvWith is newEnv with opts.
+func newEnvWith(t *testing.T, opts envOptions) *env {
 	t.Helper()
+	limit := opts.limit
 	fake := runtimetest.NewFakeT(t)
 	rs := redistest.Embedded(t)
 	objs, err := checkpoint.NewLocalStore(t.TempDir())
@@ -88,8 +101,15 @@ func newEnvWithLimit(t *testing.T, limit int) *env {
 		Settle: -1, Now: clock.Now})
 	e := &env{fake: fake, ckpt: ck, objs: objs, redis: rs, clock: clock}
 	e.newDeps = func() Deps {
-		return Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
+		d := Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
 			Execs: execstream.New(rs.Client, execstream.Options{Now: clock.Now, Block: 200 * time.Millisecond}), Quota: q, Now: clock.Now}
+		if opts.deps != nil {
+			opts.deps(&d)
+		}
+		return d
+	}
+	if opts.config != nil {
+		opts.config(&cfg)
 	}
 	e.cfg = cfg
 	e.svc = e.replica(t)

@@ -19,9 +19,6 @@ import (
 // tenant:project, so another project's snapshot is NOT_FOUND. Snapshots outlive their sandbox:
 // a destroyed sandbox's snapshots stay listed until they are deleted.
 
-// annSourceSnapshot is the record annotation naming the snapshot a sandbox was created from.
-const annSourceSnapshot = "source_snapshot"
-
 // sourceOf returns the snapshot the sandbox was created from ("" for none).
 func sourceOf(rec runtime.Record) string { return rec.Annotations[annSourceSnapshot] }
 
@@ -189,43 +186,9 @@ func (s *Service) retain(ctx context.Context, rec runtime.Record, latest string)
 	}
 }
 
-// createSource checks a create's source and returns the snapshot to restore ("" for none).
-func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Source) (string, error) {
-	if src == nil {
-		return "", nil
-	}
-	n := 0
-	for _, v := range []string{src.SnapshotID, src.ArchiveURL, src.GCSPrefix} {
-		if v != "" {
-			n++
-		}
-	}
-	switch {
-	case n != 1:
-		return "", apierror.New(apierror.InvalidArgument, "source must set exactly one of snapshot_id, archive_url and gcs_prefix, got %d", n).
-			WithDetail("field", "source")
-	case src.ArchiveURL != "":
-		return "", apierror.New(apierror.InvalidArgument, "source.archive_url is not supported yet").WithDetail("field", "source.archive_url")
-	case src.GCSPrefix != "":
-		return "", apierror.New(apierror.InvalidArgument, "source.gcs_prefix is not supported yet").WithDetail("field", "source.gcs_prefix")
-	}
-	sc, err := snapshotScope(p.Tenant, p.Project, src.SnapshotID)
-	if err != nil {
-		return "", err
-	}
-	if _, err := s.ckpt.Get(ctx, sc, src.SnapshotID); err != nil {
-		return "", snapshotError(err, src.SnapshotID)
-	}
-	return src.SnapshotID, nil
-}
-
-// restoreSource restores the snapshot a sandbox was created from into its workspace (nothing
-// when it has none). Its hash is checked while it streams; a corrupt one is refused whole.
-func (s *Service) restoreSource(ctx context.Context, rec runtime.Record) error {
-	src := sourceOf(rec)
-	if src == "" {
-		return nil
-	}
+// restoreSnapshotSource restores snapshot src, the source a sandbox was created from, into its
+// workspace. Its hash is checked while it streams; a corrupt one is refused whole.
+func (s *Service) restoreSnapshotSource(ctx context.Context, rec runtime.Record, src string) error {
 	sc, err := snapshotScope(rec.Tenant, rec.Project, src)
 	if err != nil {
 		return err
@@ -233,6 +196,18 @@ func (s *Service) restoreSource(ctx context.Context, rec runtime.Record) error {
 	if err := s.restore(ctx, rec.ID, sc, src); err != nil {
 		e := apierror.From(err)
 		return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
+	}
+	return nil
+}
+
+// checkSnapshotSource checks that snapshot id of the caller's tenant:project exists.
+func (s *Service) checkSnapshotSource(ctx context.Context, p auth.Principal, id string) error {
+	sc, err := snapshotScope(p.Tenant, p.Project, id)
+	if err != nil {
+		return err
+	}
+	if _, err := s.ckpt.Get(ctx, sc, id); err != nil {
+		return snapshotError(err, id)
 	}
 	return nil
 }

@@ -300,8 +300,7 @@ func TestCreateSourceArguments(t *testing.T) {
 	}{
 		{name: "empty", src: Source{}, code: apierror.InvalidArgument, mention: "exactly one"},
 		{name: "two", src: Source{SnapshotID: "snap_x", ArchiveURL: "https://x/a.zip"}, code: apierror.InvalidArgument, mention: "exactly one"},
-		{name: "archive", src: Source{ArchiveURL: "https://storage.example/task.zip"}, code: apierror.InvalidArgument, mention: "not supported yet"},
-		{name: "gcs", src: Source{GCSPrefix: "gs://b/p/"}, code: apierror.InvalidArgument, mention: "not supported yet"},
+		// The archive and GCS refusals: TestCreateSourceArgumentsRefused (bootstrap_test.go).
 		{name: "malformed-snapshot", src: Source{SnapshotID: "snap_nope"}, code: apierror.NotFound, mention: "snap_nope"},
 	}
 	for _, tt := range tests {

@@ -44,9 +44,11 @@ type Source struct {
 	// SnapshotID is a snapshot of the caller's tenant:project (of any of its sandboxes,
 	// destroyed ones included).
 	SnapshotID string
-	// ArchiveURL is an HTTPS archive (zip, tar, tar.gz, tar.zst). Not supported yet.
+	// ArchiveURL is an HTTPS archive (zip, tar, tar.gz or tar.zst, told by its bytes) on a
+	// public address, or on a host that config allow-lists.
 	ArchiveURL string
-	// GCSPrefix is a GCS prefix the config permits to the tenant:project. Not supported yet.
+	// GCSPrefix is "gs://bucket/prefix/": the objects under it, when config permits the
+	// prefix to the caller's tenant:project.
 	GCSPrefix string
 }
 
@@ -206,6 +208,9 @@ type Event struct {
 	At            time.Time
 	// Exec is the exec's status (without output) for EventExecStarted and EventExecEnded.
 	Exec *ExecResult
+	// BytesRead is, for EventBootstrapProgress, how many bytes of the source's workspace
+	// stream were read so far.
+	BytesRead int64
 }
 
 // Event types.
@@ -215,4 +220,8 @@ const (
 	// the replica that published the event last saw it.
 	EventExecStarted = "EXEC_STARTED"
 	EventExecEnded   = "EXEC_ENDED"
+	// EventBootstrapProgress reports a CREATING sandbox's bootstrap from an archive or a GCS
+	// prefix (at most about once a second, and once when it begins): Reason is its
+	// state_reason, BytesRead how far it is.
+	EventBootstrapProgress = "BOOTSTRAP_PROGRESS"
 )

@@ -115,7 +115,41 @@ func TestArchiveRefusedURLs(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := fetch(t, c.f, c.url)
 			wantErr(t, err, apierror.InvalidArgument, c.want...)
+			// CheckURL refuses the same, without connecting.
+			wantErr(t, c.f.CheckURL(ctxT(t, time.Minute), c.url), apierror.InvalidArgument, c.want...)
 		})
+	}
+}
+
+// CheckURL passes what Archive would try to fetch: an allow-listed host, a public address.
+func TestCheckURLPasses(t *testing.T) {
+	s := newServer(t)
+	f := s.fetcher(t, source.Options{})
+	if err := f.CheckURL(ctxT(t, time.Minute), s.URL+"/missing.tar?sig=x"); err != nil {
+		t.Errorf("allow-listed host: got %v, want nil", err)
+	}
+	public := s.fetcher(t, source.Options{AllowHosts: []string{}})
+	source.SetLookup(public, func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("93.184.216.34")}, nil
+	})
+	if err := public.CheckURL(ctxT(t, time.Minute), "https://files.example.com/a.tar.zst"); err != nil {
+		t.Errorf("public host: got %v, want nil", err)
+	}
+}
+
+func TestOptionsHaveDefaults(t *testing.T) {
+	f, err := source.New(source.Options{MaxFiles: 7, AllowHosts: []string{"mirror.internal"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := f.Options()
+	if o.MaxFiles != 7 || o.MaxTotalBytes != source.DefaultMaxTotalBytes || o.MaxFileBytes != source.DefaultMaxTotalBytes ||
+		o.MaxDownloadBytes != source.DefaultMaxDownloadBytes || o.Timeout != source.DefaultTimeout {
+		t.Errorf("got %+v, want MaxFiles 7 and the defaults", o)
+	}
+	o.AllowHosts[0] = "changed"
+	if got := f.Options().AllowHosts[0]; got != "mirror.internal" {
+		t.Errorf("after changing a copy: got allow host %q, want mirror.internal", got)
 	}
 }
 

@@ -155,6 +155,27 @@ func New(opts Options) (*Fetcher, error) {
 	return f, nil
 }
 
+// Options returns the options f works with, defaults filled in (a copy).
+func (f *Fetcher) Options() Options {
+	o := f.opts
+	o.AllowHosts = append([]string(nil), f.opts.AllowHosts...)
+	return o
+}
+
+// CheckURL refuses an archive URL that Archive would refuse before connecting: a scheme
+// other than https (http only for an allow-listed host), no host, or a host that is not
+// allow-listed and resolves to a loopback, private, link-local or otherwise non-public
+// address. It resolves the host (so it may answer UNAVAILABLE when the resolver fails) but
+// never connects. Archive checks all of this again, and every redirect and connection too;
+// CheckURL lets a caller refuse cheaply before it spends anything on the fetch.
+func (f *Fetcher) CheckURL(ctx context.Context, rawURL string) error {
+	u, err := f.parseURL(rawURL)
+	if err != nil {
+		return err
+	}
+	return f.checkURL(ctx, u)
+}
+
 func defaultLookup(ctx context.Context, host string) ([]netip.Addr, error) {
 	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }

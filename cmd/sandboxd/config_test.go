@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fsouza/fake-gcs-server/fakestorage"
+
+	"sandboxd/internal/source"
+)
+
+// load loads a config file with yaml as its content, with the settings every config needs.
+func load(t *testing.T, yaml string) (Config, error) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "sandboxd.yaml")
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"SANDBOX_API_KEY": "a-long-dev-key", "SANDBOXD_RUNSC": "/bin/true",
+		"SANDBOXD_INIT": "/bin/true", "SANDBOXD_ROOTFS": "/"}
+	return loadConfig([]string{"--config", p}, func(k string) string { return env[k] })
+}
+
+// caFile writes a test server's certificate as PEM and returns the file.
+func caFile(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewTLSServer(nil)
+	srv.Close()
+	p := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestSourcesConfigDefaults(t *testing.T) {
+	c, err := load(t, "{}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := c.sourceOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.MaxDownloadBytes != source.DefaultMaxDownloadBytes || opts.MaxFiles != source.DefaultMaxFiles ||
+		opts.MaxTotalBytes != source.DefaultMaxTotalBytes || len(opts.AllowHosts) != 0 || opts.RootCAs != nil {
+		t.Errorf("got %+v, want the package's limits, no allowed hosts and the system's roots", opts)
+	}
+	if got := c.sandboxConfig().SourcePrefixes; len(got) != 0 {
+		t.Errorf("got source prefixes %v, want none by default", got)
+	}
+}
+
+func TestSourcesConfig(t *testing.T) {
+	ca := caFile(t)
+	c, err := load(t, `
+sources:
+  allow_hosts: ["127.0.0.1:8443", "mirror.internal"]
+  ca_file: `+ca+`
+  gcs_prefixes:
+    "acme:evals": ["gs://acme-tasks/evals/", "gs://acme-shared"]
+  max_download_bytes: 1000
+  max_files: 10
+  max_total_bytes: 2000
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := c.sourceOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.MaxDownloadBytes != 1000 || opts.MaxFiles != 10 || opts.MaxTotalBytes != 2000 ||
+		strings.Join(opts.AllowHosts, ",") != "127.0.0.1:8443,mirror.internal" || opts.RootCAs == nil {
+		t.Fatalf("got %+v", opts)
+	}
+	// The pool trusts the CA file's certificate.
+	data, _ := os.ReadFile(ca)
+	block, _ := pem.Decode(data)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: opts.RootCAs, DNSName: "example.com"}); err != nil {
+		t.Errorf("the CA file's certificate does not verify against the pool: %v", err)
+	}
+	if got := c.sandboxConfig().SourcePrefixes["acme:evals"]; len(got) != 2 {
+		t.Errorf("got prefixes %v, want the two of acme:evals", got)
+	}
+}
+
+func TestSourcesConfigRefused(t *testing.T) {
+	notPEM := filepath.Join(t.TempDir(), "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, yaml, want string }{
+		{"scope-without-project", `sources: {gcs_prefixes: {"acme": ["gs://acme-tasks/x/"]}}`, `"acme" must be tenant:project`},
+		{"scope-bad-id", `sources: {gcs_prefixes: {"acme:ev als": ["gs://acme-tasks/x/"]}}`, "must be tenant:project"},
+		{"prefix-scheme", `sources: {gcs_prefixes: {"acme:evals": ["s3://acme-tasks/x/"]}}`, "gs://"},
+		{"prefix-bucket", `sources: {gcs_prefixes: {"acme:evals": ["gs://A/x/"]}}`, "valid bucket"},
+		{"prefix-dotdot", `sources: {gcs_prefixes: {"acme:evals": ["gs://acme-tasks/x/../y/"]}}`, `".."`},
+		{"allow-host", `sources: {allow_hosts: ["https://mirror.internal/"]}`, "sources.allow_hosts"},
+		{"ca-missing", `sources: {ca_file: /nonexistent/ca.pem}`, "sources.ca_file"},
+		{"ca-not-pem", `sources: {ca_file: ` + notPEM + `}`, "no PEM certificate"},
+		{"limit", `sources: {max_files: -1}`, "max_files"},
+		{"unknown-key", `sources: {allow_host: ["x"]}`, "allow_host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := load(t, tt.yaml+"\n")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// The GCS lister makes its client on first use, against STORAGE_EMULATOR_HOST when set.
+func TestLazyGCS(t *testing.T) {
+	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{Scheme: "http", Host: "127.0.0.1", Port: 0, PublicHost: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	srv.CreateObject(fakestorage.Object{ObjectAttrs: fakestorage.ObjectAttrs{BucketName: "src-bucket", Name: "tasks/a.txt"}, Content: []byte("A")})
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("STORAGE_EMULATOR_HOST", u.Host)
+	l := &lazyGCS{}
+	defer l.Close()
+	if l.lister != nil {
+		t.Fatal("the client was made before first use")
+	}
+	ctx := context.Background()
+	var names []string
+	for o, err := range l.Objects(ctx, "src-bucket", "tasks/") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, o.Name)
+	}
+	if len(names) != 1 || names[0] != "tasks/a.txt" {
+		t.Fatalf("got %v, want [tasks/a.txt]", names)
+	}
+	rc, err := l.Open(ctx, "src-bucket", "tasks/a.txt", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(b) != "A" {
+		t.Fatalf("got %q, want A", b)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Open(ctx, "src-bucket", "tasks/a.txt", 0); err == nil {
+		t.Fatal("open after Close: got nil error")
+	}
+}

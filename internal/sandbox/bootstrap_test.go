@@ -1,0 +1,503 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"iter"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/storage"
+	"github.com/fsouza/fake-gcs-server/fakestorage"
+	"google.golang.org/api/option"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/source"
+	"sandboxd/internal/source/sourcetest"
+	"sandboxd/runtime"
+)
+
+// sourceEnv is newEnvWith whose fetcher trusts srv and allow-lists its host:port; opts may
+// adjust the fetcher's options.
+func sourceEnv(t *testing.T, srv *sourcetest.Server, limit int, opts source.Options) *env {
+	t.Helper()
+	opts.RootCAs = srv.Pool()
+	if opts.AllowHosts == nil {
+		opts.AllowHosts = []string{srv.Host()}
+	}
+	f, err := source.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newEnvWith(t, envOptions{limit: limit, deps: func(d *Deps) { d.Sources = f }})
+}
+
+// project is a tree of files, a folder and a relative symlink, as an archive holds them.
+var project = []sourcetest.Entry{
+	sourcetest.Dir("proj/"),
+	sourcetest.File("proj/README.md", "# hello\n"),
+	{Name: "proj/run.sh", Type: tar.TypeReg, Body: "#!/bin/sh\necho ran\n", Mode: 0o755},
+	sourcetest.File("proj/src/main.py", "print('main')\n"),
+	sourcetest.Symlink("proj/main.py", "src/main.py"),
+}
+
+// wantProject fails the test unless the sandbox's workspace holds project.
+func wantProject(t *testing.T, e *env, id string) {
+	t.Helper()
+	if res := mustExec(t, e, alice, id, "cat", "proj/README.md", "proj/main.py"); string(res.Stdout) != "# hello\nprint('main')\n" {
+		t.Errorf("files: got %q, want the README and main.py through its link", res.Stdout)
+	}
+	if res := mustExec(t, e, alice, id, "readlink", "proj/main.py"); string(res.Stdout) != "src/main.py\n" {
+		t.Errorf("symlink: got %q, want %q", res.Stdout, "src/main.py\n")
+	}
+	if res := mustExec(t, e, alice, id, "./proj/run.sh"); string(res.Stdout) != "ran\n" {
+		t.Errorf("executable: got %q (exit %d), want %q", res.Stdout, res.ExitCode, "ran\n")
+	}
+}
+
+// noSandboxLeft fails the test unless alice has no sandbox, no box exists and no slot is held.
+func noSandboxLeft(t *testing.T, e *env) {
+	t.Helper()
+	ctx := context.Background()
+	boxes, _ := e.fake.List(ctx)
+	page, _ := e.svc.List(ctx, alice, ListOptions{})
+	if len(boxes) != 0 || len(page.Sandboxes) != 0 {
+		t.Errorf("after a refused create: %d boxes, %d listed, want none", len(boxes), len(page.Sandboxes))
+	}
+	if u := usage(t, e); u.InUse != 0 {
+		t.Errorf("after a refused create: got %d slots in use, want 0", u.InUse)
+	}
+}
+
+func TestCreateFromArchive(t *testing.T) {
+	srv := sourcetest.NewServer(t)
+	e := sourceEnv(t, srv, 0, source.Options{})
+	ctx := context.Background()
+	for _, f := range sourcetest.Formats {
+		t.Run(f.Name, func(t *testing.T) {
+			path := "/task." + f.Name
+			url := srv.Put(path, f.Build(t, project))
+			sb, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+			if err != nil {
+				t.Fatalf("create from %s: %v", url, err)
+			}
+			if sb.State != Running || sb.StateReason != "" {
+				t.Fatalf("create: got %s %q, want RUNNING without a reason", sb.State, sb.StateReason)
+			}
+			wantProject(t, e, sb.ID)
+			box, err := e.fake.Get(ctx, sb.ID)
+			if err != nil || box.Record.Annotations[annSourceArchive] != url {
+				t.Fatalf("record: got annotations %v (%v), want %s = %s", box.Record.Annotations, err, annSourceArchive, url)
+			}
+			// Stop and start restore from the checkpoint: the archive is fetched once.
+			if _, err := e.svc.Stop(ctx, alice, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.svc.Start(ctx, alice, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			wantProject(t, e, sb.ID)
+			if n := srv.Hits(path); n != 1 {
+				t.Errorf("requests for the archive across create, exec, stop and start: got %d, want 1", n)
+			}
+			if _, err := e.svc.Destroy(ctx, alice, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestCreateFromHostileArchive(t *testing.T) {
+	srv := sourcetest.NewServer(t)
+	// A small content limit, so that the bomb needs little memory to build.
+	e := sourceEnv(t, srv, 1, source.Options{MaxTotalBytes: 1 << 20})
+	ctx := context.Background()
+	bomb := sourcetest.Gzip(t, sourcetest.Tar(t, []sourcetest.Entry{sourcetest.File("bomb.bin", strings.Repeat("\x00", 4<<20))}))
+	tests := []struct {
+		name    string
+		archive []byte
+		entry   string
+		mention string
+	}{
+		{"zip-slip", sourcetest.Zip(t, []sourcetest.Entry{sourcetest.File("ok.txt", "fine"), sourcetest.File("../evil.sh", "pwned")}),
+			"../evil.sh", "escapes"},
+		// Refused midway: the entries before it reached the import, which discards them.
+		{"symlink-escape", sourcetest.Tar(t, []sourcetest.Entry{sourcetest.File("ok.txt", "fine"), sourcetest.Symlink("etc", "../../etc")}),
+			"etc", "outside"},
+		{"device", sourcetest.TarZst(t, []sourcetest.Entry{sourcetest.File("ok.txt", "fine"), sourcetest.CharDevice("null")}),
+			"null", "device"},
+		{"bomb", bomb, "bomb.bin", "limit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			url := srv.Put("/"+tt.name, tt.archive)
+			_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+			ae := apierror.From(err)
+			if ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, fmt.Sprintf("%q", tt.entry)) ||
+				!strings.Contains(ae.Message, tt.mention) || ae.Details["entry"] != tt.entry {
+				t.Fatalf("got %v (details %v), want INVALID_ARGUMENT naming entry %q and saying %q", err, ae.Details, tt.entry, tt.mention)
+			}
+			if ae.Details["field"] != "source.archive_url" {
+				t.Errorf("got details %v, want field source.archive_url", ae.Details)
+			}
+			noSandboxLeft(t, e)
+		})
+	}
+	// Nothing was written anywhere in the fake runtime's folder (every box's workspace and
+	// state lives there), and the project's one slot is free again.
+	root := filepath.Dir(filepath.Dir(filepath.Dir(e.fake.Workspace("x"))))
+	if err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && (d.Name() == "evil.sh" || d.Name() == "ok.txt" || d.Name() == "bomb.bin") {
+			t.Errorf("found %s after the refused creates", p)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.Create(ctx, alice, CreateRequest{}); err != nil {
+		t.Fatalf("create after the refused ones: %v", err)
+	}
+}
+
+// A URL the fetcher refuses (loopback, not allow-listed) is refused before a slot is taken or a
+// box made: the project's only slot is held, the driver would fail, the server sees nothing.
+func TestCreateFromRefusedURLSpendsNothing(t *testing.T) {
+	srv := sourcetest.NewServer(t)
+	url := srv.Put("/task.zip", sourcetest.Zip(t, project))
+	e := sourceEnv(t, srv, 1, source.Options{AllowHosts: []string{}})
+	ctx := context.Background()
+	if _, err := e.svc.Create(ctx, alice, CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	e.fake.FailNext("Create", errors.New("the driver must not be asked"))
+	defer e.fake.FailNext("Create", nil)
+	_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+	if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, "loopback") {
+		t.Fatalf("got %v, want INVALID_ARGUMENT about a loopback address (not QUOTA_EXCEEDED, not the driver's error)", err)
+	}
+	if n := srv.Hits("/task.zip"); n != 0 {
+		t.Errorf("requests to the refused host: got %d, want 0", n)
+	}
+	if boxes, _ := e.fake.List(ctx); len(boxes) != 1 {
+		t.Errorf("got %d boxes, want only the first sandbox's", len(boxes))
+	}
+}
+
+func TestCreateSourceArgumentsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		src     Source
+		mention string
+	}{
+		{"http", Source{ArchiveURL: "http://storage.example/task.zip"}, "only https"},
+		{"file", Source{ArchiveURL: "file:///etc/passwd"}, `"file"`},
+		{"metadata", Source{ArchiveURL: "https://169.254.169.254/latest/meta-data/"}, "link-local"},
+		{"too-long", Source{ArchiveURL: "https://storage.example/" + strings.Repeat("a", 5000)}, "at most 4096"},
+		{"gcs-malformed", Source{GCSPrefix: "gs://b/p/"}, "valid bucket"},
+		{"gcs-dotdot", Source{GCSPrefix: "gs://src-bucket/tasks/../x/"}, `".."`},
+		{"gcs-not-permitted", Source{GCSPrefix: "gs://src-bucket/tasks/"}, `"gs://src-bucket/tasks/" is not permitted for this project`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &tt.src})
+			if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, tt.mention) {
+				t.Fatalf("got %v, want INVALID_ARGUMENT mentioning %q", err, tt.mention)
+			}
+		})
+	}
+	if boxes, _ := e.fake.List(ctx); len(boxes) != 0 {
+		t.Fatalf("got %d boxes after refused creates, want none", len(boxes))
+	}
+}
+
+// A fetch that fails (here the server answers 503) fails the create with UNAVAILABLE and the
+// server's Retry-After, and leaves nothing.
+func TestCreateFromUnavailableArchive(t *testing.T) {
+	srv := sourcetest.NewServer(t)
+	url := srv.Handle("/busy.tar.zst", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "7")
+		http.Error(w, "try later", http.StatusServiceUnavailable)
+	})
+	e := sourceEnv(t, srv, 1, source.Options{})
+	_, err := e.svc.Create(context.Background(), alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+	if ae := apierror.From(err); ae.Code != apierror.Unavailable || ae.RetryAfter != 7*time.Second {
+		t.Fatalf("got %v (retry after %v), want UNAVAILABLE with a retry after 7s", err, ae.RetryAfter)
+	}
+	noSandboxLeft(t, e)
+}
+
+// While an archive streams, the sandbox's state_reason and BOOTSTRAP_PROGRESS events say how
+// far it is, naming the URL without its user info, path or query.
+func TestBootstrapProgress(t *testing.T) {
+	srv := sourcetest.NewServer(t)
+	big := strings.Repeat("0123456789abcdef", 1<<17) // 2 MiB
+	whole := sourcetest.Tar(t, []sourcetest.Entry{sourcetest.File("first.bin", big), sourcetest.File("second.txt", "done\n")})
+	release := make(chan struct{})
+	srv.Handle("/slow.tar", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(len(whole)))
+		half := 512 + len(big) + 1024 // first.bin whole, and a little more
+		w.Write(whole[:half])
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Write(whole[half:])
+	})
+	e := sourceEnv(t, srv, 0, source.Options{})
+	e.svc.progressEvery = 20 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	evs, err := e.svc.Events(ctx, alice, "", "0-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := strings.Replace(srv.URL, "https://", "https://user:pa55word@", 1) + "/slow.tar?token=hunter2"
+	type result struct {
+		sb  Sandbox
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sb, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+		done <- result{sb, err}
+	}()
+	wantReason := "bootstrapping from https://" + srv.Host() + "/…: "
+	var seen string
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		page, err := e.svc.List(ctx, alice, ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Sandboxes) == 1 {
+			seen = page.Sandboxes[0].StateReason
+			if page.Sandboxes[0].State == Creating && strings.HasPrefix(seen, wantReason) && strings.HasSuffix(seen, " MB read") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("state_reason while the archive streams: last saw %q, want %q and the MB read", seen, wantReason)
+		}
+	}
+	close(release)
+	res := <-done
+	if res.err != nil || res.sb.State != Running || res.sb.StateReason != "" {
+		t.Fatalf("create: got %s %q %v, want RUNNING without a reason", res.sb.State, res.sb.StateReason, res.err)
+	}
+	if got := mustExec(t, e, alice, res.sb.ID, "cat", "second.txt"); string(got.Stdout) != "done\n" {
+		t.Fatalf("second.txt: got %q", got.Stdout)
+	}
+	var progress []Event
+	for ev := range evs {
+		if ev.Type == EventBootstrapProgress {
+			progress = append(progress, ev)
+		}
+		if ev.Type == EventStateChanged && ev.State == Running {
+			break
+		}
+	}
+	if len(progress) < 2 || progress[0].BytesRead != 0 {
+		t.Fatalf("progress events: got %+v, want one at 0 bytes when it begins, then more", progress)
+	}
+	for i, ev := range progress {
+		if i > 0 && ev.BytesRead <= progress[i-1].BytesRead {
+			t.Errorf("progress event %d: got %d bytes read after %d, want more", i, ev.BytesRead, progress[i-1].BytesRead)
+		}
+		if ev.State != Creating || !strings.HasPrefix(ev.Reason, "bootstrapping from https://"+srv.Host()+"/…") || ev.SandboxID != res.sb.ID {
+			t.Errorf("progress event: got %+v, want CREATING with the redacted URL", ev)
+		}
+	}
+	for _, s := range append([]string{seen}, progress[len(progress)-1].Reason) {
+		for _, secret := range []string{"pa55word", "user", "hunter2", "slow.tar"} {
+			if strings.Contains(s, secret) {
+				t.Errorf("reason %q shows %q", s, secret)
+			}
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"https://u:p@files.example.com:8443/a/b.tar.zst?X-Goog-Signature=abc#frag", "https://files.example.com:8443/…"},
+		{"https://files.example.com", "https://files.example.com/…"},
+		{"%zz", "(an archive URL)"},
+	} {
+		if got := redactURL(tt.in); got != tt.want {
+			t.Errorf("redactURL(%q): got %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// fakeGCS starts fake-gcs-server in process on loopback with objects in bucket src-bucket and
+// returns a lister over it.
+func fakeGCS(t *testing.T, objs map[string]string) source.ObjectLister {
+	t.Helper()
+	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{
+		Scheme: "http", Host: "127.0.0.1", Port: 0,
+		PublicHost: "127.0.0.1", // without it, reads get 404
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: "src-bucket"})
+	for name, body := range objs {
+		srv.CreateObject(fakestorage.Object{
+			ObjectAttrs: fakestorage.ObjectAttrs{BucketName: "src-bucket", Name: name},
+			Content:     []byte(body),
+		})
+	}
+	client, err := storage.NewClient(t.Context(), option.WithEndpoint(srv.URL()+"/storage/v1/"), option.WithoutAuthentication())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() }) // before srv.Stop
+	l, err := source.NewGCSLister(t.Context(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestCreateFromGCSPrefix(t *testing.T) {
+	lister := fakeGCS(t, map[string]string{
+		"tasks/t1/README.md":      "# task\n",
+		"tasks/t1/src/":           "",
+		"tasks/t1/src/main.py":    "print('main')\n",
+		"tasks/t1-evil/steal.txt": "not under the prefix",
+		"secret/keys.txt":         "not permitted",
+	})
+	e := newEnvWith(t, envOptions{limit: 1,
+		config: func(c *Config) { c.SourcePrefixes = map[string][]string{"t1:p1": {"gs://src-bucket/tasks/"}} },
+		deps:   func(d *Deps) { d.SourceObjects = lister },
+	})
+	ctx := context.Background()
+	refused := []struct {
+		name   string
+		who    string
+		prefix string
+	}{
+		{"other-prefix", "alice", "gs://src-bucket/secret/"},
+		{"sibling-prefix", "alice", "gs://src-bucket/tasks-evil/"},
+		{"other-bucket", "alice", "gs://other-bucket/tasks/"},
+		{"other-tenant", "bob", "gs://src-bucket/tasks/t1/"},
+	}
+	for _, tt := range refused {
+		t.Run(tt.name, func(t *testing.T) {
+			p := alice
+			if tt.who == "bob" {
+				p = bob
+			}
+			_, err := e.svc.Create(ctx, p, CreateRequest{Source: &Source{GCSPrefix: tt.prefix}})
+			if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, tt.prefix) ||
+				!strings.Contains(ae.Message, "not permitted for this project") {
+				t.Fatalf("got %v, want INVALID_ARGUMENT naming %s as not permitted for this project", err, tt.prefix)
+			}
+		})
+	}
+	// A permitted prefix without objects is refused after the box was made: nothing is left.
+	_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{GCSPrefix: "gs://src-bucket/tasks/none/"}})
+	if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, "no objects") {
+		t.Fatalf("an empty permitted prefix: got %v, want INVALID_ARGUMENT about no objects", err)
+	}
+	noSandboxLeft(t, e)
+
+	sb, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{GCSPrefix: "gs://src-bucket/tasks/t1/"}})
+	if err != nil {
+		t.Fatalf("create from a permitted prefix: %v", err)
+	}
+	if res := mustExec(t, e, alice, sb.ID, "sh", "-c", "cat README.md src/main.py; ls -A"); string(res.Stdout) != "# task\nprint('main')\nREADME.md\nsrc\n" {
+		t.Fatalf("workspace: got %q", res.Stdout)
+	}
+}
+
+// A create from an archive whose replica died before RUNNING is finished by the reconciler,
+// which fetches the archive again rather than leaving the sandbox RUNNING empty.
+func TestReconcilerFinishesACreateFromArchive(t *testing.T) {
+	srv := sourcetest.NewServer(t)
+	url := srv.Put("/task.tar.gz", sourcetest.TarGz(t, project))
+	e := sourceEnv(t, srv, 0, source.Options{})
+	ctx := context.Background()
+	now := e.clock.Now().UTC()
+	rec := runtime.Record{ID: newID(idPrefix), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
+		State: string(Creating), DesiredState: string(Running), CreatedAt: now, StateChangedAt: now,
+		Annotations: map[string]string{annSourceArchive: url}}
+	if err := e.svc.store.Put(ctx, entryOf(rec)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.fake.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Minute)
+	if err := e.svc.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.svc.Get(ctx, alice, rec.ID)
+	if err != nil || got.State != Running {
+		t.Fatalf("got %s %q %v, want RUNNING", got.State, got.StateReason, err)
+	}
+	wantProject(t, e, rec.ID)
+	if n := srv.Hits("/task.tar.gz"); n != 1 {
+		t.Errorf("requests: got %d, want 1", n)
+	}
+}
+
+// noObjects is an ObjectLister of an empty bucket.
+type noObjects struct{}
+
+func (noObjects) Objects(context.Context, string, string) iter.Seq2[source.Object, error] {
+	return func(func(source.Object, error) bool) {}
+}
+
+func (noObjects) Open(context.Context, string, string, int64) (io.ReadCloser, error) {
+	return nil, source.ErrObjectNotExist
+}
+
+func TestSourcePrefixesConfig(t *testing.T) {
+	e := newEnv(t)
+	tests := []struct {
+		name     string
+		prefixes map[string][]string
+		lister   bool
+		want     string // "" for no error
+	}{
+		{"ok", map[string][]string{"t1:p1": {"gs://src-bucket/x/", "gs://whole-bucket"}}, true, ""},
+		{"none-needs-no-lister", nil, false, ""},
+		{"bad-scope", map[string][]string{"t1": {"gs://src-bucket/x/"}}, true, "tenant:project"},
+		{"bad-scope-id", map[string][]string{"t1:p 1": {"gs://src-bucket/x/"}}, true, "tenant:project"},
+		{"bad-prefix", map[string][]string{"t1:p1": {"s3://src-bucket/x/"}}, true, "gs://"},
+		{"dotdot", map[string][]string{"t1:p1": {"gs://src-bucket/../x/"}}, true, `".."`},
+		{"no-lister", map[string][]string{"t1:p1": {"gs://src-bucket/x/"}}, false, "object lister"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := e.cfg
+			cfg.SourcePrefixes = tt.prefixes
+			d := e.newDeps()
+			if tt.lister {
+				d.SourceObjects = noObjects{}
+			}
+			svc, err := New(cfg, d)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("got %v, want no error", err)
+				}
+				svc.Close()
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
