@@ -1142,7 +1142,7 @@ var sources = []*ast.Source{
 # connection_init payload). Another tenant's sandbox does not exist for you: NOT_FOUND, never a
 # permission error. Errors carry extensions.code (INVALID_ARGUMENT, UNAUTHENTICATED,
 # PERMISSION_DENIED, NOT_FOUND, INVALID_STATE, ALREADY_EXISTS, PAYLOAD_TOO_LARGE, QUOTA_EXCEEDED,
-# UNAVAILABLE, SANDBOX_FAILED, INTERNAL, plus gqlgen's GRAPHQL_PARSE_FAILED,
+# UNAVAILABLE, SANDBOX_FAILED, CHECKPOINT_CORRUPT, INTERNAL, plus gqlgen's GRAPHQL_PARSE_FAILED,
 # GRAPHQL_VALIDATION_FAILED and COMPLEXITY_LIMIT_EXCEEDED), extensions.retryAfter (seconds) when
 # retrying later may succeed, and any public details of the error (e.g. extensions.state).
 

@@ -25,28 +25,32 @@ const (
 	QuotaExceeded    Code = "QUOTA_EXCEEDED"
 	Unavailable      Code = "UNAVAILABLE"
 	SandboxFailed    Code = "SANDBOX_FAILED"
-	Internal         Code = "INTERNAL"
+	// CheckpointCorrupt: a stored workspace checkpoint does not match its manifest (its hash);
+	// retrying cannot help, an earlier snapshot can (the error names the last good one).
+	CheckpointCorrupt Code = "CHECKPOINT_CORRUPT"
+	Internal          Code = "INTERNAL"
 )
 
 // table maps each code to its HTTP status.
 var table = map[Code]int{
-	InvalidArgument:  http.StatusBadRequest,
-	Unauthenticated:  http.StatusUnauthorized,
-	PermissionDenied: http.StatusForbidden,
-	NotFound:         http.StatusNotFound,
-	InvalidState:     http.StatusConflict,
-	AlreadyExists:    http.StatusConflict,
-	PayloadTooLarge:  http.StatusRequestEntityTooLarge,
-	QuotaExceeded:    http.StatusTooManyRequests,
-	Unavailable:      http.StatusServiceUnavailable,
-	SandboxFailed:    http.StatusConflict,
-	Internal:         http.StatusInternalServerError,
+	InvalidArgument:   http.StatusBadRequest,
+	Unauthenticated:   http.StatusUnauthorized,
+	PermissionDenied:  http.StatusForbidden,
+	NotFound:          http.StatusNotFound,
+	InvalidState:      http.StatusConflict,
+	AlreadyExists:     http.StatusConflict,
+	PayloadTooLarge:   http.StatusRequestEntityTooLarge,
+	QuotaExceeded:     http.StatusTooManyRequests,
+	Unavailable:       http.StatusServiceUnavailable,
+	SandboxFailed:     http.StatusConflict,
+	CheckpointCorrupt: http.StatusConflict,
+	Internal:          http.StatusInternalServerError,
 }
 
 // Codes lists every code, for documentation and tests.
 func Codes() []Code {
 	return []Code{InvalidArgument, Unauthenticated, PermissionDenied, NotFound, InvalidState,
-		AlreadyExists, PayloadTooLarge, QuotaExceeded, Unavailable, SandboxFailed, Internal}
+		AlreadyExists, PayloadTooLarge, QuotaExceeded, Unavailable, SandboxFailed, CheckpointCorrupt, Internal}
 }
 
 // HTTPStatus is the HTTP status of a code (500 for an unknown one).

@@ -789,7 +789,7 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 	r, _, err := s.ckpt.Open(ctx, sc, snapID)
 	switch {
 	case errors.Is(err, checkpoint.ErrCorrupt):
-		return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its data does not match its manifest)", snapID)
+		return s.corruptCheckpoint(ctx, sc, snapID, err)
 	case errors.Is(err, checkpoint.ErrNotFound):
 		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s: it no longer exists", snapID)
 	case err != nil:
@@ -802,13 +802,39 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 	}
 	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
-			return apierror.Wrap(err, apierror.Unavailable, "checkpoint %s is corrupt (its hash does not match)", snapID)
+			return s.corruptCheckpoint(ctx, sc, snapID, err)
 		}
 		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", snapID)
 	}
 	s.metrics.lifecycle("restore", "ok", s.now().Sub(start))
 	s.log.Info("workspace restored", "sandbox", id, "snapshot", snapID, "ms", s.now().Sub(start).Milliseconds())
 	return nil
+}
+
+// corruptCheckpoint is the error for a checkpoint whose data does not match its manifest: it
+// names the newest earlier snapshot of the same sandbox that is intact (each candidate is read
+// whole and hashed, newest first), so the caller can create a sandbox from it.
+func (s *Service) corruptCheckpoint(ctx context.Context, sc checkpoint.Scope, snapID string, cause error) error {
+	s.log.Error("corrupt checkpoint", "sandbox", sc.Sandbox, "snapshot", snapID, "err", cause)
+	_, bad, _ := checkpoint.ParseID(snapID)
+	good := ""
+	if list, err := s.ckpt.List(ctx, sc); err == nil {
+		for i := len(list) - 1; i >= 0 && good == ""; i-- {
+			if m := list[i]; m.N < bad || bad == 0 && m.ID != snapID {
+				if _, err := s.ckpt.Verify(ctx, sc, m.ID); err == nil {
+					good = m.ID
+				}
+			}
+		}
+	}
+	if good == "" {
+		return apierror.Wrap(cause, apierror.CheckpointCorrupt,
+			"checkpoint %s is corrupt (its data does not match its manifest) and no earlier snapshot of this sandbox is intact", snapID).
+			WithDetail("snapshot_id", snapID)
+	}
+	return apierror.Wrap(cause, apierror.CheckpointCorrupt,
+		"checkpoint %s is corrupt (its data does not match its manifest); the last good snapshot is %s: create a sandbox from it with source.snapshot_id", snapID, good).
+		WithDetail("snapshot_id", snapID).WithDetail("last_good_snapshot_id", good)
 }
 
 // ---- slots and activity ----

@@ -209,6 +209,11 @@ func TestCorruptCheckpointFailsStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	mustExec(t, e, alice, sb.ID, "sh", "-c", "echo kept > early")
+	good, err := e.svc.Snapshot(ctx, alice, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustExec(t, e, alice, sb.ID, "sh", "-c", "head -c 300000 /dev/urandom > blob")
 	stopped, err := e.svc.Stop(ctx, alice, sb.ID)
 	if err != nil {
@@ -234,8 +239,11 @@ func TestCorruptCheckpointFailsStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.svc.Start(ctx, alice, sb.ID)
-	if err == nil || !strings.Contains(apierror.From(err).Message, stopped.LatestSnapshotID) {
-		t.Fatalf("start from a corrupt checkpoint: got %v, want an error naming %s", err, stopped.LatestSnapshotID)
+	ae := apierror.From(err)
+	if err == nil || ae.Code != apierror.CheckpointCorrupt || !strings.Contains(ae.Message, stopped.LatestSnapshotID) ||
+		!strings.Contains(ae.Message, "last good snapshot is "+good.ID) || ae.Details["last_good_snapshot_id"] != good.ID {
+		t.Fatalf("start from a corrupt checkpoint: got %v (%+v), want CHECKPOINT_CORRUPT naming %s and the last good snapshot %s",
+			err, ae.Details, stopped.LatestSnapshotID, good.ID)
 	}
 	got, _ := e.svc.Get(ctx, alice, sb.ID)
 	if got.State != Failed || !strings.Contains(got.StateReason, "corrupt") {
