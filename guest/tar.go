@@ -343,6 +343,8 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
+	dc := newDirCache(sroot)
+	defer dc.close()
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -374,15 +376,30 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 		if name == "." {
 			return res, errorf(ErrCodeInvalid, "tar entry %q replaces the workspace", hdr.Name)
 		}
-		if hdr.Typeflag != tar.TypeDir {
-			if err := prepareEntry(sroot, name); err != nil {
-				return res, err
+		// parent is name's folder, opened once per folder and extraction (every operation below
+		// is then one step from its descriptor instead of a walk from the root per call, which
+		// costs a gofer round trip per path component under gVisor).
+		var parent *os.Root
+		base := path.Base(name)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+		case tar.TypeReg:
+			// Most entries are new files: their folder is enough, O_EXCL below finds the rest.
+			var err error
+			if parent, err = dc.dir(path.Dir(name)); err != nil {
+				return res, entryError(hdr.Name, err)
+			}
+			delete(links, name)
+		default:
+			var perr *Error
+			if parent, perr = dc.prepare(name); perr != nil {
+				return res, perr
 			}
 			delete(links, name)
 		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := sroot.MkdirAll(name, 0o700); err != nil {
+			if _, err := dc.dir(name); err != nil {
 				return res, entryError(hdr.Name, err)
 			}
 			dirs[name] = dirMeta{goMode(hdr.Mode), hdr.ModTime}
@@ -390,7 +407,14 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			if res.Bytes+hdr.Size > opts.maxBytes {
 				return res, errorf(ErrCodeTooLarge, "tar content over %d bytes", opts.maxBytes)
 			}
-			f, err := sroot.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			f, err := parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if errors.Is(err, fs.ErrExist) {
+				// A later entry replaces an earlier one (never a folder, never through a link).
+				if _, perr := dc.prepare(name); perr != nil {
+					return res, perr
+				}
+				f, err = parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			}
 			if err != nil {
 				return res, entryError(hdr.Name, err)
 			}
@@ -409,7 +433,7 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 				return res, entryError(hdr.Name, err)
 			}
 			if !hdr.ModTime.IsZero() {
-				_ = sroot.Chtimes(name, hdr.ModTime, hdr.ModTime)
+				_ = parent.Chtimes(base, hdr.ModTime, hdr.ModTime)
 			}
 		case tar.TypeSymlink:
 			if hdr.Linkname == "" {
@@ -418,7 +442,7 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			if !opts.externalLinks && s.linkEscapes(name, hdr.Linkname) {
 				return res, errorf(ErrCodeInvalid, "symlink %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
 			}
-			if err := sroot.Symlink(hdr.Linkname, name); err != nil {
+			if err := parent.Symlink(hdr.Linkname, base); err != nil {
 				return res, entryError(hdr.Name, err)
 			}
 			links[name] = true
@@ -462,27 +486,71 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 	return res, nil
 }
 
-// prepareEntry creates the parents of name and removes whatever non-directory is already
-// there (a later tar entry replaces an earlier one; it is never written through a symlink).
-func prepareEntry(sroot *os.Root, name string) *Error {
-	if dir := path.Dir(name); dir != "." {
-		if err := sroot.MkdirAll(dir, 0o700); err != nil {
-			return entryError(name, err)
-		}
+// dirCache holds the folders an extraction created or entered, each opened once as an
+// os.Root of its own: a descriptor that never lets an operation escape it, so writing through
+// it is as safe as through the staging root, and costs one step instead of a walk.
+type dirCache struct {
+	root  *os.Root
+	roots map[string]*os.Root
+}
+
+func newDirCache(root *os.Root) *dirCache {
+	return &dirCache{root: root, roots: map[string]*os.Root{}}
+}
+
+func (c *dirCache) close() {
+	for _, r := range c.roots {
+		r.Close()
 	}
-	fi, err := sroot.Lstat(name)
+}
+
+// dir returns the folder name (relative to the staging root, "." for it), creating it and its
+// parents as needed. An existing non-folder there is an error (as MkdirAll's).
+func (c *dirCache) dir(name string) (*os.Root, error) {
+	if name == "." {
+		return c.root, nil
+	}
+	if r, ok := c.roots[name]; ok {
+		return r, nil
+	}
+	parent, err := c.dir(path.Dir(name))
+	if err != nil {
+		return nil, err
+	}
+	base := path.Base(name)
+	if err := parent.Mkdir(base, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	r, err := parent.OpenRoot(base)
+	if err != nil {
+		return nil, err
+	}
+	c.roots[name] = r
+	return r, nil
+}
+
+// prepare creates the parents of name and removes whatever non-directory is already there (a
+// later tar entry replaces an earlier one; it is never written through a symlink). It returns
+// name's folder.
+func (c *dirCache) prepare(name string) (*os.Root, *Error) {
+	parent, err := c.dir(path.Dir(name))
+	if err != nil {
+		return nil, entryError(name, err)
+	}
+	base := path.Base(name)
+	fi, err := parent.Lstat(base)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil
+		return parent, nil
 	case err != nil:
-		return entryError(name, err)
+		return nil, entryError(name, err)
 	case fi.IsDir():
-		return errorf(ErrCodeInvalid, "tar entry %q replaces a directory", name)
+		return nil, errorf(ErrCodeInvalid, "tar entry %q replaces a directory", name)
 	}
-	if err := sroot.Remove(name); err != nil {
-		return entryError(name, err)
+	if err := parent.Remove(base); err != nil {
+		return nil, entryError(name, err)
 	}
-	return nil
+	return parent, nil
 }
 
 func entryError(name string, err error) *Error {

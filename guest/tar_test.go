@@ -396,3 +396,29 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// TestImportLaterEntriesReplaceEarlierOnes: a file given twice ends with its last content; a
+// file over an earlier symlink replaces the link and never writes through it.
+func TestImportLaterEntriesReplaceEarlierOnes(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 30*time.Second)
+	must(t, os.WriteFile(filepath.Join(h.ws, "outside-target"), []byte("untouched"), 0o644))
+	tarball := buildTar(t, []tarEntry{
+		{name: "a/b/same.txt", body: "first"},
+		{name: "a/b/same.txt", body: "second"},
+		{name: "a/link", typ: tar.TypeSymlink, link: "../outside-target"},
+		{name: "a/link", body: "a file now"},
+	})
+	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{}); err != nil {
+		t.Fatalf("ImportWorkspace: %v", err)
+	}
+	for p, want := range map[string]string{"a/b/same.txt": "second", "a/link": "a file now", "outside-target": "untouched"} {
+		got, err := os.ReadFile(filepath.Join(h.ws, p))
+		if err != nil || string(got) != want {
+			t.Errorf("%s: got %q %v, want %q", p, got, err, want)
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(h.ws, "a/link")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("a/link: got %v %v, want a regular file", fi, err)
+	}
+}
