@@ -89,14 +89,30 @@ func (d *Driver) dialHost(ctx context.Context, id string) (io.ReadWriteCloser, e
 	return c, nil
 }
 
-// takeSpare returns the attach that proved the box ready, if it is still alive: the first
-// Attach after a create or start then costs no runsc exec.
+// spareTTL is how long a ready attach is kept for the next Attach. The guest init's HTTP/2
+// server closes a connection that sends no client preface within 10 s, so an older spare would
+// be handed out dead (the first call after a start that sat idle failed with a broken pipe).
+const spareTTL = 5 * time.Second
+
+// spare is a box's unused ready attach and when it was made.
+type spare struct {
+	rwc  io.ReadWriteCloser
+	made time.Time
+}
+
+// takeSpare returns the attach that proved the box ready, if it is young and still alive: the
+// first Attach right after a create or start then costs no runsc exec.
 func (d *Driver) takeSpare(id string) io.ReadWriteCloser {
 	d.spareMu.Lock()
-	s := d.spares[id]
+	sp, ok := d.spares[id]
 	delete(d.spares, id)
 	d.spareMu.Unlock()
-	if s == nil {
+	if !ok {
+		return nil
+	}
+	s := sp.rwc
+	if time.Since(sp.made) > spareTTL {
+		s.Close()
 		return nil
 	}
 	if as, ok := s.(*attachStream); ok {
@@ -113,22 +129,22 @@ func (d *Driver) takeSpare(id string) io.ReadWriteCloser {
 // keepSpare stores a ready attach for the next Attach of the box (closing any older one).
 func (d *Driver) keepSpare(id string, s io.ReadWriteCloser) {
 	d.spareMu.Lock()
-	old := d.spares[id]
-	d.spares[id] = s
+	old, had := d.spares[id]
+	d.spares[id] = spare{rwc: s, made: time.Now()}
 	d.spareMu.Unlock()
-	if old != nil {
-		old.Close()
+	if had {
+		old.rwc.Close()
 	}
 }
 
 // dropSpare closes a box's unused ready attach (before its container goes away).
 func (d *Driver) dropSpare(id string) {
 	d.spareMu.Lock()
-	s := d.spares[id]
+	sp, ok := d.spares[id]
 	delete(d.spares, id)
 	d.spareMu.Unlock()
-	if s != nil {
-		s.Close()
+	if ok {
+		sp.rwc.Close()
 	}
 }
 

@@ -64,7 +64,7 @@ type Driver struct {
 
 	// spares holds, per box, the ready attach of its last create or start (see takeSpare).
 	spareMu sync.Mutex
-	spares  map[string]io.ReadWriteCloser
+	spares  map[string]spare
 
 	// boxMu serializes lifecycle operations on one box within this process; recMu serializes
 	// record read-modify-writes (a flock extends that across processes).
@@ -111,7 +111,7 @@ func New(opts Options) (*Driver, error) {
 		opts.Logger = slog.Default()
 	}
 	d := &Driver{
-		spares:   map[string]io.ReadWriteCloser{},
+		spares:   map[string]spare{},
 		opts:     opts,
 		log:      opts.Logger.With("driver", "gvisor"),
 		boxesDir: filepath.Join(opts.StateDir, "boxes"),
