@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,19 +42,58 @@ for i in range(n):
 print(n, written)
 `
 
+// countWorkspace prints "<regular files> <bytes>" of everything under /workspace (what
+// `find /workspace -type f` lists).
+const countWorkspace = `import os, stat
+n = size = 0
+for root, dirs, files in os.walk("/workspace"):
+    for f in files:
+        st = os.lstat(os.path.join(root, f))
+        if stat.S_ISREG(st.st_mode):
+            n += 1
+            size += st.st_size
+print(n, size)
+`
+
 func fmtMB(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
+// wsCount is what countWorkspace found.
+type wsCount struct{ files, bytes int64 }
+
+// workspaceCount counts the regular files and bytes of a sandbox's /workspace (python3 in the
+// sandbox).
+func (b *bench) workspaceCount(ctx context.Context, id string) (wsCount, error) {
+	res, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", countWorkspace}, ""))
+	if err == nil {
+		err = res.check("")
+	}
+	if err != nil {
+		return wsCount{}, fmt.Errorf("counting the workspace of %s: %w", id, err)
+	}
+	var c wsCount
+	if _, err := fmt.Sscan(res.Stdout, &c.files, &c.bytes); err != nil {
+		return wsCount{}, fmt.Errorf("counting the workspace of %s: got %q: %w", id, res.Stdout, err)
+	}
+	return c, nil
+}
+
 // benchStopStart: REST stop and REST start of a sandbox with a generated workspace, next to a
-// bare tar | zstd -1 -T0 of its host folder and a bare zstd -d | tar -x of that archive.
+// bare tar | zstd -1 -T0 of its host folder and a bare zstd -d | tar -x of that archive; then
+// REST create from the last stop's snapshot (a real restore) next to a plain create and the
+// same bare extraction.
 func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) {
 	mb := b.opts.workspaceMB
 	stop := &Group{Name: fmt.Sprintf("stop, %d MB workspace", mb)}
 	start := &Group{Name: fmt.Sprintf("start, %d MB workspace", mb)}
-	groups = []*Group{stop, start}
+	restore := &Group{Name: fmt.Sprintf("restore, %d MB workspace", mb)}
+	groups = []*Group{stop, start, restore}
 	oursStop := stop.result("REST POST …/stop", false)
 	bareTar := stop.result("bare tar -cf - | zstd -1 -T0 > file", true)
 	oursStart := start.result("REST POST …/start", false)
 	bareUntar := start.result("bare zstd -d < file | tar -x", true)
+	oursRestore := restore.result("REST create from the snapshot", false)
+	emptyCreate := restore.reference("REST create (empty)")
+	bareRestore := restore.result("bare zstd -d < file | tar -x", true)
 
 	id, _, err := b.createSandbox(ctx)
 	defer b.finishSandbox(id, &err)
@@ -77,20 +118,41 @@ func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) 
 		return groups, fmt.Errorf("generating the workspace: got %q: %w", res.Stdout, err)
 	}
 	progress("workspace: %d files, %s in %s", files, fmtMB(size), fmtDuration(gen))
+	// What every restore must bring back: the source's whole /workspace.
+	want, err := b.workspaceCount(ctx, id)
+	if err != nil {
+		return groups, err
+	}
+	if want.files != files || want.bytes != size {
+		return groups, fmt.Errorf("the generated workspace has %d files, %d bytes, want %d files, %d bytes", want.files, want.bytes, files, size)
+	}
 	// Runs before the destroy (defers run last first): an empty workspace keeps the destroy's
 	// final checkpoint, which nobody measures, short.
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		if _, err := b.api.exec(ctx, id, execBody([]string{"rm", "-rf", "/workspace/bench-data"}, "")); err != nil {
+		body := execBody([]string{"rm", "-rf", "/workspace/bench-data"}, "")
+		_, err := b.api.exec(ctx, id, body)
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable {
+			// Once more after the Retry-After: the first request after a long idle spell
+			// following a start has been seen to find the attach broken (logged here).
+			progress("emptying the workspace before the destroy: %v; retrying", err)
+			time.Sleep(max(ae.RetryAfter, time.Second))
+			_, err = b.api.exec(ctx, id, body)
+		}
+		if err != nil {
 			progress("emptying the workspace before the destroy: %v", err)
 		}
 	}()
 
+	// snap is the latest snapshot after the last stop: its checkpoint of the workspace.
+	var snap string
 	steps := []step{
 		{oursStop, func(ctx context.Context) (time.Duration, error) {
 			return timed(func() error {
-				_, err := b.api.lifecycle(ctx, id, "stop", "STOPPED")
+				sb, err := b.api.lifecycle(ctx, id, "stop", "STOPPED")
+				snap = sb.LatestSnapshotID
 				return err
 			})
 		}},
@@ -103,8 +165,19 @@ func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) 
 	}
 	archive := filepath.Join(b.tmp, "workspace.tar.zst")
 	extract := filepath.Join(b.tmp, "extract")
-	if skip := b.bareSkipReason(); skip != "" {
-		bareTar.Skipped, bareUntar.Skipped = skip, skip
+	// untar extracts the archive into a fresh folder, timing the extraction only.
+	untar := func(ctx context.Context) (time.Duration, error) {
+		if err := os.RemoveAll(extract); err != nil {
+			return 0, err
+		}
+		if err := os.Mkdir(extract, 0o755); err != nil {
+			return 0, err
+		}
+		return timed(func() error { return zstdUntar(ctx, archive, extract) })
+	}
+	skip := b.bareSkipReason()
+	if skip != "" {
+		bareTar.Skipped, bareUntar.Skipped, bareRestore.Skipped = skip, skip, skip
 	} else {
 		ws := b.boxPath(id, "workspace")
 		if _, err := os.Stat(ws); err != nil {
@@ -117,15 +190,7 @@ func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) 
 				}
 				return timed(func() error { return tarZstd(ctx, ws, archive) })
 			}},
-			step{bareUntar, func(ctx context.Context) (time.Duration, error) {
-				if err := os.RemoveAll(extract); err != nil {
-					return 0, err
-				}
-				if err := os.Mkdir(extract, 0o755); err != nil {
-					return 0, err
-				}
-				return timed(func() error { return zstdUntar(ctx, archive, extract) })
-			}})
+			step{bareUntar, untar})
 	}
 	// Stop before start; the bare compression before its extraction; which side goes first
 	// alternates round by round.
@@ -139,6 +204,20 @@ func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) 
 		return []int{2, 0, 3, 1}
 	}
 	err = interleaveOrdered(ctx, "stop/start", 0, b.opts.stopStart, steps, order)
+	if err == nil && snap == "" {
+		err = fmt.Errorf("the stopped sandbox %s has no latest_snapshot_id", id)
+	}
+	if err == nil {
+		// A sandbox from the snapshot, a plain one, and the bare extraction, each round.
+		rsteps := []step{
+			{oursRestore, b.createStep(snap, want)},
+			{emptyCreate, b.createStep("", wsCount{})},
+		}
+		if skip == "" {
+			rsteps = append(rsteps, step{bareRestore, untar})
+		}
+		err = interleave(ctx, "restore", 0, b.opts.stopStart, rsteps)
+	}
 	os.RemoveAll(extract)
 
 	note := fmt.Sprintf("workspace: %d files, %s (every third file random bytes, the rest text), made by python3 in the sandbox in %s",
@@ -153,8 +232,68 @@ func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) 
 		"local checkpoint store (fsynced; the bare pipeline does not fsync), then `runsc delete -force`."
 	start.Note = "ours: runsc create + start and the guest init ready. The local driver keeps the workspace folder on " +
 		"the host, so a start restores nothing (a restore runs only when the folder is gone): the bare extraction " +
-		"is what a restore's data work would cost, not a like-for-like counterpart."
+		"is what a restore's data work would cost, not a like-for-like counterpart (the restore group is)."
+	restore.Note = restoreNote(oursRestore, emptyCreate, bareRestore, want)
 	return groups, err
+}
+
+// createStep is a round of REST create (from snapshot snapID, or empty when ""), timed until
+// the answer (RUNNING). Outside the timed part the new sandbox's /workspace is counted and
+// must hold want, then it is emptied and destroyed, so the project's concurrency limit is
+// never near and the destroy's final checkpoint stays small.
+func (b *bench) createStep(snapID string, want wsCount) func(ctx context.Context) (time.Duration, error) {
+	return func(ctx context.Context) (_ time.Duration, err error) {
+		id, d, err := b.createSandboxFrom(ctx, snapID)
+		defer b.finishSandbox(id, &err)
+		if err != nil {
+			return 0, err
+		}
+		got, err := b.workspaceCount(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		if got != want {
+			return 0, fmt.Errorf("sandbox %s created from %q has %d files, %d bytes in /workspace, want %d files, %d bytes",
+				id, snapID, got.files, got.bytes, want.files, want.bytes)
+		}
+		if want.files > 0 {
+			res, err := b.api.exec(ctx, id, execBody([]string{"rm", "-rf", "/workspace/bench-data"}, ""))
+			if err == nil {
+				err = res.check("")
+			}
+			if err != nil {
+				return 0, fmt.Errorf("emptying the workspace of %s: %w", id, err)
+			}
+		}
+		return d, nil
+	}
+}
+
+// restoreNote describes the restore group, with the restore's own cost: ours less the plain
+// create measured in the same rounds.
+func restoreNote(ours, empty, bare *Result, want wsCount) string {
+	note := fmt.Sprintf("ours: REST create of the %s profile with `source.snapshot_id` = the latest_snapshot_id the last "+
+		"stop above answered (its checkpoint object), timed until the answer (RUNNING): record, slot, box (runsc create + "+
+		"start, guest init ready), then sandboxd reads the object from the local checkpoint store, checks its hash and "+
+		"decompresses it (Go zstd) while it streams the tar to the guest init, which extracts it into a staging folder "+
+		"and moves it into /workspace. So ours includes a box create: the reference row is a plain create of the same "+
+		"profile in the same rounds", benchProfile)
+	o, e, bs := summarize(ours.Samples), summarize(empty.Samples), summarize(bare.Samples)
+	if e.N > 0 {
+		note += fmt.Sprintf(" (median %s)", fmtDuration(e.Median))
+		if o.N > 0 {
+			note += fmt.Sprintf("; the restore's own cost is about the difference of the medians, %s", fmtDuration(o.Median-e.Median))
+			if bs.N > 0 && bs.Median > 0 {
+				note += fmt.Sprintf(" (%.2f× the bare extraction)", float64(o.Median-e.Median)/float64(bs.Median))
+			}
+		}
+	}
+	note += fmt.Sprintf(". The paths alternate round by round (first one rotating), no warm-up, after the stop/start "+
+		"rounds. After each create, untimed, the benchmark counts the sandbox's /workspace (python3 in the sandbox: the "+
+		"regular files `find /workspace -type f` lists, and their bytes): a restored one must hold the source's %d files, "+
+		"%s, an empty one none, or the run fails; each is then emptied and destroyed outside the timed part. Bare: the "+
+		"start row's extraction of the bare tar.zst into a fresh folder.", want.files, fmtMB(want.bytes))
+	return note
 }
 
 // latestCheckpoint is the size of the largest checkpoint object of a sandbox in the local

@@ -123,9 +123,22 @@ func (r execResult) check(wantStdout string) error {
 	return nil
 }
 
-func (c *client) create(ctx context.Context) (sandboxJSON, error) {
+// benchProfile is the profile every sandbox of the benchmark is created with.
+const benchProfile = "sandboxes-default"
+
+// create creates a sandbox of benchProfile, its workspace restored from snapshot snapID
+// (source.snapshot_id) unless snapID is "", and wants it RUNNING.
+func (c *client) create(ctx context.Context, snapID string) (sandboxJSON, error) {
+	body := map[string]any{"profile": benchProfile}
+	if snapID != "" {
+		body["source"] = map[string]string{"snapshot_id": snapID}
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return sandboxJSON{}, err
+	}
 	var sb sandboxJSON
-	err := c.do(ctx, http.MethodPost, restPrefix, []byte(`{"profile":"sandboxes-default"}`), &sb)
+	err = c.do(ctx, http.MethodPost, restPrefix, data, &sb)
 	if err == nil && sb.State != "RUNNING" {
 		err = fmt.Errorf("created sandbox %s is %s (%s), want RUNNING", sb.ID, sb.State, sb.StateReason)
 	}

@@ -109,9 +109,13 @@ func valueRatio(ours, bare ValueStats) float64 {
 type Result struct {
 	Label string
 	// Bare marks the group's bare counterpart, the denominator of the ratios.
-	Bare    bool
-	Samples []time.Duration
-	Stats   Stats
+	Bare bool
+	// Reference marks a row measured in the same loop for the reader to set against the
+	// others (a plain create next to a create that also restores), not compared with the bare
+	// result: it has no ratio.
+	Reference bool
+	Samples   []time.Duration
+	Stats     Stats
 	// Unit, when set, says the result measures values in that unit (MiB, goroutines) kept in
 	// Values and summarized in VStats, instead of durations in Samples.
 	Unit   string
@@ -154,6 +158,13 @@ func (g *Group) result(label string, bare bool) *Result {
 	return r
 }
 
+// reference adds a reference result (no ratio) to the group and returns it.
+func (g *Group) reference(label string) *Result {
+	r := g.result(label, false)
+	r.Reference = true
+	return r
+}
+
 // valueResult adds a result of values in unit to the group and returns it.
 func (g *Group) valueResult(label, unit string, bare bool) *Result {
 	r := g.result(label, bare)
@@ -175,7 +186,7 @@ func (g *Group) finish() {
 	for _, r := range g.Results {
 		r.Ratio, r.RateRatio = 0, 0
 		bare := bares[r.Unit]
-		if r.Bare || bare == nil {
+		if r.Bare || r.Reference || bare == nil {
 			continue
 		}
 		if r.Unit == "" {
@@ -363,6 +374,8 @@ func markdownTable(groups []*Group) string {
 				rat = "skipped: " + r.Skipped
 			case r.Bare:
 				rat = "(bare)"
+			case r.Reference:
+				rat = "(reference)"
 			case r.Ratio > 0:
 				rat = fmt.Sprintf("%.2f×", r.Ratio)
 			}
@@ -394,6 +407,7 @@ type jsonGroup struct {
 type jsonResult struct {
 	Label       string   `json:"label"`
 	Bare        bool     `json:"bare"`
+	Reference   bool     `json:"reference,omitempty"`
 	N           int      `json:"n"`
 	MedianMs    float64  `json:"median_ms"`
 	P99Ms       float64  `json:"p99_ms"`
@@ -435,7 +449,7 @@ func writeJSON(w io.Writer, r *Report) error {
 		jg := jsonGroup{Name: g.Name, Note: g.Note, Results: []jsonResult{}}
 		for _, res := range g.Results {
 			s := res.Stats
-			jr := jsonResult{Label: res.Label, Bare: res.Bare, N: s.N, MedianMs: ms(s.Median), P99Ms: ms(s.P99),
+			jr := jsonResult{Label: res.Label, Bare: res.Bare, Reference: res.Reference, N: s.N, MedianMs: ms(s.Median), P99Ms: ms(s.P99),
 				MinMs: ms(s.Min), MaxMs: ms(s.Max), MeanMs: ms(s.Mean), Skipped: res.Skipped, NotMeasured: res.NotMeasured}
 			if res.Unit != "" {
 				v := res.VStats

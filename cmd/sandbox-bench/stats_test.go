@@ -175,3 +175,74 @@ func TestJSON(t *testing.T) {
 		t.Errorf("JSON lacks median_ms: %s", buf.String())
 	}
 }
+
+func TestReferenceRow(t *testing.T) {
+	g := &Group{Name: "restore"}
+	ours := g.result("REST create from the snapshot", false)
+	ref := g.reference("REST create (empty)")
+	bare := g.result("bare untar", true)
+	for i, d := range msd(30, 33, 36) {
+		ours.add(d)
+		ref.add(d / 3)
+		bare.add(msd(10, 11, 12)[i])
+	}
+	g.finish()
+	if ours.Ratio != 3 {
+		t.Errorf("ours ratio = %v, want 3 (33 ms / 11 ms)", ours.Ratio)
+	}
+	if ref.Ratio != 0 || !ref.Reference || ref.Stats.N != 3 {
+		t.Errorf("got reference ratio %v, reference %v, n %d; want 0, true, 3", ref.Ratio, ref.Reference, ref.Stats.N)
+	}
+	table := markdownTable([]*Group{g})
+	for _, want := range []string{
+		"| restore | REST create from the snapshot | 3 | 33.0 ms | 36.0 ms | 3.00× |\n",
+		"| restore | REST create (empty) | 3 | 11.0 ms | 12.0 ms | (reference) |\n",
+		"| restore | bare untar | 3 | 11.0 ms | 12.0 ms | (bare) |\n",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("got table:\n%s\nwant a row %q", table, want)
+		}
+	}
+	var buf bytes.Buffer
+	if err := writeJSON(&buf, &Report{Groups: []*Group{g}}); err != nil {
+		t.Fatal(err)
+	}
+	var got jsonReport
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("decoding %s: %v", buf.String(), err)
+	}
+	if r := got.Groups[0].Results[1]; !r.Reference || r.RatioToBare != nil {
+		t.Errorf("got JSON reference result %+v, want reference true and no ratio", r)
+	}
+	if r := got.Groups[0].Results[0]; r.Reference {
+		t.Errorf("got JSON result %+v, want reference false", r)
+	}
+}
+
+func TestRestoreNote(t *testing.T) {
+	ours, empty, bare := &Result{}, &Result{}, &Result{}
+	for _, d := range msd(1500, 1600, 1700) {
+		ours.add(d)
+	}
+	for _, d := range msd(500, 600, 700) {
+		empty.add(d)
+	}
+	for _, d := range msd(900, 1000, 1100) {
+		bare.add(d)
+	}
+	note := restoreNote(ours, empty, bare, wsCount{files: 6000, bytes: 100_200_000})
+	for _, want := range []string{
+		"includes a box create",
+		"(median 600.0 ms)",
+		"the difference of the medians, 1.00 s (1.00× the bare extraction)",
+		"the source's 6000 files, 100.2 MB",
+		"no warm-up",
+	} {
+		if !strings.Contains(note, want) {
+			t.Errorf("got note %q, want it to contain %q", note, want)
+		}
+	}
+	if note := restoreNote(&Result{}, &Result{}, &Result{}, wsCount{}); strings.Contains(note, "difference") {
+		t.Errorf("got note %q without samples, want no difference", note)
+	}
+}
