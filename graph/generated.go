@@ -38,6 +38,32 @@ type DirectiveRoot struct {
 }
 
 type ComplexityRoot struct {
+	AgentRun struct {
+		AgentID   func(childComplexity int) int
+		CreatedAt func(childComplexity int) int
+		EndedAt   func(childComplexity int) int
+		ExecID    func(childComplexity int) int
+		ExitCode  func(childComplexity int) int
+		ID        func(childComplexity int) int
+		Model     func(childComplexity int) int
+		Reason    func(childComplexity int) int
+		RunDir    func(childComplexity int) int
+		SandboxID func(childComplexity int) int
+		Signal    func(childComplexity int) int
+		StartedAt func(childComplexity int) int
+		Status    func(childComplexity int) int
+	}
+
+	AgentRunEvent struct {
+		Cursor      func(childComplexity int) int
+		Data        func(childComplexity int) int
+		DataBase64  func(childComplexity int) int
+		Kind        func(childComplexity int) int
+		MissedBytes func(childComplexity int) int
+		Run         func(childComplexity int) int
+		Stream      func(childComplexity int) int
+	}
+
 	DestroySandboxPayload struct {
 		Sandbox    func(childComplexity int) int
 		SnapshotID func(childComplexity int) int
@@ -100,11 +126,13 @@ type ComplexityRoot struct {
 	}
 
 	Mutation struct {
+		CancelAgentRun  func(childComplexity int, id string) int
 		CreateSandbox   func(childComplexity int, input model.CreateSandboxInput) int
 		DeleteSnapshot  func(childComplexity int, id string) int
 		DestroySandbox  func(childComplexity int, id string) int
 		Exec            func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
 		SnapshotSandbox func(childComplexity int, id string) int
+		StartAgentRun   func(childComplexity int, input model.StartAgentRunInput) int
 		StartSandbox    func(childComplexity int, id string) int
 		StopSandbox     func(childComplexity int, id string) int
 		WriteFile       func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
@@ -128,6 +156,8 @@ type ComplexityRoot struct {
 	}
 
 	Query struct {
+		AgentRun  func(childComplexity int, id string) int
+		AgentRuns func(childComplexity int, sandboxID string) int
 		Exec      func(childComplexity int, id string) int
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
 		Profiles  func(childComplexity int) int
@@ -201,8 +231,9 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
-		ExecOutput    func(childComplexity int, execID string, after *string) int
-		SandboxEvents func(childComplexity int, sandboxID *string, after *string) int
+		AgentRunEvents func(childComplexity int, runID string, after *string) int
+		ExecOutput     func(childComplexity int, execID string, after *string) int
+		SandboxEvents  func(childComplexity int, sandboxID *string, after *string) int
 	}
 }
 
@@ -219,6 +250,8 @@ type MutationResolver interface {
 	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, id string) (bool, error)
 	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
+	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error)
+	CancelAgentRun(ctx context.Context, id string) (*model.AgentRun, error)
 }
 type QueryResolver interface {
 	Sandbox(ctx context.Context, id string) (*model.Sandbox, error)
@@ -229,10 +262,13 @@ type QueryResolver interface {
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
+	AgentRun(ctx context.Context, id string) (*model.AgentRun, error)
+	AgentRuns(ctx context.Context, sandboxID string) ([]*model.AgentRun, error)
 }
 type SubscriptionResolver interface {
 	SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error)
 	ExecOutput(ctx context.Context, execID string, after *string) (<-chan *model.ExecOutputEvent, error)
+	AgentRunEvents(ctx context.Context, runID string, after *string) (<-chan *model.AgentRunEvent, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -252,6 +288,128 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 	ec := newExecutionContext(nil, e, nil)
 	_ = ec
 	switch typeName + "." + field {
+
+	case "AgentRun.agentId":
+		if e.ComplexityRoot.AgentRun.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.AgentID(childComplexity), true
+	case "AgentRun.createdAt":
+		if e.ComplexityRoot.AgentRun.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.CreatedAt(childComplexity), true
+	case "AgentRun.endedAt":
+		if e.ComplexityRoot.AgentRun.EndedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.EndedAt(childComplexity), true
+	case "AgentRun.execId":
+		if e.ComplexityRoot.AgentRun.ExecID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.ExecID(childComplexity), true
+	case "AgentRun.exitCode":
+		if e.ComplexityRoot.AgentRun.ExitCode == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.ExitCode(childComplexity), true
+	case "AgentRun.id":
+		if e.ComplexityRoot.AgentRun.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.ID(childComplexity), true
+	case "AgentRun.model":
+		if e.ComplexityRoot.AgentRun.Model == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.Model(childComplexity), true
+	case "AgentRun.reason":
+		if e.ComplexityRoot.AgentRun.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.Reason(childComplexity), true
+	case "AgentRun.runDir":
+		if e.ComplexityRoot.AgentRun.RunDir == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.RunDir(childComplexity), true
+	case "AgentRun.sandboxId":
+		if e.ComplexityRoot.AgentRun.SandboxID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.SandboxID(childComplexity), true
+	case "AgentRun.signal":
+		if e.ComplexityRoot.AgentRun.Signal == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.Signal(childComplexity), true
+	case "AgentRun.startedAt":
+		if e.ComplexityRoot.AgentRun.StartedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.StartedAt(childComplexity), true
+	case "AgentRun.status":
+		if e.ComplexityRoot.AgentRun.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.Status(childComplexity), true
+
+	case "AgentRunEvent.cursor":
+		if e.ComplexityRoot.AgentRunEvent.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.Cursor(childComplexity), true
+	case "AgentRunEvent.data":
+		if e.ComplexityRoot.AgentRunEvent.Data == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.Data(childComplexity), true
+	case "AgentRunEvent.dataBase64":
+		if e.ComplexityRoot.AgentRunEvent.DataBase64 == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.DataBase64(childComplexity), true
+	case "AgentRunEvent.kind":
+		if e.ComplexityRoot.AgentRunEvent.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.Kind(childComplexity), true
+	case "AgentRunEvent.missedBytes":
+		if e.ComplexityRoot.AgentRunEvent.MissedBytes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.MissedBytes(childComplexity), true
+	case "AgentRunEvent.run":
+		if e.ComplexityRoot.AgentRunEvent.Run == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.Run(childComplexity), true
+	case "AgentRunEvent.stream":
+		if e.ComplexityRoot.AgentRunEvent.Stream == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEvent.Stream(childComplexity), true
 
 	case "DestroySandboxPayload.sandbox":
 		if e.ComplexityRoot.DestroySandboxPayload.Sandbox == nil {
@@ -517,6 +675,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.FileListing.Truncated(childComplexity), true
 
+	case "Mutation.cancelAgentRun":
+		if e.ComplexityRoot.Mutation.CancelAgentRun == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_cancelAgentRun_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.CancelAgentRun(childComplexity, args["id"].(string)), true
 	case "Mutation.createSandbox":
 		if e.ComplexityRoot.Mutation.CreateSandbox == nil {
 			break
@@ -572,6 +741,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.SnapshotSandbox(childComplexity, args["id"].(string)), true
+	case "Mutation.startAgentRun":
+		if e.ComplexityRoot.Mutation.StartAgentRun == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_startAgentRun_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.StartAgentRun(childComplexity, args["input"].(model.StartAgentRunInput)), true
 	case "Mutation.startSandbox":
 		if e.ComplexityRoot.Mutation.StartSandbox == nil {
 			break
@@ -674,6 +854,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Profile.Network(childComplexity), true
 
+	case "Query.agentRun":
+		if e.ComplexityRoot.Query.AgentRun == nil {
+			break
+		}
+
+		args, err := ec.field_Query_agentRun_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.AgentRun(childComplexity, args["id"].(string)), true
+	case "Query.agentRuns":
+		if e.ComplexityRoot.Query.AgentRuns == nil {
+			break
+		}
+
+		args, err := ec.field_Query_agentRuns_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.AgentRuns(childComplexity, args["sandboxId"].(string)), true
 	case "Query.exec":
 		if e.ComplexityRoot.Query.Exec == nil {
 			break
@@ -1007,6 +1209,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Snapshot.SizeBytes(childComplexity), true
 
+	case "Subscription.agentRunEvents":
+		if e.ComplexityRoot.Subscription.AgentRunEvents == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_agentRunEvents_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.AgentRunEvents(childComplexity, args["runId"].(string), args["after"].(*string)), true
 	case "Subscription.execOutput":
 		if e.ComplexityRoot.Subscription.ExecOutput == nil {
 			break
@@ -1043,6 +1256,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			graphql.NewInputUnmarshaler("EnvVarInput", ec.unmarshalInputEnvVarInput),
 			graphql.NewInputUnmarshaler("ExecInput", ec.unmarshalInputExecInput),
 			graphql.NewInputUnmarshaler("SandboxSourceInput", ec.unmarshalInputSandboxSourceInput),
+			graphql.NewInputUnmarshaler("StartAgentRunInput", ec.unmarshalInputStartAgentRunInput),
 		)
 	}
 	first := true
@@ -1158,6 +1372,11 @@ counts and durations, which stay far below 2^53, so JavaScript numbers hold them
 scalar Int64
 
 """
+A JSON object, as an agent run's config.
+"""
+scalar Map
+
+"""
 Reading: sandboxes, profiles and files.
 """
 type Query {
@@ -1234,6 +1453,19 @@ type Query {
     "The most snapshots to return (the newest), 1 to the configured maximum (500 by default)."
     first: Int = 50
   ): [Snapshot!]!
+
+  """
+  One agent run of the caller's tenant:project; its status is derived from the agent's exec
+  whenever it is read. A missing or another tenant's run is null plus an error with
+  extensions.code NOT_FOUND.
+  """
+  agentRun("The run id (run_…), from startAgentRun." id: ID!): AgentRun
+
+  """
+  The agent runs of one of the caller's sandboxes, newest first (the newest 100 are kept). A
+  missing or another tenant's sandbox is NOT_FOUND.
+  """
+  agentRuns("The sandbox id." sandboxId: ID!): [AgentRun!]!
 }
 
 """
@@ -1313,6 +1545,24 @@ type Mutation {
     "Permission bits as a decimal number (420 is 0644), 0 to 511 (0777); null or 0 means 0644."
     mode: Int
   ): FileInfo!
+
+  """
+  Attaches a catalog agent to a running sandbox (the REST POST /sandbox/agent/v1/runs): the
+  instruction and config are uploaded into /workspace/.agent-runs/<run id>/, the agent runs there
+  as a detached command (it goes on after the client has gone) and the sandbox stays alive
+  afterwards. Answers with the run, RUNNING, or FAILED at once when the agent's binary is not in
+  the sandbox's image. Only catalog agents with integration: sandbox attach (others are
+  INVALID_ARGUMENT), as is sandboxId with passAtK > 1 (use Harbor for independent, graded
+  attempts); a sandbox that is not RUNNING is INVALID_STATE; an instruction or config over its
+  limit is PAYLOAD_TOO_LARGE.
+  """
+  startAgentRun("What to run, and where." input: StartAgentRunInput!): AgentRun!
+
+  """
+  Cancels an agent run: kills the agent's whole process tree and answers once it ended
+  (CANCELLED). A run that is already final is INVALID_STATE. The sandbox stays RUNNING.
+  """
+  cancelAgentRun("The run id (run_…)." id: ID!): AgentRun!
 }
 
 """
@@ -1348,6 +1598,19 @@ type Subscription {
     "The cursor of the last event seen; null to start at the beginning of the output."
     after: String
   ): ExecOutputEvent!
+
+  """
+  One agent run, answered by any replica: a STATUS event with the run first, then the agent's
+  output after the cursor (CHUNK and TRUNCATED events, as in execOutput), and a last STATUS
+  event once the run is final, after which the stream ends. Resume with after set to the cursor
+  of the last event seen. A missing or another tenant's run is NOT_FOUND.
+  """
+  agentRunEvents(
+    "The run id (run_…)."
+    runId: ID!
+    "The cursor of the last event seen; null to start at the beginning of the agent's output."
+    after: String
+  ): AgentRunEvent!
 }
 
 """
@@ -1749,6 +2012,106 @@ type Quota {
   "Slots in use now."
   inUse: Int!
 }
+
+"""
+What startAgentRun starts: the body of POST /sandbox/agent/v1/runs.
+"""
+input StartAgentRunInput {
+  "The catalog agent (e.g. \"opencode\"); it must have integration: sandbox."
+  agentId: String!
+  "The model the agent uses (e.g. \"wandb/moonshotai/Kimi-K2.5\"); required when the agent's command line names it."
+  model: String
+  "What the agent is to do; uploaded as instruction.md into the run's folder (at most 256 KiB by default)."
+  instruction: String!
+  "The running sandbox to attach to."
+  sandboxId: ID!
+  "Independent attempts; more than 1 is refused with a sandbox (use Harbor). Null means 1."
+  passAtK: Int
+  "The agent's config, uploaded as config.json into the run's folder (at most 64 KiB by default); null means {}."
+  config: Map
+}
+
+"""
+A catalog agent running (or having run) inside a sandbox.
+"""
+type AgentRun {
+  "The run id (run_…)."
+  id: ID!
+  "The sandbox the agent runs in."
+  sandboxId: ID!
+  "The catalog agent."
+  agentId: String!
+  "The model the agent was given; null when none."
+  model: String
+  "Where the run is."
+  status: AgentRunStatus!
+  "Why the run FAILED, or how it ended otherwise; null when there is nothing to say."
+  reason: String
+  "The exec the agent runs as (follow it with execOutput, or this run with agentRunEvents); null when the agent never started."
+  execId: ID
+  "The agent's exit code; null until the run is final, and when the agent never started."
+  exitCode: Int
+  "The signal that ended the agent (e.g. \"SIGKILL\"); null when it exited or has not ended."
+  signal: String
+  "The run's folder in the workspace: instruction.md and config.json."
+  runDir: String!
+  "When the run was requested."
+  createdAt: Time!
+  "When the agent started; null while QUEUED and when it never started."
+  startedAt: Time
+  "When the run became final; null before."
+  endedAt: Time
+}
+
+"""
+Where an agent run is: QUEUED → RUNNING → SUCCEEDED | FAILED | CANCELLED | TIMED_OUT.
+"""
+enum AgentRunStatus {
+  "Accepted; the instruction is being uploaded and the agent started."
+  QUEUED
+  "The agent runs."
+  RUNNING
+  "The agent exited with code 0."
+  SUCCEEDED
+  "The agent exited with another code or was killed, its binary is not in the image, or it could not be started or followed (reason says which)."
+  FAILED
+  "cancelAgentRun ended it."
+  CANCELLED
+  "It ran past the agent's timeout and was killed."
+  TIMED_OUT
+}
+
+"""
+One event of an agent run's stream (agentRunEvents).
+"""
+type AgentRunEvent {
+  "The position in the agent's output after this event; pass the last one seen as after to resume."
+  cursor: String!
+  "What the event carries."
+  kind: AgentRunEventKind!
+  "The run; null unless kind is STATUS."
+  run: AgentRun
+  "The stream the output was written to; null unless kind is CHUNK."
+  stream: ExecOutputStream
+  "The output as UTF-8 text; null unless kind is CHUNK, and null when the chunk is not valid UTF-8 (dataBase64 has the exact bytes)."
+  data: String
+  "The output, base64-encoded (standard alphabet, padded); null unless kind is CHUNK."
+  dataBase64: String
+  "How many bytes were dropped before this event; null unless kind is TRUNCATED."
+  missedBytes: Int64
+}
+
+"""
+What an AgentRunEvent carries.
+"""
+enum AgentRunEventKind {
+  "The run's status: the first event, and the last once the run is final."
+  STATUS
+  "Agent output: stream, data and dataBase64."
+  CHUNK
+  "The bounded output stream no longer holds the output before this event: missedBytes were dropped."
+  TRUNCATED
+}
 `, BuiltIn: false},
 }
 var parsedSchema = gqlparser.MustLoadSchema(sources...)
@@ -1756,6 +2119,58 @@ var parsedSchema = gqlparser.MustLoadSchema(sources...)
 // childFields_* functions provide shared child field context lookups.
 // Each function is generated once per unique object type, deduplicating the
 // switch statements that were previously inlined in every fieldContext_* function.
+
+func (ec *executionContext) childFields_AgentRun(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_AgentRun_id(ctx, field)
+	case "sandboxId":
+		return ec.fieldContext_AgentRun_sandboxId(ctx, field)
+	case "agentId":
+		return ec.fieldContext_AgentRun_agentId(ctx, field)
+	case "model":
+		return ec.fieldContext_AgentRun_model(ctx, field)
+	case "status":
+		return ec.fieldContext_AgentRun_status(ctx, field)
+	case "reason":
+		return ec.fieldContext_AgentRun_reason(ctx, field)
+	case "execId":
+		return ec.fieldContext_AgentRun_execId(ctx, field)
+	case "exitCode":
+		return ec.fieldContext_AgentRun_exitCode(ctx, field)
+	case "signal":
+		return ec.fieldContext_AgentRun_signal(ctx, field)
+	case "runDir":
+		return ec.fieldContext_AgentRun_runDir(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_AgentRun_createdAt(ctx, field)
+	case "startedAt":
+		return ec.fieldContext_AgentRun_startedAt(ctx, field)
+	case "endedAt":
+		return ec.fieldContext_AgentRun_endedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AgentRun", field.Name)
+}
+
+func (ec *executionContext) childFields_AgentRunEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_AgentRunEvent_cursor(ctx, field)
+	case "kind":
+		return ec.fieldContext_AgentRunEvent_kind(ctx, field)
+	case "run":
+		return ec.fieldContext_AgentRunEvent_run(ctx, field)
+	case "stream":
+		return ec.fieldContext_AgentRunEvent_stream(ctx, field)
+	case "data":
+		return ec.fieldContext_AgentRunEvent_data(ctx, field)
+	case "dataBase64":
+		return ec.fieldContext_AgentRunEvent_dataBase64(ctx, field)
+	case "missedBytes":
+		return ec.fieldContext_AgentRunEvent_missedBytes(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AgentRunEvent", field.Name)
+}
 
 func (ec *executionContext) childFields_DestroySandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
@@ -2153,6 +2568,20 @@ func (ec *executionContext) childFields___Type(ctx context.Context, field graphq
 
 // region    ***************************** args.gotpl *****************************
 
+func (ec *executionContext) field_Mutation_cancelAgentRun_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_createSandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2236,6 +2665,20 @@ func (ec *executionContext) field_Mutation_snapshotSandbox_args(ctx context.Cont
 		return nil, err
 	}
 	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_startAgentRun_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.StartAgentRunInput, error) {
+			return ec.unmarshalNStartAgentRunInput2sandboxdᚋgraphᚋmodelᚐStartAgentRunInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
 	return args, nil
 }
 
@@ -2324,6 +2767,34 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 		return nil, err
 	}
 	args["name"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_agentRun_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_agentRuns_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
 	return args, nil
 }
 
@@ -2459,6 +2930,28 @@ func (ec *executionContext) field_Query_snapshots_args(ctx context.Context, rawA
 	return args, nil
 }
 
+func (ec *executionContext) field_Subscription_agentRunEvents_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "runId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["runId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Subscription_execOutput_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2576,6 +3069,475 @@ func (ec *executionContext) field___Type_inputFields_args(ctx context.Context, r
 // endregion ***************************** args.gotpl *****************************
 
 // region    **************************** field.gotpl *****************************
+
+func (ec *executionContext) _AgentRun_id(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AgentRun_sandboxId(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_sandboxId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SandboxID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_sandboxId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AgentRun_agentId(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRun_model(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_model(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Model, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_model(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRun_status(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.AgentRunStatus) graphql.Marshaler {
+			return ec.marshalNAgentRunStatus2sandboxdᚋgraphᚋmodelᚐAgentRunStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "AgentRunStatus")
+}
+
+func (ec *executionContext) _AgentRun_reason(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRun_execId(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_execId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ExecID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_execId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AgentRun_exitCode(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_exitCode(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ExitCode, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int) graphql.Marshaler {
+			return ec.marshalOInt2ᚖint(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_exitCode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "Int")
+}
+
+func (ec *executionContext) _AgentRun_signal(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_signal(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Signal, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_signal(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRun_runDir(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_runDir(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RunDir, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_runDir(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRun_createdAt(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _AgentRun_startedAt(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_startedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_startedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _AgentRun_endedAt(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_endedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EndedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_endedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "Time")
+}
+
+func (ec *executionContext) _AgentRunEvent_cursor(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRunEvent_kind(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.AgentRunEventKind) graphql.Marshaler {
+			return ec.marshalNAgentRunEventKind2sandboxdᚋgraphᚋmodelᚐAgentRunEventKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "AgentRunEventKind")
+}
+
+func (ec *executionContext) _AgentRunEvent_run(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_run(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Run, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_run(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AgentRunEvent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AgentRunEvent_stream(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_stream(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Stream, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecOutputStream) graphql.Marshaler {
+			return ec.marshalOExecOutputStream2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputStream(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_stream(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "ExecOutputStream")
+}
+
+func (ec *executionContext) _AgentRunEvent_data(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_data(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Data, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_data(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRunEvent_dataBase64(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_dataBase64(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DataBase64, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_dataBase64(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRunEvent_missedBytes(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEvent_missedBytes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MissedBytes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEvent_missedBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "Int64")
+}
 
 func (ec *executionContext) _DestroySandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.DestroySandboxPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
@@ -3954,6 +4916,94 @@ func (ec *executionContext) fieldContext_Mutation_writeFile(ctx context.Context,
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_startAgentRun(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_startAgentRun(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().StartAgentRun(ctx, fc.Args["input"].(model.StartAgentRunInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_startAgentRun(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_startAgentRun_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_cancelAgentRun(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_cancelAgentRun(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().CancelAgentRun(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_cancelAgentRun(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_cancelAgentRun_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _PageInfo_hasNextPage(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4529,6 +5579,94 @@ func (ec *executionContext) fieldContext_Query_snapshots(ctx context.Context, fi
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_snapshots_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_agentRun(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_agentRun(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().AgentRun(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_agentRun(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_agentRun_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_agentRuns(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_agentRuns(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().AgentRuns(ctx, fc.Args["sandboxId"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_agentRuns(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_agentRuns_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -5690,6 +6828,50 @@ func (ec *executionContext) fieldContext_Subscription_execOutput(ctx context.Con
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Subscription_execOutput_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_agentRunEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_agentRunEvents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().AgentRunEvents(ctx, fc.Args["runId"].(string), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRunEvent) graphql.Marshaler {
+			return ec.marshalNAgentRunEvent2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunEvent(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_agentRunEvents(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRunEvent(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_agentRunEvents_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -7021,6 +8203,83 @@ func UnmarshalSandboxSourceInput(ctx context.Context, raw any) (model.SandboxSou
 	return out, err
 }
 
+func (ec *executionContext) unmarshalInputStartAgentRunInput(ctx context.Context, obj any) (model.StartAgentRunInput, error) {
+	var it model.StartAgentRunInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"agentId", "model", "instruction", "sandboxId", "passAtK", "config"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "agentId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("agentId"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.AgentID = data
+		case "model":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("model"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Model = data
+		case "instruction":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("instruction"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Instruction = data
+		case "sandboxId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("sandboxId"))
+			data, err := ec.unmarshalNID2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.SandboxID = data
+		case "passAtK":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("passAtK"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.PassAtK = data
+		case "config":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("config"))
+			data, err := ec.unmarshalOMap2map(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Config = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalStartAgentRunInput unmarshals raw into the StartAgentRunInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalStartAgentRunInput(ctx context.Context, raw any) (model.StartAgentRunInput, error) {
+	var out model.StartAgentRunInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "StartAgentRunInput", raw, &out)
+	return out, err
+}
+
 // endregion **************************** input.gotpl *****************************
 
 // region    ************************** interface.gotpl ***************************
@@ -7028,6 +8287,162 @@ func UnmarshalSandboxSourceInput(ctx context.Context, raw any) (model.SandboxSou
 // endregion ************************** interface.gotpl ***************************
 
 // region    **************************** object.gotpl ****************************
+
+var agentRunImplementors = []string{"AgentRun"}
+
+func (ec *executionContext) _AgentRun(ctx context.Context, sel ast.SelectionSet, obj *model.AgentRun) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, agentRunImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AgentRun")
+		case "id":
+			out.Values[i] = ec._AgentRun_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "sandboxId":
+			out.Values[i] = ec._AgentRun_sandboxId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentId":
+			out.Values[i] = ec._AgentRun_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "model":
+			out.Values[i] = ec._AgentRun_model(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "status":
+			out.Values[i] = ec._AgentRun_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reason":
+			out.Values[i] = ec._AgentRun_reason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "execId":
+			out.Values[i] = ec._AgentRun_execId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "exitCode":
+			out.Values[i] = ec._AgentRun_exitCode(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "signal":
+			out.Values[i] = ec._AgentRun_signal(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "runDir":
+			out.Values[i] = ec._AgentRun_runDir(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._AgentRun_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "startedAt":
+			out.Values[i] = ec._AgentRun_startedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "endedAt":
+			out.Values[i] = ec._AgentRun_endedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var agentRunEventImplementors = []string{"AgentRunEvent"}
+
+func (ec *executionContext) _AgentRunEvent(ctx context.Context, sel ast.SelectionSet, obj *model.AgentRunEvent) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, agentRunEventImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AgentRunEvent")
+		case "cursor":
+			out.Values[i] = ec._AgentRunEvent_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "kind":
+			out.Values[i] = ec._AgentRunEvent_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "run":
+			out.Values[i] = ec._AgentRunEvent_run(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "stream":
+			out.Values[i] = ec._AgentRunEvent_stream(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "data":
+			out.Values[i] = ec._AgentRunEvent_data(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "dataBase64":
+			out.Values[i] = ec._AgentRunEvent_dataBase64(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "missedBytes":
+			out.Values[i] = ec._AgentRunEvent_missedBytes(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
 
 var destroySandboxPayloadImplementors = []string{"DestroySandboxPayload"}
 
@@ -7487,6 +8902,20 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "startAgentRun":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_startAgentRun(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cancelAgentRun":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_cancelAgentRun(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -7681,6 +9110,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_snapshots(ctx, field)
+				})
+		case "agentRun":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_agentRun(ctx, field)
+				})
+		case "agentRuns":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_agentRuns(ctx, field)
 				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
@@ -8131,6 +9572,8 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 		return ec._Subscription_sandboxEvents(ctx, fields[0])
 	case "execOutput":
 		return ec._Subscription_execOutput(ctx, fields[0])
+	case "agentRunEvents":
+		return ec._Subscription_agentRunEvents(ctx, fields[0])
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
@@ -8498,6 +9941,58 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 
 // region    ***************************** type.gotpl *****************************
 
+func (ec *executionContext) marshalNAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx context.Context, sel ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AgentRun!")
+		return graphql.Null
+	}
+	return ec._AgentRun(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNAgentRunEvent2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunEvent(ctx context.Context, sel ast.SelectionSet, v *model.AgentRunEvent) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AgentRunEvent!")
+		return graphql.Null
+	}
+	return ec._AgentRunEvent(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNAgentRunEventKind2sandboxdᚋgraphᚋmodelᚐAgentRunEventKind(ctx context.Context, v any) (model.AgentRunEventKind, error) {
+	var res model.AgentRunEventKind
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNAgentRunEventKind2sandboxdᚋgraphᚋmodelᚐAgentRunEventKind(ctx context.Context, sel ast.SelectionSet, v model.AgentRunEventKind) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) unmarshalNAgentRunStatus2sandboxdᚋgraphᚋmodelᚐAgentRunStatus(ctx context.Context, v any) (model.AgentRunStatus, error) {
+	var res model.AgentRunStatus
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNAgentRunStatus2sandboxdᚋgraphᚋmodelᚐAgentRunStatus(ctx context.Context, sel ast.SelectionSet, v model.AgentRunStatus) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) unmarshalNBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -8799,6 +10294,11 @@ func (ec *executionContext) marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnaps
 	return ec._Snapshot(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNStartAgentRunInput2sandboxdᚋgraphᚋmodelᚐStartAgentRunInput(ctx context.Context, v any) (model.StartAgentRunInput, error) {
+	res, err := ec.unmarshalInputStartAgentRunInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {
 	res, err := graphql.UnmarshalString(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -8998,6 +10498,13 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	return res
 }
 
+func (ec *executionContext) marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx context.Context, sel ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._AgentRun(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -9119,6 +10626,24 @@ func (ec *executionContext) marshalOInt642ᚖint64(ctx context.Context, sel ast.
 	_ = sel
 	_ = ctx
 	res := graphql.MarshalInt64(*v)
+	return res
+}
+
+func (ec *executionContext) unmarshalOMap2map(ctx context.Context, v any) (map[string]any, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalMap(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOMap2map(ctx context.Context, sel ast.SelectionSet, v map[string]any) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalMap(v)
 	return res
 }
 

@@ -74,6 +74,10 @@ type fakeService struct {
 	}
 	// deleted is the snapshot DeleteSnapshot was last asked to delete.
 	deleted string
+	// agentReq is what StartAgentRun was last asked; agentEventsArg what AgentRunEvents was
+	// last asked: run id and cursor.
+	agentReq       sandbox.AgentRunRequest
+	agentEventsArg [2]string
 
 	// file is what ReadFile answers.
 	file []byte

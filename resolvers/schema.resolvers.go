@@ -132,6 +132,36 @@ func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path
 	return toFileInfo(fi), nil
 }
 
+// StartAgentRun is the resolver for the startAgentRun field.
+func (r *mutationResolver) StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req, err := agentRunRequest(input)
+	if err != nil {
+		return nil, err
+	}
+	run, err := r.svc.StartAgentRun(ctx, p, req)
+	if err != nil {
+		return nil, err
+	}
+	return toAgentRun(run), nil
+}
+
+// CancelAgentRun is the resolver for the cancelAgentRun field.
+func (r *mutationResolver) CancelAgentRun(ctx context.Context, id string) (*model.AgentRun, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	run, err := r.svc.CancelAgentRun(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return toAgentRun(run), nil
+}
+
 // Sandbox is the resolver for the sandbox field.
 func (r *queryResolver) Sandbox(ctx context.Context, id string) (*model.Sandbox, error) {
 	p, err := auth.Require(ctx)
@@ -243,6 +273,32 @@ func (r *queryResolver) Snapshots(ctx context.Context, sandboxID *string, first 
 	return toSnapshots(snaps), nil
 }
 
+// AgentRun is the resolver for the agentRun field.
+func (r *queryResolver) AgentRun(ctx context.Context, id string) (*model.AgentRun, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	run, err := r.svc.GetAgentRun(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return toAgentRun(run), nil
+}
+
+// AgentRuns is the resolver for the agentRuns field.
+func (r *queryResolver) AgentRuns(ctx context.Context, sandboxID string) ([]*model.AgentRun, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := r.svc.ListAgentRuns(ctx, p, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	return toAgentRuns(runs), nil
+}
+
 // SandboxEvents is the resolver for the sandboxEvents field.
 func (r *subscriptionResolver) SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error) {
 	p, err := auth.Require(ctx)
@@ -267,6 +323,19 @@ func (r *subscriptionResolver) ExecOutput(ctx context.Context, execID string, af
 		return nil, err
 	}
 	return forwardExecOutput(ctx, in), nil
+}
+
+// AgentRunEvents is the resolver for the agentRunEvents field.
+func (r *subscriptionResolver) AgentRunEvents(ctx context.Context, runID string, after *string) (<-chan *model.AgentRunEvent, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in, err := r.svc.AgentRunEvents(ctx, p, runID, deref(after))
+	if err != nil {
+		return nil, err
+	}
+	return forwardAgentRunEvents(ctx, in), nil
 }
 
 // Mutation returns graph.MutationResolver implementation.

@@ -45,6 +45,15 @@ type Service interface {
 	// ListSnapshots lists snapshots newest first; sandboxID "" means the caller's whole project.
 	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
+	// StartAgentRun attaches a catalog agent to a running sandbox as a detached exec.
+	StartAgentRun(ctx context.Context, p auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error)
+	GetAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
+	// ListAgentRuns lists a sandbox's runs, newest first.
+	ListAgentRuns(ctx context.Context, p auth.Principal, sandboxID string) ([]sandbox.AgentRun, error)
+	// CancelAgentRun kills the agent's process tree and answers once it ended.
+	CancelAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
+	// AgentRunEvents streams a run's status and output; it closes after the final status.
+	AgentRunEvents(ctx context.Context, p auth.Principal, runID, after string) (<-chan sandbox.AgentRunEvent, error)
 }
 
 // The domain service is what production passes to NewHandler.

@@ -81,6 +81,9 @@ type Config struct {
 	Profiles       []sandbox.ProfileConfig `json:"profiles"`
 	DefaultProfile string                  `json:"default_profile"`
 	Limits         *sandbox.Limits         `json:"limits"`
+	// Agents is the agent catalog (agent runs); the default has opencode. A config file's
+	// list replaces it.
+	Agents []sandbox.AgentConfig `json:"agents"`
 
 	GraphQL struct {
 		// AllowedOrigins are WebSocket Origin patterns allowed besides the server's own host.
@@ -231,6 +234,9 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 			MilliCPU: 1000, MemoryMB: 1024, DiskMB: 10240, Network: "none",
 		}}
 	}
+	if c.Agents == nil {
+		c.Agents = DefaultAgents()
+	}
 	for i := range c.Profiles {
 		if c.Profiles[i].Rootfs == "" && c.Profiles[i].Image == "" {
 			c.Profiles[i].Rootfs = c.Rootfs
@@ -367,7 +373,7 @@ func (c *Config) sandboxConfig() sandbox.Config {
 	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
 		LockTTL: time.Duration(c.LockTTLSec) * time.Second, ExecLease: time.Duration(c.Execs.FollowLeaseSec) * time.Second,
 		MaxExecSubscriptions: c.MaxSubscriptions, KeepCheckpoints: c.Checkpoints.KeepLast,
-		SourcePrefixes: c.Sources.GCSPrefixes}
+		SourcePrefixes: c.Sources.GCSPrefixes, Agents: c.Agents}
 }
 
 func (c *Config) execOptions() execstream.Options {
@@ -385,4 +391,15 @@ func (c *Config) quotaOptions() quota.Options {
 		Lease:      time.Duration(c.Quota.LeaseSec) * time.Second,
 		RetryAfter: time.Duration(c.Quota.RetryAfterSec) * time.Second,
 	}
+}
+
+// DefaultAgents is the agent catalog when config names none: opencode, attached to a running
+// sandbox. Its command line is a plausible default; a config file's `agents` replaces it.
+func DefaultAgents() []sandbox.AgentConfig {
+	return []sandbox.AgentConfig{{
+		ID: "opencode", Description: "opencode CLI (must be in the sandbox image)",
+		Integrations: []string{sandbox.IntegrationSandbox, "harbor"}, Binary: "opencode",
+		Command: []string{"opencode", "run", "--model", "{{model}}", "--file", "{{instruction_file}}",
+			"Follow the attached instruction."},
+	}}
 }

@@ -169,3 +169,21 @@ func TestLazyGCS(t *testing.T) {
 		t.Fatal("open after Close: got nil error")
 	}
 }
+
+func TestAgentCatalogConfig(t *testing.T) {
+	c, err := load(t, "{}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Agents) != 1 || c.Agents[0].ID != "opencode" || c.Agents[0].Binary != "opencode" ||
+		c.Agents[0].Integrations[0] != "sandbox" {
+		t.Fatalf("default catalog: got %+v, want opencode attached to sandboxes", c.Agents)
+	}
+	c, err = load(t, "agents:\n  - {id: mine, integrations: [sandbox], binary: mine, command: [mine, \"{{instruction_file}}\"], timeout_sec: 60}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.sandboxConfig().Agents; len(got) != 1 || got[0].ID != "mine" || got[0].TimeoutSec != 60 || got[0].Command[1] != "{{instruction_file}}" {
+		t.Fatalf("configured catalog: got %+v, want only mine", got)
+	}
+}

@@ -1,6 +1,7 @@
-// Command sandboxd is the sandbox control plane: REST at /sandbox/sandboxes/v1, GraphQL at
-// /graphql, health at /healthz and /readyz, Prometheus metrics at /metrics. With no REDIS_URL it
-// runs an embedded Redis; its default runtime runs gVisor sandboxes on this host with runsc.
+// Command sandboxd is the sandbox control plane: REST at /sandbox/sandboxes/v1 (agent runs at
+// /sandbox/agent/v1/runs), GraphQL at /graphql, health at /healthz and /readyz, Prometheus
+// metrics at /metrics. With no REDIS_URL it runs an embedded Redis; its default runtime runs
+// gVisor sandboxes on this host with runsc.
 //
 //	sandboxd [flags]             serve (see -h)
 //	sandboxd hash-key KEY        print the sha256 of an API key, for api_keys in the config
@@ -25,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"sandboxd/internal/agentrun"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
@@ -103,6 +105,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		Events:        events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
 		Checkpoints:   checkpoint.New(objs, checkpoint.Options{}),
 		Execs:         execs,
+		AgentRuns:     agentrun.New(rdb, agentrun.Options{}),
 		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
 		Sources:       sources,
 		SourceObjects: gcsSources,
@@ -331,6 +334,9 @@ func route(path string) string {
 	case "/healthz", "/readyz", "/metrics", "/graphql", "/graphiql", rest.Prefix:
 		return path
 	}
+	if run, ok := strings.CutPrefix(path, rest.AgentPrefix+"/runs"); ok {
+		return agentRoute(run)
+	}
 	rest0, ok := strings.CutPrefix(path, rest.Prefix+"/")
 	if !ok {
 		return "other"
@@ -351,6 +357,24 @@ func route(path string) string {
 			return rest.Prefix + "/{id}/execs/{exec_id}/output"
 		}
 		return rest.Prefix + "/{id}/execs/{exec_id}"
+	}
+	return "other"
+}
+
+// agentRoute labels the agent run paths; run is what follows /sandbox/agent/v1/runs.
+func agentRoute(run string) string {
+	const runs = rest.AgentPrefix + "/runs"
+	if run == "" {
+		return runs
+	}
+	id, tail, _ := strings.Cut(strings.TrimPrefix(run, "/"), "/")
+	switch {
+	case !strings.HasPrefix(run, "/") || id == "":
+		return "other"
+	case tail == "":
+		return runs + "/{run_id}"
+	case tail == "cancel" || tail == "events":
+		return runs + "/{run_id}/" + tail
 	}
 	return "other"
 }

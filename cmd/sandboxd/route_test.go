@@ -19,6 +19,13 @@ func TestRouteLabels(t *testing.T) {
 		"/sandbox/sandboxes/v1/snapshots/snap_1/x":    "other",
 		"/sandbox/sandboxes/v1/s/nothing":             "other",
 		"/favicon.ico":                                "other",
+		"/sandbox/agent/v1/runs":                      "/sandbox/agent/v1/runs",
+		"/sandbox/agent/v1/runs/run_1":                "/sandbox/agent/v1/runs/{run_id}",
+		"/sandbox/agent/v1/runs/run_1/cancel":         "/sandbox/agent/v1/runs/{run_id}/cancel",
+		"/sandbox/agent/v1/runs/run_1/events":         "/sandbox/agent/v1/runs/{run_id}/events",
+		"/sandbox/agent/v1/runs/run_1/x":              "other",
+		"/sandbox/agent/v1/runsx":                     "other",
+		"/sandbox/agent/v1/other":                     "other",
 	} {
 		if got := route(path); got != want {
 			t.Errorf("route(%q) = %q, want %q", path, got, want)

@@ -10,6 +10,54 @@ import (
 	"time"
 )
 
+// A catalog agent running (or having run) inside a sandbox.
+type AgentRun struct {
+	// The run id (run_…).
+	ID string `json:"id"`
+	// The sandbox the agent runs in.
+	SandboxID string `json:"sandboxId"`
+	// The catalog agent.
+	AgentID string `json:"agentId"`
+	// The model the agent was given; null when none.
+	Model *string `json:"model,omitempty"`
+	// Where the run is.
+	Status AgentRunStatus `json:"status"`
+	// Why the run FAILED, or how it ended otherwise; null when there is nothing to say.
+	Reason *string `json:"reason,omitempty"`
+	// The exec the agent runs as (follow it with execOutput, or this run with agentRunEvents); null when the agent never started.
+	ExecID *string `json:"execId,omitempty"`
+	// The agent's exit code; null until the run is final, and when the agent never started.
+	ExitCode *int `json:"exitCode,omitempty"`
+	// The signal that ended the agent (e.g. "SIGKILL"); null when it exited or has not ended.
+	Signal *string `json:"signal,omitempty"`
+	// The run's folder in the workspace: instruction.md and config.json.
+	RunDir string `json:"runDir"`
+	// When the run was requested.
+	CreatedAt time.Time `json:"createdAt"`
+	// When the agent started; null while QUEUED and when it never started.
+	StartedAt *time.Time `json:"startedAt,omitempty"`
+	// When the run became final; null before.
+	EndedAt *time.Time `json:"endedAt,omitempty"`
+}
+
+// One event of an agent run's stream (agentRunEvents).
+type AgentRunEvent struct {
+	// The position in the agent's output after this event; pass the last one seen as after to resume.
+	Cursor string `json:"cursor"`
+	// What the event carries.
+	Kind AgentRunEventKind `json:"kind"`
+	// The run; null unless kind is STATUS.
+	Run *AgentRun `json:"run,omitempty"`
+	// The stream the output was written to; null unless kind is CHUNK.
+	Stream *ExecOutputStream `json:"stream,omitempty"`
+	// The output as UTF-8 text; null unless kind is CHUNK, and null when the chunk is not valid UTF-8 (dataBase64 has the exact bytes).
+	Data *string `json:"data,omitempty"`
+	// The output, base64-encoded (standard alphabet, padded); null unless kind is CHUNK.
+	DataBase64 *string `json:"dataBase64,omitempty"`
+	// How many bytes were dropped before this event; null unless kind is TRUNCATED.
+	MissedBytes *int64 `json:"missedBytes,omitempty"`
+}
+
 // What createSandbox creates.
 type CreateSandboxInput struct {
 	// The profile to create from; null means the default profile (see profiles).
@@ -323,9 +371,156 @@ type Snapshot struct {
 	ParentSnapshotID *string `json:"parentSnapshotId,omitempty"`
 }
 
+// What startAgentRun starts: the body of POST /sandbox/agent/v1/runs.
+type StartAgentRunInput struct {
+	// The catalog agent (e.g. "opencode"); it must have integration: sandbox.
+	AgentID string `json:"agentId"`
+	// The model the agent uses (e.g. "wandb/moonshotai/Kimi-K2.5"); required when the agent's command line names it.
+	Model *string `json:"model,omitempty"`
+	// What the agent is to do; uploaded as instruction.md into the run's folder (at most 256 KiB by default).
+	Instruction string `json:"instruction"`
+	// The running sandbox to attach to.
+	SandboxID string `json:"sandboxId"`
+	// Independent attempts; more than 1 is refused with a sandbox (use Harbor). Null means 1.
+	PassAtK *int `json:"passAtK,omitempty"`
+	// The agent's config, uploaded as config.json into the run's folder (at most 64 KiB by default); null means {}.
+	Config map[string]any `json:"config,omitempty"`
+}
+
 // Live streams. Use WebSocket (graphql-transport-ws or graphql-ws) or SSE (POST with
 // Accept: text/event-stream); a plain POST of a subscription is refused.
 type Subscription struct {
+}
+
+// What an AgentRunEvent carries.
+type AgentRunEventKind string
+
+const (
+	// The run's status: the first event, and the last once the run is final.
+	AgentRunEventKindStatus AgentRunEventKind = "STATUS"
+	// Agent output: stream, data and dataBase64.
+	AgentRunEventKindChunk AgentRunEventKind = "CHUNK"
+	// The bounded output stream no longer holds the output before this event: missedBytes were dropped.
+	AgentRunEventKindTruncated AgentRunEventKind = "TRUNCATED"
+)
+
+var AllAgentRunEventKind = []AgentRunEventKind{
+	AgentRunEventKindStatus,
+	AgentRunEventKindChunk,
+	AgentRunEventKindTruncated,
+}
+
+func (e AgentRunEventKind) IsValid() bool {
+	switch e {
+	case AgentRunEventKindStatus, AgentRunEventKindChunk, AgentRunEventKindTruncated:
+		return true
+	}
+	return false
+}
+
+func (e AgentRunEventKind) String() string {
+	return string(e)
+}
+
+func (e *AgentRunEventKind) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = AgentRunEventKind(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid AgentRunEventKind", str)
+	}
+	return nil
+}
+
+func (e AgentRunEventKind) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *AgentRunEventKind) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e AgentRunEventKind) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// Where an agent run is: QUEUED → RUNNING → SUCCEEDED | FAILED | CANCELLED | TIMED_OUT.
+type AgentRunStatus string
+
+const (
+	// Accepted; the instruction is being uploaded and the agent started.
+	AgentRunStatusQueued AgentRunStatus = "QUEUED"
+	// The agent runs.
+	AgentRunStatusRunning AgentRunStatus = "RUNNING"
+	// The agent exited with code 0.
+	AgentRunStatusSucceeded AgentRunStatus = "SUCCEEDED"
+	// The agent exited with another code or was killed, its binary is not in the image, or it could not be started or followed (reason says which).
+	AgentRunStatusFailed AgentRunStatus = "FAILED"
+	// cancelAgentRun ended it.
+	AgentRunStatusCancelled AgentRunStatus = "CANCELLED"
+	// It ran past the agent's timeout and was killed.
+	AgentRunStatusTimedOut AgentRunStatus = "TIMED_OUT"
+)
+
+var AllAgentRunStatus = []AgentRunStatus{
+	AgentRunStatusQueued,
+	AgentRunStatusRunning,
+	AgentRunStatusSucceeded,
+	AgentRunStatusFailed,
+	AgentRunStatusCancelled,
+	AgentRunStatusTimedOut,
+}
+
+func (e AgentRunStatus) IsValid() bool {
+	switch e {
+	case AgentRunStatusQueued, AgentRunStatusRunning, AgentRunStatusSucceeded, AgentRunStatusFailed, AgentRunStatusCancelled, AgentRunStatusTimedOut:
+		return true
+	}
+	return false
+}
+
+func (e AgentRunStatus) String() string {
+	return string(e)
+}
+
+func (e *AgentRunStatus) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = AgentRunStatus(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid AgentRunStatus", str)
+	}
+	return nil
+}
+
+func (e AgentRunStatus) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *AgentRunStatus) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e AgentRunStatus) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }
 
 // What an ExecOutputEvent carries.

@@ -42,6 +42,14 @@ type fakeService struct {
 	snapshots   []sandbox.SnapshotInfo
 	snapshotErr error
 
+	// runs answer the agent run calls, by id; runErr fails them; runEvents is what
+	// AgentRunEvents sends. runReqs and runAfters record StartAgentRun and AgentRunEvents.
+	runs      map[string]sandbox.AgentRun
+	runErr    error
+	runEvents []sandbox.AgentRunEvent
+	runReqs   []sandbox.AgentRunRequest
+	runAfters []string
+
 	// Recorded calls.
 	createReqs []sandbox.CreateRequest
 	// snapshotCalls are "Snapshot sbx_1", "ListSnapshots sbx_1 10", "DeleteSnapshot snap_1".
@@ -56,6 +64,7 @@ type fakeService struct {
 
 func newFake() *fakeService {
 	return &fakeService{execs: map[string]sandbox.ExecResult{}, events: map[string][]sandbox.ExecEvent{},
+		runs:       map[string]sandbox.AgentRun{},
 		subscribed: make(chan struct{}, 100)}
 }
 

@@ -1,6 +1,6 @@
-// Package rest serves the documented REST paths (/sandbox/sandboxes/v1…) over the domain
-// service. Handlers are thin: authenticate, decode and bound the request, call internal/sandbox,
-// encode the answer. Errors are {"error":{"code","message",…}} with the status of their code.
+// Package rest serves the documented REST paths (/sandbox/sandboxes/v1…, and agent runs at
+// /sandbox/agent/v1/runs) over the domain service. Handlers are thin: authenticate, decode and
+// bound the request, call internal/sandbox, encode the answer. Errors are {"error":{"code","message",…}} with the status of their code.
 // An exec's output also streams as Server-Sent Events (exec.go, sse.go).
 package rest
 
@@ -44,6 +44,11 @@ type Service interface {
 	// ListSnapshots lists one sandbox's snapshots, or the project's when sandboxID is "".
 	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
+	StartAgentRun(ctx context.Context, p auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error)
+	GetAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
+	ListAgentRuns(ctx context.Context, p auth.Principal, sandboxID string) ([]sandbox.AgentRun, error)
+	CancelAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
+	AgentRunEvents(ctx context.Context, p auth.Principal, runID, after string) (<-chan sandbox.AgentRunEvent, error)
 	Limits() sandbox.Limits
 }
 
@@ -92,6 +97,12 @@ func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-ch
 	h.mux.HandleFunc("POST "+Prefix+"/{id}/snapshots", h.snapshot)
 	h.mux.HandleFunc("GET "+Prefix+"/{id}/snapshots", h.listSnapshots)
 	h.mux.HandleFunc(Prefix+"/", h.notFound)
+	h.mux.HandleFunc("POST "+AgentPrefix+"/runs", h.startAgentRun)
+	h.mux.HandleFunc("GET "+AgentPrefix+"/runs", h.listAgentRuns)
+	h.mux.HandleFunc("GET "+AgentPrefix+"/runs/{run_id}", h.getAgentRun)
+	h.mux.HandleFunc("POST "+AgentPrefix+"/runs/{run_id}/cancel", h.cancelAgentRun)
+	h.mux.HandleFunc("GET "+AgentPrefix+"/runs/{run_id}/events", h.agentRunEvents)
+	h.mux.HandleFunc(AgentPrefix+"/", h.notFound)
 	return h
 }
 

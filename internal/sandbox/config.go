@@ -53,6 +53,11 @@ type Limits struct {
 	MaxListEntries int `json:"max_list_entries"`
 	// MaxPageSize bounds one page of a sandbox listing.
 	MaxPageSize int `json:"max_page_size"`
+
+	// AgentMaxInstructionBytes and AgentMaxConfigBytes bound an agent run's instruction and
+	// its agent config (JSON); beyond them a start answers PAYLOAD_TOO_LARGE.
+	AgentMaxInstructionBytes int `json:"agent_max_instruction_bytes"`
+	AgentMaxConfigBytes      int `json:"agent_max_config_bytes"`
 }
 
 // DefaultLimits are the limits when config says nothing.
@@ -64,6 +69,7 @@ func DefaultLimits() Limits {
 		ExecMaxOutputBytes: 1 << 20, ExecMaxArgs: 4096, ExecMaxCommandBytes: 256 << 10,
 		ExecMaxStdinBytes: 4 << 20, ExecMaxEnv: 256,
 		MaxFileBytes: 100 << 20, MaxPathBytes: 4096, MaxListEntries: 10000, MaxPageSize: 500,
+		AgentMaxInstructionBytes: 256 << 10, AgentMaxConfigBytes: 64 << 10,
 	}
 }
 
@@ -87,6 +93,8 @@ type Config struct {
 	// SourcePrefixes are the GCS prefixes ("gs://bucket/prefix/") each "tenant:project" may
 	// create sandboxes from (source.gcs_prefix); a project not named here may use none.
 	SourcePrefixes map[string][]string `json:"-"`
+	// Agents is the agent catalog: the agents a run may start (agent.go).
+	Agents []AgentConfig `json:"agents"`
 }
 
 func (c *Config) validate() error {
@@ -133,6 +141,15 @@ func (c *Config) validate() error {
 	}
 	if c.KeepCheckpoints < 0 {
 		return fmt.Errorf("sandbox config: keep checkpoints must be at least 1, got %d", c.KeepCheckpoints)
+	}
+	if l.AgentMaxInstructionBytes <= 0 {
+		l.AgentMaxInstructionBytes = DefaultLimits().AgentMaxInstructionBytes
+	}
+	if l.AgentMaxConfigBytes <= 0 {
+		l.AgentMaxConfigBytes = DefaultLimits().AgentMaxConfigBytes
+	}
+	if err := validateAgents(c.Agents, l); err != nil {
+		return err
 	}
 	if c.KeepCheckpoints == 0 {
 		c.KeepCheckpoints = 10

@@ -20,6 +20,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"sandboxd/guest"
+	"sandboxd/internal/agentrun"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
@@ -39,6 +40,8 @@ type Deps struct {
 	Checkpoints *checkpoint.Store
 	// Execs keeps exec output streams and status.
 	Execs *execstream.Store
+	// AgentRuns keeps agent run records (nil: agent runs answer UNAVAILABLE).
+	AgentRuns *agentrun.Store
 	// ReplicaToken names this replica as an exec follower (a fresh random one when empty).
 	ReplicaToken string
 	// Quota holds the concurrency slots; nil means no limits.
@@ -74,7 +77,10 @@ type Service struct {
 	progressEvery time.Duration
 
 	execs *execstream.Store
-	token string
+	runs  *agentrun.Store
+	// agents is the catalog by id.
+	agents map[string]AgentConfig
+	token  string
 	// bg lives as long as the service: exec followers run on it, not on a request.
 	bg        context.Context
 	cancel    context.CancelFunc
@@ -99,7 +105,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
 		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, sources: d.Sources, objects: d.SourceObjects,
 		metrics: d.Metrics, log: d.Logger, now: d.Now, progressEvery: defaultProgressEvery,
-		execs: d.Execs, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{}}
+		execs: d.Execs, runs: d.AgentRuns, agents: map[string]AgentConfig{}, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{}}
 	if s.sources == nil {
 		f, err := source.New(source.Options{})
 		if err != nil {
@@ -125,6 +131,9 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	for _, p := range cfg.Profiles {
 		s.profiles[p.Name] = p
+	}
+	for _, a := range cfg.Agents {
+		s.agents[a.ID] = a
 	}
 	return s, nil
 }
