@@ -346,6 +346,14 @@ func (s *Service) StartAgentRun(ctx context.Context, p auth.Principal, req Agent
 	if err := runs.SetExec(context.WithoutCancel(ctx), r.ID, ex.ExecID, ex.StartedAt); err != nil {
 		s.log.Warn("recording an agent run's exec failed", "run", r.ID, "exec", ex.ExecID, "err", err)
 	}
+	// A cancel that set its flag after the check above saw no exec to kill: the start writes
+	// the exec and then reads the flag, the cancel writes the flag and then reads the exec, so
+	// one of the two always kills it.
+	if cur, err := runs.Get(context.WithoutCancel(ctx), r.ID); err == nil && cur.Cancelled {
+		if err := s.CancelExec(context.WithoutCancel(ctx), p, rec.ID, ex.ExecID); err != nil {
+			s.log.Warn("killing a run cancelled while it started failed", "run", r.ID, "exec", ex.ExecID, "err", err)
+		}
+	}
 	s.log.Info("agent run started", "run", r.ID, "sandbox", rec.ID, "agent", agent.ID, "exec", ex.ExecID)
 	return s.GetAgentRun(context.WithoutCancel(ctx), p, r.ID)
 }
@@ -510,6 +518,10 @@ func (s *Service) CancelAgentRun(ctx context.Context, p auth.Principal, runID st
 	}
 	if err := s.runs.Cancel(ctx, runID); err != nil {
 		return AgentRun{}, apierror.Wrap(err, apierror.Unavailable, "could not cancel the agent run; retry").WithRetryAfter(time.Second)
+	}
+	// The exec may have been recorded since r was read (see StartAgentRun).
+	if cur, err := s.runs.Get(ctx, runID); err == nil {
+		r.ExecID = cur.ExecID
 	}
 	if r.ExecID != "" {
 		if err := s.CancelExec(ctx, p, r.Sandbox, r.ExecID); err != nil {
