@@ -12,11 +12,12 @@ import (
 
 // testAgents is the catalog of the agent tests: "tester" is a shell script that reads its
 // instruction and config (paths relative to the workspace, where it runs: the fake driver's
-// guest runs on the host) and writes a file into the workspace.
+// guest runs on the host) and writes a file into the workspace, then lingers a second so that
+// the start's answer reliably sees it RUNNING.
 func testAgents() []AgentConfig {
 	return []AgentConfig{
 		{ID: "tester", Integrations: []string{"sandbox", "harbor"}, Binary: "sh", Command: []string{"sh", "-c",
-			`d=".agent-runs/$AGENT_RUN_ID"; echo "model $1"; cp "$d/instruction.md" result.txt; cat "$d/config.json" > config-seen.json; exit "${AGENT_EXIT:-0}"`,
+			`d=".agent-runs/$AGENT_RUN_ID"; echo "model $1"; cp "$d/instruction.md" result.txt; cat "$d/config.json" > config-seen.json; sleep 1; exit "${AGENT_EXIT:-0}"`,
 			"agent", "{{model}}"}},
 		{ID: "failing", Integrations: []string{"sandbox"}, Binary: "sh", Command: []string{"sh", "-c", "echo broken >&2; exit 3"}},
 		{ID: "sleeper", Integrations: []string{"sandbox"}, Binary: "sh", Command: []string{"sh", "-c", "sleep 300 & sleep 300; wait"}},
