@@ -239,9 +239,9 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr 
 		}
 		switch rec.Kind {
 		case RecordStdout:
-			res.Stdout, res.StdoutTruncated = appendCapped(res.Stdout, rec.Data, maxStdout, res.StdoutTruncated)
+			res.Stdout, res.StdoutTruncated = AppendCapped(res.Stdout, rec.Data, maxStdout, res.StdoutTruncated)
 		case RecordStderr:
-			res.Stderr, res.StderrTruncated = appendCapped(res.Stderr, rec.Data, maxStderr, res.StderrTruncated)
+			res.Stderr, res.StderrTruncated = AppendCapped(res.Stderr, rec.Data, maxStderr, res.StderrTruncated)
 		case RecordExit:
 			res.Exit, err = rec.ExitStatus()
 			return res, err
@@ -249,7 +249,9 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr 
 	}
 }
 
-func appendCapped(buf, data []byte, limit int, truncated bool) ([]byte, bool) {
+// AppendCapped appends data to buf while buf stays within limit bytes (limit <= 0: no cap)
+// and reports whether anything was cut, now or before (truncated).
+func AppendCapped(buf, data []byte, limit int, truncated bool) ([]byte, bool) {
 	if limit <= 0 {
 		return append(buf, data...), truncated
 	}

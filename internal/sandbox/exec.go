@@ -5,10 +5,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
-	"strings"
 	"time"
-
-	"github.com/oklog/ulid/v2"
 
 	"sandboxd/guest"
 	"sandboxd/internal/apierror"
@@ -116,9 +113,9 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 				res.StdoutTruncated, res.StderrTruncated = true, true
 			case execstream.EventChunk:
 				if ev.Stream == execstream.Stderr {
-					res.Stderr, res.StderrTruncated = capAppend(res.Stderr, ev.Data, limit, res.StderrTruncated)
+					res.Stderr, res.StderrTruncated = guest.AppendCapped(res.Stderr, ev.Data, limit, res.StderrTruncated)
 				} else {
-					res.Stdout, res.StdoutTruncated = capAppend(res.Stdout, ev.Data, limit, res.StdoutTruncated)
+					res.Stdout, res.StdoutTruncated = guest.AppendCapped(res.Stdout, ev.Data, limit, res.StdoutTruncated)
 				}
 			}
 			after = ev.Cursor
@@ -129,14 +126,6 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 		}
 	}
 	return res, nil
-}
-
-func capAppend(buf, data []byte, limit int, truncated bool) ([]byte, bool) {
-	room := limit - len(buf)
-	if len(data) > room {
-		return append(buf, data[:max(room, 0)]...), true
-	}
-	return append(buf, data...), truncated
 }
 
 // ExecOutput replays an exec's output after the cursor after ("" = from the start) and then
@@ -203,7 +192,7 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 // loadExec reads an exec's status and checks that it belongs to the caller's project (and to
 // sandboxID when given): another tenant's exec does not exist.
 func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, execID string) (execstream.Meta, error) {
-	if !validExecID(execID) {
+	if !validPrefixedID(execID, execPrefix) {
 		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", truncate(execID, 64))
 	}
 	m, err := s.execs.Get(ctx, execID)
@@ -222,14 +211,6 @@ func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, exe
 }
 
 const execPrefix = "exec_"
-
-func validExecID(id string) bool {
-	if len(id) != len(execPrefix)+26 || !strings.HasPrefix(id, execPrefix) {
-		return false
-	}
-	_, err := ulid.ParseStrict(id[len(execPrefix):])
-	return err == nil
-}
 
 func execResultOf(m execstream.Meta) ExecResult {
 	r := ExecResult{ExecID: m.ID, SandboxID: m.Sandbox, Command: m.Argv, State: ExecRunning,
@@ -303,11 +284,7 @@ func (f *follower) start(lr *guest.LogReader) {
 	f.s.followers.Add(1)
 	go func() {
 		defer f.s.followers.Done()
-		defer func() {
-			f.s.followMu.Lock()
-			delete(f.s.following, f.meta.ID)
-			f.s.followMu.Unlock()
-		}()
+		defer f.forget()
 		f.follow(lr)
 	}()
 }
@@ -320,6 +297,11 @@ func (f *follower) finishUnstarted(cause error) {
 		msg = coded.Message
 	}
 	f.finish(&execstream.Exit{ExitCode: -1, Error: "the command did not start: " + msg})
+	f.forget()
+}
+
+// forget takes the exec off this replica's list of execs it follows.
+func (f *follower) forget() {
 	f.s.followMu.Lock()
 	delete(f.s.following, f.meta.ID)
 	f.s.followMu.Unlock()
@@ -477,9 +459,9 @@ func (f *follower) collect(rec guest.Record) {
 	}
 	switch rec.Kind {
 	case guest.RecordStdout:
-		c.stdout, c.stdoutCut = capAppend(c.stdout, rec.Data, c.limit, c.stdoutCut)
+		c.stdout, c.stdoutCut = guest.AppendCapped(c.stdout, rec.Data, c.limit, c.stdoutCut)
 	case guest.RecordStderr:
-		c.stderr, c.stderrCut = capAppend(c.stderr, rec.Data, c.limit, c.stderrCut)
+		c.stderr, c.stderrCut = guest.AppendCapped(c.stderr, rec.Data, c.limit, c.stderrCut)
 	}
 }
 

@@ -181,11 +181,14 @@ func newID(prefix string) string { return prefix + ulid.Make().String() }
 
 // validID reports whether id has the shape of a sandbox id, so that junk never reaches Redis or
 // the runtime.
-func validID(id string) bool {
-	if len(id) != len(idPrefix)+26 || !strings.HasPrefix(id, idPrefix) {
+func validID(id string) bool { return validPrefixedID(id, idPrefix) }
+
+// validPrefixedID reports whether id is prefix followed by a ULID (sandbox and exec ids).
+func validPrefixedID(id, prefix string) bool {
+	if len(id) != len(prefix)+26 || !strings.HasPrefix(id, prefix) {
 		return false
 	}
-	_, err := ulid.ParseStrict(id[len(idPrefix):])
+	_, err := ulid.ParseStrict(id[len(prefix):])
 	return err == nil
 }
 
