@@ -221,22 +221,7 @@ func TestCorruptCheckpointFailsStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := e.ckpt.Get(ctx, checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}, stopped.LatestSnapshotID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path, err := e.objs.Path(m.Object)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data[len(data)/2] ^= 0xff
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	corruptCheckpointData(t, e, checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}, stopped.LatestSnapshotID)
 	if err := os.RemoveAll(e.fake.Workspace(sb.ID)); err != nil {
 		t.Fatal(err)
 	}
@@ -253,6 +238,28 @@ func TestCorruptCheckpointFailsStart(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.fake.Workspace(sb.ID), "blob")); err == nil {
 		t.Fatal("the corrupt checkpoint's blob was extracted into the workspace")
+	}
+}
+
+// corruptCheckpointData flips a byte in the middle of a checkpoint's data object, so that its
+// hash no longer matches its manifest.
+func corruptCheckpointData(t *testing.T, e *env, sc checkpoint.Scope, snapID string) {
+	t.Helper()
+	m, err := e.ckpt.Get(context.Background(), sc, snapID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, err := e.objs.Path(m.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -328,22 +328,7 @@ func TestCreateFromCorruptSnapshot(t *testing.T) {
 	if _, err := e.svc.Destroy(ctx, alice, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	m, err := e.ckpt.Get(ctx, checkpoint.Scope{Tenant: alice.Tenant, Project: alice.Project, Sandbox: sb.ID}, snap.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path, err := e.objs.Path(m.Object)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data[len(data)/2] ^= 0xff
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	corruptCheckpointData(t, e, checkpoint.Scope{Tenant: alice.Tenant, Project: alice.Project, Sandbox: sb.ID}, snap.ID)
 	_, err = e.svc.Create(ctx, alice, CreateRequest{Source: &Source{SnapshotID: snap.ID}})
 	if msg := apierror.From(err).Message; err == nil || !strings.Contains(msg, snap.ID) || !strings.Contains(msg, "corrupt") {
 		t.Fatalf("create from a corrupt snapshot: got %v, want an error naming %s as corrupt", err, snap.ID)
