@@ -14,10 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"cloud.google.com/go/storage"
-	"github.com/fsouza/fake-gcs-server/fakestorage"
-	"google.golang.org/api/option"
-
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/source"
 	"sandboxd/internal/source/sourcetest"
@@ -342,26 +338,7 @@ func TestRedactURL(t *testing.T) {
 // returns a lister over it.
 func fakeGCS(t *testing.T, objs map[string]string) source.ObjectLister {
 	t.Helper()
-	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{
-		Scheme: "http", Host: "127.0.0.1", Port: 0,
-		PublicHost: "127.0.0.1", // without it, reads get 404
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: "src-bucket"})
-	for name, body := range objs {
-		srv.CreateObject(fakestorage.Object{
-			ObjectAttrs: fakestorage.ObjectAttrs{BucketName: "src-bucket", Name: name},
-			Content:     []byte(body),
-		})
-	}
-	client, err := storage.NewClient(t.Context(), option.WithEndpoint(srv.URL()+"/storage/v1/"), option.WithoutAuthentication())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() }) // before srv.Stop
+	_, client := sourcetest.FakeGCS(t, "src-bucket", objs)
 	l, err := source.NewGCSLister(t.Context(), client)
 	if err != nil {
 		t.Fatal(err)

@@ -13,38 +13,15 @@ import (
 
 	"cloud.google.com/go/storage"
 	"github.com/fsouza/fake-gcs-server/fakestorage"
-	"google.golang.org/api/option"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/source"
+	"sandboxd/internal/source/sourcetest"
 )
 
-// fakeGCS starts fake-gcs-server in process on loopback, with objects, and returns it with a
-// client for it; both are closed when t ends.
+// fakeGCS starts fake-gcs-server with objs in bucket src-bucket.
 func fakeGCS(t *testing.T, objs map[string]string) (*fakestorage.Server, *storage.Client) {
-	t.Helper()
-	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{
-		Scheme: "http", Host: "127.0.0.1", Port: 0,
-		PublicHost: "127.0.0.1", // without it, reads get 404
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: "src-bucket"})
-	for name, body := range objs {
-		srv.CreateObject(fakestorage.Object{
-			ObjectAttrs: fakestorage.ObjectAttrs{BucketName: "src-bucket", Name: name},
-			Content:     []byte(body),
-		})
-	}
-	client, err := storage.NewClient(t.Context(),
-		option.WithEndpoint(srv.URL()+"/storage/v1/"), option.WithoutAuthentication())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() }) // before srv.Stop
-	return srv, client
+	return sourcetest.FakeGCS(t, "src-bucket", objs)
 }
 
 var gcsObjects = map[string]string{

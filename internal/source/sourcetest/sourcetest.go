@@ -1,5 +1,6 @@
-// Package sourcetest builds archives and serves them over HTTPS on loopback, for tests of
-// code that creates sandboxes from bootstrap sources (internal/sandbox, the end-to-end tests).
+// Package sourcetest builds archives, serves them over HTTPS on loopback and starts
+// fake-gcs-server, for tests of bootstrap sources (internal/source, internal/sandbox, the
+// end-to-end tests).
 // It is test support only: nothing else imports it.
 package sourcetest
 
@@ -21,7 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/storage"
+	"github.com/fsouza/fake-gcs-server/fakestorage"
 	"github.com/klauspost/compress/zstd"
+	"google.golang.org/api/option"
 )
 
 // Mtime is every entry's modification time.
@@ -241,4 +245,32 @@ func (s *Server) WriteCA(t testing.TB, dir string) string {
 		t.Fatal(err)
 	}
 	return f.Name()
+}
+
+// FakeGCS starts fake-gcs-server in process on loopback with objs (name → content) in
+// bucket, and returns it with a client for it; both are closed when t ends.
+func FakeGCS(t testing.TB, bucket string, objs map[string]string) (*fakestorage.Server, *storage.Client) {
+	t.Helper()
+	srv, err := fakestorage.NewServerWithOptions(fakestorage.Options{
+		Scheme: "http", Host: "127.0.0.1", Port: 0,
+		PublicHost: "127.0.0.1", // without it, reads get 404
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	srv.CreateBucketWithOpts(fakestorage.CreateBucketOpts{Name: bucket})
+	for name, body := range objs {
+		srv.CreateObject(fakestorage.Object{
+			ObjectAttrs: fakestorage.ObjectAttrs{BucketName: bucket, Name: name},
+			Content:     []byte(body),
+		})
+	}
+	client, err := storage.NewClient(t.Context(),
+		option.WithEndpoint(srv.URL()+"/storage/v1/"), option.WithoutAuthentication())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() }) // before srv.Stop
+	return srv, client
 }
