@@ -20,6 +20,12 @@ var (
 	ErrNotRunning = errors.New("runtime: box is not running")
 )
 
+// StartError means a box's compute cannot run as specified: its pod cannot be scheduled, its
+// image cannot run, its container ended at once. Reason is meant for the sandbox's owner.
+type StartError struct{ Reason string }
+
+func (e *StartError) Error() string { return "runtime: the sandbox cannot run: " + e.Reason }
+
 // Phase is what the driver observes of a box's compute, independent of the domain's lifecycle state.
 type Phase string
 

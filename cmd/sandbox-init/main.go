@@ -5,6 +5,9 @@
 //	sandbox-init connect   bridge stdin/stdout to the socket (what `runsc exec <id> /.sbx/init
 //	                       connect` runs: the host speaks HTTP/2 over that stdio)
 //	sandbox-init version   print the version
+//	sandbox-init install DEST
+//	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
+//	                       init container runs to put the init into the pod's shared folder
 //
 // Environment overrides (for tests and for running the server on a host):
 //
@@ -49,10 +52,50 @@ func main() {
 		os.Exit(connect())
 	case "version", "-version", "--version":
 		fmt.Println(guest.Version)
+	case "install":
+		if len(os.Args) != 3 {
+			fmt.Fprintf(os.Stderr, "usage: %s install DEST\n", filepath.Base(os.Args[0]))
+			os.Exit(2)
+		}
+		if err := install(os.Args[2]); err != nil {
+			fmt.Fprintf(os.Stderr, "sandbox-init install: %v\n", err)
+			os.Exit(1)
+		}
 	default:
-		fmt.Fprintf(os.Stderr, "usage: %s [serve|connect|version]\n", filepath.Base(os.Args[0]))
+		fmt.Fprintf(os.Stderr, "usage: %s [serve|connect|version|install DEST]\n", filepath.Base(os.Args[0]))
 		os.Exit(2)
 	}
+}
+
+// install copies the running binary to dest (mode 0755) through a temporary file in dest's
+// folder, so a reader never sees half a binary.
+func install(dest string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	src, err := os.Open(self)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dest), ".install-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, src); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dest)
 }
 
 func env(key, def string) string {

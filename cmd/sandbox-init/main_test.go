@@ -296,3 +296,36 @@ func TestConnectGivesUp(t *testing.T) {
 		t.Errorf("connect gave up after %v, want about 10s", d)
 	}
 }
+
+func TestInstallCopiesItself(t *testing.T) {
+	bin := buildInit(t)
+	dest := filepath.Join(t.TempDir(), "init")
+	if out, err := exec.Command(bin, "install", dest).CombinedOutput(); err != nil {
+		t.Fatalf("install: %v (%s)", err, out)
+	}
+	want, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("installed %d bytes, want the binary's %d", len(got), len(want))
+	}
+	if st, err := os.Stat(dest); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("installed mode %v (%v), want 0755", st.Mode(), err)
+	}
+	out, err := exec.Command(dest, "version").Output()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		t.Errorf("installed binary's version: %q, %v", out, err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(dest))
+	if len(entries) != 1 {
+		t.Errorf("install left %d entries in the folder, want only the binary", len(entries))
+	}
+	if err := exec.Command(bin, "install").Run(); err == nil {
+		t.Errorf("install without DEST succeeded, want a usage error")
+	}
+}

@@ -21,6 +21,27 @@ import (
 	"sandboxd/internal/source"
 )
 
+// KubeConfig configures the kube runtime (runtime/kube).
+type KubeConfig struct {
+	// Kubeconfig is a kubeconfig file; empty means in-cluster (the pod's service account).
+	// Env SANDBOXD_KUBECONFIG, then KUBECONFIG.
+	Kubeconfig string `json:"kubeconfig"`
+	// Namespace holds the sandboxes' pods and PVCs (default sandbox-jobs).
+	Namespace string `json:"namespace"`
+	// InitImage is the image holding the static guest init at /sandbox-init (its init
+	// container copies it into each pod). Env SANDBOXD_INIT_IMAGE.
+	InitImage string `json:"init_image"`
+	// StorageClass is the workspace PVCs' storage class; empty takes the cluster's default.
+	StorageClass string `json:"storage_class"`
+	// RuntimeClass is the pods' runtimeClassName (default gvisor).
+	RuntimeClass string `json:"runtime_class"`
+	// ReadyTimeoutSec bounds a create's or start's wait for its pod (default 120).
+	ReadyTimeoutSec int `json:"ready_timeout_sec"`
+	// UnschedulableTimeoutSec is how long a pod may stay unschedulable before a create or
+	// start fails with the scheduler's reason (default 30).
+	UnschedulableTimeoutSec int `json:"unschedulable_timeout_sec"`
+}
+
 // Config is sandboxd's configuration. Precedence: flags > environment > config file > defaults.
 type Config struct {
 	// Listen is the HTTP address (default 127.0.0.1:8780). Env SANDBOXD_LISTEN.
@@ -64,6 +85,14 @@ type Config struct {
 		MaxFiles         int   `json:"max_files"`
 		MaxTotalBytes    int64 `json:"max_total_bytes"`
 	} `json:"sources"`
+	// Runtime chooses the runtime driver: "gvisor" (runsc on this host, the default) or "kube"
+	// (a gVisor pod and a PVC per sandbox in a Kubernetes namespace). Env SANDBOXD_RUNTIME.
+	Runtime string `json:"runtime"`
+	// Kube configures the kube runtime.
+	Kube KubeConfig `json:"kube"`
+	// Image is the container image of the default profile when the profile names none (kube
+	// runtime). Env SANDBOXD_IMAGE.
+	Image string `json:"image"`
 	// Runsc is the runsc binary. Env SANDBOXD_RUNSC.
 	Runsc string `json:"runsc"`
 	// InitBinary is the static sandbox-init binary mounted into every sandbox. Env SANDBOXD_INIT.
@@ -184,6 +213,9 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 	runsc := fs.String("runsc", "", "runsc binary; env SANDBOXD_RUNSC")
 	initBin := fs.String("init-binary", "", "static sandbox-init binary; env SANDBOXD_INIT")
 	rootfs := fs.String("rootfs", "", "base rootfs of the default profile; env SANDBOXD_ROOTFS")
+	runtimeName := fs.String("runtime", "", "runtime driver: gvisor (default) or kube; env SANDBOXD_RUNTIME")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the kube runtime (empty: in-cluster); env SANDBOXD_KUBECONFIG or KUBECONFIG")
+	image := fs.String("image", "", "container image of the default profile (kube runtime); env SANDBOXD_IMAGE")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
@@ -216,6 +248,13 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 	pick(&c.Runsc, *runsc, "SANDBOXD_RUNSC")
 	pick(&c.InitBinary, *initBin, "SANDBOXD_INIT")
 	pick(&c.Rootfs, *rootfs, "SANDBOXD_ROOTFS")
+	pick(&c.Runtime, *runtimeName, "SANDBOXD_RUNTIME")
+	pick(&c.Image, *image, "SANDBOXD_IMAGE")
+	pick(&c.Kube.InitImage, "", "SANDBOXD_INIT_IMAGE")
+	if c.Kube.Kubeconfig == "" {
+		pick(&c.Kube.Kubeconfig, "", "KUBECONFIG")
+	}
+	pick(&c.Kube.Kubeconfig, *kubeconfig, "SANDBOXD_KUBECONFIG")
 	pick(&c.LogLevel, *logLevel, "SANDBOXD_LOG_LEVEL")
 	c.devKey = getenv("SANDBOX_API_KEY")
 	if v := getenv("SANDBOX_CONCURRENCY_LIMIT"); v != "" {
@@ -239,7 +278,7 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 	}
 	for i := range c.Profiles {
 		if c.Profiles[i].Rootfs == "" && c.Profiles[i].Image == "" {
-			c.Profiles[i].Rootfs = c.Rootfs
+			c.Profiles[i].Rootfs, c.Profiles[i].Image = c.Rootfs, c.Image
 		}
 	}
 	return c, c.validate()
@@ -247,16 +286,33 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 
 func (c *Config) validate() error {
 	var errs []string
-	if c.Runsc == "" {
-		errs = append(errs, "runsc is not set (flag --runsc, env SANDBOXD_RUNSC); scripts/run-server.sh builds it")
-	}
-	if c.InitBinary == "" {
-		errs = append(errs, "the sandbox-init binary is not set (flag --init-binary, env SANDBOXD_INIT); scripts/run-server.sh builds it")
-	}
-	for _, p := range c.Profiles {
-		if p.Rootfs == "" {
-			errs = append(errs, fmt.Sprintf("profile %s has no rootfs (flag --rootfs, env SANDBOXD_ROOTFS, or profiles[].rootfs)", p.Name))
+	switch c.Runtime {
+	case "", "gvisor":
+		if c.Runsc == "" {
+			errs = append(errs, "runsc is not set (flag --runsc, env SANDBOXD_RUNSC); scripts/run-server.sh builds it")
 		}
+		if c.InitBinary == "" {
+			errs = append(errs, "the sandbox-init binary is not set (flag --init-binary, env SANDBOXD_INIT); scripts/run-server.sh builds it")
+		}
+		for _, p := range c.Profiles {
+			if p.Rootfs == "" {
+				errs = append(errs, fmt.Sprintf("profile %s has no rootfs (flag --rootfs, env SANDBOXD_ROOTFS, or profiles[].rootfs)", p.Name))
+			}
+		}
+	case "kube":
+		if c.Kube.InitImage == "" {
+			errs = append(errs, "the kube runtime needs kube.init_image (env SANDBOXD_INIT_IMAGE): the image holding /sandbox-init")
+		}
+		for _, p := range c.Profiles {
+			if p.Image == "" {
+				errs = append(errs, fmt.Sprintf("profile %s has no image (flag --image, env SANDBOXD_IMAGE, or profiles[].image)", p.Name))
+			}
+		}
+		if c.Kube.ReadyTimeoutSec < 0 || c.Kube.UnschedulableTimeoutSec < 0 {
+			errs = append(errs, "kube: ready_timeout_sec and unschedulable_timeout_sec must not be negative")
+		}
+	default:
+		errs = append(errs, fmt.Sprintf("runtime must be gvisor or kube, got %q", c.Runtime))
 	}
 	if len(c.APIKeys) == 0 && c.devKey == "" {
 		errs = append(errs, "no API keys: set SANDBOX_API_KEY for a development principal, or api_keys in the config file")

@@ -187,3 +187,31 @@ func TestAgentCatalogConfig(t *testing.T) {
 		t.Fatalf("configured catalog: got %+v, want only mine", got)
 	}
 }
+
+func TestRuntimeConfig(t *testing.T) {
+	// The kube runtime needs no runsc, init binary or rootfs, but an init image and an image
+	// for every profile; the default profile takes SANDBOXD_IMAGE.
+	env := map[string]string{"SANDBOX_API_KEY": "a-long-dev-key", "SANDBOXD_RUNTIME": "kube",
+		"SANDBOXD_INIT_IMAGE": "sandboxd/sandbox-init:1", "SANDBOXD_IMAGE": "sandboxd/base:1", "KUBECONFIG": "/k/config"}
+	c, err := loadConfig(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Runtime != "kube" || c.Kube.InitImage != "sandboxd/sandbox-init:1" || c.Profiles[0].Image != "sandboxd/base:1" || c.Kube.Kubeconfig != "/k/config" {
+		t.Errorf("got runtime %q, kube %+v, profile %+v", c.Runtime, c.Kube, c.Profiles[0])
+	}
+	env["SANDBOXD_KUBECONFIG"] = "/k/other"
+	if c, _ = loadConfig(nil, func(k string) string { return env[k] }); c.Kube.Kubeconfig != "/k/other" {
+		t.Errorf("SANDBOXD_KUBECONFIG: got %q, want it over KUBECONFIG", c.Kube.Kubeconfig)
+	}
+	delete(env, "SANDBOXD_INIT_IMAGE")
+	delete(env, "SANDBOXD_IMAGE")
+	_, err = loadConfig(nil, func(k string) string { return env[k] })
+	if err == nil || !strings.Contains(err.Error(), "kube.init_image") || !strings.Contains(err.Error(), "has no image") {
+		t.Errorf("kube without images: got %v, want both named", err)
+	}
+	env["SANDBOXD_RUNTIME"] = "docker"
+	if _, err = loadConfig(nil, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "runtime must be gvisor or kube") {
+		t.Errorf("an unknown runtime: got %v", err)
+	}
+}

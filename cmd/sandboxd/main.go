@@ -25,6 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	kuberest "k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"sandboxd/internal/agentrun"
 	"sandboxd/internal/auth"
@@ -39,6 +41,7 @@ import (
 	"sandboxd/resolvers"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
+	"sandboxd/runtime/kube"
 )
 
 func main() {
@@ -72,13 +75,11 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}
 	defer closeRedis()
 
-	driver, err := gvisor.New(gvisor.Options{Runsc: cfg.Runsc, StateDir: cfg.StateDir, InitBinary: cfg.InitBinary, Logger: log})
+	driver, closeDriver, err := openDriver(ctx, cfg, log)
 	if err != nil {
-		return fmt.Errorf("gvisor runtime: %w", err)
+		return err
 	}
-	if err := driver.Check(ctx); err != nil {
-		return fmt.Errorf("gvisor runtime: %w", err)
-	}
+	defer closeDriver()
 	objs, closeObjs, err := openCheckpointStore(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("checkpoint store: %w", err)
@@ -274,6 +275,56 @@ func openCheckpointStore(ctx context.Context, cfg Config) (checkpoint.ObjectStor
 		return nil, nil, err
 	}
 	return l, func() {}, nil
+}
+
+// openDriver makes the configured runtime driver and checks that it can create boxes.
+func openDriver(ctx context.Context, cfg Config, log *slog.Logger) (runtime.Driver, func(), error) {
+	var d runtime.Driver
+	closeFn := func() {}
+	switch cfg.Runtime {
+	case "kube":
+		rc, err := kubeRESTConfig(cfg.Kube.Kubeconfig)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kube runtime: %w", err)
+		}
+		kd, err := kube.New(ctx, kube.Options{
+			Config:               rc,
+			Namespace:            cfg.Kube.Namespace,
+			InitImage:            cfg.Kube.InitImage,
+			RuntimeClass:         cfg.Kube.RuntimeClass,
+			StorageClass:         cfg.Kube.StorageClass,
+			ReadyTimeout:         time.Duration(cfg.Kube.ReadyTimeoutSec) * time.Second,
+			UnschedulableTimeout: time.Duration(cfg.Kube.UnschedulableTimeoutSec) * time.Second,
+			Logger:               log,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("kube runtime: %w", err)
+		}
+		d, closeFn = kd, func() { kd.Close() }
+	default:
+		gd, err := gvisor.New(gvisor.Options{Runsc: cfg.Runsc, StateDir: cfg.StateDir, InitBinary: cfg.InitBinary, Logger: log})
+		if err != nil {
+			return nil, nil, fmt.Errorf("gvisor runtime: %w", err)
+		}
+		d = gd
+	}
+	if err := d.Check(ctx); err != nil {
+		closeFn()
+		return nil, nil, fmt.Errorf("%s runtime: %w", d.Name(), err)
+	}
+	return d, closeFn, nil
+}
+
+// kubeRESTConfig reads a kubeconfig file, or the in-cluster service account when path is empty.
+func kubeRESTConfig(path string) (*kuberest.Config, error) {
+	if path == "" {
+		rc, err := kuberest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no kubeconfig given and not in a cluster: %w", err)
+		}
+		return rc, nil
+	}
+	return clientcmd.BuildConfigFromFlags("", path)
 }
 
 // lookupSource lists the runtime's boxes as lookup entries: what Redis is rebuilt from.

@@ -253,7 +253,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	s.publish(ctx, rec, "")
 	if err := s.driver.Create(ctx, rec); err != nil {
 		s.abortCreate(ctx, rec, start)
-		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "could not create the sandbox: the runtime failed to start it")
+		return Sandbox{}, runtimeFailed(err, "could not create the sandbox: the runtime failed to start it")
 	}
 	if src.key != "" {
 		// Fetched once, streamed into the workspace before the sandbox is RUNNING.
@@ -663,12 +663,21 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandb
 	return toSandbox(rec), nil
 }
 
+// runtimeFailed is the error of a driver's failed create or start. When the box cannot run as
+// specified (a pod the cluster cannot schedule, an image that cannot run) it says why.
+func runtimeFailed(err error, msg string) *apierror.Error {
+	if se, ok := errors.AsType[*runtime.StartError](err); ok {
+		return apierror.Wrap(err, apierror.Unavailable, "%s: %s", msg, se.Reason)
+	}
+	return apierror.Wrap(err, apierror.Unavailable, "%s", msg)
+}
+
 // startWork starts the box and restores its workspace when the runtime lost it.
 func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
 	s.dropAttach(rec.ID)
 	fresh, err := s.driver.Start(ctx, rec.ID)
 	if err != nil {
-		return apierror.Wrap(err, apierror.Unavailable, "could not start the sandbox's runtime")
+		return runtimeFailed(err, "could not start the sandbox's runtime")
 	}
 	if !fresh {
 		return nil

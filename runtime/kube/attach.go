@@ -1,0 +1,173 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+
+	"sandboxd/guest"
+)
+
+// spareTTL bounds how long the ready attach of a create or start is kept for the box's first
+// call: the guest's HTTP/2 server closes a connection that sends no preface within 10 s.
+const spareTTL = 5 * time.Second
+
+type spare struct {
+	rwc io.ReadWriteCloser
+	at  time.Time
+}
+
+func (d *Driver) keepSpare(id string, rwc io.ReadWriteCloser) {
+	d.spareMu.Lock()
+	old, ok := d.spares[id]
+	d.spares[id] = spare{rwc: rwc, at: time.Now()}
+	d.spareMu.Unlock()
+	if ok {
+		old.rwc.Close()
+	}
+	time.AfterFunc(spareTTL, func() {
+		d.spareMu.Lock()
+		s, ok := d.spares[id]
+		if ok && s.rwc == rwc {
+			delete(d.spares, id)
+		}
+		d.spareMu.Unlock()
+		if ok && s.rwc == rwc {
+			rwc.Close()
+		}
+	})
+}
+
+func (d *Driver) takeSpare(id string) io.ReadWriteCloser {
+	d.spareMu.Lock()
+	defer d.spareMu.Unlock()
+	s, ok := d.spares[id]
+	if !ok {
+		return nil
+	}
+	delete(d.spares, id)
+	if time.Since(s.at) > spareTTL {
+		go s.rwc.Close()
+		return nil
+	}
+	return s.rwc
+}
+
+func (d *Driver) dropSpare(id string) {
+	if s := d.takeSpare(id); s != nil {
+		s.Close()
+	}
+}
+
+// attach execs the guest init's `connect` in the box's sandbox container through the API
+// server (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and
+// returns once the init answered with its ready byte.
+func (d *Driver) attach(ctx context.Context, id, name string) (io.ReadWriteCloser, error) {
+	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
+		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
+		Container: containerName,
+		Command:   []string{initPath, "connect"},
+		Stdin:     true,
+		Stdout:    true,
+		Stderr:    true,
+	}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(d.opts.Config, http.MethodGet, req.URL().String())
+	if err != nil {
+		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(d.opts.Config, http.MethodPost, req.URL())
+	if err != nil {
+		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
+	}
+	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	// The stream outlives ctx (ctx only bounds the wait for the ready byte): Close ends it.
+	sctx, cancel := context.WithCancel(context.Background())
+	s := &execStream{stdin: inW, stdout: outR, cancel: cancel, done: make(chan struct{})}
+	stderr := &capped{max: 4 << 10}
+	go func() {
+		defer close(s.done)
+		err := exec.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: inR, Stdout: outW, Stderr: stderr})
+		if err == nil {
+			err = io.EOF
+		} else if msg := stderr.String(); msg != "" {
+			err = fmt.Errorf("%w (stderr: %s)", err, msg)
+		}
+		outW.CloseWithError(err)
+		inR.CloseWithError(err)
+	}()
+	ready := make(chan error, 1)
+	go func() { ready <- guest.AwaitReady(outR) }()
+	select {
+	case err = <-ready:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
+	}
+	return s, nil
+}
+
+// execStream is one attach: the guest's stdin and stdout through a remotecommand stream.
+type execStream struct {
+	stdin     *io.PipeWriter
+	stdout    *io.PipeReader
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (s *execStream) Read(p []byte) (int, error)  { return s.stdout.Read(p) }
+func (s *execStream) Write(p []byte) (int, error) { return s.stdin.Write(p) }
+
+// Close ends the attach: EOF on the guest's stdin (its connect then ends by itself), then, if
+// the stream has not ended within a second, the stream is cut.
+func (s *execStream) Close() error {
+	s.closeOnce.Do(func() {
+		_ = s.stdin.Close()
+		_ = s.stdout.CloseWithError(errors.New("kube: attach closed"))
+		select {
+		case <-s.done:
+		case <-time.After(time.Second):
+		}
+		s.cancel()
+	})
+	return nil
+}
+
+// capped keeps the first max bytes written to it (an attach's stderr, for its error).
+type capped struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.b, _ = guest.AppendCapped(c.b, p, c.max, false)
+	return len(p), nil
+}
+
+func (c *capped) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return string(c.b)
+}

@@ -1,0 +1,161 @@
+package kube_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/remotecommand"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"sandboxd/guest"
+	"sandboxd/internal/kubetest"
+	"sandboxd/runtime/runtimetest"
+)
+
+// The benchmarks measure, side by side on the same cluster: a command through the guest init
+// over an existing attach against a bare pod exec (what `kubectl exec` does: one remotecommand
+// stream through the API server per command), and the driver's create-to-first-exec against
+// a bare PVC + pod (no init container) and one exec.
+
+func BenchmarkBarePodExec(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	name := barePod(b, cs, "bench-exec")
+	b.ResetTimer()
+	for b.Loop() {
+		bareExec(b, cfg, cs, name, "true")
+	}
+}
+
+func BenchmarkAttachExec(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	d := newDriver(b, cfg)
+	id := runtimetest.CreateBox(b, d, spec)
+	cl := runtimetest.Client(b, d, id)
+	b.ResetTimer()
+	for b.Loop() {
+		if res := runtimetest.MustRun(b, cl, guest.ExecRequest{Argv: []string{"true"}}); res.Exit.ExitCode != 0 {
+			b.Fatalf("got exit %+v", res.Exit)
+		}
+	}
+}
+
+func BenchmarkCreateToFirstExec(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	d := newDriver(b, cfg)
+	for b.Loop() {
+		rec := runtimetest.NewRecord(spec)
+		if err := d.Create(benchCtx(b), rec); err != nil {
+			b.Fatal(err)
+		}
+		cl := runtimetest.Client(b, d, rec.ID)
+		if res := runtimetest.MustRun(b, cl, guest.ExecRequest{Argv: []string{"true"}}); res.Exit.ExitCode != 0 {
+			b.Fatalf("got exit %+v", res.Exit)
+		}
+		b.StopTimer()
+		cl.Close()
+		if err := d.Delete(benchCtx(b), rec.ID); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+func BenchmarkBarePodToFirstExec(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	i := 0
+	for b.Loop() {
+		i++
+		name := barePod(b, cs, fmt.Sprintf("bench-create-%d-%d", time.Now().UnixNano()%1e6, i))
+		bareExec(b, cfg, cs, name, "true")
+	}
+}
+
+func benchCtx(b *testing.B) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	b.Cleanup(cancel)
+	return ctx
+}
+
+// barePod creates a PVC and a pod that sleeps over the base image, waits for it to run, and
+// deletes both when the benchmark ends.
+func barePod(b *testing.B, cs kubernetes.Interface, name string) string {
+	ctx := benchCtx(b)
+	ns := kubetest.Namespace
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	runtimeClass, no, zero := "gvisor", false, int64(0)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:             &runtimeClass,
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{Name: "main", Image: kubetest.BaseImage, Command: []string{"sleep", "infinity"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "w", MountPath: "/workspace"}}}},
+			Volumes: []corev1.Volume{{Name: "w", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name}}}},
+		},
+	}
+	b.Cleanup(func() {
+		ctx := context.Background()
+		_ = cs.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		_ = cs.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	created, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String(), ResourceVersion: created.ResourceVersion})
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, err = watchtools.UntilWithoutRetry(ctx, w, func(ev watch.Event) (bool, error) {
+		p, ok := ev.Object.(*corev1.Pod)
+		return ok && p.UID == created.UID && p.Status.Phase == corev1.PodRunning, nil
+	})
+	if err != nil {
+		b.Fatalf("pod %s did not run: %v", name, err)
+	}
+	return name
+}
+
+// bareExec runs argv in the pod through the API server, as `kubectl exec` does.
+func bareExec(b *testing.B, cfg *rest.Config, cs kubernetes.Interface, pod string, argv ...string) {
+	req := cs.CoreV1().RESTClient().Post().Namespace(kubetest.Namespace).Resource("pods").Name(pod).
+		SubResource("exec").VersionedParams(&corev1.PodExecOptions{Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ex, err := remotecommand.NewWebSocketExecutor(cfg, http.MethodGet, req.URL().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := ex.StreamWithContext(benchCtx(b), remotecommand.StreamOptions{Stdout: &out, Stderr: &out}); err != nil {
+		b.Fatalf("exec %v: %v (%s)", argv, err, out.String())
+	}
+}

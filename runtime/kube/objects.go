@@ -1,0 +1,316 @@
+package kube
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"sandboxd/runtime"
+)
+
+// Labels on every object of a box. The sandbox id label is exact (ids are label-safe); the
+// tenant, project and profile labels are for selection by operators and are made label-safe,
+// so the exact values live in the record's annotations.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	managedBy      = "sandboxd"
+	LabelSandboxID = "sandboxd.io/sandbox-id"
+	LabelTenant    = "sandboxd.io/tenant"
+	LabelProject   = "sandboxd.io/project"
+	LabelProfile   = "sandboxd.io/profile"
+)
+
+// Annotations on a box's PVC: the sandbox's record. The PVC lives as long as the sandbox
+// (stop deletes only the pod), so the PVC is where the record is kept.
+const (
+	annPrefix          = "sandboxd.io/"
+	AnnTenant          = annPrefix + "tenant"
+	AnnProject         = annPrefix + "project"
+	AnnSpec            = annPrefix + "spec" // JSON of runtime.BoxSpec: profile, image, limits, env
+	AnnState           = annPrefix + "state"
+	AnnStateReason     = annPrefix + "state-reason"
+	AnnDesiredState    = annPrefix + "desired-state"
+	AnnLatestCkpt      = annPrefix + "latest-checkpoint"
+	AnnAutostopSec     = annPrefix + "autostop-sec"
+	AnnTTLSec          = annPrefix + "ttl-sec"
+	AnnCreatedAt       = annPrefix + "created-at"
+	AnnStateChangedAt  = annPrefix + "state-changed-at"
+	AnnRecordExtra     = annPrefix + "annotations" // JSON of Record.Annotations
+	AnnCompute         = annPrefix + "compute"     // driver-owned: "running" while a pod should exist
+	computeRunning     = "running"
+	computeStopped     = "stopped"
+	containerName      = "sandbox"
+	initContainerName  = "install-init"
+	initVolume         = "sbx"
+	workspaceVolume    = "workspace"
+	initDir            = "/.sbx"
+	initPath           = initDir + "/init"
+	workspacePath      = "/workspace"
+	defaultDiskBytes   = 1 << 30
+	terminationGraceSc = 5
+)
+
+// idPattern is the project's box id: a prefix, "_" and a 26-character ULID.
+var idPattern = regexp.MustCompile(`^[a-z]{2,8}_[0-9A-HJKMNP-TV-Z]{26}$`)
+
+// ObjectName is the name of a box's pod and PVC: its id in lower case with "-" for "_"
+// (sbx_01J… → sbx-01j…), a valid DNS label.
+func ObjectName(id string) (string, error) {
+	if !idPattern.MatchString(id) {
+		return "", fmt.Errorf("kube: invalid box id %q: %w", id, runtime.ErrNotFound)
+	}
+	return strings.ToLower(strings.ReplaceAll(id, "_", "-")), nil
+}
+
+// labelValue makes v a valid label value: kept as is when valid, otherwise every character
+// outside [A-Za-z0-9._-] becomes "-", cut to 63 and trimmed to start and end alphanumeric.
+func labelValue(v string) string {
+	if len(validation.IsValidLabelValue(v)) == 0 {
+		return v
+	}
+	b := []byte(v)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > validation.LabelValueMaxLength {
+		b = b[:validation.LabelValueMaxLength]
+	}
+	isAlnum := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+	}
+	return strings.TrimFunc(string(b), func(r rune) bool { return !isAlnum(r) })
+}
+
+// boxLabels are the labels of a box's PVC and pod.
+func boxLabels(rec runtime.Record) map[string]string {
+	return map[string]string{
+		LabelManagedBy: managedBy,
+		LabelSandboxID: rec.ID,
+		LabelTenant:    labelValue(rec.Tenant),
+		LabelProject:   labelValue(rec.Project),
+		LabelProfile:   labelValue(rec.Spec.Profile),
+	}
+}
+
+// encodeRecord writes rec into annotations (replacing the record's own keys, keeping others).
+func encodeRecord(ann map[string]string, rec runtime.Record) error {
+	spec, err := json.Marshal(rec.Spec)
+	if err != nil {
+		return err
+	}
+	set := func(k, v string) {
+		if v == "" {
+			delete(ann, k)
+		} else {
+			ann[k] = v
+		}
+	}
+	set(AnnTenant, rec.Tenant)
+	set(AnnProject, rec.Project)
+	set(AnnSpec, string(spec))
+	set(AnnState, rec.State)
+	set(AnnStateReason, rec.StateReason)
+	set(AnnDesiredState, rec.DesiredState)
+	set(AnnLatestCkpt, rec.LatestCheckpoint)
+	set(AnnAutostopSec, formatInt(rec.AutostopSec))
+	set(AnnTTLSec, formatInt(rec.TTLSec))
+	set(AnnCreatedAt, formatTime(rec.CreatedAt))
+	set(AnnStateChangedAt, formatTime(rec.StateChangedAt))
+	extra := ""
+	if len(rec.Annotations) > 0 {
+		b, err := json.Marshal(rec.Annotations)
+		if err != nil {
+			return err
+		}
+		extra = string(b)
+	}
+	set(AnnRecordExtra, extra)
+	return nil
+}
+
+// decodeRecord reads the record of the box whose PVC has these labels and annotations.
+func decodeRecord(labels, ann map[string]string) (runtime.Record, error) {
+	rec := runtime.Record{
+		ID:               labels[LabelSandboxID],
+		Tenant:           ann[AnnTenant],
+		Project:          ann[AnnProject],
+		State:            ann[AnnState],
+		StateReason:      ann[AnnStateReason],
+		DesiredState:     ann[AnnDesiredState],
+		LatestCheckpoint: ann[AnnLatestCkpt],
+	}
+	if rec.ID == "" {
+		return rec, fmt.Errorf("no %s label", LabelSandboxID)
+	}
+	if err := json.Unmarshal([]byte(ann[AnnSpec]), &rec.Spec); err != nil {
+		return rec, fmt.Errorf("annotation %s: %w", AnnSpec, err)
+	}
+	var err error
+	if rec.AutostopSec, err = parseInt(ann[AnnAutostopSec]); err != nil {
+		return rec, fmt.Errorf("annotation %s: %w", AnnAutostopSec, err)
+	}
+	if rec.TTLSec, err = parseInt(ann[AnnTTLSec]); err != nil {
+		return rec, fmt.Errorf("annotation %s: %w", AnnTTLSec, err)
+	}
+	if rec.CreatedAt, err = parseTime(ann[AnnCreatedAt]); err != nil {
+		return rec, fmt.Errorf("annotation %s: %w", AnnCreatedAt, err)
+	}
+	if rec.StateChangedAt, err = parseTime(ann[AnnStateChangedAt]); err != nil {
+		return rec, fmt.Errorf("annotation %s: %w", AnnStateChangedAt, err)
+	}
+	if v := ann[AnnRecordExtra]; v != "" {
+		if err := json.Unmarshal([]byte(v), &rec.Annotations); err != nil {
+			return rec, fmt.Errorf("annotation %s: %w", AnnRecordExtra, err)
+		}
+	}
+	return rec, nil
+}
+
+func formatInt(v int64) string {
+	if v == 0 {
+		return ""
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func parseInt(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	return time.Parse(time.RFC3339Nano, s)
+}
+
+// podSettings are the driver-wide parts of a box's pod.
+type podSettings struct {
+	namespace    string
+	initImage    string
+	runtimeClass string
+	storageClass string
+}
+
+// newPVC is the workspace claim of a box, carrying its record.
+func (s podSettings) newPVC(name string, rec runtime.Record) (*corev1.PersistentVolumeClaim, error) {
+	ann := map[string]string{AnnCompute: computeRunning}
+	if err := encodeRecord(ann, rec); err != nil {
+		return nil, err
+	}
+	disk := rec.Spec.DiskBytes
+	if disk <= 0 {
+		disk = defaultDiskBytes
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace, Labels: boxLabels(rec), Annotations: ann},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(disk, resource.BinarySI)},
+			},
+		},
+	}
+	if s.storageClass != "" {
+		pvc.Spec.StorageClassName = &s.storageClass
+	}
+	return pvc, nil
+}
+
+// newPod is a box's compute: the guest init, put into an emptyDir by an init container, is
+// PID 1 of the sandbox container over the profile's image; the workspace is the PVC.
+func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error) {
+	spec := rec.Spec
+	if spec.Image == "" {
+		return nil, fmt.Errorf("kube: profile %q names no image (profiles[].image)", spec.Profile)
+	}
+	env := make([]corev1.EnvVar, 0, len(spec.Env))
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		env = append(env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
+	}
+	res := corev1.ResourceRequirements{Limits: corev1.ResourceList{}, Requests: corev1.ResourceList{}}
+	if spec.MilliCPU > 0 {
+		res.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(spec.MilliCPU, resource.DecimalSI)
+		// Sandboxes idle most of their life: they ask for a tenth of their CPU limit.
+		res.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(max(spec.MilliCPU/10, 10), resource.DecimalSI)
+	}
+	if spec.MemoryBytes > 0 {
+		res.Limits[corev1.ResourceMemory] = *resource.NewQuantity(spec.MemoryBytes, resource.BinarySI)
+		// Memory is not compressible: requested in full, so a node never evicts a sandbox for
+		// memory it was promised.
+		res.Requests[corev1.ResourceMemory] = *resource.NewQuantity(spec.MemoryBytes, resource.BinarySI)
+	}
+	no, grace := false, int64(terminationGraceSc)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace, Labels: boxLabels(rec)},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:              &s.runtimeClass,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			TerminationGracePeriodSeconds: &grace,
+			// The sandbox's own kernel is gVisor; its processes run as the image's root
+			// user inside it, with no privilege escalation on the host side.
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			InitContainers: []corev1.Container{{
+				Name:            initContainerName,
+				Image:           s.initImage,
+				Command:         []string{"/sandbox-init", "install", initPath},
+				VolumeMounts:    []corev1.VolumeMount{{Name: initVolume, MountPath: initDir}},
+				SecurityContext: containerSecurity(),
+			}},
+			Containers: []corev1.Container{{
+				Name:       containerName,
+				Image:      spec.Image,
+				Command:    []string{initPath, "serve"},
+				WorkingDir: workspacePath,
+				Env:        env,
+				Resources:  res,
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: initVolume, MountPath: initDir, ReadOnly: true},
+					{Name: workspaceVolume, MountPath: workspacePath},
+				},
+				SecurityContext: containerSecurity(),
+			}},
+			Volumes: []corev1.Volume{
+				{Name: initVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: workspaceVolume, VolumeSource: corev1.VolumeSource{
+					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name},
+				}},
+			},
+		},
+	}
+	return pod, nil
+}
+
+func containerSecurity() *corev1.SecurityContext {
+	no := false
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: &no,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"NET_RAW"}},
+	}
+}

@@ -1,0 +1,204 @@
+package kube
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"sandboxd/runtime"
+)
+
+func testRecord() runtime.Record {
+	now := time.Date(2026, 11, 30, 21, 0, 0, 123e6, time.UTC)
+	return runtime.Record{
+		ID: "sbx_01JDQ8Z6W9X3K2M4N5P6Q7R8S9", Tenant: "acme corp/ü", Project: "p1",
+		Spec: runtime.BoxSpec{Profile: "default", Image: "img:1", MilliCPU: 1500, MemoryBytes: 512 << 20,
+			DiskBytes: 2 << 30, Network: "none", Env: map[string]string{"B": "2", "A": "1"}},
+		State: "RUNNING", StateReason: "because", DesiredState: "RUNNING", LatestCheckpoint: "ckpt_1",
+		AutostopSec: 1800, TTLSec: 86400, CreatedAt: now, StateChangedAt: now.Add(time.Second),
+		Annotations: map[string]string{"source": "gs://b/p", "odd key/ü": "v"},
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for _, rec := range []runtime.Record{testRecord(), {ID: "sbx_01JDQ8Z6W9X3K2M4N5P6Q7R8S9"}} {
+		ann := map[string]string{"other.io/keep": "x"}
+		if err := encodeRecord(ann, rec); err != nil {
+			t.Fatal(err)
+		}
+		for k := range ann {
+			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+				t.Errorf("annotation key %q is invalid: %v", k, errs)
+			}
+		}
+		got, err := decodeRecord(boxLabels(rec), ann)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, _ := json.Marshal(got)
+		w, _ := json.Marshal(rec)
+		if string(g) != string(w) {
+			t.Errorf("round trip:\n got %s\nwant %s", g, w)
+		}
+		if ann["other.io/keep"] != "x" {
+			t.Errorf("encoding dropped a foreign annotation")
+		}
+	}
+	// An update that clears a field removes its annotation.
+	ann := map[string]string{}
+	rec := testRecord()
+	_ = encodeRecord(ann, rec)
+	rec.StateReason, rec.Annotations = "", nil
+	_ = encodeRecord(ann, rec)
+	if _, ok := ann[AnnStateReason]; ok {
+		t.Errorf("a cleared state reason stayed")
+	}
+	if _, ok := ann[AnnRecordExtra]; ok {
+		t.Errorf("cleared annotations stayed")
+	}
+}
+
+func TestDecodeRejectsBrokenRecords(t *testing.T) {
+	labels := map[string]string{LabelSandboxID: "sbx_01JDQ8Z6W9X3K2M4N5P6Q7R8S9"}
+	for name, ann := range map[string]map[string]string{
+		"no spec":      {},
+		"bad spec":     {AnnSpec: "{"},
+		"bad autostop": {AnnSpec: "{}", AnnAutostopSec: "x"},
+		"bad time":     {AnnSpec: "{}", AnnCreatedAt: "yesterday"},
+		"bad extra":    {AnnSpec: "{}", AnnRecordExtra: "[1]"},
+	} {
+		if _, err := decodeRecord(labels, ann); err == nil {
+			t.Errorf("%s: decoded without an error", name)
+		}
+	}
+	if _, err := decodeRecord(map[string]string{}, map[string]string{AnnSpec: "{}"}); err == nil {
+		t.Errorf("a record without the id label decoded")
+	}
+}
+
+func TestObjectNameAndLabels(t *testing.T) {
+	name, err := ObjectName("sbx_01JDQ8Z6W9X3K2M4N5P6Q7R8S9")
+	if err != nil || name != "sbx-01jdq8z6w9x3k2m4n5p6q7r8s9" {
+		t.Errorf("got %q, %v", name, err)
+	}
+	if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+		t.Errorf("%q is not a DNS label: %v", name, errs)
+	}
+	for _, bad := range []string{"", "sbx_short", "SBX_01JDQ8Z6W9X3K2M4N5P6Q7R8S9", "sbx_01JDQ8Z6W9X3K2M4N5P6Q7R8S9/x", "../x"} {
+		if _, err := ObjectName(bad); err == nil {
+			t.Errorf("ObjectName(%q) accepted", bad)
+		}
+	}
+	for in, want := range map[string]string{
+		"tenant-a":                    "tenant-a",
+		"acme corp/ü":                 "acme-corp",
+		"-x-":                         "x",
+		strings.Repeat("a", 70):       strings.Repeat("a", 63),
+		"a" + strings.Repeat("/", 70): "a",
+	} {
+		got := labelValue(in)
+		if got != want {
+			t.Errorf("labelValue(%q) = %q, want %q", in, got, want)
+		}
+		if errs := validation.IsValidLabelValue(got); len(errs) > 0 {
+			t.Errorf("labelValue(%q) = %q is invalid: %v", in, got, errs)
+		}
+	}
+}
+
+func TestPodShape(t *testing.T) {
+	set := podSettings{namespace: "sandbox-jobs", initImage: "init:1", runtimeClass: "gvisor", storageClass: "fast"}
+	rec := testRecord()
+	pod, err := set.newPod("sbx-x", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := pod.Spec
+	if *s.RuntimeClassName != "gvisor" || *s.AutomountServiceAccountToken || *s.EnableServiceLinks ||
+		s.RestartPolicy != corev1.RestartPolicyNever || s.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod spec misses a setting: %+v", s)
+	}
+	ic, c := s.InitContainers[0], s.Containers[0]
+	if ic.Image != "init:1" || strings.Join(ic.Command, " ") != "/sandbox-init install /.sbx/init" {
+		t.Errorf("init container %+v", ic)
+	}
+	if c.Image != "img:1" || strings.Join(c.Command, " ") != "/.sbx/init serve" || c.WorkingDir != "/workspace" {
+		t.Errorf("container %+v", c)
+	}
+	if c.Env[0].Name != "A" || c.Env[1].Name != "B" {
+		t.Errorf("env not sorted: %v", c.Env)
+	}
+	if got := c.Resources.Limits.Cpu().MilliValue(); got != 1500 {
+		t.Errorf("cpu limit %d", got)
+	}
+	if got := c.Resources.Requests.Cpu().MilliValue(); got != 150 {
+		t.Errorf("cpu request %d", got)
+	}
+	if got := c.Resources.Limits.Memory().Value(); got != 512<<20 {
+		t.Errorf("memory limit %d", got)
+	}
+	if *c.SecurityContext.AllowPrivilegeEscalation {
+		t.Errorf("privilege escalation allowed")
+	}
+	if pod.Labels[LabelSandboxID] != rec.ID || pod.Labels[LabelManagedBy] != "sandboxd" || pod.Labels[LabelTenant] != "acme-corp" {
+		t.Errorf("labels %v", pod.Labels)
+	}
+	if s.Volumes[1].PersistentVolumeClaim.ClaimName != "sbx-x" {
+		t.Errorf("workspace volume %+v", s.Volumes[1])
+	}
+	pvc, err := set.newPVC("sbx-x", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *pvc.Spec.StorageClassName != "fast" || pvc.Spec.Resources.Requests.Storage().Value() != 2<<30 || pvc.Annotations[AnnCompute] != computeRunning {
+		t.Errorf("pvc %+v", pvc)
+	}
+	rec.Spec.Image = ""
+	if _, err := set.newPod("sbx-x", rec); err == nil || !strings.Contains(err.Error(), "names no image") {
+		t.Errorf("a spec without an image: got %v", err)
+	}
+}
+
+func TestPhase(t *testing.T) {
+	ready := func() *corev1.Pod {
+		return &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	}
+	now := metav1.Now()
+	deleting := ready()
+	deleting.DeletionTimestamp = &now
+	oom := ready()
+	oom.Status.Phase = corev1.PodFailed
+	oom.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "sandbox",
+		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}}}}
+	pulling := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "nope:1"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{Name: "sandbox",
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "not found"}}}}}}
+	pending := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}
+	for _, tc := range []struct {
+		name   string
+		pod    *corev1.Pod
+		want   bool
+		phase  runtime.Phase
+		reason string
+	}{
+		{"running", ready(), true, runtime.PhaseRunning, ""},
+		{"stopped", nil, false, runtime.PhaseStopped, ""},
+		{"stopping", deleting, false, runtime.PhaseStopped, ""},
+		{"deleted behind our back", nil, true, runtime.PhaseFailed, "pod is gone"},
+		{"being deleted behind our back", deleting, true, runtime.PhaseFailed, "being deleted"},
+		{"oom", oom, true, runtime.PhaseFailed, "out of memory"},
+		{"image", pulling, true, runtime.PhaseFailed, `cannot run image "nope:1": ImagePullBackOff: not found`},
+		{"pending", pending, true, runtime.PhaseStopped, "pending"},
+	} {
+		p, reason := phase(tc.pod, tc.want)
+		if p != tc.phase || !strings.Contains(reason, tc.reason) {
+			t.Errorf("%s: got %s %q, want %s containing %q", tc.name, p, reason, tc.phase, tc.reason)
+		}
+	}
+}

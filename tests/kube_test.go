@@ -1,0 +1,204 @@
+package tests
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sandboxd/internal/kubetest"
+	"sandboxd/internal/redistest"
+	"sandboxd/runtime/kube"
+)
+
+// kubeServerOptions run sandboxd on the kube runtime as deploy/base's ServiceAccount, with a
+// real redis-server (so a test can FLUSHALL it) and a quota of 4 for dev:default.
+func kubeServerOptions(t *testing.T, kubeconfig, redisURL string, st *stateDir) serverOptions {
+	return serverOptions{State: st, RedisURL: redisURL, Extra: map[string]any{
+		"runtime": "kube",
+		"kube": map[string]any{
+			"kubeconfig":                kubeconfig,
+			"init_image":                kubetest.InitImage,
+			"ready_timeout_sec":         60,
+			"unschedulable_timeout_sec": 5,
+		},
+		"profiles": []map[string]any{
+			{"name": "sandboxes-default", "image": kubetest.BaseImage, "milli_cpu": 1000, "memory_mb": 1024, "disk_mb": 1024},
+		},
+		"quota":                 map[string]any{"default_limit": 4},
+		"reconcile_interval_ms": 300,
+	}}
+}
+
+// TestKubeRuntime is the product document's flow through the REST API on the kube runtime
+// (create, exec twice in the same files, stop, start, destroy), with a control-plane restart
+// after a Redis FLUSHALL that finds the sandbox again from the cluster alone, and a pod deleted
+// behind the control plane's back: reported FAILED with a reason, and recovered by a start.
+func TestKubeRuntime(t *testing.T) {
+	c := kubetest.Require(t)
+	_, kubeconfig := c.Gateway(t)
+	cs := c.Clientset(t)
+	rs := redistest.Start(t)
+	st := newStateDir(t)
+	opts := kubeServerOptions(t, kubeconfig, rs.URL, st)
+	s := startServer(t, opts)
+	ctx := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	var id, name string
+
+	step(t, "create", func(t *testing.T) {
+		start := time.Now()
+		sb := s.create(t, `{"profile":"sandboxes-default","autostop_sec":1800}`, hdrDev)
+		id = sb.SandboxID
+		name, _ = kube.ObjectName(id)
+		t.Logf("created %s in %v", id, time.Since(start).Round(time.Millisecond))
+		pod, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the sandbox's pod: %v", err)
+		}
+		if pod.Labels[kube.LabelSandboxID] != id || pod.Labels[kube.LabelTenant] != "dev" || pod.Labels[kube.LabelProject] != "default" ||
+			pod.Labels[kube.LabelProfile] != "sandboxes-default" || *pod.Spec.RuntimeClassName != "gvisor" {
+			t.Errorf("pod labels %v, runtime class %v", pod.Labels, *pod.Spec.RuntimeClassName)
+		}
+		pvc, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the sandbox's PVC: %v", err)
+		}
+		if pvc.Annotations[kube.AnnState] != "RUNNING" || pvc.Annotations[kube.AnnTenant] != "dev" || pvc.Annotations[kube.AnnAutostopSec] != "1800" {
+			t.Errorf("PVC annotations %v, want the record (state RUNNING, tenant dev, autostop 1800)", pvc.Annotations)
+		}
+	})
+
+	step(t, "exec-twice-same-files", func(t *testing.T) {
+		s.run(t, id, []string{"sh", "-c", "echo 'first turn' > notes.txt && pwd"}, hdrDev)
+		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+			t.Errorf("second exec read %q, want the first's file", got)
+		}
+	})
+
+	step(t, "stop-keeps-pvc", func(t *testing.T) {
+		s.curl(t, http.MethodPost, prefix+"/"+id+"/stop", nil, hdrDev).want(t, http.StatusOK)
+		if sb := s.get(t, id, hdrDev); sb.State != "STOPPED" {
+			t.Fatalf("got state %s, want STOPPED", sb.State)
+		}
+		if _, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the pod of a stopped sandbox: got %v, want not found", err)
+		}
+		if _, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the PVC of a stopped sandbox: %v, want it kept", err)
+		}
+		if q := s.quota(t, hdrDev); q.InUse != 0 {
+			t.Errorf("a stopped sandbox holds %d slots, want 0", q.InUse)
+		}
+	})
+
+	step(t, "start-same-workspace", func(t *testing.T) {
+		s.curl(t, http.MethodPost, prefix+"/"+id+"/start", nil, hdrDev).want(t, http.StatusOK)
+		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+			t.Errorf("after start read %q, want the workspace kept", got)
+		}
+	})
+
+	step(t, "restart-after-flushall", func(t *testing.T) {
+		s.Stop(t)
+		if err := rs.Client.FlushAll(ctx(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		s = startServer(t, opts)
+		s.track(id, hdrDev)
+		sb := s.get(t, id, hdrDev)
+		if sb.State != "RUNNING" || sb.Profile != "sandboxes-default" {
+			t.Fatalf("after a restart and FLUSHALL: %+v, want the RUNNING sandbox", sb)
+		}
+		if _, ok := s.list(t, hdrDev).find(id); !ok {
+			t.Errorf("the list after FLUSHALL misses %s", id)
+		}
+		if q := s.quota(t, hdrDev); q.InUse != 1 {
+			t.Errorf("quota after FLUSHALL: %d in use, want 1 (rebuilt from the cluster)", q.InUse)
+		}
+		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+			t.Errorf("after the restart read %q", got)
+		}
+		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrTenant1).wantError(t, http.StatusNotFound, "NOT_FOUND")
+	})
+
+	step(t, "pod-deleted-behind-our-back", func(t *testing.T) {
+		zero := int64(0)
+		if err := cs.CoreV1().Pods(kubetest.Namespace).Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		var last sandboxJSON
+		eventually(t, 30*time.Second, "the sandbox is reported FAILED", func() (bool, string) {
+			last = s.get(t, id, hdrDev)
+			return last.State == "FAILED", mustJSON(t, last)
+		})
+		if !strings.Contains(last.StateReason, "pod") {
+			t.Errorf("state_reason %q, want it to name the pod", last.StateReason)
+		}
+		t.Logf("reported: %q", last.StateReason)
+		if q := s.quota(t, hdrDev); q.InUse != 0 {
+			t.Errorf("a failed sandbox holds %d slots, want 0", q.InUse)
+		}
+		s.curl(t, http.MethodPost, prefix+"/"+id+"/start", nil, hdrDev).want(t, http.StatusOK)
+		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+			t.Errorf("after recovery read %q, want the workspace kept", got)
+		}
+	})
+
+	step(t, "destroy", func(t *testing.T) {
+		s.curl(t, http.MethodDelete, prefix+"/"+id, nil, hdrDev).want(t, http.StatusOK)
+		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrDev).wantError(t, http.StatusNotFound, "NOT_FOUND")
+		eventually(t, 30*time.Second, "the pod and PVC are gone", func() (bool, string) {
+			_, perr := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+			_, verr := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+			return apierrors.IsNotFound(perr) && apierrors.IsNotFound(verr), "pod: " + errString(perr) + ", pvc: " + errString(verr)
+		})
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "exists"
+	}
+	return err.Error()
+}
+
+// TestKubeUnschedulable: a profile no node can hold fails the create with the scheduler's
+// reason, and gives its concurrency slot back.
+func TestKubeUnschedulable(t *testing.T) {
+	c := kubetest.Require(t)
+	_, kubeconfig := c.Gateway(t)
+	opts := kubeServerOptions(t, kubeconfig, "", nil)
+	opts.Extra["profiles"] = []map[string]any{
+		{"name": "sandboxes-default", "image": kubetest.BaseImage, "milli_cpu": 1000, "memory_mb": 1024},
+		{"name": "huge", "image": kubetest.BaseImage, "milli_cpu": 1000, "memory_mb": 4 << 20},
+	}
+	s := startServer(t, opts)
+	r := s.curl(t, http.MethodPost, prefix, []byte(`{"profile":"huge"}`), hdrJSON, hdrDev)
+	r.wantError(t, http.StatusServiceUnavailable, "UNAVAILABLE", "cannot be scheduled")
+	if q := s.quota(t, hdrDev); q.InUse != 0 {
+		t.Errorf("a failed create holds %d slots, want 0", q.InUse)
+	}
+}
+
+// TestDeployApplies: every object of deploy/ (base and the dev overlay) passes a server-side
+// dry run against the real API server.
+func TestDeployApplies(t *testing.T) {
+	c := kubetest.Require(t)
+	c.ApplyRBAC(t) // the namespaces must exist for a dry run of what goes into them
+	for _, dir := range []string{"deploy/base", "deploy/overlays/dev"} {
+		out, err := c.Run(nil, "apply", "--dry-run=server", "-k", suite.modRoot+"/"+dir)
+		if err != nil {
+			t.Errorf("%s: %v\n%s", dir, err, out)
+			continue
+		}
+		t.Logf("%s:\n%s", dir, out)
+	}
+}
