@@ -24,5 +24,31 @@ go generate ./...
 stale=$(git status --porcelain -- graph resolvers schema.graphqls gqlgen.yml)
 [ -z "$stale" ] || die "go generate changed files (commit the regenerated code): $stale"
 
+# The Kubernetes test cluster (tests/kubeenv: kube-apiserver, etcd, controllers, scheduler and a
+# virtual-kubelet node whose pods are runsc containers) for the kube runtime's tests: built once
+# (cold ~10 min, then cached), started on loopback, stopped by its PID when the tests end.
+kube_bin=$(scripts/ensure-kubeenv.sh)
+kube_dir=$(mktemp -d /tmp/sandboxd-kubeenv.XXXXXX)
+mkdir -p "$kube_dir/images/init"
+CGO_ENABLED=0 go build -o "$kube_dir/images/init/sandbox-init" ./cmd/sandbox-init
+log "starting the Kubernetes test cluster in $kube_dir"
+"$kube_bin/kubeenv" up --dir "$kube_dir/cluster" --bin "$kube_bin" --runsc "$SANDBOXD_RUNSC" \
+	--image "sandboxd/sandbox-init:test=$kube_dir/images/init" --image "sandboxd/base:test=$SANDBOXD_ROOTFS" \
+	>"$kube_dir/kubeenv.log" 2>&1 &
+kube_pid=$!
+stop_cluster() {
+	kill -TERM "$kube_pid" 2>/dev/null || true
+	wait "$kube_pid" 2>/dev/null || true
+	rm -rf "$kube_dir"
+}
+trap stop_cluster EXIT
+for _ in $(seq 1 240); do
+	[ -f "$kube_dir/cluster/ready" ] && break
+	kill -0 "$kube_pid" 2>/dev/null || { cat "$kube_dir/kubeenv.log" >&2; die "the Kubernetes test cluster did not start"; }
+	sleep 0.5
+done
+[ -f "$kube_dir/cluster/ready" ] || { cat "$kube_dir/kubeenv.log" >&2; die "the Kubernetes test cluster was not ready in 120 s"; }
+export SANDBOXD_KUBEENV="$kube_dir/cluster" SANDBOXD_KUBECTL="$kube_bin/kubectl"
+
 log "go test -race ./..."
 go test -race -count=1 -timeout 40m ./... "$@"

@@ -106,13 +106,16 @@ func TestKubeRuntime(t *testing.T) {
 		}
 	})
 
+	// A control-plane restart after Redis lost everything (started from this test, not a
+	// step, so the new server lives on for the steps after it).
+	s.Stop(t)
+	if err := rs.Client.FlushAll(ctx(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s = startServer(t, opts)
+	s.track(id, hdrDev)
+
 	step(t, "restart-after-flushall", func(t *testing.T) {
-		s.Stop(t)
-		if err := rs.Client.FlushAll(ctx(t)).Err(); err != nil {
-			t.Fatal(err)
-		}
-		s = startServer(t, opts)
-		s.track(id, hdrDev)
 		sb := s.get(t, id, hdrDev)
 		if sb.State != "RUNNING" || sb.Profile != "sandboxes-default" {
 			t.Fatalf("after a restart and FLUSHALL: %+v, want the RUNNING sandbox", sb)

@@ -141,7 +141,7 @@ func (c *Cluster) ApplyRBAC(t testing.TB) {
 		t.Fatalf("kubetest: deploy/base has %d of the objects %v", len(keep), rbacKinds)
 	}
 	list := `{"apiVersion":"v1","kind":"List","items":[` + strings.Join(keep, ",") + `]}`
-	if out, err := c.Run(strings.NewReader(list), "apply", "-f", "-"); err != nil {
+	if out, err := c.Run(strings.NewReader(list), "apply", "--server-side", "--field-manager=kubetest", "-f", "-"); err != nil {
 		t.Fatalf("kubetest: %v\n%s", err, out)
 	}
 }

@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -109,7 +108,9 @@ func (d *Driver) attach(ctx context.Context, id, name string) (io.ReadWriteClose
 			err = fmt.Errorf("%w (stderr: %s)", err, msg)
 		}
 		outW.CloseWithError(err)
-		inR.CloseWithError(err)
+		// Reads now fail, so the guest client gives up; until then its writes go nowhere
+		// (closing inR instead would make the stream's own stdin copier log an error).
+		_, _ = io.Copy(io.Discard, inR)
 	}()
 	ready := make(chan error, 1)
 	go func() { ready <- guest.AwaitReady(outR) }()
@@ -137,12 +138,12 @@ type execStream struct {
 func (s *execStream) Read(p []byte) (int, error)  { return s.stdout.Read(p) }
 func (s *execStream) Write(p []byte) (int, error) { return s.stdin.Write(p) }
 
-// Close ends the attach: EOF on the guest's stdin (its connect then ends by itself), then, if
-// the stream has not ended within a second, the stream is cut.
+// Close ends the attach: EOF on the guest's stdin (its connect then ends by itself, and so does
+// the stream), its output drained meanwhile; a stream that has not ended within a second is cut.
 func (s *execStream) Close() error {
 	s.closeOnce.Do(func() {
 		_ = s.stdin.Close()
-		_ = s.stdout.CloseWithError(errors.New("kube: attach closed"))
+		go func() { _, _ = io.Copy(io.Discard, s.stdout) }()
 		select {
 		case <-s.done:
 		case <-time.After(time.Second):

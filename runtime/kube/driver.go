@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -38,7 +39,6 @@ import (
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 
 	"sandboxd/runtime"
 )
@@ -477,24 +477,32 @@ func (d *Driver) getPVC(ctx context.Context, id, name string) (*corev1.Persisten
 	return pvc, nil
 }
 
-// updatePVC applies fn to the box's PVC and writes it, retrying on a conflict with a fresh read.
+// updatePVC applies fn to the box's PVC and writes it, again with a fresh read on a conflict
+// (another replica, or another goroutine, wrote in between) until ctx ends.
 func (d *Driver) updatePVC(ctx context.Context, id, name string, fn func(*corev1.PersistentVolumeClaim) error) (*corev1.PersistentVolumeClaim, error) {
-	var out *corev1.PersistentVolumeClaim
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+	for attempt := 0; ; attempt++ {
 		pvc, err := d.getPVC(ctx, id, name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := fn(pvc); err != nil {
-			return err
+			return nil, err
 		}
-		out, err = d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Update(ctx, pvc, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		return nil, err
+		out, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Update(ctx, pvc, metav1.UpdateOptions{})
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("kube: update PVC %s: %w", name, err)
+		}
+		// Jittered, growing to 100 ms: writers that collided do not collide again in step.
+		wait := time.Duration(rand.Int64N(int64(min(time.Millisecond<<min(attempt, 7), 100*time.Millisecond)) + 1))
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("kube: update PVC %s: %w (last: %v)", name, ctx.Err(), err)
+		}
 	}
-	return out, nil
 }
 
 // UpdateRecord implements runtime.Driver: read, apply, write with the read's resourceVersion,
@@ -673,6 +681,11 @@ func podMessage(pod *corev1.Pod) string {
 	for _, s := range pod.Status.ContainerStatuses {
 		if t := s.State.Terminated; t != nil {
 			return terminated(t)
+		}
+	}
+	for _, s := range pod.Status.InitContainerStatuses {
+		if t := s.State.Terminated; t != nil && t.ExitCode != 0 {
+			return "init container " + s.Name + ": " + terminated(t)
 		}
 	}
 	if pod.Status.Reason != "" || pod.Status.Message != "" {
