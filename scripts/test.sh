@@ -28,6 +28,8 @@ stale=$(git status --porcelain -- graph resolvers schema.graphqls gqlgen.yml)
 # virtual-kubelet node whose pods are runsc containers) for the kube runtime's tests: built once
 # (cold ~10 min, then cached), started on loopback, stopped by its PID when the tests end.
 kube_bin=$(scripts/ensure-kubeenv.sh)
+log "tests/kubeenv (its own module): vet, and its smoke test of a cluster of its own"
+(cd tests/kubeenv && go vet ./... && KUBEENV_BIN="$kube_bin" go test -count=1 -timeout 10m ./...)
 kube_dir=$(mktemp -d /tmp/sandboxd-kubeenv.XXXXXX)
 mkdir -p "$kube_dir/images/init"
 CGO_ENABLED=0 go build -o "$kube_dir/images/init/sandbox-init" ./cmd/sandbox-init
