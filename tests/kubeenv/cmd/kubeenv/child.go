@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"sandboxd/tests/kubeenv/internal/runsc"
 )
 
 // child is one program of the cluster, run as a child process with its output in a log file.
@@ -83,25 +85,5 @@ func (c *child) stop(grace time.Duration) {
 	<-c.done
 }
 
-// tail returns about the last n bytes of the child's log.
-func (c *child) tail(n int64) string {
-	f, err := os.Open(c.logPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(st.Size()-n, 0)
-	b := make([]byte, st.Size()-off)
-	k, _ := f.ReadAt(b, off)
-	s := string(b[:k])
-	if off > 0 {
-		if i := strings.IndexByte(s, '\n'); i >= 0 {
-			s = s[i+1:]
-		}
-	}
-	return s
-}
+// tail returns about the last n bytes of the child's log, from a line start.
+func (c *child) tail(n int64) string { return runsc.LogTail(c.logPath, n) }

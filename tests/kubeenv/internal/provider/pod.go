@@ -312,7 +312,7 @@ func (pr *podRuntime) startContainer(ctx context.Context, c *ctr) error {
 	}
 	if err != nil {
 		// The shim reports the container's end once the teardown destroys it.
-		return fmt.Errorf("container %s: %w: %s", c.spec.Name, err, logTail(c.logPath, 400))
+		return fmt.Errorf("container %s: %w: %s", c.spec.Name, err, runsc.LogLine(c.logPath, 400))
 	}
 	now := metav1.Now()
 	pr.mu.Lock()
@@ -360,7 +360,7 @@ func (pr *podRuntime) watch(c *ctr, sh *shim.Process, startedAt metav1.Time) {
 	case deleting && st.Signal != 0:
 		message = "killed: the pod was deleted"
 	case code != 0 && message == "" && c.spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError:
-		message = logTail(c.logPath, 2048)
+		message = runsc.LogLine(c.logPath, 2048)
 	}
 	c.state = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 		ExitCode: int32(code), Signal: int32(st.Signal), Reason: reason, Message: message,
@@ -652,23 +652,6 @@ func (pr *podRuntime) container(name string) (*ctr, error) {
 		return c, nil
 	}
 	return nil, fmt.Errorf("pod %s has no container %q", pr.key, name)
-}
-
-// logTail returns about the last n bytes of a file on one line ("" when unreadable).
-func logTail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(st.Size()-n, 0)
-	b := make([]byte, st.Size()-off)
-	k, _ := f.ReadAt(b, off)
-	return strings.Join(strings.Fields(string(b[:k])), " ")
 }
 
 var errNotRunning = errors.New("container is not running")

@@ -359,3 +359,31 @@ func (c *CLI) Version(ctx context.Context) (string, error) {
 	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
 	return strings.TrimSpace(line), nil
 }
+
+// LogTail returns about the last n bytes of a log file, starting at a line ("" when unreadable).
+func LogTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	k, _ := f.ReadAt(b, off)
+	s := string(b[:k])
+	if off > 0 {
+		if i := strings.IndexByte(s, '\n'); i >= 0 {
+			s = s[i+1:]
+		}
+	}
+	return s
+}
+
+// LogLine is LogTail on one line (for error messages).
+func LogLine(path string, n int64) string {
+	return strings.Join(strings.Fields(LogTail(path, n)), " ")
+}

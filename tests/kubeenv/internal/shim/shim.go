@@ -233,7 +233,7 @@ func Main(args []string) int {
 	cancel()
 	log.Close()
 	if err != nil {
-		return fail("create container: %v: %s", err, tail(*logPath, 600))
+		return fail("create container: %v: %s", err, runsc.LogLine(*logPath, 600))
 	}
 	st, exists, err := cli.ReadState(*id)
 	if err != nil || !exists || st.SandboxPid() <= 0 {
@@ -331,23 +331,6 @@ func setChildSubreaper() error {
 		return errno
 	}
 	return nil
-}
-
-// tail returns about the last n bytes of a file on one line.
-func tail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(st.Size()-n, 0)
-	b := make([]byte, st.Size()-off)
-	k, _ := f.ReadAt(b, off)
-	return strings.Join(strings.Fields(string(b[:k])), " ")
 }
 
 // StatusPath is where a container's shim writes its status, beside its bundle.
