@@ -93,6 +93,10 @@ type Box struct {
 	Phase  Phase
 	// Reason says why a box is PhaseFailed.
 	Reason string
+	// Lost marks a PhaseFailed box whose compute was taken away from under it (its pod deleted
+	// or evicted, its node gone) rather than ending by itself: the workspace is intact and the
+	// domain starts the box again.
+	Lost bool
 }
 
 // Driver owns boxes. Every method is safe for concurrent use; methods on one box are serialized by

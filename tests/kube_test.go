@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -37,7 +38,8 @@ func kubeServerOptions(t *testing.T, kubeconfig, redisURL string, st *stateDir) 
 // TestKubeRuntime is the product document's flow through the REST API on the kube runtime
 // (create, exec twice in the same files, stop, start, destroy), with a control-plane restart
 // after a Redis FLUSHALL that finds the sandbox again from the cluster alone, and a pod deleted
-// behind the control plane's back: reported FAILED with a reason, and recovered by a start.
+// behind the control plane's back: reported FAILED with a reason, and started again on its
+// workspace by the control plane.
 func TestKubeRuntime(t *testing.T) {
 	c := kubetest.Require(t)
 	_, kubeconfig := c.Gateway(t)
@@ -133,25 +135,57 @@ func TestKubeRuntime(t *testing.T) {
 	})
 
 	step(t, "pod-deleted-behind-our-back", func(t *testing.T) {
+		old, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		zero := int64(0)
 		if err := cs.CoreV1().Pods(kubetest.Namespace).Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 			t.Fatal(err)
 		}
-		var last sandboxJSON
-		eventually(t, 30*time.Second, "the sandbox is reported FAILED", func() (bool, string) {
-			last = s.get(t, id, hdrDev)
-			return last.State == "FAILED", mustJSON(t, last)
-		})
-		if !strings.Contains(last.StateReason, "pod") {
-			t.Errorf("state_reason %q, want it to name the pod", last.StateReason)
+		// Reported: the sandbox's events say FAILED with the reason, then it is started again
+		// on its kept workspace, in a new pod.
+		wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c := dialGraphQL(wctx, t, s)
+		send(wctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": keyDev})})
+		if m := nextMsg(wctx, t, c); m.Type != "connection_ack" {
+			t.Fatalf("got %s %s, want connection_ack", m.Type, m.Payload)
 		}
-		t.Logf("reported: %q", last.StateReason)
-		if q := s.quota(t, hdrDev); q.InUse != 0 {
-			t.Errorf("a failed sandbox holds %d slots, want 0", q.InUse)
+		send(wctx, t, c, wsMsg{ID: "1", Type: "subscribe", Payload: rawJSON(t, map[string]any{
+			"query": gqlEventsSub, "variables": map[string]any{"id": id, "after": "0-0"}})})
+		var failed *eventJSON
+		for {
+			m := nextMsg(wctx, t, c)
+			var ev gqlEvent
+			if err := json.Unmarshal(m.Payload, &ev); err != nil || ev.Data.SandboxEvents == nil {
+				t.Fatalf("got %s %s, want an event", m.Type, m.Payload)
+			}
+			e := *ev.Data.SandboxEvents
+			if e.State == "FAILED" {
+				failed = &e
+			}
+			if failed != nil && e.State == "RUNNING" {
+				break
+			}
 		}
-		s.curl(t, http.MethodPost, prefix+"/"+id+"/start", nil, hdrDev).want(t, http.StatusOK)
+		if failed.Reason == nil || !strings.Contains(*failed.Reason, "pod") {
+			t.Errorf("the FAILED event's reason %v, want it to name the pod", failed.Reason)
+		} else {
+			t.Logf("reported: %q, then started again", *failed.Reason)
+		}
+		if sb := s.get(t, id, hdrDev); sb.State != "RUNNING" {
+			t.Fatalf("got %s, want RUNNING again", sb.State)
+		}
+		pod, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+		if err != nil || pod.UID == old.UID {
+			t.Errorf("the sandbox's pod after the recovery: %v (uid %v, the deleted one was %v)", err, pod.UID, old.UID)
+		}
 		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
 			t.Errorf("after recovery read %q, want the workspace kept", got)
+		}
+		if q := s.quota(t, hdrDev); q.InUse != 1 {
+			t.Errorf("the recovered sandbox holds %d slots, want 1", q.InUse)
 		}
 	})
 

@@ -85,6 +85,8 @@ type Service struct {
 	bg        context.Context
 	cancel    context.CancelFunc
 	followers sync.WaitGroup
+	// recovering are the starts of sandboxes whose compute was lost (recoverLost).
+	recovering sync.WaitGroup
 	followMu  sync.Mutex
 	following map[string]bool // exec ids this replica follows
 	execSubs  atomic.Int64
@@ -146,6 +148,7 @@ func (s *Service) Limits() Limits { return s.cfg.Limits }
 func (s *Service) Close() {
 	s.cancel()
 	s.followers.Wait()
+	s.recovering.Wait()
 	s.mu.Lock()
 	as := s.attachs
 	s.attachs = map[string]*attachment{}
@@ -475,12 +478,32 @@ func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
 		if err == nil {
 			s.dropAttach(rec.ID)
 			s.release(ctx, rec.Tenant, rec.Project, rec.ID)
-			s.log.Warn("sandbox failed", "sandbox", rec.ID, "reason", reason)
+			s.log.Warn("sandbox failed", "sandbox", rec.ID, "reason", reason, "lost", box.Lost)
+			if box.Lost {
+				s.recoverLost(updated)
+			}
 			return updated
 		}
 		rec.State, rec.StateReason = string(Failed), reason
 	}
 	return rec
+}
+
+// recoverLost starts a sandbox again whose compute the runtime lost (its pod deleted or
+// evicted: the workspace is intact), on the service's lifetime. Only the replica whose write
+// made it FAILED does this; it stays FAILED, with the reason, when the start cannot be done
+// (the project's slots are full, the cluster cannot schedule it), for a caller to start later.
+func (s *Service) recoverLost(rec runtime.Record) {
+	s.recovering.Add(1)
+	go func() {
+		defer s.recovering.Done()
+		p := auth.Principal{Key: systemKey, Tenant: rec.Tenant, Project: rec.Project}
+		if _, err := s.Start(s.bg, p, rec.ID); err != nil {
+			s.log.Warn("could not start again a sandbox whose compute was lost", "sandbox", rec.ID, "err", err)
+			return
+		}
+		s.log.Info("started again a sandbox whose compute was lost", "sandbox", rec.ID)
+	}()
 }
 
 // diedRunning reports a box whose compute died while its record says RUNNING: it is FAILED.

@@ -364,6 +364,59 @@ func TestCrashedBoxIsFailed(t *testing.T) {
 	mustExec(t, e, alice, sb.ID, "true")
 }
 
+// TestLostBoxIsStartedAgain: a box whose compute was taken away (a pod deleted behind the
+// control plane's back) is reported FAILED with the reason and started again on its kept
+// workspace; on a full project it stays FAILED for a caller to start later.
+func TestLostBoxIsStartedAgain(t *testing.T) {
+	e := newEnvWithLimit(t, 1)
+	ctx := context.Background()
+	sb, err := e.svc.Create(ctx, alice, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, e, alice, sb.ID, "sh", "-c", "echo kept > f")
+	if err := e.fake.Lose(sb.ID, "the sandbox's pod is gone"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.svc.Get(ctx, alice, sb.ID)
+	if err != nil || (got.State != Failed && got.State != Starting && got.State != Running) {
+		t.Fatalf("right after the loss: got %s %v", got.State, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for got.State != Running && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		got, _ = e.svc.Get(ctx, alice, sb.ID)
+	}
+	if got.State != Running {
+		t.Fatalf("got %s (%q), want RUNNING again", got.State, got.StateReason)
+	}
+	if res := mustExec(t, e, alice, sb.ID, "cat", "f"); string(res.Stdout) != "kept\n" {
+		t.Errorf("after the recovery read %q, want the workspace kept", res.Stdout)
+	}
+	if u := usage(t, e); u.InUse != 1 {
+		t.Errorf("after the recovery %d slots in use, want 1", u.InUse)
+	}
+
+	// The project's one slot taken meanwhile: the lost box stays FAILED, with the reason.
+	if err := e.fake.Lose(sb.ID, "the sandbox's pod is gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.Get(ctx, alice, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	other, otherErr := e.svc.Create(ctx, alice, CreateRequest{})
+	e.svc.recovering.Wait()
+	got, _ = e.svc.Get(ctx, alice, sb.ID)
+	if otherErr == nil {
+		if got.State != Failed || !strings.Contains(got.StateReason, "pod is gone") {
+			t.Errorf("with the slot taken by %s: got %s (%q), want FAILED with the reason", other.ID, got.State, got.StateReason)
+		}
+	} else if got.State != Running {
+		// The recovery won the slot: the create was refused instead.
+		t.Errorf("the create was refused (%v) but the lost box is %s", otherErr, got.State)
+	}
+}
+
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()

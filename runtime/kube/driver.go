@@ -580,33 +580,34 @@ func (d *Driver) box(pvc *corev1.PersistentVolumeClaim) (runtime.Box, error) {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return runtime.Box{}, err
 	}
-	b.Phase, b.Reason = phase(pod, want)
+	b.Phase, b.Reason, b.Lost = phase(pod, want)
 	return b, nil
 }
 
 // phase is what a box's pod (nil when there is none) says of its compute, given whether the
-// driver wants a pod to exist.
-func phase(pod *corev1.Pod, want bool) (runtime.Phase, string) {
+// driver wants a pod to exist. lost marks a pod taken away (deleted or evicted) rather than
+// one whose sandbox ended by itself.
+func phase(pod *corev1.Pod, want bool) (p runtime.Phase, reason string, lost bool) {
 	switch {
 	case pod == nil && want:
-		return runtime.PhaseFailed, "the sandbox's pod is gone (deleted outside sandboxd, or its node was lost)"
+		return runtime.PhaseFailed, "the sandbox's pod is gone (deleted outside sandboxd, or its node was lost)", true
 	case pod == nil:
-		return runtime.PhaseStopped, ""
+		return runtime.PhaseStopped, "", false
 	case !want:
 		// Stopping: the pod is on its way out.
-		return runtime.PhaseStopped, ""
+		return runtime.PhaseStopped, "", false
 	case pod.DeletionTimestamp != nil:
-		return runtime.PhaseFailed, "the sandbox's pod is being deleted (not by sandboxd): " + podMessage(pod)
-	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
-		return runtime.PhaseFailed, "the sandbox's pod ended: " + podMessage(pod)
+		return runtime.PhaseFailed, "the sandbox's pod is being deleted (not by sandboxd): " + podMessage(pod), true
+	case pod.Status.Phase == corev1.PodFailed && pod.Status.Reason == "Evicted":
+		return runtime.PhaseFailed, "the sandbox's pod was evicted: " + pod.Status.Message, true
 	}
 	if why := podCannotRun(pod); why != "" {
-		return runtime.PhaseFailed, why
+		return runtime.PhaseFailed, why, false
 	}
 	if podReady(pod) {
-		return runtime.PhaseRunning, ""
+		return runtime.PhaseRunning, "", false
 	}
-	return runtime.PhaseStopped, "the sandbox's pod is " + strings.ToLower(string(pod.Status.Phase)) + waitingReason(pod)
+	return runtime.PhaseStopped, "the sandbox's pod is " + strings.ToLower(string(pod.Status.Phase)) + waitingReason(pod), false
 }
 
 func podReady(pod *corev1.Pod) bool {

@@ -179,6 +179,7 @@ func TestPhase(t *testing.T) {
 	pulling := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "nope:1"}}},
 		Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{Name: "sandbox",
 			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ImagePullBackOff", Message: "not found"}}}}}}
+	evicted := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}}
 	pending := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}
 	for _, tc := range []struct {
 		name   string
@@ -186,19 +187,21 @@ func TestPhase(t *testing.T) {
 		want   bool
 		phase  runtime.Phase
 		reason string
+		lost   bool
 	}{
-		{"running", ready(), true, runtime.PhaseRunning, ""},
-		{"stopped", nil, false, runtime.PhaseStopped, ""},
-		{"stopping", deleting, false, runtime.PhaseStopped, ""},
-		{"deleted behind our back", nil, true, runtime.PhaseFailed, "pod is gone"},
-		{"being deleted behind our back", deleting, true, runtime.PhaseFailed, "being deleted"},
-		{"oom", oom, true, runtime.PhaseFailed, "out of memory"},
-		{"image", pulling, true, runtime.PhaseFailed, `cannot run image "nope:1": ImagePullBackOff: not found`},
-		{"pending", pending, true, runtime.PhaseStopped, "pending"},
+		{"running", ready(), true, runtime.PhaseRunning, "", false},
+		{"stopped", nil, false, runtime.PhaseStopped, "", false},
+		{"stopping", deleting, false, runtime.PhaseStopped, "", false},
+		{"deleted behind our back", nil, true, runtime.PhaseFailed, "pod is gone", true},
+		{"being deleted behind our back", deleting, true, runtime.PhaseFailed, "being deleted", true},
+		{"evicted", evicted, true, runtime.PhaseFailed, "evicted: The node was low on resource: memory.", true},
+		{"oom", oom, true, runtime.PhaseFailed, "out of memory", false},
+		{"image", pulling, true, runtime.PhaseFailed, `cannot run image "nope:1": ImagePullBackOff: not found`, false},
+		{"pending", pending, true, runtime.PhaseStopped, "pending", false},
 	} {
-		p, reason := phase(tc.pod, tc.want)
-		if p != tc.phase || !strings.Contains(reason, tc.reason) {
-			t.Errorf("%s: got %s %q, want %s containing %q", tc.name, p, reason, tc.phase, tc.reason)
+		p, reason, lost := phase(tc.pod, tc.want)
+		if p != tc.phase || !strings.Contains(reason, tc.reason) || lost != tc.lost {
+			t.Errorf("%s: got %s %q lost=%v, want %s containing %q lost=%v", tc.name, p, reason, lost, tc.phase, tc.reason, tc.lost)
 		}
 	}
 }

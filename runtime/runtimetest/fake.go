@@ -37,6 +37,7 @@ type fakeBox struct {
 	rec    runtime.Record
 	phase  runtime.Phase
 	reason string
+	lost   bool
 	srv    *guest.Server // while running
 }
 
@@ -78,7 +79,12 @@ func (f *Fake) Workspace(id string) string { return filepath.Join(f.dir, "boxes"
 
 // Kill makes a running box fail as a crashed one would: its processes die, its attaches
 // break, and Get reports PhaseFailed with reason.
-func (f *Fake) Kill(id, reason string) error {
+func (f *Fake) Kill(id, reason string) error { return f.takeDown(id, reason, false) }
+
+// Lose takes a running box's compute away as a deleted pod would: like Kill, with Box.Lost.
+func (f *Fake) Lose(id, reason string) error { return f.takeDown(id, reason, true) }
+
+func (f *Fake) takeDown(id, reason string, lost bool) error {
 	f.mu.Lock()
 	b, ok := f.boxes[id]
 	if !ok {
@@ -86,7 +92,7 @@ func (f *Fake) Kill(id, reason string) error {
 		return fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
 	srv := b.srv
-	b.srv, b.phase, b.reason = nil, runtime.PhaseFailed, reason
+	b.srv, b.phase, b.reason, b.lost = nil, runtime.PhaseFailed, reason, lost
 	f.mu.Unlock()
 	if srv != nil {
 		srv.Close()
@@ -157,7 +163,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 	if err != nil {
 		return fmt.Errorf("fake: guest server: %w", err)
 	}
-	b.srv, b.phase, b.reason = srv, runtime.PhaseRunning, ""
+	b.srv, b.phase, b.reason, b.lost = srv, runtime.PhaseRunning, "", false
 	return nil
 }
 
@@ -198,7 +204,7 @@ func (f *Fake) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
 	srv := b.srv
-	b.srv, b.phase, b.reason = nil, runtime.PhaseStopped, ""
+	b.srv, b.phase, b.reason, b.lost = nil, runtime.PhaseStopped, "", false
 	f.mu.Unlock()
 	if srv != nil {
 		srv.Close()
@@ -236,7 +242,7 @@ func (f *Fake) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if !ok {
 		return runtime.Box{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
-	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason}, nil
+	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost}, nil
 }
 
 // List implements runtime.Driver, in id order.
@@ -249,7 +255,7 @@ func (f *Fake) List(ctx context.Context) ([]runtime.Box, error) {
 	boxes := make([]runtime.Box, 0, len(f.boxes))
 	for _, id := range slices.Sorted(maps.Keys(f.boxes)) {
 		b := f.boxes[id]
-		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason})
+		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost})
 	}
 	return boxes, nil
 }
