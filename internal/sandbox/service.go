@@ -87,10 +87,10 @@ type Service struct {
 	followers sync.WaitGroup
 	// recovering are the starts of sandboxes whose compute was lost (recoverLost).
 	recovering sync.WaitGroup
-	followMu  sync.Mutex
-	following map[string]bool // exec ids this replica follows
-	execSubs  atomic.Int64
-	lastSweep atomic.Int64
+	followMu   sync.Mutex
+	following  map[string]bool // exec ids this replica follows
+	execSubs   atomic.Int64
+	lastSweep  atomic.Int64
 
 	mu      sync.Mutex
 	attachs map[string]*attachment
