@@ -116,7 +116,10 @@ func TestExecRecordOrder(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	for i := range 20 {
 		id := fmt.Sprintf("order-%d", i)
-		if _, err := h.c.StartExec(ctxT(t, 5*time.Second), guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}); err != nil {
+		// stdout and stderr are two pipes read one after the other: writes to both within one
+		// read round (microseconds) may come out in either order, as with any two pipes. Writes
+		// further apart keep their order.
+		if _, err := h.c.StartExec(ctxT(t, 5*time.Second), guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; sleep 0.05; echo err >&2; exit 3"}}); err != nil {
 			t.Fatal(err)
 		}
 		recs := records(t, h.c, id, 0, true)
