@@ -41,7 +41,7 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 		}
 		return nil, fmt.Errorf("gvisor: box %s is %s: %w", id, phase, runtime.ErrNotRunning)
 	}
-	if s := d.takeSpare(id); s != nil {
+	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}
 	if c, err := d.dialHost(ctx, id); err == nil {
@@ -89,64 +89,6 @@ func (d *Driver) dialHost(ctx context.Context, id string) (io.ReadWriteCloser, e
 	return c, nil
 }
 
-// spareTTL is how long a ready attach is kept for the next Attach. The guest init's HTTP/2
-// server closes a connection that sends no client preface within 10 s, so an older spare would
-// be handed out dead (the first call after a start that sat idle failed with a broken pipe).
-const spareTTL = 5 * time.Second
-
-// spare is a box's unused ready attach and when it was made.
-type spare struct {
-	rwc  io.ReadWriteCloser
-	made time.Time
-}
-
-// takeSpare returns the attach that proved the box ready, if it is young and still alive: the
-// first Attach right after a create or start then costs no runsc exec.
-func (d *Driver) takeSpare(id string) io.ReadWriteCloser {
-	d.spareMu.Lock()
-	sp, ok := d.spares[id]
-	delete(d.spares, id)
-	d.spareMu.Unlock()
-	if !ok {
-		return nil
-	}
-	s := sp.rwc
-	if time.Since(sp.made) > spareTTL {
-		s.Close()
-		return nil
-	}
-	if as, ok := s.(*attachStream); ok {
-		select {
-		case <-as.done:
-			as.Close()
-			return nil
-		default:
-		}
-	}
-	return s
-}
-
-// keepSpare stores a ready attach for the next Attach of the box (closing any older one).
-func (d *Driver) keepSpare(id string, s io.ReadWriteCloser) {
-	d.spareMu.Lock()
-	old, had := d.spares[id]
-	d.spares[id] = spare{rwc: s, made: time.Now()}
-	d.spareMu.Unlock()
-	if had {
-		old.rwc.Close()
-	}
-}
-
-// dropSpare closes a box's unused ready attach (before its container goes away).
-func (d *Driver) dropSpare(id string) {
-	d.spareMu.Lock()
-	sp, ok := d.spares[id]
-	delete(d.spares, id)
-	d.spareMu.Unlock()
-	if ok {
-		sp.rwc.Close()
-	}
-}
 
 // attach starts the attach process of a box without checking its phase.
 func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
@@ -319,7 +261,7 @@ func (d *Driver) waitReady(ctx context.Context, id string) error {
 // the box's next Attach.
 func (d *Driver) probe(ctx context.Context, id string) error {
 	if c, err := d.dialHost(ctx, id); err == nil {
-		d.keepSpare(id, c)
+		d.spares.Keep(id, c)
 		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ECONNREFUSED) {
 		return err
@@ -331,7 +273,7 @@ func (d *Driver) probe(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	d.keepSpare(id, s)
+	d.spares.Keep(id, s)
 	return nil
 }
 

@@ -62,9 +62,8 @@ type Driver struct {
 	rootDir  string
 	initDir  string
 
-	// spares holds, per box, the ready attach of its last create or start (see takeSpare).
-	spareMu sync.Mutex
-	spares  map[string]spare
+	// spares holds, per box, the ready attach of its last create or start.
+	spares runtime.Spares
 
 	// boxMu serializes lifecycle operations on one box within this process; recMu serializes
 	// record read-modify-writes (a flock extends that across processes).
@@ -111,7 +110,18 @@ func New(opts Options) (*Driver, error) {
 		opts.Logger = slog.Default()
 	}
 	d := &Driver{
-		spares:   map[string]spare{},
+		spares: runtime.Spares{Ended: func(rwc io.ReadWriteCloser) bool {
+			as, ok := rwc.(*attachStream)
+			if !ok {
+				return false
+			}
+			select {
+			case <-as.done:
+				return true
+			default:
+				return false
+			}
+		}},
 		opts:     opts,
 		log:      opts.Logger.With("driver", "gvisor"),
 		boxesDir: filepath.Join(opts.StateDir, "boxes"),

@@ -368,7 +368,7 @@ func fieldValue(b []byte, key string) (int64, bool) {
 // not always clean (the box's cgroups; the shared null-netns mount once no container is left).
 // It is idempotent and a no-op when there is no container.
 func (d *Driver) destroyContainer(ctx context.Context, id string) error {
-	d.dropSpare(id)
+	d.spares.Drop(id)
 	st, exists, err := d.readState(ctx, id)
 	if err != nil {
 		return err

@@ -16,57 +16,6 @@ import (
 	"sandboxd/guest"
 )
 
-// spareTTL bounds how long the ready attach of a create or start is kept for the box's first
-// call: the guest's HTTP/2 server closes a connection that sends no preface within 10 s.
-const spareTTL = 5 * time.Second
-
-type spare struct {
-	rwc io.ReadWriteCloser
-	at  time.Time
-}
-
-func (d *Driver) keepSpare(id string, rwc io.ReadWriteCloser) {
-	d.spareMu.Lock()
-	old, ok := d.spares[id]
-	d.spares[id] = spare{rwc: rwc, at: time.Now()}
-	d.spareMu.Unlock()
-	if ok {
-		old.rwc.Close()
-	}
-	time.AfterFunc(spareTTL, func() {
-		d.spareMu.Lock()
-		s, ok := d.spares[id]
-		if ok && s.rwc == rwc {
-			delete(d.spares, id)
-		}
-		d.spareMu.Unlock()
-		if ok && s.rwc == rwc {
-			rwc.Close()
-		}
-	})
-}
-
-func (d *Driver) takeSpare(id string) io.ReadWriteCloser {
-	d.spareMu.Lock()
-	defer d.spareMu.Unlock()
-	s, ok := d.spares[id]
-	if !ok {
-		return nil
-	}
-	delete(d.spares, id)
-	if time.Since(s.at) > spareTTL {
-		go s.rwc.Close()
-		return nil
-	}
-	return s.rwc
-}
-
-func (d *Driver) dropSpare(id string) {
-	if s := d.takeSpare(id); s != nil {
-		s.Close()
-	}
-}
-
 // attach execs the guest init's `connect` in the box's sandbox container through the API
 // server (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and
 // returns once the init answered with its ready byte.

@@ -81,8 +81,8 @@ type Driver struct {
 	changeMu sync.Mutex
 	changed  chan struct{}
 
-	spareMu sync.Mutex
-	spares  map[string]spare
+	// spares holds, per box, the ready attach of its last create or start.
+	spares runtime.Spares
 
 	closeOnce sync.Once
 }
@@ -139,7 +139,6 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 		log:     opts.Logger.With("driver", "kube"),
 		stopCh:  make(chan struct{}),
 		changed: make(chan struct{}),
-		spares:  map[string]spare{},
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0,
 		informers.WithNamespace(opts.Namespace),
@@ -175,12 +174,7 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 func (d *Driver) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.stopCh)
-		d.spareMu.Lock()
-		for id, s := range d.spares {
-			s.rwc.Close()
-			delete(d.spares, id)
-		}
-		d.spareMu.Unlock()
+		d.spares.CloseAll()
 	})
 	return nil
 }
@@ -286,7 +280,7 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 	if err != nil {
 		return fmt.Errorf("kube: box %s: the guest init does not answer: %w", id, err)
 	}
-	d.keepSpare(id, rwc)
+	d.spares.Keep(id, rwc)
 	return nil
 }
 
@@ -411,7 +405,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if _, err := d.getPVC(ctx, id, name); err != nil {
 		return err
 	}
-	d.dropSpare(id)
+	d.spares.Drop(id)
 	if err := d.setCompute(ctx, id, name, computeStopped); err != nil {
 		return err
 	}
@@ -425,7 +419,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return nil
 	}
-	d.dropSpare(id)
+	d.spares.Drop(id)
 	zero := int64(0)
 	err = d.cs.CoreV1().Pods(d.opts.Namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -723,7 +717,7 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if err != nil || pod.DeletionTimestamp != nil || !podReady(pod) {
 		return nil, fmt.Errorf("kube: box %s: %w", id, runtime.ErrNotRunning)
 	}
-	if s := d.takeSpare(id); s != nil {
+	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}
 	return d.attach(ctx, id, name)
