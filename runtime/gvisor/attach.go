@@ -89,7 +89,6 @@ func (d *Driver) dialHost(ctx context.Context, id string) (io.ReadWriteCloser, e
 	return c, nil
 }
 
-
 // attach starts the attach process of a box without checking its phase.
 func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
 	if err := ctx.Err(); err != nil {
