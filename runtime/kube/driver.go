@@ -384,9 +384,12 @@ func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	if err := d.runPod(ctx, id, name, pod); err != nil {
-		// Leave no pod half started; the box is stopped (or failed, for the domain).
+		// Leave no pod half started: the box is stopped again (the domain decides its state).
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		if derr := d.setCompute(cctx, id, name, computeStopped); derr != nil {
+			d.log.Error("cleanup after a failed start", "box", id, "err", derr)
+		}
 		if derr := d.deletePod(cctx, name, 0); derr != nil {
 			d.log.Error("cleanup after a failed start", "box", id, "err", derr)
 		}

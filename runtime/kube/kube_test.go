@@ -161,3 +161,39 @@ func TestCannotRun(t *testing.T) {
 		})
 	}
 }
+
+// TestStartCannotRun: a start whose pod cannot run fails with the reason and leaves the box
+// stopped (no pod, workspace kept), so a later start can succeed.
+func TestStartCannotRun(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	d := newDriver(t, cfg)
+	id := runtimetest.CreateBox(t, d, spec)
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
+	if err := d.Stop(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	setImage := func(image string) {
+		t.Helper()
+		if _, err := d.UpdateRecord(ctx(t), id, func(r *runtime.Record) error { r.Spec.Image = image; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setImage("sandboxd/no-such-image:2")
+	_, err := d.Start(ctx(t), id)
+	var se *runtime.StartError
+	if !errors.As(err, &se) || !strings.Contains(se.Reason, "sandboxd/no-such-image:2") {
+		t.Fatalf("Start: got %v, want a StartError naming the image", err)
+	}
+	if b, err := d.Get(ctx(t), id); err != nil || b.Phase != runtime.PhaseStopped {
+		t.Fatalf("after a failed start: %+v %v, want stopped", b, err)
+	}
+	setImage(kubetest.BaseImage)
+	if _, err := d.Start(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"cat", "f"}})
+	if string(res.Stdout) != "kept\n" {
+		t.Errorf("after the start got %q, want the workspace kept", res.Stdout)
+	}
+}
