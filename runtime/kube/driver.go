@@ -34,6 +34,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -192,9 +193,15 @@ func (d *Driver) notify() {
 	d.changeMu.Unlock()
 }
 
-// waitFor re-evaluates cond on every informer change until it reports done, returns an error,
-// or ctx ends. cond reads the informer caches.
-func (d *Driver) waitFor(ctx context.Context, cond func() (bool, error)) error {
+// waitFor re-evaluates cond on every informer change, and every recheck when it is not zero,
+// until cond reports done, returns an error, or ctx ends. cond reads the informer caches.
+func (d *Driver) waitFor(ctx context.Context, recheck time.Duration, cond func() (bool, error)) error {
+	var tick <-chan time.Time
+	if recheck > 0 {
+		t := time.NewTicker(recheck)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		d.changeMu.Lock()
 		ch := d.changed
@@ -205,6 +212,7 @@ func (d *Driver) waitFor(ctx context.Context, cond func() (bool, error)) error {
 		}
 		select {
 		case <-ch:
+		case <-tick:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-d.stopCh:
@@ -288,25 +296,13 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 // and the PVC is in the cache too (so List sees the box). It fails early, saying why, when the
 // pod cannot run: unschedulable for longer than UnschedulableTimeout, an image that cannot be
 // pulled or started, a container or init container that ended.
-func (d *Driver) waitRunning(ctx context.Context, id, name string, uid any) error {
+func (d *Driver) waitRunning(ctx context.Context, id, name string, uid types.UID) error {
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
 	defer cancel()
 	var last string
 	var unschedSince time.Time
-	// An unschedulable pod is not re-evaluated by a watch event: wake up to time it out.
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	go func() {
-		for {
-			select {
-			case <-tick.C:
-				d.notify()
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	err := d.waitFor(ctx, func() (bool, error) {
+	// An unschedulable pod brings no watch event to time it out with: recheck every second.
+	err := d.waitFor(ctx, time.Second, func() (bool, error) {
 		pod, err := d.pods.Get(name)
 		if apierrors.IsNotFound(err) {
 			last = "the pod is not in the watch yet"
@@ -432,7 +428,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("kube: delete PVC %s: %w", name, err)
 	}
-	return d.waitFor(ctx, func() (bool, error) {
+	return d.waitFor(ctx, 0, func() (bool, error) {
 		pvc, err := d.pvcs.Get(name)
 		return apierrors.IsNotFound(err) || (err == nil && pvc.DeletionTimestamp != nil), nil
 	})
@@ -444,7 +440,7 @@ func (d *Driver) deletePod(ctx context.Context, name string, grace int64) error 
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("kube: delete pod %s: %w", name, err)
 	}
-	return d.waitFor(ctx, func() (bool, error) {
+	return d.waitFor(ctx, 0, func() (bool, error) {
 		_, err := d.pods.Get(name)
 		return apierrors.IsNotFound(err), nil
 	})
