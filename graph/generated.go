@@ -1435,7 +1435,7 @@ type Query {
   One command of the caller's tenant:project, answered by any replica: its state and, once it
   ENDED, its exit status. Its output (stdout, stderr, their base64 forms and the truncated flags)
   is read only when one of those fields is selected, as far as the bounded output stream still
-  holds it (each stream cut at the exec output cap). A missing or another tenant's exec is null
+  holds it (each stream's newest bytes up to the exec output cap). A missing or another tenant's exec is null
   plus an error with extensions.code NOT_FOUND.
   """
   exec("The exec id (exec_…), from the exec mutation." id: ID!): ExecResult
@@ -1480,8 +1480,8 @@ type Mutation {
 
   """
   Runs one command in a running sandbox's workspace. By default it waits for the command to end
-  and answers with its result; output is collected up to a cap (stdoutTruncated/stderrTruncated
-  say when it was cut). With wait: false it answers at once with the exec id and state RUNNING
+  and answers with its result; each stream keeps its newest bytes up to a cap (stdoutTruncated/
+  stderrTruncated say when older output was dropped). With wait: false it answers at once with the exec id and state RUNNING
   (exit fields null, output empty) while the command runs on, also after the client has gone:
   follow its output with the execOutput subscription and read its status with the exec query,
   on any replica.
@@ -1856,9 +1856,9 @@ type ExecResult {
   stdoutBase64: String!
   "Standard error, base64-encoded (standard alphabet, padded)."
   stderrBase64: String!
-  "Whether standard output is incomplete: cut at the cap, or no longer held whole by the bounded output stream."
+  "Whether standard output is incomplete: only its newest bytes up to the cap are kept, or the bounded output stream no longer holds it whole."
   stdoutTruncated: Boolean!
-  "Whether standard error is incomplete: cut at the cap, or no longer held whole by the bounded output stream."
+  "Whether standard error is incomplete: only its newest bytes up to the cap are kept, or the bounded output stream no longer holds it whole."
   stderrTruncated: Boolean!
   "Why the command could not start, or could not be followed to its end; null otherwise and while RUNNING."
   error: String

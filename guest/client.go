@@ -121,11 +121,15 @@ func (c *Client) Signal(ctx context.Context, id, sig string) error {
 
 // Record is one record of an exec's output log.
 type Record struct {
-	// Kind is RecordStdout, RecordStderr or RecordExit.
+	// Kind is RecordStdout, RecordStderr, RecordExit or RecordTruncated.
 	Kind byte
 	Data []byte
-	// Offset is the log offset just after this record: where to resume.
+	// Offset is the log offset just after this record: where to resume. For a
+	// RecordTruncated it is the offset where the kept log resumes.
 	Offset int64
+	// Missed is, for a RecordTruncated, how many log bytes (records with their headers)
+	// between the reader's offset and Offset are no longer kept.
+	Missed int64
 }
 
 // ExitStatus decodes the payload of a RecordExit.
@@ -172,7 +176,8 @@ func (r *LogReader) Next() (Record, error) {
 		return Record{}, r.c.wrapErr(r.ctx, err)
 	}
 	n := binary.BigEndian.Uint32(r.hdr[1:])
-	if n > MaxRecordPayload && r.hdr[0] != RecordExit || n > 16<<20 {
+	if n > MaxRecordPayload && r.hdr[0] != RecordExit || n > 16<<20 ||
+		r.hdr[0] == RecordTruncated && n != TruncatedPayloadLen {
 		return Record{}, fmt.Errorf("guest: corrupt log record at offset %d (kind %d, %d bytes)", r.off, r.hdr[0], n)
 	}
 	data := make([]byte, n)
@@ -181,6 +186,16 @@ func (r *LogReader) Next() (Record, error) {
 			err = io.ErrUnexpectedEOF
 		}
 		return Record{}, r.c.wrapErr(r.ctx, err)
+	}
+	if r.hdr[0] == RecordTruncated {
+		// Not a record of the log: it moves the reader on to where the kept log resumes.
+		resume := int64(binary.BigEndian.Uint64(data))
+		if resume <= r.off {
+			return Record{}, fmt.Errorf("guest: corrupt truncation marker at offset %d (resumes at %d)", r.off, resume)
+		}
+		rec := Record{Kind: RecordTruncated, Data: data, Offset: resume, Missed: resume - r.off}
+		r.off = resume
+		return rec, nil
 	}
 	r.off += RecordHeaderLen + int64(n)
 	return Record{Kind: r.hdr[0], Data: data, Offset: r.off}, nil
@@ -211,19 +226,27 @@ func (c *Client) StartLog(ctx context.Context, req ExecRequest) (*LogReader, err
 
 // RunResult is the collected outcome of Run.
 type RunResult struct {
-	ID              string
-	Stdout          []byte
-	Stderr          []byte
+	ID     string
+	Stdout []byte
+	Stderr []byte
+	// StdoutTruncated and StderrTruncated say that the command wrote more than was kept: the
+	// cap cut the oldest bytes, or the log no longer held them.
 	StdoutTruncated bool
 	StderrTruncated bool
 	Exit            ExitStatus
 }
 
-// Run starts a command and follows its log to the end, keeping at most maxStdout and
+// Run starts a command and follows its log to the end, keeping the newest maxStdout and
 // maxStderr bytes (≤ 0: no cap beyond the log's own bound). Cancelling ctx stops following
 // and returns what was collected with ctx's error; the command keeps running.
 func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr int) (RunResult, error) {
 	res := RunResult{ID: req.ID}
+	stdout, stderr := Tail{Limit: maxStdout}, Tail{Limit: maxStderr}
+	gap := false
+	collected := func() {
+		res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
+		res.StdoutTruncated, res.StderrTruncated = stdout.Cut() || gap, stderr.Cut() || gap
+	}
 	lr, err := c.StartLog(ctx, req)
 	if err != nil {
 		return res, err
@@ -232,21 +255,75 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr 
 	for {
 		rec, err := lr.Next()
 		if err == io.EOF {
+			collected()
 			return res, fmt.Errorf("guest: the log of exec %s ended without an exit record", req.ID)
 		}
 		if err != nil {
+			collected()
 			return res, err
 		}
 		switch rec.Kind {
 		case RecordStdout:
-			res.Stdout, res.StdoutTruncated = AppendCapped(res.Stdout, rec.Data, maxStdout, res.StdoutTruncated)
+			stdout.Write(rec.Data)
 		case RecordStderr:
-			res.Stderr, res.StderrTruncated = AppendCapped(res.Stderr, rec.Data, maxStderr, res.StderrTruncated)
+			stderr.Write(rec.Data)
+		case RecordTruncated:
+			gap = true
 		case RecordExit:
 			res.Exit, err = rec.ExitStatus()
+			collected()
+			if res.Exit.StdoutBytes+res.Exit.StderrBytes > 0 {
+				// Exact counts: each stream is truncated when it wrote more than was kept.
+				res.StdoutTruncated = res.Exit.StdoutBytes > int64(len(res.Stdout))
+				res.StderrTruncated = res.Exit.StderrBytes > int64(len(res.Stderr))
+			} else if res.Exit.DroppedBytes > 0 {
+				res.StdoutTruncated, res.StderrTruncated = true, true // an older init's count
+			}
 			return res, err
 		}
 	}
+}
+
+// Tail keeps the newest Limit bytes written to it (Limit ≤ 0: all of them), in at most twice
+// that much memory. The zero value with a Limit set is ready to use.
+type Tail struct {
+	Limit int
+	buf   []byte
+	cut   bool
+}
+
+// Write appends p, forgetting the oldest bytes beyond the limit.
+func (t *Tail) Write(p []byte) {
+	if t.Limit <= 0 {
+		t.buf = append(t.buf, p...)
+		return
+	}
+	if len(p) >= t.Limit {
+		t.cut = t.cut || len(t.buf) > 0 || len(p) > t.Limit
+		t.buf = append(t.buf[:0], p[len(p)-t.Limit:]...)
+		return
+	}
+	if len(t.buf)+len(p) > 2*t.Limit {
+		// Compact: keep the newest Limit-len(p) bytes, so that the buffer holds Limit after p.
+		keep := t.Limit - len(p)
+		n := copy(t.buf, t.buf[len(t.buf)-keep:])
+		t.buf = t.buf[:n]
+		t.cut = true
+	}
+	t.buf = append(t.buf, p...)
+}
+
+// Bytes returns the newest Limit bytes written (all of them without a limit).
+func (t *Tail) Bytes() []byte {
+	if t.Limit > 0 && len(t.buf) > t.Limit {
+		return t.buf[len(t.buf)-t.Limit:]
+	}
+	return t.buf
+}
+
+// Cut reports whether bytes were forgotten.
+func (t *Tail) Cut() bool {
+	return t.cut || t.Limit > 0 && len(t.buf) > t.Limit
 }
 
 // AppendCapped appends data to buf while buf stays within limit bytes (limit <= 0: no cap)

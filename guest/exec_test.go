@@ -102,8 +102,8 @@ func TestExec(t *testing.T) {
 				if info.Running || info.Exit == nil || info.Exit.ExitCode != tt.wantCode {
 					t.Errorf("Exec: got %+v, want ended with code %d", info, tt.wantCode)
 				}
-				if _, err := os.Stat(filepath.Join(h.state, tt.req.ID, "log")); err != nil {
-					t.Errorf("state dir: %v", err)
+				if segs, err := filepath.Glob(filepath.Join(h.state, tt.req.ID, "log.*")); err != nil || len(segs) == 0 {
+					t.Errorf("state dir: got log segments %v (%v), want some", segs, err)
 				}
 			})
 		}
@@ -420,6 +420,9 @@ func TestFollowerJoinsMidRun(t *testing.T) {
 	}
 }
 
+// TestMaxLogBytes: the log keeps the newest output within its bound; the exit status counts
+// every byte written and the ones the log no longer holds; a reader from 0 gets a truncation
+// marker and then the newest bytes.
 func TestMaxLogBytes(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{DefaultMaxLogBytes: 5000}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
@@ -429,29 +432,60 @@ func TestMaxLogBytes(t *testing.T) {
 		total  int
 		budget int64
 	}{
-		{"request-bound", 1000, 100000, 1000},
+		{"request-bound", 8000, 100000, 8000},
 		{"server-default", 0, 100000, 5000},
 		{"fits", 1 << 20, 1000, 1 << 20},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			id := "max-" + tt.name
-			req := guest.ExecRequest{ID: id, Argv: []string{"head", "-c", fmt.Sprint(tt.total), "/dev/zero"}, MaxLogBytes: tt.max}
+			req := guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", fmt.Sprintf("seq 1 100000 | head -c %d", tt.total)}, MaxLogBytes: tt.max}
 			res, err := h.c.Run(ctx, req, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := int64(len(res.Stdout)) + res.Exit.DroppedBytes; got != int64(tt.total) {
-				t.Errorf("kept %d + dropped %d = %d, want %d", len(res.Stdout), res.Exit.DroppedBytes, got, tt.total)
+			if res.Exit.StdoutBytes != int64(tt.total) || res.Exit.StderrBytes != 0 {
+				t.Errorf("counts: got stdout %d stderr %d, want %d and 0", res.Exit.StdoutBytes, res.Exit.StderrBytes, tt.total)
 			}
-			info, err := h.c.Exec(ctx, id)
-			if err != nil {
-				t.Fatal(err)
+			var full bytes.Buffer
+			for i := 1; full.Len() < tt.total; i++ {
+				fmt.Fprintf(&full, "%d\n", i)
 			}
+			want := full.Bytes()[:tt.total]
+			// A reader from 0 after the end: a marker when something was dropped, then the newest
+			// bytes (a suffix of the output), then the exit record.
 			recs := records(t, h.c, id, 0, false)
-			exitLen := int64(guest.RecordHeaderLen + len(recs[len(recs)-1].Data))
-			if info.LogBytes-exitLen > tt.budget {
-				t.Errorf("log bytes before the exit record: got %d, want ≤ %d", info.LogBytes-exitLen, tt.budget)
+			var kept []byte
+			for i, r := range recs {
+				switch r.Kind {
+				case guest.RecordTruncated:
+					if i != 0 {
+						t.Errorf("record %d: got a truncation marker, want it first", i)
+					}
+				case guest.RecordStdout:
+					kept = append(kept, r.Data...)
+				}
+			}
+			if got := int64(len(kept)) + res.Exit.DroppedBytes; got != int64(tt.total) {
+				t.Errorf("kept %d + dropped %d = %d, want %d", len(kept), res.Exit.DroppedBytes, got, tt.total)
+			}
+			if !bytes.HasSuffix(want, kept) {
+				t.Errorf("kept %d bytes, want the newest bytes of the output", len(kept))
+			}
+			if dropped := recs[0].Kind == guest.RecordTruncated; dropped != (tt.total > int(tt.budget)) {
+				t.Errorf("marker: got %v, want %v", dropped, tt.total > int(tt.budget))
+			}
+			if last := recs[len(recs)-1]; last.Kind != guest.RecordExit {
+				t.Errorf("last record: got kind %d, want the exit", last.Kind)
+			}
+			var headers int64
+			for _, r := range recs {
+				if r.Kind == guest.RecordStdout {
+					headers += guest.RecordHeaderLen
+				}
+			}
+			if int64(len(kept))+headers > tt.budget {
+				t.Errorf("log bytes kept: got %d, want ≤ %d", int64(len(kept))+headers, tt.budget)
 			}
 			if tt.total < int(tt.budget) && res.Exit.DroppedBytes != 0 {
 				t.Errorf("dropped: got %d, want 0", res.Exit.DroppedBytes)
@@ -469,8 +503,8 @@ func TestRunCaps(t *testing.T) {
 		wantOutTrunc, wantTrErr bool
 	}{
 		{"no-caps", 0, 0, "0123456789", "abcdefghij", false, false},
-		{"stdout-capped", 4, 100, "0123", "abcdefghij", true, false},
-		{"stderr-capped", 100, 3, "0123456789", "abc", false, true},
+		{"stdout-capped", 4, 100, "6789", "abcdefghij", true, false},
+		{"stderr-capped", 100, 3, "0123456789", "hij", false, true},
 		{"exact", 10, 10, "0123456789", "abcdefghij", false, false},
 	}
 	for i, tt := range tests {

@@ -11,6 +11,7 @@
 //	GET    /v1/execs                           []ExecInfo, oldest first
 //	GET    /v1/execs/{id}                      ExecInfo
 //	GET    /v1/execs/{id}/log?offset=N&follow=1  raw log records from a record boundary
+//	                                           (RecordTruncated first when N is no longer kept)
 //	POST   /v1/execs/{id}/signal               SignalRequest → ExecInfo (the whole tree)
 //	GET    /v1/files?path=P                    the bytes; HeaderSize, HeaderMode, HeaderModTime
 //	PUT    /v1/files?path=P&mode=0644&max=N    body → FileInfo (atomic, parents created)
@@ -94,18 +95,42 @@ type ExitStatus struct {
 	EndedAt    time.Time `json:"ended_at"`
 	// Error says why the command could not start ("executable file not found"), if so.
 	Error string `json:"error,omitempty"`
-	// DroppedBytes counts output that did not fit in MaxLogBytes and was not kept.
+	// DroppedBytes counts output the log no longer holds: the oldest records, dropped to keep
+	// the log within MaxLogBytes, and output lost to a failed write (readers got a
+	// RecordTruncated for it, where it was).
 	DroppedBytes int64 `json:"dropped_bytes,omitempty"`
+	// StdoutBytes and StderrBytes count every byte the command wrote to each, kept in the log
+	// or not. (An init older than these fields reports neither, and its DroppedBytes were the
+	// newest output: it dropped the end once its log was full.)
+	StdoutBytes int64 `json:"stdout_bytes,omitempty"`
+	StderrBytes int64 `json:"stderr_bytes,omitempty"`
 }
 
 // Output log records. The log of an exec is a sequence of records, each a 5-byte header (one
 // kind byte, then the payload length as a big-endian uint32) followed by the payload. Offsets
-// are byte offsets into this log; a record never straddles a read from a record boundary.
+// are logical byte offsets into this log: they count every record ever appended, grow
+// monotonically and are never reused, and a record never straddles a read from a record
+// boundary.
+//
+// The log keeps the newest output. It is stored as segment files; once the kept records pass
+// the exec's MaxLogBytes the oldest segments are dropped (and a failed write to the state dir
+// leaves a gap), while the exit record is always kept. A reader whose offset is no longer kept
+// (it asked for it, or it fell behind while following) first gets a RecordTruncated and then
+// the records from the oldest kept record boundary after its offset; a follower that holds a
+// segment open reads it to its end even after it was dropped.
 const (
 	RecordStdout byte = 1
 	RecordStderr byte = 2
 	// RecordExit's payload is the JSON ExitStatus; it is always the last record.
 	RecordExit byte = 3
+	// RecordTruncated is not part of the log: the server sends it to a reader whose position is
+	// no longer kept. Its payload (TruncatedPayloadLen bytes) is the logical offset, as a
+	// big-endian uint64, where the kept log resumes: the next record starts there, and the
+	// log bytes from the reader's offset up to it (records, headers included) are lost. It
+	// does not advance the offset by its own length: a reader resumes at the payload's offset.
+	RecordTruncated byte = 4
+	// TruncatedPayloadLen is the payload length of a RecordTruncated.
+	TruncatedPayloadLen = 8
 	// RecordHeaderLen is the size of a record header.
 	RecordHeaderLen = 5
 	// MaxRecordPayload bounds one record's payload.

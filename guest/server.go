@@ -347,21 +347,12 @@ func (s *Server) handleLog(w http.ResponseWriter, r *http.Request) {
 }
 
 // streamLog writes an exec's log from off, flushed as it grows; with follow until the exit
-// record, without it until the current end.
+// record, without it until the current end. An off that is no longer kept (the log keeps the
+// newest output) gets a RecordTruncated first, then the records from where the log resumes.
 func (s *Server) streamLog(w http.ResponseWriter, r *http.Request, e *execState, off int64, follow bool, status int) {
-	f, err := os.Open(e.log.path)
+	size, err := e.log.checkOffset(off)
 	if err != nil {
-		writeError(w, errorf(ErrCodeNotFound, "the log of exec %s is gone", e.id))
-		return
-	}
-	defer f.Close()
-	size, _, _ := e.log.state()
-	if off < 0 || off > size {
-		writeError(w, errorf(ErrCodeInvalid, "offset %d is outside the log (0..%d)", off, size))
-		return
-	}
-	if !e.log.boundary(f, off) {
-		writeError(w, errorf(ErrCodeInvalid, "offset %d is not on a record boundary", off))
+		writeError(w, errorf(ErrCodeInvalid, "%v", err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -371,38 +362,12 @@ func (s *Server) streamLog(w http.ResponseWriter, r *http.Request, e *execState,
 	if rc.Flush() != nil {
 		return
 	}
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
-	for {
-		size, ended, changed := e.log.state()
-		if off < size {
-			for off < size {
-				n, err := f.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
-				if n > 0 {
-					if _, werr := w.Write(buf[:n]); werr != nil {
-						return
-					}
-					off += int64(n)
-				}
-				if err != nil && off < size {
-					panic(http.ErrAbortHandler) // the log file broke under us
-				}
-			}
-			if rc.Flush() != nil {
-				return
-			}
-		}
-		if ended || !follow {
-			return
-		}
-		select {
-		case <-changed:
-		case <-r.Context().Done():
-			return
-		case <-s.ctx.Done():
-			return
-		}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	if err := e.log.copyTo(ctx, w, rc.Flush, off, follow); errors.Is(err, errLogBroken) {
+		panic(http.ErrAbortHandler) // the reader sees a broken stream, never a clean end
 	}
 }
 

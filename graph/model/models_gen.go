@@ -158,9 +158,9 @@ type ExecResult struct {
 	StdoutBase64 string `json:"stdoutBase64"`
 	// Standard error, base64-encoded (standard alphabet, padded).
 	StderrBase64 string `json:"stderrBase64"`
-	// Whether standard output is incomplete: cut at the cap, or no longer held whole by the bounded output stream.
+	// Whether standard output is incomplete: only its newest bytes up to the cap are kept, or the bounded output stream no longer holds it whole.
 	StdoutTruncated bool `json:"stdoutTruncated"`
-	// Whether standard error is incomplete: cut at the cap, or no longer held whole by the bounded output stream.
+	// Whether standard error is incomplete: only its newest bytes up to the cap are kept, or the bounded output stream no longer holds it whole.
 	StderrTruncated bool `json:"stderrTruncated"`
 	// Why the command could not start, or could not be followed to its end; null otherwise and while RUNNING.
 	Error *string `json:"error,omitempty"`

@@ -33,10 +33,14 @@ import (
 // Stream names the output a chunk came from.
 type Stream string
 
-// The two output streams.
+// The two output streams, and Gap.
 const (
 	Stdout Stream = "stdout"
 	Stderr Stream = "stderr"
+	// Gap marks a Chunk without output: the guest log bytes from its Start to its Offset are
+	// lost (the guest's bounded log dropped them before they were copied). No entry is
+	// written for it; readers get a truncated event for those bytes before the next entry.
+	Gap Stream = "gap"
 )
 
 // State is an exec's state as the stream knows it.
@@ -84,9 +88,15 @@ type Exit struct {
 	DurationMs int64
 	// Error says why the command could not start or could not be followed to its end.
 	Error string
-	// Dropped counts output bytes the guest could not keep (its per-exec log is bounded): they
-	// never reached the stream, and readers get a truncated event for them before the exit.
+	// Dropped counts output bytes an older guest init dropped at the end of the output (its
+	// log was full): readers get a truncated event for them before the exit. A guest that
+	// keeps the newest output reports its drops in place (Gap chunks) and this stays 0.
 	Dropped int64
+	// StdoutBytes and StderrBytes count every byte the command wrote to each, kept or not,
+	// as the guest counted them (both 0 when unknown: no output, an older guest init, or an
+	// exec that could not be followed to its end).
+	StdoutBytes int64
+	StderrBytes int64
 }
 
 // Meta is the state of one exec.
@@ -105,7 +115,8 @@ type Meta struct {
 	Exit *Exit
 	// Offset is the guest log offset just after the last chunk copied into the stream.
 	Offset int64
-	// Bytes counts the output bytes appended (stdout and stderr), trimmed or not.
+	// Bytes counts the output bytes appended (stdout and stderr), trimmed or not; output the
+	// guest dropped before it was copied is not in it (Exit has the exact counts).
 	Bytes int64
 	// Follower is the token of the replica that holds (or last held) the follower lease;
 	// LeaseUntil is when that lease ends (zero: nobody follows).
@@ -333,6 +344,8 @@ func parseMeta(id string, v map[string]string) (Meta, bool) {
 		dur, _ := strconv.ParseInt(v["duration_ms"], 10, 64)
 		dropped, _ := strconv.ParseInt(v["dropped"], 10, 64)
 		m.Exit = &Exit{ExitCode: code, Signal: v["signal"], TimedOut: v["timed_out"] == "1", DurationMs: dur, Error: v["error"], Dropped: dropped}
+		m.Exit.StdoutBytes, _ = strconv.ParseInt(v["stdout_bytes"], 10, 64)
+		m.Exit.StderrBytes, _ = strconv.ParseInt(v["stderr_bytes"], 10, 64)
 	}
 	return m, true
 }

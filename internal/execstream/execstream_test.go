@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -220,6 +221,63 @@ func TestDroppedOutputIsATruncatedEvent(t *testing.T) {
 		m, err := s.Get(context.Background(), "exec_drop")
 		if err != nil || m.Exit == nil || m.Exit.Dropped != 4096 {
 			t.Fatalf("Get: %+v, %v", m, err)
+		}
+	})
+}
+
+// TestGapIsATruncatedEvent: a Gap chunk (output the guest's log dropped before it was copied)
+// writes no entry; every reader, also one that resumes around it or subscribes live, gets a
+// truncated event of exactly the gap's log bytes in its place, then the newer output, and the
+// exit carries the exact byte counts.
+func TestGapIsATruncatedEvent(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{})
+		create(t, s, c, "exec_gap")
+		before := series(0, numbered(0, 2)...)
+		gap := Chunk{Stream: Gap, Start: before[1].Offset, Offset: before[1].Offset + 10000}
+		after := series(gap.Offset, numbered(2, 4)...)
+		ctx := context.Background()
+		sub, err := s.Subscribe(ctx, "exec_gap", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, s, "exec_gap", "A", append(append(slices.Clone(before), gap), after[0]), nil)
+		if err := s.Append(ctx, "exec_gap", "A", []Chunk{{Stream: Gap, Start: after[0].Offset, Offset: after[0].Offset + 7, Data: []byte("x")}}, nil); err == nil {
+			t.Fatal("a gap with data: got no error")
+		}
+		tail := Chunk{Stream: Gap, Start: after[1].Offset, Offset: after[1].Offset + 500}
+		mustAppend(t, s, "exec_gap", "A", []Chunk{after[1], tail}, &Exit{ExitCode: 0, StdoutBytes: 123456, StderrBytes: 7})
+		m, err := s.Get(ctx, "exec_gap")
+		if err != nil || m.Offset != tail.Offset || m.Exit == nil || m.Exit.StdoutBytes != 123456 || m.Exit.StderrBytes != 7 {
+			t.Fatalf("Get: %+v %+v, %v, want offset %d and the counts", m, m.Exit, err, tail.Offset)
+		}
+		var kinds []string
+		want := "chunk,chunk,truncated:10000,chunk,chunk,truncated:500,exit"
+		describe := func(evs []Event) string {
+			kinds = kinds[:0]
+			for _, ev := range evs {
+				k := string(ev.Kind)
+				if ev.Kind == EventTruncated {
+					k += fmt.Sprintf(":%d", ev.Missed)
+				}
+				kinds = append(kinds, k)
+			}
+			return fmt.Sprint(kinds)
+		}
+		evs := readAll(t, s, "exec_gap", "", 3)
+		if got := describe(evs); got != fmt.Sprint(strings.Split(want, ",")) {
+			t.Fatalf("read: got %s, want %s", got, want)
+		}
+		if ex := evs[len(evs)-1].Exit; ex.StdoutBytes != 123456 || ex.StderrBytes != 7 {
+			t.Errorf("exit event: got %+v, want the counts", ex)
+		}
+		if got := describe(collect(t, sub, 5*time.Second)); got != fmt.Sprint(strings.Split(want, ",")) {
+			t.Fatalf("subscription: got %s, want %s", got, want)
+		}
+		// Resuming at the truncated event's cursor goes on with the output after the gap.
+		resumed := readAll(t, s, "exec_gap", evs[2].Cursor, 10)
+		if len(resumed) == 0 || resumed[0].Kind != EventChunk || !bytes.Equal(resumed[0].Data, after[0].Data) {
+			t.Fatalf("resumed after the marker: got %+v", resumed)
 		}
 	})
 }

@@ -94,8 +94,11 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 		return nil
 	}
 	for i, c := range chunks {
-		if c.Stream != Stdout && c.Stream != Stderr {
+		if c.Stream != Stdout && c.Stream != Stderr && c.Stream != Gap {
 			return fmt.Errorf("execstream append %s: chunk %d: unknown stream %q", execID, i, c.Stream)
+		}
+		if c.Stream == Gap && len(c.Data) > 0 {
+			return fmt.Errorf("execstream append %s: chunk %d: a gap with data", execID, i)
 		}
 		if c.Start < 0 || c.Offset <= c.Start {
 			return fmt.Errorf("execstream append %s: chunk %d: offset %d does not follow start %d", execID, i, c.Offset, c.Start)
@@ -106,16 +109,17 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 		}
 	}
 	now := s.opts.Now()
-	args := make([]any, 0, 12+4*len(chunks))
+	args := make([]any, 0, 14+4*len(chunks))
 	args = append(args, token, now.UnixMilli(), s.opts.MaxLen, s.opts.MaxBytes, len(chunks))
 	if exit != nil {
 		timedOut := 0
 		if exit.TimedOut {
 			timedOut = 1
 		}
-		args = append(args, 1, exit.ExitCode, exit.Signal, timedOut, exit.DurationMs, truncate(exit.Error, 1024), exit.Dropped)
+		args = append(args, 1, exit.ExitCode, exit.Signal, timedOut, exit.DurationMs, truncate(exit.Error, 1024), exit.Dropped,
+			exit.StdoutBytes, exit.StderrBytes)
 	} else {
-		args = append(args, 0, 0, "", 0, 0, "", 0)
+		args = append(args, 0, 0, "", 0, 0, "", 0, 0, 0)
 	}
 	for _, c := range chunks {
 		args = append(args, string(c.Stream), c.Start, c.Offset, c.Data)
@@ -153,16 +157,19 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 // ARGV[1] replica token, ARGV[2] now (unix ms), ARGV[3] MaxLen, ARGV[4] MaxBytes, ARGV[5] n =
 // number of chunks, ARGV[6] 1 when an exit status follows the chunks, ARGV[7] exit code,
 // ARGV[8] signal, ARGV[9] timed_out (0|1), ARGV[10] duration (ms), ARGV[11] error, ARGV[12]
-// dropped (output bytes the guest could not keep); then 4 values per chunk from ARGV[13]: stream (stdout|stderr), start offset, end offset, data.
+// dropped (output bytes an older guest dropped at the end), ARGV[13] stdout_bytes, ARGV[14]
+// stderr_bytes (what the command wrote, kept or not; 0 when unknown); then 4 values per chunk
+// from ARGV[15]: stream (stdout|stderr|gap), start offset, end offset, data.
 // Returns {status, offset}: 1 = written, offset is the new stored offset; 0 = no such exec;
 // -1 = ARGV[1] is not the follower or its lease_until <= now; -2 = the chunks do not start at
 // the stored offset (or are not contiguous); -3 = the exec has ended. Nothing is written
 // unless status is 1.
-// Chunk entries get the id "<end offset>-0" and fields stream, start, data; the exit entry gets
-// "<stored offset>-1" and fields exit=1, code, signal, timed_out, duration_ms, error, dropped. Then the
-// stream is trimmed to MAXLEN ~ ARGV[3] and MINID ~ "<last end - ARGV[4] + 1>-0", which never
-// drops the newest entry. On the exit the meta hash records state=ended, ended_at and the
-// status, and the lease ends (lease_until 0).
+// Chunk entries get the id "<end offset>-0" and fields stream, start, data; a gap chunk only
+// moves the offset on (no entry: readers see the hole as a truncated event). The exit entry
+// gets "<stored offset>-1" and fields exit=1, code, signal, timed_out, duration_ms, error,
+// dropped, stdout_bytes, stderr_bytes. Then the stream is trimmed to MAXLEN ~ ARGV[3] and
+// MINID ~ "<last end - ARGV[4] + 1>-0", which never drops the newest entry. On the exit the
+// meta hash records state=ended, ended_at and the status, and the lease ends (lease_until 0).
 var appendScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[1], 'state', 'follower', 'lease_until', 'offset')
 if not m[1] then return {0, 0} end
@@ -172,20 +179,23 @@ if m[2] ~= ARGV[1] or (tonumber(m[3]) or 0) <= tonumber(ARGV[2]) then return {-1
 local n = tonumber(ARGV[5])
 local expect = tonumber(off)
 for i = 0, n - 1 do
-  local j = 13 + 4 * i
+  local j = 15 + 4 * i
   if tonumber(ARGV[j + 1]) ~= expect then return {-2, tonumber(off)} end
   expect = tonumber(ARGV[j + 2])
 end
 local bytes = 0
 for i = 0, n - 1 do
-  local j = 13 + 4 * i
-  redis.call('XADD', KEYS[2], ARGV[j + 2] .. '-0', 'stream', ARGV[j], 'start', ARGV[j + 1], 'data', ARGV[j + 3])
-  bytes = bytes + string.len(ARGV[j + 3])
+  local j = 15 + 4 * i
+  if ARGV[j] ~= 'gap' then
+    redis.call('XADD', KEYS[2], ARGV[j + 2] .. '-0', 'stream', ARGV[j], 'start', ARGV[j + 1], 'data', ARGV[j + 3])
+    bytes = bytes + string.len(ARGV[j + 3])
+  end
   off = ARGV[j + 2]
 end
 if ARGV[6] == '1' then
   redis.call('XADD', KEYS[2], off .. '-1', 'exit', '1', 'code', ARGV[7], 'signal', ARGV[8],
-    'timed_out', ARGV[9], 'duration_ms', ARGV[10], 'error', ARGV[11], 'dropped', ARGV[12], 'start', off)
+    'timed_out', ARGV[9], 'duration_ms', ARGV[10], 'error', ARGV[11], 'dropped', ARGV[12],
+    'stdout_bytes', ARGV[13], 'stderr_bytes', ARGV[14], 'start', off)
 end
 local maxlen = tonumber(ARGV[3])
 if maxlen > 0 then redis.call('XTRIM', KEYS[2], 'MAXLEN', '~', maxlen) end
@@ -198,7 +208,7 @@ redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'state', 'ended', 'ended_at', ARGV[2], 'lease_until', '0',
     'exit_code', ARGV[7], 'signal', ARGV[8], 'timed_out', ARGV[9], 'duration_ms', ARGV[10], 'error', ARGV[11],
-    'dropped', ARGV[12])
+    'dropped', ARGV[12], 'stdout_bytes', ARGV[13], 'stderr_bytes', ARGV[14])
 end
 return {1, tonumber(off)}`)
 

@@ -24,7 +24,8 @@ const (
 	// EventExit carries the exit status; it is always the last event of an exec.
 	EventExit EventKind = "exit"
 	// EventTruncated says that output between the previous cursor and this event's Cursor is no
-	// longer in the bounded stream (trimmed, or the exec was swept): Missed guest log bytes.
+	// longer in the bounded stream (trimmed, the exec was swept, or the guest's bounded log
+	// dropped it before it was copied: a Gap): Missed guest log bytes.
 	EventTruncated EventKind = "truncated"
 )
 
@@ -174,13 +175,15 @@ func decode(pos cursor, msgs []redis.XMessage) ([]Event, bool, error) {
 			dur, _ := strconv.ParseInt(str("duration_ms"), 10, 64)
 			dropped, _ := strconv.ParseInt(str("dropped"), 10, 64)
 			if dropped > 0 {
-				// The guest's bounded log could not keep the end of the output: say so before the
-				// exit, at the cursor just before it (a resume there sees both again).
+				// An older guest's bounded log could not keep the end of the output: say so
+				// before the exit, at the cursor just before it (a resume there sees both again).
 				evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: start}.String(), Missed: dropped})
 			}
+			stdoutBytes, _ := strconv.ParseInt(str("stdout_bytes"), 10, 64)
+			stderrBytes, _ := strconv.ParseInt(str("stderr_bytes"), 10, 64)
 			evs = append(evs, Event{Kind: EventExit, Cursor: m.ID, Exit: &Exit{
 				ExitCode: code, Signal: str("signal"), TimedOut: str("timed_out") == "1", DurationMs: dur, Error: str("error"),
-				Dropped: dropped,
+				Dropped: dropped, StdoutBytes: stdoutBytes, StderrBytes: stderrBytes,
 			}})
 			return evs, true, nil
 		}

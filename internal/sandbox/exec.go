@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"sandboxd/guest"
@@ -68,10 +69,16 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 		return ExecResult{ExecID: meta.ID, SandboxID: id, Command: meta.Argv, State: ExecRunning, StartedAt: start}, nil
 	}
 	select {
-	case res := <-f.result:
+	case out := <-f.result:
+		if out.err != nil {
+			// The sandbox died while the command ran (out of memory, crashed): not a result of
+			// the command. The exec's stream still ends with an exit event carrying the error.
+			s.metrics.exec("error", s.now().Sub(start))
+			return ExecResult{}, out.err
+		}
 		s.metrics.exec("ok", s.now().Sub(start))
-		res.StartedAt = start
-		return res, nil
+		out.res.StartedAt = start
+		return out.res, nil
 	case <-ctx.Done():
 		s.metrics.exec("error", s.now().Sub(start))
 		return ExecResult{}, apierror.Wrap(ctx.Err(), apierror.Unavailable,
@@ -83,8 +90,9 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 }
 
 // GetExec returns an exec of the caller's project: its status, and with output its stdout and
-// stderr as far as the bounded stream still holds them (each cut at the exec output cap).
-// sandboxID, when not "", must be the exec's sandbox (else NOT_FOUND).
+// stderr as far as the bounded stream still holds them (each the newest bytes up to the exec
+// output cap; *Truncated when the command wrote more than that). sandboxID, when not "", must
+// be the exec's sandbox (else NOT_FOUND).
 func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (ExecResult, error) {
 	m, err := s.loadExec(ctx, p, sandboxID, execID)
 	if err != nil {
@@ -95,6 +103,8 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 		return res, nil
 	}
 	limit := s.cfg.Limits.ExecMaxOutputBytes
+	stdout, stderr := guest.Tail{Limit: limit}, guest.Tail{Limit: limit}
+	gap := false
 	after := ""
 	for {
 		evs, err := s.execs.Read(ctx, execID, after, 256, 0)
@@ -110,21 +120,22 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 		for _, ev := range evs {
 			switch ev.Kind {
 			case execstream.EventTruncated:
-				res.StdoutTruncated, res.StderrTruncated = true, true
+				gap = true
 			case execstream.EventChunk:
 				if ev.Stream == execstream.Stderr {
-					res.Stderr, res.StderrTruncated = guest.AppendCapped(res.Stderr, ev.Data, limit, res.StderrTruncated)
+					stderr.Write(ev.Data)
 				} else {
-					res.Stdout, res.StdoutTruncated = guest.AppendCapped(res.Stdout, ev.Data, limit, res.StdoutTruncated)
+					stdout.Write(ev.Data)
 				}
 			}
 			after = ev.Cursor
 		}
-		if len(res.Stdout) >= limit && len(res.Stderr) >= limit {
-			res.StdoutTruncated, res.StderrTruncated = true, true
-			break
+		if cursorOffset(after) >= m.Offset && m.State == execstream.Running {
+			break // as far as the exec had come when asked: a busy command is not chased
 		}
 	}
+	res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
+	res.StdoutTruncated, res.StderrTruncated = cutFlags(m.Exit, res.Stdout, res.Stderr, stdout.Cut() || gap, stderr.Cut() || gap)
 	return res, nil
 }
 
@@ -212,17 +223,29 @@ func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, exe
 
 const execPrefix = "exec_"
 
+// cursorOffset is the guest log offset of an output cursor ("<offset>-<part>"), -1 if none.
+func cursorOffset(cursor string) int64 {
+	off, _, _ := strings.Cut(cursor, "-")
+	n, err := strconv.ParseInt(off, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 func execResultOf(m execstream.Meta) ExecResult {
 	r := ExecResult{ExecID: m.ID, SandboxID: m.Sandbox, Command: m.Argv, State: ExecRunning,
 		StartedAt: m.StartedAt, OutputBytes: m.Bytes}
 	if m.State == execstream.Ended {
 		r.State = ExecEnded
 		r.EndedAt = m.EndedAt
+		r.OutputBytes = outputBytes(m.Bytes, m.Exit)
 		applyExit(&r, m.Exit)
 	}
 	return r
 }
 
+// applyExit sets the exit fields of r from e. It may be applied more than once.
 func applyExit(r *ExecResult, e *execstream.Exit) {
 	if e == nil {
 		return
@@ -230,11 +253,41 @@ func applyExit(r *ExecResult, e *execstream.Exit) {
 	r.State = ExecEnded
 	r.ExitCode, r.Signal, r.TimedOut, r.Error = e.ExitCode, e.Signal, e.TimedOut, e.Error
 	r.Duration = time.Duration(e.DurationMs) * time.Millisecond
-	if e.Dropped > 0 {
-		// The sandbox's bounded log could not keep all of it (which stream is not known).
-		r.OutputBytes += e.Dropped
-		r.StdoutTruncated, r.StderrTruncated = true, true
+	if counted(e) {
+		r.OutputBytes = e.StdoutBytes + e.StderrBytes
 	}
+}
+
+// counted reports whether the guest counted the command's output exactly. (A guest that
+// counts reports 0 only for a command that wrote nothing, which then has nothing copied
+// either: the fallbacks below give 0 as well.)
+func counted(e *execstream.Exit) bool {
+	return e != nil && e.StdoutBytes+e.StderrBytes > 0
+}
+
+// outputBytes is what the command wrote to stdout and stderr, kept or not: the guest's exact
+// count when it has one, else the bytes copied plus what an older guest dropped at the end.
+func outputBytes(copied int64, e *execstream.Exit) int64 {
+	switch {
+	case counted(e):
+		return e.StdoutBytes + e.StderrBytes
+	case e != nil:
+		return copied + e.Dropped
+	}
+	return copied
+}
+
+// cutFlags says whether the kept stdout and stderr miss output the command wrote: exactly
+// when the guest counted it, else the reader's own flags (a cap cut, a truncated event),
+// and both when an older guest dropped the end.
+func cutFlags(e *execstream.Exit, stdout, stderr []byte, stdoutCut, stderrCut bool) (bool, bool) {
+	switch {
+	case counted(e):
+		return e.StdoutBytes > int64(len(stdout)), e.StderrBytes > int64(len(stderr))
+	case e != nil && e.Dropped > 0:
+		return true, true
+	}
+	return stdoutCut, stderrCut
 }
 
 // ---- following ----
@@ -255,22 +308,30 @@ type follower struct {
 	// exitAppended: this follower put the exit status into the stream (exactly one does).
 	exitAppended bool
 	wait         *collector
-	result       chan ExecResult
+	result       chan followResult
 }
 
-// collector keeps a waiting caller's output, each stream cut at limit.
+// followResult is what a waiting caller gets: the collected result, or the error that ended
+// the exec instead of the command (its sandbox failed).
+type followResult struct {
+	res ExecResult
+	err error
+}
+
+// collector keeps a waiting caller's output: the newest limit bytes of each stream.
 type collector struct {
-	stdout, stderr       []byte
-	stdoutCut, stderrCut bool
-	upTo                 int64 // guest offset collected so far: a reopened log repeats nothing
-	written              int64 // output bytes seen, kept or cut
-	limit                int
+	stdout, stderr guest.Tail
+	// gap: the guest's log no longer held some output when it was read.
+	gap     bool
+	upTo    int64 // guest offset collected so far: a reopened log repeats nothing
+	written int64 // output bytes seen, kept or cut
 }
 
 func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follower {
-	f := &follower{s: s, meta: m, pos: offset, stored: offset, writing: true, result: make(chan ExecResult, 1)}
+	f := &follower{s: s, meta: m, pos: offset, stored: offset, writing: true, result: make(chan followResult, 1)}
 	if wait {
-		f.wait = &collector{upTo: offset, limit: s.cfg.Limits.ExecMaxOutputBytes}
+		limit := s.cfg.Limits.ExecMaxOutputBytes
+		f.wait = &collector{upTo: offset, stdout: guest.Tail{Limit: limit}, stderr: guest.Tail{Limit: limit}}
 	}
 	s.followMu.Lock()
 	s.following[m.ID] = true
@@ -335,7 +396,12 @@ func (f *follower) follow(lr *guest.LogReader) {
 			var err error
 			lr, err = f.reopen()
 			if err != nil {
-				f.finish(&execstream.Exit{ExitCode: -1, Error: err.Error()})
+				msg := err.Error()
+				var coded *apierror.Error
+				if errors.As(err, &coded) {
+					msg = coded.Message
+				}
+				f.finishWith(&execstream.Exit{ExitCode: -1, Error: msg}, err)
 				return
 			}
 			if lr == nil {
@@ -414,7 +480,11 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			if rec.Kind == guest.RecordExit {
 				st, err := rec.ExitStatus()
 				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs,
-					Error: st.Error, Dropped: st.DroppedBytes}
+					Error: st.Error, StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes}
+				if st.StdoutBytes+st.StderrBytes == 0 {
+					// An older guest init: what it dropped was the end of the output.
+					e.Dropped = st.DroppedBytes
+				}
 				if err != nil {
 					e = &execstream.Exit{ExitCode: -1, Error: "the sandbox reported an unreadable exit status"}
 				}
@@ -422,9 +492,17 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 				f.append(batch, e)
 				return e, false
 			}
-			stream := execstream.Stdout
-			if rec.Kind == guest.RecordStderr {
+			var stream execstream.Stream
+			switch rec.Kind {
+			case guest.RecordStdout:
+				stream = execstream.Stdout
+			case guest.RecordStderr:
 				stream = execstream.Stderr
+			default:
+				// A RecordTruncated: the guest's log dropped output before this follower read
+				// it. The stream records the hole, and every reader gets a truncated event in
+				// its place. (A kind this version does not know counts as a hole too.)
+				stream, rec.Data = execstream.Gap, nil
 			}
 			batch = append(batch, execstream.Chunk{Stream: stream, Data: rec.Data, Start: f.pos, Offset: rec.Offset})
 			f.pos = rec.Offset
@@ -454,14 +532,15 @@ func (f *follower) collect(rec guest.Record) {
 		return
 	}
 	c.upTo = rec.Offset
-	if rec.Kind != guest.RecordExit {
-		c.written += int64(len(rec.Data))
-	}
 	switch rec.Kind {
 	case guest.RecordStdout:
-		c.stdout, c.stdoutCut = guest.AppendCapped(c.stdout, rec.Data, c.limit, c.stdoutCut)
+		c.written += int64(len(rec.Data))
+		c.stdout.Write(rec.Data)
 	case guest.RecordStderr:
-		c.stderr, c.stderrCut = guest.AppendCapped(c.stderr, rec.Data, c.limit, c.stderrCut)
+		c.written += int64(len(rec.Data))
+		c.stderr.Write(rec.Data)
+	case guest.RecordTruncated:
+		c.gap = true
 	}
 }
 
@@ -533,7 +612,8 @@ func (f *follower) renew() {
 // reopen opens the guest log again, at the offset Redis holds (or, once the lease is gone but a
 // caller waits here, where the collector stands). It returns (nil, nil) when this replica
 // should stop following, and an error when the exec cannot be followed to its end any more
-// (the sandbox is gone or restarted): that error becomes the exec's end.
+// (the sandbox is gone or restarted): that error becomes the exec's end. When the sandbox
+// failed, the error is SANDBOX_FAILED (and the sandbox is recorded FAILED).
 func (f *follower) reopen() (*guest.LogReader, error) {
 	s := f.s
 	for attempt := 0; ; attempt++ {
@@ -548,7 +628,17 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 		case errors.Is(err, runtime.ErrNotFound):
 			return nil, errors.New("the sandbox was destroyed while the command ran")
 		case err == nil && box.Phase == runtime.PhaseFailed:
-			return nil, errors.New("the sandbox failed while the command ran: " + box.Reason)
+			// The sandbox died under the command (out of memory, crashed): it is FAILED now,
+			// and a waiting caller gets SANDBOX_FAILED with its reason, not a result.
+			octx, cancel := context.WithTimeout(s.bg, 30*time.Second)
+			rec := s.observe(octx, box)
+			cancel()
+			reason := rec.StateReason
+			if reason == "" {
+				reason = box.Reason
+			}
+			return nil, apierror.New(apierror.SandboxFailed, "the sandbox failed while the command ran: %s", reason).
+				WithDetail("state", rec.State).WithDetail("exec_id", f.meta.ID)
 		case err == nil && box.Phase != runtime.PhaseRunning:
 			return nil, errors.New("the sandbox was stopped while the command ran")
 		case err == nil:
@@ -586,25 +676,30 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 // command's end as activity, publishes EXEC_ENDED when this follower was the one to end the
 // stream, and then answers a waiting caller: when a synchronous exec returns, its status and
 // event are already visible from every replica.
-func (f *follower) finish(exit *execstream.Exit) {
+func (f *follower) finish(exit *execstream.Exit) { f.finishWith(exit, nil) }
+
+// finishWith is finish where cause, when not nil, is what a waiting caller gets instead of the
+// result: the exec ended because its sandbox failed, not because the command did.
+func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 	s := f.s
 	if !f.exitAppended {
 		f.append(nil, exit)
 	}
 	r := ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
-	applyExit(&r, exit)
-	if c := f.wait; c != nil {
-		r.StdoutTruncated, r.StderrTruncated = r.StdoutTruncated || c.stdoutCut, r.StderrTruncated || c.stderrCut
-		r.OutputBytes += c.written
+	c := f.wait
+	if c != nil {
+		r.OutputBytes = outputBytes(c.written, exit)
 	}
+	applyExit(&r, exit)
 	// The command's end is activity: auto-stop counts idle time from here.
 	s.touch(s.bg, f.meta.Sandbox)
 	if f.exitAppended {
 		s.publishExec(f.meta, EventExecEnded, &r)
 	}
-	if c := f.wait; c != nil {
-		r.Stdout, r.Stderr = c.stdout, c.stderr
-		f.result <- r
+	if c != nil {
+		r.Stdout, r.Stderr = c.stdout.Bytes(), c.stderr.Bytes()
+		r.StdoutTruncated, r.StderrTruncated = cutFlags(exit, r.Stdout, r.Stderr, c.stdout.Cut() || c.gap, c.stderr.Cut() || c.gap)
+		f.result <- followResult{res: r, err: cause}
 	}
 }
 

@@ -106,16 +106,20 @@ type ExecResult struct {
 	State    ExecState
 	ExitCode int
 	// Signal names the signal that ended the command ("SIGKILL"), "" when it exited.
-	Signal          string
-	TimedOut        bool
-	Duration        time.Duration
-	StartedAt       time.Time
-	EndedAt         time.Time
+	Signal    string
+	TimedOut  bool
+	Duration  time.Duration
+	StartedAt time.Time
+	EndedAt   time.Time
+	// Stdout and Stderr are the newest bytes of each (at most the exec output cap);
+	// StdoutTruncated and StderrTruncated say that the command wrote more than they hold (the
+	// cap cut the oldest bytes, or the bounded logs no longer had them).
 	Stdout          []byte
 	Stderr          []byte
 	StdoutTruncated bool
 	StderrTruncated bool
-	// OutputBytes counts the bytes the command wrote so far (stdout and stderr), kept or not.
+	// OutputBytes counts the bytes the command wrote (stdout and stderr), kept or not: exact
+	// once ended (the sandbox counts them), the bytes copied so far while running.
 	OutputBytes int64
 	// Error says why the command could not start, or could not be followed to its end.
 	Error string
@@ -129,7 +133,8 @@ const (
 	// ExecChunk carries output: Stream and Data.
 	ExecChunk ExecEventKind = "CHUNK"
 	// ExecTruncated says that output between the previous cursor and this one is no longer
-	// kept (the stream is bounded): MissedBytes were dropped. Never a silent gap.
+	// kept (the stream and the sandbox's log are bounded and keep the newest output):
+	// MissedBytes were dropped. Never a silent gap.
 	ExecTruncated ExecEventKind = "TRUNCATED"
 	// ExecExit carries the final status; it is always the last event.
 	ExecExit ExecEventKind = "EXIT"
@@ -143,7 +148,8 @@ type ExecEvent struct {
 	// Stream is "stdout" or "stderr" for ExecChunk.
 	Stream string
 	Data   []byte
-	// MissedBytes is, for ExecTruncated, how many log bytes were lost (0 when unknown).
+	// MissedBytes is, for ExecTruncated, how many log bytes were lost (0 when unknown): output
+	// plus a 5-byte header per record of the sandbox's log.
 	MissedBytes int64
 	// Result is, for ExecExit, the exec's final status (without its output).
 	Result *ExecResult

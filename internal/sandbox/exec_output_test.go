@@ -1,0 +1,209 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/guest"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/execstream"
+)
+
+// The guest's log keeps the newest 64 MiB by default (the fake's guest server uses the
+// default): these commands write more than that.
+const (
+	bigOutput = 70_000_000
+	bigTail   = "\nTHE END\n"
+	bigCmd    = "head -c 70000000 /dev/zero | tr '\\000' y; printf '\\nTHE END\\n'"
+)
+
+// TestExecKeepsTheNewestOutput: a synchronous exec that writes more than every bound answers
+// the newest bytes with stdout_truncated, and its output_bytes is exactly what it wrote, in
+// the answer, the status and the exit event.
+func TestExecKeepsTheNewestOutput(t *testing.T) {
+	const limit = 64 << 10
+	e := newEnvWith(t, envOptions{config: func(c *Config) { c.Limits.ExecMaxOutputBytes = limit }})
+	ctx := context.Background()
+	sb := createRunning(t, e, alice)
+	res, err := e.svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", bigCmd}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte("y"), limit-len(bigTail))
+	want = append(want, bigTail...)
+	if !bytes.Equal(res.Stdout, want) || !res.StdoutTruncated || res.StderrTruncated || len(res.Stderr) != 0 {
+		t.Errorf("exec: got %d bytes ending %q, truncated %v/%v, want the last %d bytes, stdout truncated only",
+			len(res.Stdout), tail(res.Stdout), res.StdoutTruncated, res.StderrTruncated, limit)
+	}
+	if res.OutputBytes != bigOutput+int64(len(bigTail)) {
+		t.Errorf("exec output_bytes: got %d, want %d", res.OutputBytes, bigOutput+len(bigTail))
+	}
+	got, err := e.svc.GetExec(ctx, alice, sb.ID, res.ExecID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Stdout, want) || !got.StdoutTruncated || got.StderrTruncated || got.OutputBytes != res.OutputBytes {
+		t.Errorf("GetExec: got %d bytes ending %q, truncated %v/%v, output_bytes %d; want the last %d bytes and %d",
+			len(got.Stdout), tail(got.Stdout), got.StdoutTruncated, got.StderrTruncated, got.OutputBytes, limit, res.OutputBytes)
+	}
+	ch, err := e.svc.ExecOutput(ctx, alice, res.ExecID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, _, evs := collect(t, ch)
+	if evs[0].Kind != ExecTruncated || evs[0].MissedBytes <= 0 {
+		t.Errorf("first event: got %s (missed %d), want TRUNCATED", evs[0].Kind, evs[0].MissedBytes)
+	}
+	if !bytes.HasSuffix(stdout, want) {
+		t.Errorf("streamed output: ends %q, want the output's end", tail(stdout))
+	}
+	last := evs[len(evs)-1]
+	if last.Kind != ExecExit || last.Result.OutputBytes != res.OutputBytes {
+		t.Errorf("last event: got %s with output_bytes %d, want EXIT with %d", last.Kind, last.Result.OutputBytes, res.OutputBytes)
+	}
+}
+
+// TestTakeoverAfterTheLogDroppedOutput: nobody follows a command while it writes more than the
+// guest's log keeps; the replica that follows on afterwards gets the guest's truncation marker
+// and every subscriber sees TRUNCATED with exactly the bytes the guest dropped, then the newest
+// output, then the exit with the exact byte count.
+func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := createRunning(t, e, alice)
+	// Replicas whose Redis streams hold the whole guest log, so that the only hole is the
+	// guest's own.
+	base := e.newDeps
+	e.newDeps = func() Deps {
+		d := base()
+		d.Execs = execstream.New(e.redis.Client, execstream.Options{MaxBytes: 256 << 20, Now: e.clock.Now, Block: 200 * time.Millisecond})
+		return d
+	}
+	first, second := e.replica(t), e.replica(t)
+	res, err := first.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", "sleep 0.5; " + bigCmd}, Detach: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close() // nobody follows while the command writes
+
+	g, err := second.guest(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		info, err := g.Exec(ctx, res.ExecID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not end")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	lr, err := g.Log(ctx, res.ExecID, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker, err := lr.Next()
+	lr.Close()
+	if err != nil || marker.Kind != guest.RecordTruncated || marker.Missed <= 0 {
+		t.Fatalf("the guest log from 0: got %+v %v, want a truncation marker", marker, err)
+	}
+
+	if err := second.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := second.ExecOutput(ctx, alice, res.ExecID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, _, evs := collect(t, ch)
+	if evs[0].Kind != ExecTruncated || evs[0].MissedBytes != marker.Missed {
+		t.Fatalf("first event: got %s (missed %d), want TRUNCATED missing %d", evs[0].Kind, evs[0].MissedBytes, marker.Missed)
+	}
+	for i, ev := range evs[1 : len(evs)-1] {
+		if ev.Kind != ExecChunk {
+			t.Fatalf("event %d: got %s, want only chunks after the marker", i+1, ev.Kind)
+		}
+	}
+	if len(stdout) < 56<<20 || !strings.HasSuffix(string(stdout), "yyy"+bigTail) || strings.Trim(string(stdout[:len(stdout)-len(bigTail)]), "y") != "" {
+		t.Errorf("output after the marker: %d bytes ending %q, want the newest ≥ 56 MiB of the output", len(stdout), tail(stdout))
+	}
+	last := evs[len(evs)-1]
+	if last.Kind != ExecExit || last.Result.ExitCode != 0 || last.Result.OutputBytes != bigOutput+int64(len(bigTail)) {
+		t.Errorf("last event: got %s %+v, want EXIT 0 with output_bytes %d", last.Kind, last.Result, bigOutput+len(bigTail))
+	}
+}
+
+// TestExecOfASandboxThatDiesIsSandboxFailed: a synchronous exec whose sandbox dies under it
+// answers SANDBOX_FAILED with the sandbox's reason, the sandbox is FAILED, and the exec's
+// stream still ends with an exit event carrying the error.
+func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := createRunning(t, e, alice)
+	type answer struct {
+		res ExecResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := e.svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", "echo started; sleep 60"}})
+		done <- answer{res, err}
+	}()
+	g, err := e.svc.guest(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		infos, err := g.Execs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(infos) == 1 && infos[0].Running && infos[0].LogBytes > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the command did not start: %+v", infos)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := e.fake.Kill(sb.ID, "out of memory"); err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the exec did not answer")
+	}
+	ae := apierror.From(a.err)
+	if ae.Code != apierror.SandboxFailed || !strings.Contains(ae.Message, "out of memory") {
+		t.Fatalf("exec: got %+v %v, want SANDBOX_FAILED naming the reason", a.res, a.err)
+	}
+	execID, _ := ae.Details["exec_id"].(string)
+	got, err := e.svc.Get(ctx, alice, sb.ID)
+	if err != nil || got.State != Failed || !strings.Contains(got.StateReason, "out of memory") {
+		t.Fatalf("sandbox: got %s %q %v, want FAILED with the reason", got.State, got.StateReason, err)
+	}
+	ch, err := e.svc.ExecOutput(ctx, alice, execID, "")
+	if err != nil {
+		t.Fatalf("the exec's output (%q): %v", execID, err)
+	}
+	stdout, _, evs := collect(t, ch)
+	last := evs[len(evs)-1]
+	if string(stdout) != "started\n" || last.Kind != ExecExit || !strings.Contains(last.Result.Error, "out of memory") {
+		t.Fatalf("output: got %q, last %s %+v; want the output and an exit naming the reason", stdout, last.Kind, last.Result)
+	}
+}
+
+func tail(b []byte) string {
+	return string(b[max(0, len(b)-16):])
+}
