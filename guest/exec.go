@@ -32,8 +32,13 @@ type execState struct {
 	log     *execLog
 	started time.Time
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// cg and cgroup are the exec's cgroup (see Cgroups); cg is nil where the init has none,
+	// and its processes are then tracked by process group and parentage (killTree).
+	cg       *Cgroups
+	cgroup   string
 	pid      int
+	reaped   bool // the main process was waited for: its pid may be reused
 	timedOut bool
 }
 
@@ -53,15 +58,17 @@ func (e *execState) info() ExecInfo {
 	}
 }
 
-// kill signals the exec's tree; for a running exec that includes its process group.
+// kill signals every process the exec started that is still alive, whether the exec runs or
+// ended: the processes of its cgroup, or without cgroups what killTree finds.
 func (e *execState) kill(sig syscall.Signal) {
 	e.mu.Lock()
-	pgid := e.pid
+	cg, name, pid, running := e.cg, e.cgroup, e.pid, !e.reaped
 	e.mu.Unlock()
-	if e.log.isEnded() {
-		pgid = 0
+	if cg != nil {
+		cg.signal(name, sig)
+		return
 	}
-	killTree(e.id, pgid, sig)
+	killTree(pid, running, sig)
 }
 
 // proc is a started exec's process and pipes.
@@ -141,6 +148,9 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 	p, serr := s.spawn(e, req)
 	if serr != nil {
 		defer s.wg.Done()
+		e.mu.Lock()
+		e.reaped = true // nothing to wait for
+		e.mu.Unlock()
 		e.log.write(RecordStderr, []byte(serr.msg+"\n"))
 		now := time.Now().UTC()
 		s.retire(e)
@@ -157,8 +167,11 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 	return e.info(), nil
 }
 
-// spawn starts the exec's process in its own process group with its pipes.
+// spawn starts the exec's process in its own process group (and its own cgroup, where the
+// init has them) with its pipes.
 func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
+	// The exec's id in its environment is information for the command; nothing relies on it
+	// to find the command's processes (a command may drop it).
 	env := mergeEnv(s.opts.BaseEnv, req.Env, []string{ExecIDEnv + "=" + e.id})
 	cwd := s.cwd(req.Cwd)
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
@@ -205,7 +218,26 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 		Files: []*os.File{stdinR, outW, errW},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
-	pid, status, err := s.waiter.start(argv0, req.Argv, attr)
+	fork := func() (*os.Process, error) { return os.StartProcess(argv0, req.Argv, attr) }
+	if s.opts.Cgroups != nil {
+		name, err := s.opts.Cgroups.create(e.id)
+		if err != nil {
+			closeAll(stdinW, outW, errW)
+			_ = syscall.Close(outR)
+			_ = syscall.Close(errR)
+			if stdinW != nil {
+				closeAll(stdinR)
+			}
+			s.log.Error("exec cgroup", "exec", e.id, "err", err)
+			return nil, &startError{126, "tracking the command's processes: " + err.Error()}
+		}
+		e.mu.Lock()
+		e.cg, e.cgroup = s.opts.Cgroups, name
+		e.mu.Unlock()
+		inner := fork
+		fork = func() (*os.Process, error) { return s.opts.Cgroups.start(name, inner) }
+	}
+	pid, status, err := s.waiter.start(fork)
 	closeAll(outW, errW) // the child holds its own copies
 	if stdinW != nil {
 		closeAll(stdinR)
@@ -230,7 +262,7 @@ func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
 	e.mu.Unlock()
 	if s.isClosed() {
 		// Close ran while we were starting and could not see the pid.
-		killTree(e.id, pid, syscall.SIGKILL)
+		e.kill(syscall.SIGKILL)
 	}
 	if stdinW != nil {
 		s.wg.Add(1)
@@ -270,12 +302,14 @@ wait:
 			expired = nil
 			e.mu.Lock()
 			e.timedOut = true
-			pgid := e.pid
 			e.mu.Unlock()
-			killTree(e.id, pgid, syscall.SIGKILL)
+			e.kill(syscall.SIGKILL)
 		}
 	}
 	exited := time.Now().UTC()
+	e.mu.Lock()
+	e.reaped = true
+	e.mu.Unlock()
 
 	col.stopAt.Store(exited.Add(drainAfterExit).UnixNano())
 	<-collected
@@ -455,6 +489,12 @@ func (s *Server) retire(e *execState) {
 	s.mu.Unlock()
 	for _, old := range drop {
 		_ = os.RemoveAll(old.dir)
+		old.mu.Lock()
+		cg, name := old.cg, old.cgroup
+		old.mu.Unlock()
+		if cg != nil {
+			cg.remove(name)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -15,8 +16,9 @@ import (
 
 // waiter starts processes and reports each one's wait status exactly once.
 type waiter interface {
-	// start starts a process; its status arrives on the returned channel (buffered).
-	start(argv0 string, argv []string, attr *os.ProcAttr) (int, <-chan syscall.WaitStatus, error)
+	// start starts a process with fork (os.StartProcess, or a variant of it that places the
+	// process); its status arrives on the returned channel (buffered).
+	start(fork func() (*os.Process, error)) (int, <-chan syscall.WaitStatus, error)
 	// stop releases the waiter; every process it started must have been reported.
 	stop()
 }
@@ -24,8 +26,8 @@ type waiter interface {
 // waitEach waits for every process with its own Wait (when the server is not PID 1).
 type waitEach struct{}
 
-func (waitEach) start(argv0 string, argv []string, attr *os.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
-	p, err := os.StartProcess(argv0, argv, attr)
+func (waitEach) start(fork func() (*os.Process, error)) (int, <-chan syscall.WaitStatus, error) {
+	p, err := fork()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -114,10 +116,10 @@ func (r *reaper) reap() {
 	}
 }
 
-func (r *reaper) start(argv0 string, argv []string, attr *os.ProcAttr) (int, <-chan syscall.WaitStatus, error) {
+func (r *reaper) start(fork func() (*os.Process, error)) (int, <-chan syscall.WaitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p, err := os.StartProcess(argv0, argv, attr)
+	p, err := fork()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -160,21 +162,50 @@ var signals = map[string]syscall.Signal{
 	"SIGUSR2": syscall.SIGUSR2,
 }
 
-// killTree sends sig to the whole process tree of an exec: its process group (while the exec
-// runs: after it ended the group id may no longer be ours) and every live process whose
-// environment carries SBX_EXEC_ID=<id> (those that setsid'd or changed their group). For
-// SIGKILL it repeats briefly until a scan finds nobody left.
-func killTree(id string, pgid int, sig syscall.Signal) {
+// killTree signals an exec's processes where the init has no cgroups (a server on a host, or a
+// runtime that starts PID 1 without CAP_SYS_ADMIN): it tracks them by process group and
+// parentage, as the kernel shows them in /proc at the moment of the kill. pgid is the exec's
+// main process, which started as the leader of its own process group; running says it has
+// not been reaped yet. For SIGKILL it repeats until a round finds nobody left (bounded).
+//
+// The exec's processes are then: while it runs, the main process, the members of its process
+// group and every live descendant of those (through the PPid links); once the main process
+// was reaped, the group's members and their live descendants, unless a process now holds the
+// group's number as its pid (a pid is not reused while a group of that number exists, so
+// such a process means the exec's group died out and the number went to someone else).
+//
+// What this fallback cannot catch, because nothing the init can observe ties such a process to
+// its exec any more (cgroups can; see Cgroups):
+//   - a process that left the process group (setsid, setpgid) and whose chain of parents back
+//     to the group broke before the kill: a daemon that forked twice ((setsid cmd &),
+//     daemon(3), `setsid cmd` run as the exec's main process) is re-parented to PID 1 (or to
+//     the nearest subreaper) at once, and is then nobody's descendant;
+//   - after the main process ended, its own children that left the group (they were
+//     re-parented when it exited).
+//
+// And like any kill by a pid read from /proc, a signal can race with the reuse of that pid.
+func killTree(pgid int, running bool, sig syscall.Signal) {
+	if pgid <= 1 {
+		return
+	}
+	self := os.Getpid()
 	delay := time.Millisecond
 	for round := 0; ; round++ {
-		if pgid > 0 {
+		// Read the tree before signalling anyone: a process that dies re-parents its children
+		// and breaks the links that tie them to the exec.
+		tree := treeMembers(readProcs(), pgid, running, self)
+		if running {
+			// The whole group at once, forks of this very moment included. Its number is
+			// ours while the main process is not reaped.
 			_ = syscall.Kill(-pgid, sig)
 		}
-		pids := findTree(id, pgid)
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, sig)
+		for _, p := range tree {
+			if running && p.pgrp == pgid {
+				continue // signalled with the group: never twice
+			}
+			_ = syscall.Kill(p.pid, sig)
 		}
-		if sig != syscall.SIGKILL || len(pids) == 0 || round >= 60 {
+		if sig != syscall.SIGKILL || len(tree) == 0 || round >= killRounds {
 			return
 		}
 		time.Sleep(delay)
@@ -182,76 +213,95 @@ func killTree(id string, pgid int, sig syscall.Signal) {
 	}
 }
 
-// findTree lists the live processes (zombies excluded) that belong to an exec: members of
-// process group pgid (when pgid > 0) and carriers of SBX_EXEC_ID=<id> in /proc/<pid>/environ.
-func findTree(id string, pgid int) []int {
+// procEntry is one process as /proc/<pid>/stat shows it.
+type procEntry struct {
+	pid, ppid, pgrp int
+	zombie          bool
+}
+
+// treeMembers picks out of procs the live processes of the exec led by pgid (see killTree for
+// the rules), never self or PID 1, ordered by pid.
+func treeMembers(procs []procEntry, pgid int, running bool, self int) []procEntry {
+	in := make(map[int]bool)
+	if running {
+		in[pgid] = true
+	}
+	children := make(map[int][]int)
+	for _, p := range procs {
+		if !running && p.pid == pgid {
+			return nil // the group's number belongs to another process now
+		}
+		if p.pgrp == pgid {
+			in[p.pid] = true
+		}
+		children[p.ppid] = append(children[p.ppid], p.pid)
+	}
+	queue := make([]int, 0, len(in))
+	for pid := range in {
+		queue = append(queue, pid)
+	}
+	for len(queue) > 0 {
+		pid := queue[len(queue)-1]
+		queue = queue[:len(queue)-1]
+		for _, c := range children[pid] {
+			if !in[c] {
+				in[c] = true
+				queue = append(queue, c)
+			}
+		}
+	}
+	var out []procEntry
+	for _, p := range procs {
+		if in[p.pid] && !p.zombie && p.pid > 1 && p.pid != self {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b procEntry) int { return a.pid - b.pid })
+	return out
+}
+
+// readProcs reads every process's pid, parent, process group and state from /proc.
+func readProcs() []procEntry {
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil
 	}
 	names, _ := d.Readdirnames(-1)
 	_ = d.Close()
-	want := []byte(ExecIDEnv + "=" + id)
-	self := os.Getpid()
-	var pids []int
+	procs := make([]procEntry, 0, len(names))
 	for _, name := range names {
 		pid, err := strconv.Atoi(name)
-		if err != nil || pid == self || pid <= 1 {
+		if err != nil {
 			continue
 		}
 		stat, err := os.ReadFile("/proc/" + name + "/stat")
 		if err != nil {
 			continue
 		}
-		state, pgrp, ok := parseStat(stat)
-		if !ok || state == 'Z' || state == 'X' || state == 'x' {
+		state, ppid, pgrp, ok := parseStat(stat)
+		if !ok {
 			continue
 		}
-		if pgid > 0 && pgrp == pgid {
-			pids = append(pids, pid)
-			continue
-		}
-		env, err := os.ReadFile("/proc/" + name + "/environ")
-		if err != nil {
-			continue
-		}
-		if hasEnvEntry(env, want) {
-			pids = append(pids, pid)
-		}
+		procs = append(procs, procEntry{pid: pid, ppid: ppid, pgrp: pgrp,
+			zombie: state == 'Z' || state == 'X' || state == 'x'})
 	}
-	return pids
+	return procs
 }
 
-// parseStat reads the state and process group out of /proc/<pid>/stat.
-func parseStat(stat []byte) (state byte, pgrp int, ok bool) {
+// parseStat reads the state, parent and process group out of /proc/<pid>/stat.
+func parseStat(stat []byte) (state byte, ppid, pgrp int, ok bool) {
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	f := bytes.Fields(stat[i+1:])
 	if len(f) < 3 || len(f[0]) != 1 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	pgrp, err := strconv.Atoi(string(f[2]))
-	if err != nil {
-		return 0, 0, false
+	ppid, err1 := strconv.Atoi(string(f[1]))
+	pgrp, err2 := strconv.Atoi(string(f[2]))
+	if err1 != nil || err2 != nil {
+		return 0, 0, 0, false
 	}
-	return f[0][0], pgrp, true
-}
-
-// hasEnvEntry reports whether a NUL-separated environment block holds exactly entry.
-func hasEnvEntry(env, entry []byte) bool {
-	for len(env) > 0 {
-		i := bytes.IndexByte(env, 0)
-		var e []byte
-		if i < 0 {
-			e, env = env, nil
-		} else {
-			e, env = env[:i], env[i+1:]
-		}
-		if bytes.Equal(e, entry) {
-			return true
-		}
-	}
-	return false
+	return f[0][0], ppid, pgrp, true
 }

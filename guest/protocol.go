@@ -46,7 +46,8 @@ const (
 	StateDir = "/run/sbx/execs"
 	// Workspace is the sandbox's persistent working directory.
 	Workspace = "/workspace"
-	// ExecIDEnv is set in every exec's environment; it marks the exec's whole process tree.
+	// ExecIDEnv is set in every exec's environment, as information for the command only: the
+	// init never uses it to find an exec's processes (a command can drop it).
 	ExecIDEnv = "SBX_EXEC_ID"
 )
 
@@ -179,7 +180,20 @@ type Health struct {
 	OK      bool   `json:"ok"`
 	Pid     int    `json:"pid"`
 	Version string `json:"version"`
+	// ProcessTracking says how the init finds an exec's processes for a timeout, signal or
+	// shutdown: TrackingCgroup or TrackingProcessGroup (empty from an older init).
+	ProcessTracking string `json:"process_tracking,omitempty"`
 }
+
+// Values of Health.ProcessTracking.
+const (
+	// TrackingCgroup: each exec has a cgroup of its own, which every process it starts stays
+	// in; all of them are reached, whatever they do.
+	TrackingCgroup = "cgroup"
+	// TrackingProcessGroup: the exec's process group and the live descendants of its
+	// processes; a process that left the group and was re-parented is missed.
+	TrackingProcessGroup = "process-group"
+)
 
 // SignalRequest is the body of POST /v1/execs/{id}/signal.
 type SignalRequest struct {

@@ -41,6 +41,12 @@ type ServerOptions struct {
 	// KeepEnded is how many ended execs are kept (default 1000); the oldest are forgotten
 	// and their files deleted.
 	KeepEnded int
+	// Cgroups, when set, tracks each exec's processes in a cgroup of its own (OpenCgroups:
+	// PID 1 inside a sandbox only), so that a timeout, signal or Close reaches every process
+	// an exec started, whatever it did to its session, group or environment. Without it they
+	// are tracked by process group and parentage, which misses processes that left the group
+	// and were re-parented (see killTree). The server does not close it.
+	Cgroups *Cgroups
 	// Logger receives the few things worth logging (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -247,7 +253,11 @@ func (s *Server) lookup(id string) *execState {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, Health{OK: true, Pid: os.Getpid(), Version: Version})
+	tracking := TrackingProcessGroup
+	if s.opts.Cgroups != nil {
+		tracking = TrackingCgroup
+	}
+	writeJSON(w, http.StatusOK, Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking})
 }
 
 func (s *Server) handleStartExec(w http.ResponseWriter, r *http.Request) {

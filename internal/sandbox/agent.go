@@ -549,9 +549,9 @@ func (s *Service) CancelAgentRun(ctx context.Context, p auth.Principal, runID st
 	return s.GetAgentRun(ctx, p, runID)
 }
 
-// CancelExec kills a running exec of the caller's sandbox with its whole process tree (its
-// process group and every process that carries its SBX_EXEC_ID). An exec that ended already
-// is left as it is.
+// CancelExec kills a running exec of the caller's sandbox with every process it started (the
+// guest init finds them in the exec's cgroup, or by process group and parentage where it has
+// none). An exec that ended already is left as it is.
 func (s *Service) CancelExec(ctx context.Context, p auth.Principal, sandboxID, execID string) error {
 	m, err := s.loadExec(ctx, p, sandboxID, execID)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -74,6 +75,145 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		if got := strings.TrimSpace(string(res.Stdout)); got != "0" {
 			t.Errorf("got %q sleep processes left after the timeout (stderr %q), want 0", got, res.Stderr)
 		}
+	})
+	// An exec's processes end with its timeout or signal whatever they do to their session,
+	// process group or environment. With cgroup tracking (guest.TrackingCgroup) that is every
+	// one of them; with process-group tracking it is what that promises (see the guest's
+	// killTree), and the test logs what escaped it and ends that by pid.
+	marked := func(t *testing.T, c *guest.Client, ms []string) (pids []string, ps string) {
+		t.Helper()
+		res := MustRun(t, c, guest.ExecRequest{Argv: []string{"ps", "-eo", "pid=,args="}})
+		for _, line := range strings.Split(string(res.Stdout), "\n") {
+			// "pid sleep <marker>" (or "pid x <marker>" after exec -a): not the shells whose
+			// scripts mention the markers
+			if f := strings.Fields(line); len(f) == 3 && slices.Contains(ms, f[2]) {
+				pids = append(pids, f[0])
+			}
+		}
+		return pids, string(res.Stdout)
+	}
+	waitMarked := func(t *testing.T, c *guest.Client, ms []string, want int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			got, ps := marked(t, c, ms)
+			if len(got) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("processes carrying %q: got %d (pids %v), want %d; ps:\n%s", ms, len(got), got, want, ps)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	markers := func(n int) []string {
+		base := rand.IntN(900000) + 100000
+		ms := make([]string, n)
+		for i := range ms {
+			ms[i] = fmt.Sprintf("%d.%06d", 1000+i, base)
+		}
+		return ms
+	}
+	tracking := func(t *testing.T, c *guest.Client) bool {
+		t.Helper()
+		h, err := c.Health(ctxT(t))
+		if err != nil {
+			t.Fatalf("Health: %v", err)
+		}
+		t.Logf("process tracking: %q", h.ProcessTracking)
+		return h.ProcessTracking == guest.TrackingCgroup
+	}
+	t.Run("ExecEscapesEnd", func(t *testing.T) {
+		id := CreateBox(t, d, spec)
+		c := Client(t, d, id)
+		cgroups := tracking(t, c)
+		// caught: left the session and group but its parent is the exec's (m[0]); renamed,
+		// in the group (m[1]); by cgroups only: forked twice, so re-parented to PID 1 (m[2]);
+		// in a user namespace and mount namespace of its own, where it tries to mount the exec
+		// hierarchy and move itself to its root (m[3]; without the seccomp filter of
+		// guest.Cgroups.Seal that works under gVisor).
+		// (The mount is tried inside a box only: the fake's commands run on the host.)
+		m := markers(4)
+		script := fmt.Sprintf(`setsid env -i sleep %s &
+nohup bash -c 'exec -a x sleep %s' >/dev/null 2>&1 &
+(setsid env -i sleep %s &)
+`, m[0], m[1], m[2])
+		if cgroups {
+			script += fmt.Sprintf(`unshare -Urm --propagation unchanged sh -c 'mkdir -p /tmp/cg-$$ && mount -t cgroup -o job cgroup /tmp/cg-$$ && echo $$ > /tmp/cg-$$/tasks; exec env -i sleep %s' >/dev/null 2>&1 &
+`, m[3])
+		} else {
+			m = m[:3]
+		}
+		type result struct {
+			res guest.RunResult
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := c.Run(ctxT(t), guest.ExecRequest{ID: NewExecID(), Argv: []string{"bash", "-c", script + "sleep 600"}, TimeoutMs: 3000}, 1<<20, 1<<20)
+			done <- result{res, err}
+		}()
+		var r result
+		select {
+		case r = <-done: // a failed start answers before the processes are counted
+		case <-time.After(100 * time.Millisecond):
+			waitMarked(t, c, m, len(m)) // every one of them runs before the timeout
+			r = <-done
+		}
+		if r.err != nil {
+			t.Fatalf("Run: %v", r.err)
+		}
+		if !r.res.Exit.TimedOut {
+			t.Fatalf("got exit %+v (stdout %q, stderr %q), want timed_out", r.res.Exit, r.res.Stdout, r.res.Stderr)
+		}
+		if cgroups {
+			waitMarked(t, c, m, 0)
+			// PID 1 starts each command from a thread it moves into the exec's cgroup for the
+			// fork; none of its threads may stay there (or be created there).
+			res := MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", `for t in /proc/1/task/*; do grep -H ':job:' $t/cgroup; done`}})
+			lines := strings.Fields(strings.TrimSpace(string(res.Stdout)))
+			for _, l := range lines {
+				if !strings.HasSuffix(l, ":job:/") {
+					t.Errorf("a thread of PID 1 outside the root cgroup: %s", l)
+				}
+			}
+			if len(lines) == 0 {
+				t.Errorf("no thread of PID 1 listed (stderr %q)", res.Stderr)
+			}
+			return
+		}
+		waitMarked(t, c, m[:2], 0)
+		if left, _ := marked(t, c, m); len(left) > 0 {
+			t.Logf("process-group tracking: %d escaped process(es) (pids %v), as documented; ending them by pid", len(left), left)
+			MustRun(t, c, guest.ExecRequest{Argv: append([]string{"kill", "-KILL"}, left...)})
+		}
+	})
+	t.Run("SignalAfterExit", func(t *testing.T) {
+		id := CreateBox(t, d, spec)
+		c := Client(t, d, id)
+		cgroups := tracking(t, c)
+		// A normal exit leaves what the command started in the background running (m[0], a
+		// child of it that left the group m[1], and with cgroups a double-forked m[2]); a
+		// signal sent to the ended exec still ends all of it.
+		m := markers(3)
+		script := fmt.Sprintf(`sleep %s &
+sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 &
+`, m[0], m[1])
+		want := 2
+		if cgroups {
+			script += fmt.Sprintf("(setsid env -i sleep %s &)\n", m[2])
+			want = 3
+		}
+		execID := NewExecID()
+		res := MustRun(t, c, guest.ExecRequest{ID: execID, Argv: []string{"sh", "-c", script + "exit 0"}})
+		if res.Exit.ExitCode != 0 || res.Exit.TimedOut {
+			t.Fatalf("got exit %+v, want 0", res.Exit)
+		}
+		waitMarked(t, c, m, want)
+		if err := c.Signal(ctxT(t), execID, "SIGKILL"); err != nil {
+			t.Fatalf("Signal: %v", err)
+		}
+		waitMarked(t, c, m, 0)
 	})
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, d, spec, !cfg.skipHost) })
 	t.Run("NetworkNone", func(t *testing.T) {
