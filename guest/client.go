@@ -503,6 +503,8 @@ func codeForStatus(status int) string {
 		return ErrCodeExists
 	case http.StatusRequestEntityTooLarge:
 		return ErrCodeTooLarge
+	case http.StatusInsufficientStorage:
+		return ErrCodeNoSpace
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		return ErrCodeUnavailable
 	}

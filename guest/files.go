@@ -17,11 +17,31 @@ import (
 	"time"
 )
 
-// Names the server uses inside the workspace; hidden from listings and exports.
+// Names the server makes inside the workspace (randName): a reserved prefix and exactly
+// randHexLen lowercase hex digits. Only names of exactly that form are the server's: hidden
+// from listings and exports (temp files anywhere, import staging folders at the top) and, for
+// staging folders, deleted when the server starts. Anything else a command makes, such as
+// .sbx-tmp-notes or .sbx-import-x/y, is a file like any other: listed, exported, kept. The
+// files API refuses every path component that starts with a reserved prefix (ErrCodeInvalid),
+// so that nothing a client writes can be taken for one of the server's own files.
 const (
 	importPrefix = ".sbx-import-"
 	tmpPrefix    = ".sbx-tmp-"
+	randHexLen   = 16
 )
+
+// reservedPrefixes are the prefixes the files API refuses in a path.
+var reservedPrefixes = []string{tmpPrefix, importPrefix}
+
+// NoSpaceMessage begins the message of an error caused by a full workspace disk (ENOSPC or
+// EDQUOT: the sandbox's disk limit), whose code is ErrCodeNoSpace.
+const NoSpaceMessage = "the workspace disk is full"
+
+// IsNoSpace reports whether err is the guest's answer to a full workspace disk.
+func IsNoSpace(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == ErrCodeNoSpace
+}
 
 const (
 	defaultMaxFileBytes = 1 << 30
@@ -59,6 +79,14 @@ func (s *Server) relPath(p string, allowRoot bool) (string, *Error) {
 	}
 	if c == "." && !allowRoot {
 		return "", errorf(ErrCodeInvalid, "path %s is the workspace itself", p)
+	}
+	for part := range strings.SplitSeq(c, "/") {
+		for _, prefix := range reservedPrefixes {
+			if strings.HasPrefix(part, prefix) {
+				return "", errorf(ErrCodeInvalid, "path %s: the name %q is reserved (names starting with %q belong to the guest init's own temporary files)",
+					p, part, prefix)
+			}
+		}
 	}
 	return c, nil
 }
@@ -105,9 +133,35 @@ func fsError(err error) *Error {
 		errors.Is(err, syscall.ENAMETOOLONG):
 		return errorf(ErrCodeInvalid, "%v", err)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return errorf(ErrCodeTooLarge, "%v", err)
+		return errorf(ErrCodeNoSpace, "%s: %v", NoSpaceMessage, err)
+	case errors.Is(err, syscall.ENXIO):
+		// What opening a socket answers.
+		return errorf(ErrCodeInvalid, "%v (a socket or a device: the files API reads and writes regular files)", err)
 	}
 	return errorf(ErrCodeInternal, "%v", err)
+}
+
+// specialKind names the type of a file the files API neither reads nor writes: "" for regular
+// files, directories and symlinks.
+func specialKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO (named pipe)"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	case m&fs.ModeIrregular != 0:
+		return "a file of an unknown type"
+	}
+	return ""
+}
+
+// specialError is the answer to a read or write of a special file.
+func specialError(rel, kind string) *Error {
+	return errorf(ErrCodeInvalid, "%s is %s: the files API reads and writes regular files only", absName(rel), kind)
 }
 
 // unixMode converts Go's mode bits into FileInfo.Mode.
@@ -151,10 +205,24 @@ func fileInfo(name, p string, fi fs.FileInfo) FileInfo {
 	}
 }
 
+// randName makes one of the server's own names: prefix and randHexLen random hex digits.
 func randName(prefix string) string {
-	var b [8]byte
+	var b [randHexLen / 2]byte
 	_, _ = rand.Read(b[:])
 	return prefix + hex.EncodeToString(b[:])
+}
+
+// isOwnName reports whether name is exactly of the form randName(prefix) makes.
+func isOwnName(name, prefix string) bool {
+	if len(name) != len(prefix)+randHexLen || !strings.HasPrefix(name, prefix) {
+		return false
+	}
+	for _, c := range name[len(prefix):] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // openInWorkspace opens the workspace root and, resolved inside it (links are followed only
@@ -173,8 +241,14 @@ func (s *Server) openInWorkspace(rel string) (*os.Root, string, *os.File, *Error
 	}
 	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
+		var perr *Error
+		if fi, lerr := root.Lstat(name); lerr == nil && specialKind(fi.Mode()) != "" {
+			perr = specialError(rel, specialKind(fi.Mode())) // a socket: ENXIO
+		} else {
+			perr = fsError(err)
+		}
 		root.Close()
-		return nil, "", nil, fsError(err)
+		return nil, "", nil, perr
 	}
 	return root, name, f, nil
 }
@@ -202,6 +276,10 @@ func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !fi.Mode().IsRegular() {
+		if kind := specialKind(fi.Mode()); kind != "" {
+			writeError(w, specialError(rel, kind))
+			return
+		}
 		writeError(w, errorf(ErrCodeInvalid, "%s is not a regular file", absName(rel)))
 		return
 	}
@@ -278,6 +356,10 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	if fi, err := root.Lstat(target); err == nil && fi.IsDir() {
 		writeError(w, errorf(ErrCodeIsDir, "%s is a directory", absName(rel)))
 		return
+	} else if err == nil && specialKind(fi.Mode()) != "" {
+		// Replacing a socket or a FIFO a command listens on is not what a write means.
+		writeError(w, specialError(rel, specialKind(fi.Mode())))
+		return
 	}
 	tmp := path.Join(dir, randName(tmpPrefix))
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
@@ -295,6 +377,10 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		err = cerr
 	}
 	switch {
+	case err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)):
+		_ = root.Remove(tmp)
+		writeError(w, errorf(ErrCodeNoSpace, "%s: writing %s: %v", NoSpaceMessage, absName(rel), err))
+		return
 	case err != nil:
 		_ = root.Remove(tmp)
 		writeError(w, errorf(ErrCodeInvalid, "writing %s: %v", absName(rel), err))
@@ -384,6 +470,10 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fsError(err))
 		return
 	} else if !fi.IsDir() {
+		if kind := specialKind(fi.Mode()); kind != "" {
+			writeError(w, errorf(ErrCodeNotDir, "%s is %s, not a directory", absName(rel), kind))
+			return
+		}
 		writeError(w, errorf(ErrCodeNotDir, "%s is not a directory", absName(rel)))
 		return
 	}
@@ -423,7 +513,7 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 }
 
 // hiddenName reports the server's own transient files (temp files anywhere, import staging
-// folders at the top).
+// folders at the top): names of exactly the form randName makes, nothing else.
 func hiddenName(dir, name string) bool {
-	return strings.HasPrefix(name, tmpPrefix) || (dir == "." && strings.HasPrefix(name, importPrefix))
+	return isOwnName(name, tmpPrefix) || (dir == "." && isOwnName(name, importPrefix))
 }

@@ -1,12 +1,17 @@
 package guest_test
 
 import (
+	"bytes"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -280,5 +285,164 @@ func TestWriteFileMax(t *testing.T) {
 			names = append(names, e.Name())
 		}
 		t.Errorf("workspace: got %v, want only f1", names)
+	}
+}
+
+// Names of exactly the form the server makes for itself (a reserved prefix and 16 lowercase hex
+// digits), and names a command may make that merely look like them.
+const (
+	ownTmp    = ".sbx-tmp-0123456789abcdef"
+	ownImport = ".sbx-import-fedcba9876543210"
+)
+
+// TestReservedNames: the files API refuses every path with a reserved component, naming the
+// prefix; names a command makes that only start like the server's own are listed and kept.
+func TestReservedNames(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	refused := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"write-tmp", func() error {
+			_, err := h.c.WriteFile(ctx, ".sbx-tmp-x", 0o644, strings.NewReader("x"))
+			return err
+		}, ".sbx-tmp-"},
+		{"write-import-below", func() error {
+			_, err := h.c.WriteFile(ctx, "/workspace/a/.sbx-import-x/y", 0o644, strings.NewReader("x"))
+			return err
+		}, ".sbx-import-"},
+		{"write-own-name", func() error {
+			_, err := h.c.WriteFile(ctx, ownTmp, 0o644, strings.NewReader("x"))
+			return err
+		}, ".sbx-tmp-"},
+		{"read", func() error {
+			_, _, err := h.c.ReadFile(ctx, "d/.sbx-tmp-notes")
+			return err
+		}, ".sbx-tmp-"},
+		{"list", func() error {
+			_, _, err := h.c.ListDir(ctx, ".sbx-import-x", 0)
+			return err
+		}, ".sbx-import-"},
+		{"remove", func() error { return h.c.Remove(ctx, ".sbx-tmp-x", true) }, ".sbx-tmp-"},
+	}
+	for _, tt := range refused {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			wantCode(t, err, guest.ErrCodeInvalid)
+			if !strings.Contains(err.Error(), "reserved") || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want a message naming the reserved prefix %s", err, tt.want)
+			}
+		})
+	}
+	if ents, _ := os.ReadDir(h.ws); len(ents) != 0 {
+		t.Fatalf("refused calls left %v in the workspace", ents)
+	}
+
+	// What commands make: look-alikes are ordinary files, the server's own forms are hidden.
+	writeTree(t, h.ws, map[string]string{
+		".sbx-tmp-notes":                "notes",
+		".sbx-import-x/y":               "y",
+		"sub/" + ownImport + "/z":       "z", // staging folders are only ever at the top
+		"sub/.sbx-tmp-ABCDEF0123456789": "upper case is not the server's",
+		ownTmp:                          "in flight",
+		ownImport + "/staged":           "staged",
+		"sub/" + ownTmp:                 "in flight",
+	})
+	names := func(dir string) []string {
+		t.Helper()
+		ents, _, err := h.c.ListDir(ctx, dir, 0)
+		if err != nil {
+			t.Fatalf("ListDir %s: %v", dir, err)
+		}
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name)
+		}
+		return out
+	}
+	if got, want := names("."), []string{".sbx-import-x", ".sbx-tmp-notes", "sub"}; !slices.Equal(got, want) {
+		t.Errorf("ListDir .: got %v, want %v", got, want)
+	}
+	if got, want := names("sub"), []string{ownImport, ".sbx-tmp-ABCDEF0123456789"}; !slices.Equal(got, want) {
+		t.Errorf("ListDir sub: got %v, want %v", got, want)
+	}
+}
+
+// TestSpecialFiles: sockets and FIFOs are refused quickly with a 400 naming their type, for
+// reads, writes and listings; they can be removed.
+func TestSpecialFiles(t *testing.T) {
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	ln, err := net.Listen("unix", filepath.Join(h.ws, "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := syscall.Mkfifo(filepath.Join(h.ws, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, kind string }{{"s", "a socket"}, {"fifo", "a FIFO"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			_, _, err := h.c.ReadFile(ctx, tc.name)
+			wantCode(t, err, guest.ErrCodeInvalid)
+			if !strings.Contains(err.Error(), tc.kind) {
+				t.Errorf("read: got %v, want it to say %s", err, tc.kind)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Errorf("read took %v", el)
+			}
+			_, err = h.c.WriteFile(ctx, tc.name, 0o644, strings.NewReader("x"))
+			wantCode(t, err, guest.ErrCodeInvalid)
+			if !strings.Contains(err.Error(), tc.kind) {
+				t.Errorf("write: got %v, want it to say %s", err, tc.kind)
+			}
+			_, _, err = h.c.ListDir(ctx, tc.name, 0)
+			var ge *guest.Error
+			if !errors.As(err, &ge) || guest.HTTPStatus(ge.Code) != http.StatusBadRequest || !strings.Contains(ge.Message, tc.kind) {
+				t.Errorf("list: got %v, want a 400 saying %s", err, tc.kind)
+			}
+		})
+	}
+	if ents, _, err := h.c.ListDir(ctx, ".", 0); err != nil || len(ents) != 2 {
+		t.Errorf("ListDir of a folder with special files: got %v %v, want both listed", ents, err)
+	}
+	for _, name := range []string{"s", "fifo"} {
+		if err := h.c.Remove(ctx, name, false); err != nil {
+			t.Errorf("Remove %s: %v", name, err)
+		}
+	}
+}
+
+// TestWorkspaceFull: a full workspace disk answers ErrCodeNoSpace saying so (IsNoSpace), for
+// a file write and an import, and leaves nothing half-written.
+func TestWorkspaceFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	ctx := ctxT(t, 20*time.Second)
+	if err := syscall.Mount("tmpfs", h.ws, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(h.ws, syscall.MNT_DETACH) })
+	big := strings.Repeat("x", 2<<20)
+	_, err := h.c.WriteFile(ctx, "big", 0o644, strings.NewReader(big))
+	wantCode(t, err, guest.ErrCodeNoSpace)
+	if !guest.IsNoSpace(err) || !strings.Contains(err.Error(), guest.NoSpaceMessage) {
+		t.Errorf("WriteFile on a full disk: got %v, want IsNoSpace saying so", err)
+	}
+	_, err = h.c.ImportWorkspace(ctx, bytes.NewReader(buildTar(t, []tarEntry{{name: "a/big", body: big}})), guest.ImportOptions{Replace: true})
+	if !guest.IsNoSpace(err) {
+		t.Errorf("ImportWorkspace on a full disk: got %v, want IsNoSpace", err)
+	}
+	waitFor(t, func() bool {
+		ents, _ := os.ReadDir(h.ws)
+		return len(ents) == 0
+	})
+	if guest.IsNoSpace(errors.New(guest.NoSpaceMessage)) {
+		t.Error("IsNoSpace of a plain error: got true, want false")
 	}
 }

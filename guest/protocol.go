@@ -169,6 +169,8 @@ const (
 	ErrCodeNotDir      = "not_dir"
 	ErrCodeInternal    = "internal"
 	ErrCodeUnavailable = "unavailable"
+	// ErrCodeNoSpace: the workspace's disk is full (ENOSPC/EDQUOT: the sandbox's disk limit).
+	ErrCodeNoSpace = "no_space"
 )
 
 // Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it
@@ -244,6 +246,8 @@ func HTTPStatus(code string) int {
 		return http.StatusConflict
 	case ErrCodeTooLarge:
 		return http.StatusRequestEntityTooLarge
+	case ErrCodeNoSpace:
+		return http.StatusInsufficientStorage
 	case ErrCodeUnavailable:
 		return http.StatusTooManyRequests
 	default:

@@ -366,6 +366,11 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			}
 			return res, errorf(ErrCodeInvalid, "tar entry %q is not a directory", hdr.Name)
 		}
+		if own := ownNameIn(name); own != "" {
+			// It would be hidden from listings and exports (and, at the top, deleted at the
+			// next start): refuse it rather than lose it silently.
+			return res, errorf(ErrCodeInvalid, "tar entry %q: the name %q is one the guest init makes for its own temporary files", hdr.Name, own)
+		}
 		if res.Files++; res.Files > opts.maxFiles {
 			return res, errorf(ErrCodeTooLarge, "tar holds more than %d files", opts.maxFiles)
 		}
@@ -562,6 +567,19 @@ func entryError(name string, err error) *Error {
 	return e
 }
 
+// ownNameIn returns the first component of the clean relative path name that hiddenName hides
+// ("" for none).
+func ownNameIn(name string) string {
+	dir := "."
+	for part := range strings.SplitSeq(name, "/") {
+		if hiddenName(dir, part) {
+			return part
+		}
+		dir = path.Join(dir, part)
+	}
+	return ""
+}
+
 // cleanTarName validates a tar entry name (or hard link target): relative, no escape.
 func cleanTarName(n string) (string, bool) {
 	if n == "" || strings.HasPrefix(n, "/") || strings.IndexByte(n, 0) >= 0 {
@@ -653,7 +671,8 @@ func readDirNames(root *os.Root, dir string) ([]string, error) {
 	return f.Readdirnames(-1)
 }
 
-// removeStaleImports deletes staging folders left by an import that was cut short.
+// removeStaleImports deletes staging folders left by an import that was cut short: only names
+// of exactly the form the server makes (a command's .sbx-import-notes is kept).
 func (s *Server) removeStaleImports() {
 	root, err := os.OpenRoot(s.ws)
 	if err != nil {
@@ -665,7 +684,7 @@ func (s *Server) removeStaleImports() {
 		return
 	}
 	for _, name := range names {
-		if strings.HasPrefix(name, importPrefix) {
+		if isOwnName(name, importPrefix) {
 			_ = root.RemoveAll(name)
 		}
 	}

@@ -422,3 +422,70 @@ func TestImportLaterEntriesReplaceEarlierOnes(t *testing.T) {
 		t.Errorf("a/link: got %v %v, want a regular file", fi, err)
 	}
 }
+
+// TestReservedLookAlikesSurvive: names a command makes that start like the server's own
+// (.sbx-tmp-notes, .sbx-import-x/y) are exported, imported and kept across a server start;
+// only names of exactly the server's form are left out of exports, refused by imports and, for
+// staging folders at the top, deleted at start.
+func TestReservedLookAlikesSurvive(t *testing.T) {
+	ws := t.TempDir()
+	writeTree(t, ws, map[string]string{
+		".sbx-tmp-notes":        "notes",
+		".sbx-import-x/y":       "y",
+		ownImport + "/staged":   "left by an import cut short",
+		"sub/" + ownTmp:         "a write in flight",
+		"sub/" + ownImport:      "not at the top: an ordinary file",
+		"sub/.sbx-tmp-deadbeef": "too short to be the server's",
+	})
+	// A server starting on the workspace removes only its own staging folders.
+	srv, err := guest.NewServer(guest.ServerOptions{Workspace: ws, StateDir: tmpfsDir(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	for _, name := range []string{".sbx-tmp-notes", ".sbx-import-x/y", "sub/" + ownTmp, "sub/" + ownImport} {
+		if !fileExists(filepath.Join(ws, name)) {
+			t.Errorf("%s was deleted at start, want it kept", name)
+		}
+	}
+	if fileExists(filepath.Join(ws, ownImport)) {
+		t.Errorf("the stale staging folder %s was kept", ownImport)
+	}
+
+	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	must(t, os.RemoveAll(h.ws))
+	must(t, os.Rename(ws, h.ws))
+	tarball := export(t, h.c)
+	var got []string
+	tr := tar.NewReader(bytes.NewReader(tarball))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		must(t, err)
+		got = append(got, hdr.Name)
+	}
+	sort.Strings(got)
+	want := []string{".sbx-import-x/", ".sbx-import-x/y", ".sbx-tmp-notes", "sub/", "sub/" + ownImport, "sub/.sbx-tmp-deadbeef"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("export: got %v, want %v", got, want)
+	}
+
+	// The export goes back in whole (a restore), into a fresh workspace.
+	dst := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{Replace: true}); err != nil {
+		t.Fatalf("ImportWorkspace: %v", err)
+	}
+	for _, name := range []string{".sbx-tmp-notes", ".sbx-import-x/y", "sub/" + ownImport} {
+		if !fileExists(filepath.Join(dst.ws, name)) {
+			t.Errorf("%s missing after the import", name)
+		}
+	}
+
+	// A tar naming one of the server's own forms is refused, not silently hidden.
+	for _, name := range []string{ownTmp, "a/" + ownTmp, ownImport + "/f"} {
+		_, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, []tarEntry{{name: name, body: "x"}})), guest.ImportOptions{})
+		wantCode(t, err, guest.ErrCodeInvalid)
+	}
+}

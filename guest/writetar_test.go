@@ -28,7 +28,7 @@ func TestWriteTarNeverFollowsLinks(t *testing.T) {
 	must(os.WriteFile(filepath.Join(dir, "a", "b", "f"), []byte("data"), 0o640))
 	must(os.Symlink(outside, filepath.Join(dir, "dirlink")))
 	must(os.Symlink(filepath.Join(outside, "secret"), filepath.Join(dir, "a", "filelink")))
-	must(os.WriteFile(filepath.Join(dir, tmpPrefix+"partial"), []byte("x"), 0o600))
+	must(os.WriteFile(filepath.Join(dir, randName(tmpPrefix)), []byte("x"), 0o600))
 
 	var buf bytes.Buffer
 	n, err := WriteTar(context.Background(), dir, &buf)

@@ -51,7 +51,8 @@ type BoxSpec struct {
 	MilliCPU int64 `json:"milli_cpu,omitempty"`
 	// MemoryBytes is the memory limit; 0 means no limit.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
-	// DiskBytes is the workspace size (PVC request); the local driver does not enforce it.
+	// DiskBytes is the workspace size: the PVC's request on Kubernetes, the size of the box's
+	// own ext4 file system on the local driver (0: the driver's default).
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 	// PidsLimit is a generous backstop on host tasks; 0 means the driver default.
 	PidsLimit int64 `json:"pids_limit,omitempty"`

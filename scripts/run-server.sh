@@ -7,7 +7,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 need_root
-apt_install debootstrap ca-certificates zstd
+apt_install debootstrap ca-certificates zstd e2fsprogs
 runsc=$(scripts/ensure-runsc.sh)
 rootfs=$(scripts/ensure-rootfs.sh sandboxes-default)
 bin=$(scripts/build.sh)

@@ -54,7 +54,8 @@ type stateDir struct {
 }
 
 // newStateDir makes a state folder. When the test ends (after every server on it stopped) no
-// runsc container may be left in it: one that is, is an error and is removed.
+// runsc container, mount or loop device may be left in it: one that is, is an error and is
+// removed.
 func newStateDir(t *testing.T) *stateDir {
 	t.Helper()
 	requireComponents(t)
@@ -75,6 +76,12 @@ func newStateDir(t *testing.T) *stateDir {
 		if len(ids) > 0 {
 			t.Errorf("got runsc containers %v left in %s after the test, want none (every sandbox is destroyed)", ids, runscRoot(dir))
 			forceDelete(dir, ids)
+		}
+		// A stopped server's state folder can be removed: no mount (runsc's null-netns, a
+		// sandbox's disk) and no loop device is left in it.
+		if m, l := mountsUnder(dir), loopsBacking(dir); len(m) > 0 || len(l) > 0 {
+			t.Errorf("got mounts %q and loop devices %q left under %s after every server on it stopped, want none (rm -rf of the folder fails with EBUSY)", m, l, dir)
+			unmountUnder(dir)
 		}
 	})
 	return sd

@@ -306,7 +306,7 @@ func openDriver(ctx context.Context, cfg Config, log *slog.Logger) (runtime.Driv
 		if err != nil {
 			return nil, nil, fmt.Errorf("gvisor runtime: %w", err)
 		}
-		d = gd
+		d, closeFn = gd, func() { gd.Close() }
 	}
 	if err := d.Check(ctx); err != nil {
 		closeFn()

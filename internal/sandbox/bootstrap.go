@@ -29,7 +29,11 @@ import (
 //     interrupted create fetches it again rather than leaving the sandbox RUNNING empty;
 //   - it is streamed straight into the guest's staged workspace import, which discards
 //     everything when the stream ends in an error; the create then fails and leaves nothing
-//     (abortCreate: box, lookup entry, slot).
+//     (abortCreate: box, lookup entry, slot);
+//   - a source larger than the sandbox's disk (the profile's disk_mb) is INVALID_ARGUMENT, the
+//     same request can never succeed: a snapshot is refused by its manifest's size before
+//     anything is read (checkSourceFits, snapshotFits), an archive or prefix when the disk
+//     fills up on the way (the guest answers guest.IsNoSpace).
 //
 // Later execs never fetch again: the workspace lives on the sandbox's disk, and stop/start
 // restore it from checkpoints. While an archive or prefix streams, the sandbox's state_reason
@@ -94,6 +98,26 @@ func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Sourc
 		return sourceSpec{}, err
 	}
 	return sourceSpec{annSourceSnapshot, src.SnapshotID}, nil
+}
+
+// checkSourceFits refuses, before a slot is taken, a create whose source is known to be larger
+// than the disk of its profile (diskBytes; 0 is the runtime's default, not checked): a
+// snapshot's manifest knows its size. An archive or prefix is only measured as it streams: a
+// full disk ends its import with the same INVALID_ARGUMENT (bootstrapWork). Errors reading the
+// manifest are left to the create's own check (createSource) and the restore.
+func (s *Service) checkSourceFits(ctx context.Context, p auth.Principal, src *Source, diskBytes int64) error {
+	if src == nil || src.SnapshotID == "" || diskBytes <= 0 {
+		return nil
+	}
+	sc, err := snapshotScope(p.Tenant, p.Project, src.SnapshotID)
+	if err != nil {
+		return nil
+	}
+	m, err := s.ckpt.Get(ctx, sc, src.SnapshotID)
+	if err != nil {
+		return nil
+	}
+	return snapshotFits(m, diskBytes)
 }
 
 // permittedPrefixes are the GCS prefixes config permits tenant:project to bootstrap from.
@@ -163,6 +187,11 @@ func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, 
 		// ended the import; say that, not how the import noticed.
 		if serr := cr.failure(); serr != nil {
 			return res, cr.n.Load(), sourceError(ctx, serr, field)
+		}
+		if guest.IsNoSpace(err) {
+			return res, cr.n.Load(), apierror.Wrap(err, apierror.InvalidArgument,
+				"the %s (%s) holds more than the sandbox's disk can take (%s): the disk was full after %d bytes of it; use a profile with a larger disk",
+				field, label, diskLabel(rec.Spec.DiskBytes), cr.n.Load()).WithDetail("field", field)
 		}
 		return res, cr.n.Load(), s.importError(ctx, rec.ID, err)
 	}

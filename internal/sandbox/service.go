@@ -214,6 +214,9 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	if err != nil {
 		return Sandbox{}, err
 	}
+	if err := s.checkSourceFits(ctx, p, req.Source, prof.DiskMB<<20); err != nil {
+		return Sandbox{}, err
+	}
 	env := map[string]string{}
 	for k, v := range prof.Env {
 		env[k] = v
@@ -848,6 +851,10 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return s.corruptCheckpoint(ctx, sc, snapID, err)
 		}
+		if guest.IsNoSpace(err) {
+			return apierror.Wrap(err, apierror.PayloadTooLarge,
+				"checkpoint %s does not fit the sandbox's disk: the disk filled up while it was restored", snapID).WithDetail("snapshot_id", snapID)
+		}
 		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", snapID)
 	}
 	s.metrics.lifecycle("restore", "ok", s.now().Sub(start))
@@ -1031,7 +1038,7 @@ func (s *Service) guestError(ctx context.Context, id string, err error) error {
 			return apierror.Wrap(err, apierror.NotFound, "%s", ge.Message)
 		case guest.ErrCodeInvalid, guest.ErrCodeIsDir, guest.ErrCodeNotDir:
 			return apierror.Wrap(err, apierror.InvalidArgument, "%s", ge.Message)
-		case guest.ErrCodeTooLarge:
+		case guest.ErrCodeTooLarge, guest.ErrCodeNoSpace:
 			return apierror.Wrap(err, apierror.PayloadTooLarge, "%s", ge.Message)
 		case guest.ErrCodeExists:
 			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)

@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
+	"sandboxd/guest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
@@ -187,17 +189,51 @@ func (s *Service) retain(ctx context.Context, rec runtime.Record, latest string)
 }
 
 // restoreSnapshotSource restores snapshot src, the source a sandbox was created from, into its
-// workspace. Its hash is checked while it streams; a corrupt one is refused whole.
+// workspace. Its hash is checked while it streams; a corrupt one is refused whole. A snapshot
+// larger than the sandbox's disk is refused before anything is read (its manifest knows its
+// size), or when the disk fills up on the way.
 func (s *Service) restoreSnapshotSource(ctx context.Context, rec runtime.Record, src string) error {
 	sc, err := snapshotScope(rec.Tenant, rec.Project, src)
 	if err != nil {
 		return err
 	}
+	if m, err := s.ckpt.Get(ctx, sc, src); err == nil {
+		if err := snapshotFits(m, rec.Spec.DiskBytes); err != nil {
+			return err
+		}
+	}
 	if err := s.restore(ctx, rec.ID, sc, src); err != nil {
+		if guest.IsNoSpace(err) {
+			return apierror.Wrap(err, apierror.InvalidArgument,
+				"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
+				src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")
+		}
 		e := apierror.From(err)
 		return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
 	}
 	return nil
+}
+
+// snapshotFits refuses (INVALID_ARGUMENT: the same request can never succeed, so it is no
+// state conflict) a snapshot that holds more bytes than a disk of diskBytes. Its raw size (the
+// tar stream) is a lower bound of what its files take on a disk, close enough to refuse on;
+// diskBytes 0 is the runtime's default disk, not known here: not checked.
+func snapshotFits(m checkpoint.Manifest, diskBytes int64) error {
+	if diskBytes <= 0 || m.RawSize <= diskBytes {
+		return nil
+	}
+	return apierror.New(apierror.InvalidArgument,
+		"source snapshot %s holds %d bytes, more than the sandbox's disk (%s); use a profile with a larger disk",
+		m.ID, m.RawSize, diskLabel(diskBytes)).
+		WithDetail("field", "source.snapshot_id").WithDetail("source_bytes", m.RawSize).WithDetail("disk_mb", diskBytes>>20)
+}
+
+// diskLabel names a sandbox's disk in messages.
+func diskLabel(diskBytes int64) string {
+	if diskBytes <= 0 {
+		return "the runtime's default disk"
+	}
+	return fmt.Sprintf("disk_mb %d", diskBytes>>20)
 }
 
 // checkSnapshotSource checks that snapshot id of the caller's tenant:project exists.

@@ -381,3 +381,54 @@ func TestReconcilerFinishesACreateFromSnapshot(t *testing.T) {
 		t.Fatalf("restored by the reconciler: got %q, want %q", res.Stdout, "kept\n")
 	}
 }
+
+// TestCreateFromSnapshotLargerThanDisk: a snapshot holding more than the new sandbox's disk is
+// refused with INVALID_ARGUMENT naming both sizes, and the refused create leaves nothing.
+func TestCreateFromSnapshotLargerThanDisk(t *testing.T) {
+	e := newEnvWith(t, envOptions{config: func(c *Config) {
+		c.Profiles = append(c.Profiles, ProfileConfig{Name: "small", MemoryMB: 64, DiskMB: 1})
+	}})
+	ctx := context.Background()
+	sb, err := e.svc.Create(ctx, alice, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, e, alice, sb.ID, "sh", "-c", "head -c 2000000 /dev/zero > big")
+	snap := mustSnapshot(t, e, sb.ID)
+
+	// Before a slot is taken (what Create calls first) …
+	if err := e.svc.checkSourceFits(ctx, alice, &Source{SnapshotID: snap.ID}, 1<<20); apierror.CodeOf(err) != apierror.InvalidArgument {
+		t.Fatalf("checkSourceFits: got %v, want INVALID_ARGUMENT", err)
+	}
+	if err := e.svc.checkSourceFits(ctx, alice, &Source{SnapshotID: snap.ID}, 0); err != nil {
+		t.Fatalf("checkSourceFits on the default disk: got %v, want nil", err)
+	}
+	// … and whatever path the create takes.
+	_, err = e.svc.Create(ctx, alice, CreateRequest{Profile: "small", Source: &Source{SnapshotID: snap.ID}})
+	ae := apierror.From(err)
+	if ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, "more than the sandbox's disk (disk_mb 1)") ||
+		!strings.Contains(ae.Message, snap.ID) {
+		t.Fatalf("create from a snapshot larger than the disk: got %v, want INVALID_ARGUMENT naming the snapshot and disk_mb 1", err)
+	}
+	if boxes, _ := e.fake.List(ctx); len(boxes) != 1 {
+		t.Errorf("boxes after the refused create: got %d, want only the source sandbox", len(boxes))
+	}
+	if u := usage(t, e); u.InUse != 1 {
+		t.Errorf("slots after the refused create: got %d, want 1 (the source sandbox's)", u.InUse)
+	}
+	// The same snapshot fits a sandbox of the default profile.
+	if _, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{SnapshotID: snap.ID}}); err != nil {
+		t.Fatalf("create from the snapshot on a large enough disk: %v", err)
+	}
+}
+
+func TestDiskLabel(t *testing.T) {
+	for _, tt := range []struct {
+		bytes int64
+		want  string
+	}{{0, "the runtime's default disk"}, {64 << 20, "disk_mb 64"}} {
+		if got := diskLabel(tt.bytes); got != tt.want {
+			t.Errorf("diskLabel(%d): got %q, want %q", tt.bytes, got, tt.want)
+		}
+	}
+}

@@ -283,20 +283,19 @@ const hostSocketGrace = 2 * time.Second
 var errNotYet = errors.New("gvisor: guest init not listening yet")
 
 // ExportWorkspace implements runtime.WorkspaceExporter: the box's workspace folder on the host
-// as a tar stream, read without following any symlink the sandbox may have planted.
+// (on its disk, mounted for the read when it is not: see exportableWorkspace) as a tar stream,
+// read without following any symlink the sandbox may have planted.
 func (d *Driver) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	ws := d.boxPath(id, workspaceDn)
-	if _, err := os.Lstat(ws); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("gvisor: box %s has no workspace: %w", id, runtime.ErrNotFound)
-		}
+	ws, release, err := d.exportableWorkspace(id)
+	if err != nil {
 		return nil, err
 	}
 	pr, pw := io.Pipe()
 	go func() {
+		defer release()
 		_, err := guest.WriteTar(ctx, ws, pw)
 		pw.CloseWithError(err)
 	}()

@@ -1,10 +1,12 @@
 // Package gvisor is the local runtime driver: one runsc (gVisor) container per box, built from
-// an OCI bundle over a profile's read-only base rootfs, with the box's workspace a host folder
-// mounted at /workspace and the guest init (cmd/sandbox-init) as PID 1. Everything the driver
-// keeps lives under its StateDir:
+// an OCI bundle over a profile's read-only base rootfs, with the box's workspace a folder on its
+// own ext4 disk (a loop-mounted image of the spec's DiskBytes, see disk.go) mounted at
+// /workspace and the guest init (cmd/sandbox-init) as PID 1. Everything the driver keeps lives
+// under its StateDir:
 //
 //	StateDir/boxes/<id>/record.json      the sandbox record (the runtime truth), written atomically
-//	StateDir/boxes/<id>/workspace/       the workspace (the local stand-in for a PVC)
+//	StateDir/boxes/<id>/disk.img         the box's disk (the local stand-in for a PVC)
+//	StateDir/boxes/<id>/disk/workspace/  the workspace, on that disk mounted at disk/
 //	StateDir/boxes/<id>/bundle/config.json
 //	StateDir/boxes/<id>/runsc.log        stdio of runsc create/start, the sandbox and attaches
 //	StateDir/init/init                   the guest init, mounted read-only at /.sbx
@@ -52,6 +54,11 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// DefaultDiskBytes is the disk of a box whose spec sets no DiskBytes; default
+	// DefaultDiskBytes (see disk.go).
+	DefaultDiskBytes int64
+	// Mkfs is the mkfs.ext4 binary; default: looked up in PATH and the sbin folders.
+	Mkfs string
 }
 
 // Driver is the local gVisor runtime driver. It implements runtime.Driver.
@@ -69,8 +76,8 @@ type Driver struct {
 	// record read-modify-writes (a flock extends that across processes).
 	boxMu keyedMutex
 	recMu keyedMutex
-	// createMu is held shared by runsc create and exclusively while the shared null-netns
-	// mount is removed.
+	// createMu is held shared by runsc create (exclusively while runsc's shared null-netns
+	// is not pinned: see lockForCreate) and exclusively while that mount is removed.
 	createMu sync.RWMutex
 	initMu   sync.Mutex
 }
@@ -109,6 +116,16 @@ func New(opts Options) (*Driver, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.DefaultDiskBytes <= 0 {
+		opts.DefaultDiskBytes = DefaultDiskBytes
+	}
+	if opts.DefaultDiskBytes < MinDiskBytes {
+		return nil, fmt.Errorf("gvisor: Options.DefaultDiskBytes %d is below %d MiB", opts.DefaultDiskBytes, MinDiskBytes>>20)
+	}
+	if opts.Mkfs == "" {
+		// A missing mkfs.ext4 is reported by Check (readiness) and by every create.
+		opts.Mkfs, _ = findMkfs()
+	}
 	d := &Driver{
 		spares: runtime.Spares{Ended: func(rwc io.ReadWriteCloser) bool {
 			as, ok := rwc.(*attachStream)
@@ -137,7 +154,18 @@ func New(opts Options) (*Driver, error) {
 	if err := os.Chmod(d.initDir, 0o755); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	// An earlier server on this folder may have stopped (or died) with runsc's shared mount
+	// still there and no container left.
+	d.cleanSharedMounts()
 	return d, nil
+}
+
+// Close releases what the driver holds on the host that no box needs: runsc's shared
+// null-netns mount when no container is left. Boxes keep running (and their disks mounted):
+// they outlive the server.
+func (d *Driver) Close() error {
+	d.cleanSharedMounts()
+	return nil
 }
 
 // Name implements runtime.Driver.
@@ -155,6 +183,9 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 		return fmt.Errorf("gvisor: invalid box id %q", id)
 	}
 	if err := validateSpec(rec.Spec); err != nil {
+		return err
+	}
+	if err := validateDisk(rec.Spec); err != nil {
 		return err
 	}
 	if fi, err := os.Stat(rec.Spec.Rootfs); err != nil || !fi.IsDir() {
@@ -180,6 +211,10 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 				d.log.Error("cleanup after failed create", "box", id, "err", cerr)
 				return // keep the folder: it is what names the container left behind
 			}
+			if uerr := d.unmountDisk(id); uerr != nil {
+				d.log.Error("cleanup after failed create", "box", id, "err", uerr)
+				return // never remove a folder through a mount
+			}
 			if rerr := os.RemoveAll(d.boxDir(id)); rerr != nil {
 				d.log.Error("cleanup after failed create", "box", id, "err", rerr)
 			}
@@ -188,8 +223,8 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 	if err := d.writeRecord(rec); err != nil {
 		return err
 	}
-	if err := os.Mkdir(d.boxPath(id, workspaceDn), 0o755); err != nil {
-		return fmt.Errorf("gvisor: create workspace: %w", err)
+	if _, err := d.ensureDisk(ctx, id, rec.Spec); err != nil {
+		return err
 	}
 	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
 		return err
@@ -237,20 +272,19 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return false, err
 	}
-	ws := d.boxPath(id, workspaceDn)
-	if _, err := os.Stat(ws); errors.Is(err, fs.ErrNotExist) {
-		if err := os.Mkdir(ws, 0o755); err != nil {
-			return false, fmt.Errorf("gvisor: create workspace: %w", err)
-		}
-		fresh = true
-	} else if err != nil {
-		return false, fmt.Errorf("gvisor: workspace: %w", err)
+	// The disk is mounted again (a stop unmounted it, a host reboot did); a box without one,
+	// or without a workspace on it, starts fresh.
+	fresh, err = d.ensureDisk(ctx, id, rec.Spec)
+	if err != nil {
+		return false, err
 	}
 	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
 		defer cancel()
 		if cerr := d.destroyContainer(cctx, id); cerr != nil {
 			d.log.Error("cleanup after failed start", "box", id, "err", cerr)
+		} else if uerr := d.unmountDisk(id); uerr != nil {
+			d.log.Error("cleanup after failed start", "box", id, "err", uerr)
 		}
 		return fresh, err
 	}
@@ -258,7 +292,8 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	return fresh, nil
 }
 
-// Stop implements runtime.Driver: kill and delete the container, keep workspace and record.
+// Stop implements runtime.Driver: kill and delete the container, unmount the disk, keep the
+// disk image (the workspace) and the record.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
@@ -271,11 +306,15 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
+	if err := d.unmountDisk(id); err != nil {
+		return err
+	}
 	d.log.Info("box stopped", "box", id)
 	return nil
 }
 
-// Delete implements runtime.Driver.
+// Delete implements runtime.Driver: the container, the disk (unmounted first: a folder is
+// never removed through a mount) and the box folder.
 func (d *Driver) Delete(ctx context.Context, id string) error {
 	if !ValidID(id) {
 		return fmt.Errorf("gvisor: invalid box id %q", id)
@@ -283,6 +322,9 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	unlock := d.boxMu.lock(id)
 	defer unlock()
 	if err := d.destroyContainer(ctx, id); err != nil {
+		return err
+	}
+	if err := d.unmountDisk(id); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(d.boxDir(id)); err != nil {
@@ -360,7 +402,8 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	return rec, nil
 }
 
-// Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists.
+// Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists,
+// workspace disks can be made (mkfs.ext4, loop devices).
 func (d *Driver) Check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -380,7 +423,7 @@ func (d *Driver) Check(ctx context.Context) error {
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("gvisor: guest init %s is not an executable file", d.opts.InitBinary)
 	}
-	return nil
+	return d.checkDisks()
 }
 
 // startContainer writes the bundle, creates and starts the box's container and waits until
@@ -400,7 +443,7 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	if err := os.Mkdir(hostDir, 0o700); err != nil {
 		return fmt.Errorf("gvisor: host socket folder: %w", err)
 	}
-	oci, err := buildSpec(id, spec, d.boxPath(id, workspaceDn), d.initDir, hostDir)
+	oci, err := buildSpec(id, spec, d.workspacePath(id), d.initDir, hostDir)
 	if err != nil {
 		return err
 	}
@@ -417,9 +460,9 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	d.rotateLog(id)
 
 	t0 := time.Now()
-	d.createMu.RLock()
+	unlockCreate := d.lockForCreate()
 	err = d.runscLogged(ctx, id, flags, "create", "--bundle="+bundle, id)
-	d.createMu.RUnlock()
+	unlockCreate()
 	if err != nil {
 		return fmt.Errorf("gvisor: create %s: %w", id, err)
 	}

@@ -295,8 +295,9 @@ func TestStartFreshWorkspace(t *testing.T) {
 	if err := d.Stop(ctxT(t), id); err != nil {
 		t.Fatal(err)
 	}
-	ws := filepath.Join(stateDirOf(t, d), "boxes", id, "workspace")
-	if err := os.RemoveAll(ws); err != nil {
+	// The box's disk (its workspace) is gone: the box starts on a new, empty one.
+	box := filepath.Join(stateDirOf(t, d), "boxes", id)
+	if err := os.Remove(filepath.Join(box, "disk.img")); err != nil {
 		t.Fatal(err)
 	}
 	fresh, err := d.Start(ctxT(t), id)
@@ -304,8 +305,20 @@ func TestStartFreshWorkspace(t *testing.T) {
 		t.Fatalf("Start without a workspace: got (%v, %v), want (true, nil)", fresh, err)
 	}
 	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"touch", "y"}})
+	ws := filepath.Join(box, "disk", "workspace")
 	if _, err := os.Stat(filepath.Join(ws, "y")); err != nil {
 		t.Errorf("the new workspace is not the mounted one: %v", err)
+	}
+
+	// The disk is there but its workspace folder is not: fresh as well.
+	if err := os.RemoveAll(ws); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if fresh, err := d.Start(ctxT(t), id); err != nil || !fresh {
+		t.Fatalf("Start without a workspace folder on the disk: got (%v, %v), want (true, nil)", fresh, err)
 	}
 }
 

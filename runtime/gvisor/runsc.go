@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"sandboxd/runtime"
 )
 
@@ -425,9 +427,34 @@ func removeCgroups(name string) {
 	}
 }
 
-// cleanSharedMounts unmounts runsc's shared "null-netns" nsfs bind mount in the root folder
-// when no container is left: runsc mounts it on the first create and never unmounts it. The
-// write lock keeps a create of this driver from racing the unmount.
+// nullNetNS is runsc's shared "null" network namespace pin in its root folder: on a create that
+// finds none, runsc starts the gofer in a new empty network namespace and bind-mounts it there
+// for later gofers to join, and never unmounts it.
+func (d *Driver) nullNetNS() string { return filepath.Join(d.rootDir, "null-netns") }
+
+// nullNetNSPinned reports whether the null-netns pin is mounted (an nsfs file).
+func (d *Driver) nullNetNSPinned() bool {
+	var st unix.Statfs_t
+	return unix.Statfs(d.nullNetNS(), &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+// lockForCreate is held around `runsc create`. Creates run in parallel while the null-netns
+// pin is there; without it, one create runs alone, so that exactly one pins it: runsc pins a
+// namespace in every create that finds none, so parallel first creates stacked one mount each.
+func (d *Driver) lockForCreate() (unlock func()) {
+	d.createMu.RLock()
+	if d.nullNetNSPinned() {
+		return d.createMu.RUnlock
+	}
+	d.createMu.RUnlock()
+	d.createMu.Lock()
+	return d.createMu.Unlock
+}
+
+// cleanSharedMounts unmounts runsc's shared null-netns pin (every mount stacked there) and
+// removes its file when no container is left, so a stopped server leaves no mount in its state
+// folder. The write lock keeps a create of this driver from racing the unmount; a container
+// that runs keeps the pin (later creates join its namespace).
 func (d *Driver) cleanSharedMounts() {
 	d.createMu.Lock()
 	defer d.createMu.Unlock()
@@ -435,11 +462,19 @@ func (d *Driver) cleanSharedMounts() {
 	if len(matches) > 0 {
 		return
 	}
-	path := filepath.Join(d.rootDir, "null-netns")
-	for i := 0; i < 16; i++ {
-		if err := syscall.Unmount(path, syscall.MNT_DETACH); err != nil {
+	path := d.nullNetNS()
+	for range 64 {
+		if !d.nullNetNSPinned() {
 			break
 		}
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			d.log.Warn("unmounting runsc's null-netns", "path", path, "err", err)
+			return
+		}
+	}
+	if !d.nullNetNSPinned() {
+		// An empty file left there makes the next create log a warning and pin again.
+		_ = os.Remove(path)
 	}
 }
 
