@@ -36,8 +36,10 @@ import (
 const (
 	// InitPath is where the guest init binary is mounted read-only in every sandbox.
 	InitPath = "/.sbx/init"
-	// SocketPath is the unix socket PID 1 listens on; `init connect` bridges stdio to it.
-	SocketPath = "/run/sbx/init.sock"
+	// SocketPath is the unix socket PID 1 listens on; `init connect` bridges stdio to it. It
+	// is abstract (no file): nothing in the box can unlink, replace or link it, and binding the
+	// name a second time fails while PID 1 holds it.
+	SocketPath = "@sbx-init"
 	// HostSocketEnv names a second socket PID 1 listens on when set: a runtime that mounts a
 	// host folder there (with runsc --host-uds=create) attaches by dialing it from the host,
 	// with no `runsc exec` at all. Each connection on it starts with the ConnectReady byte.
@@ -267,7 +269,7 @@ func AwaitReady(r io.Reader) error {
 		return fmt.Errorf("guest: waiting for the init's ready byte: %w", err)
 	}
 	if b[0] != ConnectReady {
-		return fmt.Errorf("guest: attach stream began with %#x, want the ready byte %#x (an older init?)", b[0], ConnectReady)
+		return fmt.Errorf("%w: the stream began with %#x, not the ready byte %#x", ErrImpostor, b[0], ConnectReady)
 	}
 	return nil
 }

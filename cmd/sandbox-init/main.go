@@ -7,11 +7,19 @@
 //	sandbox-init version   print the version
 //	sandbox-init install DEST
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
-//	                       init container runs to put the init into the pod's shared folder
+//	                       init container runs to put the init into the pod's shared folder;
+//	                       with SBX_CHANNEL_KEY and SBX_CHANNEL_KEY_FILE set it also writes
+//	                       the box's channel key to that file for PID 1 (see guest/channel.go)
+//
+// PID 1 makes itself non-dumpable, takes its channel key (SBX_CHANNEL_KEY_FILE: read, then
+// deleted) and serves a connection only once the caller proved that key. Started with
+// CAP_SYS_ADMIN (the local runtime does), it first hides its host socket's folder, opens the
+// exec cgroups, and then drops CAP_SYS_ADMIN on every thread (setup.go).
 //
 // Environment overrides (for tests and for running the server on a host):
 //
-//	SBX_SOCKET     the unix socket (default /run/sbx/init.sock)
+//	SBX_SOCKET     the unix socket (default @sbx-init: an abstract socket, which nothing in
+//	               the box can unlink or replace; a path for a socket file)
 //	SBX_STATE_DIR  exec logs and status (default /run/sbx/execs)
 //	SBX_WORKSPACE  the workspace (default /workspace)
 //	SBX_REAP       1 or 0: reap every child with one SIGCHLD loop (default: only as PID 1;
@@ -68,8 +76,17 @@ func main() {
 }
 
 // install copies the running binary to dest (mode 0755) through a temporary file in dest's
-// folder, so a reader never sees half a binary.
+// folder, so a reader never sees half a binary, and writes the channel key from
+// SBX_CHANNEL_KEY to SBX_CHANNEL_KEY_FILE when both are set.
 func install(dest string) error {
+	if k, kf := os.Getenv(guest.ChannelKeyEnv), os.Getenv(guest.ChannelKeyFileEnv); k != "" && kf != "" {
+		if _, err := guest.ParseChannelKey(k); err != nil {
+			return err
+		}
+		if err := os.WriteFile(kf, []byte(k), 0o400); err != nil {
+			return fmt.Errorf("writing the channel key: %w", err)
+		}
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -106,6 +123,15 @@ func env(key, def string) string {
 }
 
 func serve() int {
+	pid1 := os.Getpid() == 1
+	if pid1 {
+		// First of all: nothing in the box may read this process's memory, environment or
+		// descriptors (the channel key lives in its memory).
+		if err := notDumpable(); err != nil {
+			fmt.Fprintf(os.Stderr, "sandbox-init: making PID 1 non-dumpable: %v\n", err)
+			return 1
+		}
+	}
 	if os.Getenv("GOMAXPROCS") == "" {
 		// Under gVisor every hand-off between OS threads is a host context switch (a futex
 		// wake through the sentry), which costs far more than the work the init does: one
@@ -114,7 +140,7 @@ func serve() int {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-init")
 	sock := env("SBX_SOCKET", guest.SocketPath)
-	reap := os.Getpid() == 1
+	reap := pid1
 	if v := os.Getenv("SBX_REAP"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -123,42 +149,61 @@ func serve() int {
 		}
 		reap = b
 	}
+	// The channel key: read and deleted before anything else of the box runs. A runtime that
+	// names a key file wants every connection to prove the key; without one (a test on a host)
+	// connections are served as they come.
+	var key []byte
+	if kf := os.Getenv(guest.ChannelKeyFileEnv); kf != "" {
+		k, err := guest.TakeChannelKey(kf)
+		if err != nil {
+			log.Error("reading the channel key", "err", err)
+			return 1
+		}
+		key = k
+	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 
+	privileged := pid1 && hasCap(capSysAdmin)
+	var cgroups *guest.Cgroups
+	if privileged {
+		cg, err := guest.OpenCgroups()
+		if err != nil {
+			// Not fatal: execs are then tracked by process group and parentage only.
+			log.Warn("opening the exec cgroups; tracking processes by group and parent instead", "err", err)
+		} else {
+			cgroups = cg
+		}
+	}
 	srv, err := guest.NewServer(guest.ServerOptions{
 		Workspace: env("SBX_WORKSPACE", guest.Workspace),
 		StateDir:  env("SBX_STATE_DIR", guest.StateDir),
 		Reap:      reap,
+		Cgroups:   cgroups,
 		Logger:    log,
 	})
 	if err != nil {
 		log.Error("starting", "err", err)
 		return 1
 	}
-	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
-		log.Error("socket dir", "err", err)
-		srv.Close()
-		return 1
+	if !isAbstract(sock) {
+		if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+			log.Error("socket dir", "err", err)
+			srv.Close()
+			return 1
+		}
+		_ = os.Remove(sock) // stale, from an earlier run
 	}
-	_ = os.Remove(sock) // stale, from an earlier run
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		log.Error("listen", "socket", sock, "err", err)
 		srv.Close()
 		return 1
 	}
-	_ = os.Chmod(sock, 0o600)
-	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version)
+	chmodSocket(sock)
 
-	accepted := make(chan struct{})
-	go func() {
-		defer close(accepted)
-		acceptLoop(log, ln, srv, false)
-	}()
 	// The host socket: the runtime dials it from the host (no `runsc exec` per attach).
 	var hostLn net.Listener
-	hostAccepted := make(chan struct{})
 	if hostSock := os.Getenv(guest.HostSocketEnv); hostSock != "" {
 		_ = os.Remove(hostSock)
 		hostLn, err = net.Listen("unix", hostSock)
@@ -166,12 +211,51 @@ func serve() int {
 			// Not fatal: attaches fall back to `init connect`.
 			log.Warn("listen on the host socket", "socket", hostSock, "err", err)
 		} else {
-			_ = os.Chmod(hostSock, 0o600)
-			go func() {
-				defer close(hostAccepted)
-				acceptLoop(log, hostLn, srv, true)
-			}()
+			chmodSocket(hostSock)
+			if privileged {
+				if err := hideDir(filepath.Dir(hostSock)); err != nil {
+					log.Error("hiding the host socket's folder", "err", err)
+					srv.Close()
+					return 1
+				}
+			}
 		}
+	}
+	if privileged {
+		// PID 1's own mounts are done: from here on nothing in the box mounts a file system (a
+		// command in a user namespace of its own could otherwise mount a view of the exec
+		// cgroups and leave its own, or try to uncover the hidden folder).
+		seal := guest.RefuseMounts
+		if cgroups != nil {
+			seal = cgroups.Seal
+		}
+		if err := seal(); err != nil {
+			log.Error("refusing mounts in the box", "err", err)
+			srv.Close()
+			return 1
+		}
+	}
+	if privileged {
+		if err := dropCap(capSysAdmin); err != nil {
+			log.Error("dropping CAP_SYS_ADMIN", "err", err)
+			srv.Close()
+			return 1
+		}
+	}
+	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version,
+		"channel_key", key != nil, "cgroups", cgroups != nil)
+
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		acceptLoop(log, ln, srv, key, false)
+	}()
+	hostAccepted := make(chan struct{})
+	if hostLn != nil {
+		go func() {
+			defer close(hostAccepted)
+			acceptLoop(log, hostLn, srv, key, true)
+		}()
 	}
 
 	sig := <-stop
@@ -183,13 +267,19 @@ func serve() int {
 		<-hostAccepted
 	}
 	srv.Close()
-	_ = os.Remove(sock)
+	if !isAbstract(sock) {
+		_ = os.Remove(sock)
+	}
 	return 0
 }
 
+// handshakeTimeout bounds a connection's channel handshake.
+const handshakeTimeout = 10 * time.Second
+
 // acceptLoop serves every connection of ln until it closes. ready says to write the
-// ConnectReady byte first (on the host socket, where no `connect` does it).
-func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, ready bool) {
+// ConnectReady byte first (on the host socket, where no `connect` does it). With a key, a
+// connection is served only once the caller proved it (guest.InitHandshake).
+func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, key []byte, ready bool) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -207,12 +297,30 @@ func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, ready bool
 					return
 				}
 			}
+			if key != nil {
+				_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
+				if err := guest.InitHandshake(c, key); err != nil {
+					if errors.Is(err, guest.ErrHostUnproven) {
+						log.Warn("refused a connection that did not prove the channel key", "err", err)
+					}
+					_ = c.Close()
+					return
+				}
+				_ = c.SetDeadline(time.Time{})
+			}
 			srv.ServeConn(c)
 		}()
 	}
 }
 
 func connect() int {
+	// A relay of the runtime's own stream: nothing in the box may trace or read it, and it
+	// needs no privilege at all.
+	_ = notDumpable()
+	if err := clearCaps(); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init connect: %v\n", err)
+		return 1
+	}
 	sock := env("SBX_SOCKET", guest.SocketPath)
 	deadline := time.Now().Add(connectWait)
 	var c *net.UnixConn

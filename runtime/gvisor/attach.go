@@ -18,12 +18,19 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"sandboxd/guest"
 	"sandboxd/runtime"
 )
 
-// Attach implements runtime.Driver: `runsc exec <id> /.sbx/init connect` with its stdin and
-// stdout as the stream. ctx bounds only the set-up: the stream lives until Close.
+// Attach implements runtime.Driver: a connection to the box's guest init through its host
+// socket, or `runsc exec <id> /.sbx/init connect` with its stdin and stdout as the stream when
+// there is none. Either way the stream is handed on only after the init proved the box's
+// channel key (guest.HostHandshake). A channel found tampered with — the socket's path not a
+// socket, or a peer that is not the box's init — ends the box's compute and leaves it
+// PhaseFailed with the reason; no other box is touched. ctx bounds only the set-up: the stream
+// lives until Close.
 func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
@@ -44,18 +51,72 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}
-	if c, err := d.dialHost(ctx, id); err == nil {
+	key, err := d.channelKey(id)
+	if err != nil {
+		return nil, err
+	}
+	c, err := d.dialHost(ctx, id, key)
+	if err == nil {
 		return c, nil
 	}
-	// No host socket (a box created before it existed, or the init could not make it).
-	return d.attach(ctx, id)
+	if errors.Is(err, errTampered) {
+		return nil, d.tampered(ctx, id, err)
+	}
+	// No host socket (the init could not make it), or it does not answer: the fallback.
+	s, err := d.attach(ctx, id, key)
+	if errors.Is(err, errTampered) {
+		return nil, d.tampered(ctx, id, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// errTampered marks an attach that found the box's channel tampered with: a socket path that
+// is not a socket (a link planted to lead elsewhere), or a peer that failed the handshake.
+var errTampered = errors.New("the control channel was tampered with")
+
+// tampered records that the box's channel was tampered with, ends its compute (a box that
+// impersonates its init or redirects its channel runs nothing more, and holds no slot once the
+// domain sees it failed) and returns the error Attach answers with.
+func (d *Driver) tampered(ctx context.Context, id string, cause error) error {
+	if phase, why, err := d.observe(ctx, id); err == nil && phase != runtime.PhaseRunning {
+		// The box died meanwhile (out of memory, say): that, not tampering, is the news.
+		return fmt.Errorf("gvisor: box %s is %s (%s): %w", id, phase, why, runtime.ErrNotRunning)
+	}
+	reason := "the sandbox's control channel was tampered with, so its compute was stopped (" +
+		strings.TrimPrefix(cause.Error(), "gvisor: ") + "); start it again to get a new one"
+	d.log.Warn("box channel tampered with; stopping its compute", "box", id, "err", cause)
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	if err := writeFileAtomic(d.boxPath(id, tamperedFile), []byte(reason), 0o600); err != nil {
+		d.log.Error("recording a tampered channel", "box", id, "err", err)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
+	defer cancel()
+	if err := d.destroyContainer(cctx, id); err != nil {
+		d.log.Error("stopping a box whose channel was tampered with", "box", id, "err", err)
+	}
+	return fmt.Errorf("gvisor: box %s: %s: %w", id, reason, runtime.ErrNotRunning)
+}
+
+// channelKey is the channel key of the box's current container.
+func (d *Driver) channelKey(id string) ([]byte, error) {
+	b, err := os.ReadFile(d.boxPath(id, channelKeyName))
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: box %s has no channel key (started by an older sandboxd? start it again): %w", id, runtime.ErrNotRunning)
+	}
+	return guest.ParseChannelKey(string(b))
 }
 
 // hostSocket is the host path of the socket the box's guest init listens on (see
 // guest.HostSocketEnv).
 func (d *Driver) hostSocket(id string) string {
-	return filepath.Join(d.boxPath(id, hostDn), "init.sock")
+	return filepath.Join(d.boxPath(id, hostDn), hostSocketName)
 }
+
+const hostSocketName = "init.sock"
 
 // startedAt is when the box's current container was set up (its host folder was made), zero
 // for a box without one.
@@ -67,30 +128,102 @@ func (d *Driver) startedAt(id string) time.Time {
 	return fi.ModTime()
 }
 
-// dialHost attaches through the box's host socket: a plain connect, no `runsc exec`. The
-// stream starts with the ready byte, which it consumes.
-func (d *Driver) dialHost(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+// handshakeTimeout bounds an attach's ready byte and handshake when ctx has no earlier deadline.
+const handshakeTimeout = 10 * time.Second
+
+// dialHost attaches through the box's host socket: a plain connect, no `runsc exec`. It never
+// follows a link: the folder is opened without following one (it is the driver's own, never
+// mounted into the box whole), the socket's entry in it is opened as itself (O_PATH|O_NOFOLLOW)
+// and must be a socket, and the connect goes to that very inode (/proc/self/fd/N). The stream
+// starts with the ready byte and the handshake, which it consumes.
+func (d *Driver) dialHost(ctx context.Context, id string, key []byte) (io.ReadWriteCloser, error) {
+	dir, err := unix.Open(d.boxPath(id, hostDn), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			return nil, fmt.Errorf("gvisor: the host socket folder of %s is not a folder: %w", id, errTampered)
+		}
+		return nil, &fs.PathError{Op: "open", Path: d.boxPath(id, hostDn), Err: err}
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat(dir, hostSocketName, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: d.hostSocket(id), Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "stat", Path: d.hostSocket(id), Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("gvisor: the host socket of %s is a %s, not a socket: %w", id, fileType(st.Mode), errTampered)
+	}
 	var dialer net.Dialer
-	c, err := dialer.DialContext(ctx, "unix", d.hostSocket(id))
+	c, err := dialer.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 	if err != nil {
 		return nil, err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetReadDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
-	err = guest.AwaitReady(c)
-	stop()
-	_ = c.SetReadDeadline(time.Time{})
-	if err != nil {
+	if err := d.greet(ctx, c, c, key); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("gvisor: attach %s through its host socket: %w", id, err)
 	}
 	return c, nil
 }
 
-// attach starts the attach process of a box without checking its phase.
-func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
+// deadliner is a stream whose reads and writes can be cut by a deadline.
+type deadliner interface {
+	SetDeadline(t time.Time) error
+}
+
+// greet reads a new stream's ready byte and runs the host's side of the handshake, within ctx
+// and handshakeTimeout. A peer that answers like something else than the box's init is
+// errTampered.
+func (d *Driver) greet(ctx context.Context, rw io.ReadWriter, dl deadliner, key []byte) error {
+	deadline := time.Now().Add(handshakeTimeout)
+	if t, ok := ctx.Deadline(); ok && t.Before(deadline) {
+		deadline = t
+	}
+	_ = dl.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = dl.SetDeadline(time.Now()) })
+	err := guest.AwaitReady(rw)
+	if err == nil {
+		err = guest.HostHandshake(rw, key)
+		// The box's init answers a greeting at once; a peer that sent the ready byte and then
+		// hangs up instead is not it (a dying box is told apart by the caller).
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w: it closed the stream instead of proving the key", guest.ErrImpostor)
+		}
+	}
+	stop()
+	_ = dl.SetDeadline(time.Time{})
+	if errors.Is(err, guest.ErrImpostor) {
+		return fmt.Errorf("%w: %w", errTampered, err)
+	}
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	return err
+}
+
+// fileType names the kind of file a mode says.
+func fileType(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		return "symbolic link"
+	case unix.S_IFREG:
+		return "regular file"
+	case unix.S_IFDIR:
+		return "folder"
+	case unix.S_IFIFO:
+		return "FIFO"
+	case unix.S_IFCHR, unix.S_IFBLK:
+		return "device"
+	}
+	return "special file"
+}
+
+// attach starts the attach process of a box without checking its phase: `runsc exec
+// --process` of the init's `connect`, with no capability (connectProcess).
+func (d *Driver) attach(ctx context.Context, id string, key []byte) (*attachStream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -101,6 +234,12 @@ func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	pidFile := d.boxPath(id, "attach-"+hex.EncodeToString(rnd[:])+".pid")
+	procFile := d.boxPath(id, connectProcessFile)
+	if _, err := os.Stat(procFile); err != nil {
+		if err := writeJSONAtomic(procFile, connectProcess()); err != nil {
+			return nil, fmt.Errorf("gvisor: attach %s: %w", id, err)
+		}
+	}
 
 	log, err := os.OpenFile(d.boxPath(id, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -117,7 +256,7 @@ func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
 		inW.Close()
 		return nil, err
 	}
-	args := append(append([]string{}, flags...), "exec", "--internal-pid-file="+pidFile, id, initPathInBox, "connect")
+	args := append(append([]string{}, flags...), "exec", "--process="+procFile, "--internal-pid-file="+pidFile, id)
 	// Not CommandContext: the stream outlives ctx.
 	cmd := exec.Command(d.opts.Runsc, args...)
 	// *os.File stdio: no copying goroutines that Wait would wait for (the sandbox may hold
@@ -137,19 +276,9 @@ func (d *Driver) attach(ctx context.Context, id string) (*attachStream, error) {
 		close(s.done)
 	}()
 	// The init's `connect` writes one ready byte once it reached PID 1 (it retries for up to
-	// 10 s while PID 1 is not listening yet). Wait for it within ctx.
-	if dl, ok := ctx.Deadline(); ok {
-		_ = outR.SetReadDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = outR.SetReadDeadline(time.Now()) })
-	err = guest.AwaitReady(outR)
-	stop()
-	_ = outR.SetReadDeadline(time.Time{})
-	if err != nil {
+	// 10 s while PID 1 is not listening yet); then the handshake.
+	if err := d.greet(ctx, s, s, key); err != nil {
 		s.Close()
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("gvisor: attach %s: %w", id, ctx.Err())
-		}
 		return nil, fmt.Errorf("gvisor: attach %s: %w", id, err)
 	}
 	return s, nil
@@ -173,6 +302,12 @@ type attachStream struct {
 
 func (s *attachStream) Read(p []byte) (int, error)  { return s.stdout.Read(p) }
 func (s *attachStream) Write(p []byte) (int, error) { return s.stdin.Write(p) }
+
+// SetDeadline bounds the pipes' reads and writes (the handshake's).
+func (s *attachStream) SetDeadline(t time.Time) error {
+	_ = s.stdin.SetWriteDeadline(t)
+	return s.stdout.SetReadDeadline(t)
+}
 
 // How long Close waits for the attach process after each step.
 const (
@@ -256,10 +391,14 @@ func (d *Driver) waitReady(ctx context.Context, id string) error {
 	}
 }
 
-// probe makes one attach: its ready byte says the guest init is up. The attach is kept for
-// the box's next Attach.
+// probe makes one attach: its ready byte and handshake say the guest init is up. The attach
+// is kept for the box's next Attach.
 func (d *Driver) probe(ctx context.Context, id string) error {
-	if c, err := d.dialHost(ctx, id); err == nil {
+	key, err := d.channelKey(id)
+	if err != nil {
+		return err
+	}
+	if c, err := d.dialHost(ctx, id, key); err == nil {
 		d.spares.Keep(id, c)
 		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ECONNREFUSED) {
@@ -268,7 +407,7 @@ func (d *Driver) probe(ctx context.Context, id string) error {
 	if time.Since(d.startedAt(id)) < hostSocketGrace {
 		return errNotYet // the init is still coming up: try the host socket again shortly
 	}
-	s, err := d.attach(ctx, id)
+	s, err := d.attach(ctx, id, key)
 	if err != nil {
 		return err
 	}

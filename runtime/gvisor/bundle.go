@@ -104,19 +104,27 @@ const (
 	defaultPath      = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
-// dockerCaps is Docker's default capability set.
+// dockerCaps is Docker's default capability set: what every command in a box holds.
 var dockerCaps = []string{
 	"CAP_AUDIT_WRITE", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
 	"CAP_MKNOD", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP",
 	"CAP_SETUID", "CAP_SYS_CHROOT",
 }
 
+// initCaps is what PID 1 starts with: the commands' set plus CAP_SYS_ADMIN, which the guest
+// init needs for a moment before any command runs (to hide its host socket's folder and open
+// the exec cgroups) and then drops from every set on every thread (cmd/sandbox-init/setup.go).
+// It is the sandbox's own CAP_SYS_ADMIN, inside gVisor's kernel, never the host's.
+var initCaps = append(slices.Clone(dockerCaps), "CAP_SYS_ADMIN")
+
 // buildSpec returns the OCI config of a box. initDir is the host folder holding only the guest
 // init binary; it is mounted read-only at /.sbx, an existing folder of the rootfs, so that
 // runsc never has to create a mount point in the shared rootfs (it would, on the host: a
 // file bind at /.sbx/init leaves an empty /.sbx/init in the rootfs folder).
 // hostDir, when not empty, is a host folder mounted at /run/sbx/host where the guest init
-// creates its host socket (guest.HostSocketEnv).
+// finds its channel key (guest.ChannelKeyFileEnv, deleted once read) and creates its host
+// socket (guest.HostSocketEnv); it then covers the folder with an empty read-only tmpfs, so no
+// command of the box ever reaches it.
 func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string) (*ociSpec, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
@@ -125,6 +133,7 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 	maps.Copy(env, spec.Env)
 	if hostDir != "" {
 		env[guest.HostSocketEnv] = hostSocketInBox
+		env[guest.ChannelKeyFileEnv] = channelKeyInBox
 	}
 	envList := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
@@ -150,7 +159,7 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 			Env:  envList,
 			Cwd:  "/workspace",
 			Capabilities: ociCapabilities{
-				Bounding: dockerCaps, Effective: dockerCaps, Permitted: dockerCaps,
+				Bounding: initCaps, Effective: initCaps, Permitted: initCaps,
 			},
 			Rlimits:         []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: nofileLimit, Soft: nofileLimit}},
 			NoNewPrivileges: true,
@@ -187,11 +196,29 @@ const (
 	// hostDirInBox is where the box's host folder is mounted; the init makes its host socket there.
 	hostDirInBox    = "/run/sbx/host"
 	hostSocketInBox = hostDirInBox + "/init.sock"
-	initDirInBox    = "/.sbx"
-	initPathInBox   = "/.sbx/init"
+	channelKeyInBox = hostDirInBox + "/" + channelKeyName
+	// channelKeyName is the key file's name in the host folder (and of the driver's own copy
+	// in the box's folder).
+	channelKeyName = "channel.key"
+	initDirInBox   = "/.sbx"
+	initPathInBox  = "/.sbx/init"
 )
 
 func cgroupPath(id string) string { return "/" + id }
+
+// connectProcess is the process spec of `runsc exec --process`: the guest init's `connect`
+// relay, with no capability at all (the container's process spec would give it PID 1's) and
+// nothing of the box's environment but PATH.
+func connectProcess() ociProcess {
+	return ociProcess{
+		Args:            []string{initPathInBox, "connect"},
+		Env:             []string{"PATH=" + defaultPath},
+		Cwd:             "/",
+		Capabilities:    ociCapabilities{Bounding: []string{}, Effective: []string{}, Permitted: []string{}},
+		Rlimits:         []ociRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+		NoNewPrivileges: true,
+	}
+}
 
 // validateSpec rejects what the local driver cannot build or what could smuggle options.
 func validateSpec(spec runtime.BoxSpec) error {

@@ -34,6 +34,7 @@ import (
 	"sync"
 	"time"
 
+	"sandboxd/guest"
 	"sandboxd/runtime"
 )
 
@@ -442,6 +443,18 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	}
 	if err := os.Mkdir(hostDir, 0o700); err != nil {
 		return fmt.Errorf("gvisor: host socket folder: %w", err)
+	}
+	// A new channel key for this container: the init takes (and deletes) its copy in the host
+	// folder; the driver keeps its own beside the record, out of the box's reach.
+	key := guest.EncodeChannelKey(guest.NewChannelKey())
+	if err := writeFileAtomic(d.boxPath(id, channelKeyName), []byte(key), 0o600); err != nil {
+		return fmt.Errorf("gvisor: channel key: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(hostDir, channelKeyName), []byte(key), 0o400); err != nil {
+		return fmt.Errorf("gvisor: channel key: %w", err)
+	}
+	if err := os.Remove(d.boxPath(id, tamperedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("gvisor: %w", err)
 	}
 	oci, err := buildSpec(id, spec, d.workspacePath(id), d.initDir, hostDir)
 	if err != nil {

@@ -46,6 +46,11 @@ const (
 	bundleDn    = "bundle"
 	// hostDn is mounted at /run/sbx/host: the guest init makes its host socket there.
 	hostDn = "host"
+	// tamperedFile says why the box's attach channel was found tampered with (its compute
+	// was then ended): the box is PhaseFailed until it is started again.
+	tamperedFile = "tampered"
+	// connectProcessFile is the process spec of the `runsc exec --process` fallback attach.
+	connectProcessFile = "connect-process.json"
 )
 
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }

@@ -259,6 +259,9 @@ func processAlive(pid int, id string) bool {
 
 // observe is what the driver sees of a box's compute: its phase and, when failed, why.
 func (d *Driver) observe(ctx context.Context, id string) (runtime.Phase, string, error) {
+	if reason, err := os.ReadFile(d.boxPath(id, tamperedFile)); err == nil {
+		return runtime.PhaseFailed, string(reason), nil
+	}
 	st, exists, err := d.readState(ctx, id)
 	if err != nil {
 		return "", "", err

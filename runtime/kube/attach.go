@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,8 +19,9 @@ import (
 
 // attach execs the guest init's `connect` in the box's sandbox container through the API
 // server (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and
-// returns once the init answered with its ready byte.
-func (d *Driver) attach(ctx context.Context, id, name string) (io.ReadWriteCloser, error) {
+// returns once the init answered with its ready byte and proved the pod's channel key
+// (guest.HostHandshake; a peer that fails it is errTampered).
+func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.ReadWriteCloser, error) {
 	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
 		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
 		Container: containerName,
@@ -62,18 +64,38 @@ func (d *Driver) attach(ctx context.Context, id, name string) (io.ReadWriteClose
 		_, _ = io.Copy(io.Discard, inR)
 	}()
 	ready := make(chan error, 1)
-	go func() { ready <- guest.AwaitReady(outR) }()
+	go func() {
+		err := guest.AwaitReady(outR)
+		if err == nil {
+			err = guest.HostHandshake(s, key)
+		}
+		ready <- err
+	}()
+	timeout := time.NewTimer(handshakeTimeout)
+	defer timeout.Stop()
 	select {
 	case err = <-ready:
 	case <-ctx.Done():
 		err = ctx.Err()
+	case <-timeout.C:
+		err = fmt.Errorf("no ready byte and handshake within %v", handshakeTimeout)
 	}
 	if err != nil {
 		s.Close()
+		if errors.Is(err, guest.ErrImpostor) {
+			return nil, fmt.Errorf("kube: attach %s: %w: %w", id, errTampered, err)
+		}
 		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
 	}
 	return s, nil
 }
+
+// handshakeTimeout bounds an attach's wait for the ready byte and the handshake after the
+// exec stream is set up.
+const handshakeTimeout = 30 * time.Second
+
+// errTampered marks an attach whose peer is not the box's guest init (it failed the handshake).
+var errTampered = errors.New("the control channel was tampered with")
 
 // execStream is one attach: the guest's stdin and stdout through a remotecommand stream.
 type execStream struct {

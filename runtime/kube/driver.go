@@ -284,7 +284,11 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 	if err := d.waitRunning(ctx, id, name, created.UID); err != nil {
 		return err
 	}
-	rwc, err := d.attach(ctx, id, name)
+	key, err := podChannelKey(pod)
+	if err != nil {
+		return err
+	}
+	rwc, err := d.attach(ctx, id, name, key)
 	if err != nil {
 		return fmt.Errorf("kube: box %s: the guest init does not answer: %w", id, err)
 	}
@@ -450,6 +454,9 @@ func (d *Driver) deletePod(ctx context.Context, name string, grace int64) error 
 func (d *Driver) setCompute(ctx context.Context, id, name, v string) error {
 	_, err := d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
 		pvc.Annotations[AnnCompute] = v
+		if v == computeRunning {
+			delete(pvc.Annotations, AnnTampered) // a new pod, with a new channel key
+		}
 		return nil
 	})
 	return err
@@ -568,6 +575,10 @@ func (d *Driver) box(pvc *corev1.PersistentVolumeClaim) (runtime.Box, error) {
 		return runtime.Box{}, fmt.Errorf("kube: PVC %s: %w", pvc.Name, err)
 	}
 	b := runtime.Box{Record: rec}
+	if why := pvc.Annotations[AnnTampered]; why != "" {
+		b.Phase, b.Reason = runtime.PhaseFailed, why
+		return b, nil
+	}
 	want := pvc.Annotations[AnnCompute] == computeRunning
 	pod, err := d.pods.Get(pvc.Name)
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -719,5 +730,38 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}
-	return d.attach(ctx, id, name)
+	key, err := podChannelKey(pod)
+	if err != nil {
+		return nil, fmt.Errorf("kube: box %s: %w: %w", id, err, runtime.ErrNotRunning)
+	}
+	rwc, err := d.attach(ctx, id, name, key)
+	if errors.Is(err, errTampered) {
+		return nil, d.tampered(ctx, id, name, err)
+	}
+	return rwc, err
+}
+
+// tampered records that the box's attach channel was tampered with (its pod answered the
+// handshake like something else than the box's init), deletes its pod — a box that
+// impersonates its init runs nothing more and, once the domain sees it failed, holds no slot —
+// and returns the error Attach answers with. The box is failed, not lost: the domain does not
+// start it again by itself. No other box is touched.
+func (d *Driver) tampered(ctx context.Context, id, name string, cause error) error {
+	reason := "the sandbox's control channel was tampered with, so its pod was deleted (" +
+		strings.TrimPrefix(cause.Error(), "kube: ") + "); start it again to get a new one"
+	d.log.Warn("box channel tampered with; deleting its pod", "box", id, "err", cause)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := d.updatePVC(cctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
+		pvc.Annotations[AnnCompute] = computeStopped
+		pvc.Annotations[AnnTampered] = reason
+		return nil
+	}); err != nil {
+		d.log.Error("recording a tampered channel", "box", id, "err", err)
+	}
+	d.spares.Drop(id)
+	if err := d.deletePod(cctx, name, 0); err != nil {
+		d.log.Error("deleting the pod of a box whose channel was tampered with", "box", id, "err", err)
+	}
+	return fmt.Errorf("kube: box %s: %s: %w", id, reason, runtime.ErrNotRunning)
 }

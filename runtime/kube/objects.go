@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"sandboxd/guest"
 	"sandboxd/runtime"
 )
 
@@ -33,25 +34,30 @@ const (
 // Annotations on a box's PVC: the sandbox's record. The PVC lives as long as the sandbox
 // (stop deletes only the pod), so the PVC is where the record is kept.
 const (
-	annPrefix          = "sandboxd.io/"
-	AnnTenant          = annPrefix + "tenant"
-	AnnProject         = annPrefix + "project"
-	AnnSpec            = annPrefix + "spec" // JSON of runtime.BoxSpec: profile, image, limits, env
-	AnnState           = annPrefix + "state"
-	AnnStateReason     = annPrefix + "state-reason"
-	AnnDesiredState    = annPrefix + "desired-state"
-	AnnLatestCkpt      = annPrefix + "latest-checkpoint"
-	AnnAutostopSec     = annPrefix + "autostop-sec"
-	AnnTTLSec          = annPrefix + "ttl-sec"
-	AnnCreatedAt       = annPrefix + "created-at"
-	AnnStateChangedAt  = annPrefix + "state-changed-at"
-	AnnRecordExtra     = annPrefix + "annotations" // JSON of Record.Annotations
-	AnnCompute         = annPrefix + "compute"     // driver-owned: "running" while a pod should exist
+	annPrefix         = "sandboxd.io/"
+	AnnTenant         = annPrefix + "tenant"
+	AnnProject        = annPrefix + "project"
+	AnnSpec           = annPrefix + "spec" // JSON of runtime.BoxSpec: profile, image, limits, env
+	AnnState          = annPrefix + "state"
+	AnnStateReason    = annPrefix + "state-reason"
+	AnnDesiredState   = annPrefix + "desired-state"
+	AnnLatestCkpt     = annPrefix + "latest-checkpoint"
+	AnnAutostopSec    = annPrefix + "autostop-sec"
+	AnnTTLSec         = annPrefix + "ttl-sec"
+	AnnCreatedAt      = annPrefix + "created-at"
+	AnnStateChangedAt = annPrefix + "state-changed-at"
+	AnnRecordExtra    = annPrefix + "annotations" // JSON of Record.Annotations
+	AnnCompute        = annPrefix + "compute"     // driver-owned: "running" while a pod should exist
+	// AnnTampered (driver-owned) says why the box's pod was deleted after its attach channel
+	// was found tampered with: the box is failed (not lost) until it is started again.
+	AnnTampered        = annPrefix + "channel-tampered"
 	computeRunning     = "running"
 	computeStopped     = "stopped"
 	containerName      = "sandbox"
 	initContainerName  = "install-init"
 	initVolume         = "sbx"
+	runVolume          = "sbx-run"
+	runDir             = "/run/sbx"
 	workspaceVolume    = "workspace"
 	initDir            = "/.sbx"
 	initPath           = initDir + "/init"
@@ -276,11 +282,22 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 			SecurityContext: &corev1.PodSecurityContext{
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
+			// The init container puts the guest init into the shared folder and the channel
+			// key (a new one for every pod) into the run folder, where PID 1 takes and deletes
+			// it before any command runs. The key lives in this container's spec only: the
+			// sandbox container's processes (and `kubectl exec`s into it) never carry it.
 			InitContainers: []corev1.Container{{
-				Name:            initContainerName,
-				Image:           s.initImage,
-				Command:         []string{"/sandbox-init", "install", initPath},
-				VolumeMounts:    []corev1.VolumeMount{{Name: initVolume, MountPath: initDir}},
+				Name:    initContainerName,
+				Image:   s.initImage,
+				Command: []string{"/sandbox-init", "install", initPath},
+				Env: []corev1.EnvVar{
+					{Name: guest.ChannelKeyEnv, Value: guest.EncodeChannelKey(guest.NewChannelKey())},
+					{Name: guest.ChannelKeyFileEnv, Value: channelKeyFile},
+				},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: initVolume, MountPath: initDir},
+					{Name: runVolume, MountPath: runDir},
+				},
 				SecurityContext: containerSecurity(),
 			}},
 			Containers: []corev1.Container{{
@@ -288,10 +305,11 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 				Image:      spec.Image,
 				Command:    []string{initPath, "serve"},
 				WorkingDir: workspacePath,
-				Env:        env,
+				Env:        append(env, corev1.EnvVar{Name: guest.ChannelKeyFileEnv, Value: channelKeyFile}),
 				Resources:  res,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: initVolume, MountPath: initDir, ReadOnly: true},
+					{Name: runVolume, MountPath: runDir},
 					{Name: workspaceVolume, MountPath: workspacePath},
 				},
 				SecurityContext: containerSecurity(),
@@ -301,10 +319,32 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 				{Name: workspaceVolume, VolumeSource: corev1.VolumeSource{
 					PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name},
 				}},
+				// The init's run folder (the channel key, then each exec's output log) in memory,
+				// counted against the pod's memory like the local runtime's tmpfs.
+				{Name: runVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
 			},
 		},
 	}
 	return pod, nil
+}
+
+// channelKeyFile is where the init container writes the pod's channel key and PID 1 takes it.
+const channelKeyFile = runDir + "/channel.key"
+
+// podChannelKey is the channel key a box's pod was made with (its init container's
+// environment; the pod's spec never changes).
+func podChannelKey(pod *corev1.Pod) ([]byte, error) {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name != initContainerName {
+			continue
+		}
+		for _, e := range c.Env {
+			if e.Name == guest.ChannelKeyEnv {
+				return guest.ParseChannelKey(e.Value)
+			}
+		}
+	}
+	return nil, fmt.Errorf("kube: pod %s has no channel key (made by an older sandboxd? start the sandbox again)", pod.Name)
 }
 
 func containerSecurity() *corev1.SecurityContext {

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"sandboxd/guest"
 	"sandboxd/runtime"
 )
 
@@ -132,6 +134,27 @@ func TestPodShape(t *testing.T) {
 	}
 	if c.Env[0].Name != "A" || c.Env[1].Name != "B" {
 		t.Errorf("env not sorted: %v", c.Env)
+	}
+	// The channel key: in the init container's environment only, a new one per pod; the
+	// sandbox container knows only where PID 1 takes it from.
+	key, err := podChannelKey(pod)
+	if err != nil {
+		t.Fatalf("podChannelKey: %v", err)
+	}
+	for _, e := range c.Env {
+		if e.Name == guest.ChannelKeyEnv || strings.Contains(e.Value, guest.EncodeChannelKey(key)) {
+			t.Errorf("the sandbox container's environment carries the channel key: %v", e)
+		}
+	}
+	if !slices.Contains(c.Env, corev1.EnvVar{Name: guest.ChannelKeyFileEnv, Value: "/run/sbx/channel.key"}) {
+		t.Errorf("the sandbox container does not name the key file: %v", c.Env)
+	}
+	if run := s.Volumes[2]; run.Name != runVolume || run.EmptyDir == nil || run.EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("run volume %+v, want a memory-backed emptyDir", run)
+	}
+	other, _ := set.newPod("sbx-x", rec)
+	if k2, _ := podChannelKey(other); string(k2) == string(key) {
+		t.Errorf("two pods got the same channel key")
 	}
 	if got := c.Resources.Limits.Cpu().MilliValue(); got != 1500 {
 		t.Errorf("cpu limit %d", got)

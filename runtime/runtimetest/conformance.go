@@ -216,6 +216,12 @@ sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 &
 		waitMarked(t, c, m, 0)
 	})
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, d, spec, !cfg.skipHost) })
+	t.Run("ChannelAttacks", func(t *testing.T) {
+		if cfg.skipHost {
+			t.Skip("the driver's boxes run their commands on the host (SkipHostIsolation)")
+		}
+		testChannel(t, d, spec)
+	})
 	t.Run("NetworkNone", func(t *testing.T) {
 		if cfg.skipHost {
 			t.Skip("the driver's boxes share the host network (SkipHostIsolation)")

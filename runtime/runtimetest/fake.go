@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"sandboxd/guest"
 	"sandboxd/runtime"
@@ -39,6 +40,7 @@ type fakeBox struct {
 	reason string
 	lost   bool
 	srv    *guest.Server // while running
+	key    []byte        // the channel key of the running server
 }
 
 var _ runtime.Driver = (*Fake)(nil)
@@ -163,7 +165,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 	if err != nil {
 		return fmt.Errorf("fake: guest server: %w", err)
 	}
-	b.srv, b.phase, b.reason, b.lost = srv, runtime.PhaseRunning, "", false
+	b.srv, b.key, b.phase, b.reason, b.lost = srv, guest.NewChannelKey(), runtime.PhaseRunning, "", false
 	return nil
 }
 
@@ -298,8 +300,33 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	if b.phase != runtime.PhaseRunning {
 		return nil, fmt.Errorf("fake: box %s is %s: %w", id, b.phase, runtime.ErrNotRunning)
 	}
+	// The guest init's side of the channel, as cmd/sandbox-init serves it: the ready byte
+	// (what `connect` writes), the handshake with the box's key, then the protocol.
 	client, server := net.Pipe()
-	go b.srv.ServeConn(server) // ends when the pipe closes or the server is closed
+	srv, key := b.srv, b.key
+	go func() {
+		_ = server.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := server.Write([]byte{guest.ConnectReady}); err != nil {
+			_ = server.Close()
+			return
+		}
+		if err := guest.InitHandshake(server, key); err != nil {
+			_ = server.Close()
+			return
+		}
+		_ = server.SetDeadline(time.Time{})
+		srv.ServeConn(server) // ends when the pipe closes or the server is closed
+	}()
+	_ = client.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := guest.AwaitReady(client); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("fake: attach %s: %w", id, err)
+	}
+	if err := guest.HostHandshake(client, key); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("fake: attach %s: %w", id, err)
+	}
+	_ = client.SetDeadline(time.Time{})
 	return client, nil
 }
 

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// What PID 1 does with the privileges it starts with. The local runtime starts it with
+// CAP_SYS_ADMIN on top of the commands' capability set, for three things only a privileged
+// PID 1 can do before any workload exists: hide the host socket's folder, open the cgroups
+// that track each exec's processes, and nothing else. Then it drops CAP_SYS_ADMIN from its
+// effective, permitted and bounding sets on every thread, so no command it starts (and no
+// later code of its own) holds it. A runtime that starts PID 1 without it (Kubernetes under
+// PodSecurity baseline) simply skips those steps.
+
+// capSysAdmin is CAP_SYS_ADMIN's bit number.
+const capSysAdmin = 21
+
+// hasCap reports whether this thread's effective set holds capability c.
+func hasCap(c uint) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(c%32)) != 0
+}
+
+// dropCap removes capability c from the bounding, effective, permitted and inheritable sets of
+// every thread of the process (capabilities are per thread), so that neither this process nor
+// anything it starts holds it again.
+func dropCap(c uint) error {
+	if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
+		return fmt.Errorf("dropping capability %d from the bounding set: %w", c, e)
+	}
+	return setCaps(func(d *unix.CapUserData, word uint) {
+		if c/32 == word {
+			bit := uint32(1) << (c % 32)
+			d.Effective &^= bit
+			d.Permitted &^= bit
+			d.Inheritable &^= bit
+		}
+	}, c)
+}
+
+// clearCaps empties the effective, permitted and inheritable sets of every thread: what
+// `connect` does (it starts no program, so its bounding set does not matter).
+func clearCaps() error {
+	return setCaps(func(d *unix.CapUserData, _ uint) { *d = unix.CapUserData{} }, capSysAdmin)
+}
+
+// setCaps applies edit to the two words of the thread's capability sets, sets the result on
+// every thread and checks that check is no longer effective.
+func setCaps(edit func(d *unix.CapUserData, word uint), check uint) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	for i := range data {
+		edit(&data[i], uint(i))
+	}
+	hdr = unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("capset: %w", e)
+	}
+	if hasCap(check) {
+		return fmt.Errorf("capability %d is still effective after dropping it", check)
+	}
+	return nil
+}
+
+// notDumpable makes the process non-dumpable: another process of the box, even one running
+// as root, can then neither ptrace it nor read its /proc/<pid>/environ, mem, fd or root
+// (gVisor applies the same rule as Linux; checked with real runsc). It is how PID 1 keeps the
+// channel key to itself.
+func notDumpable() error {
+	return unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+}
+
+// hideDir mounts an empty, read-only tmpfs over dir. PID 1 does this to the folder of its host
+// socket once it listens there: the listening socket keeps working (the runtime connects to
+// it on the host), but nothing in the box can reach the folder any more to replace the socket,
+// plant a link or fill the host's disk through it, and a command cannot unmount it without
+// CAP_SYS_ADMIN. (A lazy unmount instead breaks the listening socket under gVisor.)
+func hideDir(dir string) error {
+	dir = filepath.Clean(dir)
+	if dir == "/" || dir == "." {
+		return errors.New("refusing to hide the root folder")
+	}
+	return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+}
+
+// isAbstract reports whether a unix socket address names the abstract namespace ("@name"):
+// such a socket has no file, so nothing can unlink, replace or link it, and a second bind of
+// the name fails while PID 1 holds it.
+func isAbstract(addr string) bool { return len(addr) > 0 && addr[0] == '@' }
+
+// chmodSocket restricts a socket file to root (nothing to do for an abstract socket).
+func chmodSocket(addr string) {
+	if !isAbstract(addr) {
+		_ = os.Chmod(addr, 0o600)
+	}
+}

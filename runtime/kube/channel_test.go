@@ -1,0 +1,124 @@
+package kube_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sandboxd/guest"
+	"sandboxd/internal/kubetest"
+	"sandboxd/runtime"
+	"sandboxd/runtime/kube"
+	"sandboxd/runtime/runtimetest"
+)
+
+// TestChannelImpostor: the box's pod is replaced (by someone with the cluster's admin rights,
+// standing in for a workload that got past every defence of the box) by one whose PID 1 does
+// not hold the channel key the driver reads from the pod — a guest init of the workload's own.
+// The driver must not talk to it: the attach fails, the pod is deleted, the box is failed with
+// the reason (not "lost", so nobody starts it behind the owner's back), another box is
+// untouched, and a start gives the box a new pod that works.
+func TestChannelImpostor(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	d := newDriver(t, cfg)
+	a := runtimetest.CreateBox(t, d, spec)
+	b := runtimetest.CreateBox(t, d, spec)
+	for _, id := range []string{a, b} {
+		runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo " + id + " > whoami"}})
+	}
+
+	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
+	name, _ := kube.ObjectName(a)
+	orig, err := pods.Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := int64(0)
+	if err := pods.Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
+	fake := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels}, Spec: *orig.Spec.DeepCopy()}
+	fake.Spec.NodeName = ""
+	for i, ctr := range fake.Spec.Containers {
+		var env []corev1.EnvVar
+		for _, e := range ctr.Env {
+			if e.Name != guest.ChannelKeyFileEnv {
+				env = append(env, e)
+			}
+		}
+		fake.Spec.Containers[i].Env = env
+	}
+	if _, err := pods.Create(ctx(t), fake, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the driver sees the impostor's pod running.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		bx, err := d.Get(ctx(t), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bx.Phase == runtime.PhaseRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the impostor's pod did not run: %s (%s)", bx.Phase, bx.Reason)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	rwc, err := d.Attach(ctx(t), a)
+	if err == nil {
+		rwc.Close()
+		t.Fatal("Attach to the impostor's pod: got a stream, want an error")
+	}
+	if !errors.Is(err, runtime.ErrNotRunning) || !strings.Contains(err.Error(), "tampered") {
+		t.Errorf("Attach: got %v, want ErrNotRunning naming the tampering", err)
+	}
+	bx, err := d.Get(ctx(t), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bx.Phase != runtime.PhaseFailed || bx.Lost || !strings.Contains(bx.Reason, "tampered") {
+		t.Errorf("got phase %s lost=%v (%s), want failed (not lost), tampered with", bx.Phase, bx.Lost, bx.Reason)
+	}
+	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
+
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, b), guest.ExecRequest{Argv: []string{"cat", "whoami"}})
+	if got := strings.TrimSpace(string(res.Stdout)); got != b {
+		t.Errorf("the other box reads whoami %q, want %q", got, b)
+	}
+	if _, err := d.Start(ctx(t), a); err != nil {
+		t.Fatalf("Start after tampering: %v", err)
+	}
+	res = runtimetest.MustRun(t, runtimetest.Client(t, d, a), guest.ExecRequest{Argv: []string{"cat", "whoami"}})
+	if got := strings.TrimSpace(string(res.Stdout)); got != a {
+		t.Errorf("after Start the box reads whoami %q, want %q (its kept workspace)", got, a)
+	}
+	if bx, _ := d.Get(ctx(t), a); bx.Phase != runtime.PhaseRunning || bx.Reason != "" {
+		t.Errorf("after Start: got phase %s (%s), want running", bx.Phase, bx.Reason)
+	}
+}
+
+// waitGone waits until get reports NotFound.
+func waitGone(t *testing.T, get func() error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := get()
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still there after 60 s (last: %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
