@@ -241,3 +241,24 @@ func TestInitDropsPrivileges(t *testing.T) {
 		t.Errorf("got %d capability lines (%q), want 6", n, res.Stdout)
 	}
 }
+
+// A box whose container runs without a channel key (started by a sandboxd from before them) is
+// failed with the reason, and a start gives it one.
+func TestChannelKeylessBoxFails(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	if err := os.Remove(filepath.Join(stateDirOf(t, d), "boxes", id, "channel.key")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Get(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Phase != runtime.PhaseFailed || !strings.Contains(b.Reason, "older sandboxd") {
+		t.Errorf("got phase %s (%s), want failed: started by an older sandboxd", b.Phase, b.Reason)
+	}
+	if _, err := d.Start(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"true"}})
+}

@@ -272,6 +272,10 @@ func (d *Driver) observe(ctx context.Context, id string) (runtime.Phase, string,
 	alive := processAlive(st.sandboxPid(), id)
 	switch {
 	case st.Status == "running" && alive:
+		if _, err := os.Stat(d.boxPath(id, channelKeyName)); errors.Is(err, fs.ErrNotExist) {
+			// Started by a sandboxd from before channel keys: nothing can prove its init.
+			return runtime.PhaseFailed, "the sandbox was started by an older sandboxd, whose control channel cannot be checked; start it again", nil
+		}
 		return runtime.PhaseRunning, "", nil
 	case st.Status == "creating" || st.Status == "created":
 		// The driver never leaves a container so: a create or start is running right now
