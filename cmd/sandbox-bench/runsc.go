@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"sandboxd/guest"
 )
 
 // What the benchmark reads of the gvisor driver's state folder (runtime/gvisor):
@@ -104,6 +106,9 @@ type rawBundle struct {
 	bundle  string
 	logPath string
 	flags   []string
+	// keyFile, when the guest init of the config takes a channel key, is where each new
+	// container's key is put (in its host folder; the init deletes it once read).
+	keyFile string
 }
 
 // newRawBundle prepares a raw bundle from sandbox refID's bundle and flags.
@@ -156,6 +161,14 @@ func (b *bench) newRawBundle(refID string) (*rawBundle, error) {
 	if linux, ok := spec["linux"].(map[string]any); ok {
 		delete(linux, "cgroupsPath")
 	}
+	if proc, ok := spec["process"].(map[string]any); ok {
+		env, _ := proc["env"].([]any)
+		for _, e := range env {
+			if v, ok := e.(string); ok && strings.HasPrefix(v, guest.ChannelKeyFileEnv+"=/run/sbx/host/") {
+				r.keyFile = filepath.Join(host, filepath.Base(strings.TrimPrefix(v, guest.ChannelKeyFileEnv+"=")))
+			}
+		}
+	}
 	out, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return nil, err
@@ -187,6 +200,12 @@ func (r *rawBundle) createStartExec(ctx context.Context) (time.Duration, error) 
 	}
 	r.b.raw[r][id] = true
 	r.b.mu.Unlock()
+	if r.keyFile != "" {
+		// The guest init takes its channel key at start (what the driver hands it, untimed).
+		if err := os.WriteFile(r.keyFile, []byte(guest.EncodeChannelKey(guest.NewChannelKey())), 0o400); err != nil {
+			return 0, err
+		}
+	}
 	d, err := timed(func() error {
 		if err := r.b.runscLogged(ctx, r.logPath, r.flags, "create", "--bundle="+r.bundle, id); err != nil {
 			return err
