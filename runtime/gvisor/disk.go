@@ -221,15 +221,26 @@ func (d *Driver) moveLegacyWorkspace(id string) error {
 	return nil
 }
 
-// makeDisk creates a sparse image of size bytes at img, formatted as ext4. It is made under a
-// temporary name and renamed into place once formatted, so a crash midway never leaves a
-// half-made image where the next start would take it for the box's disk. Nothing is left on
-// failure.
-func (d *Driver) makeDisk(ctx context.Context, img string, size int64) (err error) {
+// makeDisk puts a sparse image of size bytes at img, formatted as ext4: one of the pool's
+// (diskpool.go), or one formatted now; either way the pool is then refilled in the background.
+func (d *Driver) makeDisk(ctx context.Context, img string, size int64) error {
 	if d.opts.Mkfs == "" {
 		_, err := findMkfs()
 		return err
 	}
+	defer d.refillDiskPool(size)
+	if d.pool.take(img, size) {
+		d.log.Debug("disk taken from the pool", "image", img, "bytes", size)
+		return nil
+	}
+	return d.formatImage(ctx, img, size)
+}
+
+// formatImage creates a sparse image of size bytes at img, formatted as ext4. It is made under
+// a temporary name and renamed into place once formatted, so a crash midway never leaves a
+// half-made image where the next start would take it for the box's disk (or the pool for one
+// of its images). Nothing is left on failure.
+func (d *Driver) formatImage(ctx context.Context, img string, size int64) (err error) {
 	tmp := img + ".new"
 	_ = os.Remove(tmp) // a crashed create's
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)

@@ -210,6 +210,7 @@ func TestDiskRestartAndReboot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d2.Close() })
 	if fresh, err := d2.Start(ctxT(t), id); err != nil || fresh {
 		t.Fatalf("Start of a running box by a new driver: got (%v, %v), want (false, nil)", fresh, err)
 	}
@@ -298,6 +299,7 @@ func TestDiskCreateFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.Close() })
 	rec := runtimetest.NewRecord(defaultSpec())
 	if err := d.Create(ctxT(t), rec); err == nil || !strings.Contains(err.Error(), "mount the disk") {
 		t.Errorf("Create with an unformatted disk: got %v, want a mount error", err)
@@ -361,6 +363,7 @@ func TestNullNetNSNotStacked(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { d2.Close() })
 		if closeIt {
 			if n := netns(); n != 0 {
 				t.Fatalf("null-netns mounts after New: got %d, want 0", n)

@@ -81,6 +81,9 @@ type Driver struct {
 	// is not pinned: see lockForCreate) and exclusively while that mount is removed.
 	createMu sync.RWMutex
 	initMu   sync.Mutex
+
+	// pool holds formatted disk images ready for new boxes.
+	pool *diskPool
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -155,16 +158,22 @@ func New(opts Options) (*Driver, error) {
 	if err := os.Chmod(d.initDir, 0o755); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	pool, err := newDiskPool(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: disk pool: %w", err)
+	}
+	d.pool = pool
 	// An earlier server on this folder may have stopped (or died) with runsc's shared mount
 	// still there and no container left.
 	d.cleanSharedMounts()
 	return d, nil
 }
 
-// Close releases what the driver holds on the host that no box needs: runsc's shared
-// null-netns mount when no container is left. Boxes keep running (and their disks mounted):
+// Close stops the disk pool's refills and releases what the driver holds on the host that no
+// box needs: runsc's shared null-netns mount when no container is left. Boxes keep running (and their disks mounted):
 // they outlive the server.
 func (d *Driver) Close() error {
+	d.pool.close()
 	d.cleanSharedMounts()
 	return nil
 }

@@ -423,6 +423,7 @@ func TestUpdateRecordAcrossDrivers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d2.Close() })
 	id := runtimetest.CreateBox(t, d1, defaultSpec())
 	var wg sync.WaitGroup
 	for i := 0; i < 20; i++ {
@@ -452,6 +453,7 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer bad.Close()
 	if err := bad.Check(ctxT(t)); err == nil {
 		t.Errorf("Check with a missing init: got nil, want an error")
 	}
@@ -474,6 +476,7 @@ func TestCreateGuestNeverReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer d.Close()
 	rec := runtimetest.NewRecord(defaultSpec())
 	start := time.Now()
 	err = d.Create(ctxT(t), rec)

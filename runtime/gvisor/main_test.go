@@ -150,6 +150,7 @@ func newDriver(t testing.TB) *gvisor.Driver {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		d.Close() // ends the disk pool's refills
 		if out, err := exec.Command(components.runsc, "--root="+d.RootDir(), "list", "-quiet").Output(); err != nil {
 			t.Errorf("runsc list: %v", err)
 		} else if s := strings.TrimSpace(string(out)); s != "" {
