@@ -40,6 +40,11 @@ const (
 	// ChannelKeyEnv carries the key to `sandbox-init install` (a Kubernetes init container),
 	// which writes it to the ChannelKeyFileEnv file of the sandbox container's shared folder.
 	ChannelKeyEnv = "SBX_CHANNEL_KEY"
+	// RequireContainmentEnv set to 1 makes PID 1 refuse to serve unless it could set up all of
+	// its containment: hide its host socket's folder (when it has one), track execs in
+	// cgroups, refuse mounts and drop CAP_SYS_ADMIN. The local runtime, which starts it with
+	// that capability, sets it, so a box never runs with less than the runtime promised.
+	RequireContainmentEnv = "SBX_REQUIRE_CONTAINMENT"
 	// ChannelKeyLen is the key's length in bytes.
 	ChannelKeyLen = 32
 

@@ -123,6 +123,7 @@ func env(key, def string) string {
 }
 
 func serve() int {
+	began := time.Now()
 	pid1 := os.Getpid() == 1
 	if pid1 {
 		// First of all: nothing in the box may read this process's memory, environment or
@@ -164,14 +165,25 @@ func serve() int {
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 
+	// A runtime that gives PID 1 CAP_SYS_ADMIN asks for every step below to be done
+	// (guest.RequireContainmentEnv): a box never runs with less than it promised.
+	strict := os.Getenv(guest.RequireContainmentEnv) == "1"
 	privileged := pid1 && hasCap(capSysAdmin)
+	if strict && !privileged {
+		log.Error("the runtime requires containment, but this process is not PID 1 with CAP_SYS_ADMIN")
+		return 1
+	}
 	var cgroups *guest.Cgroups
 	if privileged {
 		cg, err := guest.OpenCgroups()
-		if err != nil {
-			// Not fatal: execs are then tracked by process group and parentage only.
+		switch {
+		case err != nil && strict:
+			log.Error("opening the exec cgroups", "err", err)
+			return 1
+		case err != nil:
+			// Execs are then tracked by process group and parentage only.
 			log.Warn("opening the exec cgroups; tracking processes by group and parent instead", "err", err)
-		} else {
+		default:
 			cgroups = cg
 		}
 	}
@@ -208,8 +220,15 @@ func serve() int {
 		_ = os.Remove(hostSock)
 		hostLn, err = net.Listen("unix", hostSock)
 		if err != nil {
-			// Not fatal: attaches fall back to `init connect`.
+			// Not fatal: attaches fall back to `init connect` (the folder is hidden all the same).
 			log.Warn("listen on the host socket", "socket", hostSock, "err", err)
+			if privileged {
+				if err := hideDir(filepath.Dir(hostSock)); err != nil {
+					log.Error("hiding the host socket's folder", "err", err)
+					srv.Close()
+					return 1
+				}
+			}
 		} else {
 			chmodSocket(hostSock)
 			if privileged {
@@ -243,7 +262,7 @@ func serve() int {
 		}
 	}
 	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version,
-		"channel_key", key != nil, "cgroups", cgroups != nil)
+		"channel_key", key != nil, "cgroups", cgroups != nil, "setup_ms", float64(time.Since(began).Microseconds())/1000)
 
 	accepted := make(chan struct{})
 	go func() {

@@ -36,8 +36,12 @@ func hasCap(c uint) bool {
 // every thread of the process (capabilities are per thread), so that neither this process nor
 // anything it starts holds it again.
 func dropCap(c uint) error {
-	if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
-		return fmt.Errorf("dropping capability %d from the bounding set: %w", c, e)
+	// The local runtime never puts it in the bounding set (one all-threads call saved); a
+	// runtime that does gets it dropped there too.
+	if in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0); err != nil || in == 1 {
+		if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
+			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, e)
+		}
 	}
 	return setCaps(func(d *unix.CapUserData, word uint) {
 		if c/32 == word {

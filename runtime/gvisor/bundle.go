@@ -114,7 +114,9 @@ var dockerCaps = []string{
 // initCaps is what PID 1 starts with: the commands' set plus CAP_SYS_ADMIN, which the guest
 // init needs for a moment before any command runs (to hide its host socket's folder and open
 // the exec cgroups) and then drops from every set on every thread (cmd/sandbox-init/setup.go).
-// It is the sandbox's own CAP_SYS_ADMIN, inside gVisor's kernel, never the host's.
+// (It has to be in the bounding set too: runsc grants no capability outside it.) It is the
+// sandbox's own CAP_SYS_ADMIN, inside gVisor's kernel, never the host's. The init refuses to
+// serve when it cannot do all of that (guest.RequireContainmentEnv).
 var initCaps = append(slices.Clone(dockerCaps), "CAP_SYS_ADMIN")
 
 // buildSpec returns the OCI config of a box. initDir is the host folder holding only the guest
@@ -135,6 +137,7 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 		env[guest.HostSocketEnv] = hostSocketInBox
 		env[guest.ChannelKeyFileEnv] = channelKeyInBox
 	}
+	env[guest.RequireContainmentEnv] = "1"
 	envList := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])

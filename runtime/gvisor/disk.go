@@ -222,13 +222,13 @@ func (d *Driver) moveLegacyWorkspace(id string) error {
 }
 
 // makeDisk puts a sparse image of size bytes at img, formatted as ext4: one of the pool's
-// (diskpool.go), or one formatted now; either way the pool is then refilled in the background.
+// (diskpool.go), or one formatted now. The caller refills the pool once its box is up (a
+// refill meanwhile would compete with runsc for the CPU).
 func (d *Driver) makeDisk(ctx context.Context, img string, size int64) error {
 	if d.opts.Mkfs == "" {
 		_, err := findMkfs()
 		return err
 	}
-	defer d.refillDiskPool(size)
 	if d.pool.take(img, size) {
 		d.log.Debug("disk taken from the pool", "image", img, "bytes", size)
 		return nil

@@ -239,6 +239,7 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
 		return err
 	}
+	d.refillDiskPool(d.diskBytes(rec.Spec)) // for the next create, now that this one is up
 	d.log.Info("box created", "box", id, "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -297,6 +298,9 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 			d.log.Error("cleanup after failed start", "box", id, "err", uerr)
 		}
 		return fresh, err
+	}
+	if fresh {
+		d.refillDiskPool(d.diskBytes(rec.Spec)) // it may have taken the pool's image
 	}
 	d.log.Info("box started", "box", id, "fresh", fresh, "ms", time.Since(start).Milliseconds())
 	return fresh, nil
@@ -455,8 +459,13 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	}
 	// A new channel key for this container: the init takes (and deletes) its copy in the host
 	// folder; the driver keeps its own beside the record, out of the box's reach.
+	// (Renamed into place, not synced: a host crash ends the container the key is for.)
 	key := guest.EncodeChannelKey(guest.NewChannelKey())
-	if err := writeFileAtomic(d.boxPath(id, channelKeyName), []byte(key), 0o600); err != nil {
+	tmpKey := d.boxPath(id, "."+channelKeyName+".tmp")
+	if err := os.WriteFile(tmpKey, []byte(key), 0o600); err != nil {
+		return fmt.Errorf("gvisor: channel key: %w", err)
+	}
+	if err := os.Rename(tmpKey, d.boxPath(id, channelKeyName)); err != nil {
 		return fmt.Errorf("gvisor: channel key: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(hostDir, channelKeyName), []byte(key), 0o400); err != nil {

@@ -68,6 +68,11 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.Re
 		err := guest.AwaitReady(outR)
 		if err == nil {
 			err = guest.HostHandshake(s, key)
+			// The pod's init answers a greeting at once; a peer that hangs up instead is not
+			// it (a pod that died meanwhile is told apart by the caller).
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				err = fmt.Errorf("%w: it closed the stream instead of proving the key", guest.ErrImpostor)
+			}
 		}
 		ready <- err
 	}()

@@ -736,6 +736,10 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	}
 	rwc, err := d.attach(ctx, id, name, key)
 	if errors.Is(err, errTampered) {
+		if p, gerr := d.pods.Get(name); gerr != nil || p.UID != pod.UID || p.DeletionTimestamp != nil || !podReady(p) {
+			// The pod ended meanwhile: that, not tampering, is the news.
+			return nil, fmt.Errorf("kube: box %s: its pod is gone or not ready: %w", id, runtime.ErrNotRunning)
+		}
 		return nil, d.tampered(ctx, id, name, err)
 	}
 	return rwc, err
