@@ -30,15 +30,15 @@ import (
 //     box uses), keeps a descriptor of its root and unmounts it at once: no path in the box
 //     reaches the hierarchy, only that descriptor, which PID 1 (non-dumpable, so not
 //     readable through /proc/1/fd) never passes on.
-//   - An exec's process is started on a locked OS thread that PID 1 moved into the exec's
-//     cgroup for the fork and back right after it: the child starts inside, and so does
-//     everything it ever forks.
+//   - An exec's process is forked from the spawner, one OS thread of PID 1 kept for that,
+//     which moves into the exec's cgroup for the fork and back right after it: the child
+//     starts inside, and so does everything it ever forks.
 //   - A command holds no CAP_SYS_ADMIN, so it cannot mount the hierarchy itself; but in a
 //     user namespace of its own it would hold it there, and gVisor then lets it mount a view
 //     of the same hierarchy and write itself into the root's tasks file (tried on this
 //     runsc: `unshare -Urm`, mount -t cgroup -o job, echo $$ > tasks). Seal closes that: a
-//     seccomp filter on PID 1, inherited by every process it starts, refuses every call that
-//     mounts a file system.
+//     seccomp filter on the spawner's thread, inherited by every process it starts, refuses
+//     every call that mounts a file system.
 //
 // A Cgroups belongs to one process (PID 1) and is safe for concurrent use.
 type Cgroups struct {
@@ -46,8 +46,11 @@ type Cgroups struct {
 
 	seq atomic.Uint64 // suffixes names that are taken (see create)
 
-	sealMu sync.Mutex
-	sealed bool
+	// spawnMu guards spawns, the requests of the spawner: the one OS thread every exec's
+	// process is forked from (see start). nil until Seal or the first start.
+	spawnMu sync.Mutex
+	spawns  chan spawnReq
+	closed  bool
 
 	mu sync.Mutex
 	// pending are the cgroups of forgotten execs that still held processes when they were
@@ -169,36 +172,96 @@ func jobHierarchyMounted() (string, error) {
 
 // Close releases the hierarchy's descriptor. Nothing may use c afterwards.
 func (c *Cgroups) Close() error {
+	c.spawnMu.Lock()
+	c.closed = true // a spawner, once started, lives as long as PID 1
+	c.spawnMu.Unlock()
 	return unix.Close(c.root)
 }
 
-// Seal installs, on every thread of this process and so on every process it starts from now
-// on, a seccomp filter that refuses (EPERM) each system call that mounts a file system:
-// mount, fsopen, fsconfig, fsmount, fspick, open_tree, move_mount, mount_setattr. A command
-// without CAP_SYS_ADMIN cannot mount anyway, except inside a user namespace of its own,
-// which is how it could otherwise reach the exec hierarchy. Call it once PID 1's own mounts
-// are done: after it, PID 1 cannot mount either. Calling it again does nothing.
+// Seal starts the spawner: the one OS thread of PID 1 that every exec's process is forked
+// from (start). It carries a seccomp filter, inherited by every process it starts, that
+// refuses (EPERM) each system call that mounts a file system: mount, fsopen, fsconfig,
+// fsmount, fspick, open_tree, move_mount, mount_setattr. A command without CAP_SYS_ADMIN
+// cannot mount anyway, except inside a user namespace of its own, which is how it could
+// otherwise reach the exec hierarchy. PID 1's other threads carry no filter: gVisor rebuilds a
+// task's seccomp state at every clone, so a filter on all of PID 1 would tax each thread the
+// Go runtime makes (about 0.2 ms each, several per early exec); PID 1 itself holds no
+// CAP_SYS_ADMIN once set up and forks nothing elsewhere. Calling it again does nothing; start
+// calls it too.
 //
 // The filter only looks at the system call number, so gVisor caches its verdict per number
 // and the commands' other calls pay nothing for it.
 func (c *Cgroups) Seal() error {
-	c.sealMu.Lock()
-	defer c.sealMu.Unlock()
-	if c.sealed {
-		return nil
+	_, err := c.spawner()
+	return err
+}
+
+// spawnReq asks the spawner to fork a process in cgroup name.
+type spawnReq struct {
+	name string
+	fork func() (*os.Process, error)
+	done chan spawnResult
+}
+
+type spawnResult struct {
+	p   *os.Process
+	err error
+}
+
+// spawner returns the spawner's request channel, starting it (filter first) when there is
+// none.
+func (c *Cgroups) spawner() (chan<- spawnReq, error) {
+	c.spawnMu.Lock()
+	defer c.spawnMu.Unlock()
+	if c.closed {
+		return nil, errors.New("guest: cgroups: closed")
 	}
-	if err := installMountFilter(); err != nil {
-		return fmt.Errorf("guest: cgroups: refusing mounts: %w", err)
+	if c.spawns != nil {
+		return c.spawns, nil
 	}
-	c.sealed = true
-	return nil
+	ch := make(chan spawnReq)
+	ready := make(chan error, 1)
+	go c.spawnLoop(ch, ready)
+	if err := <-ready; err != nil {
+		return nil, fmt.Errorf("guest: cgroups: refusing mounts: %w", err)
+	}
+	c.spawns = ch
+	return ch, nil
+}
+
+// spawnLoop is the spawner: a goroutine locked to its OS thread for good, which filters the
+// thread (installMountFilter) and then, for each request, moves the thread into the exec's
+// cgroup, forks, and moves it back. A thread that cannot move back is retired (the goroutine
+// ends locked, so the runtime ends the thread) after starting a new spawner on the same
+// channel.
+func (c *Cgroups) spawnLoop(ch chan spawnReq, ready chan<- error) {
+	runtime.LockOSThread() // never unlocked: the thread is the spawner's alone
+	if err := installMountFilter(false); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	tid := strconv.Itoa(unix.Gettid())
+	for req := range ch {
+		if err := c.write(req.name+"/tasks", tid); err != nil {
+			req.done <- spawnResult{nil, fmt.Errorf("entering the exec's cgroup: %w", err)}
+			continue
+		}
+		p, err := req.fork()
+		if werr := c.write("tasks", tid); werr != nil {
+			req.done <- spawnResult{p, err}
+			go c.spawnLoop(ch, make(chan error, 1)) // on a new thread, filtered before it serves
+			return
+		}
+		req.done <- spawnResult{p, err}
+	}
 }
 
 // RefuseMounts installs Seal's filter without exec cgroups: what PID 1 does when it could not
 // open them, so that a command still cannot mount in a user namespace of its own (to uncover
 // what PID 1 hid, say). Call it once, after PID 1's own mounts.
 func RefuseMounts() error {
-	if err := installMountFilter(); err != nil {
+	if err := installMountFilter(true); err != nil {
 		return fmt.Errorf("guest: refusing mounts: %w", err)
 	}
 	return nil
@@ -253,8 +316,9 @@ func mountFilter(auditArch uint32, amd64 bool) []unix.SockFilter {
 	return append(prog, allow, eperm, enosys)
 }
 
-// installMountFilter installs mountFilter for this architecture on every thread.
-func installMountFilter() error {
+// installMountFilter installs mountFilter for this architecture on the calling thread (which
+// must be locked to its goroutine), or with all on every thread of the process.
+func installMountFilter(all bool) error {
 	var arch uint32
 	switch runtime.GOARCH {
 	case "amd64":
@@ -269,12 +333,16 @@ func installMountFilter() error {
 	// A filter needs no_new_privs or CAP_SYS_ADMIN. The runtime's spec sets no_new_privs for
 	// the whole box already (noNewPrivileges), so setting it changes nothing for commands;
 	// TSYNC gives it to the other threads with the filter.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	var flags uintptr
+	if all {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		flags = unix.SECCOMP_FILTER_FLAG_TSYNC
+	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)
 	}
-	r, _, e := syscall.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	r, _, e := syscall.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
 	runtime.KeepAlive(prog)
 	if e != 0 {
 		return fmt.Errorf("seccomp: %w", e)
@@ -308,35 +376,20 @@ func (c *Cgroups) create(id string) (string, error) {
 	return "", fmt.Errorf("making the exec's cgroup: %s exists", name)
 }
 
-// start runs fork (which starts a process) on an OS thread that stands in cgroup name for
-// that moment, so that the process starts inside it. The thread is moved back to the root
-// before anything else runs on it; if that fails the thread is never used again (its
-// goroutine ends locked, and the runtime then ends the thread).
+// start runs fork (which starts a process) on the spawner's thread (see Seal) while it stands
+// in cgroup name, so that the process starts inside it, filtered.
 func (c *Cgroups) start(name string, fork func() (*os.Process, error)) (*os.Process, error) {
-	if err := c.Seal(); err != nil {
+	ch, err := c.spawner()
+	if err != nil {
 		return nil, err
 	}
-	type result struct {
-		p   *os.Process
-		err error
+	done := make(chan spawnResult, 1)
+	select {
+	case ch <- spawnReq{name: name, fork: fork, done: done}:
+	case <-time.After(30 * time.Second):
+		// Only a spawner that could not be replaced leaves the channel unread.
+		return nil, errors.New("guest: cgroups: the spawner does not answer")
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		tid := strconv.Itoa(unix.Gettid())
-		if err := c.write(name+"/tasks", tid); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{nil, fmt.Errorf("entering the exec's cgroup: %w", err)}
-			return
-		}
-		p, err := fork()
-		if c.write("tasks", tid) != nil {
-			done <- result{p, err} // stays locked: see above
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{p, err}
-	}()
 	r := <-done
 	return r.p, r.err
 }

@@ -32,9 +32,32 @@ func TestBuildSpec(t *testing.T) {
 	if oci.Process.Terminal || !oci.Process.NoNewPrivileges || oci.Process.Cwd != "/workspace" {
 		t.Errorf("got process %+v, want no terminal, noNewPrivileges, cwd /workspace", oci.Process)
 	}
-	wantEnv := []string{"FOO=bar", "HOME=/root", "LANG=C.UTF-8", "PATH=/opt/bin:/usr/bin"}
+	wantEnv := []string{"FOO=bar", "HOME=/root", "LANG=C.UTF-8", "PATH=/opt/bin:/usr/bin", "SBX_REQUIRE_CONTAINMENT=1"}
 	if !slices.Equal(oci.Process.Env, wantEnv) {
 		t.Errorf("got env %q, want %q", oci.Process.Env, wantEnv)
+	}
+	// PID 1 alone starts with CAP_SYS_ADMIN (and drops it); the connect relay has nothing.
+	for name, set := range map[string][]string{"bounding": oci.Process.Capabilities.Bounding,
+		"effective": oci.Process.Capabilities.Effective, "permitted": oci.Process.Capabilities.Permitted} {
+		if !slices.Contains(set, "CAP_SYS_ADMIN") || !slices.Contains(set, "CAP_KILL") {
+			t.Errorf("PID 1's %s set %q: want the commands' set and CAP_SYS_ADMIN", name, set)
+		}
+	}
+	if slices.Contains(dockerCaps, "CAP_SYS_ADMIN") {
+		t.Errorf("the commands' capability set holds CAP_SYS_ADMIN")
+	}
+	cp := connectProcess()
+	if c := cp.Capabilities; len(c.Bounding)+len(c.Effective)+len(c.Permitted)+len(c.Inheritable) != 0 || !cp.NoNewPrivileges {
+		t.Errorf("connect process %+v: want no capability and noNewPrivileges", cp)
+	}
+	withHost, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "/state/boxes/sbx_1/host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []string{"SBX_HOST_SOCKET=/run/sbx/host/init.sock", "SBX_CHANNEL_KEY_FILE=/run/sbx/host/channel.key"} {
+		if !slices.Contains(withHost.Process.Env, kv) {
+			t.Errorf("env with a host folder %q: want %s", withHost.Process.Env, kv)
+		}
 	}
 	if r := oci.Process.Rlimits; len(r) != 1 || r[0].Type != "RLIMIT_NOFILE" || r[0].Soft != 65536 {
 		t.Errorf("got rlimits %+v, want RLIMIT_NOFILE 65536", r)
