@@ -378,10 +378,16 @@ func (d *Driver) waitReady(ctx context.Context, id string) error {
 			if err == nil && phase != runtime.PhaseRunning {
 				return fmt.Errorf("gvisor: box %s did not come up: %s: %s (last error: %v; runsc.log: %s)", id, phase, reason, last, d.logTail(id, 400))
 			}
+			// The init listens within tens of ms of the start: poll finely for the first
+			// 100 ms (a connect attempt costs microseconds), then every 5 ms.
+			wait := 5 * time.Millisecond
+			if attempt < 100 {
+				wait = time.Millisecond
+			}
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("gvisor: box %s: guest init did not answer: %w (last error: %v; runsc.log: %s)", id, ctx.Err(), last, d.logTail(id, 400))
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(wait):
 			}
 		}
 		last = d.probe(ctx, id)

@@ -233,14 +233,15 @@ func (d *Driver) makeDisk(ctx context.Context, img string, size int64) error {
 		d.log.Debug("disk taken from the pool", "image", img, "bytes", size)
 		return nil
 	}
-	return d.formatImage(ctx, img, size)
+	return d.formatImage(ctx, img, size, false)
 }
 
 // formatImage creates a sparse image of size bytes at img, formatted as ext4. It is made under
 // a temporary name and renamed into place once formatted, so a crash midway never leaves a
 // half-made image where the next start would take it for the box's disk (or the pool for one
-// of its images). Nothing is left on failure.
-func (d *Driver) formatImage(ctx context.Context, img string, size int64) (err error) {
+// of its images). Nothing is left on failure. background runs mkfs.ext4 at the lowest
+// priority.
+func (d *Driver) formatImage(ctx context.Context, img string, size int64, background bool) (err error) {
 	tmp := img + ".new"
 	_ = os.Remove(tmp) // a crashed create's
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -270,7 +271,15 @@ func (d *Driver) formatImage(ctx context.Context, img string, size int64) (err e
 	out.max = 4 << 10
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	if err := cmd.Run(); err != nil {
+	err = cmd.Start()
+	if err == nil {
+		if background {
+			// A refill of the pool yields the CPU to every box and request.
+			_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19)
+		}
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return fmt.Errorf("gvisor: mkfs.ext4 %s: %w: %s", tmp, err, strings.TrimSpace(out.String()))
 	}
 	if err := os.Rename(tmp, img); err != nil {

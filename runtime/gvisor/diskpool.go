@@ -103,7 +103,7 @@ func (d *Driver) refillDiskPool(size int64) {
 		var rnd [8]byte
 		_, _ = rand.Read(rnd[:])
 		img := filepath.Join(p.dir, strconv.FormatInt(size, 10)+"."+hex.EncodeToString(rnd[:])+poolImageExt)
-		if err := d.formatImage(p.ctx, img, size); err != nil {
+		if err := d.formatImage(p.ctx, img, size, true); err != nil {
 			d.log.Debug("refilling the disk pool", "bytes", size, "err", err)
 			return
 		}
