@@ -220,23 +220,17 @@ func serve() int {
 		_ = os.Remove(hostSock)
 		hostLn, err = net.Listen("unix", hostSock)
 		if err != nil {
-			// Not fatal: attaches fall back to `init connect` (the folder is hidden all the same).
+			// Not fatal: attaches fall back to `init connect`.
 			log.Warn("listen on the host socket", "socket", hostSock, "err", err)
-			if privileged {
-				if err := hideDir(filepath.Dir(hostSock)); err != nil {
-					log.Error("hiding the host socket's folder", "err", err)
-					srv.Close()
-					return 1
-				}
-			}
 		} else {
 			chmodSocket(hostSock)
-			if privileged {
-				if err := hideDir(filepath.Dir(hostSock)); err != nil {
-					log.Error("hiding the host socket's folder", "err", err)
-					srv.Close()
-					return 1
-				}
+		}
+		// Listening or not, the folder leaves the box's sight.
+		if privileged {
+			if err := hideDir(filepath.Dir(hostSock)); err != nil {
+				log.Error("hiding the host socket's folder", "err", err)
+				srv.Close()
+				return 1
 			}
 		}
 	}
