@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"runtime"
 	"strconv"
@@ -484,4 +485,35 @@ func (c *Cgroups) remove(name string) {
 			delete(c.pending, n)
 		}
 	}
+}
+
+// Warm makes one clone through the spawner, in a cgroup of its own: gVisor sets up a seccomp
+// filter's state for a task at its first clone, which would otherwise land on the box's first
+// exec. The child only fails to execute a path that cannot exist (a file under the init
+// binary) and exits, so nothing runs. PID 1 does it in the background once it serves; an exec
+// that comes meanwhile waits for the spawner. start starts a process the way the server starts
+// an exec's (its waiter, which keeps a failing start from racing the reaper).
+func (c *Cgroups) Warm(start func(fork func() (*os.Process, error)) error) error {
+	name, err := c.create(".warm")
+	if err != nil {
+		return err
+	}
+	defer c.remove(name)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	none := self + "/.warm" // ENOTDIR: self is a file
+	err = start(func() (*os.Process, error) {
+		return c.start(name, func() (*os.Process, error) {
+			return os.StartProcess(none, []string{none}, &os.ProcAttr{Dir: "/"})
+		})
+	})
+	if err == nil {
+		return errors.New("guest: cgroups: the warm-up started a process")
+	}
+	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }

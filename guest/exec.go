@@ -628,3 +628,17 @@ func closeAll(files ...*os.File) {
 		}
 	}
 }
+
+// Warm readies the starts of execs in the background of PID 1's first moments (see
+// Cgroups.Warm). Nothing to do without cgroups.
+func (s *Server) Warm() error {
+	if s.opts.Cgroups == nil || s.isClosed() {
+		return nil
+	}
+	s.wg.Add(1)
+	defer s.wg.Done()
+	return s.opts.Cgroups.Warm(func(fork func() (*os.Process, error)) error {
+		_, _, err := s.waiter.start(fork)
+		return err
+	})
+}

@@ -258,6 +258,14 @@ func serve() int {
 	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version,
 		"channel_key", key != nil, "cgroups", cgroups != nil, "setup_ms", float64(time.Since(began).Microseconds())/1000)
 
+	// The first fork through the spawner costs more than the others (gVisor sets up the
+	// filter's state then): pay it now, while the runtime attaches.
+	go func() {
+		if err := srv.Warm(); err != nil {
+			log.Warn("warming up exec starts", "err", err)
+		}
+	}()
+
 	accepted := make(chan struct{})
 	go func() {
 		defer close(accepted)
