@@ -17,6 +17,90 @@ import (
 	"sandboxd/runtime/runtimetest"
 )
 
+// replacePod deletes a box's pod and creates one of the same name from its spec, changed by
+// edit (as someone with the cluster's admin rights could), and waits until the driver sees it
+// running.
+func replacePod(t *testing.T, c *kubetest.Cluster, id string, edit func(*corev1.PodSpec)) {
+	t.Helper()
+	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
+	name, _ := kube.ObjectName(id)
+	orig, err := pods.Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := int64(0)
+	if err := pods.Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
+	fake := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels}, Spec: *orig.Spec.DeepCopy()}
+	fake.Spec.NodeName = ""
+	edit(&fake.Spec)
+	if _, err := pods.Create(ctx(t), fake, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		p, err := pods.Get(ctx(t), name, metav1.GetOptions{})
+		if err == nil && p.Status.Phase == corev1.PodRunning {
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.Ready {
+					time.Sleep(500 * time.Millisecond) // the driver's watch
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced pod did not run: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// dropKeyFile makes the sandbox container's PID 1 start without a channel key: it then serves
+// anyone, as an init of the workload's own would.
+func dropKeyFile(s *corev1.PodSpec) {
+	for i, ctr := range s.Containers {
+		var env []corev1.EnvVar
+		for _, e := range ctr.Env {
+			if e.Name != guest.ChannelKeyFileEnv {
+				env = append(env, e)
+			}
+		}
+		s.Containers[i].Env = env
+	}
+}
+
+// TestKeylessPod: a pod made without a channel key (by a sandboxd from before them) is
+// reported failed, saying to start it again, and a start replaces it with one that works.
+func TestKeylessPod(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	d := newDriver(t, cfg)
+	id := runtimetest.CreateBox(t, d, spec)
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
+	replacePod(t, c, id, func(s *corev1.PodSpec) {
+		for i := range s.InitContainers {
+			s.InitContainers[i].Env = nil
+		}
+		dropKeyFile(s)
+	})
+	b, err := d.Get(ctx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Phase != runtime.PhaseFailed || !strings.Contains(b.Reason, "older sandboxd") {
+		t.Errorf("got phase %s (%s), want failed: made by an older sandboxd", b.Phase, b.Reason)
+	}
+	if _, err := d.Start(ctx(t), id); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"cat", "f"}})
+	if string(res.Stdout) != "kept\n" {
+		t.Errorf("after the start got %q, want the kept workspace", res.Stdout)
+	}
+}
+
 // TestChannelImpostor: the box's pod is replaced (by someone with the cluster's admin rights,
 // standing in for a workload that got past every defence of the box) by one whose PID 1 does
 // not hold the channel key the driver reads from the pod — a guest init of the workload's own.
@@ -35,29 +119,7 @@ func TestChannelImpostor(t *testing.T) {
 
 	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
 	name, _ := kube.ObjectName(a)
-	orig, err := pods.Get(ctx(t), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	zero := int64(0)
-	if err := pods.Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-		t.Fatal(err)
-	}
-	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
-	fake := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels}, Spec: *orig.Spec.DeepCopy()}
-	fake.Spec.NodeName = ""
-	for i, ctr := range fake.Spec.Containers {
-		var env []corev1.EnvVar
-		for _, e := range ctr.Env {
-			if e.Name != guest.ChannelKeyFileEnv {
-				env = append(env, e)
-			}
-		}
-		fake.Spec.Containers[i].Env = env
-	}
-	if _, err := pods.Create(ctx(t), fake, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	replacePod(t, c, a, dropKeyFile)
 	// Wait until the driver sees the impostor's pod running.
 	deadline := time.Now().Add(60 * time.Second)
 	for {

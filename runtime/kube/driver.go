@@ -368,7 +368,8 @@ func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("kube: box %s: %w", id, err)
 	}
 	if pod, err := d.pods.Get(name); err == nil {
-		if pod.DeletionTimestamp == nil && podReady(pod) && pvc.Annotations[AnnCompute] == computeRunning {
+		_, keyErr := podChannelKey(pod)
+		if pod.DeletionTimestamp == nil && podReady(pod) && pvc.Annotations[AnnCompute] == computeRunning && keyErr == nil {
 			return false, nil
 		}
 		// A failed, pending or terminating pod of an earlier life: replace it.
@@ -585,6 +586,12 @@ func (d *Driver) box(pvc *corev1.PersistentVolumeClaim) (runtime.Box, error) {
 		return runtime.Box{}, err
 	}
 	b.Phase, b.Reason, b.Lost = phase(pod, want)
+	if b.Phase == runtime.PhaseRunning {
+		if _, err := podChannelKey(pod); err != nil {
+			// Made by a sandboxd from before channel keys: nothing can prove its init.
+			b.Phase, b.Reason = runtime.PhaseFailed, "the sandbox's pod was made by an older sandboxd, whose control channel cannot be checked; start it again"
+		}
+	}
 	return b, nil
 }
 
