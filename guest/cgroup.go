@@ -237,6 +237,12 @@ func (c *Cgroups) spawner() (chan<- spawnReq, error) {
 // channel.
 func (c *Cgroups) spawnLoop(ch chan spawnReq, ready chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread is the spawner's alone
+	// What its children may ever hold at execve: never CAP_SYS_ADMIN, which PID 1 starts with
+	// (its other threads never execve; PID 1 drops the capability's other sets on all).
+	if err := unix.Prctl(unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		ready <- fmt.Errorf("dropping CAP_SYS_ADMIN from the spawner's bounding set: %w", err)
+		return
+	}
 	if err := installMountFilter(false); err != nil {
 		ready <- err
 		return

@@ -249,7 +249,7 @@ func serve() int {
 		}
 	}
 	if privileged {
-		if err := dropCap(capSysAdmin); err != nil {
+		if err := dropCap(capSysAdmin, cgroups == nil); err != nil {
 			log.Error("dropping CAP_SYS_ADMIN", "err", err)
 			srv.Close()
 			return 1

@@ -215,12 +215,14 @@ func TestChannelFallback(t *testing.T) {
 	}
 }
 
-// No command holds CAP_SYS_ADMIN, and neither does PID 1 once it is set up.
+// No command holds CAP_SYS_ADMIN (nor can gain it: not in its bounding set), and PID 1 holds
+// it no longer once it is set up. (PID 1's main thread keeps it in its bounding set, which
+// matters only at an execve it never makes: commands are forked from the spawner thread.)
 func TestInitDropsPrivileges(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
 	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c",
-		"grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status /proc/1/status"}})
+		"grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; grep -E '^Cap(Eff|Prm)' /proc/1/status; cat /proc/1/task/*/status | grep -E '^Cap(Eff|Prm)'"}})
 	const sysAdmin = 1 << 21
 	n := 0
 	for _, l := range strings.Split(strings.TrimSpace(string(res.Stdout)), "\n") {
@@ -237,8 +239,8 @@ func TestInitDropsPrivileges(t *testing.T) {
 			t.Errorf("%s holds CAP_SYS_ADMIN", f[0])
 		}
 	}
-	if n != 6 {
-		t.Errorf("got %d capability lines (%q), want 6", n, res.Stdout)
+	if n < 7 {
+		t.Errorf("got %d capability lines (%q), want the command's three, PID 1's two and each thread's", n, res.Stdout)
 	}
 }
 
