@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -145,9 +146,9 @@ func records(t testing.TB, c *guest.Client, id string, off int64, follow bool) [
 	}
 }
 
-// treeLeft lists the live processes that carry SBX_EXEC_ID=<id>.
-func treeLeft(id string) []int {
-	want := []byte(guest.ExecIDEnv + "=" + id)
+// liveProcs lists the live (not zombie) processes whose /proc/<pid>/<file> (NUL-separated
+// fields: environ, cmdline) has a field for which match is true.
+func liveProcs(file string, match func(field []byte) bool) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range ents {
@@ -162,17 +163,21 @@ func treeLeft(id string) []int {
 		if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' {
 			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		b, err := os.ReadFile("/proc/" + e.Name() + "/" + file)
 		if err != nil {
 			continue
 		}
-		for _, kv := range bytes.Split(env, []byte{0}) {
-			if bytes.Equal(kv, want) {
-				pids = append(pids, pid)
-			}
+		if slices.ContainsFunc(bytes.Split(b, []byte{0}), match) {
+			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// treeLeft lists the live processes that carry SBX_EXEC_ID=<id>.
+func treeLeft(id string) []int {
+	want := []byte(guest.ExecIDEnv + "=" + id)
+	return liveProcs("environ", func(kv []byte) bool { return bytes.Equal(kv, want) })
 }
 
 // waitTreeGone fails unless no process of the exec is left within a short grace.

@@ -1,11 +1,10 @@
 package guest_test
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strconv"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -38,35 +37,7 @@ func markers(t *testing.T, n int) []string {
 // marked lists the live processes whose command line carries one of the markers as an
 // argument (what `ps -eo args` shows, so an `exec -a` rename does not hide them).
 func marked(markers ...string) []int {
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' {
-			continue
-		}
-		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-	args:
-		for _, arg := range bytes.Split(cmdline, []byte{0}) {
-			for _, m := range markers {
-				if string(arg) == m {
-					pids = append(pids, pid)
-					break args
-				}
-			}
-		}
-	}
-	return pids
+	return liveProcs("cmdline", func(arg []byte) bool { return slices.Contains(markers, string(arg)) })
 }
 
 func waitMarked(t *testing.T, want int, markers ...string) {
