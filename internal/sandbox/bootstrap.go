@@ -32,7 +32,7 @@ import (
 //     (abortCreate: box, lookup entry, slot);
 //   - a source larger than the sandbox's disk (the profile's disk_mb) is INVALID_ARGUMENT, the
 //     same request can never succeed: a snapshot is refused by its manifest's size before
-//     anything is read (checkSourceFits, snapshotFits), an archive or prefix when the disk
+//     anything is read (createSource, snapshotFits), an archive or prefix when the disk
 //     fills up on the way (the guest answers guest.IsNoSpace).
 //
 // Later execs never fetch again: the workspace lives on the sandbox's disk, and stop/start
@@ -59,8 +59,11 @@ const defaultProgressEvery = time.Second
 // sourceSpec is a create's checked source: the annotation that names it (key "" for none).
 type sourceSpec struct{ key, value string }
 
-// createSource checks a create's source before anything is spent on the create.
-func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Source) (sourceSpec, error) {
+// createSource checks a create's source before anything is spent on the create. diskBytes is
+// the disk of the create's profile (0: the runtime's default, not checked): a snapshot known
+// to be larger is refused here (its manifest knows its size); an archive or prefix is only
+// measured as it streams, and a full disk ends its import with the same INVALID_ARGUMENT.
+func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Source, diskBytes int64) (sourceSpec, error) {
 	if src == nil {
 		return sourceSpec{}, nil
 	}
@@ -94,30 +97,14 @@ func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Sourc
 		}
 		return sourceSpec{annSourceGCS, src.GCSPrefix}, nil
 	}
-	if err := s.checkSnapshotSource(ctx, p, src.SnapshotID); err != nil {
+	m, err := s.snapshotSource(ctx, p, src.SnapshotID)
+	if err != nil {
+		return sourceSpec{}, err
+	}
+	if err := snapshotFits(m, diskBytes); err != nil {
 		return sourceSpec{}, err
 	}
 	return sourceSpec{annSourceSnapshot, src.SnapshotID}, nil
-}
-
-// checkSourceFits refuses, before a slot is taken, a create whose source is known to be larger
-// than the disk of its profile (diskBytes; 0 is the runtime's default, not checked): a
-// snapshot's manifest knows its size. An archive or prefix is only measured as it streams: a
-// full disk ends its import with the same INVALID_ARGUMENT (bootstrapWork). Errors reading the
-// manifest are left to the create's own check (createSource) and the restore.
-func (s *Service) checkSourceFits(ctx context.Context, p auth.Principal, src *Source, diskBytes int64) error {
-	if src == nil || src.SnapshotID == "" || diskBytes <= 0 {
-		return nil
-	}
-	sc, err := snapshotScope(p.Tenant, p.Project, src.SnapshotID)
-	if err != nil {
-		return nil
-	}
-	m, err := s.ckpt.Get(ctx, sc, src.SnapshotID)
-	if err != nil {
-		return nil
-	}
-	return snapshotFits(m, diskBytes)
 }
 
 // permittedPrefixes are the GCS prefixes config permits tenant:project to bootstrap from.

@@ -210,11 +210,8 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	}
 	// The source is checked before a slot is taken: a missing snapshot, a refused URL or a
 	// prefix the project may not use costs nothing.
-	src, err := s.createSource(ctx, p, req.Source)
+	src, err := s.createSource(ctx, p, req.Source, prof.DiskMB<<20)
 	if err != nil {
-		return Sandbox{}, err
-	}
-	if err := s.checkSourceFits(ctx, p, req.Source, prof.DiskMB<<20); err != nil {
 		return Sandbox{}, err
 	}
 	env := map[string]string{}

@@ -236,16 +236,18 @@ func diskLabel(diskBytes int64) string {
 	return fmt.Sprintf("disk_mb %d", diskBytes>>20)
 }
 
-// checkSnapshotSource checks that snapshot id of the caller's tenant:project exists.
-func (s *Service) checkSnapshotSource(ctx context.Context, p auth.Principal, id string) error {
+// snapshotSource returns the manifest of snapshot id of the caller's tenant:project (another
+// project's, or none, is NOT_FOUND).
+func (s *Service) snapshotSource(ctx context.Context, p auth.Principal, id string) (checkpoint.Manifest, error) {
 	sc, err := snapshotScope(p.Tenant, p.Project, id)
 	if err != nil {
-		return err
+		return checkpoint.Manifest{}, err
 	}
-	if _, err := s.ckpt.Get(ctx, sc, id); err != nil {
-		return snapshotError(err, id)
+	m, err := s.ckpt.Get(ctx, sc, id)
+	if err != nil {
+		return checkpoint.Manifest{}, snapshotError(err, id)
 	}
-	return nil
+	return m, nil
 }
 
 // snapshotScope is the checkpoint scope of snapshot id within tenant:project. A malformed id is

@@ -397,11 +397,11 @@ func TestCreateFromSnapshotLargerThanDisk(t *testing.T) {
 	snap := mustSnapshot(t, e, sb.ID)
 
 	// Before a slot is taken (what Create calls first) …
-	if err := e.svc.checkSourceFits(ctx, alice, &Source{SnapshotID: snap.ID}, 1<<20); apierror.CodeOf(err) != apierror.InvalidArgument {
-		t.Fatalf("checkSourceFits: got %v, want INVALID_ARGUMENT", err)
+	if _, err := e.svc.createSource(ctx, alice, &Source{SnapshotID: snap.ID}, 1<<20); apierror.CodeOf(err) != apierror.InvalidArgument {
+		t.Fatalf("createSource: got %v, want INVALID_ARGUMENT", err)
 	}
-	if err := e.svc.checkSourceFits(ctx, alice, &Source{SnapshotID: snap.ID}, 0); err != nil {
-		t.Fatalf("checkSourceFits on the default disk: got %v, want nil", err)
+	if _, err := e.svc.createSource(ctx, alice, &Source{SnapshotID: snap.ID}, 0); err != nil {
+		t.Fatalf("createSource on the default disk: got %v, want nil", err)
 	}
 	// … and whatever path the create takes.
 	_, err = e.svc.Create(ctx, alice, CreateRequest{Profile: "small", Source: &Source{SnapshotID: snap.ID}})
