@@ -120,6 +120,21 @@ func export(t testing.TB, c *guest.Client) []byte {
 	return b
 }
 
+// tarNames lists the entry names of a tar stream, in order.
+func tarNames(t testing.TB, tarball []byte) []string {
+	t.Helper()
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(tarball))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		must(t, err)
+		names = append(names, hdr.Name)
+	}
+}
+
 func TestWorkspaceRoundTrip(t *testing.T) {
 	src := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	populate(t, src.ws)
@@ -130,16 +145,7 @@ func TestWorkspaceRoundTrip(t *testing.T) {
 	delete(want, "fifo")
 
 	tarball := export(t, src.c)
-	var names []string
-	tr := tar.NewReader(bytes.NewReader(tarball))
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		must(t, err)
-		names = append(names, hdr.Name)
-	}
+	names := tarNames(t, tarball)
 	if len(names) != len(want) {
 		t.Errorf("tar entries: got %d (%v), want %d", len(names), names, len(want))
 	}
@@ -456,16 +462,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 	must(t, os.RemoveAll(h.ws))
 	must(t, os.Rename(ws, h.ws))
 	tarball := export(t, h.c)
-	var got []string
-	tr := tar.NewReader(bytes.NewReader(tarball))
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		must(t, err)
-		got = append(got, hdr.Name)
-	}
+	got := tarNames(t, tarball)
 	sort.Strings(got)
 	want := []string{".sbx-import-x/", ".sbx-import-x/y", ".sbx-tmp-notes", "sub/", "sub/" + ownImport, "sub/.sbx-tmp-deadbeef"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
