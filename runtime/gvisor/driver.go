@@ -170,8 +170,8 @@ func New(opts Options) (*Driver, error) {
 }
 
 // Close stops the disk pool's refills and releases what the driver holds on the host that no
-// box needs: runsc's shared null-netns mount when no container is left. Boxes keep running (and their disks mounted):
-// they outlive the server.
+// box needs: runsc's shared null-netns mount when no container is left. Boxes keep running
+// (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
 	d.pool.close()
 	d.cleanSharedMounts()
