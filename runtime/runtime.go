@@ -18,6 +18,10 @@ var (
 	ErrExists   = errors.New("runtime: box already exists")
 	// ErrNotRunning means the box has no running compute to act on (attach, stop).
 	ErrNotRunning = errors.New("runtime: box is not running")
+	// ErrFenced means a write carried a fence (WithFence) lower than one the box has seen
+	// already: a newer holder of the sandbox's operation lock has acted on it since the
+	// caller's lock lapsed. The driver changed nothing.
+	ErrFenced = errors.New("runtime: fenced off: a newer holder of the sandbox's operation lock has written to the box")
 )
 
 // StartError means a box's compute cannot run as specified: its pod cannot be scheduled, its
@@ -98,10 +102,17 @@ type Box struct {
 	// or evicted, its node gone) rather than ending by itself: the workspace is intact and the
 	// domain starts the box again.
 	Lost bool
+	// Fence is the highest fence a write to the box has carried (0: none did); see WithFence.
+	Fence uint64
 }
 
 // Driver owns boxes. Every method is safe for concurrent use; methods on one box are serialized by
 // the caller. Implementations: runtime/gvisor (local runsc) and runtime/kube (pods + PVCs).
+//
+// The writes (Create, Start, Stop, Delete, UpdateRecord) honour a fence in ctx (WithFence):
+// before it changes anything, a write whose fence is lower than the box's Fence fails with
+// ErrFenced; a higher one becomes the box's Fence, kept with the box's record. A write without
+// a fence is not checked. Get, List, Attach and Check are reads and ignore it.
 type Driver interface {
 	// Name is a short name for logs and metrics ("gvisor", "kube").
 	Name() string
@@ -121,7 +132,8 @@ type Driver interface {
 	Get(ctx context.Context, id string) (Box, error)
 	// List returns every box the driver owns: the truth the Redis lookup is rebuilt from.
 	List(ctx context.Context) ([]Box, error)
-	// UpdateRecord applies fn to the stored record and stores the result atomically.
+	// UpdateRecord applies fn to the stored record and stores the result atomically. A write
+	// refused for its fence does not call fn.
 	UpdateRecord(ctx context.Context, id string, fn func(*Record) error) (Record, error)
 	// Attach opens a byte stream to the guest init inside a running box (its `connect`
 	// command). Closing the stream ends the attach. ErrNotRunning when the box has no compute.

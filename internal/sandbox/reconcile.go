@@ -17,9 +17,11 @@ import (
 // dead box FAILED, auto-stops an idle sandbox (never one with an exec still running), destroys
 // an expired one (checkpointed first), and renews the concurrency-slot leases of every sandbox
 // that holds one. Actions go through the same code as the API verbs and take the same
-// per-sandbox lock, so one sandbox is acted on by one replica at a time; every state change is
-// conditional on the state it starts from, so a replica whose lock lapsed cannot undo another's
-// work (the state check is the fencing token).
+// per-sandbox lock, so one sandbox is acted on by one replica at a time. Every driver write
+// made under a lock carries the lock's fence (runtime.WithFence), which the runtime checks
+// against the highest fence the box has seen, and every state change is conditional on the
+// state it starts from: a replica whose lock lapsed while it was held up cannot write to the
+// box once another replica took the lock and did.
 
 // RunReconciler runs a pass every interval until ctx ends.
 func (s *Service) RunReconciler(ctx context.Context, every time.Duration) {
@@ -175,6 +177,7 @@ func (s *Service) finish(ctx context.Context, b runtime.Box) State {
 		return State(rec.State)
 	}
 	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	// Read again under the lock.
 	b, err = s.driver.Get(ctx, id)
 	if err != nil {

@@ -233,6 +233,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	now := s.now().UTC()
 	rec := runtime.Record{
 		ID: id, Tenant: p.Tenant, Project: p.Project,
@@ -256,7 +257,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	s.publish(ctx, rec, "")
 	if err := s.driver.Create(ctx, rec); err != nil {
 		s.abortCreate(ctx, rec, start)
-		return Sandbox{}, runtimeFailed(err, "could not create the sandbox: the runtime failed to start it")
+		return Sandbox{}, s.runtimeFailed(rec.ID, err, "could not create the sandbox: the runtime failed to start it")
 	}
 	if src.key != "" {
 		// Fetched once, streamed into the workspace before the sandbox is RUNNING.
@@ -275,11 +276,17 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	return toSandbox(rec), nil
 }
 
-// abortCreate removes what a failed create made: the box, the lookup and the slot.
+// abortCreate removes what a failed create made: the box, the lookup and the slot. A box
+// whose delete was fenced off is another replica's now (it finished the create after this
+// one's lock ran out): its lookup and slot stay.
 func (s *Service) abortCreate(ctx context.Context, rec runtime.Record, start time.Time) {
 	cleanup := context.WithoutCancel(ctx)
 	s.dropAttach(rec.ID)
-	if err := s.driver.Delete(cleanup, rec.ID); err != nil {
+	if err := s.driver.Delete(cleanup, rec.ID); errors.Is(err, runtime.ErrFenced) {
+		s.log.Warn("a failed create's cleanup was fenced off: another replica took over the sandbox", "sandbox", rec.ID, "err", err)
+		s.metrics.lifecycle("create", "error", s.now().Sub(start))
+		return
+	} else if err != nil {
 		s.log.Error("cleaning up a failed create", "sandbox", rec.ID, "err", err)
 	}
 	_ = s.store.Delete(cleanup, entryOf(rec))
@@ -540,7 +547,7 @@ func (s *Service) setState(ctx context.Context, id string, from, to State, reaso
 		if apierror.Is(err, apierror.InvalidState) {
 			return rec, err
 		}
-		return rec, apierror.Wrap(err, apierror.Unavailable, "could not record the sandbox's state")
+		return rec, s.runtimeError(id, err, "could not record the sandbox's state")
 	}
 	if err := s.store.SetState(ctx, id, string(to)); errors.Is(err, store.ErrNotFound) {
 		_ = s.store.Put(ctx, entryOf(rec))
@@ -573,6 +580,7 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 		return runtime.Record{}, err
 	}
 	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	// Load again under the lock: the state may have moved while we waited.
 	rec, err := s.load(ctx, p, id, verb)
 	if err != nil {
@@ -586,6 +594,12 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	// The work must finish even if the client goes away: the record says where it is going.
 	wctx := context.WithoutCancel(ctx)
 	reason, werr := work(wctx, rec)
+	if errors.Is(werr, runtime.ErrFenced) {
+		// Another replica took the sandbox over after our lock ran out: it is that one's to
+		// move on (or back), and our writes would be refused anyway.
+		s.metrics.lifecycle(string(verb), "error", s.now().Sub(start))
+		return rec, werr
+	}
 	if werr != nil {
 		var back State
 		switch verb {
@@ -609,7 +623,8 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	return rec, err
 }
 
-// lock takes the sandbox's operation lock; a held one is INVALID_STATE with Retry-After.
+// lock takes the sandbox's operation lock; a held one is INVALID_STATE with Retry-After. The
+// caller makes its driver writes with the lock's fence (runtime.WithFence).
 func (s *Service) lock(ctx context.Context, id string) (*store.Lock, error) {
 	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
 	if errors.Is(err, store.ErrLocked) {
@@ -620,6 +635,32 @@ func (s *Service) lock(ctx context.Context, id string) (*store.Lock, error) {
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	return lock, nil
+}
+
+// runtimeError is the error of a failed driver write to sandbox id: fencedOff's when the
+// runtime refused the write for its fence, else UNAVAILABLE with msg.
+func (s *Service) runtimeError(id string, err error, msg string) error {
+	if errors.Is(err, runtime.ErrFenced) {
+		return s.fencedOff(id, err)
+	}
+	return apierror.Wrap(err, apierror.Unavailable, "%s", msg)
+}
+
+// fencedOff is the error of a driver write that the runtime refused because it carried an
+// older fence than one the box has seen (runtime.ErrFenced): this replica's lock on the
+// sandbox ran out while the operation was held up (a GC pause, a stopped process, a slow
+// disk), and another replica took the lock and acted. Nothing was changed by the write.
+//
+// It is INVALID_STATE with Retry-After, the answer to a lock another operation holds: that is
+// what happened, found out later (the sandbox is in another operation's hands, and a retry is
+// checked against the state that one leaves), and the reconciler already takes INVALID_STATE
+// for "another replica got there first". UNAVAILABLE would blame a component that is down;
+// none is.
+func (s *Service) fencedOff(id string, err error) error {
+	s.log.Warn("a runtime write was fenced off: this replica's operation lock ran out and another replica took the sandbox over",
+		"sandbox", id, "err", err)
+	return apierror.Wrap(err, apierror.InvalidState, "sandbox %s: another replica took over this sandbox's operation; retry", id).
+		WithRetryAfter(busyRetryAfter)
 }
 
 func outcome(err error) string {
@@ -662,7 +703,7 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 	}
 	s.dropAttach(rec.ID)
 	if err := s.driver.Stop(ctx, rec.ID); err != nil {
-		return "", apierror.Wrap(err, apierror.Unavailable, "could not stop the sandbox's runtime")
+		return "", s.runtimeError(rec.ID, err, "could not stop the sandbox's runtime")
 	}
 	return reason, nil
 }
@@ -686,9 +727,13 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandb
 	return toSandbox(rec), nil
 }
 
-// runtimeFailed is the error of a driver's failed create or start. When the box cannot run as
-// specified (a pod the cluster cannot schedule, an image that cannot run) it says why.
-func runtimeFailed(err error, msg string) *apierror.Error {
+// runtimeFailed is the error of a driver's failed create or start of sandbox id. When the box
+// cannot run as specified (a pod the cluster cannot schedule, an image that cannot run) it
+// says why.
+func (s *Service) runtimeFailed(id string, err error, msg string) error {
+	if errors.Is(err, runtime.ErrFenced) {
+		return s.fencedOff(id, err)
+	}
 	if se, ok := errors.AsType[*runtime.StartError](err); ok {
 		return apierror.Wrap(err, apierror.Unavailable, "%s: %s", msg, se.Reason)
 	}
@@ -700,7 +745,7 @@ func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
 	s.dropAttach(rec.ID)
 	fresh, err := s.driver.Start(ctx, rec.ID)
 	if err != nil {
-		return runtimeFailed(err, "could not start the sandbox's runtime")
+		return s.runtimeFailed(rec.ID, err, "could not start the sandbox's runtime")
 	}
 	if !fresh {
 		return nil
@@ -757,7 +802,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	}
 	s.dropAttach(id)
 	if err := s.driver.Delete(ctx, id); err != nil {
-		return "", apierror.Wrap(err, apierror.Unavailable, "could not remove the sandbox's runtime")
+		return "", s.runtimeError(id, err, "could not remove the sandbox's runtime")
 	}
 	if err := s.store.Delete(ctx, entryOf(rec)); err != nil {
 		s.log.Warn("removing the lookup failed; the next read cleans it", "sandbox", id, "err", err)
@@ -796,7 +841,7 @@ func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (checkpoin
 		r.LatestCheckpoint = m.ID
 		return nil
 	}); err != nil {
-		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not record the checkpoint")
+		return checkpoint.Manifest{}, s.runtimeError(rec.ID, err, "could not record the checkpoint")
 	}
 	s.metrics.lifecycle("checkpoint", "ok", s.now().Sub(start))
 	s.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", s.now().Sub(start).Milliseconds())

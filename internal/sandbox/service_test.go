@@ -72,6 +72,8 @@ type envOptions struct {
 	// config adjusts the config; deps adjusts the deps of every replica.
 	config func(*Config)
 	deps   func(*Deps)
+	// realRedis runs a redis-server instead of the embedded Redis.
+	realRedis bool
 }
 
 // newEnvWith is newEnv with opts.
@@ -80,6 +82,9 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	limit := opts.limit
 	fake := runtimetest.NewFakeT(t)
 	rs := redistest.Embedded(t)
+	if opts.realRedis {
+		rs = redistest.Start(t)
+	}
 	objs, err := checkpoint.NewLocalStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -37,6 +37,7 @@ func (s *Service) Snapshot(ctx context.Context, p auth.Principal, id string) (Sn
 		return SnapshotInfo{}, err
 	}
 	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	// Load again under the lock: the state may have moved while we waited.
 	rec, err := s.load(ctx, p, id, VerbSnapshot)
 	if err != nil {
@@ -133,6 +134,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshot
 		return err
 	}
 	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	rec, err := s.load(ctx, p, sc.Sandbox, VerbGet)
 	if apierror.Is(err, apierror.NotFound) {
 		return s.deleteCheckpoint(ctx, sc, snapshotID)

@@ -54,6 +54,8 @@ const (
 	// builtKey exists while the lookup is complete; FLUSHALL removes it and so triggers a rebuild.
 	builtKey   = "sbx:lookup:built"
 	rebuildKey = "sbx:lookup:rebuild-lock"
+	// fenceKey is the counter the fences of all operation locks are drawn from.
+	fenceKey = "sbx:lock:fence"
 )
 
 func entryKey(id string) string              { return "sbx:{" + id + "}:entry" }
@@ -238,6 +240,7 @@ type Lock struct {
 	s     *Store
 	key   string
 	token string
+	fence uint64
 	ttl   time.Duration
 	stop  chan struct{}
 	done  chan struct{}
@@ -246,6 +249,17 @@ type Lock struct {
 // Lock takes the operation lock of sandbox id for ttl, renewing it every ttl/3 until Unlock.
 // ErrLocked when another holder has it. Expiry is data compared with the caller's clock inside
 // the scripts, not a Redis key TTL, so the embedded Redis behaves like the real one.
+//
+// A lock that is taken gets a fence (Lock.Fence), in three steps, each one script on one key:
+// take the lock (lockScript), draw the next fence from the counter all locks share
+// (fenceScript), then renew the lock (lockScript again), which succeeds only while the lock
+// still holds this take's token. (One script cannot take the lock and draw the fence: the
+// lock's key carries the sandbox's hash tag and the counter none, and no script touches keys
+// of two hash slots, so that the schema works on Redis Cluster.) A confirmed take therefore had
+// no other take of this sandbox's lock between its take and its renewal: every earlier holder
+// of the lock drew its fence before this take, every later one draws after this renewal, so
+// the fences of one sandbox's holders rise with every take; a take overtaken by another before
+// its renewal is told ErrLocked. Renewals draw nothing.
 func (s *Store) Lock(ctx context.Context, id string, ttl time.Duration) (*Lock, error) {
 	l := &Lock{s: s, key: lockKey(id), token: newToken(), ttl: ttl, stop: make(chan struct{}), done: make(chan struct{})}
 	ok, err := lockScript.Run(ctx, s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), ttl.Milliseconds(), 0).Int()
@@ -255,9 +269,60 @@ func (s *Store) Lock(ctx context.Context, id string, ttl time.Duration) (*Lock, 
 	if ok == 0 {
 		return nil, ErrLocked
 	}
+	l.fence, err = s.drawFence(ctx)
+	if err == nil {
+		ok, err = lockScript.Run(ctx, s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), ttl.Milliseconds(), 1).Int()
+		if err == nil && ok == 0 {
+			return nil, ErrLocked // another holder took it meanwhile: it is not ours to release
+		}
+	}
+	if err != nil {
+		unlockScript.Run(context.WithoutCancel(ctx), s.rdb, []string{l.key}, l.token)
+		return nil, fmt.Errorf("store lock %s: %w", id, err)
+	}
 	go l.renew()
 	return l, nil
 }
+
+// Fence is the lock's fencing token: larger than the fence of every earlier holder of this
+// sandbox's lock, and than every fence drawn before it for any sandbox. Pass it with every
+// write the lock guards (runtime.WithFence), so that the runtime refuses the writes of a holder
+// whose lease ran out after a newer holder wrote.
+func (l *Lock) Fence() uint64 { return l.fence }
+
+// drawFence draws the next fence: one more than the last one drawn, and at least the caller's
+// clock in microseconds since the Unix epoch. The clock is what keeps fences rising across a
+// loss of Redis's data (a restart of the embedded Redis, a FLUSHALL), which resets the counter:
+// the first fence drawn afterwards is the drawing replica's clock, larger than every fence
+// drawn before the loss as long as (1) the replicas' clocks disagree by less than the time
+// between the last fence drawn before the loss and the first drawn after it (NTP keeps them
+// within milliseconds; Redis comes back in seconds), and (2) fewer than one fence per
+// microsecond was drawn on average before it, so the counter never ran ahead of the clock.
+// Should either fail, the runtime refuses the new holder's writes (it has seen a higher fence)
+// until a later fence passes the old ones: a stalled operation, never two holders' writes
+// interleaved. Microseconds since 1970 stay below 2^53, so Lua's numbers hold them exactly
+// for another two centuries.
+func (s *Store) drawFence(ctx context.Context) (uint64, error) {
+	n, err := fenceScript.Run(ctx, s.rdb, []string{fenceKey}, strconv.FormatInt(time.Now().UnixMicro(), 10)).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("drawing a fence: %w", err)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("drawing a fence: got %d", n)
+	}
+	return uint64(n), nil
+}
+
+// fenceScript draws a fence. KEYS[1] the fence counter; ARGV[1] the caller's clock (unix µs, a
+// decimal string). Returns max(INCR of the counter, the clock) and leaves the counter there.
+var fenceScript = redis.NewScript(`
+local n = redis.call('INCR', KEYS[1])
+local now = tonumber(ARGV[1])
+if n < now then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return now
+end
+return n`)
 
 func (l *Lock) renew() {
 	defer close(l.done)

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/redis/go-redis/v9"
 
 	"sandboxd/internal/redistest"
 )
@@ -215,3 +218,187 @@ func TestLockContention(t *testing.T) {
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// TestLockFencesRise: every take of a lock gets a larger fence than every take before it
+// (unlock and take again, a take-over after a holder's lease ran out, another sandbox), at
+// least the clock in microseconds; renewals keep the fence.
+func TestLockFencesRise(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		s := New(srv.Client, nil)
+		var last uint64
+		next := func(what string, l *Lock) {
+			t.Helper()
+			if l.Fence() <= last {
+				t.Fatalf("%s: got fence %d, want more than %d", what, l.Fence(), last)
+			}
+			last = l.Fence()
+		}
+		before := uint64(time.Now().UnixMicro())
+		l, err := s.Lock(ctx, "sbx_a", 300*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Fence() < before {
+			t.Fatalf("got fence %d, want at least the clock %d", l.Fence(), before)
+		}
+		next("first take", l)
+		time.Sleep(400 * time.Millisecond) // renewed meanwhile
+		if l.Fence() != last {
+			t.Fatalf("a held lock's fence changed: got %d, want %d", l.Fence(), last)
+		}
+		l.Unlock(ctx)
+		l, err = s.Lock(ctx, "sbx_a", 300*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next("take after unlock", l)
+		other, err := s.Lock(ctx, "sbx_b", time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next("another sandbox", other)
+		other.Unlock(ctx)
+		// The holder pauses (no renewal, no unlock): its lease runs out and B takes over.
+		close(l.stop)
+		<-l.done
+		time.Sleep(350 * time.Millisecond)
+		b, err := s.Lock(ctx, "sbx_a", time.Second)
+		if err != nil {
+			t.Fatalf("take-over after the lease: %v", err)
+		}
+		next("take-over", b)
+		b.Unlock(ctx)
+	})
+}
+
+// TestLockFencesAfterFlushAll: Redis losing its data (the counter with it) does not make a new
+// holder's fence lower than an old one.
+func TestLockFencesAfterFlushAll(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		s := New(srv.Client, nil)
+		var max uint64
+		for i := 0; i < 50; i++ {
+			l, err := s.Lock(ctx, fmt.Sprintf("sbx_%d", i%5), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			max = l.Fence()
+			l.Unlock(ctx)
+		}
+		if err := srv.Client.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.Lock(ctx, "sbx_0", time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Unlock(ctx)
+		if l.Fence() <= max {
+			t.Fatalf("after FLUSHALL: got fence %d, want more than %d", l.Fence(), max)
+		}
+	})
+}
+
+// TestLockFencesConcurrent: concurrent takes, of one sandbox and of many, never share a fence,
+// and the successive holders of one sandbox's lock hold rising fences.
+func TestLockFencesConcurrent(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		s := New(srv.Client, nil)
+		var mu sync.Mutex
+		seen := map[uint64]string{}
+		var held []uint64 // fences of sbx_shared in the order they were held
+		var wg sync.WaitGroup
+		for i := 0; i < 16; i++ {
+			wg.Go(func() {
+				for j := 0; j < 20; j++ {
+					id := "sbx_shared"
+					if j%2 == 1 {
+						id = fmt.Sprintf("sbx_own_%d_%d", i, j)
+					}
+					l, err := s.Lock(ctx, id, time.Second)
+					if errors.Is(err, ErrLocked) {
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					if prev, dup := seen[l.Fence()]; dup {
+						t.Errorf("fence %d handed out twice: to %s and %s", l.Fence(), prev, id)
+					}
+					seen[l.Fence()] = id
+					if id == "sbx_shared" {
+						held = append(held, l.Fence())
+					}
+					mu.Unlock()
+					l.Unlock(ctx)
+				}
+			})
+		}
+		wg.Wait()
+		if len(held) == 0 {
+			t.Fatal("nobody ever took the shared lock")
+		}
+		for i := 1; i < len(held); i++ {
+			if held[i] <= held[i-1] {
+				t.Fatalf("holder %d of the shared lock got fence %d after %d: want rising fences", i, held[i], held[i-1])
+			}
+		}
+		t.Logf("%d fences, %d of them for the shared lock", len(seen), len(held))
+	})
+}
+
+// TestLockOvertakenBeforeItsFence: a take whose lease ran out and was taken over before it
+// drew its fence (a pause between the two) is ErrLocked, and the new holder keeps the lock.
+func TestLockOvertakenBeforeItsFence(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		var overtaken atomic.Bool
+		rdb.AddHook(beforeFence(func() {
+			if overtaken.Swap(true) {
+				return
+			}
+			// Another replica's take once our lease has run out (its clock 10 s ahead).
+			now := time.Now().Add(10 * time.Second).UnixMilli()
+			if ok, err := lockScript.Run(ctx, srv.Client, []string{lockKey("sbx_a")}, "other", now, 60000, 0).Int(); err != nil || ok != 1 {
+				t.Errorf("the other replica's take: got %d, %v", ok, err)
+			}
+		}))
+		s := New(rdb, nil)
+		if _, err := s.Lock(ctx, "sbx_a", time.Second); !errors.Is(err, ErrLocked) {
+			t.Fatalf("got %v, want ErrLocked", err)
+		}
+		v, err := srv.Client.Get(ctx, lockKey("sbx_a")).Result()
+		if err != nil || !strings.HasPrefix(v, "other|") {
+			t.Fatalf("lock value: got %q, %v, want the other holder's", v, err)
+		}
+		// Nothing was overtaken this time: the take succeeds.
+		l, err := s.Lock(ctx, "sbx_c", time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Unlock(ctx)
+	})
+}
+
+// beforeFence is a go-redis hook that calls f before every fence is drawn.
+type beforeFence func()
+
+func (h beforeFence) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h beforeFence) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h beforeFence) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if slices.Contains(cmd.Args(), any(fenceKey)) {
+			h()
+		}
+		return next(ctx, cmd)
+	}
+}

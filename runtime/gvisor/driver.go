@@ -4,7 +4,8 @@
 // /workspace and the guest init (cmd/sandbox-init) as PID 1. Everything the driver keeps lives
 // under its StateDir:
 //
-//	StateDir/boxes/<id>/record.json      the sandbox record (the runtime truth), written atomically
+//	StateDir/boxes/<id>/record.json      the sandbox record (the runtime truth) and the box's
+//	                                     fence (runtime.WithFence), written atomically
 //	StateDir/boxes/<id>/disk.img         the box's disk (the local stand-in for a PVC)
 //	StateDir/boxes/<id>/disk/workspace/  the workspace, on that disk mounted at disk/
 //	StateDir/boxes/<id>/bundle/config.json
@@ -230,7 +231,8 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 			}
 		}
 	}()
-	if err := d.writeRecord(rec); err != nil {
+	fence, _ := runtime.FenceFrom(ctx)
+	if err := d.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
 		return err
 	}
 	if _, err := d.ensureDisk(ctx, id, rec.Spec); err != nil {
@@ -268,6 +270,9 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	}
 	unlock := d.boxMu.lock(id)
 	defer unlock()
+	if err := d.admitFence(ctx, id); err != nil {
+		return false, err
+	}
 	rec, err := d.readRecord(id)
 	if err != nil {
 		return false, err
@@ -317,6 +322,9 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if _, err := os.Stat(d.boxDir(id)); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
 	}
+	if err := d.admitFence(ctx, id); err != nil {
+		return err
+	}
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
@@ -328,13 +336,17 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 }
 
 // Delete implements runtime.Driver: the container, the disk (unmounted first: a folder is
-// never removed through a mount) and the box folder.
+// never removed through a mount) and the box folder. A box without a record (what a failed
+// create left) has no fence to check.
 func (d *Driver) Delete(ctx context.Context, id string) error {
 	if !ValidID(id) {
 		return fmt.Errorf("gvisor: invalid box id %q", id)
 	}
 	unlock := d.boxMu.lock(id)
 	defer unlock()
+	if err := d.admitFence(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		return err
+	}
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
@@ -353,7 +365,7 @@ func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if err := checkID(id); err != nil {
 		return runtime.Box{}, err
 	}
-	rec, err := d.readRecord(id)
+	st, err := d.readStored(id)
 	if err != nil {
 		return runtime.Box{}, err
 	}
@@ -361,7 +373,7 @@ func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if err != nil {
 		return runtime.Box{}, err
 	}
-	return runtime.Box{Record: rec, Phase: phase, Reason: reason}, nil
+	return runtime.Box{Record: st.Record, Phase: phase, Reason: reason, Fence: st.Fence}, nil
 }
 
 // List implements runtime.Driver. Folders without a record (a create in progress) are skipped.
@@ -388,32 +400,13 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
 }
 
 // UpdateRecord implements runtime.Driver: a read-modify-write under a per-box mutex and a
-// flock (for other processes sharing StateDir), stored atomically. fn may not change the id.
+// flock (for other processes sharing StateDir), stored atomically, the fence compared and set
+// in the same step. fn may not change the id.
 func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
 	if err := checkID(id); err != nil {
 		return runtime.Record{}, err
 	}
-	unlock := d.recMu.lock(id)
-	defer unlock()
-	funlock, err := d.lockRecordFile(ctx, id)
-	if err != nil {
-		return runtime.Record{}, err
-	}
-	defer funlock()
-	rec, err := d.readRecord(id)
-	if err != nil {
-		return runtime.Record{}, err
-	}
-	if err := fn(&rec); err != nil {
-		return runtime.Record{}, err
-	}
-	if rec.ID != id {
-		return runtime.Record{}, fmt.Errorf("gvisor: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
-	}
-	if err := d.writeRecord(rec); err != nil {
-		return runtime.Record{}, err
-	}
-	return rec, nil
+	return d.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) { return true, fn(rec) })
 }
 
 // Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists,

@@ -58,28 +58,90 @@ func (d *Driver) boxPath(id, name string) string {
 	return filepath.Join(d.boxesDir, id, name)
 }
 
+// storedRecord is the content of record.json: the sandbox's record, and beside its fields the
+// driver's own: the highest fence a write to the box has carried (runtime.WithFence).
+type storedRecord struct {
+	runtime.Record
+	Fence uint64 `json:"fence,omitempty"`
+}
+
 // readRecord reads a box's record; ErrNotFound when the box (or its record) is missing.
 func (d *Driver) readRecord(id string) (runtime.Record, error) {
-	var rec runtime.Record
+	st, err := d.readStored(id)
+	return st.Record, err
+}
+
+// readStored reads a box's record.json; ErrNotFound when the box (or its record) is missing.
+func (d *Driver) readStored(id string) (storedRecord, error) {
+	var st storedRecord
 	b, err := os.ReadFile(d.boxPath(id, recordFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return rec, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
+		return st, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
 	}
 	if err != nil {
-		return rec, fmt.Errorf("gvisor: read record of %s: %w", id, err)
+		return st, fmt.Errorf("gvisor: read record of %s: %w", id, err)
 	}
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return rec, fmt.Errorf("gvisor: decode record of %s: %w", id, err)
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("gvisor: decode record of %s: %w", id, err)
+	}
+	return st, nil
+}
+
+func (d *Driver) writeStored(st storedRecord) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("gvisor: encode record of %s: %w", st.ID, err)
+	}
+	return writeFileAtomic(d.boxPath(st.ID, recordFile), append(b, '\n'), 0o600)
+}
+
+// updateStored is a read-modify-write of a box's record.json under the box's record mutex and
+// the flock of its lock file (for other processes sharing StateDir). The write's fence (ctx)
+// is admitted first: a lower one than the stored fence is ErrFenced and nothing is written; a
+// higher one is stored with fn's change. fn may not change the id. With write false after fn
+// (nothing to store) the file is rewritten only when the fence rose.
+func (d *Driver) updateStored(ctx context.Context, id string, fn func(*runtime.Record) (write bool, err error)) (runtime.Record, error) {
+	unlock := d.recMu.lock(id)
+	defer unlock()
+	funlock, err := d.lockRecordFile(ctx, id)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	defer funlock()
+	st, err := d.readStored(id)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	fence, raised, err := runtime.AdmitFence(ctx, st.Fence)
+	if err != nil {
+		return runtime.Record{}, fmt.Errorf("gvisor: box %s: %w", id, err)
+	}
+	rec := st.Record
+	write, err := fn(&rec)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	if rec.ID != id {
+		return runtime.Record{}, fmt.Errorf("gvisor: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
+	}
+	if write || raised {
+		if err := d.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
+			return runtime.Record{}, err
+		}
 	}
 	return rec, nil
 }
 
-func (d *Driver) writeRecord(rec runtime.Record) error {
-	b, err := json.MarshalIndent(rec, "", "  ")
-	if err != nil {
-		return fmt.Errorf("gvisor: encode record of %s: %w", rec.ID, err)
+// admitFence checks a lifecycle write (start, stop, delete) made with ctx against the box's
+// stored fence before it changes anything, and stores a higher one. The caller holds the
+// box's lifecycle mutex, so no other lifecycle write of this process interleaves between the
+// check and the change it guards.
+func (d *Driver) admitFence(ctx context.Context, id string) error {
+	if _, ok := runtime.FenceFrom(ctx); !ok {
+		return nil
 	}
-	return writeFileAtomic(d.boxPath(rec.ID, recordFile), append(b, '\n'), 0o600)
+	_, err := d.updateStored(ctx, id, func(*runtime.Record) (bool, error) { return false, nil })
+	return err
 }
 
 // writeFileAtomic writes data to a temporary file beside path, syncs it, renames it over path

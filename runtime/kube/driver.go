@@ -6,6 +6,8 @@
 //	              annotations: sandboxd.io/{tenant,project,spec,state,…}: the record
 //	              sandboxd.io/compute: "running" while a pod should exist (set by create and
 //	              start, cleared by stop): a missing pod then means it was deleted under us
+//	              sandboxd.io/fence: the highest fence a write carried (runtime.WithFence);
+//	              every write checks it first and refuses a lower one
 //	Pod  <name>   runtimeClassName gvisor; an init container copies the guest init
 //	              (cmd/sandbox-init, from Options.InitImage) into an emptyDir; the sandbox
 //	              container runs it as PID 1 over the profile's image with the PVC at /workspace
@@ -247,6 +249,9 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 	if err != nil {
 		return fmt.Errorf("kube: create %s: %w", rec.ID, err)
 	}
+	if _, err := admitFence(ctx, pvc); err != nil {
+		return fmt.Errorf("kube: create %s: %w", rec.ID, err)
+	}
 	pod, err := d.set.newPod(name, rec)
 	if err != nil {
 		return err
@@ -363,6 +368,9 @@ func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if pvc, err = d.fence(ctx, id, name, pvc); err != nil {
+		return false, err
+	}
 	rec, err := decodeRecord(pvc.Labels, pvc.Annotations)
 	if err != nil {
 		return false, fmt.Errorf("kube: box %s: %w", id, err)
@@ -406,7 +414,11 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := d.getPVC(ctx, id, name); err != nil {
+	pvc, err := d.getPVC(ctx, id, name)
+	if err != nil {
+		return err
+	}
+	if _, err := d.fence(ctx, id, name, pvc); err != nil {
 		return err
 	}
 	d.spares.Drop(id)
@@ -422,6 +434,9 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	name, err := ObjectName(id)
 	if err != nil {
 		return nil
+	}
+	if _, err := d.fence(ctx, id, name, nil); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		return err
 	}
 	d.spares.Drop(id)
 	zero := int64(0)
@@ -451,9 +466,13 @@ func (d *Driver) deletePod(ctx context.Context, name string, grace int64) error 
 	})
 }
 
-// setCompute records whether the box's pod should exist.
+// setCompute records whether the box's pod should exist (a fenced write, like every write to
+// the PVC but the record of a tampered channel).
 func (d *Driver) setCompute(ctx context.Context, id, name, v string) error {
 	_, err := d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
+		if _, err := admitFence(ctx, pvc); err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
 		pvc.Annotations[AnnCompute] = v
 		if v == computeRunning {
 			delete(pvc.Annotations, AnnTampered) // a new pod, with a new channel key
@@ -476,6 +495,44 @@ func (d *Driver) getPVC(ctx context.Context, id, name string) (*corev1.Persisten
 		pvc.Annotations = map[string]string{}
 	}
 	return pvc, nil
+}
+
+// errUnchanged tells updatePVC that fn left the PVC as it was: nothing is written.
+var errUnchanged = errors.New("kube: unchanged")
+
+// fence admits a write to box id made with ctx (runtime.WithFence) before the write changes
+// anything: a fence lower than the PVC's sandboxd.io/fence is ErrFenced; a higher one is
+// written to the PVC first, on the resourceVersion of the read it was compared with (on a
+// conflict the PVC is read and compared again), so every later write of an older holder is
+// refused. pvc, when not nil, is a fresh read of the PVC that spares a GET when the fence is
+// recorded already; the PVC as it is after the check is returned.
+func (d *Driver) fence(ctx context.Context, id, name string, pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
+	if _, ok := runtime.FenceFrom(ctx); !ok {
+		return pvc, nil
+	}
+	if pvc != nil {
+		if _, raised, err := runtime.AdmitFence(ctx, fenceOf(pvc)); err != nil {
+			return nil, fmt.Errorf("kube: box %s: %w", id, err)
+		} else if !raised {
+			return pvc, nil
+		}
+	}
+	var seen *corev1.PersistentVolumeClaim
+	out, err := d.updatePVC(ctx, id, name, func(p *corev1.PersistentVolumeClaim) error {
+		raised, err := admitFence(ctx, p)
+		if err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		if !raised {
+			seen = p
+			return errUnchanged
+		}
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		return seen, nil
+	}
+	return out, err
 }
 
 // updatePVC applies fn to the box's PVC and writes it, again with a fresh read on a conflict
@@ -506,8 +563,9 @@ func (d *Driver) updatePVC(ctx context.Context, id, name string, fn func(*corev1
 	}
 }
 
-// UpdateRecord implements runtime.Driver: read, apply, write with the read's resourceVersion,
-// again on a conflict (optimistic concurrency across replicas).
+// UpdateRecord implements runtime.Driver: read, check the fence, apply, write with the read's
+// resourceVersion (the record and a raised fence together), again on a conflict (optimistic
+// concurrency across replicas).
 func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
 	name, err := ObjectName(id)
 	if err != nil {
@@ -517,6 +575,9 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
 		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
 		if err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		if _, err := admitFence(ctx, pvc); err != nil {
 			return fmt.Errorf("kube: box %s: %w", id, err)
 		}
 		if err := fn(&r); err != nil {
@@ -575,7 +636,7 @@ func (d *Driver) box(pvc *corev1.PersistentVolumeClaim) (runtime.Box, error) {
 	if err != nil {
 		return runtime.Box{}, fmt.Errorf("kube: PVC %s: %w", pvc.Name, err)
 	}
-	b := runtime.Box{Record: rec}
+	b := runtime.Box{Record: rec, Fence: fenceOf(pvc)}
 	if why := pvc.Annotations[AnnTampered]; why != "" {
 		b.Phase, b.Reason = runtime.PhaseFailed, why
 		return b, nil

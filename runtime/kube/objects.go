@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -50,7 +51,10 @@ const (
 	AnnCompute        = annPrefix + "compute"     // driver-owned: "running" while a pod should exist
 	// AnnTampered (driver-owned) says why the box's pod was deleted after its attach channel
 	// was found tampered with: the box is failed (not lost) until it is started again.
-	AnnTampered        = annPrefix + "channel-tampered"
+	AnnTampered = annPrefix + "channel-tampered"
+	// AnnFence (driver-owned) is the highest fence a write to the box has carried
+	// (runtime.WithFence), in decimal; a write with a lower one is refused.
+	AnnFence           = annPrefix + "fence"
 	computeRunning     = "running"
 	computeStopped     = "stopped"
 	containerName      = "sandbox"
@@ -218,6 +222,24 @@ type podSettings struct {
 	initImage    string
 	runtimeClass string
 	storageClass string
+}
+
+// fenceOf is the fence a box's PVC records (0: none, or one that does not parse, which any
+// fenced write then replaces).
+func fenceOf(pvc *corev1.PersistentVolumeClaim) uint64 {
+	n, _ := strconv.ParseUint(pvc.Annotations[AnnFence], 10, 64)
+	return n
+}
+
+// admitFence checks a write made with ctx against the fence pvc records and, when the write's
+// fence is higher, sets it on pvc (for the caller's update, whose resourceVersion makes the
+// check and the change one step). raised reports that pvc changed.
+func admitFence(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (raised bool, err error) {
+	fence, raised, err := runtime.AdmitFence(ctx, fenceOf(pvc))
+	if raised {
+		pvc.Annotations[AnnFence] = strconv.FormatUint(fence, 10)
+	}
+	return raised, err
 }
 
 // newPVC is the workspace claim of a box, carrying its record.

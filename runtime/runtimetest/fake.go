@@ -22,8 +22,9 @@ import (
 // Fake is an in-memory runtime.Driver for unit tests of the domain. Records live in a map;
 // a box's workspace is a folder under the Fake's dir; Attach serves a real guest.Server
 // in-process over net.Pipe, so commands really run, on the host, with the workspace as their
-// working directory (there is no isolation: absolute paths are the host's). Kill injects a
-// crash, FailNext an error. It passes Run with SkipHostIsolation.
+// working directory (there is no isolation: absolute paths are the host's). Writes honour
+// fences (runtime.WithFence) as a real driver's do. Kill injects a crash, FailNext an error.
+// It passes Run with SkipHostIsolation.
 type Fake struct {
 	dir string
 
@@ -41,6 +42,7 @@ type fakeBox struct {
 	lost   bool
 	srv    *guest.Server // while running
 	key    []byte        // the channel key of the running server
+	fence  uint64        // the highest fence a write carried (runtime.WithFence)
 }
 
 var _ runtime.Driver = (*Fake)(nil)
@@ -141,7 +143,8 @@ func (f *Fake) Create(ctx context.Context, rec runtime.Record) error {
 	if err := os.MkdirAll(ws, 0o755); err != nil {
 		return err
 	}
-	b := &fakeBox{rec: cloneRecord(rec)}
+	fence, _ := runtime.FenceFrom(ctx)
+	b := &fakeBox{rec: cloneRecord(rec), fence: fence}
 	if err := f.startLocked(b); err != nil {
 		_ = os.RemoveAll(filepath.Dir(ws))
 		return err
@@ -180,6 +183,9 @@ func (f *Fake) Start(ctx context.Context, id string) (bool, error) {
 	if !ok {
 		return false, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
+	if err := b.admit(ctx); err != nil {
+		return false, err
+	}
 	if b.phase == runtime.PhaseRunning {
 		return false, nil
 	}
@@ -205,6 +211,10 @@ func (f *Fake) Stop(ctx context.Context, id string) error {
 		f.mu.Unlock()
 		return fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
+	if err := b.admit(ctx); err != nil {
+		f.mu.Unlock()
+		return err
+	}
 	srv := b.srv
 	b.srv, b.phase, b.reason, b.lost = nil, runtime.PhaseStopped, "", false
 	f.mu.Unlock()
@@ -222,11 +232,16 @@ func (f *Fake) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	b, ok := f.boxes[id]
-	delete(f.boxes, id)
-	f.mu.Unlock()
 	if !ok {
+		f.mu.Unlock()
 		return nil
 	}
+	if err := b.admit(ctx); err != nil {
+		f.mu.Unlock()
+		return err
+	}
+	delete(f.boxes, id)
+	f.mu.Unlock()
 	if b.srv != nil {
 		b.srv.Close()
 	}
@@ -244,7 +259,7 @@ func (f *Fake) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if !ok {
 		return runtime.Box{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
-	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost}, nil
+	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence}, nil
 }
 
 // List implements runtime.Driver, in id order.
@@ -257,7 +272,7 @@ func (f *Fake) List(ctx context.Context) ([]runtime.Box, error) {
 	boxes := make([]runtime.Box, 0, len(f.boxes))
 	for _, id := range slices.Sorted(maps.Keys(f.boxes)) {
 		b := f.boxes[id]
-		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost})
+		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence})
 	}
 	return boxes, nil
 }
@@ -274,6 +289,10 @@ func (f *Fake) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Rec
 	if !ok {
 		return runtime.Record{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
+	fence, _, err := runtime.AdmitFence(ctx, b.fence)
+	if err != nil {
+		return runtime.Record{}, fmt.Errorf("fake: box %s: %w", id, err)
+	}
 	rec := cloneRecord(b.rec)
 	if err := fn(&rec); err != nil {
 		return runtime.Record{}, err
@@ -281,8 +300,19 @@ func (f *Fake) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Rec
 	if rec.ID != id {
 		return runtime.Record{}, fmt.Errorf("fake: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
 	}
-	b.rec = cloneRecord(rec)
+	b.rec, b.fence = cloneRecord(rec), fence
 	return rec, nil
+}
+
+// admit checks a lifecycle write made with ctx against the box's fence and records a higher
+// one. Called with f.mu held.
+func (b *fakeBox) admit(ctx context.Context) error {
+	fence, _, err := runtime.AdmitFence(ctx, b.fence)
+	if err != nil {
+		return fmt.Errorf("fake: box %s: %w", b.rec.ID, err)
+	}
+	b.fence = fence
+	return nil
 }
 
 // Attach implements runtime.Driver: one end of a net.Pipe whose other end the box's guest
