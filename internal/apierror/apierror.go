@@ -23,8 +23,16 @@ const (
 	AlreadyExists    Code = "ALREADY_EXISTS"
 	PayloadTooLarge  Code = "PAYLOAD_TOO_LARGE"
 	QuotaExceeded    Code = "QUOTA_EXCEEDED"
-	Unavailable      Code = "UNAVAILABLE"
-	SandboxFailed    Code = "SANDBOX_FAILED"
+	// RateLimited: the API key spent its request budget (rate_limit); retry after RetryAfter.
+	RateLimited Code = "RATE_LIMITED"
+	// LimitExceeded: a cap on concurrent use was reached (streams per connection or per
+	// tenant:project, running commands per sandbox); Details["limit"] names the cap.
+	LimitExceeded Code = "LIMIT_EXCEEDED"
+	// CostExceeded: a GraphQL operation costs more than its budget (points, bytes it may read,
+	// or mutation fields); refused before anything of it ran.
+	CostExceeded  Code = "COST_EXCEEDED"
+	Unavailable   Code = "UNAVAILABLE"
+	SandboxFailed Code = "SANDBOX_FAILED"
 	// CheckpointCorrupt: a stored workspace checkpoint does not match its manifest (its hash);
 	// retrying cannot help, an earlier snapshot can (the error names the last good one).
 	CheckpointCorrupt Code = "CHECKPOINT_CORRUPT"
@@ -41,6 +49,9 @@ var table = map[Code]int{
 	AlreadyExists:     http.StatusConflict,
 	PayloadTooLarge:   http.StatusRequestEntityTooLarge,
 	QuotaExceeded:     http.StatusTooManyRequests,
+	RateLimited:       http.StatusTooManyRequests,
+	LimitExceeded:     http.StatusTooManyRequests,
+	CostExceeded:      http.StatusBadRequest,
 	Unavailable:       http.StatusServiceUnavailable,
 	SandboxFailed:     http.StatusConflict,
 	CheckpointCorrupt: http.StatusConflict,
@@ -50,7 +61,7 @@ var table = map[Code]int{
 // Codes lists every code, for documentation and tests.
 func Codes() []Code {
 	return []Code{InvalidArgument, Unauthenticated, PermissionDenied, NotFound, InvalidState,
-		AlreadyExists, PayloadTooLarge, QuotaExceeded, Unavailable, SandboxFailed, CheckpointCorrupt, Internal}
+		AlreadyExists, PayloadTooLarge, QuotaExceeded, RateLimited, LimitExceeded, CostExceeded, Unavailable, SandboxFailed, CheckpointCorrupt, Internal}
 }
 
 // HTTPStatus is the HTTP status of a code (500 for an unknown one).
