@@ -98,8 +98,8 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 			return ExecInfo{}, errorf(ErrCodeInvalid, "env entry %q is not KEY=VALUE", kv)
 		}
 	}
-	if req.TimeoutMs < 0 || req.MaxLogBytes < 0 {
-		return ExecInfo{}, errorf(ErrCodeInvalid, "timeout_ms and max_log_bytes must not be negative")
+	if req.TimeoutMs < 0 || req.MaxLogBytes < 0 || req.MaxRunning < 0 {
+		return ExecInfo{}, errorf(ErrCodeInvalid, "timeout_ms, max_log_bytes and max_running must not be negative")
 	}
 	maxLog := req.MaxLogBytes
 	if maxLog == 0 {
@@ -114,6 +114,9 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 	case s.execs[req.ID] != nil:
 		s.mu.Unlock()
 		return ExecInfo{}, errorf(ErrCodeExists, "exec %s exists", req.ID)
+	case req.MaxRunning > 0 && req.MaxRunning <= s.opts.MaxRunning && s.running >= req.MaxRunning:
+		s.mu.Unlock()
+		return ExecInfo{}, errorf(ErrCodeTooMany, "%d commands are running in this sandbox, the most allowed at once", req.MaxRunning)
 	case s.running >= s.opts.MaxRunning:
 		s.mu.Unlock()
 		return ExecInfo{}, errorf(ErrCodeUnavailable, "too many running execs (%d)", s.opts.MaxRunning)

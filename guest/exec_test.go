@@ -550,6 +550,11 @@ func TestExecLimits(t *testing.T) {
 	}
 	_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}})
 	wantCode(t, err, guest.ErrCodeUnavailable)
+	// The caller's own bound (the control plane's cap per sandbox) is counted here too.
+	_, err = h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: 1})
+	wantCode(t, err, guest.ErrCodeTooMany)
+	_, err = h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: -1})
+	wantCode(t, err, guest.ErrCodeInvalid)
 	for _, id := range []string{"run-1", "run-2"} {
 		if err := h.c.Signal(ctx, id, "SIGKILL"); err != nil {
 			t.Fatal(err)
@@ -578,6 +583,10 @@ func TestExecLimits(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(h.state, id)); !os.IsNotExist(err) {
 			t.Errorf("state of dropped exec %s: got %v, want removed", id, err)
 		}
+	}
+	// Under its own bound, an exec starts.
+	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "capped", Argv: []string{"true"}, MaxRunning: 1}, 0, 0); err != nil {
+		t.Errorf("an exec under its MaxRunning: %v", err)
 	}
 	// A dropped id may be used again.
 	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {

@@ -68,6 +68,9 @@ type ExecRequest struct {
 	Stdin []byte `json:"stdin,omitempty"`
 	// MaxLogBytes bounds the output log kept inside the sandbox; 0 means the server default.
 	MaxLogBytes int64 `json:"max_log_bytes,omitempty"`
+	// MaxRunning refuses the exec with ErrCodeTooMany when this many execs (or the server's own
+	// bound, whichever is lower) are running already; 0 means the server's bound only.
+	MaxRunning int `json:"max_running,omitempty"`
 }
 
 // ExecInfo is the state of one exec.
@@ -173,6 +176,8 @@ const (
 	ErrCodeUnavailable = "unavailable"
 	// ErrCodeNoSpace: the workspace's disk is full (ENOSPC/EDQUOT: the sandbox's disk limit).
 	ErrCodeNoSpace = "no_space"
+	// ErrCodeTooMany: as many execs as the request's MaxRunning allows are running already.
+	ErrCodeTooMany = "too_many"
 )
 
 // Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it

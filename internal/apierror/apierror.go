@@ -26,7 +26,7 @@ const (
 	// RateLimited: the API key spent its request budget (rate_limit); retry after RetryAfter.
 	RateLimited Code = "RATE_LIMITED"
 	// LimitExceeded: a cap on concurrent use was reached (streams per connection or per
-	// tenant:project, running commands per sandbox); Details["limit"] names the cap.
+	// tenant:project, running commands per sandbox); Details["limit_name"] names the cap.
 	LimitExceeded Code = "LIMIT_EXCEEDED"
 	// CostExceeded: a GraphQL operation costs more than its budget (points, bytes it may read,
 	// or mutation fields); refused before anything of it ran.

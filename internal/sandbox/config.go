@@ -87,6 +87,13 @@ type Config struct {
 	// MaxExecSubscriptions bounds the exec output streams one replica serves at once (default
 	// 1000); more are refused with UNAVAILABLE and a Retry-After.
 	MaxExecSubscriptions int `json:"-"`
+	// MaxStreamsPerProject bounds the event and output streams one tenant:project holds on one
+	// replica at once (default 250); more are refused with LIMIT_EXCEEDED.
+	MaxStreamsPerProject int `json:"-"`
+	// MaxRunningExecs bounds the commands running at once in one sandbox (default 64); more
+	// are refused with LIMIT_EXCEEDED. The guest init counts them, so the cap holds across
+	// replicas and restarts.
+	MaxRunningExecs int `json:"-"`
 	// KeepCheckpoints is how many checkpoints (snapshots) of each sandbox are kept: after
 	// every checkpoint the older ones are deleted, never the sandbox's latest (default 10).
 	KeepCheckpoints int `json:"-"`
@@ -138,6 +145,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxExecSubscriptions <= 0 {
 		c.MaxExecSubscriptions = 1000
+	}
+	if c.MaxStreamsPerProject <= 0 {
+		c.MaxStreamsPerProject = 250
+	}
+	if c.MaxRunningExecs <= 0 {
+		c.MaxRunningExecs = 64
 	}
 	if c.KeepCheckpoints < 0 {
 		return fmt.Errorf("sandbox config: keep checkpoints must be at least 1, got %d", c.KeepCheckpoints)

@@ -55,7 +55,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 	f.fresh = true
 	// The log is read on the service's context: the command and its follower outlive the request.
 	lr, err := g.StartLog(s.bg, guest.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
-		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin})
+		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, MaxRunning: s.cfg.MaxRunningExecs})
 	if err != nil {
 		gerr := s.guestError(ctx, id, err)
 		// The command never started: end its stream so that no subscriber waits for it.
@@ -147,8 +147,13 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 	if _, err := s.loadExec(ctx, p, "", execID); err != nil {
 		return nil, err
 	}
+	release, err := s.holdStream(p)
+	if err != nil {
+		return nil, err
+	}
 	if n := s.execSubs.Add(1); n > int64(s.cfg.MaxExecSubscriptions) {
 		s.execSubs.Add(-1)
+		release()
 		return nil, apierror.New(apierror.Unavailable, "this server follows as many exec streams as it may; retry shortly").
 			WithRetryAfter(5 * time.Second)
 	}
@@ -157,6 +162,7 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 	if err != nil {
 		cancel()
 		s.execSubs.Add(-1)
+		release()
 		var coded *apierror.Error
 		if errors.As(err, &coded) {
 			return nil, err
@@ -165,6 +171,7 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 	}
 	out := make(chan ExecEvent)
 	go func() {
+		defer release()
 		defer s.execSubs.Add(-1)
 		defer close(out)
 		defer cancel() // ends the Redis reader too when we stop early
@@ -791,4 +798,17 @@ func (s *Service) reconcileExecs(ctx context.Context) {
 			s.log.Debug("swept ended execs", "count", n)
 		}
 	}
+}
+
+// holdStream takes one of the stream places of p's tenant:project on this replica (event and
+// output streams, over REST and GraphQL alike): LIMIT_EXCEEDED when it holds them all. The
+// places are fewer than the replica's total, so one project at its cap leaves room for others.
+func (s *Service) holdStream(p auth.Principal) (release func(), err error) {
+	release, ok := s.streams.Acquire(p.Scope())
+	if !ok {
+		return nil, apierror.New(apierror.LimitExceeded,
+			"tenant:project %s has %d streams open on this server, the most allowed; close one first", p.Scope(), s.streams.Cap()).
+			WithDetail("limit_name", "streams_per_project").WithRetryAfter(5 * time.Second)
+	}
+	return release, nil
 }

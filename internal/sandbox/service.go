@@ -26,6 +26,7 @@ import (
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
 	"sandboxd/internal/execstream"
+	"sandboxd/internal/fairshare"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/source"
 	"sandboxd/internal/store"
@@ -91,6 +92,8 @@ type Service struct {
 	following  map[string]bool // exec ids this replica follows
 	execSubs   atomic.Int64
 	lastSweep  atomic.Int64
+	// streams caps the event and output streams each tenant:project holds on this replica.
+	streams *fairshare.Limiter
 
 	mu      sync.Mutex
 	attachs map[string]*attachment
@@ -107,7 +110,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
 		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, sources: d.Sources, objects: d.SourceObjects,
 		metrics: d.Metrics, log: d.Logger, now: d.Now, progressEvery: defaultProgressEvery,
-		execs: d.Execs, runs: d.AgentRuns, agents: map[string]AgentConfig{}, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{}}
+		execs: d.Execs, runs: d.AgentRuns, agents: map[string]AgentConfig{}, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{},
+		streams: fairshare.New(cfg.MaxStreamsPerProject)}
 	if s.sources == nil {
 		f, err := source.New(source.Options{})
 		if err != nil {
@@ -1086,6 +1090,9 @@ func (s *Service) guestError(ctx context.Context, id string, err error) error {
 			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)
 		case guest.ErrCodeUnavailable:
 			return apierror.Wrap(err, apierror.Unavailable, "%s", ge.Message).WithRetryAfter(time.Second)
+		case guest.ErrCodeTooMany:
+			return apierror.Wrap(err, apierror.LimitExceeded, "%s", ge.Message).
+				WithDetail("limit_name", "running_execs_per_sandbox").WithRetryAfter(time.Second)
 		}
 		return apierror.Wrap(err, apierror.Internal, "internal error")
 	}
@@ -1254,10 +1261,15 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	if !events.ValidCursor(after) {
 		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", truncate(after, 64))
 	}
+	release, err := s.holdStream(p)
+	if err != nil {
+		return nil, err
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	in, err := s.events.Subscribe(sctx, p.Tenant, p.Project, sandboxID, after)
 	if err != nil {
 		cancel()
+		release()
 		if errors.Is(err, events.ErrTooManySubscribers) {
 			return nil, apierror.Wrap(err, apierror.Unavailable, "this server follows as many subscriptions as it may; retry shortly").
 				WithRetryAfter(5 * time.Second)
@@ -1266,6 +1278,7 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	}
 	out := make(chan Event)
 	go func() {
+		defer release()
 		defer close(out)
 		defer cancel() // ends the Redis reader too when we stop early
 		for ev := range in {
