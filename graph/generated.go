@@ -162,7 +162,7 @@ type ComplexityRoot struct {
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
 		Profiles  func(childComplexity int) int
 		Quota     func(childComplexity int) int
-		ReadFile  func(childComplexity int, sandboxID string, path string) int
+		ReadFile  func(childComplexity int, sandboxID string, path string, maxBytes *int64) int
 		Sandbox   func(childComplexity int, id string) int
 		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState) int
 		Snapshots func(childComplexity int, sandboxID *string, first *int) int
@@ -258,7 +258,7 @@ type QueryResolver interface {
 	Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState) (*model.SandboxConnection, error)
 	Profiles(ctx context.Context) ([]*model.Profile, error)
 	Quota(ctx context.Context) (*model.Quota, error)
-	ReadFile(ctx context.Context, sandboxID string, path string) (*model.FileContent, error)
+	ReadFile(ctx context.Context, sandboxID string, path string, maxBytes *int64) (*model.FileContent, error)
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
@@ -921,7 +921,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.ReadFile(childComplexity, args["sandboxId"].(string), args["path"].(string)), true
+		return e.ComplexityRoot.Query.ReadFile(childComplexity, args["sandboxId"].(string), args["path"].(string), args["maxBytes"].(*int64)), true
 	case "Query.sandbox":
 		if e.ComplexityRoot.Query.Sandbox == nil {
 			break
@@ -1409,14 +1409,18 @@ type Query {
   quota: Quota!
 
   """
-  Reads one file of a running sandbox's workspace. Files larger than 10 MiB are refused with
-  PAYLOAD_TOO_LARGE (use the REST download for those).
+  Reads one file of a running sandbox's workspace. Files larger than maxBytes (10 MiB at most)
+  are refused with PAYLOAD_TOO_LARGE (use the REST download for larger ones). Each readFile,
+  aliases included, reserves maxBytes of the operation's read budget before anything runs (see
+  extensions.cost): ask for small maxBytes to read many small files in one operation.
   """
   readFile(
     "The sandbox id."
     sandboxId: ID!
     "The file's path inside the sandbox; a relative path is relative to /workspace."
     path: String!
+    "The most bytes to read, 1 to 10485760 (10 MiB, also the default); a larger file is PAYLOAD_TOO_LARGE."
+    maxBytes: Int64
   ): FileContent!
 
   """
@@ -2861,6 +2865,14 @@ func (ec *executionContext) field_Query_readFile_args(ctx context.Context, rawAr
 		return nil, err
 	}
 	args["path"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "maxBytes",
+		func(ctx context.Context, v any) (*int64, error) {
+			return ec.unmarshalOInt642ᚖint64(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["maxBytes"] = arg2
 	return args, nil
 }
 
@@ -5419,7 +5431,7 @@ func (ec *executionContext) _Query_readFile(ctx context.Context, field graphql.C
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().ReadFile(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string))
+			return ec.Resolvers.Query().ReadFile(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string), fc.Args["maxBytes"].(*int64))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.FileContent) graphql.Marshaler {

@@ -2,9 +2,7 @@ package resolvers
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
-	"unicode/utf8"
 
 	"sandboxd/graph/model"
 	"sandboxd/internal/sandbox"
@@ -49,7 +47,9 @@ func toAgentRuns(rs []sandbox.AgentRun) []*model.AgentRun {
 	return out
 }
 
-func toAgentRunEvent(e sandbox.AgentRunEvent) *model.AgentRunEvent {
+// toAgentRunEvent converts one event of a run's stream; of a chunk's data and dataBase64 only
+// those in sel are built.
+func toAgentRunEvent(e sandbox.AgentRunEvent, sel fieldSet) *model.AgentRunEvent {
 	out := &model.AgentRunEvent{Cursor: e.Cursor, Kind: model.AgentRunEventKind(e.Kind)}
 	switch e.Kind {
 	case sandbox.AgentRunStatusEvent:
@@ -59,12 +59,8 @@ func toAgentRunEvent(e sandbox.AgentRunEvent) *model.AgentRunEvent {
 		if e.Stream == "stderr" {
 			stream = model.ExecOutputStreamStderr
 		}
-		b64 := base64.StdEncoding.EncodeToString(e.Data)
-		out.Stream, out.DataBase64 = &stream, &b64
-		if utf8.Valid(e.Data) {
-			text := string(e.Data)
-			out.Data = &text
-		}
+		out.Stream = &stream
+		out.Data, out.DataBase64 = textOf(e.Data, sel, "data"), optBase64(e.Data, sel, "dataBase64")
 	case sandbox.AgentRunTruncated:
 		missed := e.MissedBytes
 		out.MissedBytes = &missed
@@ -75,5 +71,6 @@ func toAgentRunEvent(e sandbox.AgentRunEvent) *model.AgentRunEvent {
 // forwardAgentRunEvents converts a run's stream; the service closes it after the final
 // STATUS event.
 func forwardAgentRunEvents(ctx context.Context, in <-chan sandbox.AgentRunEvent) <-chan *model.AgentRunEvent {
-	return forward(ctx, in, toAgentRunEvent, nil)
+	sel := selectedFields(ctx, "AgentRunEvent")
+	return forward(ctx, in, func(e sandbox.AgentRunEvent) *model.AgentRunEvent { return toAgentRunEvent(e, sel) }, nil)
 }

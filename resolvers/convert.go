@@ -21,6 +21,17 @@ import (
 // streams them).
 const maxReadFileBytes = 10 << 20
 
+// readLimit is readFile's maxBytes: 1 to maxReadFileBytes, the cap when null.
+func readLimit(maxBytes *int64) (int64, error) {
+	if maxBytes == nil {
+		return maxReadFileBytes, nil
+	}
+	if *maxBytes < 1 || *maxBytes > maxReadFileBytes {
+		return 0, apierror.New(apierror.InvalidArgument, "maxBytes must be between 1 and %d, got %d", maxReadFileBytes, *maxBytes)
+	}
+	return *maxBytes, nil
+}
+
 // Defaults of nullable arguments that were sent as an explicit null.
 const (
 	defaultPageSize    = 50
@@ -221,7 +232,8 @@ func toProfiles(ps []sandbox.Profile) []*model.Profile {
 // toExecResult converts an exec's status or result. The exit fields are null (timedOut false)
 // while it runs. A result without a state is a finished one (what Exec answered before execs
 // had states).
-func toExecResult(r sandbox.ExecResult) *model.ExecResult {
+// toExecResult converts an exec's result; only the output encodings in sel are built.
+func toExecResult(r sandbox.ExecResult, sel fieldSet) *model.ExecResult {
 	res := &model.ExecResult{
 		ExecID:          r.ExecID,
 		SandboxID:       r.SandboxID,
@@ -229,12 +241,16 @@ func toExecResult(r sandbox.ExecResult) *model.ExecResult {
 		State:           model.ExecStateEnded,
 		StartedAt:       optTime(r.StartedAt),
 		OutputBytes:     r.OutputBytes,
-		Stdout:          validUTF8(r.Stdout),
-		Stderr:          validUTF8(r.Stderr),
-		StdoutBase64:    base64.StdEncoding.EncodeToString(r.Stdout),
-		StderrBase64:    base64.StdEncoding.EncodeToString(r.Stderr),
+		StdoutBase64:    base64Of(r.Stdout, sel, "stdoutBase64"),
+		StderrBase64:    base64Of(r.Stderr, sel, "stderrBase64"),
 		StdoutTruncated: r.StdoutTruncated,
 		StderrTruncated: r.StderrTruncated,
+	}
+	if sel.has("stdout") {
+		res.Stdout = validUTF8(r.Stdout)
+	}
+	if sel.has("stderr") {
+		res.Stderr = validUTF8(r.Stderr)
 	}
 	if r.State == sandbox.ExecRunning {
 		res.State = model.ExecStateRunning
@@ -251,15 +267,12 @@ func toFileInfo(f sandbox.FileInfo) *model.FileInfo {
 		Symlink: optString(f.Symlink), ModTime: optTime(f.ModTime)}
 }
 
-func toFileContent(path string, data []byte, info sandbox.FileInfo) *model.FileContent {
-	fc := &model.FileContent{Path: path, ContentBase64: base64.StdEncoding.EncodeToString(data),
-		Size: int64(len(data)), File: toFileInfo(info)}
+// toFileContent converts a file read; only the encodings in sel are built.
+func toFileContent(path string, data []byte, info sandbox.FileInfo, sel fieldSet) *model.FileContent {
+	fc := &model.FileContent{Path: path, Content: textOf(data, sel, "content"),
+		ContentBase64: base64Of(data, sel, "contentBase64"), Size: int64(len(data)), File: toFileInfo(info)}
 	if info.Path != "" {
 		fc.Path = info.Path
-	}
-	if utf8.Valid(data) {
-		s := string(data)
-		fc.Content = &s
 	}
 	return fc
 }
@@ -280,7 +293,7 @@ func toEvent(e sandbox.Event) *model.SandboxEvent {
 		ev.PreviousState = &prev
 	}
 	if e.Exec != nil {
-		ev.Exec = toExecResult(*e.Exec)
+		ev.Exec = toExecResult(*e.Exec, nil) // carries no output
 	}
 	if e.Type == sandbox.EventBootstrapProgress {
 		n := e.BytesRead

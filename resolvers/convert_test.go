@@ -150,7 +150,7 @@ func TestToExecResult(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := full
 			r.State = tt.state
-			got := toExecResult(r)
+			got := toExecResult(r, nil)
 			if got.State != tt.wantState || got.OutputBytes != 7 || got.StartedAt == nil {
 				t.Errorf("got state %s outputBytes %d startedAt %v, want %s, 7 and set", got.State, got.OutputBytes, got.StartedAt, tt.wantState)
 			}
@@ -190,7 +190,7 @@ func TestToExecOutputEvent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := json.Marshal(toExecOutputEvent(tt.in))
+			b, err := json.Marshal(toExecOutputEvent(tt.in, nil))
 			if err != nil {
 				t.Fatal(err)
 			}

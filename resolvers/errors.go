@@ -23,6 +23,11 @@ import (
 //     message and code (GRAPHQL_PARSE_FAILED, GRAPHQL_VALIDATION_FAILED,
 //     COMPLEXITY_LIMIT_EXCEEDED); argument coercion errors without a code get INVALID_ARGUMENT.
 
+// maxErrorMessage bounds the message of gqlgen's own errors, which may quote a token of the
+// request (a parse error quotes the unexpected one, which may be a 1 MiB string): an error
+// never echoes the input back at length.
+const maxErrorMessage = 256
+
 // errorPolicy presents errors and recovers panics for one handler.
 type errorPolicy struct {
 	log *slog.Logger
@@ -49,6 +54,9 @@ func (p errorPolicy) present(ctx context.Context, err error) *gqlerror.Error {
 	}
 	ae, ok := errors.AsType[*apierror.Error](err)
 	if !ok {
+		if len(gqlErr.Message) > maxErrorMessage {
+			gqlErr.Message = cutUTF8(gqlErr.Message, maxErrorMessage) + "…"
+		}
 		if gqlErr.Err != nil && gqlErr.Extensions["code"] == nil {
 			if gqlErr.Extensions == nil {
 				gqlErr.Extensions = map[string]any{}

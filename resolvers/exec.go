@@ -2,8 +2,6 @@ package resolvers
 
 import (
 	"context"
-	"encoding/base64"
-	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql"
 
@@ -32,8 +30,8 @@ func outputSelected(ctx context.Context) bool {
 }
 
 // toExecOutputEvent converts one event of an exec's output stream: stream, data and
-// dataBase64 for CHUNK, missedBytes for TRUNCATED, result for EXIT.
-func toExecOutputEvent(e sandbox.ExecEvent) *model.ExecOutputEvent {
+// dataBase64 (those of the two in sel) for CHUNK, missedBytes for TRUNCATED, result for EXIT.
+func toExecOutputEvent(e sandbox.ExecEvent, sel fieldSet) *model.ExecOutputEvent {
 	ev := &model.ExecOutputEvent{Cursor: e.Cursor, Kind: model.ExecOutputKind(e.Kind)}
 	switch e.Kind {
 	case sandbox.ExecChunk:
@@ -47,18 +45,13 @@ func toExecOutputEvent(e sandbox.ExecEvent) *model.ExecOutputEvent {
 		if stream != "" {
 			ev.Stream = &stream
 		}
-		b64 := base64.StdEncoding.EncodeToString(e.Data)
-		ev.DataBase64 = &b64
-		if utf8.Valid(e.Data) {
-			text := string(e.Data)
-			ev.Data = &text
-		}
+		ev.Data, ev.DataBase64 = textOf(e.Data, sel, "data"), optBase64(e.Data, sel, "dataBase64")
 	case sandbox.ExecTruncated:
 		missed := e.MissedBytes
 		ev.MissedBytes = &missed
 	case sandbox.ExecExit:
 		if e.Result != nil {
-			ev.Result = toExecResult(*e.Result)
+			ev.Result = toExecResult(*e.Result, nil) // carries no output
 		}
 	}
 	return ev
@@ -67,5 +60,7 @@ func toExecOutputEvent(e sandbox.ExecEvent) *model.ExecOutputEvent {
 // forwardExecOutput converts the service's output stream into the subscription's channel; it
 // ends after EXIT even if the service's channel were to stay open.
 func forwardExecOutput(ctx context.Context, in <-chan sandbox.ExecEvent) <-chan *model.ExecOutputEvent {
-	return forward(ctx, in, toExecOutputEvent, func(e sandbox.ExecEvent) bool { return e.Kind == sandbox.ExecExit })
+	sel := selectedFields(ctx, "ExecOutputEvent")
+	return forward(ctx, in, func(e sandbox.ExecEvent) *model.ExecOutputEvent { return toExecOutputEvent(e, sel) },
+		func(e sandbox.ExecEvent) bool { return e.Kind == sandbox.ExecExit })
 }

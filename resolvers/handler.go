@@ -1,14 +1,12 @@
 package resolvers
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
+	"math"
+	"strconv"
 	"log/slog"
 	"net/http"
 	"time"
-	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/handler"
@@ -40,8 +38,30 @@ type HandlerOptions struct {
 	// misses it: its WebSocket closes, or its SSE response ends, and its subscriptions end.
 	// Default 30s.
 	WriteTimeout time.Duration
-	// ComplexityLimit bounds the complexity of one operation (each field counts 1). Default 500.
+	// ComplexityLimit is the points budget of one operation (see cost.go for the prices).
+	// Default DefaultCostLimit.
 	ComplexityLimit int
+	// MaxReadBytes bounds the bytes one operation may read into its answer (readFile's
+	// maxBytes, exec output fields). Default DefaultMaxReadBytes.
+	MaxReadBytes int64
+	// MaxMutationFields bounds the mutation root fields of one operation. Default
+	// DefaultMaxMutationFields.
+	MaxMutationFields int
+	// OutputFieldBytes is what one exec output field (stdout, stderr, their base64 forms) may
+	// carry: the exec output cap. Default DefaultOutputFieldBytes.
+	OutputFieldBytes int64
+	// MaxOperationsPerConnection bounds the operations (subscriptions, and queries and mutations
+	// while they run) open at once on one WebSocket. Default DefaultMaxOperationsPerConnection.
+	MaxOperationsPerConnection int
+	// InitTimeout is how long a WebSocket may stay open without a connection_init before it
+	// is closed with 4408. Default 10s.
+	InitTimeout time.Duration
+	// DisableIntrospection refuses __schema and __type (introspection is always keyed).
+	DisableIntrospection bool
+	// RateLimit charges one request to a principal's rate limit: nil, or a RATE_LIMITED error.
+	// It is called for each HTTP request, each WebSocket connection and each operation sent
+	// over a WebSocket. Nil: no rate limit.
+	RateLimit func(context.Context, auth.Principal) error
 	// MaxBodyBytes bounds an HTTP request body and one WebSocket message. Default 1 MiB.
 	MaxBodyBytes int64
 	// Logger receives internal errors (with their cause) and panics. Default slog.Default().
@@ -56,15 +76,18 @@ type HandlerOptions struct {
 const (
 	DefaultKeepAlivePingInterval = 15 * time.Second
 	DefaultWriteTimeout          = 30 * time.Second
-	DefaultComplexityLimit       = 500
 	DefaultMaxBodyBytes          = 1 << 20
+	// DefaultMaxOperationsPerConnection bounds the operations open on one WebSocket.
+	DefaultMaxOperationsPerConnection = 100
 
 	// maxQueryTokens bounds the size of a query document before it is parsed.
 	maxQueryTokens = 10_000
-	// wsInitTimeout is how long a WebSocket may stay open without a connection_init.
+	// wsInitTimeout is how long a WebSocket may stay open without a connection_init, by default.
 	wsInitTimeout = 10 * time.Second
-	// wsAuthFailed is the close code of a WebSocket whose connection_init did not authenticate.
-	wsAuthFailed = 4403
+	// WebSocket close codes (graphql-transport-ws): a connection_init that did not
+	// authenticate, or whose key is over its rate limit.
+	wsAuthFailed  = 4403
+	wsRateLimited = 4429
 	// maxCloseReason is the longest close reason a WebSocket close frame carries.
 	maxCloseReason = 123
 )
@@ -72,18 +95,26 @@ const (
 // NewHandler returns the GraphQL endpoint; mount it at /graphql. It speaks
 //   - SSE: POST with Accept: text/event-stream (subscriptions, also queries and mutations);
 //   - WebSocket: graphql-transport-ws and legacy graphql-ws;
-//   - POST application/json; GET for queries only; OPTIONS.
+//   - GraphQL over HTTP (httptransport.go): POST application/json, GET for queries only,
+//     answering application/json or application/graphql-response+json as the client accepts.
 //
-// HTTP requests authenticate with the X-Api-Key header (+ the optional X-Sandbox-Tenant-Id /
-// X-Sandbox-Project-Id scope headers). A failure is answered before GraphQL runs, with the
-// code's HTTP status (401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 400 INVALID_ARGUMENT) and a
-// GraphQL error body: {"errors":[{"message":…,"extensions":{"code":…}}],"data":null}.
+// Every request but a WebSocket upgrade needs a key (gate.go): HTTP requests authenticate with
+// the X-Api-Key header (+ the optional X-Sandbox-Tenant-Id / X-Sandbox-Project-Id scope
+// headers), are charged to the key's rate limit, and have their body bounded before anything
+// parses it. A failure is answered before GraphQL runs, with the code's HTTP status (401
+// UNAUTHENTICATED, 403 PERMISSION_DENIED, 400 INVALID_ARGUMENT, 413 PAYLOAD_TOO_LARGE, 429
+// RATE_LIMITED with Retry-After) and a GraphQL error body without data:
+// {"errors":[{"message":…,"extensions":{"code":…}}]}.
+//
+// Operations are priced before they run (cost.go) and refused over budget with COST_EXCEEDED;
+// an answer carries its price in extensions.cost.
 //
 // WebSocket connections authenticate in connection_init: the payload carries "X-Api-Key"
 // (or "x-api-key" or "apiKey") and the optional scope keys, at its top level or under
 // "headers". A WebSocket upgrade that carries X-Api-Key as a header is authenticated by it
 // (a bad key is rejected like any HTTP request) and needs no key in the payload. A failed
-// connection_init closes the socket with code 4403 and the reason "CODE: message".
+// connection_init closes the socket with code 4403 and the reason "CODE: message" (4429 when
+// the key is over its rate limit); the protocol's other close codes are in wsconn.go.
 func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) http.Handler {
 	if opts.KeepAlivePingInterval <= 0 {
 		opts.KeepAlivePingInterval = DefaultKeepAlivePingInterval
@@ -92,7 +123,22 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	if opts.ComplexityLimit <= 0 {
-		opts.ComplexityLimit = DefaultComplexityLimit
+		opts.ComplexityLimit = DefaultCostLimit
+	}
+	if opts.MaxReadBytes <= 0 {
+		opts.MaxReadBytes = DefaultMaxReadBytes
+	}
+	if opts.MaxMutationFields <= 0 {
+		opts.MaxMutationFields = DefaultMaxMutationFields
+	}
+	if opts.OutputFieldBytes <= 0 {
+		opts.OutputFieldBytes = DefaultOutputFieldBytes
+	}
+	if opts.InitTimeout <= 0 {
+		opts.InitTimeout = wsInitTimeout
+	}
+	if opts.MaxOperationsPerConnection <= 0 {
+		opts.MaxOperationsPerConnection = DefaultMaxOperationsPerConnection
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
@@ -102,7 +148,7 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 	}
 	errs := errorPolicy{log: opts.Logger}
 	g := &gate{authn: authn, maxBody: opts.MaxBodyBytes, shutdown: opts.Shutdown, writeTimeout: opts.WriteTimeout,
-		log: opts.Logger}
+		log: opts.Logger, limit: opts.RateLimit}
 
 	srv := handler.New(graph.NewExecutableSchema(graph.Config{Resolvers: &Resolver{svc: svc}}))
 	// Order matters: the first transport that supports a request serves it. SSE must come
@@ -112,12 +158,16 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 		Implementation: deadlineWebsocket{
 			impl: coderWebsocket{
 				acceptOptions: websocket.AcceptOptions{OriginPatterns: opts.AllowedOrigins},
+				maxOps:        opts.MaxOperationsPerConnection,
+				initTimeout:   opts.InitTimeout,
 			},
 			timeout: opts.WriteTimeout,
 			log:     opts.Logger,
 		},
-		InitFunc:              g.websocketInit,
-		InitTimeout:           wsInitTimeout,
+		InitFunc: g.websocketInit,
+		// The connection closes itself with 4408 after InitTimeout (coderConn); gqlgen's own
+		// timeout, which would close with 4400, is a backstop.
+		InitTimeout:           2 * opts.InitTimeout,
 		KeepAlivePingInterval: opts.KeepAlivePingInterval,
 		// graphql-transport-ws: ping every interval; a client that does not pong is not cut
 		// off (MissingPongOk), the pings only keep proxies from closing idle sockets.
@@ -125,14 +175,19 @@ func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) htt
 		MissingPongOk:    true,
 		PayloadReadLimit: &opts.MaxBodyBytes,
 	})
-	srv.AddTransport(transport.POST{})
-	srv.AddTransport(transport.GET{})
+	srv.AddTransport(httpPOST{})
+	srv.AddTransport(httpGET{})
 	srv.AddTransport(transport.Options{})
 
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.SetParserTokenLimit(maxQueryTokens)
-	srv.Use(extension.Introspection{})
-	srv.Use(extension.FixedComplexityLimit(opts.ComplexityLimit))
+	if !opts.DisableIntrospection {
+		srv.Use(extension.Introspection{})
+	}
+	srv.Use(&costBudget{points: int64(opts.ComplexityLimit), readBytes: opts.MaxReadBytes,
+		mutations: opts.MaxMutationFields, fileBytes: maxReadFileBytes, outputBytes: opts.OutputFieldBytes,
+		listDefaults: map[string]int64{"Query.sandboxes": 50, "Query.listFiles": 1000, "Query.snapshots": 50}})
+	srv.AroundOperations(g.chargeWebsocketOperations)
 	srv.AroundOperations(refuseOneShotSubscriptions)
 	srv.AroundFields(codeResolverErrors)
 	srv.SetErrorPresenter(errs.present)
@@ -148,137 +203,6 @@ func GraphiQLHandler() http.Handler {
 		playground.WithGraphiqlUiHeaders(map[string]string{auth.HeaderAPIKey: ""}))
 }
 
-// gate authenticates requests and bounds their bodies before gqlgen sees them.
-type gate struct {
-	authn        *auth.Authenticator
-	maxBody      int64
-	shutdown     <-chan struct{}
-	writeTimeout time.Duration
-	log          *slog.Logger
-}
-
-type oneShotKey struct{}
-
-func (g *gate) wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodOptions || r.Method == http.MethodHead {
-			next.ServeHTTP(w, r)
-			return
-		}
-		upgrade := r.Header.Get("Upgrade") != ""
-		sse := !upgrade && (transport.SSE{}).Supports(r)
-		if upgrade || sse {
-			// A stream ends with its request's context: on shutdown, and for SSE when a write
-			// fails or misses its deadline (a WebSocket's writes are bounded by deadlineConn).
-			ctx, cancel := context.WithCancel(r.Context())
-			defer cancel()
-			if g.shutdown != nil {
-				go func() {
-					select {
-					case <-g.shutdown:
-						cancel()
-					case <-ctx.Done():
-					}
-				}()
-			}
-			r = r.WithContext(ctx)
-			if sse {
-				// An SSE stream outlives the server's WriteTimeout, as a WebSocket does (net/http
-				// clears a hijacked connection's deadlines): each write sets its own deadline.
-				sw := newSSEWriter(ctx, w, g.writeTimeout, cancel, g.log)
-				defer sw.finish()
-				w = sw
-			}
-		}
-		key := r.Header.Get(auth.HeaderAPIKey)
-		if upgrade && key == "" {
-			next.ServeHTTP(w, r) // the WebSocket authenticates in connection_init
-			return
-		}
-		p, err := g.authn.Authenticate(key, r.Header.Get(auth.HeaderTenant), r.Header.Get(auth.HeaderProject))
-		if err != nil {
-			writeError(w, apierror.From(err))
-			return
-		}
-		ctx := auth.WithPrincipal(r.Context(), p)
-		if !upgrade {
-			if r.Body != nil && r.Body != http.NoBody {
-				body, err := io.ReadAll(io.LimitReader(r.Body, g.maxBody+1))
-				if err != nil {
-					writeError(w, apierror.New(apierror.InvalidArgument, "could not read the request body"))
-					return
-				}
-				if int64(len(body)) > g.maxBody {
-					writeError(w, apierror.New(apierror.PayloadTooLarge, "the request body is larger than %d bytes", g.maxBody))
-					return
-				}
-				// gqlgen answers a malformed body without a code and echoes the body back: refuse
-				// it here with a code and a short message.
-				if r.Method == http.MethodPost && len(bytes.TrimSpace(body)) > 0 && !json.Valid(body) {
-					writeError(w, apierror.New(apierror.InvalidArgument, "the request body is not valid JSON"))
-					return
-				}
-				r.Body = io.NopCloser(bytes.NewReader(body))
-			}
-			if !sse {
-				ctx = context.WithValue(ctx, oneShotKey{}, true)
-			}
-		}
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
-}
-
-// websocketInit authenticates a WebSocket from its connection_init payload.
-func (g *gate) websocketInit(ctx context.Context, payload transport.InitPayload) (context.Context, *transport.InitPayload, error) {
-	key := initValue(payload, auth.HeaderAPIKey, "x-api-key", "apiKey")
-	if key == "" {
-		if _, ok := auth.FromContext(ctx); ok {
-			return ctx, nil, nil // authenticated by the upgrade request's X-Api-Key header
-		}
-		return rejectWebsocket(ctx, apierror.New(apierror.Unauthenticated,
-			"missing API key: send X-Api-Key in the connection_init payload"))
-	}
-	p, err := g.authn.Authenticate(key,
-		initValue(payload, auth.HeaderTenant, "x-sandbox-tenant-id"),
-		initValue(payload, auth.HeaderProject, "x-sandbox-project-id"))
-	if err != nil {
-		return rejectWebsocket(ctx, apierror.From(err))
-	}
-	return auth.WithPrincipal(ctx, p), nil, nil
-}
-
-func rejectWebsocket(ctx context.Context, e *apierror.Error) (context.Context, *transport.InitPayload, error) {
-	ctx = transport.AppendCloseReason(transport.WithWebsocketCloseCode(ctx, wsAuthFailed), closeReason(e))
-	return ctx, nil, &apierror.Error{Code: e.Code, Message: e.Message}
-}
-
-// closeReason is "CODE: message", cut to fit a close frame.
-func closeReason(e *apierror.Error) string {
-	reason := string(e.Code) + ": " + e.Message
-	if len(reason) > maxCloseReason {
-		cut := maxCloseReason
-		for cut > 0 && !utf8.RuneStart(reason[cut]) {
-			cut--
-		}
-		reason = reason[:cut]
-	}
-	return reason
-}
-
-// initValue returns the first non-empty string among names, at the payload's top level or
-// under its "headers" object (as some clients send it).
-func initValue(payload transport.InitPayload, names ...string) string {
-	headers, _ := payload["headers"].(map[string]any)
-	for _, m := range []map[string]any{payload, headers} {
-		for _, n := range names {
-			if s, _ := m[n].(string); s != "" {
-				return s
-			}
-		}
-	}
-	return ""
-}
-
 // refuseOneShotSubscriptions answers a subscription sent over plain POST or GET with an error:
 // those transports would deliver only its first event, and only once one happens.
 func refuseOneShotSubscriptions(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
@@ -291,11 +215,17 @@ func refuseOneShotSubscriptions(ctx context.Context, next graphql.OperationHandl
 	return next(ctx)
 }
 
-// writeError answers an HTTP request that did not reach GraphQL with the code's status and a
-// GraphQL error body.
-func writeError(w http.ResponseWriter, e *apierror.Error) {
-	b, _ := json.Marshal(graphql.Response{Errors: gqlerror.List{gqlError(e)}})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(e.Code.HTTPStatus())
-	_, _ = w.Write(b)
+// writeError answers an HTTP request that did not reach GraphQL with the code's status, a
+// Retry-After when the error has one, and a body holding the one coded error and no "data"
+// entry, in the media type the client accepts (application/json when it accepts neither, or
+// asked for an event stream).
+func writeError(w http.ResponseWriter, r *http.Request, e *apierror.Error) {
+	mt, ok := negotiate(r.Header.Values("Accept"))
+	if !ok {
+		mt = mediaJSON
+	}
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(e.RetryAfter.Seconds()))))
+	}
+	writeHTTPError(w, mt, e.Code.HTTPStatus(), e)
 }

@@ -176,8 +176,8 @@ func TestComplexityLimit(t *testing.T) {
 	}
 	q.WriteString("}")
 	r := e.post(t, userKey, q.String(), nil)
-	if got := r.code(0); got != "COMPLEXITY_LIMIT_EXCEEDED" {
-		t.Fatalf("got %q (%+v), want COMPLEXITY_LIMIT_EXCEEDED", got, r.Errors)
+	if got := r.code(0); got != "COST_EXCEEDED" {
+		t.Fatalf("got %q (%+v), want COST_EXCEEDED", got, r.Errors)
 	}
 	if calls := e.fake.called(); len(calls) != 0 {
 		t.Errorf("got service calls %v, want none", calls)
@@ -445,6 +445,8 @@ func TestSubscriptionOverPlainPOSTIsRefused(t *testing.T) {
 	}
 }
 
+// TestOptionsNeedsNoKey: a plain OPTIONS (not a CORS preflight, which is answered before the
+// handler) learns the methods and never reaches GraphQL.
 func TestOptionsNeedsNoKey(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
 	req, _ := http.NewRequest(http.MethodOptions, e.srv.URL+"/graphql", nil)
@@ -453,8 +455,8 @@ func TestOptionsNeedsNoKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Allow"), "POST") {
-		t.Errorf("got %d Allow=%q, want 200 with POST allowed", resp.StatusCode, resp.Header.Get("Allow"))
+	if resp.StatusCode != http.StatusNoContent || !strings.Contains(resp.Header.Get("Allow"), "POST") {
+		t.Errorf("got %d Allow=%q, want 204 with POST allowed", resp.StatusCode, resp.Header.Get("Allow"))
 	}
 }
 

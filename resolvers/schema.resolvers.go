@@ -44,7 +44,7 @@ func (r *mutationResolver) Exec(ctx context.Context, sandboxID string, input mod
 	if err != nil {
 		return nil, err
 	}
-	return toExecResult(res), nil
+	return toExecResult(res, selectedFields(ctx, "ExecResult")), nil
 }
 
 // StopSandbox is the resolver for the stopSandbox field.
@@ -214,16 +214,20 @@ func (r *queryResolver) Quota(ctx context.Context) (*model.Quota, error) {
 }
 
 // ReadFile is the resolver for the readFile field.
-func (r *queryResolver) ReadFile(ctx context.Context, sandboxID string, path string) (*model.FileContent, error) {
+func (r *queryResolver) ReadFile(ctx context.Context, sandboxID string, path string, maxBytes *int64) (*model.FileContent, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
 	}
-	data, info, err := r.svc.ReadFile(ctx, p, sandboxID, path, maxReadFileBytes)
+	limit, err := readLimit(maxBytes)
 	if err != nil {
 		return nil, err
 	}
-	return toFileContent(path, data, info), nil
+	data, info, err := r.svc.ReadFile(ctx, p, sandboxID, path, limit)
+	if err != nil {
+		return nil, err
+	}
+	return toFileContent(path, data, info, selectedFields(ctx, "FileContent")), nil
 }
 
 // ListFiles is the resolver for the listFiles field.
@@ -253,7 +257,7 @@ func (r *queryResolver) Exec(ctx context.Context, id string) (*model.ExecResult,
 	if err != nil {
 		return nil, err
 	}
-	return toExecResult(res), nil
+	return toExecResult(res, selectedFields(ctx, "ExecResult")), nil
 }
 
 // Snapshots is the resolver for the snapshots field.

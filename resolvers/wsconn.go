@@ -14,6 +14,8 @@ import (
 
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/coder/websocket"
+
+	"sandboxd/internal/apierror"
 )
 
 // coderWebsocket is gqlgen's WebSocket adapter for github.com/coder/websocket
@@ -23,6 +25,10 @@ import (
 // again: for exec output (≤ 64 KiB per event, base64) that pass was a third of sandboxd's CPU.
 type coderWebsocket struct {
 	acceptOptions websocket.AcceptOptions
+	// maxOps bounds the operations open at once on one connection; 0 means no bound.
+	maxOps int
+	// initTimeout is how long a connection may go without connection_init.
+	initTimeout time.Duration
 }
 
 var _ transport.WebsocketImplementation = coderWebsocket{}
@@ -43,15 +49,112 @@ func (u coderWebsocket) Accept(w http.ResponseWriter, r *http.Request, options t
 	if err != nil {
 		return nil, err
 	}
-	return &coderConn{conn: conn}, nil
+	c := &coderConn{conn: conn, maxOps: u.maxOps, active: map[string]bool{}}
+	c.mu.Lock()
+	c.initTimer = time.AfterFunc(u.initTimeout, func() { c.closeWith(wsInitTimedOut, "Connection initialisation timeout") })
+	c.mu.Unlock()
+	return c, nil
 }
 
+// coderConn is one WebSocket. Besides carrying messages it screens the client's messages before
+// gqlgen reads them, for what gqlgen's transport does not do as graphql-transport-ws says:
+//   - no connection_init within initTimeout: close 4408;
+//   - a second connection_init: close 4429;
+//   - an operation before connection_init: close 4401;
+//   - an operation whose id is still in use: close 4409 (gqlgen would replace the first one's
+//     cancel function, leaving it running and impossible to stop);
+//   - more than maxOps operations open at once: that operation is answered with an error
+//     (LIMIT_EXCEEDED) and never reaches gqlgen.
 type coderConn struct {
-	conn *websocket.Conn
+	conn   *websocket.Conn
+	maxOps int
 
 	mu                sync.Mutex
 	readDeadlineTimer *time.Timer
 	closing           bool
+	initTimer         *time.Timer
+	initSeen          bool
+	// active are the ids of the operations open: from the client's subscribe (start) until the
+	// client's complete (stop) or the server's complete or error.
+	active map[string]bool
+}
+
+// graphql-transport-ws close codes sent by the connection itself.
+const (
+	wsUnauthorized  = 4401
+	wsInitTimedOut  = 4408
+	wsDuplicateID   = 4409
+	wsTooManyInits  = 4429
+	wsRefuseTimeout = 5 * time.Second
+)
+
+// screen looks at one client message before gqlgen does; false means it was handled here
+// (answered, or the connection is closing) and gqlgen must not see it.
+func (c *coderConn) screen(data []byte) bool {
+	var m struct {
+		Type string `json:"type"`
+		ID   string `json:"id"`
+	}
+	if json.Unmarshal(data, &m) != nil {
+		return true // gqlgen answers malformed messages
+	}
+	c.mu.Lock()
+	switch m.Type {
+	case "connection_init":
+		if c.initSeen {
+			c.mu.Unlock()
+			c.closeWith(wsTooManyInits, "Too many initialisation requests")
+			return false
+		}
+		c.initSeen = true
+		if c.initTimer != nil {
+			c.initTimer.Stop()
+		}
+	case "subscribe", "start":
+		switch {
+		case !c.initSeen:
+			c.mu.Unlock()
+			c.closeWith(wsUnauthorized, "Unauthorized")
+			return false
+		case c.active[m.ID]:
+			c.mu.Unlock()
+			c.closeWith(wsDuplicateID, cutUTF8("Subscriber for "+m.ID+" already exists", maxCloseReason))
+			return false
+		case c.maxOps > 0 && len(c.active) >= c.maxOps:
+			c.mu.Unlock()
+			c.refuse(m.ID, apierror.New(apierror.LimitExceeded,
+				"this connection has %d operations open, the most allowed; complete one first or open another connection", c.maxOps).
+				WithDetail("limit_name", "operations_per_connection"))
+			return false
+		}
+		c.active[m.ID] = true
+	case "complete", "stop":
+		delete(c.active, m.ID)
+	}
+	c.mu.Unlock()
+	return true
+}
+
+// refuse answers one operation with an error message, in the subprotocol's shape.
+func (c *coderConn) refuse(id string, e *apierror.Error) {
+	errs := []any{gqlError(e)}
+	var payload any = errs
+	if c.conn.Subprotocol() != "graphql-transport-ws" {
+		payload = errs[0] // legacy graphql-ws: one error object
+	}
+	msg, err := json.Marshal(map[string]any{"id": id, "type": "error", "payload": payload})
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wsRefuseTimeout)
+	defer cancel()
+	_ = c.conn.Write(ctx, websocket.MessageText, msg)
+}
+
+// closeWith closes the connection with a close code and reason, without waiting for the
+// close handshake.
+func (c *coderConn) closeWith(code int, reason string) {
+	_ = c.WriteClose(code, reason)
 }
 
 var (
@@ -61,21 +164,36 @@ var (
 )
 
 func (c *coderConn) NextReader() (int, io.Reader, error) {
-	typ, data, err := c.conn.Read(context.Background())
-	if err != nil {
-		switch websocket.CloseStatus(err) {
-		case websocket.StatusNormalClosure, websocket.StatusNoStatusRcvd:
+	for {
+		typ, data, err := c.conn.Read(context.Background())
+		if err != nil {
+			switch websocket.CloseStatus(err) {
+			case websocket.StatusNormalClosure, websocket.StatusNoStatusRcvd:
+				return int(typ), nil, transport.ErrWebsocketClosed
+			}
+			return int(typ), nil, err
+		}
+		if c.screen(data) {
+			return int(typ), bytes.NewReader(data), nil
+		}
+		c.mu.Lock()
+		closing := c.closing
+		c.mu.Unlock()
+		if closing {
 			return int(typ), nil, transport.ErrWebsocketClosed
 		}
-		return int(typ), nil, err
 	}
-	return int(typ), bytes.NewReader(data), nil
 }
 
 func (c *coderConn) WriteJSON(v any) error {
-	data, err := encodeWSMessage(v)
+	data, id, typ, err := encodeWSMessage(v)
 	if err != nil {
 		return err
+	}
+	if id != "" && (typ == "complete" || typ == "error") {
+		c.mu.Lock()
+		delete(c.active, id)
+		c.mu.Unlock()
 	}
 	return c.conn.Write(context.Background(), websocket.MessageText, data)
 }
@@ -83,41 +201,40 @@ func (c *coderConn) WriteJSON(v any) error {
 // encodeWSMessage encodes gqlgen's outgoing message structs ({ID, Type, Payload
 // json.RawMessage}, for either subprotocol) field by field, copying the payload as it is;
 // anything else goes through json.Marshal.
-func encodeWSMessage(v any) ([]byte, error) {
+// It also returns the message's id and type ("" for other values).
+func encodeWSMessage(v any) (data []byte, id, typ string, err error) {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() == reflect.Pointer && !rv.IsNil() {
 		rv = rv.Elem()
 	}
-	if rv.Kind() != reflect.Struct {
-		return json.Marshal(v)
+	if rv.Kind() != reflect.Struct || !isWireMessage(rv.Type()) {
+		data, err = json.Marshal(v)
+		return data, "", "", err
 	}
-	if !isWireMessage(rv.Type()) {
-		return json.Marshal(v)
-	}
-	id, typ, payload := rv.FieldByName("ID"), rv.FieldByName("Type"), rv.FieldByName("Payload")
-	var typeText string
-	if tm, ok := typ.Interface().(encoding.TextMarshaler); ok {
+	idField, typeField, payload := rv.FieldByName("ID"), rv.FieldByName("Type"), rv.FieldByName("Payload")
+	if tm, ok := typeField.Interface().(encoding.TextMarshaler); ok {
 		b, err := tm.MarshalText()
 		if err != nil {
-			return nil, err
+			return nil, "", "", err
 		}
-		typeText = string(b)
+		typ = string(b)
 	} else {
-		typeText = typ.String()
+		typ = typeField.String()
 	}
+	id = idField.String()
 	raw := payload.Bytes()
 	// The id comes from the client: encoded as JSON, not trusted as is.
-	idJSON, err := json.Marshal(id.String())
+	idJSON, err := json.Marshal(id)
 	if err != nil {
-		return nil, err
+		return nil, "", "", err
 	}
-	typeJSON, err := json.Marshal(typeText)
+	typeJSON, err := json.Marshal(typ)
 	if err != nil {
-		return nil, err
+		return nil, "", "", err
 	}
 	buf := make([]byte, 0, len(raw)+len(typeJSON)+len(idJSON)+32)
 	buf = append(buf, '{')
-	if id.Len() > 0 {
+	if id != "" {
 		buf = append(buf, `"id":`...)
 		buf = append(buf, idJSON...)
 		buf = append(buf, ',')
@@ -128,7 +245,7 @@ func encodeWSMessage(v any) ([]byte, error) {
 		buf = append(buf, `,"payload":`...)
 		buf = append(buf, raw...)
 	}
-	return append(buf, '}'), nil
+	return append(buf, '}'), id, typ, nil
 }
 
 // isWireMessage reports whether t has exactly the exported fields of gqlgen's messages, with
@@ -214,6 +331,9 @@ func (c *coderConn) clearReadDeadline() {
 }
 
 func (c *coderConn) stopReadDeadlineLocked() {
+	if c.initTimer != nil {
+		c.initTimer.Stop()
+	}
 	if c.readDeadlineTimer != nil {
 		c.readDeadlineTimer.Stop()
 		c.readDeadlineTimer = nil

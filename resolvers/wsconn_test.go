@@ -34,7 +34,7 @@ func TestEncodeWSMessage(t *testing.T) {
 		}{ID: "3", Type: "data", Payload: json.RawMessage(`null`)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, err := encodeWSMessage(v)
+			got, _, _, err := encodeWSMessage(v)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,9 @@ apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs
 
 export SANDBOXD_RUNSC; SANDBOXD_RUNSC=$(scripts/ensure-runsc.sh)
 export SANDBOXD_ROOTFS; SANDBOXD_ROOTFS=$(scripts/ensure-rootfs.sh sandboxes-default)
+# graphql-http's GraphQL-over-HTTP server audits, run by tests/graphql_http_audit_test.go (the
+# script installs Node.js and npm from Debian only when the machine has none).
+export SANDBOXD_GRAPHQL_HTTP; SANDBOXD_GRAPHQL_HTTP=$(scripts/ensure-graphql-http.sh)
 log "go mod download"
 go mod download
 

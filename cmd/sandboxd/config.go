@@ -17,8 +17,10 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
+	"sandboxd/internal/ratelimit"
 	"sandboxd/internal/sandbox"
 	"sandboxd/internal/source"
+	"sandboxd/resolvers"
 )
 
 // KubeConfig configures the kube runtime (runtime/kube).
@@ -115,11 +117,34 @@ type Config struct {
 	Agents []sandbox.AgentConfig `json:"agents"`
 
 	GraphQL struct {
-		// AllowedOrigins are WebSocket Origin patterns allowed besides the server's own host.
-		AllowedOrigins  []string `json:"allowed_origins"`
-		KeepAliveSec    int      `json:"keepalive_sec"`
-		ComplexityLimit int      `json:"complexity_limit"`
+		// AllowedOrigins are the Origin host patterns ("dashboard.example.com", "*.example.com")
+		// whose pages may call the API from a browser, besides the server's own host: the
+		// GraphQL WebSocket's Origin check, and CORS for /graphql and the REST paths.
+		AllowedOrigins []string `json:"allowed_origins"`
+		KeepAliveSec   int      `json:"keepalive_sec"`
+		// ComplexityLimit is the points budget of one operation (default 10,000); see the
+		// README's "Limits" for the prices.
+		ComplexityLimit int `json:"complexity_limit"`
+		// MaxReadBytes bounds the bytes one operation may read into its answer: readFile's
+		// maxBytes and exec output fields, counted before it runs (default 16 MiB).
+		MaxReadBytes int64 `json:"max_read_bytes"`
+		// MaxMutationFields bounds the mutation fields of one operation (default 10).
+		MaxMutationFields int `json:"max_mutation_fields"`
+		// MaxOperationsPerConnection bounds the operations open at once on one WebSocket
+		// (default 100).
+		MaxOperationsPerConnection int `json:"max_operations_per_connection"`
+		// Introspection answers __schema and __type to callers with a key (default true).
+		Introspection *bool `json:"introspection"`
 	} `json:"graphql"`
+
+	// RateLimit limits the requests of each API key, across replicas (Redis token buckets):
+	// every HTTP request, WebSocket connection and WebSocket operation counts one. Unlimited
+	// by default; per-key and per-tenant overrides.
+	RateLimit ratelimit.Config `json:"rate_limit"`
+	// MaxStreamsPerProject bounds the event and output streams (subscriptions, SSE) one
+	// tenant:project holds on one replica (default 250, at most max_subscriptions), so that one
+	// project at its cap leaves the rest of the replica's streams to the others.
+	MaxStreamsPerProject int `json:"max_streams_per_project"`
 
 	Quota struct {
 		// DefaultLimit is each tenant:project's concurrency limit (sandboxes CREATING,
@@ -161,6 +186,9 @@ type Config struct {
 		// FollowLeaseSec is the follower lease: how long the execs of a replica that died wait
 		// before another replica follows them on.
 		FollowLeaseSec int `json:"follow_lease_sec"`
+		// MaxRunningPerSandbox bounds the commands running at once in one sandbox (default 64);
+		// the sandbox's init counts them, so the bound holds across replicas.
+		MaxRunningPerSandbox int `json:"max_running_per_sandbox"`
 	} `json:"execs"`
 	// ShutdownSec bounds graceful shutdown.
 	ShutdownSec int    `json:"shutdown_sec"`
@@ -194,7 +222,12 @@ func defaultConfig() Config {
 	c.Execs.RetentionSec = 3600
 	c.Execs.MaxEndedBytes = 256 << 20
 	c.Execs.FollowLeaseSec = 10
-	c.GraphQL.ComplexityLimit = 500
+	c.GraphQL.ComplexityLimit = resolvers.DefaultCostLimit
+	c.GraphQL.MaxReadBytes = resolvers.DefaultMaxReadBytes
+	c.GraphQL.MaxMutationFields = resolvers.DefaultMaxMutationFields
+	c.GraphQL.MaxOperationsPerConnection = resolvers.DefaultMaxOperationsPerConnection
+	c.MaxStreamsPerProject = 250
+	c.Execs.MaxRunningPerSandbox = 64
 	c.Checkpoints.KeepLast = 10
 	c.Sources.MaxDownloadBytes = source.DefaultMaxDownloadBytes
 	c.Sources.MaxFiles = source.DefaultMaxFiles
@@ -347,6 +380,26 @@ func (c *Config) validate() error {
 	if c.MaxSubscriptions < 1 || c.MaxSubscriptions > 100000 {
 		errs = append(errs, "max_subscriptions must be between 1 and 100000")
 	}
+	if c.MaxStreamsPerProject < 1 || c.MaxStreamsPerProject > c.MaxSubscriptions {
+		errs = append(errs, fmt.Sprintf("max_streams_per_project must be between 1 and max_subscriptions (%d), got %d",
+			c.MaxSubscriptions, c.MaxStreamsPerProject))
+	}
+	if c.Execs.MaxRunningPerSandbox < 1 || c.Execs.MaxRunningPerSandbox > 1024 {
+		errs = append(errs, "execs.max_running_per_sandbox must be between 1 and 1024 (the sandbox init's own bound)")
+	}
+	if c.GraphQL.ComplexityLimit < 1 || c.GraphQL.MaxReadBytes < 1 || c.GraphQL.MaxMutationFields < 1 || c.GraphQL.MaxOperationsPerConnection < 1 {
+		errs = append(errs, "graphql: complexity_limit, max_read_bytes, max_mutation_fields and max_operations_per_connection must be at least 1")
+	}
+	if err := c.RateLimit.Validate(); err != nil {
+		errs = append(errs, err.Error())
+	}
+	var names []string
+	for _, k := range c.keys() {
+		names = append(names, k.Name)
+	}
+	if err := c.RateLimit.CheckKeyNames(names); err != nil {
+		errs = append(errs, err.Error())
+	}
 	if c.Execs.StreamMaxEntries < 100 || c.Execs.StreamMaxBytes < 64<<10 || c.Execs.StreamMaxBytes > 1<<30 {
 		errs = append(errs, "execs: stream_max_entries must be at least 100 and stream_max_bytes between 65536 and 1 GiB")
 	}
@@ -429,12 +482,24 @@ func (c *Config) sandboxConfig() sandbox.Config {
 	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
 		LockTTL: time.Duration(c.LockTTLSec) * time.Second, ExecLease: time.Duration(c.Execs.FollowLeaseSec) * time.Second,
 		MaxExecSubscriptions: c.MaxSubscriptions, KeepCheckpoints: c.Checkpoints.KeepLast,
+		MaxStreamsPerProject: c.MaxStreamsPerProject, MaxRunningExecs: c.Execs.MaxRunningPerSandbox,
 		SourcePrefixes: c.Sources.GCSPrefixes, Agents: c.Agents}
 }
 
 func (c *Config) execOptions() execstream.Options {
 	return execstream.Options{MaxLen: c.Execs.StreamMaxEntries, MaxBytes: c.Execs.StreamMaxBytes,
 		Retention: time.Duration(c.Execs.RetentionSec) * time.Second, MaxEndedBytes: c.Execs.MaxEndedBytes}
+}
+
+// graphqlOptions are the GraphQL handler's options from the config.
+func (c *Config) graphqlOptions() resolvers.HandlerOptions {
+	return resolvers.HandlerOptions{
+		AllowedOrigins: c.GraphQL.AllowedOrigins, KeepAlivePingInterval: c.keepAlive(),
+		ComplexityLimit: c.GraphQL.ComplexityLimit, MaxReadBytes: c.GraphQL.MaxReadBytes,
+		MaxMutationFields: c.GraphQL.MaxMutationFields, MaxOperationsPerConnection: c.GraphQL.MaxOperationsPerConnection,
+		OutputFieldBytes:     int64(c.Limits.ExecMaxOutputBytes),
+		DisableIntrospection: c.GraphQL.Introspection != nil && !*c.GraphQL.Introspection,
+	}
 }
 
 func (c *Config) keepAlive() time.Duration {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
 
+	"sandboxd/internal/auth"
 	"sandboxd/internal/source"
 )
 
@@ -213,5 +214,48 @@ func TestRuntimeConfig(t *testing.T) {
 	env["SANDBOXD_RUNTIME"] = "docker"
 	if _, err = loadConfig(nil, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "runtime must be gvisor or kube") {
 		t.Errorf("an unknown runtime: got %v", err)
+	}
+}
+
+func TestEdgeConfig(t *testing.T) {
+	c, err := load(t, "{}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := c.graphqlOptions()
+	if g.ComplexityLimit != 10000 || g.MaxReadBytes != 16<<20 || g.MaxMutationFields != 10 ||
+		g.MaxOperationsPerConnection != 100 || g.DisableIntrospection || g.OutputFieldBytes != 1<<20 {
+		t.Errorf("default GraphQL options: %+v", g)
+	}
+	if c.MaxStreamsPerProject != 250 || c.Execs.MaxRunningPerSandbox != 64 || !c.RateLimit.For(auth.Principal{Key: "x"}).Unlimited() {
+		t.Errorf("defaults: streams %d, running %d, rate %+v", c.MaxStreamsPerProject, c.Execs.MaxRunningPerSandbox, c.RateLimit)
+	}
+	c, err = load(t, `
+graphql: {introspection: false, complexity_limit: 50}
+rate_limit: {requests_per_sec: 5, burst: 10, keys: {SANDBOX_API_KEY: {requests_per_sec: 1, burst: 1}}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := c.graphqlOptions(); !g.DisableIntrospection || g.ComplexityLimit != 50 {
+		t.Errorf("options: %+v", g)
+	}
+	if l := c.RateLimit.For(auth.Principal{Key: "SANDBOX_API_KEY"}); l.RequestsPerSec != 1 {
+		t.Errorf("key override: %+v", l)
+	}
+
+	for _, tt := range []struct{ name, yaml, want string }{
+		{"streams-over-total", "max_subscriptions: 10\nmax_streams_per_project: 11", "max_streams_per_project"},
+		{"running", "execs: {max_running_per_sandbox: 5000}", "max_running_per_sandbox"},
+		{"rate-negative", "rate_limit: {requests_per_sec: -1}", "rate_limit"},
+		{"rate-unknown-key", "rate_limit: {keys: {nobody: {requests_per_sec: 1, burst: 1}}}", "nobody"},
+		{"read-bytes", "graphql: {max_read_bytes: -1}", "max_read_bytes"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := load(t, tt.yaml+"\n")
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tt.want)
+			}
+		})
 	}
 }

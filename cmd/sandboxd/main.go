@@ -10,6 +10,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -34,6 +35,7 @@ import (
 	"sandboxd/internal/events"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
+	"sandboxd/internal/ratelimit"
 	"sandboxd/internal/rest"
 	"sandboxd/internal/sandbox"
 	"sandboxd/internal/source"
@@ -69,7 +71,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	log := newLogger(cfg)
 	slog.SetDefault(log)
 
-	rdb, blocking, closeRedis, err := openRedis(ctx, cfg.RedisURL, cfg.MaxSubscriptions, log)
+	rdb, blocking, limiterRedis, closeRedis, err := openRedis(ctx, cfg.RedisURL, cfg.MaxSubscriptions, log)
 	if err != nil {
 		return err
 	}
@@ -132,12 +134,17 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	// Closing shutdown ends open WebSocket and SSE streams, which http.Server.Shutdown does not.
 	shutdown := make(chan struct{})
-	mux.Handle("/graphql", resolvers.NewHandler(svc, authn, resolvers.HandlerOptions{
-		AllowedOrigins: cfg.GraphQL.AllowedOrigins, KeepAlivePingInterval: cfg.keepAlive(),
-		ComplexityLimit: cfg.GraphQL.ComplexityLimit, Logger: log, Shutdown: shutdown,
-	}))
+	limiter, err := ratelimit.New(limiterRedis, cfg.RateLimit, ratelimit.Options{})
+	if err != nil {
+		return fmt.Errorf("rate_limit: %w", err)
+	}
+	limit := rateLimit(limiter, log)
+	cors := corsFor(cfg.GraphQL.AllowedOrigins)
+	gqlOpts := cfg.graphqlOptions()
+	gqlOpts.Logger, gqlOpts.Shutdown, gqlOpts.RateLimit = log, shutdown, limit
+	mux.Handle("/graphql", cors(resolvers.NewHandler(svc, authn, gqlOpts)))
 	mux.Handle("GET /graphiql", resolvers.GraphiQLHandler())
-	mux.Handle("/", rest.New(svc, authn, log, shutdown))
+	mux.Handle("/", cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit)))
 
 	// The reconciler runs in every replica until shutdown.
 	rctx, stopReconciler := context.WithCancel(context.WithoutCancel(ctx))
@@ -182,6 +189,19 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	return nil
 }
 
+// rateLimit charges one request to p's rate limit: nil, or RATE_LIMITED. When Redis cannot
+// answer, the request is allowed (the limiter fails open) and the failure is logged, once per
+// cooldown rather than for every request.
+func rateLimit(l *ratelimit.Limiter, log *slog.Logger) func(context.Context, auth.Principal) error {
+	return func(ctx context.Context, p auth.Principal) error {
+		d, err := l.Allow(ctx, p, 1)
+		if err != nil && !errors.Is(err, ratelimit.ErrCooldown) && ctx.Err() == nil {
+			log.Warn("rate limit: Redis did not answer; allowing requests until it does", "err", err)
+		}
+		return d.Err()
+	}
+}
+
 func newLogger(cfg Config) *slog.Logger {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
@@ -195,23 +215,24 @@ func newLogger(cfg Config) *slog.Logger {
 }
 
 // openRedis connects to REDIS_URL, or starts the embedded Redis when it is empty. It returns
-// two clients on the same server: one for everything, and one whose pool holds a connection
-// per subscription for the subscribers' blocking reads, so that waiting subscribers never
-// starve the rest.
-func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (rdb, blocking redis.UniversalClient, closeAll func(), err error) {
+// three clients on the same server: one for everything; one whose pool holds a connection per
+// subscription for the subscribers' blocking reads, so that waiting subscribers never starve
+// the rest; and one for the rate limiter, whose calls end at their context's deadline (the
+// limiter gives each a short one and fails open) rather than at the client's read timeout.
+func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (rdb, blocking, limiter redis.UniversalClient, closeAll func(), err error) {
 	var opts *redis.Options
 	var mr *miniredis.Miniredis
 	if url == "" {
 		mr = miniredis.NewMiniRedis()
 		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, nil, nil, fmt.Errorf("embedded redis: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("embedded redis: %w", err)
 		}
 		log.Info("embedded Redis started (set REDIS_URL to use a real one)", "addr", mr.Addr())
 		opts = &redis.Options{Addr: mr.Addr()}
 	} else {
 		opts, err = redis.ParseURL(url)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("REDIS_URL: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("REDIS_URL: %w", err)
 		}
 	}
 	main := redis.NewClient(opts)
@@ -226,7 +247,11 @@ func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (
 	bopts.MaxIdleConns = 32
 	bopts.ConnMaxIdleTime = time.Minute
 	block := redis.NewClient(&bopts)
+	lopts := *opts
+	lopts.ContextTimeoutEnabled = true
+	limit := redis.NewClient(&lopts)
 	closeAll = func() {
+		limit.Close()
 		block.Close()
 		main.Close()
 		if mr != nil {
@@ -237,9 +262,9 @@ func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (
 	defer cancel()
 	if err := main.Ping(pctx).Err(); err != nil {
 		closeAll()
-		return nil, nil, nil, fmt.Errorf("redis at %s: %w", redactURL(url), err)
+		return nil, nil, nil, nil, fmt.Errorf("redis at %s: %w", redactURL(url), err)
 	}
-	return main, block, closeAll, nil
+	return main, block, limit, closeAll, nil
 }
 
 func checkpointLocation(cfg Config) string {

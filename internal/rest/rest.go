@@ -64,6 +64,8 @@ type Handler struct {
 	shutdown <-chan struct{}
 	// writeTimeout bounds each write of a stream; keepAlive is the idle time before a comment.
 	writeTimeout, keepAlive time.Duration
+	// limit charges one request to its principal's rate limit; nil means none.
+	limit func(context.Context, auth.Principal) error
 }
 
 // Prefix is the root of the sandbox REST paths.
@@ -106,12 +108,26 @@ func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-ch
 	return h
 }
 
-// ServeHTTP authenticates the caller and routes the request.
+// WithRateLimit makes every authenticated request (a stream when it is opened) spend one
+// request of its principal's rate limit: limit answers nil, or the RATE_LIMITED error the
+// request is refused with (429 with Retry-After).
+func (h *Handler) WithRateLimit(limit func(context.Context, auth.Principal) error) *Handler {
+	h.limit = limit
+	return h
+}
+
+// ServeHTTP authenticates the caller, charges its rate limit and routes the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p, err := h.auth.Authenticate(r.Header.Get(auth.HeaderAPIKey), r.Header.Get(auth.HeaderTenant), r.Header.Get(auth.HeaderProject))
 	if err != nil {
 		h.fail(w, r, err)
 		return
+	}
+	if h.limit != nil {
+		if err := h.limit(r.Context(), p); err != nil {
+			h.fail(w, r, err)
+			return
+		}
 	}
 	h.mux.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 }
@@ -382,7 +398,8 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		}
 		return false
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "the request body must be a JSON object"))
 		return false
 	}
@@ -392,7 +409,13 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "invalid JSON body: %s", jsonProblem(err)))
 		return false
 	}
-	if dec.More() {
+	// Decode takes null for an empty object; only an object is one.
+	if trimmed[0] != '{' {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "the request body must be a JSON object"))
+		return false
+	}
+	// Not dec.More: it reports false before a stray '}' or ']', so "{}}" would pass.
+	if _, err := dec.Token(); err != io.EOF {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "invalid JSON body: unexpected data after the object"))
 		return false
 	}
@@ -401,12 +424,13 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 
 // emptyBody accepts a verb with no body, or an empty JSON object.
 func (h *Handler) emptyBody(w http.ResponseWriter, r *http.Request) bool {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 4096))
+	// One byte past the bound: a body that only starts with 4096 spaces is no empty body.
+	body, err := io.ReadAll(io.LimitReader(r.Body, 4097))
 	if err != nil {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "could not read the request body"))
 		return false
 	}
-	if t := bytes.TrimSpace(body); len(t) != 0 && !bytes.Equal(t, []byte("{}")) {
+	if t := bytes.TrimSpace(body); len(body) > 4096 || (len(t) != 0 && !bytes.Equal(t, []byte("{}"))) {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "this call takes no body"))
 		return false
 	}

@@ -1,0 +1,552 @@
+package resolvers
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/99designs/gqlgen/graphql/handler"
+	"github.com/99designs/gqlgen/graphql/handler/lru"
+	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"sandboxd/graph"
+	"sandboxd/graph/model"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/quota"
+	"sandboxd/internal/sandbox"
+)
+
+// FuzzGraphQLInputs turns fuzz bytes, taken as the variables of one operation, into service
+// inputs twice: decoded into the gqlgen model inputs and converted (createRequest,
+// execRequest, oneOf and fileMode, agentRunRequest, listOptions, listDirArgs, pageSize,
+// readLimit), and sent through gqlgen's executable schema (its variable coercion, then the
+// resolvers, then the same conversions) to a recording service. Neither may panic; a refusal
+// of the conversions is INVALID_ARGUMENT; what reaches the service holds the conversions'
+// promises: env without a name lost, stdin and content from exactly one of text and base64,
+// detach only for wait: false, modes of permission bits only, positive page sizes, read
+// limits of 1 to 10 MiB, config a JSON object.
+func FuzzGraphQLInputs(f *testing.F) {
+	for _, s := range []struct {
+		op   uint8
+		vars string
+	}{
+		{gfCreate, `{"input":{}}`},
+		{gfCreate, `{"input":{"profile":"small","autostopSec":60,"ttlSec":3600,"env":[{"name":"A","value":"1"}],"source":{"snapshotId":"snap_1"}}}`},
+		{gfCreate, `{"input":{"env":[{"name":"A","value":"1"},{"name":"A","value":"2"}]}}`},
+		{gfCreate, `{"input":{"env":[null]}}`},
+		{gfCreate, `{"input":{"autostopSec":4294967296}}`},
+		{gfCreate, `{"input":{"ENV":[]}}`},
+		{gfExec, `{"id":"sbx_1","input":{"command":["bash","-lc","ls"],"timeoutSec":5,"cwd":"/w"},"wait":false}`},
+		{gfExec, `{"id":"sbx_1","input":{"command":["cat"],"stdin":"hi"},"wait":null}`},
+		{gfExec, `{"id":"sbx_1","input":{"command":["cat"],"stdinBase64":"aGk="}}`},
+		{gfExec, `{"id":"sbx_1","input":{"command":["cat"],"stdin":"a","stdinBase64":"aGk="}}`},
+		{gfExec, `{"id":"sbx_1","input":{"command":["cat"],"stdinBase64":"aGk"}}`},
+		{gfExec, `{"id":"sbx_1","input":{"command":"cat"}}`},
+		{gfWrite, `{"id":"sbx_1","path":"a.txt","content":"x","mode":420}`},
+		{gfWrite, `{"id":"sbx_1","path":"a.txt","b64":"eA==","mode":511}`},
+		{gfWrite, `{"id":"sbx_1","path":"a.txt","content":"x","mode":512}`},
+		{gfWrite, `{"id":"sbx_1","path":"a.txt","content":"x","mode":-1}`},
+		{gfWrite, `{"id":"sbx_1","path":"a.txt"}`},
+		{gfWrite, `{"id":"sbx_1","path":"a.txt","content":"x","b64":"eA=="}`},
+		{gfAgent, `{"input":{"agentId":"opencode","instruction":"do it","sandboxId":"sbx_1","passAtK":1,"config":{"a":[1,{"b":null}]}}}`},
+		{gfAgent, `{"input":{"agentId":"opencode","instruction":"x","sandboxId":"sbx_1","passAtK":0}}`},
+		{gfAgent, `{"input":{"agentId":"opencode","instruction":"x","sandboxId":"sbx_1","config":null}}`},
+		{gfList, `{"first":10,"after":"sbx_1","state":"RUNNING"}`},
+		{gfList, `{"first":0}`},
+		{gfList, `{"first":null,"state":"NOPE"}`},
+		{gfListFiles, `{"id":"sbx_1","path":"a","first":5}`},
+		{gfListFiles, `{"id":"sbx_1","path":"","first":-5}`},
+		{gfSnapshots, `{"id":null,"first":3}`},
+		{gfSnapshots, `{"first":0}`},
+		{gfRead, `{"id":"sbx_1","path":"a","max":1}`},
+		{gfRead, `{"id":"sbx_1","path":"a","max":10485761}`},
+		{gfRead, `{"id":"sbx_1","path":"a","max":0}`},
+		{gfRead, `{"id":"sbx_1","path":"a","max":9223372036854775807}`},
+	} {
+		f.Add(s.op, []byte(s.vars))
+	}
+
+	svc := &gfService{}
+	srv := handler.New(graph.NewExecutableSchema(graph.Config{Resolvers: &Resolver{svc: svc}}))
+	srv.AddTransport(transport.POST{})
+	srv.SetQueryCache(lru.New[*ast.QueryDocument](100))
+	var problems []string
+	srv.SetRecoverFunc(func(_ context.Context, v any) error {
+		problems = append(problems, fmt.Sprintf("panic: %v", v))
+		return errors.New("panic")
+	})
+	srv.SetErrorPresenter(func(ctx context.Context, err error) *gqlerror.Error {
+		if ae, ok := errors.AsType[*apierror.Error](err); ok {
+			if ae.Code != apierror.InvalidArgument {
+				problems = append(problems, fmt.Sprintf("a resolver refused with %s, want INVALID_ARGUMENT: %v", ae.Code, err))
+			}
+		} else if _, ok := errors.AsType[*gqlerror.Error](err); !ok {
+			problems = append(problems, fmt.Sprintf("an uncoded resolver error: %v", err))
+		}
+		return graphql.DefaultErrorPresenter(ctx, err)
+	})
+	ctx := auth.WithPrincipal(context.Background(), auth.Principal{Key: "fuzz", Tenant: "t", Project: "p"})
+
+	// The documents must still fit the schema: every operation's first seed reaches the service.
+	for op, doc := range gfDocs {
+		svc.calls = svc.calls[:0]
+		problems = problems[:0]
+		vars := map[uint8]string{gfCreate: `{"input":{}}`, gfExec: `{"id":"s","input":{"command":["x"]}}`,
+			gfWrite: `{"id":"s","path":"p","content":""}`, gfAgent: `{"input":{"agentId":"a","instruction":"i","sandboxId":"s"}}`,
+			gfList: `{}`, gfListFiles: `{"id":"s"}`, gfSnapshots: `{}`, gfRead: `{"id":"s","path":"p"}`}[uint8(op)]
+		if body := gfPost(f, srv, ctx, doc, []byte(vars)); len(svc.calls) != 1 || len(problems) > 0 {
+			f.Fatalf("operation %d no longer reaches the service: %s %v", op, body, problems)
+		}
+	}
+
+	f.Fuzz(func(t *testing.T, op uint8, vars []byte) {
+		if len(vars) > 16<<10 || !json.Valid(vars) {
+			return
+		}
+		op %= uint8(len(gfDocs))
+		var v map[string]json.RawMessage
+		if err := json.Unmarshal(vars, &v); err != nil {
+			return // not an object: neither gqlgen nor the model decoding takes it
+		}
+		gfDirect(t, op, v)
+
+		svc.calls = svc.calls[:0]
+		problems = problems[:0]
+		body := gfPost(t, srv, ctx, gfDocs[op], vars)
+		if len(problems) > 0 {
+			t.Fatalf("op %d, variables %s: %v (answer %s)", op, vars, problems, body)
+		}
+		for _, c := range svc.calls {
+			gfCheckCall(t, op, v, c)
+		}
+	})
+}
+
+// The operations of FuzzGraphQLInputs (its op byte, modulo their number).
+const (
+	gfCreate uint8 = iota
+	gfExec
+	gfWrite
+	gfAgent
+	gfList
+	gfListFiles
+	gfSnapshots
+	gfRead
+)
+
+var gfDocs = []string{
+	gfCreate:    `mutation($input: CreateSandboxInput!) { createSandbox(input: $input) { id } }`,
+	gfExec:      `mutation($id: ID!, $input: ExecInput!, $wait: Boolean) { exec(sandboxId: $id, input: $input, wait: $wait) { execId } }`,
+	gfWrite:     `mutation($id: ID!, $path: String!, $content: String, $b64: String, $mode: Int) { writeFile(sandboxId: $id, path: $path, content: $content, contentBase64: $b64, mode: $mode) { path } }`,
+	gfAgent:     `mutation($input: StartAgentRunInput!) { startAgentRun(input: $input) { id } }`,
+	gfList:      `query($first: Int, $after: String, $state: SandboxState) { sandboxes(first: $first, after: $after, state: $state) { pageInfo { hasNextPage } } }`,
+	gfListFiles: `query($id: ID!, $path: String, $first: Int) { listFiles(sandboxId: $id, path: $path, first: $first) { path } }`,
+	gfSnapshots: `query($id: ID, $first: Int) { snapshots(sandboxId: $id, first: $first) { id } }`,
+	gfRead:      `query($id: ID!, $path: String!, $max: Int64) { readFile(sandboxId: $id, path: $path, maxBytes: $max) { path } }`,
+}
+
+func gfPost(tb testing.TB, srv http.Handler, ctx context.Context, doc string, vars []byte) []byte {
+	tb.Helper()
+	body, err := json.Marshal(map[string]any{"query": doc, "variables": json.RawMessage(vars)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/graphql", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, req)
+	return rec.Body.Bytes()
+}
+
+// gfDirect decodes the variables into the model inputs (as far as the schema lets them be:
+// a list of EnvVarInput! holds no null) and checks the conversions.
+func gfDirect(t *testing.T, op uint8, v map[string]json.RawMessage) {
+	t.Helper()
+	dec := func(name string, into any) bool {
+		raw, ok := v[name]
+		return !ok || json.Unmarshal(raw, into) == nil
+	}
+	switch op {
+	case gfCreate:
+		var in model.CreateSandboxInput
+		if !dec("input", &in) || slices.Contains(in.Env, nil) {
+			return
+		}
+		req, err := createRequest(in)
+		gfCheckRefusal(t, err)
+		if err == nil {
+			gfCheckCreate(t, in, req)
+		}
+	case gfExec:
+		var in model.ExecInput
+		var wait *bool
+		if !dec("input", &in) || !dec("wait", &wait) || slices.Contains(in.Env, nil) {
+			return
+		}
+		req, err := execRequest(in, wait)
+		gfCheckRefusal(t, err)
+		if err == nil {
+			gfCheckExec(t, in, wait, req)
+		}
+	case gfWrite:
+		var content, b64 *string
+		var mode *int
+		if !dec("content", &content) || !dec("b64", &b64) || !dec("mode", &mode) {
+			return
+		}
+		data, err := oneOf("content", content, "contentBase64", b64, true)
+		gfCheckRefusal(t, err)
+		if err == nil {
+			gfCheckContent(t, content, b64, data)
+		}
+		m, err := fileMode(mode)
+		gfCheckRefusal(t, err)
+		if err == nil {
+			gfCheckMode(t, mode, m)
+		}
+	case gfAgent:
+		var in model.StartAgentRunInput
+		if !dec("input", &in) {
+			return
+		}
+		req, err := agentRunRequest(in)
+		gfCheckRefusal(t, err)
+		if err == nil {
+			gfCheckAgent(t, in.PassAtK, req)
+		}
+	case gfList:
+		var first *int
+		var after *string
+		var state *model.SandboxState
+		if !dec("first", &first) || !dec("after", &after) || !dec("state", &state) {
+			return
+		}
+		opts, err := listOptions(first, after, state)
+		gfCheckRefusal(t, err)
+		if err == nil && (opts.Limit < 1 || opts.After != deref(after)) {
+			t.Fatalf("listOptions(%v, %v): got %+v, want a positive limit and the cursor", first, after, opts)
+		}
+	case gfListFiles:
+		var path *string
+		var first *int
+		if !dec("path", &path) || !dec("first", &first) {
+			return
+		}
+		p, limit, err := listDirArgs(path, first)
+		gfCheckRefusal(t, err)
+		if err == nil && (limit < 1 || p == "") {
+			t.Fatalf("listDirArgs(%v, %v): got %q, %d, want a path and a positive limit", path, first, p, limit)
+		}
+	case gfSnapshots:
+		var first *int
+		if !dec("first", &first) {
+			return
+		}
+		n, err := pageSize(first)
+		gfCheckRefusal(t, err)
+		if err == nil && n < 1 {
+			t.Fatalf("pageSize(%v) = %d, want a positive size", first, n)
+		}
+	case gfRead:
+		var max *int64
+		if !dec("max", &max) {
+			return
+		}
+		n, err := readLimit(max)
+		gfCheckRefusal(t, err)
+		if err == nil && (n < 1 || n > maxReadFileBytes) {
+			t.Fatalf("readLimit(%v) = %d, want 1 to %d", max, n, maxReadFileBytes)
+		}
+	}
+}
+
+// gfCheckRefusal: a conversion refuses with INVALID_ARGUMENT.
+func gfCheckRefusal(t *testing.T, err error) {
+	t.Helper()
+	if err != nil && apierror.CodeOf(err) != apierror.InvalidArgument {
+		t.Fatalf("a conversion refused with %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+func gfCheckCreate(t *testing.T, in model.CreateSandboxInput, req sandbox.CreateRequest) {
+	t.Helper()
+	gfCheckEnv(t, in.Env, req.Env)
+	if !gfSameInt(in.AutostopSec, req.AutostopSec) || !gfSameInt(in.TTLSec, req.TTLSec) || req.Profile != deref(in.Profile) {
+		t.Fatalf("createRequest(%+v) = %+v, want the profile and durations given", in, req)
+	}
+	if (in.Source == nil) != (req.Source == nil) {
+		t.Fatalf("createRequest: source %+v became %+v", in.Source, req.Source)
+	}
+}
+
+func gfCheckExec(t *testing.T, in model.ExecInput, wait *bool, req sandbox.ExecRequest) {
+	t.Helper()
+	gfCheckEnv(t, in.Env, req.Env)
+	if !slices.Equal(in.Command, req.Command) || req.Cwd != deref(in.Cwd) || !gfSameInt(in.TimeoutSec, req.TimeoutSec) {
+		t.Fatalf("execRequest(%+v) = %+v, want the command, cwd and timeout given", in, req)
+	}
+	if want := wait != nil && !*wait; req.Detach != want {
+		t.Fatalf("execRequest with wait %v: detach %v, want %v", wait, req.Detach, want)
+	}
+	if in.Stdin == nil && in.StdinBase64 == nil {
+		if len(req.Stdin) != 0 {
+			t.Fatalf("execRequest without stdin: got stdin %q", req.Stdin)
+		}
+		return
+	}
+	gfCheckContent(t, in.Stdin, in.StdinBase64, req.Stdin)
+}
+
+// gfCheckEnv: every variable given is in the map, none lost to a duplicate name.
+func gfCheckEnv(t *testing.T, in []*model.EnvVarInput, env map[string]string) {
+	t.Helper()
+	if len(env) != len(in) || (in == nil) != (env == nil) {
+		t.Fatalf("%d variables became %d: %v", len(in), len(env), env)
+	}
+	for _, e := range in {
+		if v, ok := env[e.Name]; !ok || v != e.Value {
+			t.Fatalf("variable %q=%q became %q (present %v)", e.Name, e.Value, v, ok)
+		}
+	}
+}
+
+// gfCheckContent: data is the text, or the base64 decoded; exactly one of them was given.
+func gfCheckContent(t *testing.T, text, b64 *string, data []byte) {
+	t.Helper()
+	switch {
+	case text != nil && b64 != nil:
+		t.Fatalf("accepted both %q and base64 %q", *text, *b64)
+	case text != nil:
+		if string(data) != *text {
+			t.Fatalf("text %q became %q", *text, data)
+		}
+	case b64 != nil:
+		want, err := base64.StdEncoding.DecodeString(*b64)
+		if err != nil || !bytes.Equal(want, data) {
+			t.Fatalf("base64 %q became %q (decodes to %q, %v)", *b64, data, want, err)
+		}
+	default:
+		t.Fatalf("accepted neither text nor base64: got %q", data)
+	}
+}
+
+func gfCheckMode(t *testing.T, mode *int, m os.FileMode) {
+	t.Helper()
+	if m&^os.ModePerm != 0 || (mode != nil && int(m) != *mode) || (mode == nil && m != 0) {
+		t.Fatalf("mode %v became %o, want the permission bits given", mode, m)
+	}
+}
+
+func gfCheckAgent(t *testing.T, passAtK *int, req sandbox.AgentRunRequest) {
+	t.Helper()
+	if (passAtK == nil && req.PassAtK != 0) || (passAtK != nil && (req.PassAtK < 1 || req.PassAtK != *passAtK)) {
+		t.Fatalf("passAtK %v became %d, want at least 1 (0 when null)", passAtK, req.PassAtK)
+	}
+	if req.Config != nil {
+		var obj map[string]any
+		if err := json.Unmarshal(req.Config, &obj); err != nil || obj == nil {
+			t.Fatalf("config became %q, not a JSON object", req.Config)
+		}
+	}
+}
+
+func gfSameInt(in *int, out *int64) bool {
+	return (in == nil && out == nil) || (in != nil && out != nil && int64(*in) == *out)
+}
+
+// gfCheckCall checks what reached the service through gqlgen against the variables sent.
+func gfCheckCall(t *testing.T, op uint8, v map[string]json.RawMessage, c gfCall) {
+	t.Helper()
+	var in struct {
+		Input json.RawMessage `json:"input"`
+	}
+	in.Input = v["input"]
+	switch arg := c.arg.(type) {
+	case sandbox.CreateRequest:
+		var m model.CreateSandboxInput
+		if json.Unmarshal(in.Input, &m) == nil {
+			gfCheckEnv(t, m.Env, arg.Env)
+		}
+	case sandbox.ExecRequest:
+		var m model.ExecInput
+		if json.Unmarshal(in.Input, &m) != nil {
+			return
+		}
+		gfCheckEnv(t, m.Env, arg.Env)
+		if m.Stdin != nil || m.StdinBase64 != nil {
+			gfCheckContent(t, m.Stdin, m.StdinBase64, arg.Stdin)
+		} else if len(arg.Stdin) != 0 {
+			t.Fatalf("no stdin sent, the service got %q", arg.Stdin)
+		}
+		var wait *bool
+		_ = json.Unmarshal(v["wait"], &wait)
+		if want := wait != nil && !*wait; arg.Detach != want {
+			t.Fatalf("wait %s: detach %v, want %v", v["wait"], arg.Detach, want)
+		}
+	case gfWriteArgs:
+		var content, b64 *string
+		_ = json.Unmarshal(v["content"], &content)
+		_ = json.Unmarshal(v["b64"], &b64)
+		gfCheckContent(t, content, b64, arg.data)
+		if arg.mode&^os.ModePerm != 0 {
+			t.Fatalf("mode %s became %o, not permission bits only", v["mode"], arg.mode)
+		}
+	case sandbox.AgentRunRequest:
+		var m model.StartAgentRunInput
+		if json.Unmarshal(in.Input, &m) == nil {
+			gfCheckAgent(t, m.PassAtK, arg)
+		}
+	case sandbox.ListOptions:
+		if arg.Limit < 1 || (arg.State != "" && !model.SandboxState(arg.State).IsValid()) {
+			t.Fatalf("the service got %+v, want a positive limit and a schema state", arg)
+		}
+	case gfLimit:
+		if arg.limit < 1 || (op == gfRead && arg.limit > maxReadFileBytes) || (op == gfListFiles && arg.path == "") {
+			t.Fatalf("op %d: the service got %+v for %v", op, arg, v)
+		}
+	default:
+		t.Fatalf("op %d: unexpected call %+v", op, c)
+	}
+}
+
+type gfCall struct {
+	verb string
+	arg  any
+}
+
+type gfLimit struct {
+	path  string
+	limit int64
+}
+
+type gfWriteArgs struct {
+	mode os.FileMode
+	data []byte
+}
+
+// gfService records calls and answers them without error. The fuzz function's calls run one
+// at a time (and gqlgen resolves these single-field operations on the request's goroutine
+// for a query, in order for a mutation), so it needs no lock.
+type gfService struct {
+	calls []gfCall
+}
+
+var _ Service = (*gfService)(nil)
+
+func (s *gfService) record(verb string, arg any) { s.calls = append(s.calls, gfCall{verb, arg}) }
+
+func (s *gfService) Create(_ context.Context, _ auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	s.record("Create", req)
+	return sandbox.Sandbox{ID: "sbx_1", State: sandbox.Running}, nil
+}
+
+func (s *gfService) Get(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{ID: id, State: sandbox.Running}, nil
+}
+
+func (s *gfService) List(_ context.Context, _ auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error) {
+	s.record("List", opts)
+	return sandbox.Page{}, nil
+}
+
+func (s *gfService) Exec(_ context.Context, _ auth.Principal, _ string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	s.record("Exec", req)
+	return sandbox.ExecResult{ExecID: "exec_1", State: sandbox.ExecEnded}, nil
+}
+
+func (s *gfService) GetExec(_ context.Context, _ auth.Principal, _, execID string, _ bool) (sandbox.ExecResult, error) {
+	return sandbox.ExecResult{ExecID: execID}, nil
+}
+
+func (s *gfService) ExecOutput(context.Context, auth.Principal, string, string) (<-chan sandbox.ExecEvent, error) {
+	ch := make(chan sandbox.ExecEvent)
+	close(ch)
+	return ch, nil
+}
+
+func (s *gfService) Stop(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{ID: id}, nil
+}
+
+func (s *gfService) Start(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{ID: id}, nil
+}
+
+func (s *gfService) Destroy(_ context.Context, _ auth.Principal, id string) (sandbox.DestroyResult, error) {
+	return sandbox.DestroyResult{Sandbox: sandbox.Sandbox{ID: id}}, nil
+}
+
+func (s *gfService) ReadFile(_ context.Context, _ auth.Principal, _, path string, maxBytes int64) ([]byte, sandbox.FileInfo, error) {
+	s.record("ReadFile", gfLimit{path, maxBytes})
+	return nil, sandbox.FileInfo{Path: path}, nil
+}
+
+func (s *gfService) WriteFile(_ context.Context, _ auth.Principal, _, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error) {
+	data, _ := io.ReadAll(r)
+	s.record("WriteFile", gfWriteArgs{mode, data})
+	return sandbox.FileInfo{Path: path}, nil
+}
+
+func (s *gfService) ListDir(_ context.Context, _ auth.Principal, _, path string, limit int) ([]sandbox.FileInfo, bool, error) {
+	s.record("ListDir", gfLimit{path, int64(limit)})
+	return nil, false, nil
+}
+
+func (s *gfService) Profiles() []sandbox.Profile { return nil }
+
+func (s *gfService) Quota(context.Context, auth.Principal) (quota.Usage, error) {
+	return quota.Usage{}, nil
+}
+
+func (s *gfService) Events(context.Context, auth.Principal, string, string) (<-chan sandbox.Event, error) {
+	ch := make(chan sandbox.Event)
+	close(ch)
+	return ch, nil
+}
+
+func (s *gfService) Snapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {
+	return sandbox.SnapshotInfo{SandboxID: id}, nil
+}
+
+func (s *gfService) ListSnapshots(_ context.Context, _ auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error) {
+	s.record("ListSnapshots", gfLimit{"-", int64(limit)})
+	return nil, nil
+}
+
+func (s *gfService) DeleteSnapshot(context.Context, auth.Principal, string) error { return nil }
+
+func (s *gfService) StartAgentRun(_ context.Context, _ auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error) {
+	s.record("StartAgentRun", req)
+	return sandbox.AgentRun{ID: "run_1", Status: sandbox.RunRunning}, nil
+}
+
+func (s *gfService) GetAgentRun(_ context.Context, _ auth.Principal, runID string) (sandbox.AgentRun, error) {
+	return sandbox.AgentRun{ID: runID}, nil
+}
+
+func (s *gfService) ListAgentRuns(context.Context, auth.Principal, string) ([]sandbox.AgentRun, error) {
+	return nil, nil
+}
+
+func (s *gfService) CancelAgentRun(_ context.Context, _ auth.Principal, runID string) (sandbox.AgentRun, error) {
+	return sandbox.AgentRun{ID: runID}, nil
+}
+
+func (s *gfService) AgentRunEvents(context.Context, auth.Principal, string, string) (<-chan sandbox.AgentRunEvent, error) {
+	ch := make(chan sandbox.AgentRunEvent)
+	close(ch)
+	return ch, nil
+}

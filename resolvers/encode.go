@@ -1,0 +1,58 @@
+package resolvers
+
+import (
+	"context"
+	"encoding/base64"
+	"unicode/utf8"
+
+	"github.com/99designs/gqlgen/graphql"
+)
+
+// Bytes reach clients in two encodings, text (when valid UTF-8) and base64, in sibling fields
+// (content/contentBase64, stdout/stdoutBase64, data/dataBase64). Each is a copy as large as the
+// bytes (base64 a third more), so an answer builds only the encodings its selection asks for.
+
+// fieldSet is the set of fields selected on the object a resolver returns; nil means every
+// field (a caller without a selection to look at).
+type fieldSet map[string]bool
+
+func (s fieldSet) has(name string) bool { return s == nil || s[name] }
+
+// selectedFields is the selection of the field being resolved, whose type is typeName: fields
+// selected directly or through fragments, @skip and @include honoured.
+func selectedFields(ctx context.Context, typeName string) fieldSet {
+	if graphql.GetFieldContext(ctx) == nil {
+		return nil
+	}
+	s := fieldSet{}
+	for _, f := range graphql.CollectFieldsCtx(ctx, []string{typeName}) {
+		s[f.Name] = true
+	}
+	return s
+}
+
+// textOf is b as text when the text field is selected and b is valid UTF-8, else nil.
+func textOf(b []byte, sel fieldSet, field string) *string {
+	if !sel.has(field) || !utf8.Valid(b) {
+		return nil
+	}
+	s := string(b)
+	return &s
+}
+
+// base64Of is b in base64 when the field is selected, else "".
+func base64Of(b []byte, sel fieldSet, field string) string {
+	if !sel.has(field) {
+		return ""
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// optBase64 is b in base64 when the field is selected, else nil.
+func optBase64(b []byte, sel fieldSet, field string) *string {
+	if !sel.has(field) {
+		return nil
+	}
+	s := base64.StdEncoding.EncodeToString(b)
+	return &s
+}
