@@ -210,8 +210,12 @@ func startServer(ctx context.Context, o *options, dir string) (*server, error) {
 	}
 	// Each exec's output stream keeps 64 MiB (the default is 16 MiB): a throughput reader that
 	// lags the command by more than the bound would get a truncated event, which fails the run.
+	// The subscriptions suite opens all its subscriptions with one key: the replica's total and
+	// the project's share are raised to hold them (and the warm-up's).
+	subs := max(1000, o.subs+100)
+	cfg := fmt.Sprintf("execs:\n  stream_max_bytes: 67108864\nmax_subscriptions: %d\nmax_streams_per_project: %d\n", subs, subs)
 	cfgPath := filepath.Join(dir, "sandboxd.yaml")
-	if err := os.WriteFile(cfgPath, []byte("execs:\n  stream_max_bytes: 67108864\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
 	args := []string{"--config", cfgPath, "--listen", addr, "--state-dir", s.stateDir,
