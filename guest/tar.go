@@ -528,6 +528,11 @@ func (c *dirCache) dir(name string) (*os.Root, error) {
 	}
 	r, err := parent.OpenRoot(base)
 	if err != nil {
+		// os.Root answers a file where a folder should be with an error that is no errno
+		// ("not a directory"): make it ENOTDIR, a client's mistake, not an internal error.
+		if fi, lerr := parent.Lstat(base); lerr == nil && !fi.IsDir() {
+			err = &fs.PathError{Op: "open", Path: name, Err: unix.ENOTDIR}
+		}
 		return nil, err
 	}
 	c.roots[name] = r

@@ -437,9 +437,9 @@ type gfWriteArgs struct {
 	data []byte
 }
 
-// gfService records calls and answers them without error. The fuzz function's calls run one
-// at a time (and gqlgen resolves these single-field operations on the request's goroutine
-// for a query, in order for a mutation), so it needs no lock.
+// gfService records calls and answers them without error. It needs no lock: the fuzz
+// function's calls run one at a time, and every resolver of a request has finished (the
+// executor waits for those it runs concurrently) before ServeHTTP returns.
 type gfService struct {
 	calls []gfCall
 }

@@ -57,3 +57,22 @@ export SANDBOXD_KUBEENV="$kube_dir/cluster" SANDBOXD_KUBECTL="$kube_bin/kubectl"
 
 log "go test -race ./..."
 go test -race -count=1 -timeout 40m ./... "$@"
+
+# The native fuzz targets, each mutating for a short fixed time (go test -fuzz takes one target
+# per run; their seed corpora, f.Add and testdata/fuzz/, already ran above as plain tests). New
+# interesting inputs stay in GOCACHE's fuzz cache; a failing input is written to the package's
+# testdata/fuzz/<Target>/ (commit it, with the fix, as a regression seed). Minimizing each new
+# input is capped, or it would take the whole time of a run.
+fuzz_time="${SANDBOXD_FUZZTIME:-8s}"
+for target in \
+	"./internal/rest FuzzRESTDecode" \
+	"./resolvers FuzzGraphQLInputs" \
+	"./internal/source FuzzCleanName" \
+	"./internal/source FuzzArchive" \
+	"./guest FuzzCleanTarName" \
+	"./guest FuzzImportTar" \
+	"./guest FuzzResolvePath"; do
+	read -r pkg name <<<"$target"
+	log "fuzz $name in $pkg for $fuzz_time"
+	go test -run '^$' -fuzz "^$name\$" -fuzztime "$fuzz_time" -fuzzminimizetime 100x "$pkg"
+done
