@@ -232,9 +232,8 @@ func TestRateLimitHook(t *testing.T) {
 		return nil
 	}
 	e := newEnv(t, HandlerOptions{RateLimit: limit})
-	for i := range 3 {
+	for range 3 {
 		noErrors(t, e.post(t, userKey, `{profiles{name}}`, nil))
-		_ = i
 	}
 	r := e.post(t, userKey, `{profiles{name}}`, nil)
 	if r.Status != http.StatusTooManyRequests || r.code(0) != "RATE_LIMITED" || r.Errors[0].Extensions["retryAfter"] != float64(2) {
@@ -245,11 +244,7 @@ func TestRateLimitHook(t *testing.T) {
 	n.Store(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
-	if m := next(ctx, t, c); m.Type != "connection_ack" {
-		t.Fatalf("got %+v, want connection_ack", m)
-	}
+	c := dialAuthed(ctx, t, e)
 	for i := range 3 {
 		id := fmt.Sprint(i)
 		send(ctx, t, c, wsMsg{ID: id, Type: "subscribe", Payload: mustJSON(map[string]any{"query": `{profiles{name}}`})})
@@ -264,6 +259,17 @@ func TestRateLimitHook(t *testing.T) {
 			m = next(ctx, t, c)
 		}
 	}
+}
+
+// dialAuthed opens a graphql-transport-ws connection and authenticates it with userKey.
+func dialAuthed(ctx context.Context, t *testing.T, e *env) *websocket.Conn {
+	t.Helper()
+	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
+	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
+	if m := next(ctx, t, c); m.Type != "connection_ack" {
+		t.Fatalf("got %+v, want connection_ack", m)
+	}
+	return c
 }
 
 // closeOf reads until the socket closes and returns its close code and reason.
@@ -317,11 +323,7 @@ func TestWebsocketOperationsPerConnection(t *testing.T) {
 	e.fake.events = testEvents() // and then the streams stay open
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
-	if m := next(ctx, t, c); m.Type != "connection_ack" {
-		t.Fatalf("got %+v, want connection_ack", m)
-	}
+	c := dialAuthed(ctx, t, e)
 	for i := range 3 {
 		send(ctx, t, c, wsMsg{ID: fmt.Sprint(i), Type: "subscribe", Payload: subscribePayload(nil)})
 	}

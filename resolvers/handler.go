@@ -2,10 +2,10 @@ package resolvers
 
 import (
 	"context"
-	"math"
-	"strconv"
 	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/99designs/gqlgen/graphql"
