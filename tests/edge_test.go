@@ -101,7 +101,9 @@ func TestEdgeNoKeylessPath(t *testing.T) {
 				t.Errorf("got status %d, want 413 (or the connection cut while sending)", st)
 			}
 		}
-		if after-before > 64<<20 {
+		// Buffering the bodies would take 500 MB (it took 2 GB before the gate bounded them);
+		// the bound leaves room for the race detector's overhead and a busy machine's GC.
+		if after-before > 200<<20 {
 			t.Errorf("server RSS grew by %d MiB for bodies it must refuse after 1 MiB", (after-before)>>20)
 		}
 	})
@@ -165,7 +167,8 @@ func TestEdgeAliasStorms(t *testing.T) {
 		if len(g.Errors) == 0 || g.Errors[0].code() != "COST_EXCEEDED" {
 			t.Fatalf("got %s, want COST_EXCEEDED", g)
 		}
-		if len(g.resp.Body) > 4096 || after-before > 64<<20 {
+		// Running it would answer 1.3 GB (and took 6.4 GiB of RSS before it was priced).
+		if len(g.resp.Body) > 4096 || after-before > 200<<20 {
 			t.Errorf("the refused storm still cost: a %d-byte answer, +%d MiB RSS", len(g.resp.Body), (after-before)>>20)
 		}
 	})
