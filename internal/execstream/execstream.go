@@ -23,7 +23,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -227,7 +226,7 @@ func Summarize(argv []string) string {
 			break
 		}
 	}
-	return truncate(b.String(), maxArgv)
+	return apierror.Truncate(b.String(), maxArgv)
 }
 
 func shellQuote(s string) string {
@@ -245,18 +244,6 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// truncate cuts s to at most n bytes on a rune boundary, marking a cut with "…".
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }
 
 func ms(t time.Time) int64 {
@@ -291,7 +278,7 @@ func (s *Store) Create(ctx context.Context, m Meta, token string, now time.Time,
 		return fmt.Errorf("execstream create %s: %w", m.ID, err)
 	}
 	n, err := createScript.Run(ctx, s.rdb, []string{metaKey(m.ID)},
-		m.Tenant, m.Project, m.Sandbox, truncate(m.Argv, maxArgv), now.UnixMilli(), token, leaseUntil).Int()
+		m.Tenant, m.Project, m.Sandbox, apierror.Truncate(m.Argv, maxArgv), now.UnixMilli(), token, leaseUntil).Int()
 	if err != nil {
 		return fmt.Errorf("execstream create %s: %w", m.ID, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"sandboxd/internal/apierror"
 )
 
 // TryFollow takes or renews the follower lease of an exec for the replica token until
@@ -116,7 +118,7 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 		if exit.TimedOut {
 			timedOut = 1
 		}
-		args = append(args, 1, exit.ExitCode, exit.Signal, timedOut, exit.DurationMs, truncate(exit.Error, 1024), exit.Dropped,
+		args = append(args, 1, exit.ExitCode, exit.Signal, timedOut, exit.DurationMs, apierror.Truncate(exit.Error, 1024), exit.Dropped,
 			exit.StdoutBytes, exit.StderrBytes)
 	} else {
 		args = append(args, 0, 0, "", 0, 0, "", 0, 0, 0)

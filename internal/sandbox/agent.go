@@ -211,7 +211,7 @@ func validRunID(id string) bool {
 }
 
 func runNotFound(id string) error {
-	return apierror.New(apierror.NotFound, "agent run %s not found", truncate(id, 64))
+	return apierror.New(apierror.NotFound, "agent run %s not found", apierror.Truncate(id, 64))
 }
 
 func (s *Service) runStore() (*agentrun.Store, error) {
@@ -248,7 +248,7 @@ func (s *Service) validateAgentRun(req AgentRunRequest) (AgentConfig, error) {
 		for _, a := range s.cfg.Agents {
 			ids = append(ids, a.ID)
 		}
-		return AgentConfig{}, bad("agent_id", "unknown agent %q (the catalog has: %s)", truncate(req.AgentID, 64), strings.Join(ids, ", "))
+		return AgentConfig{}, bad("agent_id", "unknown agent %q (the catalog has: %s)", apierror.Truncate(req.AgentID, 64), strings.Join(ids, ", "))
 	}
 	if !slices.Contains(a.Integrations, IntegrationSandbox) {
 		return AgentConfig{}, bad("agent_id", "agent %q has integrations [%s]: only catalog agents with integration: sandbox attach to a running sandbox",

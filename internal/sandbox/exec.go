@@ -211,7 +211,7 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 // sandboxID when given): another tenant's exec does not exist.
 func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, execID string) (execstream.Meta, error) {
 	if !validPrefixedID(execID, execPrefix) {
-		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", truncate(execID, 64))
+		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", apierror.Truncate(execID, 64))
 	}
 	m, err := s.execs.Get(ctx, execID)
 	if err != nil {

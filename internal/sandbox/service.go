@@ -200,7 +200,7 @@ func validPrefixedID(id, prefix string) bool {
 }
 
 func notFound(id string) error {
-	return apierror.New(apierror.NotFound, "sandbox %s not found", truncate(id, 64))
+	return apierror.New(apierror.NotFound, "sandbox %s not found", apierror.Truncate(id, 64))
 }
 
 // ---- create ----
@@ -344,20 +344,13 @@ func (s *Service) validateEnv(env map[string]string) error {
 	}
 	for k, v := range env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || len(k)+len(v) > 32<<10 {
-			return apierror.New(apierror.InvalidArgument, "invalid environment variable %q: names must be non-empty without '=' or NUL, values without NUL, each at most 32 KiB", truncate(k, 64))
+			return apierror.New(apierror.InvalidArgument, "invalid environment variable %q: names must be non-empty without '=' or NUL, values without NUL, each at most 32 KiB", apierror.Truncate(k, 64))
 		}
 		if strings.HasPrefix(k, "SBX_") {
-			return apierror.New(apierror.InvalidArgument, "environment variable %s is reserved: names starting with SBX_ belong to the guest init", truncate(k, 64))
+			return apierror.New(apierror.InvalidArgument, "environment variable %s is reserved: names starting with SBX_ belong to the guest init", apierror.Truncate(k, 64))
 		}
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // ---- read ----
@@ -381,7 +374,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 		return Page{}, apierror.New(apierror.InvalidArgument, "page size must be at most %d, got %d", s.cfg.Limits.MaxPageSize, limit)
 	}
 	if opts.After != "" && !validID(opts.After) {
-		return Page{}, apierror.New(apierror.InvalidArgument, "malformed cursor %q", truncate(opts.After, 64))
+		return Page{}, apierror.New(apierror.InvalidArgument, "malformed cursor %q", apierror.Truncate(opts.After, 64))
 	}
 	if opts.State != "" {
 		if _, err := ParseState(string(opts.State)); err != nil {
@@ -1259,7 +1252,7 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 		}
 	}
 	if !events.ValidCursor(after) {
-		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", truncate(after, 64))
+		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", apierror.Truncate(after, 64))
 	}
 	release, err := s.holdStream(p)
 	if err != nil {

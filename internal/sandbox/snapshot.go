@@ -263,7 +263,7 @@ func snapshotScope(tenant, project, id string) (checkpoint.Scope, error) {
 }
 
 func snapshotNotFound(id string) error {
-	return apierror.New(apierror.NotFound, "snapshot %s not found", truncate(id, 64))
+	return apierror.New(apierror.NotFound, "snapshot %s not found", apierror.Truncate(id, 64))
 }
 
 // snapshotError turns a checkpoint store error about snapshot id into a client error.
