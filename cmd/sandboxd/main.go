@@ -9,6 +9,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -170,7 +171,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("sandboxd listening", "addr", ln.Addr().String(), "runtime", driver.Name(), "state_dir", cfg.StateDir,
-		"checkpoints", checkpointLocation(cfg), "redis", redactURL(cfg.RedisURL), "profiles", len(cfg.Profiles), "keys", authn.Len())
+		"checkpoints", checkpointLocation(cfg), "redis", cmp.Or(source.RedactURL(cfg.RedisURL), "embedded"), "profiles", len(cfg.Profiles), "keys", authn.Len())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -262,7 +263,7 @@ func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (
 	defer cancel()
 	if err := main.Ping(pctx).Err(); err != nil {
 		closeAll()
-		return nil, nil, nil, nil, fmt.Errorf("redis at %s: %w", redactURL(url), err)
+		return nil, nil, nil, nil, fmt.Errorf("redis at %s: %w", cmp.Or(source.RedactURL(url), "embedded"), err)
 	}
 	return main, block, limit, closeAll, nil
 }
@@ -272,18 +273,6 @@ func checkpointLocation(cfg Config) string {
 		return "gs://" + cfg.Checkpoints.GCSBucket + "/" + strings.Trim(cfg.Checkpoints.GCSPrefix, "/")
 	}
 	return cfg.CheckpointDir
-}
-
-func redactURL(u string) string {
-	if u == "" {
-		return "embedded"
-	}
-	if i := strings.Index(u, "@"); i >= 0 {
-		if j := strings.Index(u, "://"); j >= 0 && j < i {
-			return u[:j+3] + "***" + u[i:]
-		}
-	}
-	return u
 }
 
 // openCheckpointStore opens the configured object store for checkpoints.

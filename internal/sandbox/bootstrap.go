@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -118,7 +117,7 @@ func (s *Service) permittedPrefixes(tenant, project string) []string {
 // it. An archive or prefix is fetched again each time; only a create normally does.
 func (s *Service) restoreSource(ctx context.Context, rec runtime.Record) error {
 	if u := rec.Annotations[annSourceArchive]; u != "" {
-		return s.bootstrap(ctx, rec, "source.archive_url", redactURL(u), func(ctx context.Context) (io.ReadCloser, error) {
+		return s.bootstrap(ctx, rec, "source.archive_url", source.RedactURL(u), func(ctx context.Context) (io.ReadCloser, error) {
 			return s.sources.Archive(ctx, u)
 		})
 	}
@@ -298,15 +297,4 @@ func (s *Service) importError(ctx context.Context, id string, err error) error {
 		return apierror.Wrap(err, apierror.InvalidArgument, "the workspace import refused the source: %s", ge.Message)
 	}
 	return s.guestError(ctx, id, err)
-}
-
-// redactURL is how an archive URL is shown (in state_reason, events, logs): its scheme and
-// host only, "https://host:port/…". User info, path and query may hold a signed URL's
-// secrets and are never shown.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return "(an archive URL)"
-	}
-	return u.Scheme + "://" + u.Host + "/…"
 }

@@ -322,18 +322,6 @@ func TestBootstrapProgress(t *testing.T) {
 	}
 }
 
-func TestRedactURL(t *testing.T) {
-	for _, tt := range []struct{ in, want string }{
-		{"https://u:p@files.example.com:8443/a/b.tar.zst?X-Goog-Signature=abc#frag", "https://files.example.com:8443/…"},
-		{"https://files.example.com", "https://files.example.com/…"},
-		{"%zz", "(an archive URL)"},
-	} {
-		if got := redactURL(tt.in); got != tt.want {
-			t.Errorf("redactURL(%q): got %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
 // fakeGCS starts fake-gcs-server in process on loopback with objects in bucket src-bucket and
 // returns a lister over it.
 func fakeGCS(t *testing.T, objs map[string]string) source.ObjectLister {
