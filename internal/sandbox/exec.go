@@ -297,6 +297,41 @@ func cutFlags(e *execstream.Exit, stdout, stderr []byte, stdoutCut, stderrCut bo
 	return stdoutCut, stderrCut
 }
 
+func (s *Service) validateExec(req ExecRequest) (time.Duration, error) {
+	l := s.cfg.Limits
+	if len(req.Command) == 0 || req.Command[0] == "" {
+		return 0, apierror.New(apierror.InvalidArgument, "command must be a non-empty array whose first element names the program, e.g. [\"bash\",\"-lc\",\"ls\"]").
+			WithDetail("field", "command")
+	}
+	if len(req.Command) > l.ExecMaxArgs {
+		return 0, apierror.New(apierror.InvalidArgument, "command has %d arguments, at most %d", len(req.Command), l.ExecMaxArgs)
+	}
+	n := 0
+	for _, a := range req.Command {
+		if strings.ContainsRune(a, 0) {
+			return 0, apierror.New(apierror.InvalidArgument, "command arguments must not contain NUL bytes")
+		}
+		n += len(a)
+	}
+	if n > l.ExecMaxCommandBytes {
+		return 0, apierror.New(apierror.PayloadTooLarge, "command is %d bytes, at most %d", n, l.ExecMaxCommandBytes)
+	}
+	if len(req.Stdin) > l.ExecMaxStdinBytes {
+		return 0, apierror.New(apierror.PayloadTooLarge, "stdin is %d bytes, at most %d", len(req.Stdin), l.ExecMaxStdinBytes)
+	}
+	if len(req.Cwd) > l.MaxPathBytes || strings.ContainsRune(req.Cwd, 0) {
+		return 0, apierror.New(apierror.InvalidArgument, "cwd must be a path of at most %d bytes", l.MaxPathBytes)
+	}
+	if err := s.validateEnv(req.Env); err != nil {
+		return 0, err
+	}
+	t, err := bounded("timeout_sec", req.TimeoutSec, l.ExecTimeoutDefaultSec, 1, l.ExecTimeoutMaxSec)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(t) * time.Second, nil
+}
+
 // ---- following ----
 
 // follower copies one exec's guest log into its Redis stream while this replica holds the

@@ -1,0 +1,160 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/runtime"
+)
+
+// Create creates a sandbox and returns it RUNNING.
+func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateRequest) (Sandbox, error) {
+	start := s.now()
+	prof, autostop, ttl, err := s.validateCreate(req)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	// The source is checked before a slot is taken: a missing snapshot, a refused URL or a
+	// prefix the project may not use costs nothing.
+	src, err := s.createSource(ctx, p, req.Source, prof.DiskMB<<20)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	env := map[string]string{}
+	for k, v := range prof.Env {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	id := newID(idPrefix)
+	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
+		return Sandbox{}, err
+	}
+	// The create holds the sandbox's lock: a reconciler that can take it knows a CREATING
+	// record's creator is gone and finishes (or fails) the create.
+	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
+	if err != nil {
+		s.release(ctx, p.Tenant, p.Project, id)
+		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
+	now := s.now().UTC()
+	rec := runtime.Record{
+		ID: id, Tenant: p.Tenant, Project: p.Project,
+		Spec: runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
+			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: network(prof.Network), Env: env},
+		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
+		CreatedAt: now, StateChangedAt: now,
+	}
+	if src.key != "" {
+		// Recorded before the box exists, so that a reconciler finishing this create fills
+		// the workspace from it too (and a snapshot is the first checkpoint's parent).
+		rec.Annotations = map[string]string{src.key: src.value}
+	}
+	// The lookup first: a replica that dies after this leaves an entry whose box may not
+	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
+	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
+		s.release(ctx, p.Tenant, p.Project, id)
+		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	s.touch(ctx, id)
+	s.publish(ctx, rec, "")
+	if err := s.driver.Create(ctx, rec); err != nil {
+		s.abortCreate(ctx, rec, start)
+		return Sandbox{}, s.runtimeFailed(rec.ID, err, "could not create the sandbox: the runtime failed to start it")
+	}
+	if src.key != "" {
+		// Fetched once, streamed into the workspace before the sandbox is RUNNING.
+		if err := s.restoreSource(ctx, rec); err != nil {
+			s.abortCreate(ctx, rec, start)
+			return Sandbox{}, err
+		}
+	}
+	rec, err = s.setState(ctx, rec.ID, Creating, Running, "")
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.metrics.lifecycle("create", "ok", s.now().Sub(start))
+	s.log.Info("sandbox created", "sandbox", rec.ID, "tenant", p.Tenant, "project", p.Project, "profile", prof.Name,
+		"ms", s.now().Sub(start).Milliseconds())
+	return toSandbox(rec), nil
+}
+
+// abortCreate removes what a failed create made: the box, the lookup and the slot. A box
+// whose delete was fenced off is another replica's now (it finished the create after this
+// one's lock ran out): its lookup and slot stay.
+func (s *Service) abortCreate(ctx context.Context, rec runtime.Record, start time.Time) {
+	cleanup := context.WithoutCancel(ctx)
+	s.dropAttach(rec.ID)
+	if err := s.driver.Delete(cleanup, rec.ID); errors.Is(err, runtime.ErrFenced) {
+		s.log.Warn("a failed create's cleanup was fenced off: another replica took over the sandbox", "sandbox", rec.ID, "err", err)
+		s.metrics.lifecycle("create", "error", s.now().Sub(start))
+		return
+	} else if err != nil {
+		s.log.Error("cleaning up a failed create", "sandbox", rec.ID, "err", err)
+	}
+	_ = s.store.Delete(cleanup, entryOf(rec))
+	_ = s.store.ForgetActivity(cleanup, rec.ID)
+	s.release(cleanup, rec.Tenant, rec.Project, rec.ID)
+	s.metrics.lifecycle("create", "error", s.now().Sub(start))
+}
+
+func (s *Service) validateCreate(req CreateRequest) (ProfileConfig, int64, int64, error) {
+	name := req.Profile
+	if name == "" {
+		name = s.cfg.DefaultProfile
+	}
+	prof, ok := s.profiles[name]
+	if !ok {
+		names := make([]string, 0, len(s.cfg.Profiles))
+		for _, p := range s.cfg.Profiles {
+			names = append(names, p.Name)
+		}
+		return prof, 0, 0, apierror.New(apierror.InvalidArgument, "unknown profile %q: one of %s", name, strings.Join(names, ", "))
+	}
+	l := s.cfg.Limits
+	autostop, err := bounded("autostop_sec", req.AutostopSec, l.AutostopDefaultSec, l.AutostopMinSec, l.AutostopMaxSec)
+	if err != nil {
+		return prof, 0, 0, err
+	}
+	ttl, err := bounded("ttl_sec", req.TTLSec, l.TTLDefaultSec, l.TTLMinSec, l.TTLMaxSec)
+	if err != nil {
+		return prof, 0, 0, err
+	}
+	if err := s.validateEnv(req.Env); err != nil {
+		return prof, 0, 0, err
+	}
+	return prof, autostop, ttl, nil
+}
+
+func bounded(name string, v *int64, def, min, max int64) (int64, error) {
+	if v == nil {
+		return def, nil
+	}
+	if *v < min || *v > max {
+		return 0, apierror.New(apierror.InvalidArgument, "%s must be between %d and %d, got %d", name, min, max, *v).
+			WithDetail("field", name)
+	}
+	return *v, nil
+}
+
+func (s *Service) validateEnv(env map[string]string) error {
+	if len(env) > s.cfg.Limits.ExecMaxEnv {
+		return apierror.New(apierror.InvalidArgument, "at most %d environment variables, got %d", s.cfg.Limits.ExecMaxEnv, len(env))
+	}
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || len(k)+len(v) > 32<<10 {
+			return apierror.New(apierror.InvalidArgument, "invalid environment variable %q: names must be non-empty without '=' or NUL, values without NUL, each at most 32 KiB", apierror.Truncate(k, 64))
+		}
+		if strings.HasPrefix(k, "SBX_") {
+			return apierror.New(apierror.InvalidArgument, "environment variable %s is reserved: names starting with SBX_ belong to the guest init", apierror.Truncate(k, 64))
+		}
+	}
+	return nil
+}

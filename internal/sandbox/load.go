@@ -1,0 +1,100 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/store"
+	"sandboxd/runtime"
+)
+
+// load finds the caller's sandbox id and checks verb against its state. Another project's
+// sandbox, a malformed id and a missing one are all NOT_FOUND.
+func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Verb) (runtime.Record, error) {
+	if !validID(id) {
+		return runtime.Record{}, notFound(id)
+	}
+	e, err := s.store.Get(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return runtime.Record{}, notFound(id)
+	}
+	if err != nil {
+		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	if e.Tenant != p.Tenant || e.Project != p.Project {
+		return runtime.Record{}, notFound(id)
+	}
+	box, err := s.driver.Get(ctx, id)
+	if errors.Is(err, runtime.ErrNotFound) {
+		// The lookup outlived the box (a create that died half way, a destroy elsewhere).
+		_ = s.store.Delete(ctx, e)
+		return runtime.Record{}, notFound(id)
+	}
+	if err != nil {
+		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
+	}
+	if box.Record.Tenant != p.Tenant || box.Record.Project != p.Project {
+		return runtime.Record{}, notFound(id)
+	}
+	rec := s.observe(ctx, box)
+	if p.Key != systemKey {
+		s.touch(ctx, id)
+	}
+	if err := Check(State(rec.State), verb, id); err != nil {
+		if State(rec.State) == Failed && rec.StateReason != "" {
+			if e := apierror.From(err); e.Code == apierror.InvalidState {
+				e.Message += ": " + rec.StateReason
+			}
+		}
+		return rec, err
+	}
+	return rec, nil
+}
+
+// observe reconciles a record with what the driver sees: a box whose compute died while it was
+// RUNNING is FAILED with the driver's reason, and that is written back to the record.
+func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
+	rec := box.Record
+	if diedRunning(box) {
+		reason := box.Reason
+		if reason == "" {
+			reason = "the sandbox's runtime died"
+		}
+		updated, err := s.setState(ctx, rec.ID, Running, Failed, reason)
+		if err == nil {
+			s.dropAttach(rec.ID)
+			s.release(ctx, rec.Tenant, rec.Project, rec.ID)
+			s.log.Warn("sandbox failed", "sandbox", rec.ID, "reason", reason, "lost", box.Lost)
+			if box.Lost {
+				s.recoverLost(updated)
+			}
+			return updated
+		}
+		rec.State, rec.StateReason = string(Failed), reason
+	}
+	return rec
+}
+
+// recoverLost starts a sandbox again whose compute the runtime lost (its pod deleted or
+// evicted: the workspace is intact), on the service's lifetime. Only the replica whose write
+// made it FAILED does this; it stays FAILED, with the reason, when the start cannot be done
+// (the project's slots are full, the cluster cannot schedule it), for a caller to start later.
+func (s *Service) recoverLost(rec runtime.Record) {
+	s.recovering.Add(1)
+	go func() {
+		defer s.recovering.Done()
+		p := auth.Principal{Key: systemKey, Tenant: rec.Tenant, Project: rec.Project}
+		if _, err := s.Start(s.bg, p, rec.ID); err != nil {
+			s.log.Warn("could not start again a sandbox whose compute was lost", "sandbox", rec.ID, "err", err)
+			return
+		}
+		s.log.Info("started again a sandbox whose compute was lost", "sandbox", rec.ID)
+	}()
+}
+
+// diedRunning reports a box whose compute died while its record says RUNNING: it is FAILED.
+func diedRunning(b runtime.Box) bool {
+	return b.Phase == runtime.PhaseFailed && State(b.Record.State) == Running
+}

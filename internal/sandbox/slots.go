@@ -1,0 +1,62 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/quota"
+)
+
+// systemKey is the principal key of the control plane's own actions (the reconciler): they act
+// as the sandbox's owner but are not activity.
+const systemKey = "system:reconciler"
+
+// acquire takes a concurrency slot for sandbox id of tenant:project.
+func (s *Service) acquire(ctx context.Context, tenant, project, id string) error {
+	if s.quota == nil {
+		return nil
+	}
+	if _, err := s.quota.Acquire(ctx, tenant, project, id); err != nil {
+		if apierror.Is(err, apierror.QuotaExceeded) {
+			return err
+		}
+		return apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable").WithRetryAfter(time.Second)
+	}
+	return nil
+}
+
+// release gives sandbox id's slot back. A failure only delays it: the lease runs out.
+func (s *Service) release(ctx context.Context, tenant, project, id string) {
+	if s.quota == nil {
+		return
+	}
+	if err := s.quota.Release(context.WithoutCancel(ctx), tenant, project, id); err != nil {
+		s.log.Warn("releasing a slot failed; its lease will run out", "sandbox", id, "err", err)
+	}
+}
+
+// releaseUnlessHolding gives the slot back unless the sandbox is (still, or by another call)
+// in a state that holds one.
+func (s *Service) releaseUnlessHolding(ctx context.Context, tenant, project, id string) {
+	if box, err := s.driver.Get(context.WithoutCancel(ctx), id); err == nil && holdsSlot(State(box.Record.State)) {
+		return
+	}
+	s.release(ctx, tenant, project, id)
+}
+
+// holdsSlot reports whether a sandbox in state st holds a concurrency slot.
+func holdsSlot(st State) bool { return st == Creating || st == Starting || st == Running }
+
+// Quota reports the caller's concurrency limit and use.
+func (s *Service) Quota(ctx context.Context, p auth.Principal) (quota.Usage, error) {
+	if s.quota == nil {
+		return quota.Usage{}, nil
+	}
+	u, err := s.quota.Usage(ctx, p.Tenant, p.Project)
+	if err != nil {
+		return quota.Usage{}, apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable")
+	}
+	return u, nil
+}

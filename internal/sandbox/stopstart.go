@@ -1,0 +1,83 @@
+package sandbox
+
+import (
+	"context"
+
+	"sandboxd/internal/auth"
+	"sandboxd/runtime"
+)
+
+// Stop checkpoints the workspace and releases the sandbox's compute and slot.
+func (s *Service) Stop(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	return s.stop(ctx, p, id, "")
+}
+
+func (s *Service) stop(ctx context.Context, p auth.Principal, id, why string) (Sandbox, error) {
+	rec, err := s.transition(ctx, p, id, VerbStop, func(ctx context.Context, rec runtime.Record) (string, error) {
+		reason, err := s.stopWork(ctx, rec)
+		if reason == "" {
+			reason = why
+		}
+		return reason, err
+	})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.release(ctx, rec.Tenant, rec.Project, id)
+	return toSandbox(rec), nil
+}
+
+// stopWork checkpoints the workspace and stops the box.
+func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, error) {
+	reason := ""
+	if _, err := s.checkpoint(ctx, rec); err != nil {
+		if !s.boxDead(ctx, rec.ID) {
+			return "", err
+		}
+		// A dead box has no guest to stream from: its workspace is kept by the runtime and
+		// the last checkpoint stays the latest.
+		reason = "stopped without a new checkpoint: the sandbox's runtime had died"
+	}
+	s.dropAttach(rec.ID)
+	if err := s.driver.Stop(ctx, rec.ID); err != nil {
+		return "", s.runtimeError(rec.ID, err, "could not stop the sandbox's runtime")
+	}
+	return reason, nil
+}
+
+// Start takes a concurrency slot, restores the workspace if the runtime lost it and starts the
+// sandbox's compute.
+func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
+	if _, err := s.load(ctx, p, id, VerbStart); err != nil {
+		return Sandbox{}, err
+	}
+	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
+		return Sandbox{}, err
+	}
+	rec, err := s.transition(ctx, p, id, VerbStart, func(ctx context.Context, rec runtime.Record) (string, error) {
+		return "", s.startWork(ctx, rec)
+	})
+	if err != nil {
+		s.releaseUnlessHolding(ctx, p.Tenant, p.Project, id)
+		return Sandbox{}, err
+	}
+	return toSandbox(rec), nil
+}
+
+// startWork starts the box and restores its workspace when the runtime lost it.
+func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
+	s.dropAttach(rec.ID)
+	fresh, err := s.driver.Start(ctx, rec.ID)
+	if err != nil {
+		return s.runtimeFailed(rec.ID, err, "could not start the sandbox's runtime")
+	}
+	if !fresh {
+		return nil
+	}
+	if rec.LatestCheckpoint != "" {
+		return s.restore(ctx, rec.ID, scopeOf(rec), rec.LatestCheckpoint)
+	}
+	// Never checkpointed (its only stop found the box dead): the workspace it started from
+	// is its source, fetched again for an archive or prefix.
+	return s.restoreSource(ctx, rec)
+}
