@@ -6,11 +6,12 @@ import (
 	"os"
 
 	"sandboxd/internal/auth"
+	"sandboxd/internal/domain"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
-// Service is what the resolvers need of the domain service. *sandbox.Service satisfies it;
+// Service is what the resolvers need of the domain service. *domain.Service satisfies it;
 // tests use a fake. Errors are *apierror.Error with a code, or plain errors that clients see
 // as "internal error".
 type Service interface {
@@ -57,4 +58,4 @@ type Service interface {
 }
 
 // The domain service is what production passes to NewHandler.
-var _ Service = (*sandbox.Service)(nil)
+var _ Service = (*domain.Service)(nil)

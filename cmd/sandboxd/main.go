@@ -33,6 +33,7 @@ import (
 	"sandboxd/internal/agentrun"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
+	"sandboxd/internal/domain"
 	"sandboxd/internal/events"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
@@ -103,7 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	execOpts := cfg.execOptions()
 	execOpts.Blocking = blocking
 	execs := execstream.New(rdb, execOpts)
-	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
+	svc, err := domain.New(cfg.sandboxConfig(), domain.Deps{
 		Driver:        driver,
 		Store:         store.New(rdb, lookupSource(driver)),
 		Events:        events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),

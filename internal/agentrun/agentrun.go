@@ -1,6 +1,6 @@
 // Package agentrun keeps the records of agent runs in Redis: who owns a run, which agent,
 // model and sandbox it has, the exec it runs as, whether it was cancelled, and its final status
-// once known. The domain (internal/sandbox) derives a running run's status from its exec; this
+// once known. internal/agents derives a running run's status from its exec; this
 // package only stores. Key schema and scripts: README.md.
 package agentrun
 

@@ -20,6 +20,7 @@ import (
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/domain"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
@@ -52,7 +53,7 @@ type Service interface {
 	Limits() sandbox.Limits
 }
 
-var _ Service = (*sandbox.Service)(nil)
+var _ Service = (*domain.Service)(nil)
 
 // Handler serves the REST API.
 type Handler struct {

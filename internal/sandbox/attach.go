@@ -24,8 +24,8 @@ func (a *attachment) close() {
 	}
 }
 
-// guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
-func (s *Service) guest(ctx context.Context, id string) (*guest.Client, error) {
+// Guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
+func (s *Service) Guest(ctx context.Context, id string) (*guest.Client, error) {
 	for {
 		s.mu.Lock()
 		a, ok := s.attachs[id]

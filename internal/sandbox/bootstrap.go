@@ -152,7 +152,7 @@ func (s *Service) bootstrap(ctx context.Context, rec runtime.Record, field, labe
 
 func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, label string,
 	open func(context.Context) (io.ReadCloser, error)) (guest.ImportResult, int64, error) {
-	g, err := s.guest(ctx, rec.ID)
+	g, err := s.Guest(ctx, rec.ID)
 	if err != nil {
 		return guest.ImportResult{}, 0, err
 	}

@@ -394,7 +394,7 @@ func TestReconcilerFinishesACreateFromArchive(t *testing.T) {
 	e := sourceEnv(t, srv, 0, source.Options{})
 	ctx := context.Background()
 	now := e.clock.Now().UTC()
-	rec := runtime.Record{ID: newID(idPrefix), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
+	rec := runtime.Record{ID: NewID(idPrefix), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
 		State: string(Creating), DesiredState: string(Running), CreatedAt: now, StateChangedAt: now,
 		Annotations: map[string]string{annSourceArchive: url}}
 	if err := e.svc.store.Put(ctx, entryOf(rec)); err != nil {

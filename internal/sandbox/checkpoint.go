@@ -50,7 +50,7 @@ func (s *Service) exportWorkspace(ctx context.Context, id string) (io.ReadCloser
 		}
 		return r, nil
 	}
-	g, err := s.guest(ctx, id)
+	g, err := s.Guest(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s", snapID)
 	}
 	defer r.Close()
-	g, err := s.guest(ctx, id)
+	g, err := s.Guest(ctx, id)
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	for k, v := range req.Env {
 		env[k] = v
 	}
-	id := newID(idPrefix)
+	id := NewID(idPrefix)
 	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
 		return Sandbox{}, err
 	}

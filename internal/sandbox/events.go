@@ -15,7 +15,7 @@ import (
 // project when sandboxID is "". after resumes after a cursor ("" = only new events).
 func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan Event, error) {
 	if sandboxID != "" {
-		if _, err := s.load(ctx, p, sandboxID, VerbGet); err != nil {
+		if _, err := s.Load(ctx, p, sandboxID, VerbGet); err != nil {
 			return nil, err
 		}
 	}

@@ -33,11 +33,11 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 	if err != nil {
 		return ExecResult{}, err
 	}
-	rec, err := s.load(ctx, p, id, VerbExec)
+	rec, err := s.Load(ctx, p, id, VerbExec)
 	if err != nil {
 		return ExecResult{}, err
 	}
-	g, err := s.guest(ctx, id)
+	g, err := s.Guest(ctx, id)
 	if err != nil {
 		return ExecResult{}, err
 	}
@@ -45,7 +45,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 	for k, v := range req.Env {
 		env = append(env, k+"="+v)
 	}
-	meta := execstream.Meta{ID: newID(execPrefix), Tenant: rec.Tenant, Project: rec.Project, Sandbox: id,
+	meta := execstream.Meta{ID: NewID(execPrefix), Tenant: rec.Tenant, Project: rec.Project, Sandbox: id,
 		Argv: execstream.Summarize(req.Command), StartedAt: start}
 	if err := s.execs.Create(ctx, meta, s.token, start, s.cfg.ExecLease); err != nil {
 		s.metrics.exec("error", s.now().Sub(start))
@@ -207,10 +207,31 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 	return out, nil
 }
 
+// CancelExec kills a running exec of the caller's sandbox with every process it started (the
+// guest init finds them in the exec's cgroup, or by process group and parentage where it has
+// none). An exec that ended already is left as it is.
+func (s *Service) CancelExec(ctx context.Context, p auth.Principal, sandboxID, execID string) error {
+	m, err := s.loadExec(ctx, p, sandboxID, execID)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Load(ctx, p, m.Sandbox, VerbExec); err != nil {
+		return err
+	}
+	g, err := s.Guest(ctx, m.Sandbox)
+	if err != nil {
+		return err
+	}
+	if err := g.Signal(ctx, execID, "SIGKILL"); err != nil {
+		return s.guestError(ctx, m.Sandbox, err)
+	}
+	return nil
+}
+
 // loadExec reads an exec's status and checks that it belongs to the caller's project (and to
 // sandboxID when given): another tenant's exec does not exist.
 func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, execID string) (execstream.Meta, error) {
-	if !validPrefixedID(execID, execPrefix) {
+	if !ValidID(execID, execPrefix) {
 		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", apierror.Truncate(execID, 64))
 	}
 	m, err := s.execs.Get(ctx, execID)
@@ -689,7 +710,7 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 				offset = f.wait.upTo
 			}
 			ctx, cancel := context.WithTimeout(s.bg, 30*time.Second)
-			g, err := s.guest(ctx, f.meta.Sandbox)
+			g, err := s.Guest(ctx, f.meta.Sandbox)
 			cancel()
 			if err == nil {
 				var lr *guest.LogReader

@@ -89,7 +89,7 @@ func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
 	}
 	first.Close() // nobody follows while the command writes
 
-	g, err := second.guest(ctx, sb.ID)
+	g, err := second.Guest(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 		res, err := e.svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", "echo started; sleep 60"}})
 		done <- answer{res, err}
 	}()
-	g, err := e.svc.guest(ctx, sb.ID)
+	g, err := e.svc.Guest(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,10 +111,10 @@ func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string
 }
 
 func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*guest.Client, error) {
-	if _, err := s.load(ctx, p, id, VerbFiles); err != nil {
+	if _, err := s.Load(ctx, p, id, VerbFiles); err != nil {
 		return nil, err
 	}
-	return s.guest(ctx, id)
+	return s.Guest(ctx, id)
 }
 
 func (s *Service) validatePath(path string) error {

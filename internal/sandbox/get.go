@@ -11,7 +11,7 @@ import (
 
 // Get returns one of the caller's sandboxes.
 func (s *Service) Get(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
-	rec, err := s.load(ctx, p, id, VerbGet)
+	rec, err := s.Load(ctx, p, id, VerbGet)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -27,7 +27,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 	if limit > s.cfg.Limits.MaxPageSize {
 		return Page{}, apierror.New(apierror.InvalidArgument, "page size must be at most %d, got %d", s.cfg.Limits.MaxPageSize, limit)
 	}
-	if opts.After != "" && !validID(opts.After) {
+	if opts.After != "" && !ValidID(opts.After, idPrefix) {
 		return Page{}, apierror.New(apierror.InvalidArgument, "malformed cursor %q", apierror.Truncate(opts.After, 64))
 	}
 	if opts.State != "" {

@@ -8,16 +8,16 @@ import (
 	"sandboxd/internal/apierror"
 )
 
+// Ids are sortable (a ULID) with a readable prefix: "sbx_" for sandboxes, "exec_" for execs
+// (internal/execs), "run_" for agent runs (internal/agents).
 const idPrefix = "sbx_"
 
-func newID(prefix string) string { return prefix + ulid.Make().String() }
+// NewID returns a new id with the prefix.
+func NewID(prefix string) string { return prefix + ulid.Make().String() }
 
-// validID reports whether id has the shape of a sandbox id, so that junk never reaches Redis or
+// ValidID reports whether id is prefix followed by a ULID, so that junk never reaches Redis or
 // the runtime.
-func validID(id string) bool { return validPrefixedID(id, idPrefix) }
-
-// validPrefixedID reports whether id is prefix followed by a ULID (sandbox and exec ids).
-func validPrefixedID(id, prefix string) bool {
+func ValidID(id, prefix string) bool {
 	if len(id) != len(prefix)+26 || !strings.HasPrefix(id, prefix) {
 		return false
 	}

@@ -10,10 +10,10 @@ import (
 	"sandboxd/runtime"
 )
 
-// load finds the caller's sandbox id and checks verb against its state. Another project's
-// sandbox, a malformed id and a missing one are all NOT_FOUND.
-func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Verb) (runtime.Record, error) {
-	if !validID(id) {
+// Load finds the caller's sandbox id and checks verb against its state. Another project's
+// sandbox, a malformed id and a missing one are all NOT_FOUND. A caller's load is activity.
+func (s *Service) Load(ctx context.Context, p auth.Principal, id string, verb Verb) (runtime.Record, error) {
+	if !ValidID(id, idPrefix) {
 		return runtime.Record{}, notFound(id)
 	}
 	e, err := s.store.Get(ctx, id)

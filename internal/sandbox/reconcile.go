@@ -147,7 +147,7 @@ func (s *Service) actionFailed(id, action string, err error) {
 
 // busy reports whether an exec is still running in the sandbox (asking its guest init).
 func (s *Service) busy(ctx context.Context, id string) bool {
-	g, err := s.guest(ctx, id)
+	g, err := s.Guest(ctx, id)
 	if err != nil {
 		return false
 	}

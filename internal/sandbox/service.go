@@ -15,7 +15,6 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"sandboxd/internal/agentrun"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
 	"sandboxd/internal/execstream"
@@ -34,8 +33,6 @@ type Deps struct {
 	Checkpoints *checkpoint.Store
 	// Execs keeps exec output streams and status.
 	Execs *execstream.Store
-	// AgentRuns keeps agent run records (nil: agent runs answer UNAVAILABLE).
-	AgentRuns *agentrun.Store
 	// ReplicaToken names this replica as an exec follower (a fresh random one when empty).
 	ReplicaToken string
 	// Quota holds the concurrency slots; nil means no limits.
@@ -71,10 +68,7 @@ type Service struct {
 	progressEvery time.Duration
 
 	execs *execstream.Store
-	runs  *agentrun.Store
-	// agents is the catalog by id.
-	agents map[string]AgentConfig
-	token  string
+	token string
 	// bg lives as long as the service: exec followers run on it, not on a request.
 	bg        context.Context
 	cancel    context.CancelFunc
@@ -103,7 +97,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
 		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, sources: d.Sources, objects: d.SourceObjects,
 		metrics: d.Metrics, log: d.Logger, now: d.Now, progressEvery: defaultProgressEvery,
-		execs: d.Execs, runs: d.AgentRuns, agents: map[string]AgentConfig{}, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{},
+		execs: d.Execs, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{},
 		streams: fairshare.New(cfg.MaxStreamsPerProject)}
 	if s.sources == nil {
 		f, err := source.New(source.Options{})
@@ -131,14 +125,15 @@ func New(cfg Config, d Deps) (*Service, error) {
 	for _, p := range cfg.Profiles {
 		s.profiles[p.Name] = p
 	}
-	for _, a := range cfg.Agents {
-		s.agents[a.ID] = a
-	}
 	return s, nil
 }
 
 // Limits returns the configured limits.
 func (s *Service) Limits() Limits { return s.cfg.Limits }
+
+// Config is the config as New checked it, every default filled in: what exec and agent runs
+// are configured from.
+func (s *Service) Config() Config { return s.cfg }
 
 // Close stops following execs (their leases are released, so another replica follows on at
 // once) and drops every attach stream this replica holds. Sandboxes and commands keep running.

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/internal/agentrun"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
@@ -108,8 +107,7 @@ func newEnvWith(t *testing.T, opts envOptions) *env {
 	e := &env{fake: fake, ckpt: ck, objs: objs, redis: rs, clock: clock}
 	e.newDeps = func() Deps {
 		d := Deps{Driver: fake, Store: st, Events: events.New(rs.Client, events.Options{MaxLen: 100}), Checkpoints: ck,
-			Execs: execstream.New(rs.Client, execstream.Options{Now: clock.Now, Block: 200 * time.Millisecond}), Quota: q, Now: clock.Now,
-			AgentRuns: agentrun.New(rs.Client, agentrun.Options{})}
+			Execs: execstream.New(rs.Client, execstream.Options{Now: clock.Now, Block: 200 * time.Millisecond}), Quota: q, Now: clock.Now}
 		if opts.deps != nil {
 			opts.deps(&d)
 		}

@@ -29,7 +29,7 @@ func sourceOf(rec runtime.Record) string { return rec.Annotations[annSourceSnaps
 // Retry-After); commands keep running. The new snapshot becomes the sandbox's latest.
 func (s *Service) Snapshot(ctx context.Context, p auth.Principal, id string) (SnapshotInfo, error) {
 	start := s.now()
-	if _, err := s.load(ctx, p, id, VerbSnapshot); err != nil {
+	if _, err := s.Load(ctx, p, id, VerbSnapshot); err != nil {
 		return SnapshotInfo{}, err
 	}
 	lock, err := s.lock(ctx, id)
@@ -39,7 +39,7 @@ func (s *Service) Snapshot(ctx context.Context, p auth.Principal, id string) (Sn
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
 	// Load again under the lock: the state may have moved while we waited.
-	rec, err := s.load(ctx, p, id, VerbSnapshot)
+	rec, err := s.Load(ctx, p, id, VerbSnapshot)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -68,10 +68,10 @@ func (s *Service) ListSnapshots(ctx context.Context, p auth.Principal, sandboxID
 	if sandboxID == "" {
 		list, err = s.ckpt.ListProject(ctx, p.Tenant, p.Project)
 	} else {
-		if !validID(sandboxID) {
+		if !ValidID(sandboxID, idPrefix) {
 			return nil, notFound(sandboxID)
 		}
-		_, lerr := s.load(ctx, p, sandboxID, VerbGet)
+		_, lerr := s.Load(ctx, p, sandboxID, VerbGet)
 		if lerr != nil && !apierror.Is(lerr, apierror.NotFound) {
 			return nil, lerr
 		}
@@ -121,7 +121,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshot
 	if _, err := s.ckpt.Get(ctx, sc, snapshotID); err != nil && !errors.Is(err, checkpoint.ErrCorrupt) {
 		return snapshotError(err, snapshotID) // a corrupt snapshot can be deleted
 	}
-	_, err = s.load(ctx, p, sc.Sandbox, VerbGet)
+	_, err = s.Load(ctx, p, sc.Sandbox, VerbGet)
 	if apierror.Is(err, apierror.NotFound) {
 		// The sandbox is gone; its snapshots are the caller's to delete.
 		return s.deleteCheckpoint(ctx, sc, snapshotID)
@@ -135,7 +135,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshot
 	}
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
-	rec, err := s.load(ctx, p, sc.Sandbox, VerbGet)
+	rec, err := s.Load(ctx, p, sc.Sandbox, VerbGet)
 	if apierror.Is(err, apierror.NotFound) {
 		return s.deleteCheckpoint(ctx, sc, snapshotID)
 	}

@@ -360,7 +360,7 @@ func TestReconcilerFinishesACreateFromSnapshot(t *testing.T) {
 	snap := mustSnapshot(t, e, sb.ID)
 	// A record left CREATING with its source, the box up with an empty workspace.
 	now := e.clock.Now().UTC()
-	rec := runtime.Record{ID: newID(idPrefix), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
+	rec := runtime.Record{ID: NewID(idPrefix), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
 		State: string(Creating), DesiredState: string(Running), CreatedAt: now, StateChangedAt: now,
 		Annotations: map[string]string{annSourceSnapshot: snap.ID}}
 	if err := e.svc.store.Put(ctx, entryOf(rec)); err != nil {

@@ -48,7 +48,7 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 // Start takes a concurrency slot, restores the workspace if the runtime lost it and starts the
 // sandbox's compute.
 func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandbox, error) {
-	if _, err := s.load(ctx, p, id, VerbStart); err != nil {
+	if _, err := s.Load(ctx, p, id, VerbStart); err != nil {
 		return Sandbox{}, err
 	}
 	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {

@@ -63,7 +63,7 @@ func (s *Service) publish(ctx context.Context, rec runtime.Record, prev State) {
 func (s *Service) transition(ctx context.Context, p auth.Principal, id string, verb Verb,
 	work func(ctx context.Context, rec runtime.Record) (reason string, err error)) (runtime.Record, error) {
 	start := s.now()
-	if _, err := s.load(ctx, p, id, verb); err != nil {
+	if _, err := s.Load(ctx, p, id, verb); err != nil {
 		return runtime.Record{}, err
 	}
 	lock, err := s.lock(ctx, id)
@@ -73,7 +73,7 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
 	// Load again under the lock: the state may have moved while we waited.
-	rec, err := s.load(ctx, p, id, verb)
+	rec, err := s.Load(ctx, p, id, verb)
 	if err != nil {
 		return runtime.Record{}, err
 	}

@@ -1,0 +1,79 @@
+// Package domain assembles the one value both skins (internal/rest, resolvers) call: the
+// sandbox lifecycle core (internal/sandbox) and agent runs (internal/agents), wired to each
+// other through the small interfaces each defines where it is used. It adds no behaviour: the
+// skins see the services' methods, embedded, as one value.
+package domain
+
+import (
+	"log/slog"
+	"time"
+
+	"sandboxd/internal/agentrun"
+	"sandboxd/internal/agents"
+	"sandboxd/internal/checkpoint"
+	"sandboxd/internal/events"
+	"sandboxd/internal/execstream"
+	"sandboxd/internal/quota"
+	"sandboxd/internal/sandbox"
+	"sandboxd/internal/source"
+	"sandboxd/internal/store"
+	"sandboxd/runtime"
+)
+
+// The services, under names that tell the embedded fields apart.
+type (
+	// Core is the sandbox lifecycle core: create, get, list, stop, start, destroy, files,
+	// events, snapshots, quota, the reconciler.
+	Core = sandbox.Service
+	// AgentRuns are the agent runs attached to running sandboxes.
+	AgentRuns = agents.Service
+)
+
+// Service is the domain service as the skins see it.
+type Service struct {
+	*Core
+	*AgentRuns
+}
+
+// Deps are the components the services work with.
+type Deps struct {
+	Driver      runtime.Driver
+	Store       *store.Store
+	Events      *events.Bus
+	Checkpoints *checkpoint.Store
+	// Execs keeps exec output streams and status.
+	Execs *execstream.Store
+	// AgentRuns keeps agent run records (nil: agent runs answer UNAVAILABLE).
+	AgentRuns *agentrun.Store
+	// ReplicaToken names this replica as an exec follower (a fresh random one when empty).
+	ReplicaToken string
+	// Quota holds the concurrency slots; nil means no limits.
+	Quota *quota.Quota
+	// Sources fetches bootstrap archives and GCS prefixes (nil: a Fetcher with the
+	// defaults, which allow-lists no host).
+	Sources *source.Fetcher
+	// SourceObjects lists and reads the objects of a source.gcs_prefix; it is required when
+	// Config.SourcePrefixes permits any. It may make its client lazily, on first use.
+	SourceObjects source.ObjectLister
+
+	Metrics *sandbox.Metrics
+	Logger  *slog.Logger
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// New checks cfg and returns the services wired to each other.
+func New(cfg sandbox.Config, d Deps) (*Service, error) {
+	core, err := sandbox.New(cfg, sandbox.Deps{Driver: d.Driver, Store: d.Store, Events: d.Events,
+		Checkpoints: d.Checkpoints, Execs: d.Execs, ReplicaToken: d.ReplicaToken, Quota: d.Quota, Sources: d.Sources,
+		SourceObjects: d.SourceObjects, Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
+	if err != nil {
+		return nil, err
+	}
+	runs := agents.New(core.Config(), core, core, agents.Deps{Runs: d.AgentRuns, Logger: d.Logger, Now: d.Now})
+	return &Service{Core: core, AgentRuns: runs}, nil
+}
+
+// Close stops following execs and drops this replica's attach streams. Sandboxes, commands
+// and agents keep running.
+func (s *Service) Close() { s.Core.Close() }
