@@ -35,6 +35,7 @@ import (
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/domain"
 	"sandboxd/internal/events"
+	"sandboxd/internal/execs"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/ratelimit"
@@ -103,18 +104,19 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	execOpts := cfg.execOptions()
 	execOpts.Blocking = blocking
-	execs := execstream.New(rdb, execOpts)
+	execStore := execstream.New(rdb, execOpts)
 	svc, err := domain.New(cfg.sandboxConfig(), domain.Deps{
 		Driver:        driver,
 		Store:         store.New(rdb, lookupSource(driver)),
 		Events:        events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
 		Checkpoints:   checkpoint.New(objs, checkpoint.Options{}),
-		Execs:         execs,
+		Execs:         execStore,
 		AgentRuns:     agentrun.New(rdb, agentrun.Options{}),
 		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
 		Sources:       sources,
 		SourceObjects: gcsSources,
 		Metrics:       sandbox.NewMetrics(reg),
+		ExecMetrics:   execs.NewMetrics(reg),
 		Logger:        log,
 	})
 	if err != nil {

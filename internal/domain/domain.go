@@ -1,7 +1,7 @@
 // Package domain assembles the one value both skins (internal/rest, resolvers) call: the
-// sandbox lifecycle core (internal/sandbox) and agent runs (internal/agents), wired to each
-// other through the small interfaces each defines where it is used. It adds no behaviour: the
-// skins see the services' methods, embedded, as one value.
+// sandbox lifecycle core (internal/sandbox), exec (internal/execs) and agent runs
+// (internal/agents), wired to each other through the small interfaces each defines where it
+// is used. It adds no behaviour: the skins see the services' methods, embedded, as one value.
 package domain
 
 import (
@@ -12,6 +12,7 @@ import (
 	"sandboxd/internal/agents"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
+	"sandboxd/internal/execs"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
@@ -25,6 +26,8 @@ type (
 	// Core is the sandbox lifecycle core: create, get, list, stop, start, destroy, files,
 	// events, snapshots, quota, the reconciler.
 	Core = sandbox.Service
+	// Execs are the commands run in sandboxes: start, follow, take over, cancel, read.
+	Execs = execs.Service
 	// AgentRuns are the agent runs attached to running sandboxes.
 	AgentRuns = agents.Service
 )
@@ -32,6 +35,7 @@ type (
 // Service is the domain service as the skins see it.
 type Service struct {
 	*Core
+	*Execs
 	*AgentRuns
 }
 
@@ -57,7 +61,9 @@ type Deps struct {
 	SourceObjects source.ObjectLister
 
 	Metrics *sandbox.Metrics
-	Logger  *slog.Logger
+	// ExecMetrics are exec's (sandboxd_exec_duration_seconds); nil: not registered.
+	ExecMetrics *execs.Metrics
+	Logger      *slog.Logger
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -65,15 +71,26 @@ type Deps struct {
 // New checks cfg and returns the services wired to each other.
 func New(cfg sandbox.Config, d Deps) (*Service, error) {
 	core, err := sandbox.New(cfg, sandbox.Deps{Driver: d.Driver, Store: d.Store, Events: d.Events,
-		Checkpoints: d.Checkpoints, Execs: d.Execs, ReplicaToken: d.ReplicaToken, Quota: d.Quota, Sources: d.Sources,
-		SourceObjects: d.SourceObjects, Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
+		Checkpoints: d.Checkpoints, Quota: d.Quota, Sources: d.Sources, SourceObjects: d.SourceObjects,
+		Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err
 	}
-	runs := agents.New(core.Config(), core, core, agents.Deps{Runs: d.AgentRuns, Logger: d.Logger, Now: d.Now})
-	return &Service{Core: core, AgentRuns: runs}, nil
+	x, err := execs.New(core.Config(), core, execs.Deps{Store: d.Execs, Events: d.Events, ReplicaToken: d.ReplicaToken,
+		Metrics: d.ExecMetrics, Logger: d.Logger, Now: d.Now})
+	if err != nil {
+		core.Close()
+		return nil, err
+	}
+	// The core's reconciler follows on orphaned execs and sweeps ended ones through x.
+	core.SetExecReconciler(x)
+	runs := agents.New(core.Config(), core, x, agents.Deps{Runs: d.AgentRuns, Logger: d.Logger, Now: d.Now})
+	return &Service{Core: core, Execs: x, AgentRuns: runs}, nil
 }
 
-// Close stops following execs and drops this replica's attach streams. Sandboxes, commands
-// and agents keep running.
-func (s *Service) Close() { s.Core.Close() }
+// Close stops following execs (their leases are released, so another replica follows on at
+// once), then drops this replica's attach streams. Sandboxes, commands and agents keep running.
+func (s *Service) Close() {
+	s.Execs.Close()
+	s.Core.Close()
+}

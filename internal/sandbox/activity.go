@@ -7,8 +7,8 @@ import (
 	"sandboxd/runtime"
 )
 
-// touch records activity on a sandbox (for auto-stop).
-func (s *Service) touch(ctx context.Context, id string) {
+// Touch records activity on a sandbox (for auto-stop).
+func (s *Service) Touch(ctx context.Context, id string) {
 	if err := s.store.Touch(context.WithoutCancel(ctx), id, s.now()); err != nil {
 		s.log.Debug("recording activity failed", "sandbox", id, "err", err)
 	}

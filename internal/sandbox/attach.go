@@ -78,7 +78,7 @@ func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) 
 		if errors.Is(err, runtime.ErrNotRunning) {
 			box, gerr := s.driver.Get(actx, id)
 			if gerr == nil && box.Phase == runtime.PhaseFailed {
-				rec := s.observe(actx, box)
+				rec := s.Observe(actx, box)
 				return nil, apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason)
 			}
 		}
@@ -102,9 +102,9 @@ func (s *Service) dropAttach(id string) {
 	}
 }
 
-// guestError turns a failed guest call into a client error: a broken attach to a dead box
+// GuestError turns a failed guest call into a client error: a broken attach to a dead box
 // marks the sandbox FAILED; a guest's own error keeps its meaning.
-func (s *Service) guestError(ctx context.Context, id string, err error) error {
+func (s *Service) GuestError(ctx context.Context, id string, err error) error {
 	var ge *guest.Error
 	if errors.As(err, &ge) {
 		switch ge.Code {
@@ -130,7 +130,7 @@ func (s *Service) guestError(ctx context.Context, id string, err error) error {
 	s.dropAttach(id)
 	box, gerr := s.driver.Get(context.WithoutCancel(ctx), id)
 	if gerr == nil && box.Phase == runtime.PhaseFailed {
-		rec := s.observe(context.WithoutCancel(ctx), box)
+		rec := s.Observe(context.WithoutCancel(ctx), box)
 		return apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason).WithDetail("state", rec.State)
 	}
 	return apierror.Wrap(err, apierror.Unavailable, "lost the connection to the sandbox; retry").WithRetryAfter(time.Second)

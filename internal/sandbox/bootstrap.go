@@ -296,5 +296,5 @@ func (s *Service) importError(ctx context.Context, id string, err error) error {
 	if errors.As(err, &ge) && (ge.Code == guest.ErrCodeInvalid || ge.Code == guest.ErrCodeTooLarge) {
 		return apierror.Wrap(err, apierror.InvalidArgument, "the workspace import refused the source: %s", ge.Message)
 	}
-	return s.guestError(ctx, id, err)
+	return s.GuestError(ctx, id, err)
 }

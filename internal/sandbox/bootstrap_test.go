@@ -1,4 +1,4 @@
-package sandbox
+package sandbox_test
 
 import (
 	"archive/tar"
@@ -15,14 +15,17 @@ import (
 	"time"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/domain"
+	"sandboxd/internal/domain/domaintest"
+	. "sandboxd/internal/sandbox"
 	"sandboxd/internal/source"
 	"sandboxd/internal/source/sourcetest"
 	"sandboxd/runtime"
 )
 
-// sourceEnv is newEnvWith whose fetcher trusts srv and allow-lists its host:port; opts may
+// sourceEnv is a domaintest.Env whose fetcher trusts srv and allow-lists its host:port; opts may
 // adjust the fetcher's options.
-func sourceEnv(t *testing.T, srv *sourcetest.Server, limit int, opts source.Options) *env {
+func sourceEnv(t *testing.T, srv *sourcetest.Server, limit int, opts source.Options) *domaintest.Env {
 	t.Helper()
 	opts.RootCAs = srv.Pool()
 	if opts.AllowHosts == nil {
@@ -32,7 +35,7 @@ func sourceEnv(t *testing.T, srv *sourcetest.Server, limit int, opts source.Opti
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newEnvWith(t, envOptions{limit: limit, deps: func(d *Deps) { d.Sources = f }})
+	return domaintest.New(t, domaintest.Options{Limit: limit, Deps: func(d *domain.Deps) { d.Sources = f }})
 }
 
 // project is a tree of files, a folder and a relative symlink, as an archive holds them.
@@ -45,29 +48,29 @@ var project = []sourcetest.Entry{
 }
 
 // wantProject fails the test unless the sandbox's workspace holds project.
-func wantProject(t *testing.T, e *env, id string) {
+func wantProject(t *testing.T, e *domaintest.Env, id string) {
 	t.Helper()
-	if res := mustExec(t, e, alice, id, "cat", "proj/README.md", "proj/main.py"); string(res.Stdout) != "# hello\nprint('main')\n" {
+	if res := e.MustExec(t, alice, id, "cat", "proj/README.md", "proj/main.py"); string(res.Stdout) != "# hello\nprint('main')\n" {
 		t.Errorf("files: got %q, want the README and main.py through its link", res.Stdout)
 	}
-	if res := mustExec(t, e, alice, id, "readlink", "proj/main.py"); string(res.Stdout) != "src/main.py\n" {
+	if res := e.MustExec(t, alice, id, "readlink", "proj/main.py"); string(res.Stdout) != "src/main.py\n" {
 		t.Errorf("symlink: got %q, want %q", res.Stdout, "src/main.py\n")
 	}
-	if res := mustExec(t, e, alice, id, "./proj/run.sh"); string(res.Stdout) != "ran\n" {
+	if res := e.MustExec(t, alice, id, "./proj/run.sh"); string(res.Stdout) != "ran\n" {
 		t.Errorf("executable: got %q (exit %d), want %q", res.Stdout, res.ExitCode, "ran\n")
 	}
 }
 
 // noSandboxLeft fails the test unless alice has no sandbox, no box exists and no slot is held.
-func noSandboxLeft(t *testing.T, e *env) {
+func noSandboxLeft(t *testing.T, e *domaintest.Env) {
 	t.Helper()
 	ctx := context.Background()
-	boxes, _ := e.fake.List(ctx)
-	page, _ := e.svc.List(ctx, alice, ListOptions{})
+	boxes, _ := e.Fake.List(ctx)
+	page, _ := e.Svc.List(ctx, alice, ListOptions{})
 	if len(boxes) != 0 || len(page.Sandboxes) != 0 {
 		t.Errorf("after a refused create: %d boxes, %d listed, want none", len(boxes), len(page.Sandboxes))
 	}
-	if u := usage(t, e); u.InUse != 0 {
+	if u := e.Usage(t); u.InUse != 0 {
 		t.Errorf("after a refused create: got %d slots in use, want 0", u.InUse)
 	}
 }
@@ -80,7 +83,7 @@ func TestCreateFromArchive(t *testing.T) {
 		t.Run(f.Name, func(t *testing.T) {
 			path := "/task." + f.Name
 			url := srv.Put(path, f.Build(t, project))
-			sb, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+			sb, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
 			if err != nil {
 				t.Fatalf("create from %s: %v", url, err)
 			}
@@ -88,22 +91,22 @@ func TestCreateFromArchive(t *testing.T) {
 				t.Fatalf("create: got %s %q, want RUNNING without a reason", sb.State, sb.StateReason)
 			}
 			wantProject(t, e, sb.ID)
-			box, err := e.fake.Get(ctx, sb.ID)
-			if err != nil || box.Record.Annotations[annSourceArchive] != url {
-				t.Fatalf("record: got annotations %v (%v), want %s = %s", box.Record.Annotations, err, annSourceArchive, url)
+			box, err := e.Fake.Get(ctx, sb.ID)
+			if err != nil || box.Record.Annotations[AnnSourceArchive] != url {
+				t.Fatalf("record: got annotations %v (%v), want %s = %s", box.Record.Annotations, err, AnnSourceArchive, url)
 			}
 			// Stop and start restore from the checkpoint: the archive is fetched once.
-			if _, err := e.svc.Stop(ctx, alice, sb.ID); err != nil {
+			if _, err := e.Svc.Stop(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.svc.Start(ctx, alice, sb.ID); err != nil {
+			if _, err := e.Svc.Start(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
 			wantProject(t, e, sb.ID)
 			if n := srv.Hits(path); n != 1 {
 				t.Errorf("requests for the archive across create, exec, stop and start: got %d, want 1", n)
 			}
-			if _, err := e.svc.Destroy(ctx, alice, sb.ID); err != nil {
+			if _, err := e.Svc.Destroy(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -134,7 +137,7 @@ func TestCreateFromHostileArchive(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			url := srv.Put("/"+tt.name, tt.archive)
-			_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+			_, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
 			ae := apierror.From(err)
 			if ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, fmt.Sprintf("%q", tt.entry)) ||
 				!strings.Contains(ae.Message, tt.mention) || ae.Details["entry"] != tt.entry {
@@ -148,7 +151,7 @@ func TestCreateFromHostileArchive(t *testing.T) {
 	}
 	// Nothing was written anywhere in the fake runtime's folder (every box's workspace and
 	// state lives there), and the project's one slot is free again.
-	root := filepath.Dir(filepath.Dir(filepath.Dir(e.fake.Workspace("x"))))
+	root := filepath.Dir(filepath.Dir(filepath.Dir(e.Fake.Workspace("x"))))
 	if err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && (d.Name() == "evil.sh" || d.Name() == "ok.txt" || d.Name() == "bomb.bin") {
 			t.Errorf("found %s after the refused creates", p)
@@ -157,7 +160,7 @@ func TestCreateFromHostileArchive(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.svc.Create(ctx, alice, CreateRequest{}); err != nil {
+	if _, err := e.Svc.Create(ctx, alice, CreateRequest{}); err != nil {
 		t.Fatalf("create after the refused ones: %v", err)
 	}
 }
@@ -169,25 +172,25 @@ func TestCreateFromRefusedURLSpendsNothing(t *testing.T) {
 	url := srv.Put("/task.zip", sourcetest.Zip(t, project))
 	e := sourceEnv(t, srv, 1, source.Options{AllowHosts: []string{}})
 	ctx := context.Background()
-	if _, err := e.svc.Create(ctx, alice, CreateRequest{}); err != nil {
+	if _, err := e.Svc.Create(ctx, alice, CreateRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	e.fake.FailNext("Create", errors.New("the driver must not be asked"))
-	defer e.fake.FailNext("Create", nil)
-	_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+	e.Fake.FailNext("Create", errors.New("the driver must not be asked"))
+	defer e.Fake.FailNext("Create", nil)
+	_, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
 	if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, "loopback") {
 		t.Fatalf("got %v, want INVALID_ARGUMENT about a loopback address (not QUOTA_EXCEEDED, not the driver's error)", err)
 	}
 	if n := srv.Hits("/task.zip"); n != 0 {
 		t.Errorf("requests to the refused host: got %d, want 0", n)
 	}
-	if boxes, _ := e.fake.List(ctx); len(boxes) != 1 {
+	if boxes, _ := e.Fake.List(ctx); len(boxes) != 1 {
 		t.Errorf("got %d boxes, want only the first sandbox's", len(boxes))
 	}
 }
 
 func TestCreateSourceArgumentsRefused(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
 	tests := []struct {
 		name    string
@@ -204,13 +207,13 @@ func TestCreateSourceArgumentsRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &tt.src})
+			_, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &tt.src})
 			if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, tt.mention) {
 				t.Fatalf("got %v, want INVALID_ARGUMENT mentioning %q", err, tt.mention)
 			}
 		})
 	}
-	if boxes, _ := e.fake.List(ctx); len(boxes) != 0 {
+	if boxes, _ := e.Fake.List(ctx); len(boxes) != 0 {
 		t.Fatalf("got %d boxes after refused creates, want none", len(boxes))
 	}
 }
@@ -224,7 +227,7 @@ func TestCreateFromUnavailableArchive(t *testing.T) {
 		http.Error(w, "try later", http.StatusServiceUnavailable)
 	})
 	e := sourceEnv(t, srv, 1, source.Options{})
-	_, err := e.svc.Create(context.Background(), alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+	_, err := e.Svc.Create(context.Background(), alice, CreateRequest{Source: &Source{ArchiveURL: url}})
 	if ae := apierror.From(err); ae.Code != apierror.Unavailable || ae.RetryAfter != 7*time.Second {
 		t.Fatalf("got %v (retry after %v), want UNAVAILABLE with a retry after 7s", err, ae.RetryAfter)
 	}
@@ -251,10 +254,10 @@ func TestBootstrapProgress(t *testing.T) {
 		w.Write(whole[half:])
 	})
 	e := sourceEnv(t, srv, 0, source.Options{})
-	e.svc.progressEvery = 20 * time.Millisecond
+	SetProgressEvery(e.Svc.Core, 20*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	evs, err := e.svc.Events(ctx, alice, "", "0-0")
+	evs, err := e.Svc.Events(ctx, alice, "", "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,13 +268,13 @@ func TestBootstrapProgress(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		sb, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
+		sb, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &Source{ArchiveURL: url}})
 		done <- result{sb, err}
 	}()
 	wantReason := "bootstrapping from https://" + srv.Host() + "/…: "
 	var seen string
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		page, err := e.svc.List(ctx, alice, ListOptions{})
+		page, err := e.Svc.List(ctx, alice, ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -290,7 +293,7 @@ func TestBootstrapProgress(t *testing.T) {
 	if res.err != nil || res.sb.State != Running || res.sb.StateReason != "" {
 		t.Fatalf("create: got %s %q %v, want RUNNING without a reason", res.sb.State, res.sb.StateReason, res.err)
 	}
-	if got := mustExec(t, e, alice, res.sb.ID, "cat", "second.txt"); string(got.Stdout) != "done\n" {
+	if got := e.MustExec(t, alice, res.sb.ID, "cat", "second.txt"); string(got.Stdout) != "done\n" {
 		t.Fatalf("second.txt: got %q", got.Stdout)
 	}
 	var progress []Event
@@ -342,9 +345,9 @@ func TestCreateFromGCSPrefix(t *testing.T) {
 		"tasks/t1-evil/steal.txt": "not under the prefix",
 		"secret/keys.txt":         "not permitted",
 	})
-	e := newEnvWith(t, envOptions{limit: 1,
-		config: func(c *Config) { c.SourcePrefixes = map[string][]string{"t1:p1": {"gs://src-bucket/tasks/"}} },
-		deps:   func(d *Deps) { d.SourceObjects = lister },
+	e := domaintest.New(t, domaintest.Options{Limit: 1,
+		Config: func(c *Config) { c.SourcePrefixes = map[string][]string{"t1:p1": {"gs://src-bucket/tasks/"}} },
+		Deps:   func(d *domain.Deps) { d.SourceObjects = lister },
 	})
 	ctx := context.Background()
 	refused := []struct {
@@ -363,7 +366,7 @@ func TestCreateFromGCSPrefix(t *testing.T) {
 			if tt.who == "bob" {
 				p = bob
 			}
-			_, err := e.svc.Create(ctx, p, CreateRequest{Source: &Source{GCSPrefix: tt.prefix}})
+			_, err := e.Svc.Create(ctx, p, CreateRequest{Source: &Source{GCSPrefix: tt.prefix}})
 			if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, tt.prefix) ||
 				!strings.Contains(ae.Message, "not permitted for this project") {
 				t.Fatalf("got %v, want INVALID_ARGUMENT naming %s as not permitted for this project", err, tt.prefix)
@@ -371,17 +374,17 @@ func TestCreateFromGCSPrefix(t *testing.T) {
 		})
 	}
 	// A permitted prefix without objects is refused after the box was made: nothing is left.
-	_, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{GCSPrefix: "gs://src-bucket/tasks/none/"}})
+	_, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &Source{GCSPrefix: "gs://src-bucket/tasks/none/"}})
 	if ae := apierror.From(err); ae.Code != apierror.InvalidArgument || !strings.Contains(ae.Message, "no objects") {
 		t.Fatalf("an empty permitted prefix: got %v, want INVALID_ARGUMENT about no objects", err)
 	}
 	noSandboxLeft(t, e)
 
-	sb, err := e.svc.Create(ctx, alice, CreateRequest{Source: &Source{GCSPrefix: "gs://src-bucket/tasks/t1/"}})
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{Source: &Source{GCSPrefix: "gs://src-bucket/tasks/t1/"}})
 	if err != nil {
 		t.Fatalf("create from a permitted prefix: %v", err)
 	}
-	if res := mustExec(t, e, alice, sb.ID, "sh", "-c", "cat README.md src/main.py; ls -A"); string(res.Stdout) != "# task\nprint('main')\nREADME.md\nsrc\n" {
+	if res := e.MustExec(t, alice, sb.ID, "sh", "-c", "cat README.md src/main.py; ls -A"); string(res.Stdout) != "# task\nprint('main')\nREADME.md\nsrc\n" {
 		t.Fatalf("workspace: got %q", res.Stdout)
 	}
 }
@@ -393,21 +396,21 @@ func TestReconcilerFinishesACreateFromArchive(t *testing.T) {
 	url := srv.Put("/task.tar.gz", sourcetest.TarGz(t, project))
 	e := sourceEnv(t, srv, 0, source.Options{})
 	ctx := context.Background()
-	now := e.clock.Now().UTC()
-	rec := runtime.Record{ID: NewID(idPrefix), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
+	now := e.Clock.Now().UTC()
+	rec := runtime.Record{ID: NewID("sbx_"), Tenant: alice.Tenant, Project: alice.Project, Spec: runtime.BoxSpec{Profile: "p"},
 		State: string(Creating), DesiredState: string(Running), CreatedAt: now, StateChangedAt: now,
-		Annotations: map[string]string{annSourceArchive: url}}
-	if err := e.svc.store.Put(ctx, entryOf(rec)); err != nil {
+		Annotations: map[string]string{AnnSourceArchive: url}}
+	if err := e.Store.Put(ctx, EntryOf(runtime.Box{Record: rec})); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.fake.Create(ctx, rec); err != nil {
+	if err := e.Fake.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(time.Minute)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(time.Minute)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.svc.Get(ctx, alice, rec.ID)
+	got, err := e.Svc.Get(ctx, alice, rec.ID)
 	if err != nil || got.State != Running {
 		t.Fatalf("got %s %q %v, want RUNNING", got.State, got.StateReason, err)
 	}
@@ -429,7 +432,7 @@ func (noObjects) Open(context.Context, string, string, int64) (io.ReadCloser, er
 }
 
 func TestSourcePrefixesConfig(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	tests := []struct {
 		name     string
 		prefixes map[string][]string
@@ -446,13 +449,13 @@ func TestSourcePrefixesConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := e.cfg
+			cfg := e.Config
 			cfg.SourcePrefixes = tt.prefixes
-			d := e.newDeps()
+			d := e.NewDeps()
 			if tt.lister {
 				d.SourceObjects = noObjects{}
 			}
-			svc, err := New(cfg, d)
+			svc, err := domain.New(cfg, d)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("got %v, want no error", err)

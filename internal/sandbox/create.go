@@ -63,7 +63,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		s.release(ctx, p.Tenant, p.Project, id)
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
-	s.touch(ctx, id)
+	s.Touch(ctx, id)
 	s.publish(ctx, rec, "")
 	if err := s.driver.Create(ctx, rec); err != nil {
 		s.abortCreate(ctx, rec, start)
@@ -119,21 +119,23 @@ func (s *Service) validateCreate(req CreateRequest) (ProfileConfig, int64, int64
 		return prof, 0, 0, apierror.New(apierror.InvalidArgument, "unknown profile %q: one of %s", name, strings.Join(names, ", "))
 	}
 	l := s.cfg.Limits
-	autostop, err := bounded("autostop_sec", req.AutostopSec, l.AutostopDefaultSec, l.AutostopMinSec, l.AutostopMaxSec)
+	autostop, err := Bound("autostop_sec", req.AutostopSec, l.AutostopDefaultSec, l.AutostopMinSec, l.AutostopMaxSec)
 	if err != nil {
 		return prof, 0, 0, err
 	}
-	ttl, err := bounded("ttl_sec", req.TTLSec, l.TTLDefaultSec, l.TTLMinSec, l.TTLMaxSec)
+	ttl, err := Bound("ttl_sec", req.TTLSec, l.TTLDefaultSec, l.TTLMinSec, l.TTLMaxSec)
 	if err != nil {
 		return prof, 0, 0, err
 	}
-	if err := s.validateEnv(req.Env); err != nil {
+	if err := s.cfg.Limits.CheckEnv(req.Env); err != nil {
 		return prof, 0, 0, err
 	}
 	return prof, autostop, ttl, nil
 }
 
-func bounded(name string, v *int64, def, min, max int64) (int64, error) {
+// Bound is a caller's optional value of field name: def when not given, INVALID_ARGUMENT
+// naming the field when outside min..max.
+func Bound(name string, v *int64, def, min, max int64) (int64, error) {
 	if v == nil {
 		return def, nil
 	}
@@ -144,9 +146,11 @@ func bounded(name string, v *int64, def, min, max int64) (int64, error) {
 	return *v, nil
 }
 
-func (s *Service) validateEnv(env map[string]string) error {
-	if len(env) > s.cfg.Limits.ExecMaxEnv {
-		return apierror.New(apierror.InvalidArgument, "at most %d environment variables, got %d", s.cfg.Limits.ExecMaxEnv, len(env))
+// CheckEnv checks the environment variables of a create or an exec: at most ExecMaxEnv of
+// them, well-formed, none of the guest init's own (SBX_*).
+func (l Limits) CheckEnv(env map[string]string) error {
+	if len(env) > l.ExecMaxEnv {
+		return apierror.New(apierror.InvalidArgument, "at most %d environment variables, got %d", l.ExecMaxEnv, len(env))
 	}
 	for k, v := range env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || len(k)+len(v) > 32<<10 {

@@ -22,7 +22,7 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	if !events.ValidCursor(after) {
 		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", apierror.Truncate(after, 64))
 	}
-	release, err := s.holdStream(p)
+	release, err := s.HoldStream(p)
 	if err != nil {
 		return nil, err
 	}
@@ -63,4 +63,56 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 		}
 	}()
 	return out, nil
+}
+
+// ExecStatusEvent is the event of an exec's start (EventExecStarted) or end (EventExecEnded)
+// on its project's event stream, at time at; Events decodes it into Event.Exec. r carries the
+// exec's id, sandbox, command and start, and its exit once ended.
+func ExecStatusEvent(typ string, r ExecResult, at time.Time) events.Event {
+	fields := map[string]string{"exec_id": r.ExecID, "command": r.Command, "state": string(Running),
+		"exec_state": string(ExecRunning), "started_at": strconv.FormatInt(r.StartedAt.UnixMilli(), 10)}
+	if r.State == ExecEnded {
+		fields["exec_state"] = string(ExecEnded)
+		fields["exit_code"] = strconv.Itoa(r.ExitCode)
+		fields["signal"] = r.Signal
+		fields["timed_out"] = strconv.FormatBool(r.TimedOut)
+		fields["duration_ms"] = strconv.FormatInt(r.Duration.Milliseconds(), 10)
+		fields["error"] = r.Error
+		fields["ended_at"] = strconv.FormatInt(r.EndedAt.UnixMilli(), 10)
+	}
+	return events.Event{Type: typ, SandboxID: r.SandboxID, At: at, Fields: fields}
+}
+
+// execEventResult decodes the exec status of an EXEC_* event.
+func execEventResult(ev events.Event) *ExecResult {
+	f := ev.Fields
+	r := &ExecResult{ExecID: f["exec_id"], SandboxID: ev.SandboxID, Command: f["command"], State: ExecState(f["exec_state"])}
+	if ms, err := strconv.ParseInt(f["started_at"], 10, 64); err == nil {
+		r.StartedAt = time.UnixMilli(ms).UTC()
+	}
+	if r.State == ExecEnded {
+		r.ExitCode, _ = strconv.Atoi(f["exit_code"])
+		r.Signal, r.Error = f["signal"], f["error"]
+		r.TimedOut = f["timed_out"] == "true"
+		if ms, err := strconv.ParseInt(f["duration_ms"], 10, 64); err == nil {
+			r.Duration = time.Duration(ms) * time.Millisecond
+		}
+		if ms, err := strconv.ParseInt(f["ended_at"], 10, 64); err == nil {
+			r.EndedAt = time.UnixMilli(ms).UTC()
+		}
+	}
+	return r
+}
+
+// HoldStream takes one of the stream places of p's tenant:project on this replica (event and
+// output streams, over REST and GraphQL alike): LIMIT_EXCEEDED when it holds them all. The
+// places are fewer than the replica's total, so one project at its cap leaves room for others.
+func (s *Service) HoldStream(p auth.Principal) (release func(), err error) {
+	release, ok := s.streams.Acquire(p.Scope())
+	if !ok {
+		return nil, apierror.New(apierror.LimitExceeded,
+			"tenant:project %s has %d streams open on this server, the most allowed; close one first", p.Scope(), s.streams.Cap()).
+			WithDetail("limit_name", "streams_per_project").WithRetryAfter(5 * time.Second)
+	}
+	return release, nil
 }

@@ -1,4 +1,4 @@
-package sandbox
+package sandbox_test
 
 import (
 	"context"
@@ -12,6 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/domain"
+	"sandboxd/internal/domain/domaintest"
+	. "sandboxd/internal/sandbox"
 	"sandboxd/internal/store"
 	"sandboxd/runtime"
 )
@@ -24,9 +27,9 @@ import (
 // started is as B left it (running, its record, its slot).
 func TestStaleLockHolderIsFencedOff(t *testing.T) {
 	const ttl = 600 * time.Millisecond
-	e := newEnvWith(t, envOptions{realRedis: true, config: func(c *Config) { c.LockTTL = ttl }})
+	e := domaintest.New(t, domaintest.Options{RealRedis: true, Config: func(c *Config) { c.LockTTL = ttl }})
 	ctx := context.Background()
-	sb, err := e.svc.Create(ctx, alice, CreateRequest{})
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,21 +37,21 @@ func TestStaleLockHolderIsFencedOff(t *testing.T) {
 	// Replica A: its own Redis client (which the test can pause) and a driver that holds its
 	// Stop until the test lets it go.
 	paused := &pauseHook{}
-	rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr})
+	rdb := redis.NewClient(&redis.Options{Addr: e.Redis.Addr})
 	t.Cleanup(func() { rdb.Close() })
 	rdb.AddHook(paused)
-	gate := &stopGate{Driver: e.fake, reached: make(chan struct{}), release: make(chan struct{})}
-	deps := e.newDeps()
+	gate := &stopGate{Driver: e.Fake, reached: make(chan struct{}), release: make(chan struct{})}
+	deps := e.NewDeps()
 	deps.Driver = gate
 	deps.Store = store.New(rdb, func(ctx context.Context) ([]store.Entry, error) {
-		boxes, err := e.fake.List(ctx)
+		boxes, err := e.Fake.List(ctx)
 		var out []store.Entry
 		for _, b := range boxes {
 			out = append(out, EntryOf(b))
 		}
 		return out, err
 	})
-	a, err := New(e.cfg, deps)
+	a, err := domain.New(e.Config, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +69,7 @@ func TestStaleLockHolderIsFencedOff(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("A's stop never reached driver.Stop")
 	}
-	boxA, _ := e.fake.Get(ctx, sb.ID)
+	boxA, _ := e.Fake.Get(ctx, sb.ID)
 	if boxA.Record.State != string(Stopping) || boxA.Fence == 0 {
 		t.Fatalf("while A stops: got %s with fence %d, want STOPPING with A's fence", boxA.Record.State, boxA.Fence)
 	}
@@ -76,17 +79,17 @@ func TestStaleLockHolderIsFencedOff(t *testing.T) {
 
 	// B's reconciler finds the STOPPING sandbox without a live lock and finishes the stop;
 	// then B starts it again.
-	e.clock.Advance(time.Minute)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(time.Minute)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.svc.Get(ctx, alice, sb.ID); err != nil || got.State != Stopped {
+	if got, err := e.Svc.Get(ctx, alice, sb.ID); err != nil || got.State != Stopped {
 		t.Fatalf("after B's reconciler: got %s, %v, want STOPPED", got.State, err)
 	}
-	if _, err := e.svc.Start(ctx, alice, sb.ID); err != nil {
+	if _, err := e.Svc.Start(ctx, alice, sb.ID); err != nil {
 		t.Fatalf("B's start: %v", err)
 	}
-	before, err := e.fake.Get(ctx, sb.ID)
+	before, err := e.Fake.Get(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,17 +112,17 @@ func TestStaleLockHolderIsFencedOff(t *testing.T) {
 		t.Fatalf("A's stop: got %v (code %s, retry after %v), want INVALID_STATE with Retry-After saying another replica took over",
 			err, ae.Code, ae.RetryAfter)
 	}
-	after, err := e.fake.Get(ctx, sb.ID)
+	after, err := e.Fake.Get(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := jsonString(t, after), jsonString(t, before); got != want {
 		t.Fatalf("A's fenced-off stop changed the box: got %s, want %s", got, want)
 	}
-	if res := mustExec(t, e, alice, sb.ID, "echo", "alive"); string(res.Stdout) != "alive\n" {
+	if res := e.MustExec(t, alice, sb.ID, "echo", "alive"); string(res.Stdout) != "alive\n" {
 		t.Fatalf("exec after A's stop: got %q, want the sandbox running", res.Stdout)
 	}
-	if u := usage(t, e); u.InUse != 1 {
+	if u := e.Usage(t); u.InUse != 1 {
 		t.Fatalf("got %d slots in use, want 1 (A gave back nothing)", u.InUse)
 	}
 }

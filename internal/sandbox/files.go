@@ -27,7 +27,7 @@ func (s *Service) ReadFile(ctx context.Context, p auth.Principal, id, path strin
 	}
 	data, err := io.ReadAll(io.LimitReader(r, maxBytes+1))
 	if err != nil {
-		return nil, FileInfo{}, s.guestError(ctx, id, err)
+		return nil, FileInfo{}, s.GuestError(ctx, id, err)
 	}
 	if int64(len(data)) > maxBytes {
 		return nil, FileInfo{}, apierror.New(apierror.PayloadTooLarge, "%s grew beyond %d bytes while being read", path, maxBytes)
@@ -46,7 +46,7 @@ func (s *Service) OpenFile(ctx context.Context, p auth.Principal, id, path strin
 	}
 	r, fi, err := g.ReadFile(ctx, path)
 	if err != nil {
-		return nil, FileInfo{}, s.guestError(ctx, id, err)
+		return nil, FileInfo{}, s.GuestError(ctx, id, err)
 	}
 	if fi.Size > s.cfg.Limits.MaxFileBytes {
 		r.Close()
@@ -76,7 +76,7 @@ func (s *Service) WriteFile(ctx context.Context, p auth.Principal, id, path stri
 		return FileInfo{}, apierror.New(apierror.PayloadTooLarge, "the file is larger than %d bytes", s.cfg.Limits.MaxFileBytes)
 	}
 	if err != nil {
-		return FileInfo{}, s.guestError(ctx, id, err)
+		return FileInfo{}, s.GuestError(ctx, id, err)
 	}
 	return fileInfo(fi), nil
 }
@@ -101,7 +101,7 @@ func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string
 	}
 	entries, truncated, err := g.ListDir(ctx, path, limit)
 	if err != nil {
-		return nil, false, s.guestError(ctx, id, err)
+		return nil, false, s.GuestError(ctx, id, err)
 	}
 	out := make([]FileInfo, len(entries))
 	for i, e := range entries {

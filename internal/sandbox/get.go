@@ -63,7 +63,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 			if err != nil {
 				return Page{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
 			}
-			sb := toSandbox(s.observe(ctx, rec))
+			sb := toSandbox(s.Observe(ctx, rec))
 			if opts.State != "" && sb.State != opts.State {
 				continue
 			}

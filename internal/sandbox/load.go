@@ -38,9 +38,9 @@ func (s *Service) Load(ctx context.Context, p auth.Principal, id string, verb Ve
 	if box.Record.Tenant != p.Tenant || box.Record.Project != p.Project {
 		return runtime.Record{}, notFound(id)
 	}
-	rec := s.observe(ctx, box)
+	rec := s.Observe(ctx, box)
 	if p.Key != systemKey {
-		s.touch(ctx, id)
+		s.Touch(ctx, id)
 	}
 	if err := Check(State(rec.State), verb, id); err != nil {
 		if State(rec.State) == Failed && rec.StateReason != "" {
@@ -53,9 +53,14 @@ func (s *Service) Load(ctx context.Context, p auth.Principal, id string, verb Ve
 	return rec, nil
 }
 
-// observe reconciles a record with what the driver sees: a box whose compute died while it was
+// Box is the runtime's box of sandbox id, as the driver reports it (its record and phase).
+func (s *Service) Box(ctx context.Context, id string) (runtime.Box, error) {
+	return s.driver.Get(ctx, id)
+}
+
+// Observe reconciles a record with what the driver sees: a box whose compute died while it was
 // RUNNING is FAILED with the driver's reason, and that is written back to the record.
-func (s *Service) observe(ctx context.Context, box runtime.Box) runtime.Record {
+func (s *Service) Observe(ctx context.Context, box runtime.Box) runtime.Record {
 	rec := box.Record
 	if diedRunning(box) {
 		reason := box.Reason

@@ -7,10 +7,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the domain's Prometheus metrics. Labels are bounded: never a sandbox id.
+// Metrics are the lifecycle's Prometheus metrics (exec's are internal/execs'). Labels are
+// bounded: never a sandbox id.
 type Metrics struct {
 	lifecycleSeconds *prometheus.HistogramVec
-	execSeconds      *prometheus.HistogramVec
 }
 
 // NewMetrics registers the domain metrics on reg (nil: not registered, for tests).
@@ -21,24 +21,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of sandbox lifecycle operations (create, stop, start, destroy, snapshot, checkpoint, restore).",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"operation", "outcome"}),
-		execSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "sandboxd_exec_duration_seconds",
-			Help:    "Duration of synchronous execs, from request to collected result.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30, 120, 600},
-		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lifecycleSeconds, m.execSeconds)
+		reg.MustRegister(m.lifecycleSeconds)
 	}
 	return m
 }
 
 func (m *Metrics) lifecycle(op, outcome string, d time.Duration) {
 	m.lifecycleSeconds.WithLabelValues(op, outcome).Observe(d.Seconds())
-}
-
-func (m *Metrics) exec(outcome string, d time.Duration) {
-	m.execSeconds.WithLabelValues(outcome).Observe(d.Seconds())
 }
 
 // StateCollector reports sandboxes by state from the lookup, at scrape time.

@@ -16,12 +16,22 @@ import (
 // sandbox: finishes a transition whose replica died half way (its lock has lapsed), marks a
 // dead box FAILED, auto-stops an idle sandbox (never one with an exec still running), destroys
 // an expired one (checkpointed first), and renews the concurrency-slot leases of every sandbox
-// that holds one. Actions go through the same code as the API verbs and take the same
+// that holds one; then exec's part of the pass runs (ExecReconciler: orphaned execs followed
+// on, ended ones swept). Actions go through the same code as the API verbs and take the same
 // per-sandbox lock, so one sandbox is acted on by one replica at a time. Every driver write
 // made under a lock carries the lock's fence (runtime.WithFence), which the runtime checks
 // against the highest fence the box has seen, and every state change is conditional on the
 // state it starts from: a replica whose lock lapsed while it was held up cannot write to the
 // box once another replica took the lock and did.
+
+// ExecReconciler is the exec side of a reconcile pass (internal/execs): it follows on the execs
+// whose follower went away and sweeps the ended ones.
+type ExecReconciler interface {
+	ReconcileExecs(ctx context.Context)
+}
+
+// SetExecReconciler ends every reconcile pass with x's. Call it before the reconciler runs.
+func (s *Service) SetExecReconciler(x ExecReconciler) { s.execs = x }
 
 // RunReconciler runs a pass every interval until ctx ends.
 func (s *Service) RunReconciler(ctx context.Context, every time.Duration) {
@@ -67,7 +77,9 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		}
 	}
 	s.renewSlots(ctx, holders)
-	s.reconcileExecs(ctx)
+	if s.execs != nil {
+		s.execs.ReconcileExecs(ctx)
+	}
 	return nil
 }
 
@@ -107,7 +119,7 @@ func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time
 		return s.finish(ctx, b)
 	case Running:
 		if diedRunning(b) {
-			return State(s.observe(ctx, b).State)
+			return State(s.Observe(ctx, b).State)
 		}
 	}
 	facts := ClockFacts{State: st, CreatedAt: rec.CreatedAt, TTLSec: rec.TTLSec, AutostopSec: rec.AutostopSec,
@@ -124,7 +136,7 @@ func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time
 	case DueAutostop:
 		if s.busy(ctx, rec.ID) {
 			// A command still runs: that is activity. The countdown starts again after it.
-			s.touch(ctx, rec.ID)
+			s.Touch(ctx, rec.ID)
 			return st
 		}
 		why := fmt.Sprintf("auto-stopped after %d s without activity", rec.AutostopSec)

@@ -1,4 +1,4 @@
-package sandbox
+package sandbox_test
 
 import (
 	"context"
@@ -7,142 +7,134 @@ import (
 	"time"
 
 	"sandboxd/internal/apierror"
-	"sandboxd/internal/quota"
+	"sandboxd/internal/domain/domaintest"
+	. "sandboxd/internal/sandbox"
 	"sandboxd/runtime"
 )
 
-func usage(t *testing.T, e *env) quota.Usage {
-	t.Helper()
-	u, err := e.svc.Quota(context.Background(), alice)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u
-}
-
 func TestQuotaSlotsTakenAndGivenBack(t *testing.T) {
-	e := newEnvWithLimit(t, 3)
+	e := domaintest.New(t, domaintest.Options{Limit: 3})
 	ctx := context.Background()
 	var ids []string
 	for i := 0; i < 3; i++ {
-		sb, err := e.svc.Create(ctx, alice, CreateRequest{})
+		sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, sb.ID)
 	}
-	_, err := e.svc.Create(ctx, alice, CreateRequest{})
+	_, err := e.Svc.Create(ctx, alice, CreateRequest{})
 	ae := apierror.From(err)
 	if ae.Code != apierror.QuotaExceeded || ae.RetryAfter <= 0 || ae.Details["limit"] != 3 {
 		t.Fatalf("fourth create: got %v (details %v), want QUOTA_EXCEEDED with limit 3 and a retry-after", err, ae.Details)
 	}
 	// Another project is not affected.
-	other, err := e.svc.Create(ctx, bob, CreateRequest{})
+	other, err := e.Svc.Create(ctx, bob, CreateRequest{})
 	if err != nil {
 		t.Fatalf("another project's create: %v", err)
 	}
-	if u := usage(t, e); u.InUse != 3 || u.Limit != 3 {
+	if u := e.Usage(t); u.InUse != 3 || u.Limit != 3 {
 		t.Fatalf("usage: got %+v, want 3 of 3", u)
 	}
 	// Stop gives a slot back; start takes it again (and fails when full).
-	if _, err := e.svc.Stop(ctx, alice, ids[0]); err != nil {
+	if _, err := e.Svc.Stop(ctx, alice, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	if u := usage(t, e); u.InUse != 2 {
+	if u := e.Usage(t); u.InUse != 2 {
 		t.Fatalf("after stop: got %d in use, want 2", u.InUse)
 	}
-	newer, err := e.svc.Create(ctx, alice, CreateRequest{})
+	newer, err := e.Svc.Create(ctx, alice, CreateRequest{})
 	if err != nil {
 		t.Fatalf("create after a stop: %v", err)
 	}
-	if _, err := e.svc.Start(ctx, alice, ids[0]); apierror.CodeOf(err) != apierror.QuotaExceeded {
+	if _, err := e.Svc.Start(ctx, alice, ids[0]); apierror.CodeOf(err) != apierror.QuotaExceeded {
 		t.Fatalf("start on a full project: got %v, want QUOTA_EXCEEDED", err)
 	}
-	if got, _ := e.svc.Get(ctx, alice, ids[0]); got.State != Stopped {
+	if got, _ := e.Svc.Get(ctx, alice, ids[0]); got.State != Stopped {
 		t.Fatalf("a start refused for quota: got %s, want STOPPED", got.State)
 	}
 	// Destroy and failure give slots back.
-	if _, err := e.svc.Destroy(ctx, alice, newer.ID); err != nil {
+	if _, err := e.Svc.Destroy(ctx, alice, newer.ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.fake.Kill(ids[1], "crashed"); err != nil {
+	if err := e.Fake.Kill(ids[1], "crashed"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := e.svc.Get(ctx, alice, ids[1]); got.State != Failed {
+	if got, _ := e.Svc.Get(ctx, alice, ids[1]); got.State != Failed {
 		t.Fatalf("got %s, want FAILED", got.State)
 	}
-	if u := usage(t, e); u.InUse != 1 {
+	if u := e.Usage(t); u.InUse != 1 {
 		t.Fatalf("after destroy and failure: got %d in use, want 1", u.InUse)
 	}
-	if _, err := e.svc.Start(ctx, alice, ids[0]); err != nil {
+	if _, err := e.Svc.Start(ctx, alice, ids[0]); err != nil {
 		t.Fatalf("start with free slots: %v", err)
 	}
-	if u := usage(t, e); u.InUse != 2 {
+	if u := e.Usage(t); u.InUse != 2 {
 		t.Fatalf("after start: got %d in use, want 2", u.InUse)
 	}
 	_ = other
 }
 
 func TestReconcilerAutostopsIdleButNotBusy(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
-	sb, err := e.svc.Create(ctx, alice, CreateRequest{AutostopSec: ptr[int64](60)})
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{AutostopSec: domaintest.Ptr[int64](60)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _ := e.svc.Get(ctx, alice, sb.ID)
+	got, _ := e.Svc.Get(ctx, alice, sb.ID)
 	if got.AutostopAt.IsZero() {
 		t.Fatal("a running sandbox shows no autostop_at")
 	}
 	// A long command is running: idle time passes, the sandbox stays up.
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sleep", "2"}, TimeoutSec: ptr[int64](30)})
+		_, err := e.Svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sleep", "2"}, TimeoutSec: domaintest.Ptr[int64](30)})
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond)
-	e.clock.Advance(2 * time.Minute)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(2 * time.Minute)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := e.svc.Get(ctx, alice, sb.ID); got.State != Running {
+	if got, _ := e.Svc.Get(ctx, alice, sb.ID); got.State != Running {
 		t.Fatalf("with an exec running: got %s, want RUNNING", got.State)
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("the long exec: %v", err)
 	}
 	// Idle for longer than autostop_sec after it: stopped, with the reason, the slot given back.
-	e.clock.Advance(2 * time.Minute)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(2 * time.Minute)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got, _ = e.svc.Get(ctx, alice, sb.ID)
+	got, _ = e.Svc.Get(ctx, alice, sb.ID)
 	if got.State != Stopped || !strings.Contains(got.StateReason, "auto-stopped") || got.LatestSnapshotID == "" {
 		t.Fatalf("idle: got %s %q snapshot %q, want STOPPED, auto-stopped, checkpointed", got.State, got.StateReason, got.LatestSnapshotID)
 	}
-	if u := usage(t, e); u.InUse != 0 {
+	if u := e.Usage(t); u.InUse != 0 {
 		t.Fatalf("after auto-stop: got %d in use, want 0", u.InUse)
 	}
 }
 
 func TestReconcilerExpires(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	sb, err := e.svc.Create(ctx, alice, CreateRequest{TTLSec: ptr[int64](60)})
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{TTLSec: domaintest.Ptr[int64](60)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, e, alice, sb.ID, "sh", "-c", "echo last > words")
-	evs, err := e.svc.Events(ctx, alice, sb.ID, "0-0")
+	e.MustExec(t, alice, sb.ID, "sh", "-c", "echo last > words")
+	evs, err := e.Svc.Events(ctx, alice, sb.ID, "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(61 * time.Second)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(61 * time.Second)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.svc.Get(ctx, alice, sb.ID); apierror.CodeOf(err) != apierror.NotFound {
+	if _, err := e.Svc.Get(ctx, alice, sb.ID); apierror.CodeOf(err) != apierror.NotFound {
 		t.Fatalf("after its ttl: got %v, want NOT_FOUND", err)
 	}
 	var last Event
@@ -155,89 +147,89 @@ func TestReconcilerExpires(t *testing.T) {
 	if last.State != Expired || !strings.Contains(last.Reason, "ttl") {
 		t.Fatalf("last event: got %s %q, want EXPIRED with the ttl reason", last.State, last.Reason)
 	}
-	if u := usage(t, e); u.InUse != 0 {
+	if u := e.Usage(t); u.InUse != 0 {
 		t.Fatalf("after expiry: got %d in use, want 0", u.InUse)
 	}
 }
 
 func TestReconcilerFinishesAnInterruptedStop(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
-	sb, err := e.svc.Create(ctx, alice, CreateRequest{})
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A replica died after writing STOPPING (it held the lock, which then lapsed).
-	if _, err := e.fake.UpdateRecord(ctx, sb.ID, func(r *runtime.Record) error {
+	if _, err := e.Fake.UpdateRecord(ctx, sb.ID, func(r *runtime.Record) error {
 		r.State = string(Stopping)
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(time.Minute)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(time.Minute)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got, _ := e.svc.Get(ctx, alice, sb.ID)
+	got, _ := e.Svc.Get(ctx, alice, sb.ID)
 	if got.State != Stopped || got.LatestSnapshotID == "" {
 		t.Fatalf("got %s snapshot %q, want STOPPED with a checkpoint", got.State, got.LatestSnapshotID)
 	}
-	if box, _ := e.fake.Get(ctx, sb.ID); box.Phase != runtime.PhaseStopped {
+	if box, _ := e.Fake.Get(ctx, sb.ID); box.Phase != runtime.PhaseStopped {
 		t.Fatalf("box phase: got %s, want stopped", box.Phase)
 	}
-	if u := usage(t, e); u.InUse != 0 {
+	if u := e.Usage(t); u.InUse != 0 {
 		t.Fatalf("got %d in use, want 0", u.InUse)
 	}
 }
 
 func TestReconcilerLeavesAHeldTransitionAlone(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
-	sb, err := e.svc.Create(ctx, alice, CreateRequest{})
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lock, err := e.svc.store.Lock(ctx, sb.ID, time.Minute)
+	lock, err := e.Store.Lock(ctx, sb.ID, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Unlock(ctx)
-	if _, err := e.fake.UpdateRecord(ctx, sb.ID, func(r *runtime.Record) error {
+	if _, err := e.Fake.UpdateRecord(ctx, sb.ID, func(r *runtime.Record) error {
 		r.State = string(Stopping)
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(time.Minute)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(time.Minute)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if box, _ := e.fake.Get(ctx, sb.ID); box.Record.State != string(Stopping) || box.Phase != runtime.PhaseRunning {
+	if box, _ := e.Fake.Get(ctx, sb.ID); box.Record.State != string(Stopping) || box.Phase != runtime.PhaseRunning {
 		t.Fatalf("got %s/%s, want the in-flight STOPPING left alone", box.Record.State, box.Phase)
 	}
 }
 
 func TestReconcilerRenewsAndRebuildsSlots(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
 	for i := 0; i < 2; i++ {
-		if _, err := e.svc.Create(ctx, alice, CreateRequest{}); err != nil {
+		if _, err := e.Svc.Create(ctx, alice, CreateRequest{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := e.redis.Client.FlushAll(ctx).Err(); err != nil {
+	if err := e.Redis.Client.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if u := usage(t, e); u.InUse != 2 {
+	if u := e.Usage(t); u.InUse != 2 {
 		t.Fatalf("after FLUSHALL: got %d in use, want 2 (rebuilt from the runtime)", u.InUse)
 	}
 	// Leases outlive their period only through the reconciler's renewals.
-	e.clock.Advance(50 * time.Second)
-	if err := e.svc.Reconcile(ctx); err != nil {
+	e.Clock.Advance(50 * time.Second)
+	if err := e.Svc.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.clock.Advance(50 * time.Second)
-	if u := usage(t, e); u.InUse != 2 {
+	e.Clock.Advance(50 * time.Second)
+	if u := e.Usage(t); u.InUse != 2 {
 		t.Fatalf("after renewal and 100 s: got %d in use, want 2", u.InUse)
 	}
 }

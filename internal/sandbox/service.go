@@ -1,8 +1,12 @@
-// Package sandbox is the domain service: sandbox lifecycle, exec and files, behind both REST and
-// GraphQL. It owns the rules (the state table, limits, tenancy); the runtime driver owns the
-// boxes and their records (the truth), Redis the lookup, events and locks, the checkpoint store
-// the durable workspace bytes. It keeps no state another replica needs: only a cache of attach
-// streams to the guest inits of the sandboxes it serves.
+// Package sandbox is the lifecycle core of the domain: create, get, list, stop, start, destroy,
+// files, status events, snapshots, bootstrap sources, slots, activity and the reconciler, one
+// verb per file, and the types both skins speak (exec and agent run types included). It owns
+// the rules (the state table, limits, tenancy); the runtime driver owns the boxes and their
+// records (the truth), Redis the lookup, events and locks, the checkpoint store the durable
+// workspace bytes. Exec (internal/execs) and agent runs (internal/agents) are built on it
+// through interfaces they define; it reaches exec only through ExecReconciler. It keeps no
+// state another replica needs: only a cache of attach streams to the guest inits of the
+// sandboxes it serves.
 package sandbox
 
 import (
@@ -10,14 +14,10 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/oklog/ulid/v2"
 
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
-	"sandboxd/internal/execstream"
 	"sandboxd/internal/fairshare"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/source"
@@ -31,10 +31,6 @@ type Deps struct {
 	Store       *store.Store
 	Events      *events.Bus
 	Checkpoints *checkpoint.Store
-	// Execs keeps exec output streams and status.
-	Execs *execstream.Store
-	// ReplicaToken names this replica as an exec follower (a fresh random one when empty).
-	ReplicaToken string
 	// Quota holds the concurrency slots; nil means no limits.
 	Quota *quota.Quota
 	// Sources fetches bootstrap archives and GCS prefixes (nil: a Fetcher with the
@@ -50,7 +46,7 @@ type Deps struct {
 	Now func() time.Time
 }
 
-// Service is the domain service.
+// Service is the sandbox lifecycle core.
 type Service struct {
 	cfg      Config
 	profiles map[string]ProfileConfig
@@ -67,18 +63,13 @@ type Service struct {
 	// progressEvery is how often a bootstrap's progress is recorded and published.
 	progressEvery time.Duration
 
-	execs *execstream.Store
-	token string
-	// bg lives as long as the service: exec followers run on it, not on a request.
-	bg        context.Context
-	cancel    context.CancelFunc
-	followers sync.WaitGroup
-	// recovering are the starts of sandboxes whose compute was lost (recoverLost).
+	// bg lives as long as the service: the starts of sandboxes whose compute was lost run on
+	// it, not on a request; recovering waits for them (recoverLost).
+	bg         context.Context
+	cancel     context.CancelFunc
 	recovering sync.WaitGroup
-	followMu   sync.Mutex
-	following  map[string]bool // exec ids this replica follows
-	execSubs   atomic.Int64
-	lastSweep  atomic.Int64
+	// execs is the exec side of every reconcile pass (SetExecReconciler).
+	execs ExecReconciler
 	// streams caps the event and output streams each tenant:project holds on this replica.
 	streams *fairshare.Limiter
 
@@ -91,13 +82,13 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if d.Driver == nil || d.Store == nil || d.Events == nil || d.Checkpoints == nil || d.Execs == nil {
-		return nil, errors.New("sandbox: driver, store, events, checkpoints and execs are required")
+	if d.Driver == nil || d.Store == nil || d.Events == nil || d.Checkpoints == nil {
+		return nil, errors.New("sandbox: driver, store, events and checkpoints are required")
 	}
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
 		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, sources: d.Sources, objects: d.SourceObjects,
 		metrics: d.Metrics, log: d.Logger, now: d.Now, progressEvery: defaultProgressEvery,
-		execs: d.Execs, token: d.ReplicaToken, following: map[string]bool{}, attachs: map[string]*attachment{},
+		attachs: map[string]*attachment{},
 		streams: fairshare.New(cfg.MaxStreamsPerProject)}
 	if s.sources == nil {
 		f, err := source.New(source.Options{})
@@ -108,9 +99,6 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	if len(cfg.SourcePrefixes) > 0 && s.objects == nil {
 		return nil, errors.New("sandbox: source prefixes are permitted but there is no object lister (Deps.SourceObjects)")
-	}
-	if s.token == "" {
-		s.token = "replica_" + ulid.Make().String()
 	}
 	s.bg, s.cancel = context.WithCancel(context.Background())
 	if s.log == nil {
@@ -135,11 +123,10 @@ func (s *Service) Limits() Limits { return s.cfg.Limits }
 // are configured from.
 func (s *Service) Config() Config { return s.cfg }
 
-// Close stops following execs (their leases are released, so another replica follows on at
-// once) and drops every attach stream this replica holds. Sandboxes and commands keep running.
+// Close waits for the starts of lost sandboxes this replica began and drops every attach
+// stream it holds. Sandboxes and commands keep running.
 func (s *Service) Close() {
 	s.cancel()
-	s.followers.Wait()
 	s.recovering.Wait()
 	s.mu.Lock()
 	as := s.attachs

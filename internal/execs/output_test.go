@@ -1,4 +1,4 @@
-package sandbox
+package execs_test
 
 import (
 	"bytes"
@@ -9,7 +9,10 @@ import (
 
 	"sandboxd/guest"
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/domain"
+	"sandboxd/internal/domain/domaintest"
 	"sandboxd/internal/execstream"
+	"sandboxd/internal/sandbox"
 )
 
 // The guest's log keeps the newest 64 MiB by default (the fake's guest server uses the
@@ -25,10 +28,10 @@ const (
 // the answer, the status and the exit event.
 func TestExecKeepsTheNewestOutput(t *testing.T) {
 	const limit = 64 << 10
-	e := newEnvWith(t, envOptions{config: func(c *Config) { c.Limits.ExecMaxOutputBytes = limit }})
+	e := domaintest.New(t, domaintest.Options{Config: func(c *sandbox.Config) { c.Limits.ExecMaxOutputBytes = limit }})
 	ctx := context.Background()
-	sb := createRunning(t, e, alice)
-	res, err := e.svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", bigCmd}})
+	sb := e.CreateRunning(t, alice)
+	res, err := e.Svc.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", bigCmd}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +44,7 @@ func TestExecKeepsTheNewestOutput(t *testing.T) {
 	if res.OutputBytes != bigOutput+int64(len(bigTail)) {
 		t.Errorf("exec output_bytes: got %d, want %d", res.OutputBytes, bigOutput+len(bigTail))
 	}
-	got, err := e.svc.GetExec(ctx, alice, sb.ID, res.ExecID, true)
+	got, err := e.Svc.GetExec(ctx, alice, sb.ID, res.ExecID, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,19 +52,19 @@ func TestExecKeepsTheNewestOutput(t *testing.T) {
 		t.Errorf("GetExec: got %d bytes ending %q, truncated %v/%v, output_bytes %d; want the last %d bytes and %d",
 			len(got.Stdout), tail(got.Stdout), got.StdoutTruncated, got.StderrTruncated, got.OutputBytes, limit, res.OutputBytes)
 	}
-	ch, err := e.svc.ExecOutput(ctx, alice, res.ExecID, "")
+	ch, err := e.Svc.ExecOutput(ctx, alice, res.ExecID, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout, _, evs := collect(t, ch)
-	if evs[0].Kind != ExecTruncated || evs[0].MissedBytes <= 0 {
+	stdout, _, evs := domaintest.Collect(t, ch)
+	if evs[0].Kind != sandbox.ExecTruncated || evs[0].MissedBytes <= 0 {
 		t.Errorf("first event: got %s (missed %d), want TRUNCATED", evs[0].Kind, evs[0].MissedBytes)
 	}
 	if !bytes.HasSuffix(stdout, want) {
 		t.Errorf("streamed output: ends %q, want the output's end", tail(stdout))
 	}
 	last := evs[len(evs)-1]
-	if last.Kind != ExecExit || last.Result.OutputBytes != res.OutputBytes {
+	if last.Kind != sandbox.ExecExit || last.Result.OutputBytes != res.OutputBytes {
 		t.Errorf("last event: got %s with output_bytes %d, want EXIT with %d", last.Kind, last.Result.OutputBytes, res.OutputBytes)
 	}
 }
@@ -71,19 +74,19 @@ func TestExecKeepsTheNewestOutput(t *testing.T) {
 // and every subscriber sees TRUNCATED with exactly the bytes the guest dropped, then the newest
 // output, then the exit with the exact byte count.
 func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
-	sb := createRunning(t, e, alice)
+	sb := e.CreateRunning(t, alice)
 	// Replicas whose Redis streams hold the whole guest log, so that the only hole is the
 	// guest's own.
-	base := e.newDeps
-	e.newDeps = func() Deps {
+	base := e.NewDeps
+	e.NewDeps = func() domain.Deps {
 		d := base()
-		d.Execs = execstream.New(e.redis.Client, execstream.Options{MaxBytes: 256 << 20, Now: e.clock.Now, Block: 200 * time.Millisecond})
+		d.Execs = execstream.New(e.Redis.Client, execstream.Options{MaxBytes: 256 << 20, Now: e.Clock.Now, Block: 200 * time.Millisecond})
 		return d
 	}
-	first, second := e.replica(t), e.replica(t)
-	res, err := first.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", "sleep 0.5; " + bigCmd}, Detach: true})
+	first, second := e.Replica(t), e.Replica(t)
+	res, err := first.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "sleep 0.5; " + bigCmd}, Detach: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,12 +127,12 @@ func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout, _, evs := collect(t, ch)
-	if evs[0].Kind != ExecTruncated || evs[0].MissedBytes != marker.Missed {
+	stdout, _, evs := domaintest.Collect(t, ch)
+	if evs[0].Kind != sandbox.ExecTruncated || evs[0].MissedBytes != marker.Missed {
 		t.Fatalf("first event: got %s (missed %d), want TRUNCATED missing %d", evs[0].Kind, evs[0].MissedBytes, marker.Missed)
 	}
 	for i, ev := range evs[1 : len(evs)-1] {
-		if ev.Kind != ExecChunk {
+		if ev.Kind != sandbox.ExecChunk {
 			t.Fatalf("event %d: got %s, want only chunks after the marker", i+1, ev.Kind)
 		}
 	}
@@ -137,7 +140,7 @@ func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
 		t.Errorf("output after the marker: %d bytes ending %q, want the newest ≥ 56 MiB of the output", len(stdout), tail(stdout))
 	}
 	last := evs[len(evs)-1]
-	if last.Kind != ExecExit || last.Result.ExitCode != 0 || last.Result.OutputBytes != bigOutput+int64(len(bigTail)) {
+	if last.Kind != sandbox.ExecExit || last.Result.ExitCode != 0 || last.Result.OutputBytes != bigOutput+int64(len(bigTail)) {
 		t.Errorf("last event: got %s %+v, want EXIT 0 with output_bytes %d", last.Kind, last.Result, bigOutput+len(bigTail))
 	}
 }
@@ -146,19 +149,19 @@ func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
 // answers SANDBOX_FAILED with the sandbox's reason, the sandbox is FAILED, and the exec's
 // stream still ends with an exit event carrying the error.
 func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
-	e := newEnv(t)
+	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
-	sb := createRunning(t, e, alice)
+	sb := e.CreateRunning(t, alice)
 	type answer struct {
-		res ExecResult
+		res sandbox.ExecResult
 		err error
 	}
 	done := make(chan answer, 1)
 	go func() {
-		res, err := e.svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sh", "-c", "echo started; sleep 60"}})
+		res, err := e.Svc.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo started; sleep 60"}})
 		done <- answer{res, err}
 	}()
-	g, err := e.svc.Guest(ctx, sb.ID)
+	g, err := e.Svc.Guest(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +178,7 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := e.fake.Kill(sb.ID, "out of memory"); err != nil {
+	if err := e.Fake.Kill(sb.ID, "out of memory"); err != nil {
 		t.Fatal(err)
 	}
 	var a answer
@@ -189,17 +192,17 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 		t.Fatalf("exec: got %+v %v, want SANDBOX_FAILED naming the reason", a.res, a.err)
 	}
 	execID, _ := ae.Details["exec_id"].(string)
-	got, err := e.svc.Get(ctx, alice, sb.ID)
-	if err != nil || got.State != Failed || !strings.Contains(got.StateReason, "out of memory") {
+	got, err := e.Svc.Get(ctx, alice, sb.ID)
+	if err != nil || got.State != sandbox.Failed || !strings.Contains(got.StateReason, "out of memory") {
 		t.Fatalf("sandbox: got %s %q %v, want FAILED with the reason", got.State, got.StateReason, err)
 	}
-	ch, err := e.svc.ExecOutput(ctx, alice, execID, "")
+	ch, err := e.Svc.ExecOutput(ctx, alice, execID, "")
 	if err != nil {
 		t.Fatalf("the exec's output (%q): %v", execID, err)
 	}
-	stdout, _, evs := collect(t, ch)
+	stdout, _, evs := domaintest.Collect(t, ch)
 	last := evs[len(evs)-1]
-	if string(stdout) != "started\n" || last.Kind != ExecExit || !strings.Contains(last.Result.Error, "out of memory") {
+	if string(stdout) != "started\n" || last.Kind != sandbox.ExecExit || !strings.Contains(last.Result.Error, "out of memory") {
 		t.Fatalf("output: got %q, last %s %+v; want the output and an exit naming the reason", stdout, last.Kind, last.Result)
 	}
 }

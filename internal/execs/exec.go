@@ -1,0 +1,115 @@
+package execs
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"sandboxd/guest"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/execstream"
+	"sandboxd/internal/sandbox"
+)
+
+// Exec runs a command in the sandbox's workspace. It waits for the end and returns the
+// collected result, or with req.Detach returns at once with the exec's id and state RUNNING.
+// Either way the command runs to its end (or timeout) even when the caller goes away, and its
+// output and status can be read from any replica (ExecOutput, GetExec).
+func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	start := s.now()
+	timeout, err := s.validate(req)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	rec, err := s.sandboxes.Load(ctx, p, id, sandbox.VerbExec)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	g, err := s.sandboxes.Guest(ctx, id)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	env := make([]string, 0, len(req.Env))
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	meta := execstream.Meta{ID: sandbox.NewID(execPrefix), Tenant: rec.Tenant, Project: rec.Project, Sandbox: id,
+		Argv: execstream.Summarize(req.Command), StartedAt: start}
+	if err := s.store.Create(ctx, meta, s.token, start, s.cfg.ExecLease); err != nil {
+		s.metrics.observe("error", s.now().Sub(start))
+		return sandbox.ExecResult{}, apierror.Wrap(err, apierror.Unavailable, "could not record the exec; retry").WithRetryAfter(time.Second)
+	}
+	f := s.newFollower(meta, 0, !req.Detach)
+	f.fresh = true
+	// The log is read on the service's context: the command and its follower outlive the request.
+	lr, err := g.StartLog(s.bg, guest.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, MaxRunning: s.cfg.MaxRunningExecs})
+	if err != nil {
+		gerr := s.sandboxes.GuestError(ctx, id, err)
+		// The command never started: end its stream so that no subscriber waits for it.
+		f.finishUnstarted(gerr)
+		s.metrics.observe("error", s.now().Sub(start))
+		return sandbox.ExecResult{}, gerr
+	}
+	f.start(lr)
+	if req.Detach {
+		s.metrics.observe("detached", s.now().Sub(start))
+		return sandbox.ExecResult{ExecID: meta.ID, SandboxID: id, Command: meta.Argv, State: sandbox.ExecRunning, StartedAt: start}, nil
+	}
+	select {
+	case out := <-f.result:
+		if out.err != nil {
+			// The sandbox died while the command ran (out of memory, crashed): not a result of
+			// the command. The exec's stream still ends with an exit event carrying the error.
+			s.metrics.observe("error", s.now().Sub(start))
+			return sandbox.ExecResult{}, out.err
+		}
+		s.metrics.observe("ok", s.now().Sub(start))
+		out.res.StartedAt = start
+		return out.res, nil
+	case <-ctx.Done():
+		s.metrics.observe("error", s.now().Sub(start))
+		return sandbox.ExecResult{}, apierror.Wrap(ctx.Err(), apierror.Unavailable,
+			"the request was cancelled; the command runs on as exec %s", meta.ID).WithDetail("exec_id", meta.ID)
+	case <-s.bg.Done():
+		return sandbox.ExecResult{}, apierror.New(apierror.Unavailable, "the server is shutting down; the command runs on as exec %s", meta.ID).
+			WithDetail("exec_id", meta.ID).WithRetryAfter(time.Second)
+	}
+}
+
+// validate checks an exec request against the limits and returns its timeout.
+func (s *Service) validate(req sandbox.ExecRequest) (time.Duration, error) {
+	l := s.cfg.Limits
+	if len(req.Command) == 0 || req.Command[0] == "" {
+		return 0, apierror.New(apierror.InvalidArgument, "command must be a non-empty array whose first element names the program, e.g. [\"bash\",\"-lc\",\"ls\"]").
+			WithDetail("field", "command")
+	}
+	if len(req.Command) > l.ExecMaxArgs {
+		return 0, apierror.New(apierror.InvalidArgument, "command has %d arguments, at most %d", len(req.Command), l.ExecMaxArgs)
+	}
+	n := 0
+	for _, a := range req.Command {
+		if strings.ContainsRune(a, 0) {
+			return 0, apierror.New(apierror.InvalidArgument, "command arguments must not contain NUL bytes")
+		}
+		n += len(a)
+	}
+	if n > l.ExecMaxCommandBytes {
+		return 0, apierror.New(apierror.PayloadTooLarge, "command is %d bytes, at most %d", n, l.ExecMaxCommandBytes)
+	}
+	if len(req.Stdin) > l.ExecMaxStdinBytes {
+		return 0, apierror.New(apierror.PayloadTooLarge, "stdin is %d bytes, at most %d", len(req.Stdin), l.ExecMaxStdinBytes)
+	}
+	if len(req.Cwd) > l.MaxPathBytes || strings.ContainsRune(req.Cwd, 0) {
+		return 0, apierror.New(apierror.InvalidArgument, "cwd must be a path of at most %d bytes", l.MaxPathBytes)
+	}
+	if err := l.CheckEnv(req.Env); err != nil {
+		return 0, err
+	}
+	t, err := sandbox.Bound("timeout_sec", req.TimeoutSec, l.ExecTimeoutDefaultSec, 1, l.ExecTimeoutMaxSec)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(t) * time.Second, nil
+}

@@ -1,0 +1,449 @@
+package execs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"sandboxd/guest"
+	"sandboxd/internal/apierror"
+	"sandboxd/internal/execstream"
+	"sandboxd/internal/sandbox"
+	"sandboxd/runtime"
+)
+
+// follower copies one exec's guest log into its Redis stream while this replica holds the
+// exec's follower lease. When a caller waits for the exec (a synchronous exec), it also
+// collects the output for the answer, whether or not Redis takes it.
+type follower struct {
+	s    *Service
+	meta execstream.Meta
+	// fresh: this replica started the exec (it publishes EXEC_STARTED).
+	fresh bool
+	// pos is the guest log offset after the last record read; stored is the offset Redis has
+	// (the start of the next Append).
+	pos, stored int64
+	// writing is false once the lease is lost: nothing more goes to Redis.
+	writing bool
+	// exitAppended: this follower put the exit status into the stream (exactly one does).
+	exitAppended bool
+	wait         *collector
+	result       chan followResult
+}
+
+// followResult is what a waiting caller gets: the collected result, or the error that ended
+// the exec instead of the command (its sandbox failed).
+type followResult struct {
+	res sandbox.ExecResult
+	err error
+}
+
+// collector keeps a waiting caller's output: the newest limit bytes of each stream.
+type collector struct {
+	stdout, stderr guest.Tail
+	// gap: the guest's log no longer held some output when it was read.
+	gap     bool
+	upTo    int64 // guest offset collected so far: a reopened log repeats nothing
+	written int64 // output bytes seen, kept or cut
+}
+
+func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follower {
+	f := &follower{s: s, meta: m, pos: offset, stored: offset, writing: true, result: make(chan followResult, 1)}
+	if wait {
+		limit := s.cfg.Limits.ExecMaxOutputBytes
+		f.wait = &collector{upTo: offset, stdout: guest.Tail{Limit: limit}, stderr: guest.Tail{Limit: limit}}
+	}
+	s.followMu.Lock()
+	s.following[m.ID] = true
+	s.followMu.Unlock()
+	return f
+}
+
+// start runs the follower in the background; lr is the guest log opened at f.pos, or nil to
+// open it first (a takeover).
+func (f *follower) start(lr *guest.LogReader) {
+	f.s.followers.Add(1)
+	go func() {
+		defer f.s.followers.Done()
+		defer f.forget()
+		f.follow(lr)
+	}()
+}
+
+// finishUnstarted ends the stream of an exec the guest never started.
+func (f *follower) finishUnstarted(cause error) {
+	msg := cause.Error()
+	var coded *apierror.Error
+	if errors.As(cause, &coded) {
+		msg = coded.Message
+	}
+	f.finish(&execstream.Exit{ExitCode: -1, Error: "the command did not start: " + msg})
+	f.forget()
+}
+
+// forget takes the exec off this replica's list of execs it follows.
+func (f *follower) forget() {
+	f.s.followMu.Lock()
+	delete(f.s.following, f.meta.ID)
+	f.s.followMu.Unlock()
+}
+
+type logItem struct {
+	rec guest.Record
+	err error
+}
+
+// One Append carries at most this many records and payload bytes.
+const (
+	maxBatchRecords = 256
+	maxBatchBytes   = 1 << 20
+)
+
+// follow copies the exec's log until its exit status is in the stream, the lease is lost (and
+// nobody waits here), or the service closes.
+func (f *follower) follow(lr *guest.LogReader) {
+	s := f.s
+	if f.fresh {
+		s.publish(f.meta, sandbox.EventExecStarted, execResultOf(f.meta))
+	}
+	renew := time.NewTicker(s.cfg.ExecLease / 3)
+	defer renew.Stop()
+	for {
+		if lr == nil {
+			// The log broke (or was never opened here): the attach went away because the sandbox
+			// stopped, or the stream to it broke. Reopen it where Redis stands, or end the exec
+			// when the sandbox is gone.
+			var err error
+			lr, err = f.reopen()
+			if err != nil {
+				msg := err.Error()
+				var coded *apierror.Error
+				if errors.As(err, &coded) {
+					msg = coded.Message
+				}
+				f.finishWith(&execstream.Exit{ExitCode: -1, Error: msg}, err)
+				return
+			}
+			if lr == nil {
+				f.abandon()
+				return
+			}
+		}
+		items := make(chan logItem, 64)
+		rctx, stopReader := context.WithCancel(s.bg)
+		go readLog(rctx, lr, items)
+		exit, stop := f.copy(items, renew.C)
+		stopReader()
+		lr.Close()
+		for range items {
+		}
+		lr = nil
+		switch {
+		case exit != nil:
+			f.finish(exit)
+			return
+		case stop:
+			f.abandon()
+			return
+		}
+	}
+}
+
+func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
+	defer close(out)
+	for {
+		rec, err := lr.Next()
+		select {
+		case out <- logItem{rec: rec, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil || rec.Kind == guest.RecordExit {
+			return
+		}
+	}
+}
+
+// copy moves records from items into the stream, in batches of what is ready. It returns the
+// exit status once the exit record was read (appended when this replica still writes), stop
+// when this replica should stop following (the service closes, or the lease went to another
+// replica and nobody waits here), and neither when the log broke.
+func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *execstream.Exit, stop bool) {
+	s := f.s
+	var batch []execstream.Chunk
+	for {
+		var it logItem
+		var ok bool
+		select {
+		case it, ok = <-items:
+		case <-renew:
+			f.renew()
+			if !f.writing && f.wait == nil {
+				return nil, true
+			}
+			continue
+		case <-s.bg.Done():
+			return nil, true
+		}
+		batch, size := batch[:0], 0
+	drain:
+		for ok {
+			if it.err != nil {
+				if !errors.Is(it.err, io.EOF) {
+					s.log.Debug("exec log broke", "exec", f.meta.ID, "err", it.err)
+				}
+				f.append(batch, nil)
+				return nil, false
+			}
+			rec := it.rec
+			f.collect(rec)
+			if rec.Kind == guest.RecordExit {
+				st, err := rec.ExitStatus()
+				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs,
+					Error: st.Error, StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes}
+				if st.StdoutBytes+st.StderrBytes == 0 {
+					// An older guest init: what it dropped was the end of the output.
+					e.Dropped = st.DroppedBytes
+				}
+				if err != nil {
+					e = &execstream.Exit{ExitCode: -1, Error: "the sandbox reported an unreadable exit status"}
+				}
+				f.pos = rec.Offset
+				f.append(batch, e)
+				return e, false
+			}
+			var stream execstream.Stream
+			switch rec.Kind {
+			case guest.RecordStdout:
+				stream = execstream.Stdout
+			case guest.RecordStderr:
+				stream = execstream.Stderr
+			default:
+				// A RecordTruncated: the guest's log dropped output before this follower read
+				// it. The stream records the hole, and every reader gets a truncated event in
+				// its place. (A kind this version does not know counts as a hole too.)
+				stream, rec.Data = execstream.Gap, nil
+			}
+			batch = append(batch, execstream.Chunk{Stream: stream, Data: rec.Data, Start: f.pos, Offset: rec.Offset})
+			f.pos = rec.Offset
+			size += len(rec.Data)
+			if len(batch) >= maxBatchRecords || size >= maxBatchBytes {
+				break
+			}
+			select {
+			case it, ok = <-items:
+			default:
+				break drain
+			}
+		}
+		f.append(batch, nil)
+		if !ok {
+			return nil, false
+		}
+		if !f.writing && f.wait == nil {
+			return nil, true
+		}
+	}
+}
+
+func (f *follower) collect(rec guest.Record) {
+	c := f.wait
+	if c == nil || rec.Offset <= c.upTo {
+		return
+	}
+	c.upTo = rec.Offset
+	switch rec.Kind {
+	case guest.RecordStdout:
+		c.written += int64(len(rec.Data))
+		c.stdout.Write(rec.Data)
+	case guest.RecordStderr:
+		c.written += int64(len(rec.Data))
+		c.stderr.Write(rec.Data)
+	case guest.RecordTruncated:
+		c.gap = true
+	}
+}
+
+// append writes a batch (and the exit) while this replica is the follower, retrying failures
+// of Redis itself until the lease would have lapsed; after that, or when another replica holds
+// the lease, this replica stops writing.
+func (f *follower) append(chunks []execstream.Chunk, exit *execstream.Exit) {
+	s := f.s
+	if !f.writing || len(chunks) == 0 && exit == nil {
+		return
+	}
+	deadline := s.now().Add(s.cfg.ExecLease)
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.bg), 5*time.Second)
+		err := s.store.Append(ctx, f.meta.ID, s.token, chunks, exit)
+		cancel()
+		switch {
+		case err == nil:
+			if len(chunks) > 0 {
+				f.stored = chunks[len(chunks)-1].Offset
+			}
+			f.exitAppended = exit != nil
+			return
+		case errors.Is(err, execstream.ErrNotFollower), errors.Is(err, execstream.ErrEnded), errors.Is(err, execstream.ErrNotFound):
+			// Another replica follows now (our lease lapsed while we stalled), or it is over.
+			s.log.Info("stopped copying an exec's output", "exec", f.meta.ID, "why", err)
+			f.writing = false
+			return
+		case errors.Is(err, execstream.ErrOffset):
+			// Redis holds another offset than this follower (a takeover raced it): the lease
+			// holder continues from the stored offset.
+			s.log.Warn("exec stream offset mismatch; leaving it to the lease holder", "exec", f.meta.ID, "err", err)
+			f.writing = false
+			return
+		}
+		if s.now().After(deadline) || s.bg.Err() != nil {
+			s.log.Warn("giving up copying an exec's output; another replica takes over", "exec", f.meta.ID, "err", err)
+			f.writing = false
+			return
+		}
+		s.log.Debug("appending exec output failed; retrying", "exec", f.meta.ID, "attempt", attempt, "err", err)
+		select {
+		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
+		case <-s.bg.Done():
+		}
+	}
+}
+
+// renew extends the lease; losing it stops the copying.
+func (f *follower) renew() {
+	if !f.writing {
+		return
+	}
+	s := f.s
+	ctx, cancel := context.WithTimeout(s.bg, 5*time.Second)
+	defer cancel()
+	_, ok, err := s.store.TryFollow(ctx, f.meta.ID, s.token, s.now(), s.cfg.ExecLease)
+	switch {
+	case err == nil && !ok:
+		s.log.Info("another replica follows the exec now", "exec", f.meta.ID)
+		f.writing = false
+	case errors.Is(err, execstream.ErrEnded), errors.Is(err, execstream.ErrNotFound):
+		f.writing = false
+	case err != nil:
+		s.log.Debug("renewing an exec lease failed", "exec", f.meta.ID, "err", err)
+	}
+}
+
+// reopen opens the guest log again, at the offset Redis holds (or, once the lease is gone but a
+// caller waits here, where the collector stands). It returns (nil, nil) when this replica
+// should stop following, and an error when the exec cannot be followed to its end any more
+// (the sandbox is gone or restarted): that error becomes the exec's end. When the sandbox
+// failed, the error is SANDBOX_FAILED (and the sandbox is recorded FAILED).
+func (f *follower) reopen() (*guest.LogReader, error) {
+	s := f.s
+	for attempt := 0; ; attempt++ {
+		f.renew()
+		if s.bg.Err() != nil || !f.writing && f.wait == nil {
+			return nil, nil
+		}
+		ctx, cancel := context.WithTimeout(s.bg, 30*time.Second)
+		box, err := s.sandboxes.Box(ctx, f.meta.Sandbox)
+		cancel()
+		switch {
+		case errors.Is(err, runtime.ErrNotFound):
+			return nil, errors.New("the sandbox was destroyed while the command ran")
+		case err == nil && box.Phase == runtime.PhaseFailed:
+			// The sandbox died under the command (out of memory, crashed): it is FAILED now,
+			// and a waiting caller gets SANDBOX_FAILED with its reason, not a result.
+			octx, cancel := context.WithTimeout(s.bg, 30*time.Second)
+			rec := s.sandboxes.Observe(octx, box)
+			cancel()
+			reason := rec.StateReason
+			if reason == "" {
+				reason = box.Reason
+			}
+			return nil, apierror.New(apierror.SandboxFailed, "the sandbox failed while the command ran: %s", reason).
+				WithDetail("state", rec.State).WithDetail("exec_id", f.meta.ID)
+		case err == nil && box.Phase != runtime.PhaseRunning:
+			return nil, errors.New("the sandbox was stopped while the command ran")
+		case err == nil:
+			offset := f.stored
+			if !f.writing {
+				offset = f.wait.upTo
+			}
+			ctx, cancel := context.WithTimeout(s.bg, 30*time.Second)
+			g, err := s.sandboxes.Guest(ctx, f.meta.Sandbox)
+			cancel()
+			if err == nil {
+				var lr *guest.LogReader
+				if lr, err = g.Log(s.bg, f.meta.ID, offset, true); err == nil {
+					f.pos = offset
+					return lr, nil
+				}
+				var ge *guest.Error
+				if errors.As(err, &ge) && ge.Code == guest.ErrCodeNotFound {
+					return nil, errors.New("the sandbox restarted while the command ran; its end is unknown")
+				}
+			}
+			s.log.Debug("reopening an exec log failed", "exec", f.meta.ID, "attempt", attempt, "err", err)
+		default:
+			s.log.Debug("looking up the sandbox of an exec failed", "exec", f.meta.ID, "err", err)
+		}
+		select {
+		case <-time.After(min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)):
+		case <-s.bg.Done():
+			return nil, nil
+		}
+	}
+}
+
+// finish puts the exit status into the stream (unless it is there already), records the
+// command's end as activity, publishes EXEC_ENDED when this follower was the one to end the
+// stream, and then answers a waiting caller: when a synchronous exec returns, its status and
+// event are already visible from every replica.
+func (f *follower) finish(exit *execstream.Exit) { f.finishWith(exit, nil) }
+
+// finishWith is finish where cause, when not nil, is what a waiting caller gets instead of the
+// result: the exec ended because its sandbox failed, not because the command did.
+func (f *follower) finishWith(exit *execstream.Exit, cause error) {
+	s := f.s
+	if !f.exitAppended {
+		f.append(nil, exit)
+	}
+	r := sandbox.ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
+	c := f.wait
+	if c != nil {
+		r.OutputBytes = outputBytes(c.written, exit)
+	}
+	applyExit(&r, exit)
+	// The command's end is activity: auto-stop counts idle time from here.
+	s.sandboxes.Touch(s.bg, f.meta.Sandbox)
+	if f.exitAppended {
+		s.publish(f.meta, sandbox.EventExecEnded, r)
+	}
+	if c != nil {
+		r.Stdout, r.Stderr = c.stdout.Bytes(), c.stderr.Bytes()
+		r.StdoutTruncated, r.StderrTruncated = cutFlags(exit, r.Stdout, r.Stderr, c.stdout.Cut() || c.gap, c.stderr.Cut() || c.gap)
+		f.result <- followResult{res: r, err: cause}
+	}
+}
+
+// abandon hands the exec over: the lease is released (when still ours) so that another
+// replica's reconciler follows on at once.
+func (f *follower) abandon() {
+	s := f.s
+	if !f.writing {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.bg), 2*time.Second)
+	defer cancel()
+	if _, err := s.store.Release(ctx, f.meta.ID, s.token); err != nil {
+		s.log.Debug("releasing an exec lease failed", "exec", f.meta.ID, "err", err)
+	}
+}
+
+// publish puts an exec status event on the sandbox's project event stream.
+func (s *Service) publish(m execstream.Meta, typ string, r sandbox.ExecResult) {
+	ev := sandbox.ExecStatusEvent(typ, r, s.now().UTC())
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.bg), 5*time.Second)
+	defer cancel()
+	if _, err := s.events.Publish(ctx, m.Tenant, m.Project, ev); err != nil {
+		s.log.Warn("publishing an exec event failed", "exec", m.ID, "err", err)
+	}
+}

@@ -1,0 +1,31 @@
+package execs
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are exec's Prometheus metrics. Labels are bounded: never a sandbox or exec id.
+type Metrics struct {
+	execSeconds *prometheus.HistogramVec
+}
+
+// NewMetrics registers exec's metrics on reg (nil: not registered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		execSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandboxd_exec_duration_seconds",
+			Help:    "Duration of synchronous execs, from request to collected result.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30, 120, 600},
+		}, []string{"outcome"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.execSeconds)
+	}
+	return m
+}
+
+func (m *Metrics) observe(outcome string, d time.Duration) {
+	m.execSeconds.WithLabelValues(outcome).Observe(d.Seconds())
+}

@@ -1,0 +1,39 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"sandboxd/internal/auth"
+	"sandboxd/internal/checkpoint"
+	"sandboxd/runtime"
+)
+
+// What the package's external tests (package sandbox_test, which drive the whole domain through
+// internal/domain/domaintest) reach inside the core.
+
+// The record annotations that name a sandbox's source.
+const (
+	AnnSourceArchive  = annSourceArchive
+	AnnSourceSnapshot = annSourceSnapshot
+)
+
+// ScopeOf is the checkpoint scope of a sandbox's record.
+func ScopeOf(rec runtime.Record) checkpoint.Scope { return scopeOf(rec) }
+
+// WaitRecovering waits for the starts of lost sandboxes that s began.
+func WaitRecovering(s *Service) { s.recovering.Wait() }
+
+// SetProgressEvery sets how often s records and publishes a bootstrap's progress.
+func SetProgressEvery(s *Service, d time.Duration) { s.progressEvery = d }
+
+// Retain applies checkpoint retention to a sandbox, never deleting latest.
+func Retain(ctx context.Context, s *Service, rec runtime.Record, latest string) {
+	s.retain(ctx, rec, latest)
+}
+
+// CreateSource checks a create's source as Create does before it takes a slot.
+func CreateSource(ctx context.Context, s *Service, p auth.Principal, src *Source, diskBytes int64) error {
+	_, err := s.createSource(ctx, p, src, diskBytes)
+	return err
+}
