@@ -3,12 +3,28 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"sandboxd/guest"
 	"sandboxd/internal/apierror"
 	"sandboxd/runtime"
 )
+
+// attachments is this replica's cache of attach streams, one per sandbox it serves, and what a
+// failed guest call on one of them means.
+type attachments struct {
+	driver runtime.Driver
+	// observe records a box that died RUNNING as FAILED (Service.Observe).
+	observe func(ctx context.Context, box runtime.Box) runtime.Record
+
+	mu sync.Mutex
+	m  map[string]*attachment
+}
+
+func newAttachments(d runtime.Driver, observe func(context.Context, runtime.Box) runtime.Record) *attachments {
+	return &attachments{driver: d, observe: observe, m: map[string]*attachment{}}
+}
 
 // attachment is this replica's attach stream to one sandbox's guest init, shared by every call.
 type attachment struct {
@@ -26,26 +42,37 @@ func (a *attachment) close() {
 
 // Guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
 func (s *Service) Guest(ctx context.Context, id string) (*guest.Client, error) {
+	return s.attachs.get(ctx, id)
+}
+
+// GuestError turns a failed guest call into a client error: a broken attach to a dead box
+// marks the sandbox FAILED; a guest's own error keeps its meaning.
+func (s *Service) GuestError(ctx context.Context, id string, err error) error {
+	return s.attachs.guestError(ctx, id, err)
+}
+
+// get returns a client on the sandbox's guest init, attaching once.
+func (c *attachments) get(ctx context.Context, id string) (*guest.Client, error) {
 	for {
-		s.mu.Lock()
-		a, ok := s.attachs[id]
+		c.mu.Lock()
+		a, ok := c.m[id]
 		if !ok {
 			a = &attachment{ready: make(chan struct{})}
-			s.attachs[id] = a
-			s.mu.Unlock()
-			a.client, a.err = s.attach(ctx, id)
+			c.m[id] = a
+			c.mu.Unlock()
+			a.client, a.err = c.attach(ctx, id)
 			close(a.ready)
 			if a.err != nil {
-				s.mu.Lock()
-				if s.attachs[id] == a {
-					delete(s.attachs, id)
+				c.mu.Lock()
+				if c.m[id] == a {
+					delete(c.m, id)
 				}
-				s.mu.Unlock()
+				c.mu.Unlock()
 				return nil, a.err
 			}
 			return a.client, nil
 		}
-		s.mu.Unlock()
+		c.mu.Unlock()
 		select {
 		case <-a.ready:
 		case <-ctx.Done():
@@ -57,11 +84,11 @@ func (s *Service) Guest(ctx context.Context, id string) (*guest.Client, error) {
 		select {
 		case <-a.client.Done():
 			// The stream broke: forget it and attach again.
-			s.mu.Lock()
-			if s.attachs[id] == a {
-				delete(s.attachs, id)
+			c.mu.Lock()
+			if c.m[id] == a {
+				delete(c.m, id)
 			}
-			s.mu.Unlock()
+			c.mu.Unlock()
 			continue
 		default:
 			return a.client, nil
@@ -69,42 +96,52 @@ func (s *Service) Guest(ctx context.Context, id string) (*guest.Client, error) {
 	}
 }
 
-func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) {
+func (c *attachments) attach(ctx context.Context, id string) (*guest.Client, error) {
 	// The attach outlives the request that opened it.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	rwc, err := s.driver.Attach(actx, id)
+	rwc, err := c.driver.Attach(actx, id)
 	if err != nil {
 		if errors.Is(err, runtime.ErrNotRunning) {
-			box, gerr := s.driver.Get(actx, id)
+			box, gerr := c.driver.Get(actx, id)
 			if gerr == nil && box.Phase == runtime.PhaseFailed {
-				rec := s.Observe(actx, box)
+				rec := c.observe(actx, box)
 				return nil, apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason)
 			}
 		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "could not attach to the sandbox").WithRetryAfter(time.Second)
 	}
-	c, err := guest.Dial(rwc)
+	client, err := guest.Dial(rwc)
 	if err != nil {
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
 	}
-	return c, nil
+	return client, nil
 }
 
-func (s *Service) dropAttach(id string) {
-	s.mu.Lock()
-	a, ok := s.attachs[id]
-	delete(s.attachs, id)
-	s.mu.Unlock()
+// drop forgets the sandbox's attach stream and closes it in the background.
+func (c *attachments) drop(id string) {
+	c.mu.Lock()
+	a, ok := c.m[id]
+	delete(c.m, id)
+	c.mu.Unlock()
 	if ok {
 		go a.close()
 	}
 }
 
-// GuestError turns a failed guest call into a client error: a broken attach to a dead box
-// marks the sandbox FAILED; a guest's own error keeps its meaning.
-func (s *Service) GuestError(ctx context.Context, id string, err error) error {
+// closeAll closes every attach stream.
+func (c *attachments) closeAll() {
+	c.mu.Lock()
+	as := c.m
+	c.m = map[string]*attachment{}
+	c.mu.Unlock()
+	for _, a := range as {
+		a.close()
+	}
+}
+
+func (c *attachments) guestError(ctx context.Context, id string, err error) error {
 	var ge *guest.Error
 	if errors.As(err, &ge) {
 		switch ge.Code {
@@ -127,10 +164,10 @@ func (s *Service) GuestError(ctx context.Context, id string, err error) error {
 	if ctx.Err() != nil {
 		return apierror.Wrap(err, apierror.Unavailable, "the request was cancelled")
 	}
-	s.dropAttach(id)
-	box, gerr := s.driver.Get(context.WithoutCancel(ctx), id)
+	c.drop(id)
+	box, gerr := c.driver.Get(context.WithoutCancel(ctx), id)
 	if gerr == nil && box.Phase == runtime.PhaseFailed {
-		rec := s.Observe(context.WithoutCancel(ctx), box)
+		rec := c.observe(context.WithoutCancel(ctx), box)
 		return apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason).WithDetail("state", rec.State)
 	}
 	return apierror.Wrap(err, apierror.Unavailable, "lost the connection to the sandbox; retry").WithRetryAfter(time.Second)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"strconv"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"sandboxd/guest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/events"
 	"sandboxd/internal/source"
 	"sandboxd/runtime"
@@ -31,7 +33,7 @@ import (
 //     (abortCreate: box, lookup entry, slot);
 //   - a source larger than the sandbox's disk (the profile's disk_mb) is INVALID_ARGUMENT, the
 //     same request can never succeed: a snapshot is refused by its manifest's size before
-//     anything is read (createSource, snapshotFits), an archive or prefix when the disk
+//     anything is read (check, snapshotFits), an archive or prefix when the disk
 //     fills up on the way (the guest answers guest.IsNoSpace).
 //
 // Later execs never fetch again: the workspace lives on the sandbox's disk, and stop/start
@@ -55,14 +57,31 @@ const maxArchiveURLBytes = 4096
 // defaultProgressEvery is how often a bootstrap's progress is recorded and published.
 const defaultProgressEvery = time.Second
 
+// bootstrapper fills new sandboxes' workspaces from their sources.
+type bootstrapper struct {
+	sources *source.Fetcher
+	objects source.ObjectLister
+	// prefixes are the GCS prefixes each "tenant:project" may use (Config.SourcePrefixes).
+	prefixes map[string][]string
+	ckpts    *checkpoints
+	attachs  *attachments
+	driver   runtime.Driver
+	events   *events.Bus
+	metrics  *Metrics
+	log      *slog.Logger
+	now      func() time.Time
+	// every is how often a bootstrap's progress is recorded and published.
+	every time.Duration
+}
+
 // sourceSpec is a create's checked source: the annotation that names it (key "" for none).
 type sourceSpec struct{ key, value string }
 
-// createSource checks a create's source before anything is spent on the create. diskBytes is
+// check checks a create's source before anything is spent on the create. diskBytes is
 // the disk of the create's profile (0: the runtime's default, not checked): a snapshot known
 // to be larger is refused here (its manifest knows its size); an archive or prefix is only
 // measured as it streams, and a full disk ends its import with the same INVALID_ARGUMENT.
-func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Source, diskBytes int64) (sourceSpec, error) {
+func (b *bootstrapper) check(ctx context.Context, p auth.Principal, src *Source, diskBytes int64) (sourceSpec, error) {
 	if src == nil {
 		return sourceSpec{}, nil
 	}
@@ -81,7 +100,7 @@ func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Sourc
 			return sourceSpec{}, apierror.New(apierror.InvalidArgument, "source.archive_url is %d bytes, at most %d", len(src.ArchiveURL), maxArchiveURLBytes).
 				WithDetail("field", "source.archive_url")
 		}
-		if err := s.sources.CheckURL(ctx, src.ArchiveURL); err != nil {
+		if err := b.sources.CheckURL(ctx, src.ArchiveURL); err != nil {
 			return sourceSpec{}, sourceError(ctx, err, "source.archive_url")
 		}
 		return sourceSpec{annSourceArchive, src.ArchiveURL}, nil
@@ -90,13 +109,13 @@ func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Sourc
 		if err != nil {
 			return sourceSpec{}, sourceError(ctx, err, "source.gcs_prefix")
 		}
-		if !source.PrefixPermitted(s.permittedPrefixes(p.Tenant, p.Project), src.GCSPrefix) {
+		if !source.PrefixPermitted(b.permitted(p.Tenant, p.Project), src.GCSPrefix) {
 			return sourceSpec{}, apierror.New(apierror.InvalidArgument, "source.gcs_prefix %q is not permitted for this project",
 				"gs://"+bucket+"/"+prefix).WithDetail("field", "source.gcs_prefix")
 		}
 		return sourceSpec{annSourceGCS, src.GCSPrefix}, nil
 	}
-	m, err := s.snapshotSource(ctx, p, src.SnapshotID)
+	m, err := b.snapshotManifest(ctx, p, src.SnapshotID)
 	if err != nil {
 		return sourceSpec{}, err
 	}
@@ -106,65 +125,65 @@ func (s *Service) createSource(ctx context.Context, p auth.Principal, src *Sourc
 	return sourceSpec{annSourceSnapshot, src.SnapshotID}, nil
 }
 
-// permittedPrefixes are the GCS prefixes config permits tenant:project to bootstrap from.
-func (s *Service) permittedPrefixes(tenant, project string) []string {
-	return s.cfg.SourcePrefixes[tenant+":"+project]
+// permitted are the GCS prefixes config permits tenant:project to bootstrap from.
+func (b *bootstrapper) permitted(tenant, project string) []string {
+	return b.prefixes[tenant+":"+project]
 }
 
-// restoreSource fills the workspace of the running sandbox from the source it was created
+// restore fills the workspace of the running sandbox from the source it was created
 // from (nothing when it has none), replacing what is there: a create, a reconciler finishing
 // an interrupted create, and a start that finds a never-checkpointed workspace lost all call
 // it. An archive or prefix is fetched again each time; only a create normally does.
-func (s *Service) restoreSource(ctx context.Context, rec runtime.Record) error {
+func (b *bootstrapper) restore(ctx context.Context, rec runtime.Record) error {
 	if u := rec.Annotations[annSourceArchive]; u != "" {
-		return s.bootstrap(ctx, rec, "source.archive_url", source.RedactURL(u), func(ctx context.Context) (io.ReadCloser, error) {
-			return s.sources.Archive(ctx, u)
+		return b.run(ctx, rec, "source.archive_url", source.RedactURL(u), func(ctx context.Context) (io.ReadCloser, error) {
+			return b.sources.Archive(ctx, u)
 		})
 	}
 	if p := rec.Annotations[annSourceGCS]; p != "" {
-		return s.bootstrap(ctx, rec, "source.gcs_prefix", p, func(ctx context.Context) (io.ReadCloser, error) {
+		return b.run(ctx, rec, "source.gcs_prefix", p, func(ctx context.Context) (io.ReadCloser, error) {
 			// Permission is checked again: config may have changed since the create.
-			return s.sources.GCSPrefix(ctx, p, s.permittedPrefixes(rec.Tenant, rec.Project), s.objects)
+			return b.sources.GCSPrefix(ctx, p, b.permitted(rec.Tenant, rec.Project), b.objects)
 		})
 	}
 	if src := sourceOf(rec); src != "" {
-		return s.restoreSnapshotSource(ctx, rec, src)
+		return b.restoreSnapshot(ctx, rec, src)
 	}
 	return nil
 }
 
-// bootstrap streams the source that open fetches into the sandbox's workspace through the
+// run streams the source that open fetches into the sandbox's workspace through the
 // guest's staged import, with the fetcher's limits, recording and publishing progress.
 // field names the create's field in errors, label the source in messages (never a secret).
-func (s *Service) bootstrap(ctx context.Context, rec runtime.Record, field, label string,
+func (b *bootstrapper) run(ctx context.Context, rec runtime.Record, field, label string,
 	open func(context.Context) (io.ReadCloser, error)) error {
-	start := s.now()
-	res, n, err := s.bootstrapWork(ctx, rec, field, label, open)
-	s.metrics.lifecycle("bootstrap", outcome(err), s.now().Sub(start))
+	start := b.now()
+	res, n, err := b.work(ctx, rec, field, label, open)
+	b.metrics.lifecycle("bootstrap", outcome(err), b.now().Sub(start))
 	if err != nil {
-		s.log.Warn("bootstrapping the workspace failed", "sandbox", rec.ID, "source", label, "bytes", n, "err", err)
+		b.log.Warn("bootstrapping the workspace failed", "sandbox", rec.ID, "source", label, "bytes", n, "err", err)
 		return err
 	}
-	s.log.Info("workspace bootstrapped", "sandbox", rec.ID, "source", label, "files", res.Files, "bytes", res.Bytes,
-		"ms", s.now().Sub(start).Milliseconds())
+	b.log.Info("workspace bootstrapped", "sandbox", rec.ID, "source", label, "files", res.Files, "bytes", res.Bytes,
+		"ms", b.now().Sub(start).Milliseconds())
 	return nil
 }
 
-func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, label string,
+func (b *bootstrapper) work(ctx context.Context, rec runtime.Record, field, label string,
 	open func(context.Context) (io.ReadCloser, error)) (guest.ImportResult, int64, error) {
-	g, err := s.Guest(ctx, rec.ID)
+	g, err := b.attachs.get(ctx, rec.ID)
 	if err != nil {
 		return guest.ImportResult{}, 0, err
 	}
-	s.bootstrapProgress(ctx, rec, label, 0)
+	b.progress(ctx, rec, label, 0)
 	rc, err := open(ctx)
 	if err != nil {
 		return guest.ImportResult{}, 0, sourceError(ctx, err, field)
 	}
 	defer rc.Close()
 	cr := &countingReader{r: rc}
-	stop := s.followProgress(ctx, rec, label, cr)
-	lim := s.sources.Options()
+	stop := b.followProgress(ctx, rec, label, cr)
+	lim := b.sources.Options()
 	res, err := g.ImportWorkspace(ctx, cr, guest.ImportOptions{Replace: true,
 		MaxFiles: int64(lim.MaxFiles), MaxBytes: lim.MaxTotalBytes})
 	stop()
@@ -179,19 +198,19 @@ func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, 
 				"the %s (%s) holds more than the sandbox's disk can take (%s): the disk was full after %d bytes of it; use a profile with a larger disk",
 				field, label, diskLabel(rec.Spec.DiskBytes), cr.n.Load()).WithDetail("field", field)
 		}
-		return res, cr.n.Load(), s.importError(ctx, rec.ID, err)
+		return res, cr.n.Load(), b.importError(ctx, rec.ID, err)
 	}
 	return res, cr.n.Load(), nil
 }
 
 // followProgress records and publishes the bytes cr has passed every progressEvery while the
 // import runs; the returned stop ends it and waits until it has.
-func (s *Service) followProgress(ctx context.Context, rec runtime.Record, label string, cr *countingReader) (stop func()) {
+func (b *bootstrapper) followProgress(ctx context.Context, rec runtime.Record, label string, cr *countingReader) (stop func()) {
 	done := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		t := time.NewTicker(s.progressEvery)
+		t := time.NewTicker(b.every)
 		defer t.Stop()
 		var last int64
 		for {
@@ -204,7 +223,7 @@ func (s *Service) followProgress(ctx context.Context, rec runtime.Record, label 
 			}
 			if n := cr.n.Load(); n != last {
 				last = n
-				s.bootstrapProgress(ctx, rec, label, n)
+				b.progress(ctx, rec, label, n)
 			}
 		}
 	}()
@@ -216,28 +235,28 @@ func (s *Service) followProgress(ctx context.Context, rec runtime.Record, label 
 
 var errNotCreating = errors.New("the sandbox is no longer CREATING")
 
-// bootstrapProgress sets a CREATING sandbox's state_reason to how far its bootstrap is and
+// progress sets a CREATING sandbox's state_reason to how far its bootstrap is and
 // publishes it as a BOOTSTRAP_PROGRESS event. Failures only cost the progress report.
-func (s *Service) bootstrapProgress(ctx context.Context, rec runtime.Record, label string, n int64) {
+func (b *bootstrapper) progress(ctx context.Context, rec runtime.Record, label string, n int64) {
 	ctx = context.WithoutCancel(ctx)
 	reason := "bootstrapping from " + label
 	if n > 0 {
 		reason += fmt.Sprintf(": %.1f MB read", float64(n)/1e6)
 	}
-	if _, err := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
+	if _, err := b.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 		if State(r.State) != Creating {
 			return errNotCreating
 		}
 		r.StateReason = reason
 		return nil
 	}); err != nil {
-		s.log.Debug("recording bootstrap progress failed", "sandbox", rec.ID, "err", err)
+		b.log.Debug("recording bootstrap progress failed", "sandbox", rec.ID, "err", err)
 		return
 	}
-	ev := events.Event{Type: EventBootstrapProgress, SandboxID: rec.ID, At: s.now().UTC(),
+	ev := events.Event{Type: EventBootstrapProgress, SandboxID: rec.ID, At: b.now().UTC(),
 		Fields: map[string]string{"state": string(Creating), "reason": reason, "bytes_read": strconv.FormatInt(n, 10)}}
-	if _, err := s.events.Publish(ctx, rec.Tenant, rec.Project, ev); err != nil {
-		s.log.Warn("publishing bootstrap progress failed", "sandbox", rec.ID, "err", err)
+	if _, err := b.events.Publish(ctx, rec.Tenant, rec.Project, ev); err != nil {
+		b.log.Warn("publishing bootstrap progress failed", "sandbox", rec.ID, "err", err)
 	}
 }
 
@@ -291,10 +310,50 @@ func sourceError(ctx context.Context, err error, field string) error {
 }
 
 // importError turns a failed workspace import of a source into a client error.
-func (s *Service) importError(ctx context.Context, id string, err error) error {
+func (b *bootstrapper) importError(ctx context.Context, id string, err error) error {
 	var ge *guest.Error
 	if errors.As(err, &ge) && (ge.Code == guest.ErrCodeInvalid || ge.Code == guest.ErrCodeTooLarge) {
 		return apierror.Wrap(err, apierror.InvalidArgument, "the workspace import refused the source: %s", ge.Message)
 	}
-	return s.GuestError(ctx, id, err)
+	return b.attachs.guestError(ctx, id, err)
+}
+
+// restoreSnapshot restores snapshot src, the source a sandbox was created from, into its
+// workspace. Its hash is checked while it streams; a corrupt one is refused whole. A snapshot
+// larger than the sandbox's disk is refused before anything is read (its manifest knows its
+// size), or when the disk fills up on the way.
+func (b *bootstrapper) restoreSnapshot(ctx context.Context, rec runtime.Record, src string) error {
+	sc, err := snapshotScope(rec.Tenant, rec.Project, src)
+	if err != nil {
+		return err
+	}
+	if m, err := b.ckpts.store.Get(ctx, sc, src); err == nil {
+		if err := snapshotFits(m, rec.Spec.DiskBytes); err != nil {
+			return err
+		}
+	}
+	if err := b.ckpts.restore(ctx, rec.ID, sc, src); err != nil {
+		if guest.IsNoSpace(err) {
+			return apierror.Wrap(err, apierror.InvalidArgument,
+				"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
+				src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")
+		}
+		e := apierror.From(err)
+		return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
+	}
+	return nil
+}
+
+// snapshotManifest returns the manifest of snapshot id of the caller's tenant:project (another
+// project's, or none, is NOT_FOUND).
+func (b *bootstrapper) snapshotManifest(ctx context.Context, p auth.Principal, id string) (checkpoint.Manifest, error) {
+	sc, err := snapshotScope(p.Tenant, p.Project, id)
+	if err != nil {
+		return checkpoint.Manifest{}, err
+	}
+	m, err := b.ckpts.store.Get(ctx, sc, id)
+	if err != nil {
+		return checkpoint.Manifest{}, snapshotError(err, id)
+	}
+	return m, nil
 }

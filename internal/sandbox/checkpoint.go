@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
+	"time"
 
 	"sandboxd/guest"
 	"sandboxd/internal/apierror"
@@ -11,11 +13,24 @@ import (
 	"sandboxd/runtime"
 )
 
-// checkpoint streams the workspace from the guest into the checkpoint store, records it as
+// checkpoints write sandboxes' workspaces to the checkpoint store (internal/checkpoint) and
+// restore them from it, and keep each sandbox's newest ones.
+type checkpoints struct {
+	store   *checkpoint.Store
+	driver  runtime.Driver
+	attachs *attachments
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() time.Time
+	// keep is how many checkpoints of each sandbox are kept (Config.KeepCheckpoints).
+	keep int
+}
+
+// save streams the workspace from the guest into the checkpoint store, records it as
 // the latest checkpoint and applies retention. The caller holds the sandbox's lock.
-func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
-	start := s.now()
-	tarStream, err := s.exportWorkspace(ctx, rec.ID)
+func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
+	start := c.now()
+	tarStream, err := c.export(ctx, rec.ID)
 	if err != nil {
 		return checkpoint.Manifest{}, err
 	}
@@ -24,33 +39,33 @@ func (s *Service) checkpoint(ctx context.Context, rec runtime.Record) (checkpoin
 	if parent == "" {
 		parent = sourceOf(rec)
 	}
-	m, err := s.ckpt.Save(ctx, scopeOf(rec), tarStream, parent)
+	m, err := c.store.Save(ctx, scopeOf(rec), tarStream, parent)
 	if err != nil {
 		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
 	}
-	if _, err := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
+	if _, err := c.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 		r.LatestCheckpoint = m.ID
 		return nil
 	}); err != nil {
-		return checkpoint.Manifest{}, s.runtimeError(rec.ID, err, "could not record the checkpoint")
+		return checkpoint.Manifest{}, runtimeError(c.log, rec.ID, err, "could not record the checkpoint")
 	}
-	s.metrics.lifecycle("checkpoint", "ok", s.now().Sub(start))
-	s.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", s.now().Sub(start).Milliseconds())
-	s.retain(ctx, rec, m.ID)
+	c.metrics.lifecycle("checkpoint", "ok", c.now().Sub(start))
+	c.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", c.now().Sub(start).Milliseconds())
+	c.retain(ctx, rec, m.ID)
 	return m, nil
 }
 
-// exportWorkspace streams the workspace as tar: from the driver when it can read the
+// export streams the workspace as tar: from the driver when it can read the
 // workspace itself (runtime.WorkspaceExporter), else from the guest init.
-func (s *Service) exportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
-	if ex, ok := s.driver.(runtime.WorkspaceExporter); ok {
+func (c *checkpoints) export(ctx context.Context, id string) (io.ReadCloser, error) {
+	if ex, ok := c.driver.(runtime.WorkspaceExporter); ok {
 		r, err := ex.ExportWorkspace(ctx, id)
 		if err != nil {
 			return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the workspace for a checkpoint")
 		}
 		return r, nil
 	}
-	g, err := s.Guest(ctx, id)
+	g, err := c.attachs.get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -64,25 +79,25 @@ func (s *Service) exportWorkspace(ctx context.Context, id string) (io.ReadCloser
 // restore extracts checkpoint snapID of scope sc into the workspace of the running sandbox
 // id, replacing what is there. The stream is hashed as it is read: a checkpoint whose hash
 // does not match aborts the import before anything replaces the workspace.
-func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, snapID string) error {
-	start := s.now()
-	r, _, err := s.ckpt.Open(ctx, sc, snapID)
+func (c *checkpoints) restore(ctx context.Context, id string, sc checkpoint.Scope, snapID string) error {
+	start := c.now()
+	r, _, err := c.store.Open(ctx, sc, snapID)
 	switch {
 	case errors.Is(err, checkpoint.ErrCorrupt):
-		return s.corruptCheckpoint(ctx, sc, snapID, err)
+		return c.corrupt(ctx, sc, snapID, err)
 	case errors.Is(err, checkpoint.ErrNotFound):
 		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s: it no longer exists", snapID)
 	case err != nil:
 		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s", snapID)
 	}
 	defer r.Close()
-	g, err := s.Guest(ctx, id)
+	g, err := c.attachs.get(ctx, id)
 	if err != nil {
 		return err
 	}
 	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
-			return s.corruptCheckpoint(ctx, sc, snapID, err)
+			return c.corrupt(ctx, sc, snapID, err)
 		}
 		if guest.IsNoSpace(err) {
 			return apierror.Wrap(err, apierror.PayloadTooLarge,
@@ -90,22 +105,22 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 		}
 		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", snapID)
 	}
-	s.metrics.lifecycle("restore", "ok", s.now().Sub(start))
-	s.log.Info("workspace restored", "sandbox", id, "snapshot", snapID, "ms", s.now().Sub(start).Milliseconds())
+	c.metrics.lifecycle("restore", "ok", c.now().Sub(start))
+	c.log.Info("workspace restored", "sandbox", id, "snapshot", snapID, "ms", c.now().Sub(start).Milliseconds())
 	return nil
 }
 
-// corruptCheckpoint is the error for a checkpoint whose data does not match its manifest: it
+// corrupt is the error for a checkpoint whose data does not match its manifest: it
 // names the newest earlier snapshot of the same sandbox that is intact (each candidate is read
 // whole and hashed, newest first), so the caller can create a sandbox from it.
-func (s *Service) corruptCheckpoint(ctx context.Context, sc checkpoint.Scope, snapID string, cause error) error {
-	s.log.Error("corrupt checkpoint", "sandbox", sc.Sandbox, "snapshot", snapID, "err", cause)
+func (c *checkpoints) corrupt(ctx context.Context, sc checkpoint.Scope, snapID string, cause error) error {
+	c.log.Error("corrupt checkpoint", "sandbox", sc.Sandbox, "snapshot", snapID, "err", cause)
 	_, bad, _ := checkpoint.ParseID(snapID)
 	good := ""
-	if list, err := s.ckpt.List(ctx, sc); err == nil {
+	if list, err := c.store.List(ctx, sc); err == nil {
 		for i := len(list) - 1; i >= 0 && good == ""; i-- {
 			if m := list[i]; m.N < bad || bad == 0 && m.ID != snapID {
-				if _, err := s.ckpt.Verify(ctx, sc, m.ID); err == nil {
+				if _, err := c.store.Verify(ctx, sc, m.ID); err == nil {
 					good = m.ID
 				}
 			}
@@ -119,4 +134,25 @@ func (s *Service) corruptCheckpoint(ctx context.Context, sc checkpoint.Scope, sn
 	return apierror.Wrap(cause, apierror.CheckpointCorrupt,
 		"checkpoint %s is corrupt (its data does not match its manifest); the last good snapshot is %s: create a sandbox from it with source.snapshot_id", snapID, good).
 		WithDetail("snapshot_id", snapID).WithDetail("last_good_snapshot_id", good)
+}
+
+// delete deletes one checkpoint.
+func (c *checkpoints) delete(ctx context.Context, sc checkpoint.Scope, snapshotID string) error {
+	if err := c.store.Delete(ctx, sc, snapshotID); err != nil {
+		return snapshotError(err, snapshotID)
+	}
+	c.log.Info("snapshot deleted", "sandbox", sc.Sandbox, "snapshot", snapshotID)
+	return nil
+}
+
+// retain deletes the sandbox's checkpoints beyond the configured number, never latest (the
+// one just recorded). A failure only delays it to the next checkpoint.
+func (c *checkpoints) retain(ctx context.Context, rec runtime.Record, latest string) {
+	deleted, err := c.store.Retain(context.WithoutCancel(ctx), scopeOf(rec), c.keep, latest)
+	if err != nil {
+		c.log.Warn("deleting old snapshots failed", "sandbox", rec.ID, "err", err)
+	}
+	if len(deleted) > 0 {
+		c.log.Info("old snapshots deleted", "sandbox", rec.ID, "count", len(deleted), "keep", c.keep)
+	}
 }

@@ -20,7 +20,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	}
 	// The source is checked before a slot is taken: a missing snapshot, a refused URL or a
 	// prefix the project may not use costs nothing.
-	src, err := s.createSource(ctx, p, req.Source, prof.DiskMB<<20)
+	src, err := s.boot.check(ctx, p, req.Source, prof.DiskMB<<20)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -32,14 +32,14 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		env[k] = v
 	}
 	id := NewID(idPrefix)
-	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
+	if err := s.slots.acquire(ctx, p.Tenant, p.Project, id); err != nil {
 		return Sandbox{}, err
 	}
 	// The create holds the sandbox's lock: a reconciler that can take it knows a CREATING
 	// record's creator is gone and finishes (or fails) the create.
 	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
 	if err != nil {
-		s.release(ctx, p.Tenant, p.Project, id)
+		s.slots.release(ctx, p.Tenant, p.Project, id)
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	defer lock.Unlock(ctx)
@@ -60,18 +60,18 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	// The lookup first: a replica that dies after this leaves an entry whose box may not
 	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
 	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
-		s.release(ctx, p.Tenant, p.Project, id)
+		s.slots.release(ctx, p.Tenant, p.Project, id)
 		return Sandbox{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	s.Touch(ctx, id)
 	s.publish(ctx, rec, "")
 	if err := s.driver.Create(ctx, rec); err != nil {
 		s.abortCreate(ctx, rec, start)
-		return Sandbox{}, s.runtimeFailed(rec.ID, err, "could not create the sandbox: the runtime failed to start it")
+		return Sandbox{}, runtimeFailed(s.log, rec.ID, err, "could not create the sandbox: the runtime failed to start it")
 	}
 	if src.key != "" {
 		// Fetched once, streamed into the workspace before the sandbox is RUNNING.
-		if err := s.restoreSource(ctx, rec); err != nil {
+		if err := s.boot.restore(ctx, rec); err != nil {
 			s.abortCreate(ctx, rec, start)
 			return Sandbox{}, err
 		}
@@ -91,7 +91,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 // one's lock ran out): its lookup and slot stay.
 func (s *Service) abortCreate(ctx context.Context, rec runtime.Record, start time.Time) {
 	cleanup := context.WithoutCancel(ctx)
-	s.dropAttach(rec.ID)
+	s.attachs.drop(rec.ID)
 	if err := s.driver.Delete(cleanup, rec.ID); errors.Is(err, runtime.ErrFenced) {
 		s.log.Warn("a failed create's cleanup was fenced off: another replica took over the sandbox", "sandbox", rec.ID, "err", err)
 		s.metrics.lifecycle("create", "error", s.now().Sub(start))
@@ -101,7 +101,7 @@ func (s *Service) abortCreate(ctx context.Context, rec runtime.Record, start tim
 	}
 	_ = s.store.Delete(cleanup, entryOf(rec))
 	_ = s.store.ForgetActivity(cleanup, rec.ID)
-	s.release(cleanup, rec.Tenant, rec.Project, rec.ID)
+	s.slots.release(cleanup, rec.Tenant, rec.Project, rec.ID)
 	s.metrics.lifecycle("create", "error", s.now().Sub(start))
 }
 

@@ -41,7 +41,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	// A running box is checkpointed; so is a failed one whose workspace the driver can
 	// still read. A stopped box's latest checkpoint was taken when it stopped.
 	if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
-		m, err := s.checkpoint(ctx, rec)
+		m, err := s.ckpts.save(ctx, rec)
 		if err != nil && !s.boxDead(ctx, id) {
 			return "", err
 		}
@@ -49,15 +49,15 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 			snapshot = m.ID
 		}
 	}
-	s.dropAttach(id)
+	s.attachs.drop(id)
 	if err := s.driver.Delete(ctx, id); err != nil {
-		return "", s.runtimeError(id, err, "could not remove the sandbox's runtime")
+		return "", runtimeError(s.log, id, err, "could not remove the sandbox's runtime")
 	}
 	if err := s.store.Delete(ctx, entryOf(rec)); err != nil {
 		s.log.Warn("removing the lookup failed; the next read cleans it", "sandbox", id, "err", err)
 	}
 	_ = s.store.ForgetActivity(ctx, id)
-	s.release(ctx, rec.Tenant, rec.Project, id)
+	s.slots.release(ctx, rec.Tenant, rec.Project, id)
 	rec.State, rec.StateReason = string(final), why
 	s.publish(ctx, rec, Destroying)
 	return snapshot, nil

@@ -25,15 +25,15 @@ func ScopeOf(rec runtime.Record) checkpoint.Scope { return scopeOf(rec) }
 func WaitRecovering(s *Service) { s.recovering.Wait() }
 
 // SetProgressEvery sets how often s records and publishes a bootstrap's progress.
-func SetProgressEvery(s *Service, d time.Duration) { s.progressEvery = d }
+func SetProgressEvery(s *Service, d time.Duration) { s.boot.every = d }
 
 // Retain applies checkpoint retention to a sandbox, never deleting latest.
 func Retain(ctx context.Context, s *Service, rec runtime.Record, latest string) {
-	s.retain(ctx, rec, latest)
+	s.ckpts.retain(ctx, rec, latest)
 }
 
 // CreateSource checks a create's source as Create does before it takes a slot.
 func CreateSource(ctx context.Context, s *Service, p auth.Principal, src *Source, diskBytes int64) error {
-	_, err := s.createSource(ctx, p, src, diskBytes)
+	_, err := s.boot.check(ctx, p, src, diskBytes)
 	return err
 }

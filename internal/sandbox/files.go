@@ -37,7 +37,7 @@ func (s *Service) ReadFile(ctx context.Context, p auth.Principal, id, path strin
 
 // OpenFile streams a file of the workspace. The caller closes the reader.
 func (s *Service) OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, FileInfo, error) {
-	if err := s.validatePath(path); err != nil {
+	if err := s.cfg.Limits.checkPath(path); err != nil {
 		return nil, FileInfo{}, err
 	}
 	g, err := s.filesGuest(ctx, p, id)
@@ -57,7 +57,7 @@ func (s *Service) OpenFile(ctx context.Context, p auth.Principal, id, path strin
 
 // WriteFile writes a file into the workspace (parents created), bounded by the file limit.
 func (s *Service) WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (FileInfo, error) {
-	if err := s.validatePath(path); err != nil {
+	if err := s.cfg.Limits.checkPath(path); err != nil {
 		return FileInfo{}, err
 	}
 	if mode == 0 {
@@ -86,7 +86,7 @@ func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string
 	if path == "" {
 		path = "."
 	}
-	if err := s.validatePath(path); err != nil {
+	if err := s.cfg.Limits.checkPath(path); err != nil {
 		return nil, false, err
 	}
 	if limit <= 0 {
@@ -117,12 +117,13 @@ func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (
 	return s.Guest(ctx, id)
 }
 
-func (s *Service) validatePath(path string) error {
+// checkPath checks a workspace path a caller gave.
+func (l Limits) checkPath(path string) error {
 	if path == "" {
 		return apierror.New(apierror.InvalidArgument, "path is required").WithDetail("field", "path")
 	}
-	if len(path) > s.cfg.Limits.MaxPathBytes || strings.ContainsRune(path, 0) {
-		return apierror.New(apierror.InvalidArgument, "path must be at most %d bytes without NUL", s.cfg.Limits.MaxPathBytes)
+	if len(path) > l.MaxPathBytes || strings.ContainsRune(path, 0) {
+		return apierror.New(apierror.InvalidArgument, "path must be at most %d bytes without NUL", l.MaxPathBytes)
 	}
 	return nil
 }

@@ -69,8 +69,8 @@ func (s *Service) Observe(ctx context.Context, box runtime.Box) runtime.Record {
 		}
 		updated, err := s.setState(ctx, rec.ID, Running, Failed, reason)
 		if err == nil {
-			s.dropAttach(rec.ID)
-			s.release(ctx, rec.Tenant, rec.Project, rec.ID)
+			s.attachs.drop(rec.ID)
+			s.slots.release(ctx, rec.Tenant, rec.Project, rec.ID)
 			s.log.Warn("sandbox failed", "sandbox", rec.ID, "reason", reason, "lost", box.Lost)
 			if box.Lost {
 				s.recoverLost(updated)

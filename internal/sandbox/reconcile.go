@@ -31,7 +31,14 @@ type ExecReconciler interface {
 }
 
 // SetExecReconciler ends every reconcile pass with x's. Call it before the reconciler runs.
-func (s *Service) SetExecReconciler(x ExecReconciler) { s.execs = x }
+func (s *Service) SetExecReconciler(x ExecReconciler) { s.recon.execs = x }
+
+// reconciler makes the passes: it drives the Service's own verbs and transitions, under the
+// same locks, and ends each pass with exec's.
+type reconciler struct {
+	s     *Service
+	execs ExecReconciler
+}
 
 // RunReconciler runs a pass every interval until ctx ends.
 func (s *Service) RunReconciler(ctx context.Context, every time.Duration) {
@@ -50,7 +57,11 @@ func (s *Service) RunReconciler(ctx context.Context, every time.Duration) {
 }
 
 // Reconcile makes one pass over every sandbox of the runtime.
-func (s *Service) Reconcile(ctx context.Context) error {
+func (s *Service) Reconcile(ctx context.Context) error { return s.recon.pass(ctx) }
+
+// pass is one reconcile pass (Reconcile).
+func (r *reconciler) pass(ctx context.Context) error {
+	s := r.s
 	boxes, err := s.driver.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing the runtime: %w", err)
@@ -70,42 +81,23 @@ func (s *Service) Reconcile(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		st := s.reconcileBox(ctx, b, acts[b.Record.ID])
+		st := r.box(ctx, b, acts[b.Record.ID])
 		if holdsSlot(st) {
 			k := [2]string{b.Record.Tenant, b.Record.Project}
 			holders[k] = append(holders[k], b.Record.ID)
 		}
 	}
-	s.renewSlots(ctx, holders)
-	if s.execs != nil {
-		s.execs.ReconcileExecs(ctx)
+	s.slots.renew(ctx, holders)
+	if r.execs != nil {
+		r.execs.ReconcileExecs(ctx)
 	}
 	return nil
 }
 
-// renewSlots extends the leases of the sandboxes that hold a slot by runtime truth, and takes
-// one again for a holder whose lease was lost (a Redis flush).
-func (s *Service) renewSlots(ctx context.Context, holders map[[2]string][]string) {
-	if s.quota == nil {
-		return
-	}
-	for k, ids := range holders {
-		missing, err := s.quota.Renew(ctx, k[0], k[1], ids)
-		if err != nil {
-			s.log.Warn("renewing slot leases failed", "tenant", k[0], "project", k[1], "err", err)
-			continue
-		}
-		for _, id := range missing {
-			if _, err := s.quota.Acquire(ctx, k[0], k[1], id); err != nil {
-				s.log.Warn("a running sandbox has no slot and none is free", "sandbox", id, "err", err)
-			}
-		}
-	}
-}
-
-// reconcileBox acts on one sandbox if something is due, and returns the state it leaves it in
-// (as far as this pass knows).
-func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time.Time) State {
+// box acts on one sandbox if something is due, and returns the state it leaves it in (as far
+// as this pass knows).
+func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time) State {
+	s := r.s
 	rec := b.Record
 	st := State(rec.State)
 	now := s.now()
@@ -116,7 +108,7 @@ func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time
 		if now.Sub(rec.StateChangedAt) < s.cfg.LockTTL/3 {
 			return st
 		}
-		return s.finish(ctx, b)
+		return r.finish(ctx, b)
 	case Running:
 		if diedRunning(b) {
 			return State(s.Observe(ctx, b).State)
@@ -128,20 +120,20 @@ func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time
 	case DueExpire:
 		why := fmt.Sprintf("expired: its ttl_sec of %d ended", rec.TTLSec)
 		if _, err := s.destroy(ctx, p, rec.ID, Expired, why); err != nil {
-			s.actionFailed(rec.ID, "expire", err)
+			r.actionFailed(rec.ID, "expire", err)
 			return st
 		}
 		s.log.Info("sandbox expired", "sandbox", rec.ID, "ttl_sec", rec.TTLSec)
 		return Expired
 	case DueAutostop:
-		if s.busy(ctx, rec.ID) {
+		if r.busy(ctx, rec.ID) {
 			// A command still runs: that is activity. The countdown starts again after it.
 			s.Touch(ctx, rec.ID)
 			return st
 		}
 		why := fmt.Sprintf("auto-stopped after %d s without activity", rec.AutostopSec)
 		if _, err := s.stop(ctx, p, rec.ID, why); err != nil {
-			s.actionFailed(rec.ID, "auto-stop", err)
+			r.actionFailed(rec.ID, "auto-stop", err)
 			return st
 		}
 		s.log.Info("sandbox auto-stopped", "sandbox", rec.ID, "autostop_sec", rec.AutostopSec)
@@ -150,16 +142,16 @@ func (s *Service) reconcileBox(ctx context.Context, b runtime.Box, activity time
 	return st
 }
 
-func (s *Service) actionFailed(id, action string, err error) {
+func (r *reconciler) actionFailed(id, action string, err error) {
 	if apierror.Is(err, apierror.InvalidState) || apierror.Is(err, apierror.NotFound) {
 		return // another replica or a user got there first
 	}
-	s.log.Warn("reconciler action failed", "sandbox", id, "action", action, "err", err)
+	r.s.log.Warn("reconciler action failed", "sandbox", id, "action", action, "err", err)
 }
 
 // busy reports whether an exec is still running in the sandbox (asking its guest init).
-func (s *Service) busy(ctx context.Context, id string) bool {
-	g, err := s.Guest(ctx, id)
+func (r *reconciler) busy(ctx context.Context, id string) bool {
+	g, err := r.s.Guest(ctx, id)
 	if err != nil {
 		return false
 	}
@@ -177,7 +169,8 @@ func (s *Service) busy(ctx context.Context, id string) bool {
 
 // finish completes a transition whose replica is gone. It takes the sandbox's lock: when it
 // is held, the transition is still in flight and nothing is done.
-func (s *Service) finish(ctx context.Context, b runtime.Box) State {
+func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
+	s := r.s
 	rec := b.Record
 	id := rec.ID
 	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
@@ -203,7 +196,7 @@ func (s *Service) finish(ctx context.Context, b runtime.Box) State {
 		if b.Phase == runtime.PhaseRunning {
 			// The creator may have died before or during its source's restore: restore it
 			// (again: the import replaces the workspace, so this is idempotent).
-			if err := s.restoreSource(ctx, rec); err != nil {
+			if err := s.boot.restore(ctx, rec); err != nil {
 				to, reason = Failed, "creation was interrupted and its source could not be restored: "+apierror.From(err).Message
 			} else {
 				to = Running
@@ -220,15 +213,15 @@ func (s *Service) finish(ctx context.Context, b runtime.Box) State {
 			to = Running
 		}
 	case Stopping:
-		r, err := s.stopWork(ctx, rec)
+		why, err := s.stopWork(ctx, rec)
 		if err != nil {
-			s.actionFailed(id, "finish stop", err)
+			r.actionFailed(id, "finish stop", err)
 			return from
 		}
-		to, reason = Stopped, r
+		to, reason = Stopped, why
 	case Destroying:
 		if _, err := s.destroyWork(ctx, rec, Destroyed, ""); err != nil {
-			s.actionFailed(id, "finish destroy", err)
+			r.actionFailed(id, "finish destroy", err)
 			return from
 		}
 		s.log.Info("finished an interrupted destroy", "sandbox", id)
@@ -237,11 +230,11 @@ func (s *Service) finish(ctx context.Context, b runtime.Box) State {
 		return from
 	}
 	if _, err := s.setState(ctx, id, from, to, reason); err != nil {
-		s.actionFailed(id, "finish", err)
+		r.actionFailed(id, "finish", err)
 		return from
 	}
 	if !holdsSlot(to) {
-		s.release(ctx, rec.Tenant, rec.Project, id)
+		s.slots.release(ctx, rec.Tenant, rec.Project, id)
 	}
 	s.log.Info("finished an interrupted transition", "sandbox", id, "from", from, "to", to)
 	return to

@@ -46,35 +46,32 @@ type Deps struct {
 	Now func() time.Time
 }
 
-// Service is the sandbox lifecycle core.
+// Service is the sandbox lifecycle core. Its parts with state or dependencies of their own
+// are components: the attach cache, the slots, the checkpoints, the bootstrapper and the
+// reconciler.
 type Service struct {
 	cfg      Config
 	profiles map[string]ProfileConfig
 	driver   runtime.Driver
 	store    *store.Store
 	events   *events.Bus
-	ckpt     *checkpoint.Store
-	quota    *quota.Quota
-	sources  *source.Fetcher
-	objects  source.ObjectLister
 	metrics  *Metrics
 	log      *slog.Logger
 	now      func() time.Time
-	// progressEvery is how often a bootstrap's progress is recorded and published.
-	progressEvery time.Duration
+
+	attachs *attachments
+	slots   slots
+	ckpts   *checkpoints
+	boot    *bootstrapper
+	recon   *reconciler
+	// streams caps the event and output streams each tenant:project holds on this replica.
+	streams *fairshare.Limiter
 
 	// bg lives as long as the service: the starts of sandboxes whose compute was lost run on
 	// it, not on a request; recovering waits for them (recoverLost).
 	bg         context.Context
 	cancel     context.CancelFunc
 	recovering sync.WaitGroup
-	// execs is the exec side of every reconcile pass (SetExecReconciler).
-	execs ExecReconciler
-	// streams caps the event and output streams each tenant:project holds on this replica.
-	streams *fairshare.Limiter
-
-	mu      sync.Mutex
-	attachs map[string]*attachment
 }
 
 // New returns a Service.
@@ -85,31 +82,36 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Driver == nil || d.Store == nil || d.Events == nil || d.Checkpoints == nil {
 		return nil, errors.New("sandbox: driver, store, events and checkpoints are required")
 	}
-	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store,
-		events: d.Events, ckpt: d.Checkpoints, quota: d.Quota, sources: d.Sources, objects: d.SourceObjects,
-		metrics: d.Metrics, log: d.Logger, now: d.Now, progressEvery: defaultProgressEvery,
-		attachs: map[string]*attachment{},
-		streams: fairshare.New(cfg.MaxStreamsPerProject)}
-	if s.sources == nil {
+	if d.Sources == nil {
 		f, err := source.New(source.Options{})
 		if err != nil {
 			return nil, err
 		}
-		s.sources = f
+		d.Sources = f
 	}
-	if len(cfg.SourcePrefixes) > 0 && s.objects == nil {
+	if len(cfg.SourcePrefixes) > 0 && d.SourceObjects == nil {
 		return nil, errors.New("sandbox: source prefixes are permitted but there is no object lister (Deps.SourceObjects)")
 	}
+	if d.Logger == nil {
+		d.Logger = slog.Default()
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics(nil)
+	}
+	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store, events: d.Events,
+		metrics: d.Metrics, log: d.Logger, now: d.Now, streams: fairshare.New(cfg.MaxStreamsPerProject)}
+	s.attachs = newAttachments(d.Driver, s.Observe)
+	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger}
+	s.ckpts = &checkpoints{store: d.Checkpoints, driver: d.Driver, attachs: s.attachs, metrics: d.Metrics, log: d.Logger,
+		now: d.Now, keep: cfg.KeepCheckpoints}
+	s.boot = &bootstrapper{sources: d.Sources, objects: d.SourceObjects, prefixes: cfg.SourcePrefixes, ckpts: s.ckpts,
+		attachs: s.attachs, driver: d.Driver, events: d.Events, metrics: d.Metrics, log: d.Logger, now: d.Now,
+		every: defaultProgressEvery}
+	s.recon = &reconciler{s: s}
 	s.bg, s.cancel = context.WithCancel(context.Background())
-	if s.log == nil {
-		s.log = slog.Default()
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	if s.metrics == nil {
-		s.metrics = NewMetrics(nil)
-	}
 	for _, p := range cfg.Profiles {
 		s.profiles[p.Name] = p
 	}
@@ -128,13 +130,7 @@ func (s *Service) Config() Config { return s.cfg }
 func (s *Service) Close() {
 	s.cancel()
 	s.recovering.Wait()
-	s.mu.Lock()
-	as := s.attachs
-	s.attachs = map[string]*attachment{}
-	s.mu.Unlock()
-	for _, a := range as {
-		a.close()
-	}
+	s.attachs.closeAll()
 }
 
 // Profiles lists the profiles a caller may create.

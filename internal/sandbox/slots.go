@@ -2,19 +2,29 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/quota"
+	"sandboxd/runtime"
 )
 
 // systemKey is the principal key of the control plane's own actions (the reconciler): they act
 // as the sandbox's owner but are not activity.
 const systemKey = "system:reconciler"
 
+// slots are the concurrency slots of the tenant:projects, as leases in internal/quota (a nil
+// quota: no limits).
+type slots struct {
+	quota  *quota.Quota
+	driver runtime.Driver
+	log    *slog.Logger
+}
+
 // acquire takes a concurrency slot for sandbox id of tenant:project.
-func (s *Service) acquire(ctx context.Context, tenant, project, id string) error {
+func (s slots) acquire(ctx context.Context, tenant, project, id string) error {
 	if s.quota == nil {
 		return nil
 	}
@@ -28,7 +38,7 @@ func (s *Service) acquire(ctx context.Context, tenant, project, id string) error
 }
 
 // release gives sandbox id's slot back. A failure only delays it: the lease runs out.
-func (s *Service) release(ctx context.Context, tenant, project, id string) {
+func (s slots) release(ctx context.Context, tenant, project, id string) {
 	if s.quota == nil {
 		return
 	}
@@ -39,7 +49,7 @@ func (s *Service) release(ctx context.Context, tenant, project, id string) {
 
 // releaseUnlessHolding gives the slot back unless the sandbox is (still, or by another call)
 // in a state that holds one.
-func (s *Service) releaseUnlessHolding(ctx context.Context, tenant, project, id string) {
+func (s slots) releaseUnlessHolding(ctx context.Context, tenant, project, id string) {
 	if box, err := s.driver.Get(context.WithoutCancel(ctx), id); err == nil && holdsSlot(State(box.Record.State)) {
 		return
 	}
@@ -51,12 +61,32 @@ func holdsSlot(st State) bool { return st == Creating || st == Starting || st ==
 
 // Quota reports the caller's concurrency limit and use.
 func (s *Service) Quota(ctx context.Context, p auth.Principal) (quota.Usage, error) {
-	if s.quota == nil {
+	if s.slots.quota == nil {
 		return quota.Usage{}, nil
 	}
-	u, err := s.quota.Usage(ctx, p.Tenant, p.Project)
+	u, err := s.slots.quota.Usage(ctx, p.Tenant, p.Project)
 	if err != nil {
 		return quota.Usage{}, apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable")
 	}
 	return u, nil
+}
+
+// renew extends the leases of the sandboxes that hold a slot by runtime truth, and takes
+// one again for a holder whose lease was lost (a Redis flush).
+func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
+	if s.quota == nil {
+		return
+	}
+	for k, ids := range holders {
+		missing, err := s.quota.Renew(ctx, k[0], k[1], ids)
+		if err != nil {
+			s.log.Warn("renewing slot leases failed", "tenant", k[0], "project", k[1], "err", err)
+			continue
+		}
+		for _, id := range missing {
+			if _, err := s.quota.Acquire(ctx, k[0], k[1], id); err != nil {
+				s.log.Warn("a running sandbox has no slot and none is free", "sandbox", id, "err", err)
+			}
+		}
+	}
 }

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
@@ -43,7 +42,7 @@ func (s *Service) Snapshot(ctx context.Context, p auth.Principal, id string) (Sn
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	m, err := s.checkpoint(ctx, rec)
+	m, err := s.ckpts.save(ctx, rec)
 	s.metrics.lifecycle(string(VerbSnapshot), outcome(err), s.now().Sub(start))
 	if err != nil {
 		return SnapshotInfo{}, err
@@ -66,7 +65,7 @@ func (s *Service) ListSnapshots(ctx context.Context, p auth.Principal, sandboxID
 		err  error
 	)
 	if sandboxID == "" {
-		list, err = s.ckpt.ListProject(ctx, p.Tenant, p.Project)
+		list, err = s.ckpts.store.ListProject(ctx, p.Tenant, p.Project)
 	} else {
 		if !ValidID(sandboxID, idPrefix) {
 			return nil, notFound(sandboxID)
@@ -75,7 +74,7 @@ func (s *Service) ListSnapshots(ctx context.Context, p auth.Principal, sandboxID
 		if lerr != nil && !apierror.Is(lerr, apierror.NotFound) {
 			return nil, lerr
 		}
-		list, err = s.ckpt.List(ctx, checkpoint.Scope{Tenant: p.Tenant, Project: p.Project, Sandbox: sandboxID})
+		list, err = s.ckpts.store.List(ctx, checkpoint.Scope{Tenant: p.Tenant, Project: p.Project, Sandbox: sandboxID})
 		if err == nil && lerr != nil && len(list) == 0 {
 			return nil, lerr // no such sandbox, and no snapshots left of one
 		}
@@ -102,7 +101,7 @@ func (s *Service) GetSnapshot(ctx context.Context, p auth.Principal, snapshotID 
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	m, err := s.ckpt.Get(ctx, sc, snapshotID)
+	m, err := s.ckpts.store.Get(ctx, sc, snapshotID)
 	if err != nil {
 		return SnapshotInfo{}, snapshotError(err, snapshotID)
 	}
@@ -118,13 +117,13 @@ func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshot
 	if err != nil {
 		return err
 	}
-	if _, err := s.ckpt.Get(ctx, sc, snapshotID); err != nil && !errors.Is(err, checkpoint.ErrCorrupt) {
+	if _, err := s.ckpts.store.Get(ctx, sc, snapshotID); err != nil && !errors.Is(err, checkpoint.ErrCorrupt) {
 		return snapshotError(err, snapshotID) // a corrupt snapshot can be deleted
 	}
 	_, err = s.Load(ctx, p, sc.Sandbox, VerbGet)
 	if apierror.Is(err, apierror.NotFound) {
 		// The sandbox is gone; its snapshots are the caller's to delete.
-		return s.deleteCheckpoint(ctx, sc, snapshotID)
+		return s.ckpts.delete(ctx, sc, snapshotID)
 	}
 	if err != nil {
 		return err
@@ -137,24 +136,24 @@ func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshot
 	ctx = runtime.WithFence(ctx, lock.Fence())
 	rec, err := s.Load(ctx, p, sc.Sandbox, VerbGet)
 	if apierror.Is(err, apierror.NotFound) {
-		return s.deleteCheckpoint(ctx, sc, snapshotID)
+		return s.ckpts.delete(ctx, sc, snapshotID)
 	}
 	if err != nil {
 		return err
 	}
 	if rec.LatestCheckpoint != snapshotID {
-		return s.deleteCheckpoint(ctx, sc, snapshotID)
+		return s.ckpts.delete(ctx, sc, snapshotID)
 	}
 	if st := State(rec.State); st != Running {
 		return apierror.New(apierror.InvalidState,
 			"cannot delete snapshot %s: it is the latest snapshot of sandbox %s, which is %s, so it may be the only copy of its workspace (start the sandbox first, or destroy it)",
 			snapshotID, rec.ID, st).WithDetail("state", string(st))
 	}
-	if err := s.deleteCheckpoint(ctx, sc, snapshotID); err != nil {
+	if err := s.ckpts.delete(ctx, sc, snapshotID); err != nil {
 		return err
 	}
 	// The running sandbox's workspace is live; its latest is now the newest one left.
-	latest, err := s.ckpt.Latest(ctx, sc)
+	latest, err := s.ckpts.store.Latest(ctx, sc)
 	if err != nil && !errors.Is(err, checkpoint.ErrNotFound) {
 		s.log.Warn("finding the latest snapshot left failed", "sandbox", rec.ID, "err", err)
 		return nil
@@ -166,52 +165,6 @@ func (s *Service) DeleteSnapshot(ctx context.Context, p auth.Principal, snapshot
 		return nil
 	}); err != nil {
 		s.log.Warn("recording the latest snapshot failed", "sandbox", rec.ID, "err", err)
-	}
-	return nil
-}
-
-func (s *Service) deleteCheckpoint(ctx context.Context, sc checkpoint.Scope, snapshotID string) error {
-	if err := s.ckpt.Delete(ctx, sc, snapshotID); err != nil {
-		return snapshotError(err, snapshotID)
-	}
-	s.log.Info("snapshot deleted", "sandbox", sc.Sandbox, "snapshot", snapshotID)
-	return nil
-}
-
-// retain deletes the sandbox's checkpoints beyond the configured number, never latest (the
-// one just recorded). A failure only delays it to the next checkpoint.
-func (s *Service) retain(ctx context.Context, rec runtime.Record, latest string) {
-	deleted, err := s.ckpt.Retain(context.WithoutCancel(ctx), scopeOf(rec), s.cfg.KeepCheckpoints, latest)
-	if err != nil {
-		s.log.Warn("deleting old snapshots failed", "sandbox", rec.ID, "err", err)
-	}
-	if len(deleted) > 0 {
-		s.log.Info("old snapshots deleted", "sandbox", rec.ID, "count", len(deleted), "keep", s.cfg.KeepCheckpoints)
-	}
-}
-
-// restoreSnapshotSource restores snapshot src, the source a sandbox was created from, into its
-// workspace. Its hash is checked while it streams; a corrupt one is refused whole. A snapshot
-// larger than the sandbox's disk is refused before anything is read (its manifest knows its
-// size), or when the disk fills up on the way.
-func (s *Service) restoreSnapshotSource(ctx context.Context, rec runtime.Record, src string) error {
-	sc, err := snapshotScope(rec.Tenant, rec.Project, src)
-	if err != nil {
-		return err
-	}
-	if m, err := s.ckpt.Get(ctx, sc, src); err == nil {
-		if err := snapshotFits(m, rec.Spec.DiskBytes); err != nil {
-			return err
-		}
-	}
-	if err := s.restore(ctx, rec.ID, sc, src); err != nil {
-		if guest.IsNoSpace(err) {
-			return apierror.Wrap(err, apierror.InvalidArgument,
-				"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
-				src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")
-		}
-		e := apierror.From(err)
-		return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
 	}
 	return nil
 }
@@ -236,20 +189,6 @@ func diskLabel(diskBytes int64) string {
 		return "the runtime's default disk"
 	}
 	return fmt.Sprintf("disk_mb %d", diskBytes>>20)
-}
-
-// snapshotSource returns the manifest of snapshot id of the caller's tenant:project (another
-// project's, or none, is NOT_FOUND).
-func (s *Service) snapshotSource(ctx context.Context, p auth.Principal, id string) (checkpoint.Manifest, error) {
-	sc, err := snapshotScope(p.Tenant, p.Project, id)
-	if err != nil {
-		return checkpoint.Manifest{}, err
-	}
-	m, err := s.ckpt.Get(ctx, sc, id)
-	if err != nil {
-		return checkpoint.Manifest{}, snapshotError(err, id)
-	}
-	return m, nil
 }
 
 // snapshotScope is the checkpoint scope of snapshot id within tenant:project. A malformed id is

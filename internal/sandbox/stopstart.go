@@ -23,14 +23,14 @@ func (s *Service) stop(ctx context.Context, p auth.Principal, id, why string) (S
 	if err != nil {
 		return Sandbox{}, err
 	}
-	s.release(ctx, rec.Tenant, rec.Project, id)
+	s.slots.release(ctx, rec.Tenant, rec.Project, id)
 	return toSandbox(rec), nil
 }
 
 // stopWork checkpoints the workspace and stops the box.
 func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, error) {
 	reason := ""
-	if _, err := s.checkpoint(ctx, rec); err != nil {
+	if _, err := s.ckpts.save(ctx, rec); err != nil {
 		if !s.boxDead(ctx, rec.ID) {
 			return "", err
 		}
@@ -38,9 +38,9 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 		// the last checkpoint stays the latest.
 		reason = "stopped without a new checkpoint: the sandbox's runtime had died"
 	}
-	s.dropAttach(rec.ID)
+	s.attachs.drop(rec.ID)
 	if err := s.driver.Stop(ctx, rec.ID); err != nil {
-		return "", s.runtimeError(rec.ID, err, "could not stop the sandbox's runtime")
+		return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
 	}
 	return reason, nil
 }
@@ -51,14 +51,14 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandb
 	if _, err := s.Load(ctx, p, id, VerbStart); err != nil {
 		return Sandbox{}, err
 	}
-	if err := s.acquire(ctx, p.Tenant, p.Project, id); err != nil {
+	if err := s.slots.acquire(ctx, p.Tenant, p.Project, id); err != nil {
 		return Sandbox{}, err
 	}
 	rec, err := s.transition(ctx, p, id, VerbStart, func(ctx context.Context, rec runtime.Record) (string, error) {
 		return "", s.startWork(ctx, rec)
 	})
 	if err != nil {
-		s.releaseUnlessHolding(ctx, p.Tenant, p.Project, id)
+		s.slots.releaseUnlessHolding(ctx, p.Tenant, p.Project, id)
 		return Sandbox{}, err
 	}
 	return toSandbox(rec), nil
@@ -66,18 +66,18 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandb
 
 // startWork starts the box and restores its workspace when the runtime lost it.
 func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
-	s.dropAttach(rec.ID)
+	s.attachs.drop(rec.ID)
 	fresh, err := s.driver.Start(ctx, rec.ID)
 	if err != nil {
-		return s.runtimeFailed(rec.ID, err, "could not start the sandbox's runtime")
+		return runtimeFailed(s.log, rec.ID, err, "could not start the sandbox's runtime")
 	}
 	if !fresh {
 		return nil
 	}
 	if rec.LatestCheckpoint != "" {
-		return s.restore(ctx, rec.ID, scopeOf(rec), rec.LatestCheckpoint)
+		return s.ckpts.restore(ctx, rec.ID, scopeOf(rec), rec.LatestCheckpoint)
 	}
 	// Never checkpointed (its only stop found the box dead): the workspace it started from
 	// is its source, fetched again for an archive or prefix.
-	return s.restoreSource(ctx, rec)
+	return s.boot.restore(ctx, rec)
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -38,7 +39,7 @@ func (s *Service) setState(ctx context.Context, id string, from, to State, reaso
 		if apierror.Is(err, apierror.InvalidState) {
 			return rec, err
 		}
-		return rec, s.runtimeError(id, err, "could not record the sandbox's state")
+		return rec, runtimeError(s.log, id, err, "could not record the sandbox's state")
 	}
 	if err := s.store.SetState(ctx, id, string(to)); errors.Is(err, store.ErrNotFound) {
 		_ = s.store.Put(ctx, entryOf(rec))
@@ -128,11 +129,11 @@ func (s *Service) lock(ctx context.Context, id string) (*store.Lock, error) {
 	return lock, nil
 }
 
-// runtimeError is the error of a failed driver write to sandbox id: fencedOff's when the
-// runtime refused the write for its fence, else UNAVAILABLE with msg.
-func (s *Service) runtimeError(id string, err error, msg string) error {
+// runtimeError is the error of a failed driver write to sandbox id: fencedOff's (logged on
+// log) when the runtime refused the write for its fence, else UNAVAILABLE with msg.
+func runtimeError(log *slog.Logger, id string, err error, msg string) error {
 	if errors.Is(err, runtime.ErrFenced) {
-		return s.fencedOff(id, err)
+		return fencedOff(log, id, err)
 	}
 	return apierror.Wrap(err, apierror.Unavailable, "%s", msg)
 }
@@ -147,8 +148,8 @@ func (s *Service) runtimeError(id string, err error, msg string) error {
 // checked against the state that one leaves), and the reconciler already takes INVALID_STATE
 // for "another replica got there first". UNAVAILABLE would blame a component that is down;
 // none is.
-func (s *Service) fencedOff(id string, err error) error {
-	s.log.Warn("a runtime write was fenced off: this replica's operation lock ran out and another replica took the sandbox over",
+func fencedOff(log *slog.Logger, id string, err error) error {
+	log.Warn("a runtime write was fenced off: this replica's operation lock ran out and another replica took the sandbox over",
 		"sandbox", id, "err", err)
 	return apierror.Wrap(err, apierror.InvalidState, "sandbox %s: another replica took over this sandbox's operation; retry", id).
 		WithRetryAfter(busyRetryAfter)
@@ -164,9 +165,9 @@ func outcome(err error) string {
 // runtimeFailed is the error of a driver's failed create or start of sandbox id. When the box
 // cannot run as specified (a pod the cluster cannot schedule, an image that cannot run) it
 // says why.
-func (s *Service) runtimeFailed(id string, err error, msg string) error {
+func runtimeFailed(log *slog.Logger, id string, err error, msg string) error {
 	if errors.Is(err, runtime.ErrFenced) {
-		return s.fencedOff(id, err)
+		return fencedOff(log, id, err)
 	}
 	if se, ok := errors.AsType[*runtime.StartError](err); ok {
 		return apierror.Wrap(err, apierror.Unavailable, "%s: %s", msg, se.Reason)
