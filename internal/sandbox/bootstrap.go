@@ -203,7 +203,7 @@ func (b *bootstrapper) work(ctx context.Context, rec runtime.Record, field, labe
 	return res, cr.n.Load(), nil
 }
 
-// followProgress records and publishes the bytes cr has passed every progressEvery while the
+// followProgress records and publishes the bytes cr has passed every b.every while the
 // import runs; the returned stop ends it and waits until it has.
 func (b *bootstrapper) followProgress(ctx context.Context, rec runtime.Record, label string, cr *countingReader) (stop func()) {
 	done := make(chan struct{})

@@ -73,7 +73,8 @@ func DefaultLimits() Limits {
 	}
 }
 
-// Config configures the Service.
+// Config configures the domain: the Service here, and exec (internal/execs) and agent runs
+// (internal/agents), which are given it as New checked it (Service.Config).
 type Config struct {
 	Profiles []ProfileConfig `json:"profiles"`
 	// DefaultProfile is used when a create names none.
@@ -100,7 +101,7 @@ type Config struct {
 	// SourcePrefixes are the GCS prefixes ("gs://bucket/prefix/") each "tenant:project" may
 	// create sandboxes from (source.gcs_prefix); a project not named here may use none.
 	SourcePrefixes map[string][]string `json:"-"`
-	// Agents is the agent catalog: the agents a run may start (agent.go).
+	// Agents is the agent catalog: the agents a run may start (agentcatalog.go).
 	Agents []AgentConfig `json:"agents"`
 }
 
