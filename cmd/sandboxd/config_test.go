@@ -47,7 +47,7 @@ func TestSourcesConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := c.sourceOptions()
+	opts, err := c.Sources.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := c.sourceOptions()
+	opts, err := c.Sources.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
