@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -25,7 +26,8 @@ import (
 
 // Config is sandboxd's configuration: the server's own settings, and a section per subsystem
 // whose type, defaults and validation live in that subsystem. Precedence: flags > environment
-// > config file > defaults.
+// > config file > defaults; which settings flags and the environment set is the table of
+// settings below.
 type Config struct {
 	// Listen is the HTTP address.
 	Listen string `json:"listen"`
@@ -100,6 +102,8 @@ type Config struct {
 	LogLevel    string `json:"log_level"`
 	LogFormat   string `json:"log_format"`
 
+	// file is the config file (never read from the file).
+	file string
 	// devKey is SANDBOX_API_KEY (never read from the file).
 	devKey string
 }
@@ -133,67 +137,193 @@ func defaultConfig() Config {
 	return c
 }
 
+// A setting is a value of the config that a flag or the environment sets, over the config
+// file. The table of them (settings) is the one place that says so: the flags and their -h
+// text, the environment lookups and the hints of config errors are made from it, and a test
+// holds the README's table of settings to it.
+type setting struct {
+	flag string // the flag ("listen" for --listen); "" for none
+	env  string // the environment variable, over the config file; "" for none
+	// envUnderFile is an environment variable below the config file: it sets the value only
+	// when the file leaves it empty.
+	envUnderFile string
+	key          string // the config file's key ("kube.init_image"); "" when the file has none
+	help         string
+	val          any // *string or *int into the Config
+}
+
+// settings is the table of c's settings; each val points into c.
+func (c *Config) settings() []setting {
+	return []setting{
+		{flag: "config", env: "SANDBOXD_CONFIG", help: "config file (YAML or JSON)", val: &c.file},
+		{flag: "listen", env: "SANDBOXD_LISTEN", key: "listen", help: "listen address", val: &c.Listen},
+		{flag: "redis-url", env: "REDIS_URL", key: "redis_url", help: "Redis URL; empty runs an embedded Redis", val: &c.RedisURL},
+		{flag: "state-dir", env: "SANDBOXD_STATE_DIR", key: "state_dir", help: "local runtime state folder", val: &c.StateDir},
+		{flag: "checkpoint-dir", env: "SANDBOXD_CHECKPOINT_DIR", key: "checkpoint_dir",
+			help: "local checkpoint folder (empty: <state dir>/checkpoint-store)", val: &c.CheckpointDir},
+		{flag: "runsc", env: "SANDBOXD_RUNSC", key: "runsc", help: "runsc binary", val: &c.Runsc},
+		{flag: "init-binary", env: "SANDBOXD_INIT", key: "init_binary", help: "static sandbox-init binary", val: &c.InitBinary},
+		{flag: "rootfs", env: "SANDBOXD_ROOTFS", key: "rootfs", help: "base rootfs of the default profile", val: &c.Rootfs},
+		{flag: "runtime", env: "SANDBOXD_RUNTIME", key: "runtime", help: "runtime driver: gvisor (default) or kube", val: &c.Runtime},
+		{flag: "kubeconfig", env: "SANDBOXD_KUBECONFIG", envUnderFile: "KUBECONFIG", key: "kube.kubeconfig",
+			help: "kubeconfig of the kube runtime (empty: in-cluster)", val: &c.Kube.Kubeconfig},
+		{flag: "image", env: "SANDBOXD_IMAGE", key: "image", help: "container image of the default profile (kube runtime)", val: &c.Image},
+		{env: "SANDBOXD_INIT_IMAGE", key: "kube.init_image", help: "image holding /sandbox-init (kube runtime)", val: &c.Kube.InitImage},
+		{flag: "log-level", env: "SANDBOXD_LOG_LEVEL", key: "log_level", help: "debug, info, warn or error", val: &c.LogLevel},
+		{env: "SANDBOX_API_KEY", help: "development key (at least 8 characters) of dev_tenant:dev_project", val: &c.devKey},
+		{env: "SANDBOX_CONCURRENCY_LIMIT", key: "quota.default_limit",
+			help: "each tenant:project's concurrency limit; 0 means unlimited", val: &c.Quota.DefaultLimit},
+	}
+}
+
+// setting returns the setting of val, a pointer into c.
+func (c *Config) setting(val any) setting {
+	for _, s := range c.settings() {
+		if s.val == val {
+			return s
+		}
+	}
+	panic(fmt.Sprintf("config: no setting for %T", val))
+}
+
+// envs are the environment variables of s, strongest first.
+func (s setting) envs() []string {
+	var envs []string
+	for _, e := range []string{s.env, s.envUnderFile} {
+		if e != "" {
+			envs = append(envs, e)
+		}
+	}
+	return envs
+}
+
+// hint says where s comes from besides the config file: "flag --runsc, env SANDBOXD_RUNSC".
+func (s setting) hint() string {
+	var from []string
+	if s.flag != "" {
+		from = append(from, "flag --"+s.flag)
+	}
+	if envs := s.envs(); len(envs) > 0 {
+		from = append(from, "env "+strings.Join(envs, " or "))
+	}
+	return strings.Join(from, ", ")
+}
+
+// usage is s's -h text: its help and its environment variables.
+func (s setting) usage() string {
+	if envs := s.envs(); len(envs) > 0 {
+		return s.help + "; env " + strings.Join(envs, " or ")
+	}
+	return s.help
+}
+
+// String is s's current value as text ("" for an empty string).
+func (s setting) String() string {
+	switch p := s.val.(type) {
+	case *string:
+		return *p
+	case *int:
+		return strconv.Itoa(*p)
+	}
+	panic(fmt.Sprintf("config: setting of unsupported type %T", s.val))
+}
+
+// set sets s to v, which came from (a flag or an environment variable).
+func (s setting) set(v, from string) error {
+	switch p := s.val.(type) {
+	case *string:
+		*p = v
+	case *int:
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("%s must be a non-negative integer, got %q", from, v)
+		}
+		*p = n
+	default:
+		panic(fmt.Sprintf("config: setting of unsupported type %T", s.val))
+	}
+	return nil
+}
+
+// override sets s from its flag (given: the flags on the command line) or, failing that, its
+// environment variable; an empty value sets nothing.
+func (s setting) override(given map[string]string, getenv func(string) string) error {
+	if v := given[s.flag]; s.flag != "" && v != "" {
+		return s.set(v, "--"+s.flag)
+	}
+	if v := getenv(s.env); s.env != "" && v != "" {
+		return s.set(v, s.env)
+	}
+	return nil
+}
+
+// newFlagSet declares the flags of settings, each with its default as it stands, and a -h
+// that lists them and the settings only the environment sets.
+func newFlagSet(settings []setting) *flag.FlagSet {
+	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
+	for _, s := range settings {
+		if s.flag != "" {
+			fs.String(s.flag, s.String(), s.usage())
+		}
+	}
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage: sandboxd [flags]\n       sandboxd hash-key KEY\n\n"+
+			"Precedence: flags > environment > config file (--config) > defaults.\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(out, "\nEnvironment only:\n")
+		tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
+		for _, s := range settings {
+			if s.flag == "" {
+				def := ""
+				if v := s.String(); v != "" && s.key != "" {
+					def = fmt.Sprintf(" (default %s)", v)
+				}
+				fmt.Fprintf(tw, "  %s\t%s%s\n", strings.Join(s.envs(), " or "), s.help, def)
+			}
+		}
+		tw.Flush()
+	}
+	return fs
+}
+
 // loadConfig reads flags (args), the environment and the config file into a Config.
 func loadConfig(args []string, getenv func(string) string) (Config, error) {
-	fs := flag.NewFlagSet("sandboxd", flag.ContinueOnError)
-	configPath := fs.String("config", getenv("SANDBOXD_CONFIG"), "config file (YAML or JSON); env SANDBOXD_CONFIG")
-	listen := fs.String("listen", "", "listen address (default 127.0.0.1:8780); env SANDBOXD_LISTEN")
-	redisURL := fs.String("redis-url", "", "Redis URL; empty runs an embedded Redis; env REDIS_URL")
-	stateDir := fs.String("state-dir", "", "local runtime state folder; env SANDBOXD_STATE_DIR")
-	ckptDir := fs.String("checkpoint-dir", "", "local checkpoint folder; env SANDBOXD_CHECKPOINT_DIR")
-	runsc := fs.String("runsc", "", "runsc binary; env SANDBOXD_RUNSC")
-	initBin := fs.String("init-binary", "", "static sandbox-init binary; env SANDBOXD_INIT")
-	rootfs := fs.String("rootfs", "", "base rootfs of the default profile; env SANDBOXD_ROOTFS")
-	runtimeName := fs.String("runtime", "", "runtime driver: gvisor (default) or kube; env SANDBOXD_RUNTIME")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the kube runtime (empty: in-cluster); env SANDBOXD_KUBECONFIG or KUBECONFIG")
-	image := fs.String("image", "", "container image of the default profile (kube runtime); env SANDBOXD_IMAGE")
-	logLevel := fs.String("log-level", "", "debug, info, warn or error")
+	c := defaultConfig()
+	settings := c.settings()
+	fs := newFlagSet(settings)
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	c := defaultConfig()
-	if *configPath != "" {
-		data, err := os.ReadFile(*configPath)
+	given := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = f.Value.String() })
+	if err := c.setting(&c.file).override(given, getenv); err != nil {
+		return Config{}, err
+	}
+	if c.file != "" {
+		data, err := os.ReadFile(c.file)
 		if err != nil {
 			return Config{}, fmt.Errorf("config: %w", err)
 		}
 		if err := yaml.UnmarshalStrict(data, &c); err != nil {
-			return Config{}, fmt.Errorf("config %s: %w", *configPath, err)
+			return Config{}, fmt.Errorf("config %s: %w", c.file, err)
 		}
 	}
-	pick := func(dst *string, flagVal, env string) {
-		if v := getenv(env); v != "" {
-			*dst = v
+	for _, s := range settings {
+		if s.val == &c.file {
+			continue
 		}
-		if flagVal != "" {
-			*dst = flagVal
+		if v := getenv(s.envUnderFile); s.envUnderFile != "" && v != "" && s.String() == "" {
+			if err := s.set(v, s.envUnderFile); err != nil {
+				return Config{}, err
+			}
 		}
-	}
-	pick(&c.Listen, *listen, "SANDBOXD_LISTEN")
-	pick(&c.RedisURL, *redisURL, "REDIS_URL")
-	pick(&c.StateDir, *stateDir, "SANDBOXD_STATE_DIR")
-	pick(&c.CheckpointDir, *ckptDir, "SANDBOXD_CHECKPOINT_DIR")
-	pick(&c.Runsc, *runsc, "SANDBOXD_RUNSC")
-	pick(&c.InitBinary, *initBin, "SANDBOXD_INIT")
-	pick(&c.Rootfs, *rootfs, "SANDBOXD_ROOTFS")
-	pick(&c.Runtime, *runtimeName, "SANDBOXD_RUNTIME")
-	pick(&c.Image, *image, "SANDBOXD_IMAGE")
-	pick(&c.Kube.InitImage, "", "SANDBOXD_INIT_IMAGE")
-	if c.Kube.Kubeconfig == "" {
-		pick(&c.Kube.Kubeconfig, "", "KUBECONFIG")
-	}
-	pick(&c.Kube.Kubeconfig, *kubeconfig, "SANDBOXD_KUBECONFIG")
-	pick(&c.LogLevel, *logLevel, "SANDBOXD_LOG_LEVEL")
-	c.devKey = getenv("SANDBOX_API_KEY")
-	if v := getenv("SANDBOX_CONCURRENCY_LIMIT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return Config{}, fmt.Errorf("SANDBOX_CONCURRENCY_LIMIT must be a non-negative integer, got %q", v)
+		if err := s.override(given, getenv); err != nil {
+			return Config{}, err
 		}
-		c.Quota.DefaultLimit = n
 	}
 	if c.CheckpointDir == "" {
 		c.CheckpointDir = filepath.Join(c.StateDir, "checkpoint-store")
@@ -236,34 +366,37 @@ func (c *Config) validate() error {
 	switch c.Runtime {
 	case "", "gvisor":
 		if c.Runsc == "" {
-			errs = append(errs, "runsc is not set (flag --runsc, env SANDBOXD_RUNSC); scripts/run-server.sh builds it")
+			errs = append(errs, fmt.Sprintf("runsc is not set (%s); scripts/run-server.sh builds it", c.setting(&c.Runsc).hint()))
 		}
 		if c.InitBinary == "" {
-			errs = append(errs, "the sandbox-init binary is not set (flag --init-binary, env SANDBOXD_INIT); scripts/run-server.sh builds it")
+			errs = append(errs, fmt.Sprintf("the sandbox-init binary is not set (%s); scripts/run-server.sh builds it",
+				c.setting(&c.InitBinary).hint()))
 		}
 		for _, p := range c.Profiles {
 			if p.Rootfs == "" {
-				errs = append(errs, fmt.Sprintf("profile %s has no rootfs (flag --rootfs, env SANDBOXD_ROOTFS, or profiles[].rootfs)", p.Name))
+				errs = append(errs, fmt.Sprintf("profile %s has no rootfs (%s, or profiles[].rootfs)", p.Name, c.setting(&c.Rootfs).hint()))
 			}
 		}
 	case "kube":
 		if c.Kube.InitImage == "" {
-			errs = append(errs, "the kube runtime needs kube.init_image (env SANDBOXD_INIT_IMAGE): the image holding /sandbox-init")
+			s := c.setting(&c.Kube.InitImage)
+			errs = append(errs, fmt.Sprintf("the kube runtime needs %s (%s): the image holding /sandbox-init", s.key, s.hint()))
 		}
 		for _, p := range c.Profiles {
 			if p.Image == "" {
-				errs = append(errs, fmt.Sprintf("profile %s has no image (flag --image, env SANDBOXD_IMAGE, or profiles[].image)", p.Name))
+				errs = append(errs, fmt.Sprintf("profile %s has no image (%s, or profiles[].image)", p.Name, c.setting(&c.Image).hint()))
 			}
 		}
 		errs = problems(errs, c.Kube.Validate())
 	default:
 		errs = append(errs, fmt.Sprintf("runtime must be gvisor or kube, got %q", c.Runtime))
 	}
+	devKey := c.setting(&c.devKey).env
 	if len(c.APIKeys) == 0 && c.devKey == "" {
-		errs = append(errs, "no API keys: set SANDBOX_API_KEY for a development principal, or api_keys in the config file")
+		errs = append(errs, fmt.Sprintf("no API keys: set %s for a development principal, or api_keys in the config file", devKey))
 	}
 	if c.devKey != "" && len(c.devKey) < 8 {
-		errs = append(errs, "SANDBOX_API_KEY must be at least 8 characters")
+		errs = append(errs, devKey+" must be at least 8 characters")
 	}
 	errs = problems(errs, c.Quota.Validate())
 	if c.LockTTLSec <= 0 || c.LockTTLSec > c.Quota.LeaseSec {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"io"
 	"net/http/httptest"
@@ -257,5 +258,147 @@ rate_limit: {requests_per_sec: 5, burst: 10, keys: {SANDBOX_API_KEY: {requests_p
 				t.Fatalf("got %v, want an error mentioning %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// valueOf reads the setting of c named like s (by flag, else environment variable).
+func valueOf(t *testing.T, c *Config, s setting) string {
+	t.Helper()
+	for _, cs := range c.settings() {
+		if cs.flag == s.flag && cs.env == s.env {
+			return cs.String()
+		}
+	}
+	t.Fatalf("no setting --%s/%s", s.flag, s.env)
+	return ""
+}
+
+// fileWith is a config file (JSON, which is YAML) that sets the dotted key to v.
+func fileWith(t *testing.T, key string, v any) string {
+	t.Helper()
+	parts := strings.Split(key, ".")
+	var doc any = v
+	for i := len(parts) - 1; i >= 0; i-- {
+		doc = map[string]any{parts[i]: doc}
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "sandboxd.yaml")
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Every setting of the table: its config key sets the value it points to, and flags >
+// environment > config file > defaults (an environment variable under the file only fills
+// what the file leaves empty).
+func TestSettingsPrecedence(t *testing.T) {
+	var probe Config
+	for _, s := range probe.settings() {
+		if s.val == &probe.file {
+			continue // TestConfigFileSetting
+		}
+		t.Run(s.flag+s.env, func(t *testing.T) {
+			// Distinct values per layer, of the setting's type.
+			vals := map[string]string{"file": "from-file", "under": "from-under", "env": "from-env", "flag": "from-flag"}
+			var fileVal any = vals["file"]
+			if _, ok := s.val.(*int); ok {
+				vals = map[string]string{"file": "3", "under": "4", "env": "5", "flag": "6"}
+				fileVal = 3
+			}
+			type layers struct{ file, under, env, flag bool }
+			load := func(l layers) string {
+				t.Helper()
+				env := map[string]string{}
+				var args []string
+				if l.file {
+					args = append(args, "--config", fileWith(t, s.key, fileVal))
+				}
+				if l.under {
+					env[s.envUnderFile] = vals["under"]
+				}
+				if l.env {
+					env[s.env] = vals["env"]
+				}
+				if l.flag {
+					args = append(args, "--"+s.flag, vals["flag"])
+				}
+				c, _ := loadConfig(args, func(k string) string { return env[k] }) // validity is not the point
+				return valueOf(t, &c, s)
+			}
+			def := defaultConfig()
+			want := valueOf(t, &def, s)
+			if got := load(layers{}); got != want && s.key != "checkpoint_dir" {
+				t.Errorf("default: got %q, want %q", got, want)
+			}
+			if s.key != "" {
+				if got := load(layers{file: true}); got != vals["file"] {
+					t.Errorf("config file key %s: got %q, want %q", s.key, got, vals["file"])
+				}
+			}
+			if s.envUnderFile != "" {
+				if got := load(layers{under: true}); got != vals["under"] {
+					t.Errorf("%s: got %q, want %q", s.envUnderFile, got, vals["under"])
+				}
+				if got := load(layers{file: true, under: true}); got != vals["file"] {
+					t.Errorf("%s under the config file: got %q, want the file's %q", s.envUnderFile, got, vals["file"])
+				}
+			}
+			if s.env != "" {
+				if got := load(layers{file: s.key != "", under: s.envUnderFile != "", env: true}); got != vals["env"] {
+					t.Errorf("%s over the config file: got %q, want %q", s.env, got, vals["env"])
+				}
+			}
+			if s.flag != "" {
+				if got := load(layers{file: s.key != "", under: s.envUnderFile != "", env: s.env != "", flag: true}); got != vals["flag"] {
+					t.Errorf("--%s over the environment: got %q, want %q", s.flag, got, vals["flag"])
+				}
+			}
+		})
+	}
+}
+
+// The config file comes from --config over SANDBOXD_CONFIG.
+func TestConfigFileSetting(t *testing.T) {
+	fromFlag, fromEnv := fileWith(t, "listen", "flag:1"), fileWith(t, "listen", "env:1")
+	env := map[string]string{"SANDBOXD_CONFIG": fromEnv}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{{nil, "env:1"}, {[]string{"--config", fromFlag}, "flag:1"}} {
+		c, _ := loadConfig(tt.args, func(k string) string { return env[k] })
+		if c.Listen != tt.want {
+			t.Errorf("args %v: got listen %q, want %q", tt.args, c.Listen, tt.want)
+		}
+	}
+}
+
+// -h lists every flag with its environment variables and default, then the settings only the
+// environment sets.
+func TestUsage(t *testing.T) {
+	c := defaultConfig()
+	fs := newFlagSet(c.settings())
+	var out strings.Builder
+	fs.SetOutput(&out)
+	fs.Usage()
+	help := out.String()
+	for _, s := range c.settings() {
+		if s.flag != "" && !strings.Contains(help, "-"+s.flag+" string\n") {
+			t.Errorf("-h has no flag -%s:\n%s", s.flag, help)
+		}
+		for _, e := range s.envs() {
+			if !strings.Contains(help, e) {
+				t.Errorf("-h does not name %s:\n%s", e, help)
+			}
+		}
+	}
+	for _, want := range []string{`(default "127.0.0.1:8780")`, "SANDBOX_CONCURRENCY_LIMIT  each tenant:project's concurrency limit; 0 means unlimited (default 10)",
+		"env SANDBOXD_KUBECONFIG or KUBECONFIG"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("-h does not say %q:\n%s", want, help)
+		}
 	}
 }
