@@ -10,10 +10,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
+	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/auth"
 	"sandboxd/internal/source"
@@ -400,5 +402,126 @@ func TestUsage(t *testing.T) {
 		if !strings.Contains(help, want) {
 			t.Errorf("-h does not say %q:\n%s", want, help)
 		}
+	}
+}
+
+// readmeConfiguration returns the README's "## Configuration" section.
+func readmeConfiguration(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(data), "\n## Configuration\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Configuration" section`)
+	}
+	if i := strings.Index(sec, "\n## "); i >= 0 {
+		sec = sec[:i]
+	}
+	return sec
+}
+
+// codeSpans returns the `code` spans of a Markdown table cell.
+func codeSpans(cell string) []string {
+	var spans []string
+	for i, part := range strings.Split(cell, "`") {
+		if i%2 == 1 {
+			spans = append(spans, part)
+		}
+	}
+	return spans
+}
+
+// The README's table of settings and the table in config.go say the same: every row is a
+// setting with that flag, those environment variables (strongest first), that config key and
+// its default; every setting has a row.
+func TestReadmeSettings(t *testing.T) {
+	var rows [][]string
+	for _, line := range strings.Split(readmeConfiguration(t), "\n") {
+		if strings.HasPrefix(line, "|") {
+			cells := strings.Split(strings.Trim(line, "| "), " | ")
+			rows = append(rows, cells)
+		} else if len(rows) > 0 {
+			break // the first table only
+		}
+	}
+	if len(rows) < 3 {
+		t.Fatalf("no table of settings in the README's Configuration section")
+	}
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[strings.TrimSpace(h)] = i
+	}
+	for _, h := range []string{"setting", "flag", "environment", "config file", "default"} {
+		if _, ok := col[h]; !ok {
+			t.Fatalf("the README's table has no column %q: %v", h, rows[0])
+		}
+	}
+	one := func(cell string) string { // the cell's one code span, or "" for none
+		spans := codeSpans(cell)
+		if len(spans) > 1 {
+			t.Errorf("cell %q: want at most one code span", cell)
+		}
+		return strings.Join(spans, "")
+	}
+	c := defaultConfig()
+	home, _ := os.UserHomeDir()
+	seen := map[string]bool{}
+	for _, row := range rows[2:] {
+		if len(row) != len(rows[0]) {
+			t.Errorf("row %q: %d cells, want %d", row, len(row), len(rows[0]))
+			continue
+		}
+		flagName := strings.TrimPrefix(one(row[col["flag"]]), "--")
+		envs := codeSpans(row[col["environment"]])
+		var s *setting
+		for _, cs := range c.settings() {
+			if (flagName != "" && cs.flag == flagName) || (flagName == "" && cs.flag == "" && len(envs) > 0 && cs.env == envs[0]) {
+				s = &cs
+				break
+			}
+		}
+		if s == nil {
+			t.Errorf("README row %q: no setting has flag %q / environment %q", row[col["setting"]], flagName, envs)
+			continue
+		}
+		name := s.flag + s.env
+		seen[name] = true
+		if !slices.Equal(envs, s.envs()) {
+			t.Errorf("README row %q: environment %q, want %q", row[col["setting"]], envs, s.envs())
+		}
+		if key := one(row[col["config file"]]); key != s.key {
+			t.Errorf("README row %q: config file key %q, want %q", row[col["setting"]], key, s.key)
+		}
+		if def := s.String(); def != "" && s.key != "" {
+			if home != "" {
+				def = strings.Replace(def, home, "~", 1)
+			}
+			if !slices.Contains(codeSpans(row[col["default"]]), def) {
+				t.Errorf("README row %q: the default column does not say `%s`", row[col["setting"]], def)
+			}
+		}
+	}
+	for _, s := range c.settings() {
+		if !seen[s.flag+s.env] {
+			t.Errorf("the README's table has no row for %s", s.hint())
+		}
+	}
+}
+
+// The README's example config file names only keys that exist.
+func TestReadmeExampleConfig(t *testing.T) {
+	_, example, ok := strings.Cut(readmeConfiguration(t), "```yaml\n")
+	if !ok {
+		t.Fatal("the README's Configuration section has no ```yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
+	c := defaultConfig()
+	if err := yaml.UnmarshalStrict([]byte(example), &c); err != nil {
+		t.Fatalf("the README's example config: %v", err)
+	}
+	if c.Checkpoints.Store != "gcs" || len(c.APIKeys) == 0 || len(c.Agents) == 0 {
+		t.Errorf("the example did not load: %+v", c)
 	}
 }
