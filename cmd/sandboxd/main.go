@@ -87,7 +87,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return fmt.Errorf("checkpoint store: %w", err)
 	}
 	defer closeObjs()
-	srcOpts, err := cfg.sourceOptions()
+	srcOpts, err := cfg.Sources.Options()
 	if err != nil {
 		return err
 	}
@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	defer gcsSources.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	execOpts := cfg.execOptions()
+	execOpts := cfg.Execs.Options()
 	execOpts.Blocking = blocking
 	execs := execstream.New(rdb, execOpts)
 	svc, err := sandbox.New(cfg.sandboxConfig(), sandbox.Deps{
@@ -109,7 +109,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		Checkpoints:   checkpoint.New(objs, checkpoint.Options{}),
 		Execs:         execs,
 		AgentRuns:     agentrun.New(rdb, agentrun.Options{}),
-		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
+		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.Quota.Options()),
 		Sources:       sources,
 		SourceObjects: gcsSources,
 		Metrics:       sandbox.NewMetrics(reg),
@@ -289,7 +289,7 @@ func redactURL(u string) string {
 // openCheckpointStore opens the configured object store for checkpoints.
 func openCheckpointStore(ctx context.Context, cfg Config) (checkpoint.ObjectStore, func(), error) {
 	if cfg.Checkpoints.Store == "gcs" {
-		g, err := checkpoint.NewGCSStore(ctx, checkpoint.GCSOptions{Bucket: cfg.Checkpoints.GCSBucket, Prefix: cfg.Checkpoints.GCSPrefix})
+		g, err := checkpoint.NewGCSStore(ctx, cfg.Checkpoints.GCSOptions())
 		if err != nil {
 			return nil, nil, err
 		}
@@ -312,16 +312,7 @@ func openDriver(ctx context.Context, cfg Config, log *slog.Logger) (runtime.Driv
 		if err != nil {
 			return nil, nil, fmt.Errorf("kube runtime: %w", err)
 		}
-		kd, err := kube.New(ctx, kube.Options{
-			Config:               rc,
-			Namespace:            cfg.Kube.Namespace,
-			InitImage:            cfg.Kube.InitImage,
-			RuntimeClass:         cfg.Kube.RuntimeClass,
-			StorageClass:         cfg.Kube.StorageClass,
-			ReadyTimeout:         time.Duration(cfg.Kube.ReadyTimeoutSec) * time.Second,
-			UnschedulableTimeout: time.Duration(cfg.Kube.UnschedulableTimeoutSec) * time.Second,
-			Logger:               log,
-		})
+		kd, err := kube.New(ctx, cfg.Kube.Options(rc, log))
 		if err != nil {
 			return nil, nil, fmt.Errorf("kube runtime: %w", err)
 		}
