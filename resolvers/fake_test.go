@@ -324,6 +324,13 @@ func (f *fakeService) ListDir(_ context.Context, p auth.Principal, id, path stri
 	}, true, nil
 }
 
+func (f *fakeService) OpenFile(_ context.Context, p auth.Principal, id, path string) (io.ReadCloser, sandbox.FileInfo, error) {
+	data, info, err := f.ReadFile(context.Background(), p, id, path, 1<<62)
+	return io.NopCloser(bytes.NewReader(data)), info, err
+}
+
+func (f *fakeService) Limits() sandbox.Limits { return sandbox.DefaultLimits() }
+
 func (f *fakeService) Quota(ctx context.Context, p auth.Principal) (quota.Usage, error) {
 	return quota.Usage{Limit: 10, InUse: 3}, nil
 }

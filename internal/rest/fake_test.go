@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/sandbox"
@@ -25,7 +26,7 @@ const testKey = "test-key"
 
 // fakeService serves execs from memory. Methods the tests do not use panic (nil Service).
 type fakeService struct {
-	Service
+	api.Service
 
 	mu sync.Mutex
 	// execs are the known execs, by id.
@@ -196,7 +197,7 @@ func (f *fakeService) calls() ([]sandbox.ExecRequest, []string) {
 }
 
 // newTestHandler returns a handler over f that accepts testKey.
-func newTestHandler(t *testing.T, f Service) *Handler {
+func newTestHandler(t *testing.T, f api.Service) *Handler {
 	t.Helper()
 	authn, err := auth.New([]auth.Key{{Name: "test", SHA256: auth.HashKey(testKey), Tenant: "t", Project: "p"}})
 	if err != nil {

@@ -18,45 +18,15 @@ import (
 	"strings"
 	"time"
 
+	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
-	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
-// Service is what the handler needs of the domain service (*sandbox.Service), so that it can
-// be tested with a fake.
-type Service interface {
-	Create(ctx context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error)
-	List(ctx context.Context, p auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error)
-	Get(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
-	Quota(ctx context.Context, p auth.Principal) (quota.Usage, error)
-	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
-	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
-	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
-	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
-	GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error)
-	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
-	OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, sandbox.FileInfo, error)
-	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
-	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
-	Snapshot(ctx context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error)
-	// ListSnapshots lists one sandbox's snapshots, or the project's when sandboxID is "".
-	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
-	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
-	StartAgentRun(ctx context.Context, p auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error)
-	GetAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
-	ListAgentRuns(ctx context.Context, p auth.Principal, sandboxID string) ([]sandbox.AgentRun, error)
-	CancelAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
-	AgentRunEvents(ctx context.Context, p auth.Principal, runID, after string) (<-chan sandbox.AgentRunEvent, error)
-	Limits() sandbox.Limits
-}
-
-var _ Service = (*sandbox.Service)(nil)
-
 // Handler serves the REST API.
 type Handler struct {
-	svc  Service
+	svc  api.Service
 	auth *auth.Authenticator
 	log  *slog.Logger
 	mux  *http.ServeMux
@@ -76,7 +46,7 @@ const maxJSONBody = 8 << 20
 
 // New returns the REST handler. Mount it at "/". Closing shutdown ends the open exec output
 // streams, which http.Server.Shutdown would otherwise wait for.
-func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-chan struct{}) *Handler {
+func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-chan struct{}) *Handler {
 	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux(), shutdown: shutdown,
 		writeTimeout: sseWriteTimeout, keepAlive: sseKeepAlive}
 	h.mux.HandleFunc("POST "+Prefix, h.create)
