@@ -67,7 +67,7 @@ fuzz_time="${SANDBOXD_FUZZTIME:-8s}"
 for target in \
 	"./internal/rest FuzzRESTDecode" \
 	"./resolvers FuzzGraphQLInputs" \
-	"./internal/source FuzzCleanName" \
+	"./internal/tarsafe FuzzCleanName" \
 	"./internal/source FuzzArchive" \
 	"./guest FuzzCleanTarName" \
 	"./guest FuzzImportTar" \

@@ -1,0 +1,74 @@
+// Package tarsafe holds the rules that keep a tar stream's entries inside the tree they are
+// extracted into, shared by everything that reads a tree as tar: the bootstrap sources
+// (internal/source), which check and normalize an archive before it reaches a sandbox.
+//
+// The rules:
+//   - A name (an entry's, or a hard link's target) is not empty, holds no NUL, is at most
+//     MaxPathBytes long, is relative, does not climb out of the root through "..", and has no
+//     component longer than MaxComponentBytes (CleanName). A name is used clean ("./a//b" is
+//     "a/b", "." the root).
+//
+// Standard library only, so that the guest init (a static binary inside every sandbox) can link
+// it.
+package tarsafe
+
+import (
+	"errors"
+	"path"
+	"strings"
+)
+
+// Linux's bounds of a path (PATH_MAX) and of one of its components (NAME_MAX).
+const (
+	MaxPathBytes      = 4096
+	MaxComponentBytes = 255
+)
+
+// Why a name is refused. Each reads as the predicate of the entry it is about
+// (`archive entry "x" has an empty name`).
+var (
+	ErrEmptyName        = errors.New("has an empty name")
+	ErrNULInName        = errors.New("has a NUL byte in its name")
+	ErrNameTooLong      = errors.New("has a name longer than 4096 bytes")
+	ErrAbsolute         = errors.New("has an absolute path")
+	ErrEscapes          = errors.New("escapes the root (..)")
+	ErrComponentTooLong = errors.New("has a path component longer than 255 bytes")
+)
+
+// CleanName validates a tar entry's name (or a hard link's target) and cleans it: not empty,
+// no NUL, at most MaxPathBytes, relative, no escape through "..", no component (of the clean
+// name) longer than MaxComponentBytes. It returns the clean name ("." for the root), or one of
+// the Err… name errors above and "".
+func CleanName(n string) (string, error) {
+	return cleanName(n, MaxPathBytes)
+}
+
+// cleanName is CleanName with a bound on the whole name (0: none). The checks run in a fixed
+// order, so a name with several faults is always refused for the same one.
+func cleanName(n string, maxBytes int) (string, error) {
+	switch {
+	case n == "":
+		return "", ErrEmptyName
+	case strings.IndexByte(n, 0) >= 0:
+		return "", ErrNULInName
+	case maxBytes > 0 && len(n) > maxBytes:
+		return "", ErrNameTooLong
+	case strings.HasPrefix(n, "/"):
+		return "", ErrAbsolute
+	}
+	c := path.Clean(n)
+	if Escapes(c) {
+		return "", ErrEscapes
+	}
+	for comp := range strings.SplitSeq(c, "/") {
+		if len(comp) > MaxComponentBytes {
+			return "", ErrComponentTooLong
+		}
+	}
+	return c, nil
+}
+
+// Escapes reports whether the clean relative path p climbs out of its root: ".." or below it.
+func Escapes(p string) bool {
+	return p == ".." || strings.HasPrefix(p, "../")
+}
