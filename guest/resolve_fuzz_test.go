@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sandboxd/internal/tarsafe/tarsafetest"
 )
 
 // FuzzResolvePath resolves client paths the way the files API does (relPath, then resolve)
@@ -89,7 +91,7 @@ func FuzzResolvePath(f *testing.F) {
 			}
 			return
 		}
-		fzCheckRelName(t, p, rel)
+		tarsafetest.CheckCleanName(t, p, rel)
 		got, perr := s.resolve(root, rel, followLast)
 		if perr != nil {
 			switch perr.Code {
@@ -99,7 +101,7 @@ func FuzzResolvePath(f *testing.F) {
 			}
 			return
 		}
-		fzCheckRelName(t, rel, got)
+		tarsafetest.CheckCleanName(t, rel, got)
 		// No symlink in its folders, nor as the last component when links are followed; the
 		// kernel's evaluation of what exists of it stays inside.
 		parts := strings.Split(got, "/")

@@ -102,27 +102,3 @@ func TestLinkEscapes(t *testing.T) {
 		}
 	}
 }
-
-func TestCleanTarName(t *testing.T) {
-	tests := []struct {
-		in   string
-		want string
-		ok   bool
-	}{
-		{"a/b", "a/b", true},
-		{"./a/b/", "a/b", true},
-		{"./", ".", true},
-		{"a/../b", "b", true},
-		{"/a", "", false},
-		{"../a", "", false},
-		{"a/../../b", "", false},
-		{"", "", false},
-		{"a\x00b", "", false},
-	}
-	for _, tt := range tests {
-		got, ok := cleanTarName(tt.in)
-		if got != tt.want || ok != tt.ok {
-			t.Errorf("cleanTarName(%q): got %q %v, want %q %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"sandboxd/internal/tarsafe"
 )
 
 // Import limits when the request does not set them.
@@ -356,9 +358,9 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 		if hdr.Typeflag == tar.TypeXGlobalHeader {
 			continue
 		}
-		name, ok := cleanTarName(hdr.Name)
-		if !ok {
-			return res, errorf(ErrCodeInvalid, "tar entry %q escapes the workspace", hdr.Name)
+		name, err := tarsafe.CleanDeepName(hdr.Name)
+		if err != nil {
+			return res, nameError(hdr.Name, err)
 		}
 		if name == "." {
 			if hdr.Typeflag == tar.TypeDir {
@@ -452,8 +454,11 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			}
 			links[name] = true
 		case tar.TypeLink:
-			target, ok := cleanTarName(hdr.Linkname)
-			if !ok || target == "." {
+			target, err := tarsafe.CleanDeepName(hdr.Linkname)
+			if errors.Is(err, tarsafe.ErrComponentTooLong) {
+				return res, errorf(ErrCodeInvalid, "hard link %q -> %q: the target %v", hdr.Name, hdr.Linkname, err)
+			}
+			if err != nil || target == "." {
 				return res, errorf(ErrCodeInvalid, "hard link %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
 			}
 			if target, perr = through(target, false); perr != nil {
@@ -585,16 +590,13 @@ func ownNameIn(name string) string {
 	return ""
 }
 
-// cleanTarName validates a tar entry name (or hard link target): relative, no escape.
-func cleanTarName(n string) (string, bool) {
-	if n == "" || strings.HasPrefix(n, "/") || strings.IndexByte(n, 0) >= 0 {
-		return "", false
+// nameError is the answer to an entry name that tarsafe's rule refuses: an over-long component
+// by what it is, everything else (empty, NUL, absolute, "..") as an escape.
+func nameError(name string, err error) *Error {
+	if errors.Is(err, tarsafe.ErrComponentTooLong) {
+		return errorf(ErrCodeInvalid, "tar entry %q %v", name, err)
 	}
-	c := path.Clean(n)
-	if c == ".." || strings.HasPrefix(c, "../") {
-		return "", false
-	}
-	return c, true
+	return errorf(ErrCodeInvalid, "tar entry %q escapes the workspace", name)
 }
 
 // linkEscapes reports whether a symlink at name with this target resolves (lexically, from

@@ -11,55 +11,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
-
-// FuzzCleanTarName: cleanTarName never panics, accepts exactly the local paths without NUL
-// (filepath.IsLocal, or the root itself), and what it accepts is relative, clean, without a
-// ".." element, and a fixed point.
-func FuzzCleanTarName(f *testing.F) {
-	for _, s := range []string{"a/b", "./a/b/", "./", ".", "a/../b", "/a", "../a", "a/../../b", "", "a\x00b",
-		"..", "...", "a/..", "a//b", "//", "a/./../..", "\\..\\x", "a/b/../../..", "../", ".../x"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, n string) {
-		c, ok := cleanTarName(n)
-		want := !strings.Contains(n, "\x00") && (filepath.IsLocal(n) || (n != "" && !path.IsAbs(n) && path.Clean(n) == "."))
-		if ok != want {
-			t.Fatalf("cleanTarName(%q): got ok %v, want %v", n, ok, want)
-		}
-		if !ok {
-			if c != "" {
-				t.Fatalf("cleanTarName(%q): refused but returned %q", n, c)
-			}
-			return
-		}
-		fzCheckRelName(t, n, c)
-		if c2, ok2 := cleanTarName(c); !ok2 || c2 != c {
-			t.Fatalf("cleanTarName(%q) = %q, but cleanTarName(%q) = %q, %v", n, c, c, c2, ok2)
-		}
-	})
-}
-
-// fzCheckRelName: c, accepted for n, is "." or a clean relative path without "..".
-func fzCheckRelName(t *testing.T, n, c string) {
-	t.Helper()
-	if c == "." {
-		return
-	}
-	if c == "" || strings.HasPrefix(c, "/") || path.Clean(c) != c || strings.Contains(c, "\x00") {
-		t.Fatalf("%q: accepted as %q, which is not a clean relative path", n, c)
-	}
-	for part := range strings.SplitSeq(c, "/") {
-		if part == ".." || part == "." || part == "" {
-			t.Fatalf("%q: accepted as %q, which has the element %q", n, c, part)
-		}
-	}
-}
 
 // Import flags of FuzzImportTar (its flags byte).
 const (

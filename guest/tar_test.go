@@ -291,6 +291,7 @@ func TestImportHostile(t *testing.T) {
 		{"too-many-bytes", []tarEntry{{name: "a", body: strings.Repeat("a", 60)}, {name: "b", body: strings.Repeat("b", 60)}},
 			guest.ImportOptions{MaxBytes: 100}, guest.ErrCodeTooLarge},
 		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -69,7 +69,6 @@ for target in \
 	"./resolvers FuzzGraphQLInputs" \
 	"./internal/tarsafe FuzzCleanName" \
 	"./internal/source FuzzArchive" \
-	"./guest FuzzCleanTarName" \
 	"./guest FuzzImportTar" \
 	"./guest FuzzResolvePath"; do
 	read -r pkg name <<<"$target"

@@ -1,12 +1,14 @@
 // Package tarsafe holds the rules that keep a tar stream's entries inside the tree they are
 // extracted into, shared by everything that reads a tree as tar: the bootstrap sources
-// (internal/source), which check and normalize an archive before it reaches a sandbox.
+// (internal/source), which check and normalize an archive before it reaches a sandbox, and the
+// guest init's workspace import, which checks every stream again while it extracts it.
 //
 // The rules:
-//   - A name (an entry's, or a hard link's target) is not empty, holds no NUL, is at most
-//     MaxPathBytes long, is relative, does not climb out of the root through "..", and has no
-//     component longer than MaxComponentBytes (CleanName). A name is used clean ("./a//b" is
-//     "a/b", "." the root).
+//   - A name (an entry's, or a hard link's target) is not empty, holds no NUL, is relative,
+//     does not climb out of the root through "..", and has no component longer than
+//     MaxComponentBytes; CleanName also bounds the whole name by MaxPathBytes (CleanDeepName,
+//     for a workspace's own tar, does not). A name is used clean ("./a//b" is "a/b", "." the
+//     root).
 //
 // Standard library only, so that the guest init (a static binary inside every sandbox) can link
 // it.
@@ -41,6 +43,14 @@ var (
 // the Err… name errors above and "".
 func CleanName(n string) (string, error) {
 	return cleanName(n, MaxPathBytes)
+}
+
+// CleanDeepName is CleanName without the bound on the whole name, for the tar of a workspace
+// (a checkpoint being restored): a workspace may hold paths longer than PATH_MAX, made one
+// folder at a time, which its export writes and its restore has to bring back. Every other
+// check is CleanName's, components included (no file system holds a longer one).
+func CleanDeepName(n string) (string, error) {
+	return cleanName(n, 0)
 }
 
 // cleanName is CleanName with a bound on the whole name (0: none). The checks run in a fixed
