@@ -467,10 +467,8 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			if err := sroot.Link(target, name); err != nil {
 				return res, entryError(hdr.Name, err)
 			}
-		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-			return res, errorf(ErrCodeInvalid, "tar entry %q is a device or FIFO", hdr.Name)
 		default:
-			return res, errorf(ErrCodeInvalid, "tar entry %q has unsupported type %q", hdr.Name, hdr.Typeflag)
+			return res, typeError(hdr)
 		}
 	}
 	// Read the body to its end: a caller that checks a hash fails the request only there.
@@ -597,6 +595,16 @@ func nameError(name string, err error) *Error {
 		return errorf(ErrCodeInvalid, "tar entry %q %v", name, err)
 	}
 	return errorf(ErrCodeInvalid, "tar entry %q escapes the workspace", name)
+}
+
+// typeError is the answer to an entry whose type tarsafe's rule refuses: a device or FIFO as
+// such, anything else as unsupported.
+func typeError(hdr *tar.Header) *Error {
+	err := tarsafe.CheckType(hdr.Typeflag)
+	if errors.Is(err, tarsafe.ErrCharDevice) || errors.Is(err, tarsafe.ErrBlockDevice) || errors.Is(err, tarsafe.ErrFIFO) {
+		return errorf(ErrCodeInvalid, "tar entry %q is a device or FIFO", hdr.Name)
+	}
+	return errorf(ErrCodeInvalid, "tar entry %q has unsupported type %q", hdr.Name, hdr.Typeflag)
 }
 
 // linkEscapes reports whether a symlink at name with this target resolves (lexically, from

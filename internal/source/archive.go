@@ -336,7 +336,7 @@ func (j *job) zipEntry(zf *zip.File) (entry, error) {
 	case mode&fs.ModeNamedPipe != 0:
 		e.kind = tar.TypeFifo
 	case mode&fs.ModeSocket != 0:
-		e.kind = typeSocket
+		e.kind = tarsafe.TypeSocket
 	case mode&fs.ModeCharDevice != 0:
 		e.kind = tar.TypeChar
 	case mode&fs.ModeDevice != 0:

@@ -8,13 +8,10 @@ import (
 	"sandboxd/internal/tarsafe"
 )
 
-// typeSocket marks a zip entry that is a socket (tar has no type for one).
-const typeSocket = 's'
-
 // entry is one entry of a source, in the source's own terms.
 type entry struct {
 	name   string // as in the source
-	kind   byte   // a tar type flag (TypeReg, TypeDir, TypeSymlink, TypeLink, …) or typeSocket
+	kind   byte   // a tar type flag (TypeReg, TypeDir, TypeSymlink, TypeLink, …) or tarsafe.TypeSocket
 	size   int64  // of a regular file
 	mode   int64  // permission bits as in the source
 	target string // of a symlink or hard link
@@ -63,18 +60,8 @@ func (t *tree) add(e entry, label string) ([]*tar.Header, error) {
 	if t.entries > t.maxFiles {
 		return nil, tooLarge(t.noun, label, "is one entry more than the limit of %d", t.maxFiles)
 	}
-	switch e.kind {
-	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
-	case tar.TypeChar:
-		return bad("is a character device")
-	case tar.TypeBlock:
-		return bad("is a block device")
-	case tar.TypeFifo:
-		return bad("is a FIFO")
-	case typeSocket:
-		return bad("is a socket")
-	default:
-		return bad("has the unsupported type %q", string(e.kind))
+	if err := tarsafe.CheckType(e.kind); err != nil {
+		return bad("%v", err)
 	}
 	name, err := tarsafe.CleanName(e.name)
 	if err != nil {

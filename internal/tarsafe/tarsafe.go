@@ -9,13 +9,17 @@
 //     MaxComponentBytes; CleanName also bounds the whole name by MaxPathBytes (CleanDeepName,
 //     for a workspace's own tar, does not). A name is used clean ("./a//b" is "a/b", "." the
 //     root).
+//   - An entry is a regular file, a directory, a symlink or a hard link; a device, FIFO,
+//     socket or any other type is refused (CheckType).
 //
 // Standard library only, so that the guest init (a static binary inside every sandbox) can link
 // it.
 package tarsafe
 
 import (
+	"archive/tar"
 	"errors"
+	"fmt"
 	"path"
 	"strings"
 )
@@ -81,4 +85,46 @@ func cleanName(n string, maxBytes int) (string, error) {
 // Escapes reports whether the clean relative path p climbs out of its root: ".." or below it.
 func Escapes(p string) bool {
 	return p == ".." || strings.HasPrefix(p, "../")
+}
+
+// TypeSocket is the type flag of an entry that is a socket: tar has none, but a zip archive can
+// hold one.
+const TypeSocket = 's'
+
+// Why CheckType refuses a special file, as the entry's predicate.
+var (
+	ErrCharDevice  = errors.New("is a character device")
+	ErrBlockDevice = errors.New("is a block device")
+	ErrFIFO        = errors.New("is a FIFO")
+	ErrSocket      = errors.New("is a socket")
+)
+
+// UnsupportedTypeError is CheckType's refusal of any other type.
+type UnsupportedTypeError struct {
+	Type byte
+}
+
+func (e *UnsupportedTypeError) Error() string {
+	return fmt.Sprintf("has the unsupported type %q", string(e.Type))
+}
+
+// CheckType admits the entries a tree may hold, a regular file, a directory, a symlink or a hard
+// link (by their tar type flags), and refuses every other: a device, FIFO or socket as what it
+// is (ErrCharDevice, ErrBlockDevice, ErrFIFO, ErrSocket), anything else as an
+// *UnsupportedTypeError. Encodings of a regular file that a reader decodes (GNU sparse files)
+// are the reader's to map to tar.TypeReg first.
+func CheckType(flag byte) error {
+	switch flag {
+	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
+		return nil
+	case tar.TypeChar:
+		return ErrCharDevice
+	case tar.TypeBlock:
+		return ErrBlockDevice
+	case tar.TypeFifo:
+		return ErrFIFO
+	case TypeSocket:
+		return ErrSocket
+	}
+	return &UnsupportedTypeError{Type: flag}
 }

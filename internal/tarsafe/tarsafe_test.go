@@ -1,6 +1,7 @@
 package tarsafe_test
 
 import (
+	"archive/tar"
 	"errors"
 	"strings"
 	"testing"
@@ -45,5 +46,40 @@ func TestCleanName(t *testing.T) {
 	}
 	if _, err := tarsafe.CleanName(deep); !errors.Is(err, tarsafe.ErrNameTooLong) {
 		t.Errorf("CleanName of a %d-byte name: got %v, want %v", len(deep), err, tarsafe.ErrNameTooLong)
+	}
+}
+
+func TestCheckType(t *testing.T) {
+	tests := []struct {
+		flag byte
+		want error // nil: admitted
+		msg  string
+	}{
+		{tar.TypeReg, nil, ""},
+		{tar.TypeDir, nil, ""},
+		{tar.TypeSymlink, nil, ""},
+		{tar.TypeLink, nil, ""},
+		{tar.TypeChar, tarsafe.ErrCharDevice, "is a character device"},
+		{tar.TypeBlock, tarsafe.ErrBlockDevice, "is a block device"},
+		{tar.TypeFifo, tarsafe.ErrFIFO, "is a FIFO"},
+		{tarsafe.TypeSocket, tarsafe.ErrSocket, "is a socket"},
+		{tar.TypeGNUSparse, nil, `has the unsupported type "S"`},
+		{tar.TypeCont, nil, `has the unsupported type "7"`},
+	}
+	for _, tt := range tests {
+		err := tarsafe.CheckType(tt.flag)
+		switch {
+		case tt.msg == "" && err != nil:
+			t.Errorf("CheckType(%q): got %v, want nil", tt.flag, err)
+		case tt.msg != "" && (err == nil || err.Error() != tt.msg):
+			t.Errorf("CheckType(%q): got %v, want %q", tt.flag, err, tt.msg)
+		case tt.want != nil && !errors.Is(err, tt.want):
+			t.Errorf("CheckType(%q): got %v, want %v", tt.flag, err, tt.want)
+		case tt.want == nil && tt.msg != "":
+			var ut *tarsafe.UnsupportedTypeError
+			if !errors.As(err, &ut) || ut.Type != tt.flag {
+				t.Errorf("CheckType(%q): got %#v, want an *UnsupportedTypeError for it", tt.flag, err)
+			}
+		}
 	}
 }
