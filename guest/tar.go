@@ -464,6 +464,12 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			if target, perr = through(target, false); perr != nil {
 				return res, perr
 			}
+			// Only to a regular file (as the sources' rule has it): a hard link to a symlink
+			// is a second copy of the link, whose relative target, read from another folder,
+			// can point out of the workspace.
+			if fi, err := sroot.Lstat(target); err == nil && !fi.Mode().IsRegular() {
+				return res, errorf(ErrCodeInvalid, "hard link %q -> %q does not point to a regular file", hdr.Name, hdr.Linkname)
+			}
 			if err := sroot.Link(target, name); err != nil {
 				return res, entryError(hdr.Name, err)
 			}
@@ -608,7 +614,8 @@ func typeError(hdr *tar.Header) *Error {
 }
 
 // linkEscapes reports whether a symlink at name with this target resolves (lexically, from
-// the link's final place) outside the workspace.
+// the link's final place) outside the workspace: a relative target by tarsafe's rule, an
+// absolute one unless it lies under the workspace.
 func (s *Server) linkEscapes(name, target string) bool {
 	if path.IsAbs(target) {
 		c := path.Clean(target)
@@ -618,8 +625,7 @@ func (s *Server) linkEscapes(name, target string) bool {
 		}
 		return !in
 	}
-	j := path.Join(path.Dir(name), target)
-	return j == ".." || strings.HasPrefix(j, "../")
+	return tarsafe.Escapes(path.Join(path.Dir(name), target))
 }
 
 // install moves the staged entries into the workspace.

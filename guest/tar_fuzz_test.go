@@ -51,6 +51,7 @@ func FuzzImportTar(f *testing.F) {
 		{fzExternalLinks | fzReplace, []e{{name: "l", typ: tar.TypeSymlink, link: "../outside"}, {name: "h", typ: tar.TypeLink, link: "l/canary"}}},
 		{0, []e{{name: "h", typ: tar.TypeLink, link: "../outside/canary"}}},
 		{0, []e{{name: "h", typ: tar.TypeLink, link: "evil/canary"}}},
+		{0, []e{{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"}, {name: "h", typ: tar.TypeLink, link: "a/b/l"}}},
 		{0, []e{{name: "a/l1", typ: tar.TypeSymlink, link: ".."}, {name: "a/l2", typ: tar.TypeSymlink, link: "l1/../outside"}, {name: "a/l2/x", body: "y"}}},
 		{0, []e{{name: "l", typ: tar.TypeSymlink, link: "a"}, {name: "a", typ: tar.TypeSymlink, link: "l"}, {name: "l/x", body: "loop"}}},
 		{0, []e{{name: "f", body: "file"}, {name: "f/x", body: "below a file"}}},

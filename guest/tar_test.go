@@ -284,6 +284,11 @@ func TestImportHostile(t *testing.T) {
 			{name: "l", typ: tar.TypeSymlink, link: outside},
 			{name: "h", typ: tar.TypeLink, link: "l/target"},
 		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		{"hardlink-to-symlink", []tarEntry{
+			{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"},
+			{name: "h", typ: tar.TypeLink, link: "a/b/l"},
+		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
 		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
 		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
 		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
