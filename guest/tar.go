@@ -328,20 +328,19 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 	tr := tar.NewReader(br)
 	var res ImportResult
 	dirs := make(map[string]dirMeta)
-	// links holds the symlinks this tar created; an entry below one is resolved through it
-	// (never by os.Root walking it: see resolveIn).
+	// links holds the symlinks this tar created. Nothing goes through one (the sources' rule):
+	// no entry lies below one, no directory replaces one, no hard link's target goes through
+	// one. So no path the extraction uses has a symlink among its folders, and os.Root never
+	// walks one (which gVisor would follow: see resolveIn).
 	links := make(map[string]bool)
-	through := func(name string, followLast bool) (string, *Error) {
-		for p := name; p != "."; p = path.Dir(p) {
+	// linkAbove returns the symlink of this tar that name lies below ("" for none).
+	linkAbove := func(name string) string {
+		for p := path.Dir(name); p != "."; p = path.Dir(p) {
 			if links[p] {
-				r, err := resolveIn(sroot, name, followLast, nil)
-				if err != nil {
-					return "", entryError(name, err)
-				}
-				return r, nil
+				return p
 			}
 		}
-		return name, nil
+		return ""
 	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
@@ -376,12 +375,11 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 		if res.Files++; res.Files > opts.maxFiles {
 			return res, errorf(ErrCodeTooLarge, "tar holds more than %d files", opts.maxFiles)
 		}
-		name, perr := through(name, hdr.Typeflag == tar.TypeDir)
-		if perr != nil {
-			return res, perr
+		if l := linkAbove(name); l != "" {
+			return res, errorf(ErrCodeInvalid, "tar entry %q lies below the symlink %q", hdr.Name, l)
 		}
-		if name == "." {
-			return res, errorf(ErrCodeInvalid, "tar entry %q replaces the workspace", hdr.Name)
+		if hdr.Typeflag == tar.TypeDir && links[name] {
+			return res, errorf(ErrCodeInvalid, "tar entry %q replaces a symlink with a directory", hdr.Name)
 		}
 		// parent is name's folder, opened once per folder and extraction (every operation below
 		// is then one step from its descriptor instead of a walk from the root per call, which
@@ -461,8 +459,8 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			if err != nil || target == "." {
 				return res, errorf(ErrCodeInvalid, "hard link %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
 			}
-			if target, perr = through(target, false); perr != nil {
-				return res, perr
+			if l := linkAbove(target); l != "" {
+				return res, errorf(ErrCodeInvalid, "hard link %q -> %q goes through the symlink %q", hdr.Name, hdr.Linkname, l)
 			}
 			// Only to a regular file (as the sources' rule has it): a hard link to a symlink
 			// is a second copy of the link, whose relative target, read from another folder,

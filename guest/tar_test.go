@@ -284,6 +284,21 @@ func TestImportHostile(t *testing.T) {
 			{name: "l", typ: tar.TypeSymlink, link: outside},
 			{name: "h", typ: tar.TypeLink, link: "l/target"},
 		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		{"below-a-symlink-inside", []tarEntry{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "l", typ: tar.TypeSymlink, link: "d"},
+			{name: "l/x", body: "through a link that stays inside"},
+		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"dir-over-symlink", []tarEntry{
+			{name: "d/", typ: tar.TypeDir},
+			{name: "l", typ: tar.TypeSymlink, link: "d"},
+			{name: "l/", typ: tar.TypeDir},
+		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"hardlink-through-symlink-inside", []tarEntry{
+			{name: "d/f", body: "x"},
+			{name: "l", typ: tar.TypeSymlink, link: "d"},
+			{name: "h", typ: tar.TypeLink, link: "l/f"},
+		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
 		{"hardlink-to-symlink", []tarEntry{
 			{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"},
 			{name: "h", typ: tar.TypeLink, link: "a/b/l"},
