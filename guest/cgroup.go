@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"sandboxd/guest/proto"
 )
 
 // Cgroups tracks every exec's processes in a cgroup of its own, in the cgroupfs that gVisor's
@@ -111,7 +113,7 @@ func OpenCgroups() (*Cgroups, error) {
 // mountDir is where OpenCgroups makes its short-lived mount point: the init's tmpfs, or the
 // temporary folder when that does not exist.
 func mountDir() string {
-	dir := StateDir[:strings.LastIndexByte(StateDir, '/')] // /run/sbx
+	dir := proto.StateDir[:strings.LastIndexByte(proto.StateDir, '/')] // /run/sbx
 	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
 		return dir
 	}

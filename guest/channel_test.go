@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"sandboxd/guest/proto"
 )
 
 // handshake runs both sides over a pipe and returns their errors.
@@ -36,8 +38,8 @@ func handshake(t *testing.T, hostKey, initKey []byte) (hostErr, initErr error) {
 }
 
 func TestHandshake(t *testing.T) {
-	key := NewChannelKey()
-	other := NewChannelKey()
+	key := proto.NewChannelKey()
+	other := proto.NewChannelKey()
 	t.Run("SameKey", func(t *testing.T) {
 		if herr, ierr := handshake(t, key, key); herr != nil || ierr != nil {
 			t.Fatalf("got host %v, init %v, want both nil", herr, ierr)
@@ -46,7 +48,7 @@ func TestHandshake(t *testing.T) {
 	t.Run("InitWithAnotherKey", func(t *testing.T) {
 		// Another box's init, reached through a redirected path.
 		herr, ierr := handshake(t, key, other)
-		if !errors.Is(herr, ErrImpostor) {
+		if !errors.Is(herr, proto.ErrImpostor) {
 			t.Errorf("got host error %v, want ErrImpostor", herr)
 		}
 		if ierr == nil {
@@ -61,16 +63,16 @@ func TestHandshake(t *testing.T) {
 		_ = i.SetDeadline(time.Now().Add(5 * time.Second))
 		done := make(chan error, 1)
 		go func() { done <- InitHandshake(i, key); i.Close() }()
-		nonce := bytes.Repeat([]byte{7}, nonceLen)
-		if _, err := h.Write(append(append([]byte{}, HandshakeHostHello...), nonce...)); err != nil {
+		nonce := bytes.Repeat([]byte{7}, proto.NonceLen)
+		if _, err := h.Write(append(append([]byte{}, proto.HandshakeHostHello...), nonce...)); err != nil {
 			t.Fatal(err)
 		}
-		msg := make([]byte, len(HandshakeInitHello)+nonceLen+macLen)
+		msg := make([]byte, len(proto.HandshakeInitHello)+proto.NonceLen+proto.MACLen)
 		if _, err := io.ReadFull(h, msg); err != nil {
 			t.Fatal(err)
 		}
-		initNonce := msg[len(HandshakeInitHello) : len(HandshakeInitHello)+nonceLen]
-		if _, err := h.Write(channelMAC(other, "sandboxd host", nonce, initNonce)); err != nil {
+		initNonce := msg[len(proto.HandshakeInitHello) : len(proto.HandshakeInitHello)+proto.NonceLen]
+		if _, err := h.Write(proto.HandshakeMAC(other, "sandboxd host", nonce, initNonce)); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-done; !errors.Is(err, ErrHostUnproven) {
@@ -93,20 +95,20 @@ func TestHandshake(t *testing.T) {
 			_, _ = i.Read(buf)
 			_, _ = i.Write([]byte("\x00\x00\x12\x04\x00\x00\x00\x00\x00" + "settings-frame...."))
 		}()
-		if err := HostHandshake(h, key); !errors.Is(err, ErrImpostor) {
+		if err := HostHandshake(h, key); !errors.Is(err, proto.ErrImpostor) {
 			t.Errorf("got %v, want ErrImpostor", err)
 		}
 	})
 	t.Run("ProofIsNotReplayable", func(t *testing.T) {
 		// The init's proof covers the host's fresh nonce: a recording of one attach does not
 		// answer the next one.
-		hostNonce1 := bytes.Repeat([]byte{1}, nonceLen)
-		hostNonce2 := bytes.Repeat([]byte{2}, nonceLen)
-		initNonce := bytes.Repeat([]byte{3}, nonceLen)
-		if bytes.Equal(channelMAC(key, "sandboxd init", hostNonce1, initNonce), channelMAC(key, "sandboxd init", hostNonce2, initNonce)) {
+		hostNonce1 := bytes.Repeat([]byte{1}, proto.NonceLen)
+		hostNonce2 := bytes.Repeat([]byte{2}, proto.NonceLen)
+		initNonce := bytes.Repeat([]byte{3}, proto.NonceLen)
+		if bytes.Equal(proto.HandshakeMAC(key, "sandboxd init", hostNonce1, initNonce), proto.HandshakeMAC(key, "sandboxd init", hostNonce2, initNonce)) {
 			t.Error("got the same proof for two host nonces")
 		}
-		if bytes.Equal(channelMAC(key, "sandboxd init", hostNonce1, initNonce), channelMAC(key, "sandboxd host", hostNonce1, initNonce)) {
+		if bytes.Equal(proto.HandshakeMAC(key, "sandboxd init", hostNonce1, initNonce), proto.HandshakeMAC(key, "sandboxd host", hostNonce1, initNonce)) {
 			t.Error("got the same proof for both directions")
 		}
 	})
@@ -114,9 +116,9 @@ func TestHandshake(t *testing.T) {
 
 func TestTakeChannelKey(t *testing.T) {
 	dir := t.TempDir()
-	key := NewChannelKey()
+	key := proto.NewChannelKey()
 	p := filepath.Join(dir, "channel.key")
-	if err := os.WriteFile(p, []byte(EncodeChannelKey(key)+"\n"), 0o400); err != nil {
+	if err := os.WriteFile(p, []byte(proto.EncodeChannelKey(key)+"\n"), 0o400); err != nil {
 		t.Fatal(err)
 	}
 	got, err := TakeChannelKey(p)
@@ -129,8 +131,8 @@ func TestTakeChannelKey(t *testing.T) {
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Errorf("got %v for the key file after taking it, want it deleted", err)
 	}
-	for _, bad := range []string{"", "zz", EncodeChannelKey(key[:16])} {
-		if _, err := ParseChannelKey(bad); err == nil {
+	for _, bad := range []string{"", "zz", proto.EncodeChannelKey(key[:16])} {
+		if _, err := proto.ParseChannelKey(bad); err == nil {
 			t.Errorf("ParseChannelKey(%q): got nil error, want one", bad)
 		}
 	}

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+
+	"sandboxd/guest/proto"
 )
 
 // ErrClosed is wrapped by every error that happened because the attach stream broke or the
@@ -85,30 +87,30 @@ func (c *Client) Done() <-chan struct{} {
 }
 
 // Health asks the guest init how it is.
-func (c *Client) Health(ctx context.Context) (Health, error) {
-	var h Health
+func (c *Client) Health(ctx context.Context) (proto.Health, error) {
+	var h proto.Health
 	err := c.doJSON(ctx, http.MethodGet, "/v1/health", nil, nil, &h)
 	return h, err
 }
 
 // StartExec starts a command. One that cannot start is not an error: it ends at once with
 // exit code 127 or 126 and ExitStatus.Error.
-func (c *Client) StartExec(ctx context.Context, req ExecRequest) (ExecInfo, error) {
-	var info ExecInfo
+func (c *Client) StartExec(ctx context.Context, req proto.ExecRequest) (proto.ExecInfo, error) {
+	var info proto.ExecInfo
 	err := c.doJSON(ctx, http.MethodPost, "/v1/execs", nil, req, &info)
 	return info, err
 }
 
 // Exec returns one exec's state.
-func (c *Client) Exec(ctx context.Context, id string) (ExecInfo, error) {
-	var info ExecInfo
+func (c *Client) Exec(ctx context.Context, id string) (proto.ExecInfo, error) {
+	var info proto.ExecInfo
 	err := c.doJSON(ctx, http.MethodGet, "/v1/execs/"+url.PathEscape(id), nil, nil, &info)
 	return info, err
 }
 
 // Execs lists the execs the guest init knows (running and recently ended), oldest first.
-func (c *Client) Execs(ctx context.Context) ([]ExecInfo, error) {
-	var infos []ExecInfo
+func (c *Client) Execs(ctx context.Context) ([]proto.ExecInfo, error) {
+	var infos []proto.ExecInfo
 	err := c.doJSON(ctx, http.MethodGet, "/v1/execs", nil, nil, &infos)
 	return infos, err
 }
@@ -116,7 +118,7 @@ func (c *Client) Execs(ctx context.Context) ([]ExecInfo, error) {
 // Signal sends a signal ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", …) to an exec's whole
 // process tree.
 func (c *Client) Signal(ctx context.Context, id, sig string) error {
-	return c.doJSON(ctx, http.MethodPost, "/v1/execs/"+url.PathEscape(id)+"/signal", nil, SignalRequest{Signal: sig}, nil)
+	return c.doJSON(ctx, http.MethodPost, "/v1/execs/"+url.PathEscape(id)+"/signal", nil, proto.SignalRequest{Signal: sig}, nil)
 }
 
 // Record is one record of an exec's output log.
@@ -133,9 +135,9 @@ type Record struct {
 }
 
 // ExitStatus decodes the payload of a RecordExit.
-func (r Record) ExitStatus() (ExitStatus, error) {
-	var st ExitStatus
-	if r.Kind != RecordExit {
+func (r Record) ExitStatus() (proto.ExitStatus, error) {
+	var st proto.ExitStatus
+	if r.Kind != proto.RecordExit {
 		return st, fmt.Errorf("guest: record kind %d is not an exit record", r.Kind)
 	}
 	err := json.Unmarshal(r.Data, &st)
@@ -149,7 +151,7 @@ type LogReader struct {
 	body io.ReadCloser
 	br   *bufio.Reader
 	off  int64
-	hdr  [RecordHeaderLen]byte
+	hdr  [proto.RecordHeaderLen]byte
 }
 
 // Log opens an exec's output log at offset (0, or the Offset of a record read before). With
@@ -176,8 +178,8 @@ func (r *LogReader) Next() (Record, error) {
 		return Record{}, r.c.wrapErr(r.ctx, err)
 	}
 	n := binary.BigEndian.Uint32(r.hdr[1:])
-	if n > MaxRecordPayload && r.hdr[0] != RecordExit || n > 16<<20 ||
-		r.hdr[0] == RecordTruncated && n != TruncatedPayloadLen {
+	if n > proto.MaxRecordPayload && r.hdr[0] != proto.RecordExit || n > 16<<20 ||
+		r.hdr[0] == proto.RecordTruncated && n != proto.TruncatedPayloadLen {
 		return Record{}, fmt.Errorf("guest: corrupt log record at offset %d (kind %d, %d bytes)", r.off, r.hdr[0], n)
 	}
 	data := make([]byte, n)
@@ -187,17 +189,17 @@ func (r *LogReader) Next() (Record, error) {
 		}
 		return Record{}, r.c.wrapErr(r.ctx, err)
 	}
-	if r.hdr[0] == RecordTruncated {
+	if r.hdr[0] == proto.RecordTruncated {
 		// Not a record of the log: it moves the reader on to where the kept log resumes.
 		resume := int64(binary.BigEndian.Uint64(data))
 		if resume <= r.off {
 			return Record{}, fmt.Errorf("guest: corrupt truncation marker at offset %d (resumes at %d)", r.off, resume)
 		}
-		rec := Record{Kind: RecordTruncated, Data: data, Offset: resume, Missed: resume - r.off}
+		rec := Record{Kind: proto.RecordTruncated, Data: data, Offset: resume, Missed: resume - r.off}
 		r.off = resume
 		return rec, nil
 	}
-	r.off += RecordHeaderLen + int64(n)
+	r.off += proto.RecordHeaderLen + int64(n)
 	return Record{Kind: r.hdr[0], Data: data, Offset: r.off}, nil
 }
 
@@ -212,7 +214,7 @@ func (r *LogReader) Close() error {
 // StartLog starts a command and follows its log from offset 0 in the same round trip: the
 // reader yields the command's records as they are written and ends after the exit record.
 // Cancelling ctx stops reading; the command keeps running.
-func (c *Client) StartLog(ctx context.Context, req ExecRequest) (*LogReader, error) {
+func (c *Client) StartLog(ctx context.Context, req proto.ExecRequest) (*LogReader, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -233,13 +235,13 @@ type RunResult struct {
 	// cap cut the oldest bytes, or the log no longer held them.
 	StdoutTruncated bool
 	StderrTruncated bool
-	Exit            ExitStatus
+	Exit            proto.ExitStatus
 }
 
 // Run starts a command and follows its log to the end, keeping the newest maxStdout and
 // maxStderr bytes (≤ 0: no cap beyond the log's own bound). Cancelling ctx stops following
 // and returns what was collected with ctx's error; the command keeps running.
-func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr int) (RunResult, error) {
+func (c *Client) Run(ctx context.Context, req proto.ExecRequest, maxStdout, maxStderr int) (RunResult, error) {
 	res := RunResult{ID: req.ID}
 	stdout, stderr := Tail{Limit: maxStdout}, Tail{Limit: maxStderr}
 	gap := false
@@ -263,13 +265,13 @@ func (c *Client) Run(ctx context.Context, req ExecRequest, maxStdout, maxStderr 
 			return res, err
 		}
 		switch rec.Kind {
-		case RecordStdout:
+		case proto.RecordStdout:
 			stdout.Write(rec.Data)
-		case RecordStderr:
+		case proto.RecordStderr:
 			stderr.Write(rec.Data)
-		case RecordTruncated:
+		case proto.RecordTruncated:
 			gap = true
-		case RecordExit:
+		case proto.RecordExit:
 			res.Exit, err = rec.ExitStatus()
 			collected()
 			if res.Exit.StdoutBytes+res.Exit.StderrBytes > 0 {
@@ -341,41 +343,41 @@ func AppendCapped(buf, data []byte, limit int, truncated bool) ([]byte, bool) {
 
 // ReadFile opens a file of the workspace (a path relative to it, or absolute under
 // /workspace). The caller closes the reader.
-func (c *Client) ReadFile(ctx context.Context, p string) (io.ReadCloser, FileInfo, error) {
+func (c *Client) ReadFile(ctx context.Context, p string) (io.ReadCloser, proto.FileInfo, error) {
 	resp, err := c.do(ctx, http.MethodGet, "/v1/files", url.Values{"path": {p}}, nil)
 	if err != nil {
-		return nil, FileInfo{}, err
+		return nil, proto.FileInfo{}, err
 	}
 	h := resp.Header
-	fi := FileInfo{Name: path.Base(p), Path: p}
+	fi := proto.FileInfo{Name: path.Base(p), Path: p}
 	if !path.IsAbs(p) {
-		fi.Path = path.Join(Workspace, p)
+		fi.Path = path.Join(proto.Workspace, p)
 	}
-	fi.Size, _ = strconv.ParseInt(h.Get(HeaderSize), 10, 64)
-	if m, err := strconv.ParseUint(h.Get(HeaderMode), 8, 32); err == nil {
+	fi.Size, _ = strconv.ParseInt(h.Get(proto.HeaderSize), 10, 64)
+	if m, err := strconv.ParseUint(h.Get(proto.HeaderMode), 8, 32); err == nil {
 		fi.Mode = uint32(m)
 	}
-	fi.ModTime, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderModTime))
+	fi.ModTime, _ = time.Parse(time.RFC3339Nano, h.Get(proto.HeaderModTime))
 	return &bodyCloser{c: c, ctx: ctx, rc: resp.Body}, fi, nil
 }
 
 // WriteFile writes a file atomically (parents are created) with mode's permission bits
 // (os.ModeSetuid, os.ModeSetgid and os.ModeSticky, or their Unix values 0o7000, included).
-func (c *Client) WriteFile(ctx context.Context, p string, mode os.FileMode, r io.Reader) (FileInfo, error) {
+func (c *Client) WriteFile(ctx context.Context, p string, mode os.FileMode, r io.Reader) (proto.FileInfo, error) {
 	q := url.Values{"path": {p}, "mode": {fmt.Sprintf("%04o", unixMode(mode)|uint32(mode&0o7000))}}
-	var fi FileInfo
+	var fi proto.FileInfo
 	err := c.doJSON(ctx, http.MethodPut, "/v1/files", q, bodyArg{r}, &fi)
 	return fi, err
 }
 
 // ListDir lists a directory (limit ≤ 0: the server's default of 1000; at most 10000); the
 // bool is true when it holds more entries than that.
-func (c *Client) ListDir(ctx context.Context, p string, limit int) ([]FileInfo, bool, error) {
+func (c *Client) ListDir(ctx context.Context, p string, limit int) ([]proto.FileInfo, bool, error) {
 	q := url.Values{"path": {p}}
 	if limit > 0 {
 		q.Set("limit", strconv.Itoa(limit))
 	}
-	var l DirListing
+	var l proto.DirListing
 	err := c.doJSON(ctx, http.MethodGet, "/v1/dirs", q, nil, &l)
 	return l.Entries, l.Truncated, err
 }
@@ -416,7 +418,7 @@ type ImportOptions struct {
 // ImportWorkspace extracts a tar into the workspace. Nothing changes unless the whole body
 // was read without error: a reader that fails midway (a hash check) leaves the old
 // workspace as it was.
-func (c *Client) ImportWorkspace(ctx context.Context, r io.Reader, opts ImportOptions) (ImportResult, error) {
+func (c *Client) ImportWorkspace(ctx context.Context, r io.Reader, opts ImportOptions) (proto.ImportResult, error) {
 	q := url.Values{}
 	if opts.Replace {
 		q.Set("replace", "1")
@@ -430,7 +432,7 @@ func (c *Client) ImportWorkspace(ctx context.Context, r io.Reader, opts ImportOp
 	if opts.AllowExternalSymlinks {
 		q.Set("external_symlinks", "1")
 	}
-	var res ImportResult
+	var res proto.ImportResult
 	err := c.doJSON(ctx, http.MethodPut, "/v1/workspace/tar", q, bodyArg{r}, &res)
 	return res, err
 }
@@ -485,7 +487,7 @@ func (c *Client) do(ctx context.Context, method, p string, q url.Values, body io
 	if err != nil {
 		return nil, c.wrapErr(ctx, err)
 	}
-	e := &Error{}
+	e := &proto.Error{}
 	if json.Unmarshal(b, e) != nil || e.Code == "" {
 		e.Code = codeForStatus(resp.StatusCode)
 		e.Message = strings.TrimSpace(string(b))
@@ -496,19 +498,19 @@ func (c *Client) do(ctx context.Context, method, p string, q url.Values, body io
 func codeForStatus(status int) string {
 	switch status {
 	case http.StatusNotFound, http.StatusMethodNotAllowed:
-		return ErrCodeNotFound
+		return proto.ErrCodeNotFound
 	case http.StatusBadRequest:
-		return ErrCodeInvalid
+		return proto.ErrCodeInvalid
 	case http.StatusConflict:
-		return ErrCodeExists
+		return proto.ErrCodeExists
 	case http.StatusRequestEntityTooLarge:
-		return ErrCodeTooLarge
+		return proto.ErrCodeTooLarge
 	case http.StatusInsufficientStorage:
-		return ErrCodeNoSpace
+		return proto.ErrCodeNoSpace
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
-		return ErrCodeUnavailable
+		return proto.ErrCodeUnavailable
 	}
-	return ErrCodeInternal
+	return proto.ErrCodeInternal
 }
 
 // wrapErr marks errors caused by the broken stream with ErrClosed; context errors stay

@@ -16,6 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"time"
+
+	"sandboxd/guest/proto"
 )
 
 // drainAfterExit is how long the pipes are read after the main process exited: a background
@@ -42,12 +44,12 @@ type execState struct {
 	timedOut bool
 }
 
-func (e *execState) info() ExecInfo {
+func (e *execState) info() proto.ExecInfo {
 	size, exit := e.log.status()
 	e.mu.Lock()
 	pid := e.pid
 	e.mu.Unlock()
-	return ExecInfo{
+	return proto.ExecInfo{
 		ID:        e.id,
 		Argv:      e.argv,
 		Pid:       pid,
@@ -86,20 +88,20 @@ type startError struct {
 	msg  string
 }
 
-func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
+func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error) {
 	if !execIDPattern.MatchString(req.ID) {
-		return ExecInfo{}, errorf(ErrCodeInvalid, "exec id must match [A-Za-z0-9_-]{1,64}")
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "exec id must match [A-Za-z0-9_-]{1,64}")
 	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
-		return ExecInfo{}, errorf(ErrCodeInvalid, "argv is empty")
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "argv is empty")
 	}
 	for _, kv := range req.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return ExecInfo{}, errorf(ErrCodeInvalid, "env entry %q is not KEY=VALUE", kv)
+			return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "env entry %q is not KEY=VALUE", kv)
 		}
 	}
 	if req.TimeoutMs < 0 || req.MaxLogBytes < 0 || req.MaxRunning < 0 {
-		return ExecInfo{}, errorf(ErrCodeInvalid, "timeout_ms, max_log_bytes and max_running must not be negative")
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "timeout_ms, max_log_bytes and max_running must not be negative")
 	}
 	maxLog := req.MaxLogBytes
 	if maxLog == 0 {
@@ -110,16 +112,16 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 	switch {
 	case s.closed:
 		s.mu.Unlock()
-		return ExecInfo{}, errorf(ErrCodeUnavailable, "the guest init is shutting down")
+		return proto.ExecInfo{}, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
 	case s.execs[req.ID] != nil:
 		s.mu.Unlock()
-		return ExecInfo{}, errorf(ErrCodeExists, "exec %s exists", req.ID)
+		return proto.ExecInfo{}, errorf(proto.ErrCodeExists, "exec %s exists", req.ID)
 	case req.MaxRunning > 0 && req.MaxRunning <= s.opts.MaxRunning && s.running >= req.MaxRunning:
 		s.mu.Unlock()
-		return ExecInfo{}, errorf(ErrCodeTooMany, "%d commands are running in this sandbox, the most allowed at once", req.MaxRunning)
+		return proto.ExecInfo{}, errorf(proto.ErrCodeTooMany, "%d commands are running in this sandbox, the most allowed at once", req.MaxRunning)
 	case s.running >= s.opts.MaxRunning:
 		s.mu.Unlock()
-		return ExecInfo{}, errorf(ErrCodeUnavailable, "too many running execs (%d)", s.opts.MaxRunning)
+		return proto.ExecInfo{}, errorf(proto.ErrCodeUnavailable, "too many running execs (%d)", s.opts.MaxRunning)
 	}
 	dir := filepath.Join(s.opts.StateDir, req.ID)
 	err := os.Mkdir(dir, 0o700)
@@ -134,7 +136,7 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 	}
 	if err != nil {
 		s.mu.Unlock()
-		return ExecInfo{}, errorf(ErrCodeInternal, "creating the exec log: %v", err)
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInternal, "creating the exec log: %v", err)
 	}
 	e := &execState{
 		id:      req.ID,
@@ -154,10 +156,10 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 		e.mu.Lock()
 		e.reaped = true // nothing to wait for
 		e.mu.Unlock()
-		e.log.write(RecordStderr, []byte(serr.msg+"\n"))
+		e.log.write(proto.RecordStderr, []byte(serr.msg+"\n"))
 		now := time.Now().UTC()
 		s.retire(e)
-		e.log.finish(ExitStatus{
+		e.log.finish(proto.ExitStatus{
 			ExitCode:   serr.code,
 			DurationMs: now.Sub(e.started).Milliseconds(),
 			EndedAt:    now,
@@ -172,10 +174,10 @@ func (s *Server) startExec(req ExecRequest) (ExecInfo, *Error) {
 
 // spawn starts the exec's process in its own process group (and its own cgroup, where the
 // init has them) with its pipes.
-func (s *Server) spawn(e *execState, req ExecRequest) (*proc, *startError) {
+func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError) {
 	// The exec's id in its environment is information for the command; nothing relies on it
 	// to find the command's processes (a command may drop it).
-	env := mergeEnv(s.opts.BaseEnv, req.Env, []string{ExecIDEnv + "=" + e.id})
+	env := mergeEnv(s.opts.BaseEnv, req.Env, []string{proto.ExecIDEnv + "=" + e.id})
 	cwd := s.cwd(req.Cwd)
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
 		reason := "No such file or directory"
@@ -325,7 +327,7 @@ wait:
 	timedOut := e.timedOut
 	e.mu.Unlock()
 	s.retire(e)
-	e.log.finish(ExitStatus{
+	e.log.finish(proto.ExitStatus{
 		ExitCode:   code,
 		Signal:     sig,
 		TimedOut:   timedOut,
@@ -389,7 +391,7 @@ type collector struct {
 }
 
 func newCollector(log *execLog, fds [2]int) *collector {
-	return &collector{log: log, fds: fds, kinds: [2]byte{RecordStdout, RecordStderr}, buf: make([]byte, maxCollect)}
+	return &collector{log: log, fds: fds, kinds: [2]byte{proto.RecordStdout, proto.RecordStderr}, buf: make([]byte, maxCollect)}
 }
 
 // run collects until both pipes reach EOF or stopAt passes, then flushes.
@@ -523,9 +525,9 @@ func (s *Server) cwd(dir string) string {
 	case !filepath.IsAbs(dir):
 		return filepath.Join(s.ws, dir)
 	}
-	if s.ws != Workspace {
-		if c := path.Clean(dir); c == Workspace || strings.HasPrefix(c, Workspace+"/") {
-			return filepath.Join(s.ws, strings.TrimPrefix(c, Workspace))
+	if s.ws != proto.Workspace {
+		if c := path.Clean(dir); c == proto.Workspace || strings.HasPrefix(c, proto.Workspace+"/") {
+			return filepath.Join(s.ws, strings.TrimPrefix(c, proto.Workspace))
 		}
 	}
 	return dir

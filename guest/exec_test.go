@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 func TestHealth(t *testing.T) {
@@ -38,37 +39,37 @@ func TestExec(t *testing.T) {
 		}
 		tests := []struct {
 			name       string
-			req        guest.ExecRequest
+			req        proto.ExecRequest
 			wantCode   int
 			wantSignal string
 			wantOut    string
 			wantErr    string // substring of stderr
 			wantStatus string // substring of ExitStatus.Error
 		}{
-			{name: "true", req: guest.ExecRequest{Argv: []string{"true"}}},
-			{name: "false", req: guest.ExecRequest{Argv: []string{"false"}}, wantCode: 1},
-			{name: "out-err-code", req: guest.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}},
+			{name: "true", req: proto.ExecRequest{Argv: []string{"true"}}},
+			{name: "false", req: proto.ExecRequest{Argv: []string{"false"}}, wantCode: 1},
+			{name: "out-err-code", req: proto.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}},
 				wantCode: 3, wantOut: "out\n", wantErr: "err\n"},
-			{name: "not-found", req: guest.ExecRequest{Argv: []string{"no-such-command-x"}},
+			{name: "not-found", req: proto.ExecRequest{Argv: []string{"no-such-command-x"}},
 				wantCode: 127, wantErr: "no-such-command-x: command not found", wantStatus: "command not found"},
-			{name: "path-not-found", req: guest.ExecRequest{Argv: []string{"./missing"}},
+			{name: "path-not-found", req: proto.ExecRequest{Argv: []string{"./missing"}},
 				wantCode: 127, wantErr: "./missing: No such file or directory", wantStatus: "No such file"},
-			{name: "not-executable", req: guest.ExecRequest{Argv: []string{"./noexec.sh"}},
+			{name: "not-executable", req: proto.ExecRequest{Argv: []string{"./noexec.sh"}},
 				wantCode: 126, wantErr: "Permission denied", wantStatus: "Permission denied"},
-			{name: "is-directory", req: guest.ExecRequest{Argv: []string{"./sub"}},
+			{name: "is-directory", req: proto.ExecRequest{Argv: []string{"./sub"}},
 				wantCode: 126, wantErr: "Is a directory", wantStatus: "Is a directory"},
-			{name: "bad-cwd", req: guest.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"},
+			{name: "bad-cwd", req: proto.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"},
 				wantCode: 127, wantErr: "cd: /no/such/dir", wantStatus: "cd: /no/such/dir"},
-			{name: "stdin", req: guest.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello stdin")},
+			{name: "stdin", req: proto.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello stdin")},
 				wantOut: "hello stdin"},
-			{name: "no-stdin", req: guest.ExecRequest{Argv: []string{"cat"}}},
-			{name: "env", req: guest.ExecRequest{ID: "env-id", Argv: []string{"sh", "-c", `echo "$FOO $SBX_EXEC_ID $HOME"`},
+			{name: "no-stdin", req: proto.ExecRequest{Argv: []string{"cat"}}},
+			{name: "env", req: proto.ExecRequest{ID: "env-id", Argv: []string{"sh", "-c", `echo "$FOO $SBX_EXEC_ID $HOME"`},
 				Env: []string{"FOO=bar", "SBX_EXEC_ID=forged"}}, wantOut: "bar env-id /root\n"},
-			{name: "cwd-default", req: guest.ExecRequest{Argv: []string{"pwd"}}, wantOut: h.ws + "\n"},
-			{name: "cwd-relative", req: guest.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, wantOut: filepath.Join(h.ws, "sub") + "\n"},
-			{name: "cwd-workspace-alias", req: guest.ExecRequest{Argv: []string{"pwd"}, Cwd: "/workspace/sub"},
+			{name: "cwd-default", req: proto.ExecRequest{Argv: []string{"pwd"}}, wantOut: h.ws + "\n"},
+			{name: "cwd-relative", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, wantOut: filepath.Join(h.ws, "sub") + "\n"},
+			{name: "cwd-workspace-alias", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "/workspace/sub"},
 				wantOut: filepath.Join(h.ws, "sub") + "\n"},
-			{name: "killed-by-signal", req: guest.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}},
+			{name: "killed-by-signal", req: proto.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}},
 				wantCode: 143, wantSignal: "SIGTERM"},
 		}
 		for i, tt := range tests {
@@ -119,7 +120,7 @@ func TestExecRecordOrder(t *testing.T) {
 		// stdout and stderr are two pipes read one after the other: writes to both within one
 		// read round (microseconds) may come out in either order, as with any two pipes. Writes
 		// further apart keep their order.
-		if _, err := h.c.StartExec(ctxT(t, 5*time.Second), guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; sleep 0.05; echo err >&2; exit 3"}}); err != nil {
+		if _, err := h.c.StartExec(ctxT(t, 5*time.Second), proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; sleep 0.05; echo err >&2; exit 3"}}); err != nil {
 			t.Fatal(err)
 		}
 		recs := records(t, h.c, id, 0, true)
@@ -127,11 +128,11 @@ func TestExecRecordOrder(t *testing.T) {
 		var data []string
 		for _, r := range recs {
 			kinds = append(kinds, r.Kind)
-			if r.Kind != guest.RecordExit {
+			if r.Kind != proto.RecordExit {
 				data = append(data, string(r.Data))
 			}
 		}
-		if !bytes.Equal(kinds, []byte{guest.RecordStdout, guest.RecordStderr, guest.RecordExit}) || strings.Join(data, "") != "out\nerr\n" {
+		if !bytes.Equal(kinds, []byte{proto.RecordStdout, proto.RecordStderr, proto.RecordExit}) || strings.Join(data, "") != "out\nerr\n" {
 			t.Fatalf("records: got kinds %v data %q, want stdout, stderr, exit", kinds, data)
 		}
 		st, err := recs[2].ExitStatus()
@@ -144,7 +145,7 @@ func TestExecRecordOrder(t *testing.T) {
 func TestExecErrors(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overNetPipe)
 	ctx := ctxT(t, 10*time.Second)
-	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
+	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -153,35 +154,35 @@ func TestExecErrors(t *testing.T) {
 		code string
 	}{
 		{"reused-id", func() error {
-			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "dup", Argv: []string{"true"}})
+			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}})
 			return err
-		}, guest.ErrCodeExists},
+		}, proto.ErrCodeExists},
 		{"empty-argv", func() error {
-			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "x1"})
+			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "x1"})
 			return err
-		}, guest.ErrCodeInvalid},
+		}, proto.ErrCodeInvalid},
 		{"bad-id", func() error {
-			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "a/b", Argv: []string{"true"}})
+			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "a/b", Argv: []string{"true"}})
 			return err
-		}, guest.ErrCodeInvalid},
+		}, proto.ErrCodeInvalid},
 		{"long-id", func() error {
-			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: strings.Repeat("a", 65), Argv: []string{"true"}})
+			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: strings.Repeat("a", 65), Argv: []string{"true"}})
 			return err
-		}, guest.ErrCodeInvalid},
+		}, proto.ErrCodeInvalid},
 		{"bad-env", func() error {
-			_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "x2", Argv: []string{"true"}, Env: []string{"NOEQUALS"}})
+			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "x2", Argv: []string{"true"}, Env: []string{"NOEQUALS"}})
 			return err
-		}, guest.ErrCodeInvalid},
+		}, proto.ErrCodeInvalid},
 		{"unknown-exec", func() error {
 			_, err := h.c.Exec(ctx, "nope")
 			return err
-		}, guest.ErrCodeNotFound},
+		}, proto.ErrCodeNotFound},
 		{"unknown-log", func() error {
 			_, err := h.c.Log(ctx, "nope", 0, false)
 			return err
-		}, guest.ErrCodeNotFound},
-		{"unknown-signal-target", func() error { return h.c.Signal(ctx, "nope", "SIGTERM") }, guest.ErrCodeNotFound},
-		{"unknown-signal", func() error { return h.c.Signal(ctx, "dup", "SIGWHAT") }, guest.ErrCodeInvalid},
+		}, proto.ErrCodeNotFound},
+		{"unknown-signal-target", func() error { return h.c.Signal(ctx, "nope", "SIGTERM") }, proto.ErrCodeNotFound},
+		{"unknown-signal", func() error { return h.c.Signal(ctx, "dup", "SIGWHAT") }, proto.ErrCodeInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.code) })
@@ -204,7 +205,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				id := fmt.Sprintf("timeout-%d", i)
 				start := time.Now()
-				res, err := h.c.Run(ctxT(t, 20*time.Second), guest.ExecRequest{ID: id, Argv: tt.argv, TimeoutMs: 300}, 0, 0)
+				res, err := h.c.Run(ctxT(t, 20*time.Second), proto.ExecRequest{ID: id, Argv: tt.argv, TimeoutMs: 300}, 0, 0)
 				if err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -243,7 +244,7 @@ func TestSignal(t *testing.T) {
 				ctx := ctxT(t, 20*time.Second)
 				// exec replaces sh by sleep, so the main process dies of the signal itself.
 				argv := []string{"sh", "-c", tt.script}
-				if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: id, Argv: argv}); err != nil {
+				if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: id, Argv: argv}); err != nil {
 					t.Fatal(err)
 				}
 				waitFor(t, func() bool { return len(treeLeft(id)) == tt.procs })
@@ -271,7 +272,7 @@ func TestBackgroundHoldsStdout(t *testing.T) {
 		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
 		ctx := ctxT(t, 20*time.Second)
 		start := time.Now()
-		res, err := h.c.Run(ctx, guest.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
+		res, err := h.c.Run(ctx, proto.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +300,7 @@ func TestBackgroundFloodsStdout(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	start := time.Now()
-	res, err := h.c.Run(ctx, guest.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
+	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestLogReplayFromOffset(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	script := `for i in $(seq 1 300); do echo "line $i"; echo "err $i" >&2; [ $((i % 10)) = 0 ] && sleep 0.002; done; true`
-	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
+	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	all := records(t, h.c, "replay", 0, false)
@@ -343,7 +344,7 @@ func TestLogReplayFromOffset(t *testing.T) {
 		if _, err := h.c.Log(ctx, "replay", off, false); err == nil {
 			t.Errorf("Log at offset %d: got no error, want invalid", off)
 		} else {
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 		}
 	}
 	if got := records(t, h.c, "replay", size, true); len(got) != 0 {
@@ -356,7 +357,7 @@ func TestLogReplayFromOffset(t *testing.T) {
 func TestLogLargeRecords(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
-	res, err := h.c.Run(ctx, guest.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
+	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,8 +366,8 @@ func TestLogLargeRecords(t *testing.T) {
 	}
 	all := records(t, h.c, "big", 0, false)
 	for _, r := range all {
-		if len(r.Data) > guest.MaxRecordPayload {
-			t.Fatalf("record payload: got %d, want ≤ %d", len(r.Data), guest.MaxRecordPayload)
+		if len(r.Data) > proto.MaxRecordPayload {
+			t.Fatalf("record payload: got %d, want ≤ %d", len(r.Data), proto.MaxRecordPayload)
 		}
 	}
 	for _, mid := range []int{len(all) / 3, len(all) / 2, len(all) - 3} {
@@ -385,7 +386,7 @@ func TestFollowerJoinsMidRun(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	script := `for i in $(seq 1 40); do echo "n $i"; sleep 0.01; done`
-	if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
+	if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
@@ -405,7 +406,7 @@ func TestFollowerJoinsMidRun(t *testing.T) {
 			time.Sleep(time.Duration(i) * 60 * time.Millisecond)
 			var b strings.Builder
 			for _, r := range records(t, h.c, "follow", 0, true) {
-				if r.Kind == guest.RecordStdout {
+				if r.Kind == proto.RecordStdout {
 					b.Write(r.Data)
 				}
 			}
@@ -439,7 +440,7 @@ func TestMaxLogBytes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			id := "max-" + tt.name
-			req := guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", fmt.Sprintf("seq 1 100000 | head -c %d", tt.total)}, MaxLogBytes: tt.max}
+			req := proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", fmt.Sprintf("seq 1 100000 | head -c %d", tt.total)}, MaxLogBytes: tt.max}
 			res, err := h.c.Run(ctx, req, 0, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -458,11 +459,11 @@ func TestMaxLogBytes(t *testing.T) {
 			var kept []byte
 			for i, r := range recs {
 				switch r.Kind {
-				case guest.RecordTruncated:
+				case proto.RecordTruncated:
 					if i != 0 {
 						t.Errorf("record %d: got a truncation marker, want it first", i)
 					}
-				case guest.RecordStdout:
+				case proto.RecordStdout:
 					kept = append(kept, r.Data...)
 				}
 			}
@@ -472,16 +473,16 @@ func TestMaxLogBytes(t *testing.T) {
 			if !bytes.HasSuffix(want, kept) {
 				t.Errorf("kept %d bytes, want the newest bytes of the output", len(kept))
 			}
-			if dropped := recs[0].Kind == guest.RecordTruncated; dropped != (tt.total > int(tt.budget)) {
+			if dropped := recs[0].Kind == proto.RecordTruncated; dropped != (tt.total > int(tt.budget)) {
 				t.Errorf("marker: got %v, want %v", dropped, tt.total > int(tt.budget))
 			}
-			if last := recs[len(recs)-1]; last.Kind != guest.RecordExit {
+			if last := recs[len(recs)-1]; last.Kind != proto.RecordExit {
 				t.Errorf("last record: got kind %d, want the exit", last.Kind)
 			}
 			var headers int64
 			for _, r := range recs {
-				if r.Kind == guest.RecordStdout {
-					headers += guest.RecordHeaderLen
+				if r.Kind == proto.RecordStdout {
+					headers += proto.RecordHeaderLen
 				}
 			}
 			if int64(len(kept))+headers > tt.budget {
@@ -509,7 +510,7 @@ func TestRunCaps(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req := guest.ExecRequest{ID: fmt.Sprintf("caps-%d", i), Argv: []string{"sh", "-c", "printf 01234; printf 56789; printf abcdefghij >&2"}}
+			req := proto.ExecRequest{ID: fmt.Sprintf("caps-%d", i), Argv: []string{"sh", "-c", "printf 01234; printf 56789; printf abcdefghij >&2"}}
 			res, err := h.c.Run(ctxT(t, 10*time.Second), req, tt.maxOut, tt.maxErr)
 			if err != nil {
 				t.Fatal(err)
@@ -525,7 +526,7 @@ func TestRunCaps(t *testing.T) {
 	t.Run("cancel-keeps-running", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
-		_, err := h.c.Run(ctx, guest.ExecRequest{ID: "cancelled", Argv: []string{"sleep", "100"}}, 0, 0)
+		_, err := h.c.Run(ctx, proto.ExecRequest{ID: "cancelled", Argv: []string{"sleep", "100"}}, 0, 0)
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Run: got %v, want deadline exceeded", err)
 		}
@@ -544,17 +545,17 @@ func TestExecLimits(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{MaxRunning: 2, KeepEnded: 3}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	for _, id := range []string{"run-1", "run-2"} {
-		if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
+		if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}})
-	wantCode(t, err, guest.ErrCodeUnavailable)
+	_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}})
+	wantCode(t, err, proto.ErrCodeUnavailable)
 	// The caller's own bound (the control plane's cap per sandbox) is counted here too.
-	_, err = h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: 1})
-	wantCode(t, err, guest.ErrCodeTooMany)
-	_, err = h.c.StartExec(ctx, guest.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: -1})
-	wantCode(t, err, guest.ErrCodeInvalid)
+	_, err = h.c.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: 1})
+	wantCode(t, err, proto.ErrCodeTooMany)
+	_, err = h.c.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: -1})
+	wantCode(t, err, proto.ErrCodeInvalid)
 	for _, id := range []string{"run-1", "run-2"} {
 		if err := h.c.Signal(ctx, id, "SIGKILL"); err != nil {
 			t.Fatal(err)
@@ -562,7 +563,7 @@ func TestExecLimits(t *testing.T) {
 		records(t, h.c, id, 0, true)
 	}
 	for i := range 4 {
-		if _, err := h.c.Run(ctx, guest.ExecRequest{ID: fmt.Sprintf("done-%d", i), Argv: []string{"true"}}, 0, 0); err != nil {
+		if _, err := h.c.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("done-%d", i), Argv: []string{"true"}}, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -579,17 +580,17 @@ func TestExecLimits(t *testing.T) {
 	}
 	for _, id := range []string{"run-1", "run-2", "done-0"} {
 		_, err := h.c.Exec(ctx, id)
-		wantCode(t, err, guest.ErrCodeNotFound)
+		wantCode(t, err, proto.ErrCodeNotFound)
 		if _, err := os.Stat(filepath.Join(h.state, id)); !os.IsNotExist(err) {
 			t.Errorf("state of dropped exec %s: got %v, want removed", id, err)
 		}
 	}
 	// Under its own bound, an exec starts.
-	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "capped", Argv: []string{"true"}, MaxRunning: 1}, 0, 0); err != nil {
+	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "capped", Argv: []string{"true"}, MaxRunning: 1}, 0, 0); err != nil {
 		t.Errorf("an exec under its MaxRunning: %v", err)
 	}
 	// A dropped id may be used again.
-	if _, err := h.c.Run(ctx, guest.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {
+	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {
 		t.Errorf("reusing a dropped id: %v", err)
 	}
 }
@@ -598,7 +599,7 @@ func TestCloseKillsExecs(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
 		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
 		ctx := ctxT(t, 20*time.Second)
-		if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
+		if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, func() bool { return len(treeLeft("long")) == 3 })
@@ -631,7 +632,7 @@ func TestCloseKillsExecs(t *testing.T) {
 func TestReaperReapsOrphans(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{Reap: true}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
-	res, err := h.c.Run(ctx, guest.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
+	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
 	if err != nil || res.Exit.ExitCode != 0 {
 		t.Fatalf("Run: %+v %v", res.Exit, err)
 	}
@@ -688,7 +689,7 @@ func TestConcurrentCalls(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					id := fmt.Sprintf("c-%d", i)
-					res, err := h.c.Run(ctx, guest.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo $SBX_EXEC_ID; head -c 100000 /dev/zero"}}, 0, 0)
+					res, err := h.c.Run(ctx, proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo $SBX_EXEC_ID; head -c 100000 /dev/zero"}}, 0, 0)
 					if err != nil {
 						errs <- err
 						return
@@ -727,7 +728,7 @@ func TestConcurrentCalls(t *testing.T) {
 func TestBrokenStream(t *testing.T) {
 	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
-	if _, err := h.c.StartExec(ctx, guest.ExecRequest{ID: "survivor", Argv: []string{"sh", "-c", "sleep 0.3; echo done"}}); err != nil {
+	if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "survivor", Argv: []string{"sh", "-c", "sleep 0.3; echo done"}}); err != nil {
 		t.Fatal(err)
 	}
 	lr, err := h.c.Log(ctx, "survivor", 0, true)
@@ -757,7 +758,7 @@ func TestBrokenStream(t *testing.T) {
 	defer c2.Close()
 	var out []byte
 	for _, r := range records(t, c2, "survivor", 0, true) {
-		if r.Kind == guest.RecordStdout {
+		if r.Kind == proto.RecordStdout {
 			out = append(out, r.Data...)
 		}
 	}
@@ -780,7 +781,7 @@ func BenchmarkRunTrue(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		res, err := h.c.Run(ctx, guest.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
+		res, err := h.c.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
 		if err != nil || res.Exit.ExitCode != 0 {
 			b.Fatalf("Run: %+v %v", res.Exit, err)
 		}

@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"sandboxd/guest/proto"
 )
 
 // An exec's output log keeps the newest output. It is a ring of segment files (<path>.<n>)
@@ -63,7 +65,7 @@ type execLog struct {
 	counts [2]int64 // bytes the command wrote to stdout and stderr
 	lost   int64    // output bytes the log no longer holds (dropped, or never written)
 	ended  bool
-	exit   *ExitStatus
+	exit   *proto.ExitStatus
 	// exitRec is the exit record, at logical offset end, once ended.
 	exitRec []byte
 	changed chan struct{}
@@ -83,7 +85,7 @@ func (l *execLog) segPath(seq int) string { return fmt.Sprintf("%s.%d", l.path, 
 
 // maxPayload is the largest record payload that fits in one segment.
 func (l *execLog) maxPayload() int {
-	return int(min(int64(MaxRecordPayload), l.segMax-RecordHeaderLen))
+	return int(min(int64(proto.MaxRecordPayload), l.segMax-proto.RecordHeaderLen))
 }
 
 // newSegmentLocked begins a new segment at the log's end. An empty newest segment is replaced
@@ -112,7 +114,7 @@ func (l *execLog) newSegmentLocked() error {
 func (l *execLog) write(kind byte, p []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if kind == RecordStderr {
+	if kind == proto.RecordStderr {
 		l.counts[1] += int64(len(p))
 	} else {
 		l.counts[0] += int64(len(p))
@@ -125,14 +127,14 @@ func (l *execLog) write(kind byte, p []byte) {
 	l.buf = l.buf[:0]
 	for len(p) > 0 {
 		cur := l.segs[len(l.segs)-1]
-		room := l.segMax - cur.size - int64(len(l.buf)) - RecordHeaderLen
+		room := l.segMax - cur.size - int64(len(l.buf)) - proto.RecordHeaderLen
 		if l.f == nil || cur.base+cur.size != l.end || room <= 0 {
 			// The newest segment is full (or a failed write left a gap after it): write what
 			// is buffered, then begin the next one.
 			changed = l.flushLocked() || changed
 			if err := l.newSegmentLocked(); err != nil {
 				// No segment: the output is lost, and readers will see the gap.
-				l.end += RecordHeaderLen + int64(len(p))
+				l.end += proto.RecordHeaderLen + int64(len(p))
 				l.lost += int64(len(p))
 				changed = true
 				break
@@ -145,7 +147,7 @@ func (l *execLog) write(kind byte, p []byte) {
 	}
 	changed = l.flushLocked() || changed
 	l.trimLocked()
-	if cap(l.buf) > 2*(maxCollect+RecordHeaderLen) {
+	if cap(l.buf) > 2*(maxCollect+proto.RecordHeaderLen) {
 		l.buf = nil
 	}
 	if changed {
@@ -177,11 +179,11 @@ func (l *execLog) flushLocked() bool {
 		l.lost += payloadOf(l.buf)
 		return true
 	}
-	for b, at := l.buf, cur.base+cur.size; len(b) >= RecordHeaderLen; {
+	for b, at := l.buf, cur.base+cur.size; len(b) >= proto.RecordHeaderLen; {
 		for cur.base+int64(len(cur.index))*indexStride <= at {
 			cur.index = append(cur.index, at)
 		}
-		n := int64(RecordHeaderLen) + int64(binary.BigEndian.Uint32(b[1:RecordHeaderLen]))
+		n := int64(proto.RecordHeaderLen) + int64(binary.BigEndian.Uint32(b[1:proto.RecordHeaderLen]))
 		at += n
 		b = b[n:]
 	}
@@ -196,10 +198,10 @@ func (l *execLog) flushLocked() bool {
 // payloadOf counts the payload bytes of the whole records in b.
 func payloadOf(b []byte) int64 {
 	var n int64
-	for len(b) >= RecordHeaderLen {
-		m := int(binary.BigEndian.Uint32(b[1:RecordHeaderLen]))
+	for len(b) >= proto.RecordHeaderLen {
+		m := int(binary.BigEndian.Uint32(b[1:proto.RecordHeaderLen]))
 		n += int64(m)
-		b = b[min(len(b), RecordHeaderLen+m):]
+		b = b[min(len(b), proto.RecordHeaderLen+m):]
 	}
 	return n
 }
@@ -224,13 +226,13 @@ func (l *execLog) notifyLocked() {
 
 // finish appends the exit record (kept in memory, never dropped), marks the log ended and
 // closes its file. The status it returns carries the byte counts.
-func (l *execLog) finish(st ExitStatus) ExitStatus {
+func (l *execLog) finish(st proto.ExitStatus) proto.ExitStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st.DroppedBytes = l.lost
 	st.StdoutBytes, st.StderrBytes = l.counts[0], l.counts[1]
 	payload, _ := json.Marshal(st)
-	l.exitRec = appendRecord(nil, RecordExit, payload)
+	l.exitRec = appendRecord(nil, proto.RecordExit, payload)
 	l.ended = true
 	l.exit = &st
 	if l.f != nil {
@@ -247,7 +249,7 @@ func (l *execLog) sizeLocked() int64 {
 	return l.end + int64(len(l.exitRec))
 }
 
-func (l *execLog) status() (size int64, exit *ExitStatus) {
+func (l *execLog) status() (size int64, exit *proto.ExitStatus) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.sizeLocked(), l.exit
@@ -312,7 +314,7 @@ func (l *execLog) checkOffset(off int64) (int64, error) {
 	defer f.Close()
 	br := bufio.NewReaderSize(io.NewSectionReader(f, start-base, segEnd-start), 32<<10)
 	pos := start
-	var hdr [RecordHeaderLen]byte
+	var hdr [proto.RecordHeaderLen]byte
 	for pos < off {
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			break
@@ -321,7 +323,7 @@ func (l *execLog) checkOffset(off int64) (int64, error) {
 		if _, err := br.Discard(int(n)); err != nil {
 			break
 		}
-		pos += RecordHeaderLen + n
+		pos += proto.RecordHeaderLen + n
 	}
 	if pos != off {
 		return size, &errBadOffset{fmt.Sprintf("offset %d is not on a record boundary", off)}
@@ -424,10 +426,10 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			rd, rdSeq, rdBase = f, v.hold, v.holdBase
 			continue
 		case rd == nil && v.resume > pos:
-			var rec [RecordHeaderLen + TruncatedPayloadLen]byte
-			rec[0] = RecordTruncated
-			binary.BigEndian.PutUint32(rec[1:RecordHeaderLen], TruncatedPayloadLen)
-			binary.BigEndian.PutUint64(rec[RecordHeaderLen:], uint64(v.resume))
+			var rec [proto.RecordHeaderLen + proto.TruncatedPayloadLen]byte
+			rec[0] = proto.RecordTruncated
+			binary.BigEndian.PutUint32(rec[1:proto.RecordHeaderLen], proto.TruncatedPayloadLen)
+			binary.BigEndian.PutUint64(rec[proto.RecordHeaderLen:], uint64(v.resume))
 			if _, err := w.Write(rec[:]); err != nil {
 				return err
 			}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"sandboxd/guest/proto"
 )
 
 // Unit tests of the ring log (execlog.go): records written straight into an execLog, read
@@ -30,18 +32,18 @@ func parseLog(t *testing.T, b []byte, off int64) []logRec {
 	t.Helper()
 	var out []logRec
 	for len(b) > 0 {
-		if len(b) < RecordHeaderLen {
+		if len(b) < proto.RecordHeaderLen {
 			t.Fatalf("a partial record header at offset %d", off)
 		}
-		kind, n := b[0], int(binary.BigEndian.Uint32(b[1:RecordHeaderLen]))
-		if len(b) < RecordHeaderLen+n {
+		kind, n := b[0], int(binary.BigEndian.Uint32(b[1:proto.RecordHeaderLen]))
+		if len(b) < proto.RecordHeaderLen+n {
 			t.Fatalf("a partial record at offset %d", off)
 		}
-		data := b[RecordHeaderLen : RecordHeaderLen+n]
-		b = b[RecordHeaderLen+n:]
-		if kind == RecordTruncated {
-			if n != TruncatedPayloadLen {
-				t.Fatalf("marker payload: got %d bytes, want %d", n, TruncatedPayloadLen)
+		data := b[proto.RecordHeaderLen : proto.RecordHeaderLen+n]
+		b = b[proto.RecordHeaderLen+n:]
+		if kind == proto.RecordTruncated {
+			if n != proto.TruncatedPayloadLen {
+				t.Fatalf("marker payload: got %d bytes, want %d", n, proto.TruncatedPayloadLen)
 			}
 			resume := int64(binary.BigEndian.Uint64(data))
 			if resume <= off {
@@ -51,7 +53,7 @@ func parseLog(t *testing.T, b []byte, off int64) []logRec {
 			off = resume
 			continue
 		}
-		off += int64(RecordHeaderLen + n)
+		off += int64(proto.RecordHeaderLen + n)
 		out = append(out, logRec{kind: kind, data: append([]byte(nil), data...), offset: off})
 	}
 	return out
@@ -112,7 +114,7 @@ func TestRingLogKeepsTheNewest(t *testing.T) {
 	var logical int64
 	for p := out; len(p) > 0; {
 		n := min(len(p), 3000)
-		l.write(RecordStdout, p[:n])
+		l.write(proto.RecordStdout, p[:n])
 		p = p[n:]
 		size, _ := l.status()
 		if size < logical {
@@ -126,14 +128,14 @@ func TestRingLogKeepsTheNewest(t *testing.T) {
 			t.Fatalf("segment files hold %d bytes, want ≤ %d", d, max)
 		}
 	}
-	l.write(RecordStderr, []byte("bye\n"))
-	st := l.finish(ExitStatus{ExitCode: 3})
+	l.write(proto.RecordStderr, []byte("bye\n"))
+	st := l.finish(proto.ExitStatus{ExitCode: 3})
 	if st.StdoutBytes != int64(len(out)) || st.StderrBytes != 4 {
 		t.Errorf("counts: got stdout %d stderr %d, want %d and 4", st.StdoutBytes, st.StderrBytes, len(out))
 	}
 
 	recs := readAll(t, l, 0)
-	if recs[0].kind != RecordTruncated {
+	if recs[0].kind != proto.RecordTruncated {
 		t.Fatalf("first record: got kind %d, want the truncation marker", recs[0].kind)
 	}
 	_, oldest := l.usage()
@@ -143,11 +145,11 @@ func TestRingLogKeepsTheNewest(t *testing.T) {
 	var kept []byte
 	var headers int64
 	for _, r := range recs[1 : len(recs)-2] {
-		if r.kind != RecordStdout {
+		if r.kind != proto.RecordStdout {
 			t.Fatalf("got record kind %d in the middle, want stdout", r.kind)
 		}
 		kept = append(kept, r.data...)
-		headers += RecordHeaderLen
+		headers += proto.RecordHeaderLen
 	}
 	if !bytes.HasSuffix(out, kept) || len(kept) < max*6/8 {
 		t.Errorf("kept %d bytes: want a suffix of the output of at least %d", len(kept), max*6/8)
@@ -158,12 +160,12 @@ func TestRingLogKeepsTheNewest(t *testing.T) {
 	if int64(len(kept))+st.DroppedBytes != int64(len(out)) {
 		t.Errorf("kept %d + dropped %d, want %d", len(kept), st.DroppedBytes, len(out))
 	}
-	if r := recs[len(recs)-2]; r.kind != RecordStderr || string(r.data) != "bye\n" {
+	if r := recs[len(recs)-2]; r.kind != proto.RecordStderr || string(r.data) != "bye\n" {
 		t.Errorf("second to last: got %d %q, want stderr bye", r.kind, r.data)
 	}
 	last := recs[len(recs)-1]
-	var got ExitStatus
-	if last.kind != RecordExit || json.Unmarshal(last.data, &got) != nil || got.ExitCode != 3 {
+	var got proto.ExitStatus
+	if last.kind != proto.RecordExit || json.Unmarshal(last.data, &got) != nil || got.ExitCode != 3 {
 		t.Fatalf("last record: got kind %d %s, want the exit", last.kind, last.data)
 	}
 	size, _ := l.status()
@@ -172,24 +174,24 @@ func TestRingLogKeepsTheNewest(t *testing.T) {
 	}
 	// Offsets are logical: the size counts every record ever written.
 	records := (len(out) + 2999) / 3000 // at least one record per write
-	if size < int64(len(out))+int64(records)*RecordHeaderLen {
-		t.Errorf("size %d, want at least every byte and header written (%d)", size, len(out)+records*RecordHeaderLen)
+	if size < int64(len(out))+int64(records)*proto.RecordHeaderLen {
+		t.Errorf("size %d, want at least every byte and header written (%d)", size, len(out)+records*proto.RecordHeaderLen)
 	}
 }
 
 func TestRingLogOffsets(t *testing.T) {
 	l, _ := newTestLog(t, 8<<10)
 	for i := 0; i < 200; i++ {
-		l.write(RecordStdout, lines(i*10, i*10+10))
+		l.write(proto.RecordStdout, lines(i*10, i*10+10))
 	}
-	l.finish(ExitStatus{})
+	l.finish(proto.ExitStatus{})
 	size, _ := l.status()
 	_, oldest := l.usage()
 	all := readAll(t, l, 0)
 	// Every record boundary of the kept log is a valid start; resuming there gives the rest.
 	for i, r := range all[:len(all)-1] {
 		rest := readAll(t, l, r.offset)
-		if len(rest) != len(all)-i-1 || rest[len(rest)-1].kind != RecordExit {
+		if len(rest) != len(all)-i-1 || rest[len(rest)-1].kind != proto.RecordExit {
 			t.Fatalf("from %d: got %d records, want %d ending in the exit", r.offset, len(rest), len(all)-i-1)
 		}
 	}
@@ -217,7 +219,7 @@ func TestRingLogOffsets(t *testing.T) {
 		t.Errorf("after the exit: got %d records, want none", len(recs))
 	}
 	recs := readAll(t, l, oldest/2)
-	if recs[0].kind != RecordTruncated || recs[0].offset != oldest || recs[0].missed != oldest-oldest/2 {
+	if recs[0].kind != proto.RecordTruncated || recs[0].offset != oldest || recs[0].missed != oldest-oldest/2 {
 		t.Errorf("from before the oldest: got %+v, want a marker resuming at %d", recs[0], oldest)
 	}
 }
@@ -259,7 +261,7 @@ func TestRingLogFollowers(t *testing.T) {
 	// opens and then stalls on is complete.
 	p := out
 	for int64(len(out)-len(p)) < l.segMax-1000 {
-		l.write(RecordStdout, p[:1000])
+		l.write(proto.RecordStdout, p[:1000])
 		p = p[1000:]
 	}
 	// The slow follower reads through a pipe it stops reading after its first piece.
@@ -276,7 +278,7 @@ func TestRingLogFollowers(t *testing.T) {
 	}
 	for len(p) > 0 {
 		n := min(len(p), 1000)
-		l.write(RecordStdout, p[:n])
+		l.write(proto.RecordStdout, p[:n])
 		p = p[n:]
 		size, _ := l.status()
 		for i := range reached {
@@ -285,7 +287,7 @@ func TestRingLogFollowers(t *testing.T) {
 			}
 		}
 	}
-	l.finish(ExitStatus{ExitCode: 0})
+	l.finish(proto.ExitStatus{ExitCode: 0})
 	rest, err := io.ReadAll(pr)
 	if err != nil {
 		t.Fatal(err)
@@ -299,7 +301,7 @@ func TestRingLogFollowers(t *testing.T) {
 			t.Fatalf("follower %d: %v", i, r.err)
 		}
 		r.recs = parseLog(t, r.data, 0)
-		if last := r.recs[len(r.recs)-1]; last.kind != RecordExit {
+		if last := r.recs[len(r.recs)-1]; last.kind != proto.RecordExit {
 			t.Fatalf("follower %d: last record kind %d, want the exit", i, last.kind)
 		}
 		// The pieces between markers are contiguous pieces of the output at their offsets;
@@ -308,10 +310,10 @@ func TestRingLogFollowers(t *testing.T) {
 		var pieces [][]byte
 		for _, rec := range r.recs {
 			switch rec.kind {
-			case RecordTruncated:
+			case proto.RecordTruncated:
 				pieces = append(pieces, got)
 				got = nil
-			case RecordStdout:
+			case proto.RecordStdout:
 				got = append(got, rec.data...)
 			}
 		}
@@ -346,13 +348,13 @@ func TestRingLogFollowers(t *testing.T) {
 // marker in place; the log goes on in a new segment.
 func TestRingLogGapAfterAFailedWrite(t *testing.T) {
 	l, _ := newTestLog(t, 1<<20)
-	l.write(RecordStdout, []byte("before\n"))
+	l.write(proto.RecordStdout, []byte("before\n"))
 	l.mu.Lock()
 	_ = l.f.Close() // the next write fails, as on a full state dir
 	l.mu.Unlock()
-	l.write(RecordStdout, []byte("lost\n"))
-	l.write(RecordStdout, []byte("after\n"))
-	st := l.finish(ExitStatus{})
+	l.write(proto.RecordStdout, []byte("lost\n"))
+	l.write(proto.RecordStdout, []byte("after\n"))
+	st := l.finish(proto.ExitStatus{})
 	if st.DroppedBytes != 5 || st.StdoutBytes != 18 {
 		t.Errorf("got dropped %d stdout %d, want 5 and 18", st.DroppedBytes, st.StdoutBytes)
 	}
@@ -361,10 +363,10 @@ func TestRingLogGapAfterAFailedWrite(t *testing.T) {
 	for _, r := range recs {
 		kinds = append(kinds, r.kind)
 	}
-	want := []byte{RecordStdout, RecordTruncated, RecordStdout, RecordExit}
+	want := []byte{proto.RecordStdout, proto.RecordTruncated, proto.RecordStdout, proto.RecordExit}
 	if !bytes.Equal(kinds, want) || string(recs[0].data) != "before\n" || string(recs[2].data) != "after\n" ||
-		recs[1].missed != RecordHeaderLen+5 {
-		t.Fatalf("got %+v, want before, a marker of %d bytes, after, exit", recs, RecordHeaderLen+5)
+		recs[1].missed != proto.RecordHeaderLen+5 {
+		t.Fatalf("got %+v, want before, a marker of %d bytes, after, exit", recs, proto.RecordHeaderLen+5)
 	}
 }
 
@@ -379,13 +381,13 @@ func TestRingLogExitAlwaysKept(t *testing.T) {
 		done <- buf.Bytes()
 	}()
 	for i := 0; i < 100; i++ {
-		l.write(RecordStdout, lines(i*100, i*100+100))
+		l.write(proto.RecordStdout, lines(i*100, i*100+100))
 	}
-	l.finish(ExitStatus{ExitCode: 9})
+	l.finish(proto.ExitStatus{ExitCode: 9})
 	select {
 	case b := <-done:
 		recs := parseLog(t, b, 0)
-		if recs[len(recs)-1].kind != RecordExit {
+		if recs[len(recs)-1].kind != proto.RecordExit {
 			t.Fatalf("follower: last kind %d, want the exit", recs[len(recs)-1].kind)
 		}
 	case <-time.After(10 * time.Second):
@@ -394,7 +396,7 @@ func TestRingLogExitAlwaysKept(t *testing.T) {
 	_, oldest := l.usage()
 	for _, off := range []int64{0, oldest} {
 		recs := readAll(t, l, off)
-		if recs[len(recs)-1].kind != RecordExit {
+		if recs[len(recs)-1].kind != proto.RecordExit {
 			t.Errorf("from %d: last kind %d, want the exit", off, recs[len(recs)-1].kind)
 		}
 	}

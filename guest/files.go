@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"sandboxd/guest/proto"
 )
 
 // Names the server makes inside the workspace (randName): a reserved prefix and exactly
@@ -33,16 +35,6 @@ const (
 // reservedPrefixes are the prefixes the files API refuses in a path.
 var reservedPrefixes = []string{tmpPrefix, importPrefix}
 
-// NoSpaceMessage begins the message of an error caused by a full workspace disk (ENOSPC or
-// EDQUOT: the sandbox's disk limit), whose code is ErrCodeNoSpace.
-const NoSpaceMessage = "the workspace disk is full"
-
-// IsNoSpace reports whether err is the guest's answer to a full workspace disk.
-func IsNoSpace(err error) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == ErrCodeNoSpace
-}
-
 const (
 	defaultMaxFileBytes = 1 << 30
 	defaultDirLimit     = 1000
@@ -52,38 +44,38 @@ const (
 // relPath turns a client path into a path relative to the workspace root: relative paths are
 // taken as they are, absolute ones must lie under the workspace (its real path or /workspace).
 // Lexical escapes are refused here; os.Root refuses the rest (symlinks) in the kernel walk.
-func (s *Server) relPath(p string, allowRoot bool) (string, *Error) {
+func (s *Server) relPath(p string, allowRoot bool) (string, *proto.Error) {
 	if p == "" {
 		if allowRoot {
 			return ".", nil
 		}
-		return "", errorf(ErrCodeInvalid, "path is empty")
+		return "", errorf(proto.ErrCodeInvalid, "path is empty")
 	}
 	if strings.IndexByte(p, 0) >= 0 {
-		return "", errorf(ErrCodeInvalid, "path holds a NUL byte")
+		return "", errorf(proto.ErrCodeInvalid, "path holds a NUL byte")
 	}
 	if path.IsAbs(p) {
 		c := path.Clean(p)
 		rel, ok := underDir(c, s.ws)
 		if !ok {
-			rel, ok = underDir(c, Workspace)
+			rel, ok = underDir(c, proto.Workspace)
 		}
 		if !ok {
-			return "", errorf(ErrCodeInvalid, "path %s is outside the workspace", p)
+			return "", errorf(proto.ErrCodeInvalid, "path %s is outside the workspace", p)
 		}
 		p = rel
 	}
 	c := path.Clean(p)
 	if c == ".." || strings.HasPrefix(c, "../") {
-		return "", errorf(ErrCodeInvalid, "path %s is outside the workspace", p)
+		return "", errorf(proto.ErrCodeInvalid, "path %s is outside the workspace", p)
 	}
 	if c == "." && !allowRoot {
-		return "", errorf(ErrCodeInvalid, "path %s is the workspace itself", p)
+		return "", errorf(proto.ErrCodeInvalid, "path %s is the workspace itself", p)
 	}
 	for part := range strings.SplitSeq(c, "/") {
 		for _, prefix := range reservedPrefixes {
 			if strings.HasPrefix(part, prefix) {
-				return "", errorf(ErrCodeInvalid, "path %s: the name %q is reserved (names starting with %q belong to the guest init's own temporary files)",
+				return "", errorf(proto.ErrCodeInvalid, "path %s: the name %q is reserved (names starting with %q belong to the guest init's own temporary files)",
 					p, part, prefix)
 			}
 		}
@@ -108,37 +100,37 @@ func underDir(p, dir string) (string, bool) {
 // absName is the path a client sees for a workspace-relative path.
 func absName(rel string) string {
 	if rel == "." {
-		return Workspace
+		return proto.Workspace
 	}
-	return Workspace + "/" + rel
+	return proto.Workspace + "/" + rel
 }
 
 // fsError converts a file system error into a protocol error.
-func fsError(err error) *Error {
+func fsError(err error) *proto.Error {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, errEscapes):
-		return errorf(ErrCodeInvalid, "%v", err)
+		return errorf(proto.ErrCodeInvalid, "%v", err)
 	case strings.Contains(msg, "path escapes"):
-		return errorf(ErrCodeInvalid, "path escapes the workspace: %v", err)
+		return errorf(proto.ErrCodeInvalid, "path escapes the workspace: %v", err)
 	case errors.Is(err, fs.ErrNotExist):
-		return errorf(ErrCodeNotFound, "%v", err)
+		return errorf(proto.ErrCodeNotFound, "%v", err)
 	case errors.Is(err, syscall.ENOTDIR):
-		return errorf(ErrCodeNotDir, "%v", err)
+		return errorf(proto.ErrCodeNotDir, "%v", err)
 	case errors.Is(err, syscall.EISDIR):
-		return errorf(ErrCodeIsDir, "%v", err)
+		return errorf(proto.ErrCodeIsDir, "%v", err)
 	case errors.Is(err, syscall.ENOTEMPTY), errors.Is(err, syscall.EEXIST):
-		return errorf(ErrCodeInvalid, "directory not empty: %v", err)
+		return errorf(proto.ErrCodeInvalid, "directory not empty: %v", err)
 	case errors.Is(err, syscall.ELOOP), errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EINVAL),
 		errors.Is(err, syscall.ENAMETOOLONG):
-		return errorf(ErrCodeInvalid, "%v", err)
+		return errorf(proto.ErrCodeInvalid, "%v", err)
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return errorf(ErrCodeNoSpace, "%s: %v", NoSpaceMessage, err)
+		return errorf(proto.ErrCodeNoSpace, "%s: %v", proto.NoSpaceMessage, err)
 	case errors.Is(err, syscall.ENXIO):
 		// What opening a socket answers.
-		return errorf(ErrCodeInvalid, "%v (a socket or a device: the files API reads and writes regular files)", err)
+		return errorf(proto.ErrCodeInvalid, "%v (a socket or a device: the files API reads and writes regular files)", err)
 	}
-	return errorf(ErrCodeInternal, "%v", err)
+	return errorf(proto.ErrCodeInternal, "%v", err)
 }
 
 // specialKind names the type of a file the files API neither reads nor writes: "" for regular
@@ -160,8 +152,8 @@ func specialKind(m fs.FileMode) string {
 }
 
 // specialError is the answer to a read or write of a special file.
-func specialError(rel, kind string) *Error {
-	return errorf(ErrCodeInvalid, "%s is %s: the files API reads and writes regular files only", absName(rel), kind)
+func specialError(rel, kind string) *proto.Error {
+	return errorf(proto.ErrCodeInvalid, "%s is %s: the files API reads and writes regular files only", absName(rel), kind)
 }
 
 // unixMode converts Go's mode bits into FileInfo.Mode.
@@ -194,8 +186,8 @@ func goMode(u int64) fs.FileMode {
 	return m
 }
 
-func fileInfo(name, p string, fi fs.FileInfo) FileInfo {
-	return FileInfo{
+func fileInfo(name, p string, fi fs.FileInfo) proto.FileInfo {
+	return proto.FileInfo{
 		Name:    name,
 		Path:    p,
 		Size:    fi.Size(),
@@ -229,7 +221,7 @@ func isOwnName(name, prefix string) bool {
 // within the workspace), the file or folder rel names: read-only, O_NONBLOCK so that a FIFO
 // cannot hang a handler, O_NOFOLLOW, and never O_DIRECTORY (with O_NOFOLLOW, the combination
 // gVisor gets wrong). It returns the resolved name; the caller closes f and root.
-func (s *Server) openInWorkspace(rel string) (*os.Root, string, *os.File, *Error) {
+func (s *Server) openInWorkspace(rel string) (*os.Root, string, *os.File, *proto.Error) {
 	root, err := os.OpenRoot(s.ws)
 	if err != nil {
 		return nil, "", nil, fsError(err)
@@ -241,7 +233,7 @@ func (s *Server) openInWorkspace(rel string) (*os.Root, string, *os.File, *Error
 	}
 	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		var perr *Error
+		var perr *proto.Error
 		if fi, lerr := root.Lstat(name); lerr == nil && specialKind(fi.Mode()) != "" {
 			perr = specialError(rel, specialKind(fi.Mode())) // a socket: ENXIO
 		} else {
@@ -272,7 +264,7 @@ func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if fi.IsDir() {
-		writeError(w, errorf(ErrCodeIsDir, "%s is a directory", absName(rel)))
+		writeError(w, errorf(proto.ErrCodeIsDir, "%s is a directory", absName(rel)))
 		return
 	}
 	if !fi.Mode().IsRegular() {
@@ -280,15 +272,15 @@ func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) {
 			writeError(w, specialError(rel, kind))
 			return
 		}
-		writeError(w, errorf(ErrCodeInvalid, "%s is not a regular file", absName(rel)))
+		writeError(w, errorf(proto.ErrCodeInvalid, "%s is not a regular file", absName(rel)))
 		return
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
-	h.Set(HeaderSize, strconv.FormatInt(fi.Size(), 10))
-	h.Set(HeaderMode, fmt.Sprintf("%04o", unixMode(fi.Mode())))
-	h.Set(HeaderModTime, fi.ModTime().UTC().Format(time.RFC3339Nano))
+	h.Set(proto.HeaderSize, strconv.FormatInt(fi.Size(), 10))
+	h.Set(proto.HeaderMode, fmt.Sprintf("%04o", unixMode(fi.Mode())))
+	h.Set(proto.HeaderModTime, fi.ModTime().UTC().Format(time.RFC3339Nano))
 	w.WriteHeader(http.StatusOK)
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
@@ -310,7 +302,7 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("mode"); v != "" {
 		m, err := strconv.ParseUint(v, 8, 32)
 		if err != nil || m > 0o7777 {
-			writeError(w, errorf(ErrCodeInvalid, "bad mode %q (octal, at most 7777)", v))
+			writeError(w, errorf(proto.ErrCodeInvalid, "bad mode %q (octal, at most 7777)", v))
 			return
 		}
 		mode = int64(m)
@@ -319,13 +311,13 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("max"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			writeError(w, errorf(ErrCodeInvalid, "bad max %q", v))
+			writeError(w, errorf(proto.ErrCodeInvalid, "bad max %q", v))
 			return
 		}
 		limit = n
 	}
 	if r.ContentLength > limit {
-		writeError(w, errorf(ErrCodeTooLarge, "file of %d bytes is over the limit of %d", r.ContentLength, limit))
+		writeError(w, errorf(proto.ErrCodeTooLarge, "file of %d bytes is over the limit of %d", r.ContentLength, limit))
 		return
 	}
 	root, err := os.OpenRoot(s.ws)
@@ -346,7 +338,7 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	if dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {
 			if errors.Is(err, syscall.EEXIST) {
-				writeError(w, errorf(ErrCodeNotDir, "a parent of %s is not a directory", absName(rel)))
+				writeError(w, errorf(proto.ErrCodeNotDir, "a parent of %s is not a directory", absName(rel)))
 				return
 			}
 			writeError(w, fsError(err))
@@ -354,7 +346,7 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if fi, err := root.Lstat(target); err == nil && fi.IsDir() {
-		writeError(w, errorf(ErrCodeIsDir, "%s is a directory", absName(rel)))
+		writeError(w, errorf(proto.ErrCodeIsDir, "%s is a directory", absName(rel)))
 		return
 	} else if err == nil && specialKind(fi.Mode()) != "" {
 		// Replacing a socket or a FIFO a command listens on is not what a write means.
@@ -379,15 +371,15 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)):
 		_ = root.Remove(tmp)
-		writeError(w, errorf(ErrCodeNoSpace, "%s: writing %s: %v", NoSpaceMessage, absName(rel), err))
+		writeError(w, errorf(proto.ErrCodeNoSpace, "%s: writing %s: %v", proto.NoSpaceMessage, absName(rel), err))
 		return
 	case err != nil:
 		_ = root.Remove(tmp)
-		writeError(w, errorf(ErrCodeInvalid, "writing %s: %v", absName(rel), err))
+		writeError(w, errorf(proto.ErrCodeInvalid, "writing %s: %v", absName(rel), err))
 		return
 	case n > limit:
 		_ = root.Remove(tmp)
-		writeError(w, errorf(ErrCodeTooLarge, "file is over the limit of %d bytes", limit))
+		writeError(w, errorf(proto.ErrCodeTooLarge, "file is over the limit of %d bytes", limit))
 		return
 	}
 	if err := root.Rename(tmp, target); err != nil {
@@ -422,7 +414,7 @@ func (s *Server) handleRemove(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if name == "." {
-		writeError(w, errorf(ErrCodeInvalid, "path %s is the workspace itself", absName(rel)))
+		writeError(w, errorf(proto.ErrCodeInvalid, "path %s is the workspace itself", absName(rel)))
 		return
 	}
 	if _, err := root.Lstat(name); err != nil {
@@ -452,7 +444,7 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeError(w, errorf(ErrCodeInvalid, "bad limit %q", v))
+			writeError(w, errorf(proto.ErrCodeInvalid, "bad limit %q", v))
 			return
 		}
 		if n > 0 {
@@ -471,10 +463,10 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 		return
 	} else if !fi.IsDir() {
 		if kind := specialKind(fi.Mode()); kind != "" {
-			writeError(w, errorf(ErrCodeNotDir, "%s is %s, not a directory", absName(rel), kind))
+			writeError(w, errorf(proto.ErrCodeNotDir, "%s is %s, not a directory", absName(rel), kind))
 			return
 		}
-		writeError(w, errorf(ErrCodeNotDir, "%s is not a directory", absName(rel)))
+		writeError(w, errorf(proto.ErrCodeNotDir, "%s is not a directory", absName(rel)))
 		return
 	}
 	var entries []fs.DirEntry
@@ -496,7 +488,7 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-	out := DirListing{Entries: make([]FileInfo, 0, len(entries)), Truncated: truncated}
+	out := proto.DirListing{Entries: make([]proto.FileInfo, 0, len(entries)), Truncated: truncated}
 	for _, e := range entries {
 		fi, err := e.Info()
 		if err != nil {

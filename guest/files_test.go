@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 func TestFiles(t *testing.T) {
@@ -96,19 +97,19 @@ func TestFiles(t *testing.T) {
 		call func() error
 		code string
 	}{
-		{"read-missing", func() error { _, _, err := h.c.ReadFile(ctx, "nope"); return err }, guest.ErrCodeNotFound},
-		{"read-dir", func() error { _, _, err := h.c.ReadFile(ctx, "a"); return err }, guest.ErrCodeIsDir},
-		{"read-empty-path", func() error { _, _, err := h.c.ReadFile(ctx, ""); return err }, guest.ErrCodeInvalid},
-		{"list-file", func() error { _, _, err := h.c.ListDir(ctx, "empty", 0); return err }, guest.ErrCodeNotDir},
-		{"list-missing", func() error { _, _, err := h.c.ListDir(ctx, "nope", 0); return err }, guest.ErrCodeNotFound},
-		{"write-over-dir", func() error { _, err := h.c.WriteFile(ctx, "a", 0o644, strings.NewReader("x")); return err }, guest.ErrCodeIsDir},
+		{"read-missing", func() error { _, _, err := h.c.ReadFile(ctx, "nope"); return err }, proto.ErrCodeNotFound},
+		{"read-dir", func() error { _, _, err := h.c.ReadFile(ctx, "a"); return err }, proto.ErrCodeIsDir},
+		{"read-empty-path", func() error { _, _, err := h.c.ReadFile(ctx, ""); return err }, proto.ErrCodeInvalid},
+		{"list-file", func() error { _, _, err := h.c.ListDir(ctx, "empty", 0); return err }, proto.ErrCodeNotDir},
+		{"list-missing", func() error { _, _, err := h.c.ListDir(ctx, "nope", 0); return err }, proto.ErrCodeNotFound},
+		{"write-over-dir", func() error { _, err := h.c.WriteFile(ctx, "a", 0o644, strings.NewReader("x")); return err }, proto.ErrCodeIsDir},
 		{"write-under-file", func() error {
 			_, err := h.c.WriteFile(ctx, "empty/x", 0o644, strings.NewReader("x"))
 			return err
-		}, guest.ErrCodeNotDir},
-		{"remove-missing", func() error { return h.c.Remove(ctx, "nope", false) }, guest.ErrCodeNotFound},
-		{"remove-nonempty", func() error { return h.c.Remove(ctx, "a", false) }, guest.ErrCodeInvalid},
-		{"remove-workspace", func() error { return h.c.Remove(ctx, "/workspace", true) }, guest.ErrCodeInvalid},
+		}, proto.ErrCodeNotDir},
+		{"remove-missing", func() error { return h.c.Remove(ctx, "nope", false) }, proto.ErrCodeNotFound},
+		{"remove-nonempty", func() error { return h.c.Remove(ctx, "a", false) }, proto.ErrCodeInvalid},
+		{"remove-workspace", func() error { return h.c.Remove(ctx, "/workspace", true) }, proto.ErrCodeInvalid},
 	}
 	for _, tt := range errTests {
 		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.code) })
@@ -174,15 +175,15 @@ func TestFilesEscapes(t *testing.T) {
 	for _, p := range paths {
 		t.Run(strings.ReplaceAll(p, "/", "_"), func(t *testing.T) {
 			_, _, err := h.c.ReadFile(ctx, p)
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 			_, err = h.c.WriteFile(ctx, p+"-new", 0o644, strings.NewReader("pwned"))
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 			_, _, err = h.c.ListDir(ctx, filepath.Dir(p), 0)
 			if filepath.Dir(p) != "." && filepath.Dir(p) != "a/.." {
-				wantCode(t, err, guest.ErrCodeInvalid)
+				wantCode(t, err, proto.ErrCodeInvalid)
 			}
 			err = h.c.Remove(ctx, p, true)
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 		})
 	}
 	if b, err := os.ReadFile(secret); err != nil || string(b) != "secret" {
@@ -330,7 +331,7 @@ func TestReservedNames(t *testing.T) {
 	for _, tt := range refused {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call()
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 			if !strings.Contains(err.Error(), "reserved") || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("got %v, want a message naming the reserved prefix %s", err, tt.want)
 			}
@@ -387,7 +388,7 @@ func TestSpecialFiles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			_, _, err := h.c.ReadFile(ctx, tc.name)
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 			if !strings.Contains(err.Error(), tc.kind) {
 				t.Errorf("read: got %v, want it to say %s", err, tc.kind)
 			}
@@ -395,13 +396,13 @@ func TestSpecialFiles(t *testing.T) {
 				t.Errorf("read took %v", el)
 			}
 			_, err = h.c.WriteFile(ctx, tc.name, 0o644, strings.NewReader("x"))
-			wantCode(t, err, guest.ErrCodeInvalid)
+			wantCode(t, err, proto.ErrCodeInvalid)
 			if !strings.Contains(err.Error(), tc.kind) {
 				t.Errorf("write: got %v, want it to say %s", err, tc.kind)
 			}
 			_, _, err = h.c.ListDir(ctx, tc.name, 0)
-			var ge *guest.Error
-			if !errors.As(err, &ge) || guest.HTTPStatus(ge.Code) != http.StatusBadRequest || !strings.Contains(ge.Message, tc.kind) {
+			var ge *proto.Error
+			if !errors.As(err, &ge) || proto.HTTPStatus(ge.Code) != http.StatusBadRequest || !strings.Contains(ge.Message, tc.kind) {
 				t.Errorf("list: got %v, want a 400 saying %s", err, tc.kind)
 			}
 		})
@@ -430,19 +431,19 @@ func TestWorkspaceFull(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Unmount(h.ws, syscall.MNT_DETACH) })
 	big := strings.Repeat("x", 2<<20)
 	_, err := h.c.WriteFile(ctx, "big", 0o644, strings.NewReader(big))
-	wantCode(t, err, guest.ErrCodeNoSpace)
-	if !guest.IsNoSpace(err) || !strings.Contains(err.Error(), guest.NoSpaceMessage) {
+	wantCode(t, err, proto.ErrCodeNoSpace)
+	if !proto.IsNoSpace(err) || !strings.Contains(err.Error(), proto.NoSpaceMessage) {
 		t.Errorf("WriteFile on a full disk: got %v, want IsNoSpace saying so", err)
 	}
 	_, err = h.c.ImportWorkspace(ctx, bytes.NewReader(buildTar(t, []tarEntry{{name: "a/big", body: big}})), guest.ImportOptions{Replace: true})
-	if !guest.IsNoSpace(err) {
+	if !proto.IsNoSpace(err) {
 		t.Errorf("ImportWorkspace on a full disk: got %v, want IsNoSpace", err)
 	}
 	waitFor(t, func() bool {
 		ents, _ := os.ReadDir(h.ws)
 		return len(ents) == 0
 	})
-	if guest.IsNoSpace(errors.New(guest.NoSpaceMessage)) {
+	if proto.IsNoSpace(errors.New(proto.NoSpaceMessage)) {
 		t.Error("IsNoSpace of a plain error: got true, want false")
 	}
 }

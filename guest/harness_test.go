@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 func TestMain(m *testing.M) {
@@ -176,7 +177,7 @@ func liveProcs(file string, match func(field []byte) bool) []int {
 
 // treeLeft lists the live processes that carry SBX_EXEC_ID=<id>.
 func treeLeft(id string) []int {
-	want := []byte(guest.ExecIDEnv + "=" + id)
+	want := []byte(proto.ExecIDEnv + "=" + id)
 	return liveProcs("environ", func(kv []byte) bool { return bytes.Equal(kv, want) })
 }
 
@@ -198,9 +199,9 @@ func waitTreeGone(t testing.TB, id string) {
 
 func wantCode(t testing.TB, err error, code string) {
 	t.Helper()
-	var ge *guest.Error
+	var ge *proto.Error
 	if !errors.As(err, &ge) {
-		t.Fatalf("error: got %v, want a *guest.Error with code %s", err, code)
+		t.Fatalf("error: got %v, want a *proto.Error with code %s", err, code)
 	}
 	if ge.Code != code {
 		t.Fatalf("error code: got %s (%s), want %s", ge.Code, ge.Message, code)

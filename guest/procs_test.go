@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 // The tests of this file drive the tracking without cgroups (a server on the host): process
@@ -61,8 +62,8 @@ func TestHealthProcessTracking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ProcessTracking != guest.TrackingProcessGroup {
-		t.Errorf("process_tracking: got %q, want %q (no cgroups on a host)", got.ProcessTracking, guest.TrackingProcessGroup)
+	if got.ProcessTracking != proto.TrackingProcessGroup {
+		t.Errorf("process_tracking: got %q, want %q (no cgroups on a host)", got.ProcessTracking, proto.TrackingProcessGroup)
 	}
 }
 
@@ -92,7 +93,7 @@ sleep %s`, m[0], m[1], m[2], m[3], m[4])
 		var err error
 		go func() {
 			defer close(done)
-			res, err = h.c.Run(ctxT(t, 30*time.Second), guest.ExecRequest{ID: "escape", Argv: []string{"sh", "-c", script}, TimeoutMs: 2000}, 0, 0)
+			res, err = h.c.Run(ctxT(t, 30*time.Second), proto.ExecRequest{ID: "escape", Argv: []string{"sh", "-c", script}, TimeoutMs: 2000}, 0, 0)
 		}()
 		waitMarked(t, 5, m...) // all of them ran
 		<-done
@@ -115,7 +116,7 @@ func TestSignalAfterNormalExit(t *testing.T) {
 		ctx := ctxT(t, 30*time.Second)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`sleep %s & sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 & echo started`, m[0], m[1])
-		res, err := h.c.Run(ctx, guest.ExecRequest{ID: "bg-left", Argv: []string{"sh", "-c", script}}, 0, 0)
+		res, err := h.c.Run(ctx, proto.ExecRequest{ID: "bg-left", Argv: []string{"sh", "-c", script}}, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +139,7 @@ func TestCloseKillsEscapedTree(t *testing.T) {
 		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`setsid env -i sleep %s & sleep %s`, m[0], m[1])
-		if _, err := h.c.StartExec(ctxT(t, 10*time.Second), guest.ExecRequest{ID: "close", Argv: []string{"sh", "-c", script}}); err != nil {
+		if _, err := h.c.StartExec(ctxT(t, 10*time.Second), proto.ExecRequest{ID: "close", Argv: []string{"sh", "-c", script}}); err != nil {
 			t.Fatal(err)
 		}
 		waitMarked(t, 2, m...)

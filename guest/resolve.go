@@ -7,6 +7,8 @@ import (
 	"path"
 	"strings"
 	"syscall"
+
+	"sandboxd/guest/proto"
 )
 
 // errEscapes is a path that resolves outside the root.
@@ -101,14 +103,14 @@ func splitPath(p string) []string {
 // mapWorkspace maps an absolute symlink target under the workspace (its sandbox path or
 // the server's real path) into the workspace root.
 func (s *Server) mapWorkspace(target string) (string, bool) {
-	if rel, ok := underDir(target, Workspace); ok {
+	if rel, ok := underDir(target, proto.Workspace); ok {
 		return rel, true
 	}
 	return underDir(target, s.ws)
 }
 
 // resolve is resolveIn for the workspace, with its errors as protocol errors.
-func (s *Server) resolve(root *os.Root, rel string, followLast bool) (string, *Error) {
+func (s *Server) resolve(root *os.Root, rel string, followLast bool) (string, *proto.Error) {
 	r, err := resolveIn(root, rel, followLast, s.mapWorkspace)
 	if err != nil {
 		return "", fsError(err)

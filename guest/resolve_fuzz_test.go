@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"sandboxd/guest/proto"
 	"sandboxd/internal/tarsafe/tarsafetest"
 )
 
@@ -49,7 +50,7 @@ func FuzzResolvePath(f *testing.F) {
 		"c/up":     "../a",
 		"c/out":    "../..",
 		"out2":     "../outside",
-		"abs":      Workspace + "/a/b",
+		"abs":      proto.Workspace + "/a/b",
 		"absreal":  filepath.Join(ws, "a"),
 		"absout":   outside,
 		"etc":      "/etc",
@@ -86,8 +87,8 @@ func FuzzResolvePath(f *testing.F) {
 		}
 		rel, perr := s.relPath(p, true)
 		if perr != nil {
-			if perr.Code != ErrCodeInvalid {
-				t.Fatalf("relPath(%q): got code %s, want %s", p, perr.Code, ErrCodeInvalid)
+			if perr.Code != proto.ErrCodeInvalid {
+				t.Fatalf("relPath(%q): got code %s, want %s", p, perr.Code, proto.ErrCodeInvalid)
 			}
 			return
 		}
@@ -95,7 +96,7 @@ func FuzzResolvePath(f *testing.F) {
 		got, perr := s.resolve(root, rel, followLast)
 		if perr != nil {
 			switch perr.Code {
-			case ErrCodeInvalid, ErrCodeNotFound, ErrCodeNotDir:
+			case proto.ErrCodeInvalid, proto.ErrCodeNotFound, proto.ErrCodeNotDir:
 			default:
 				t.Fatalf("resolve(%q, %v): got code %s (%s), want invalid, not_found or not_dir", rel, followLast, perr.Code, perr.Message)
 			}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"sandboxd/guest/proto"
 )
 
 func TestResolveIn(t *testing.T) {
@@ -40,7 +42,7 @@ func TestResolveIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	mapAbs := func(p string) (string, bool) { return underDir(p, Workspace) }
+	mapAbs := func(p string) (string, bool) { return underDir(p, proto.Workspace) }
 	tests := []struct {
 		in         string
 		followLast bool

@@ -18,7 +18,13 @@ import (
 	"syscall"
 
 	"golang.org/x/net/http2"
+
+	"sandboxd/guest/proto"
 )
+
+// Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it
+// at build time with -ldflags "-X sandboxd/guest.Version=…".
+var Version = "dev"
 
 // ServerOptions configures a guest init server. Zero values take the defaults.
 type ServerOptions struct {
@@ -83,10 +89,10 @@ type Server struct {
 // NewServer creates the server; with Reap it starts reaping at once.
 func NewServer(opts ServerOptions) (*Server, error) {
 	if opts.Workspace == "" {
-		opts.Workspace = Workspace
+		opts.Workspace = proto.Workspace
 	}
 	if opts.StateDir == "" {
-		opts.StateDir = StateDir
+		opts.StateDir = proto.StateDir
 	}
 	if opts.DefaultMaxLogBytes <= 0 {
 		opts.DefaultMaxLogBytes = 64 << 20
@@ -158,7 +164,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/workspace/tar", s.handleExport)
 	mux.HandleFunc("PUT /v1/workspace/tar", s.handleImport)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, errorf(ErrCodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
+		writeError(w, errorf(proto.ErrCodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
 	})
 	return mux
 }
@@ -170,7 +176,7 @@ func (s *Server) Handler() http.Handler {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			writeError(w, errorf(ErrCodeUnavailable, "the guest init is shutting down"))
+			writeError(w, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down"))
 			return
 		}
 		s.handlers.Add(1) // under mu, so never concurrent with Close's Wait
@@ -253,15 +259,15 @@ func (s *Server) lookup(id string) *execState {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	tracking := TrackingProcessGroup
+	tracking := proto.TrackingProcessGroup
 	if s.opts.Cgroups != nil {
-		tracking = TrackingCgroup
+		tracking = proto.TrackingCgroup
 	}
-	writeJSON(w, http.StatusOK, Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking})
+	writeJSON(w, http.StatusOK, proto.Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking})
 }
 
 func (s *Server) handleStartExec(w http.ResponseWriter, r *http.Request) {
-	var req ExecRequest
+	var req proto.ExecRequest
 	if err := readJSON(r, &req, 64<<20); err != nil {
 		writeError(w, err)
 		return
@@ -288,11 +294,11 @@ func (s *Server) handleListExecs(w http.ResponseWriter, r *http.Request) {
 		execs = append(execs, e)
 	}
 	s.mu.Unlock()
-	infos := make([]ExecInfo, 0, len(execs))
+	infos := make([]proto.ExecInfo, 0, len(execs))
 	for _, e := range execs {
 		infos = append(infos, e.info())
 	}
-	slices.SortFunc(infos, func(a, b ExecInfo) int {
+	slices.SortFunc(infos, func(a, b proto.ExecInfo) int {
 		if c := a.StartedAt.Compare(b.StartedAt); c != 0 {
 			return c
 		}
@@ -304,7 +310,7 @@ func (s *Server) handleListExecs(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 	e := s.lookup(r.PathValue("id"))
 	if e == nil {
-		writeError(w, errorf(ErrCodeNotFound, "no exec %s", r.PathValue("id")))
+		writeError(w, errorf(proto.ErrCodeNotFound, "no exec %s", r.PathValue("id")))
 		return
 	}
 	writeJSON(w, http.StatusOK, e.info())
@@ -313,10 +319,10 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request) {
 	e := s.lookup(r.PathValue("id"))
 	if e == nil {
-		writeError(w, errorf(ErrCodeNotFound, "no exec %s", r.PathValue("id")))
+		writeError(w, errorf(proto.ErrCodeNotFound, "no exec %s", r.PathValue("id")))
 		return
 	}
-	var req SignalRequest
+	var req proto.SignalRequest
 	if err := readJSON(r, &req, 4<<10); err != nil {
 		writeError(w, err)
 		return
@@ -327,7 +333,7 @@ func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request) {
 	}
 	sig, ok := signals[name]
 	if !ok {
-		writeError(w, errorf(ErrCodeInvalid, "unknown signal %q", req.Signal))
+		writeError(w, errorf(proto.ErrCodeInvalid, "unknown signal %q", req.Signal))
 		return
 	}
 	e.kill(sig)
@@ -340,7 +346,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b 
 func (s *Server) handleLog(w http.ResponseWriter, r *http.Request) {
 	e := s.lookup(r.PathValue("id"))
 	if e == nil {
-		writeError(w, errorf(ErrCodeNotFound, "no exec %s", r.PathValue("id")))
+		writeError(w, errorf(proto.ErrCodeNotFound, "no exec %s", r.PathValue("id")))
 		return
 	}
 	q := r.URL.Query()
@@ -348,7 +354,7 @@ func (s *Server) handleLog(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("offset"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			writeError(w, errorf(ErrCodeInvalid, "bad offset %q", v))
+			writeError(w, errorf(proto.ErrCodeInvalid, "bad offset %q", v))
 			return
 		}
 		off = n
@@ -362,11 +368,11 @@ func (s *Server) handleLog(w http.ResponseWriter, r *http.Request) {
 func (s *Server) streamLog(w http.ResponseWriter, r *http.Request, e *execState, off int64, follow bool, status int) {
 	size, err := e.log.checkOffset(off)
 	if err != nil {
-		writeError(w, errorf(ErrCodeInvalid, "%v", err))
+		writeError(w, errorf(proto.ErrCodeInvalid, "%v", err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set(HeaderLogBytes, strconv.FormatInt(size, 10))
+	w.Header().Set(proto.HeaderLogBytes, strconv.FormatInt(size, 10))
 	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
 	if rc.Flush() != nil {
@@ -382,8 +388,8 @@ func (s *Server) streamLog(w http.ResponseWriter, r *http.Request, e *execState,
 }
 
 // errorf makes a protocol error.
-func errorf(code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+func errorf(code, format string, args ...any) *proto.Error {
+	return &proto.Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -397,18 +403,18 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-func writeError(w http.ResponseWriter, e *Error) {
-	writeJSON(w, HTTPStatus(e.Code), e)
+func writeError(w http.ResponseWriter, e *proto.Error) {
+	writeJSON(w, proto.HTTPStatus(e.Code), e)
 }
 
-func readJSON(r *http.Request, v any, max int64) *Error {
+func readJSON(r *http.Request, v any, max int64) *proto.Error {
 	body := http.MaxBytesReader(nil, r.Body, max)
 	if err := json.NewDecoder(body).Decode(v); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return errorf(ErrCodeTooLarge, "request body over %d bytes", max)
+			return errorf(proto.ErrCodeTooLarge, "request body over %d bytes", max)
 		}
-		return errorf(ErrCodeInvalid, "bad request body: %v", err)
+		return errorf(proto.ErrCodeInvalid, "bad request body: %v", err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(body, 1<<10))
 	return nil

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"sandboxd/guest/proto"
 	"sandboxd/internal/tarsafe"
 )
 
@@ -37,7 +38,7 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-tar")
-	w.Header().Set("Trailer", HeaderFiles)
+	w.Header().Set("Trailer", proto.HeaderFiles)
 	w.WriteHeader(http.StatusOK)
 	files, err := WriteTar(r.Context(), s.ws, w)
 	if err != nil {
@@ -46,7 +47,7 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request) {
 		}
 		panic(http.ErrAbortHandler)
 	}
-	w.Header().Set(HeaderFiles, strconv.Itoa(files))
+	w.Header().Set(proto.HeaderFiles, strconv.Itoa(files))
 }
 
 // WriteTar writes the tree under dir to w as an uncompressed tar (directories, regular files,
@@ -236,7 +237,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		if v := q.Get(p.name); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
-				writeError(w, errorf(ErrCodeInvalid, "bad %s %q", p.name, v))
+				writeError(w, errorf(proto.ErrCodeInvalid, "bad %s %q", p.name, v))
 				return
 			}
 			*p.v = n
@@ -271,7 +272,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := install(root, staging, opts.replace); err != nil {
 		s.log.Error("guest: installing an imported workspace failed", "err", err)
-		writeError(w, errorf(ErrCodeInternal, "installing the imported workspace: %v", err))
+		writeError(w, errorf(proto.ErrCodeInternal, "installing the imported workspace: %v", err))
 		return
 	}
 	writeJSON(w, http.StatusOK, res)
@@ -309,24 +310,24 @@ type dirMeta struct {
 }
 
 // extract unpacks the tar into sroot (the staging folder) with every check applied.
-func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (ImportResult, *Error) {
+func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (proto.ImportResult, *proto.Error) {
 	// Headers cost at least 512 bytes; allow generous room for them beyond the content.
 	rawMax := opts.maxBytes + min(opts.maxFiles, 1<<40)*4096 + 1<<20
 	if rawMax < 0 {
 		rawMax = 1 << 62
 	}
 	br := &bodyReader{r: body, max: rawMax}
-	fail := func(err error) *Error {
+	fail := func(err error) *proto.Error {
 		switch {
 		case br.over:
-			return errorf(ErrCodeTooLarge, "tar stream over %d bytes", rawMax)
+			return errorf(proto.ErrCodeTooLarge, "tar stream over %d bytes", rawMax)
 		case br.err != nil:
-			return errorf(ErrCodeInvalid, "reading the tar stream: %v", br.err)
+			return errorf(proto.ErrCodeInvalid, "reading the tar stream: %v", br.err)
 		}
-		return errorf(ErrCodeInvalid, "bad tar stream: %v", err)
+		return errorf(proto.ErrCodeInvalid, "bad tar stream: %v", err)
 	}
 	tr := tar.NewReader(br)
-	var res ImportResult
+	var res proto.ImportResult
 	dirs := make(map[string]dirMeta)
 	// links holds the symlinks this tar created. Nothing goes through one (the sources' rule):
 	// no entry lies below one, no directory replaces one, no hard link's target goes through
@@ -365,21 +366,21 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			if hdr.Typeflag == tar.TypeDir {
 				continue
 			}
-			return res, errorf(ErrCodeInvalid, "tar entry %q is not a directory", hdr.Name)
+			return res, errorf(proto.ErrCodeInvalid, "tar entry %q is not a directory", hdr.Name)
 		}
 		if own := ownNameIn(name); own != "" {
 			// It would be hidden from listings and exports (and, at the top, deleted at the
 			// next start): refuse it rather than lose it silently.
-			return res, errorf(ErrCodeInvalid, "tar entry %q: the name %q is one the guest init makes for its own temporary files", hdr.Name, own)
+			return res, errorf(proto.ErrCodeInvalid, "tar entry %q: the name %q is one the guest init makes for its own temporary files", hdr.Name, own)
 		}
 		if res.Files++; res.Files > opts.maxFiles {
-			return res, errorf(ErrCodeTooLarge, "tar holds more than %d files", opts.maxFiles)
+			return res, errorf(proto.ErrCodeTooLarge, "tar holds more than %d files", opts.maxFiles)
 		}
 		if l := linkAbove(name); l != "" {
-			return res, errorf(ErrCodeInvalid, "tar entry %q lies below the symlink %q", hdr.Name, l)
+			return res, errorf(proto.ErrCodeInvalid, "tar entry %q lies below the symlink %q", hdr.Name, l)
 		}
 		if hdr.Typeflag == tar.TypeDir && links[name] {
-			return res, errorf(ErrCodeInvalid, "tar entry %q replaces a symlink with a directory", hdr.Name)
+			return res, errorf(proto.ErrCodeInvalid, "tar entry %q replaces a symlink with a directory", hdr.Name)
 		}
 		// parent is name's folder, opened once per folder and extraction (every operation below
 		// is then one step from its descriptor instead of a walk from the root per call, which
@@ -396,7 +397,7 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			}
 			delete(links, name)
 		default:
-			var perr *Error
+			var perr *proto.Error
 			if parent, perr = dc.prepare(name); perr != nil {
 				return res, perr
 			}
@@ -410,7 +411,7 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			dirs[name] = dirMeta{goMode(hdr.Mode), hdr.ModTime}
 		case tar.TypeReg:
 			if res.Bytes+hdr.Size > opts.maxBytes {
-				return res, errorf(ErrCodeTooLarge, "tar content over %d bytes", opts.maxBytes)
+				return res, errorf(proto.ErrCodeTooLarge, "tar content over %d bytes", opts.maxBytes)
 			}
 			f, err := parent.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 			if errors.Is(err, fs.ErrExist) {
@@ -442,10 +443,10 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 			}
 		case tar.TypeSymlink:
 			if hdr.Linkname == "" {
-				return res, errorf(ErrCodeInvalid, "symlink %q has no target", hdr.Name)
+				return res, errorf(proto.ErrCodeInvalid, "symlink %q has no target", hdr.Name)
 			}
 			if !opts.externalLinks && s.linkEscapes(name, hdr.Linkname) {
-				return res, errorf(ErrCodeInvalid, "symlink %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
+				return res, errorf(proto.ErrCodeInvalid, "symlink %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
 			}
 			if err := parent.Symlink(hdr.Linkname, base); err != nil {
 				return res, entryError(hdr.Name, err)
@@ -454,19 +455,19 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (Im
 		case tar.TypeLink:
 			target, err := tarsafe.CleanDeepName(hdr.Linkname)
 			if errors.Is(err, tarsafe.ErrComponentTooLong) {
-				return res, errorf(ErrCodeInvalid, "hard link %q -> %q: the target %v", hdr.Name, hdr.Linkname, err)
+				return res, errorf(proto.ErrCodeInvalid, "hard link %q -> %q: the target %v", hdr.Name, hdr.Linkname, err)
 			}
 			if err != nil || target == "." {
-				return res, errorf(ErrCodeInvalid, "hard link %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
+				return res, errorf(proto.ErrCodeInvalid, "hard link %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
 			}
 			if l := linkAbove(target); l != "" {
-				return res, errorf(ErrCodeInvalid, "hard link %q -> %q goes through the symlink %q", hdr.Name, hdr.Linkname, l)
+				return res, errorf(proto.ErrCodeInvalid, "hard link %q -> %q goes through the symlink %q", hdr.Name, hdr.Linkname, l)
 			}
 			// Only to a regular file (as the sources' rule has it): a hard link to a symlink
 			// is a second copy of the link, whose relative target, read from another folder,
 			// can point out of the workspace.
 			if fi, err := sroot.Lstat(target); err == nil && !fi.Mode().IsRegular() {
-				return res, errorf(ErrCodeInvalid, "hard link %q -> %q does not point to a regular file", hdr.Name, hdr.Linkname)
+				return res, errorf(proto.ErrCodeInvalid, "hard link %q -> %q does not point to a regular file", hdr.Name, hdr.Linkname)
 			}
 			if err := sroot.Link(target, name); err != nil {
 				return res, entryError(hdr.Name, err)
@@ -549,7 +550,7 @@ func (c *dirCache) dir(name string) (*os.Root, error) {
 // prepare creates the parents of name and removes whatever non-directory is already there (a
 // later tar entry replaces an earlier one; it is never written through a symlink). It returns
 // name's folder.
-func (c *dirCache) prepare(name string) (*os.Root, *Error) {
+func (c *dirCache) prepare(name string) (*os.Root, *proto.Error) {
 	parent, err := c.dir(path.Dir(name))
 	if err != nil {
 		return nil, entryError(name, err)
@@ -562,7 +563,7 @@ func (c *dirCache) prepare(name string) (*os.Root, *Error) {
 	case err != nil:
 		return nil, entryError(name, err)
 	case fi.IsDir():
-		return nil, errorf(ErrCodeInvalid, "tar entry %q replaces a directory", name)
+		return nil, errorf(proto.ErrCodeInvalid, "tar entry %q replaces a directory", name)
 	}
 	if err := parent.Remove(base); err != nil {
 		return nil, entryError(name, err)
@@ -570,10 +571,10 @@ func (c *dirCache) prepare(name string) (*os.Root, *Error) {
 	return parent, nil
 }
 
-func entryError(name string, err error) *Error {
+func entryError(name string, err error) *proto.Error {
 	e := fsError(err)
-	if e.Code == ErrCodeNotFound || e.Code == ErrCodeNotDir || e.Code == ErrCodeIsDir {
-		e.Code = ErrCodeInvalid
+	if e.Code == proto.ErrCodeNotFound || e.Code == proto.ErrCodeNotDir || e.Code == proto.ErrCodeIsDir {
+		e.Code = proto.ErrCodeInvalid
 	}
 	e.Message = fmt.Sprintf("tar entry %q: %s", name, e.Message)
 	return e
@@ -594,21 +595,21 @@ func ownNameIn(name string) string {
 
 // nameError is the answer to an entry name that tarsafe's rule refuses: an over-long component
 // by what it is, everything else (empty, NUL, absolute, "..") as an escape.
-func nameError(name string, err error) *Error {
+func nameError(name string, err error) *proto.Error {
 	if errors.Is(err, tarsafe.ErrComponentTooLong) {
-		return errorf(ErrCodeInvalid, "tar entry %q %v", name, err)
+		return errorf(proto.ErrCodeInvalid, "tar entry %q %v", name, err)
 	}
-	return errorf(ErrCodeInvalid, "tar entry %q escapes the workspace", name)
+	return errorf(proto.ErrCodeInvalid, "tar entry %q escapes the workspace", name)
 }
 
 // typeError is the answer to an entry whose type tarsafe's rule refuses: a device or FIFO as
 // such, anything else as unsupported.
-func typeError(hdr *tar.Header) *Error {
+func typeError(hdr *tar.Header) *proto.Error {
 	err := tarsafe.CheckType(hdr.Typeflag)
 	if errors.Is(err, tarsafe.ErrCharDevice) || errors.Is(err, tarsafe.ErrBlockDevice) || errors.Is(err, tarsafe.ErrFIFO) {
-		return errorf(ErrCodeInvalid, "tar entry %q is a device or FIFO", hdr.Name)
+		return errorf(proto.ErrCodeInvalid, "tar entry %q is a device or FIFO", hdr.Name)
 	}
-	return errorf(ErrCodeInvalid, "tar entry %q has unsupported type %q", hdr.Name, hdr.Typeflag)
+	return errorf(proto.ErrCodeInvalid, "tar entry %q has unsupported type %q", hdr.Name, hdr.Typeflag)
 }
 
 // linkEscapes reports whether a symlink at name with this target resolves (lexically, from
@@ -617,7 +618,7 @@ func typeError(hdr *tar.Header) *Error {
 func (s *Server) linkEscapes(name, target string) bool {
 	if path.IsAbs(target) {
 		c := path.Clean(target)
-		_, in := underDir(c, Workspace)
+		_, in := underDir(c, proto.Workspace)
 		if !in {
 			_, in = underDir(c, s.ws)
 		}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/guest/proto"
 )
 
 // Import flags of FuzzImportTar (its flags byte).
@@ -115,19 +117,19 @@ func FuzzImportTar(f *testing.F) {
 			}
 		}
 		if rec.Code != http.StatusOK {
-			var e Error
+			var e proto.Error
 			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Code == "" || e.Message == "" {
 				t.Fatalf("got status %d with %q, want a protocol error", rec.Code, rec.Body)
 			}
-			if HTTPStatus(e.Code) != rec.Code {
-				t.Fatalf("got status %d for code %s, want %d", rec.Code, e.Code, HTTPStatus(e.Code))
+			if proto.HTTPStatus(e.Code) != rec.Code {
+				t.Fatalf("got status %d for code %s, want %d", rec.Code, e.Code, proto.HTTPStatus(e.Code))
 			}
-			if e.Code == ErrCodeInternal {
+			if e.Code == proto.ErrCodeInternal {
 				t.Fatalf("got an internal error for a client's tar: %s", e.Message)
 			}
 			return
 		}
-		var res ImportResult
+		var res proto.ImportResult
 		if err := json.Unmarshal(rec.Body.Bytes(), &res); err != nil {
 			t.Fatalf("got 200 with %q: %v", rec.Body, err)
 		}
@@ -218,7 +220,7 @@ func fzLayout(t *testing.T, ws, outside string) {
 	for name, target := range map[string]string{
 		"evil":          "../outside",
 		"abs":           outside,
-		"wslink":        Workspace + "/sub",
+		"wslink":        proto.Workspace + "/sub",
 		"sub/up":        "../../outside/dir",
 		"sub/deeper/up": "../../../outside",
 		"canary":        "../outside/canary",

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 // snapshot describes a directory tree: kind, mode, content hash or link target per path.
@@ -190,7 +191,7 @@ func TestImportExternalSymlinks(t *testing.T) {
 		{name: "app.py", body: "print(1)"},
 	})
 	_, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{Replace: true})
-	wantCode(t, err, guest.ErrCodeInvalid)
+	wantCode(t, err, proto.ErrCodeInvalid)
 	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		t.Fatalf("ImportWorkspace with external symlinks: %v", err)
 	}
@@ -257,61 +258,61 @@ func TestImportHostile(t *testing.T) {
 		opts    guest.ImportOptions
 		code    string
 	}{
-		{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"symlink-to-etc-then-write", []tarEntry{
 			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
 			{name: "etc/evil", body: "evil"},
-		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"symlink-to-etc-then-write-allowed", []tarEntry{
 			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
 			{name: "etc/evil", body: "evil"},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
 		{"symlink-relative-out-then-write", []tarEntry{
 			{name: "d/up", typ: tar.TypeSymlink, link: "../../" + filepath.Base(outside)},
 			{name: "d/up/target", body: "evil"},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
-		{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+		{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"symlink-then-dir-through-it", []tarEntry{
 			{name: "l", typ: tar.TypeSymlink, link: outside},
 			{name: "l/sub/", typ: tar.TypeDir},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
-		{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+		{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"hardlink-through-symlink", []tarEntry{
 			{name: "l", typ: tar.TypeSymlink, link: outside},
 			{name: "h", typ: tar.TypeLink, link: "l/target"},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
 		{"below-a-symlink-inside", []tarEntry{
 			{name: "d/", typ: tar.TypeDir},
 			{name: "l", typ: tar.TypeSymlink, link: "d"},
 			{name: "l/x", body: "through a link that stays inside"},
-		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"dir-over-symlink", []tarEntry{
 			{name: "d/", typ: tar.TypeDir},
 			{name: "l", typ: tar.TypeSymlink, link: "d"},
 			{name: "l/", typ: tar.TypeDir},
-		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"hardlink-through-symlink-inside", []tarEntry{
 			{name: "d/f", body: "x"},
 			{name: "l", typ: tar.TypeSymlink, link: "d"},
 			{name: "h", typ: tar.TypeLink, link: "l/f"},
-		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 		{"hardlink-to-symlink", []tarEntry{
 			{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"},
 			{name: "h", typ: tar.TypeLink, link: "a/b/l"},
-		}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"too-many-files", many, guest.ImportOptions{MaxFiles: 5}, guest.ErrCodeTooLarge},
+		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"too-many-files", many, guest.ImportOptions{MaxFiles: 5}, proto.ErrCodeTooLarge},
 		{"too-many-bytes", []tarEntry{{name: "a", body: strings.Repeat("a", 60)}, {name: "b", body: strings.Repeat("b", 60)}},
-			guest.ImportOptions{MaxBytes: 100}, guest.ErrCodeTooLarge},
-		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
-		{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, guest.ImportOptions{}, guest.ErrCodeInvalid},
+			guest.ImportOptions{MaxBytes: 100}, proto.ErrCodeTooLarge},
+		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -334,7 +335,7 @@ func TestImportHostile(t *testing.T) {
 	}
 	// A garbage body is a bad tar, nothing more.
 	_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), guest.ImportOptions{Replace: true})
-	wantCode(t, err, guest.ErrCodeInvalid)
+	wantCode(t, err, proto.ErrCodeInvalid)
 	if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
 		t.Errorf("workspace changed by garbage:\n%s", d)
 	}
@@ -504,6 +505,6 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 	// A tar naming one of the server's own forms is refused, not silently hidden.
 	for _, name := range []string{ownTmp, "a/" + ownTmp, ownImport + "/f"} {
 		_, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, []tarEntry{{name: name, body: "x"}})), guest.ImportOptions{})
-		wantCode(t, err, guest.ErrCodeInvalid)
+		wantCode(t, err, proto.ErrCodeInvalid)
 	}
 }

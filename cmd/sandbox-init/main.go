@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 // connectWait is how long `connect` retries while PID 1 is not listening yet.
@@ -79,8 +80,8 @@ func main() {
 // folder, so a reader never sees half a binary, and writes the channel key from
 // SBX_CHANNEL_KEY to SBX_CHANNEL_KEY_FILE when both are set.
 func install(dest string) error {
-	if k, kf := os.Getenv(guest.ChannelKeyEnv), os.Getenv(guest.ChannelKeyFileEnv); k != "" && kf != "" {
-		if _, err := guest.ParseChannelKey(k); err != nil {
+	if k, kf := os.Getenv(proto.ChannelKeyEnv), os.Getenv(proto.ChannelKeyFileEnv); k != "" && kf != "" {
+		if _, err := proto.ParseChannelKey(k); err != nil {
 			return err
 		}
 		if err := os.WriteFile(kf, []byte(k), 0o400); err != nil {
@@ -140,7 +141,7 @@ func serve() int {
 		runtime.GOMAXPROCS(1)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-init")
-	sock := env("SBX_SOCKET", guest.SocketPath)
+	sock := env("SBX_SOCKET", proto.SocketPath)
 	reap := pid1
 	if v := os.Getenv("SBX_REAP"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -154,7 +155,7 @@ func serve() int {
 	// names a key file wants every connection to prove the key; without one (a test on a host)
 	// connections are served as they come.
 	var key []byte
-	if kf := os.Getenv(guest.ChannelKeyFileEnv); kf != "" {
+	if kf := os.Getenv(proto.ChannelKeyFileEnv); kf != "" {
 		k, err := guest.TakeChannelKey(kf)
 		if err != nil {
 			log.Error("reading the channel key", "err", err)
@@ -166,8 +167,8 @@ func serve() int {
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 
 	// A runtime that gives PID 1 CAP_SYS_ADMIN asks for every step below to be done
-	// (guest.RequireContainmentEnv): a box never runs with less than it promised.
-	strict := os.Getenv(guest.RequireContainmentEnv) == "1"
+	// (proto.RequireContainmentEnv): a box never runs with less than it promised.
+	strict := os.Getenv(proto.RequireContainmentEnv) == "1"
 	privileged := pid1 && hasCap(capSysAdmin)
 	if strict && !privileged {
 		log.Error("the runtime requires containment, but this process is not PID 1 with CAP_SYS_ADMIN")
@@ -188,8 +189,8 @@ func serve() int {
 		}
 	}
 	srv, err := guest.NewServer(guest.ServerOptions{
-		Workspace: env("SBX_WORKSPACE", guest.Workspace),
-		StateDir:  env("SBX_STATE_DIR", guest.StateDir),
+		Workspace: env("SBX_WORKSPACE", proto.Workspace),
+		StateDir:  env("SBX_STATE_DIR", proto.StateDir),
 		Reap:      reap,
 		Cgroups:   cgroups,
 		Logger:    log,
@@ -216,7 +217,7 @@ func serve() int {
 
 	// The host socket: the runtime dials it from the host (no `runsc exec` per attach).
 	var hostLn net.Listener
-	if hostSock := os.Getenv(guest.HostSocketEnv); hostSock != "" {
+	if hostSock := os.Getenv(proto.HostSocketEnv); hostSock != "" {
 		_ = os.Remove(hostSock)
 		hostLn, err = net.Listen("unix", hostSock)
 		if err != nil {
@@ -313,7 +314,7 @@ func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, key []byte
 		}
 		go func() {
 			if ready {
-				if _, err := c.Write([]byte{guest.ConnectReady}); err != nil {
+				if _, err := c.Write([]byte{proto.ConnectReady}); err != nil {
 					_ = c.Close()
 					return
 				}
@@ -342,7 +343,7 @@ func connect() int {
 		fmt.Fprintf(os.Stderr, "sandbox-init connect: %v\n", err)
 		return 1
 	}
-	sock := env("SBX_SOCKET", guest.SocketPath)
+	sock := env("SBX_SOCKET", proto.SocketPath)
 	deadline := time.Now().Add(connectWait)
 	var c *net.UnixConn
 	for {
@@ -357,8 +358,8 @@ func connect() int {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	// Tell the host the init is up before any protocol byte (guest.ConnectReady).
-	if _, err := os.Stdout.Write([]byte{guest.ConnectReady}); err != nil {
+	// Tell the host the init is up before any protocol byte (proto.ConnectReady).
+	if _, err := os.Stdout.Write([]byte{proto.ConnectReady}); err != nil {
 		_ = c.Close()
 		return 1
 	}

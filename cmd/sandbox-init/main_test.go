@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 func TestMain(m *testing.M) {
@@ -184,7 +185,7 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("Health: got %+v %v, want pid %d", h, err, serve.Process.Pid)
 	}
 
-	res, err := c.Run(ctx, guest.ExecRequest{ID: "hello", Argv: []string{"sh", "-c", `echo "hi $SBX_EXEC_ID [$SBX_SOCKET] $(pwd)"; echo oops >&2; exit 7`}}, 0, 0)
+	res, err := c.Run(ctx, proto.ExecRequest{ID: "hello", Argv: []string{"sh", "-c", `echo "hi $SBX_EXEC_ID [$SBX_SOCKET] $(pwd)"; echo oops >&2; exit 7`}}, 0, 0)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -192,7 +193,7 @@ func TestBinary(t *testing.T) {
 		t.Errorf("Run: got %q %q %d, want %q oops 7", res.Stdout, res.Stderr, res.Exit.ExitCode, want)
 	}
 
-	res, err = c.Run(ctx, guest.ExecRequest{ID: "timeout", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}, TimeoutMs: 200}, 0, 0)
+	res, err = c.Run(ctx, proto.ExecRequest{ID: "timeout", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}, TimeoutMs: 200}, 0, 0)
 	if err != nil || !res.Exit.TimedOut || res.Exit.ExitCode != 137 {
 		t.Errorf("timeout: got %+v %v, want timed out with 137", res.Exit, err)
 	}
@@ -220,7 +221,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	// A long-running exec outlives its attach.
-	if _, err := c.StartExec(ctx, guest.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "sleep 0.5; echo later"}}); err != nil {
+	if _, err := c.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "sleep 0.5; echo later"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
@@ -249,7 +250,7 @@ func TestBinary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.Kind == guest.RecordStdout {
+		if rec.Kind == proto.RecordStdout {
 			out = append(out, rec.Data...)
 		}
 	}

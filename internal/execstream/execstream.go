@@ -74,7 +74,7 @@ type Chunk struct {
 	// chunk of an Append, the previous chunk's Offset for the others.
 	Start int64
 	// Offset is the guest log offset just after the chunk (guest.Record.Offset), where the next
-	// follower resumes. For one guest record it is Start + guest.RecordHeaderLen + len(Data).
+	// follower resumes. For one guest record it is Start + proto.RecordHeaderLen + len(Data).
 	Offset int64
 }
 

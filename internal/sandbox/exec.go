@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/events"
@@ -54,7 +55,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 	f := s.newFollower(meta, 0, !req.Detach)
 	f.fresh = true
 	// The log is read on the service's context: the command and its follower outlive the request.
-	lr, err := g.StartLog(s.bg, guest.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+	lr, err := g.StartLog(s.bg, proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
 		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, MaxRunning: s.cfg.MaxRunningExecs})
 	if err != nil {
 		gerr := s.guestError(ctx, id, err)
@@ -445,7 +446,7 @@ func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
 		case <-ctx.Done():
 			return
 		}
-		if err != nil || rec.Kind == guest.RecordExit {
+		if err != nil || rec.Kind == proto.RecordExit {
 			return
 		}
 	}
@@ -484,7 +485,7 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			}
 			rec := it.rec
 			f.collect(rec)
-			if rec.Kind == guest.RecordExit {
+			if rec.Kind == proto.RecordExit {
 				st, err := rec.ExitStatus()
 				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs,
 					Error: st.Error, StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes}
@@ -501,9 +502,9 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			}
 			var stream execstream.Stream
 			switch rec.Kind {
-			case guest.RecordStdout:
+			case proto.RecordStdout:
 				stream = execstream.Stdout
-			case guest.RecordStderr:
+			case proto.RecordStderr:
 				stream = execstream.Stderr
 			default:
 				// A RecordTruncated: the guest's log dropped output before this follower read
@@ -540,13 +541,13 @@ func (f *follower) collect(rec guest.Record) {
 	}
 	c.upTo = rec.Offset
 	switch rec.Kind {
-	case guest.RecordStdout:
+	case proto.RecordStdout:
 		c.written += int64(len(rec.Data))
 		c.stdout.Write(rec.Data)
-	case guest.RecordStderr:
+	case proto.RecordStderr:
 		c.written += int64(len(rec.Data))
 		c.stderr.Write(rec.Data)
-	case guest.RecordTruncated:
+	case proto.RecordTruncated:
 		c.gap = true
 	}
 }
@@ -662,8 +663,8 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 					f.pos = offset
 					return lr, nil
 				}
-				var ge *guest.Error
-				if errors.As(err, &ge) && ge.Code == guest.ErrCodeNotFound {
+				var ge *proto.Error
+				if errors.As(err, &ge) && ge.Code == proto.ErrCodeNotFound {
 					return nil, errors.New("the sandbox restarted while the command ran; its end is unknown")
 				}
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/agentrun"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -897,7 +898,7 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return s.corruptCheckpoint(ctx, sc, snapID, err)
 		}
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return apierror.Wrap(err, apierror.PayloadTooLarge,
 				"checkpoint %s does not fit the sandbox's disk: the disk filled up while it was restored", snapID).WithDetail("snapshot_id", snapID)
 		}
@@ -1077,20 +1078,20 @@ func (s *Service) validateExec(req ExecRequest) (time.Duration, error) {
 // guestError turns a failed guest call into a client error: a broken attach to a dead box
 // marks the sandbox FAILED; a guest's own error keeps its meaning.
 func (s *Service) guestError(ctx context.Context, id string, err error) error {
-	var ge *guest.Error
+	var ge *proto.Error
 	if errors.As(err, &ge) {
 		switch ge.Code {
-		case guest.ErrCodeNotFound:
+		case proto.ErrCodeNotFound:
 			return apierror.Wrap(err, apierror.NotFound, "%s", ge.Message)
-		case guest.ErrCodeInvalid, guest.ErrCodeIsDir, guest.ErrCodeNotDir:
+		case proto.ErrCodeInvalid, proto.ErrCodeIsDir, proto.ErrCodeNotDir:
 			return apierror.Wrap(err, apierror.InvalidArgument, "%s", ge.Message)
-		case guest.ErrCodeTooLarge, guest.ErrCodeNoSpace:
+		case proto.ErrCodeTooLarge, proto.ErrCodeNoSpace:
 			return apierror.Wrap(err, apierror.PayloadTooLarge, "%s", ge.Message)
-		case guest.ErrCodeExists:
+		case proto.ErrCodeExists:
 			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)
-		case guest.ErrCodeUnavailable:
+		case proto.ErrCodeUnavailable:
 			return apierror.Wrap(err, apierror.Unavailable, "%s", ge.Message).WithRetryAfter(time.Second)
-		case guest.ErrCodeTooMany:
+		case proto.ErrCodeTooMany:
 			return apierror.Wrap(err, apierror.LimitExceeded, "%s", ge.Message).
 				WithDetail("limit_name", "running_execs_per_sandbox").WithRetryAfter(time.Second)
 		}
@@ -1419,6 +1420,6 @@ func toSandbox(rec runtime.Record) Sandbox {
 		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network)}
 }
 
-func fileInfo(f guest.FileInfo) FileInfo {
+func fileInfo(f proto.FileInfo) FileInfo {
 	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime}
 }

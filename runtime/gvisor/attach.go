@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -107,11 +108,11 @@ func (d *Driver) channelKey(id string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: box %s has no channel key (started by an older sandboxd? start it again): %w", id, runtime.ErrNotRunning)
 	}
-	return guest.ParseChannelKey(string(b))
+	return proto.ParseChannelKey(string(b))
 }
 
 // hostSocket is the host path of the socket the box's guest init listens on (see
-// guest.HostSocketEnv).
+// proto.HostSocketEnv).
 func (d *Driver) hostSocket(id string) string {
 	return filepath.Join(d.boxPath(id, hostDn), hostSocketName)
 }
@@ -190,12 +191,12 @@ func (d *Driver) greet(ctx context.Context, rw io.ReadWriter, dl deadliner, key 
 		// The box's init answers a greeting at once; a peer that sent the ready byte and then
 		// hangs up instead is not it (a dying box is told apart by the caller).
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			err = fmt.Errorf("%w: it closed the stream instead of proving the key", guest.ErrImpostor)
+			err = fmt.Errorf("%w: it closed the stream instead of proving the key", proto.ErrImpostor)
 		}
 	}
 	stop()
 	_ = dl.SetDeadline(time.Time{})
-	if errors.Is(err, guest.ErrImpostor) {
+	if errors.Is(err, proto.ErrImpostor) {
 		return fmt.Errorf("%w: %w", errTampered, err)
 	}
 	if err != nil && ctx.Err() != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime/runtimetest"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkAttachExec(b *testing.B) {
 	c := runtimetest.Client(b, d, id)
 	b.ResetTimer()
 	for b.Loop() {
-		res := runtimetest.MustRun(b, c, guest.ExecRequest{Argv: []string{"true"}})
+		res := runtimetest.MustRun(b, c, proto.ExecRequest{Argv: []string{"true"}})
 		if res.Exit.ExitCode != 0 {
 			b.Fatalf("got exit %+v", res.Exit)
 		}
@@ -76,7 +77,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		res, err := c.Run(ctxT(b), guest.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}}, 1<<10, 1<<10)
+		res, err := c.Run(ctxT(b), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}}, 1<<10, 1<<10)
 		if err != nil || res.Exit.ExitCode != 0 {
 			b.Fatalf("Run: %v %+v", err, res.Exit)
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
 )
@@ -74,7 +75,7 @@ func waitNoDisk(t testing.TB, dir string) {
 
 func run(t testing.TB, c *guest.Client, script string) guest.RunResult {
 	t.Helper()
-	return runtimetest.MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", script}})
+	return runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
 }
 
 // TestDiskEnforced: a box writing past its disk gets ENOSPC, the host keeps at most the disk's

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 // attach execs the guest init's `connect` in the box's sandbox container through the API
@@ -71,7 +72,7 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.Re
 			// The pod's init answers a greeting at once; a peer that hangs up instead is not
 			// it (a pod that died meanwhile is told apart by the caller).
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				err = fmt.Errorf("%w: it closed the stream instead of proving the key", guest.ErrImpostor)
+				err = fmt.Errorf("%w: it closed the stream instead of proving the key", proto.ErrImpostor)
 			}
 		}
 		ready <- err
@@ -87,7 +88,7 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.Re
 	}
 	if err != nil {
 		s.Close()
-		if errors.Is(err, guest.ErrImpostor) {
+		if errors.Is(err, proto.ErrImpostor) {
 			return nil, fmt.Errorf("kube: attach %s: %w: %w", id, errTampered, err)
 		}
 		return nil, fmt.Errorf("kube: attach %s: %w", id, err)

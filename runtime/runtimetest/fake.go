@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -168,7 +169,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 	if err != nil {
 		return fmt.Errorf("fake: guest server: %w", err)
 	}
-	b.srv, b.key, b.phase, b.reason, b.lost = srv, guest.NewChannelKey(), runtime.PhaseRunning, "", false
+	b.srv, b.key, b.phase, b.reason, b.lost = srv, proto.NewChannelKey(), runtime.PhaseRunning, "", false
 	return nil
 }
 
@@ -336,7 +337,7 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	srv, key := b.srv, b.key
 	go func() {
 		_ = server.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := server.Write([]byte{guest.ConnectReady}); err != nil {
+		if _, err := server.Write([]byte{proto.ConnectReady}); err != nil {
 			_ = server.Close()
 			return
 		}

@@ -1,7 +1,8 @@
-// Package guest is the guest init's protocol, shared by both ends of the attach stream: the
-// server that runs as PID 1 inside every sandbox (cmd/sandbox-init) and the client the control
-// plane uses over a driver's Attach stream. The wire is HTTP/2 (h2c, prior knowledge) over that
-// one byte stream, so many calls share one attach.
+// Package proto is the guest init's wire protocol, what both ends of the attach stream share:
+// the server that runs as PID 1 inside every sandbox (guest/server, cmd/sandbox-init) and the
+// client the control plane uses over a driver's Attach stream (guest/client). The wire is
+// HTTP/2 (h2c, prior knowledge) over that one byte stream, so many calls share one attach;
+// before it, the stream carries the ConnectReady byte and the channel handshake (channel.go).
 //
 // Endpoints (JSON bodies; every non-2xx answer carries an Error with a stable code):
 //
@@ -23,11 +24,11 @@
 //
 // Paths are relative to the workspace or absolute under /workspace; anything that resolves
 // outside it (.., symlinks) is ErrCodeInvalid.
-package guest
+package proto
 
 import (
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 )
@@ -180,10 +181,6 @@ const (
 	ErrCodeTooMany = "too_many"
 )
 
-// Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it
-// at build time with -ldflags "-X sandboxd/guest.Version=…".
-var Version = "dev"
-
 // Health is the answer of GET /v1/health.
 type Health struct {
 	OK      bool   `json:"ok"`
@@ -267,14 +264,12 @@ func HTTPStatus(code string) int {
 // its arrival means the guest init is up, so a fresh box's readiness costs no extra attach.
 const ConnectReady byte = 0x06
 
-// AwaitReady reads the ConnectReady byte from a new attach stream.
-func AwaitReady(r io.Reader) error {
-	var b [1]byte
-	if _, err := io.ReadFull(r, b[:]); err != nil {
-		return fmt.Errorf("guest: waiting for the init's ready byte: %w", err)
-	}
-	if b[0] != ConnectReady {
-		return fmt.Errorf("%w: the stream began with %#x, not the ready byte %#x", ErrImpostor, b[0], ConnectReady)
-	}
-	return nil
+// NoSpaceMessage begins the message of an error caused by a full workspace disk (ENOSPC or
+// EDQUOT: the sandbox's disk limit), whose code is ErrCodeNoSpace.
+const NoSpaceMessage = "the workspace disk is full"
+
+// IsNoSpace reports whether err is the guest's answer to a full workspace disk.
+func IsNoSpace(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == ErrCodeNoSpace
 }
