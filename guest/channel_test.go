@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -30,7 +31,7 @@ func handshake(t *testing.T, hostKey, initKey []byte) (hostErr, initErr error) {
 		}
 		done <- err
 	}()
-	hostErr = HostHandshake(h, hostKey)
+	hostErr = client.HostHandshake(h, hostKey)
 	if hostErr != nil {
 		h.Close()
 	}
@@ -95,7 +96,7 @@ func TestHandshake(t *testing.T) {
 			_, _ = i.Read(buf)
 			_, _ = i.Write([]byte("\x00\x00\x12\x04\x00\x00\x00\x00\x00" + "settings-frame...."))
 		}()
-		if err := HostHandshake(h, key); !errors.Is(err, proto.ErrImpostor) {
+		if err := client.HostHandshake(h, key); !errors.Is(err, proto.ErrImpostor) {
 			t.Errorf("got %v, want ErrImpostor", err)
 		}
 	})

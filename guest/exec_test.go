@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -622,7 +623,7 @@ func TestCloseKillsExecs(t *testing.T) {
 			t.Fatal("client: Done not closed after the server closed")
 		}
 		_, err = h.c.Health(ctx)
-		if !errors.Is(err, guest.ErrClosed) {
+		if !errors.Is(err, client.ErrClosed) {
 			t.Errorf("Health after close: got %v, want ErrClosed", err)
 		}
 	})
@@ -737,7 +738,7 @@ func TestBrokenStream(t *testing.T) {
 	}
 	defer lr.Close()
 	_ = h.serverEnd.Close()
-	if _, err := lr.Next(); !errors.Is(err, guest.ErrClosed) {
+	if _, err := lr.Next(); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Next on a broken stream: got %v, want ErrClosed", err)
 	}
 	select {
@@ -745,13 +746,13 @@ func TestBrokenStream(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Done not closed")
 	}
-	if _, err := h.c.Exec(ctx, "survivor"); !errors.Is(err, guest.ErrClosed) {
+	if _, err := h.c.Exec(ctx, "survivor"); !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Exec on a broken stream: got %v, want ErrClosed", err)
 	}
 	// The exec belongs to the server: a new attach finds it finished with its output.
 	a, b := socketpair(t)
 	go h.srv.ServeConn(a)
-	c2, err := guest.Dial(b)
+	c2, err := client.Dial(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -770,8 +771,8 @@ func TestBrokenStream(t *testing.T) {
 func TestDialFailsOnDeadStream(t *testing.T) {
 	a, b := socketpair(t)
 	_ = a.Close()
-	_, err := guest.Dial(b)
-	if !errors.Is(err, guest.ErrClosed) {
+	_, err := client.Dial(b)
+	if !errors.Is(err, client.ErrClosed) {
 		t.Errorf("Dial on a dead stream: got %v, want ErrClosed", err)
 	}
 }

@@ -156,21 +156,6 @@ func specialError(rel, kind string) *proto.Error {
 	return errorf(proto.ErrCodeInvalid, "%s is %s: the files API reads and writes regular files only", absName(rel), kind)
 }
 
-// unixMode converts Go's mode bits into FileInfo.Mode.
-func unixMode(m fs.FileMode) uint32 {
-	u := uint32(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		u |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		u |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		u |= 0o1000
-	}
-	return u
-}
-
 // goMode converts FileInfo.Mode (or a tar mode) into Go's mode bits.
 func goMode(u int64) fs.FileMode {
 	m := fs.FileMode(u & 0o777)
@@ -191,7 +176,7 @@ func fileInfo(name, p string, fi fs.FileInfo) proto.FileInfo {
 		Name:    name,
 		Path:    p,
 		Size:    fi.Size(),
-		Mode:    unixMode(fi.Mode()),
+		Mode:    proto.UnixMode(fi.Mode()),
 		IsDir:   fi.IsDir(),
 		ModTime: fi.ModTime().UTC(),
 	}
@@ -279,7 +264,7 @@ func (s *Server) handleReadFile(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
 	h.Set(proto.HeaderSize, strconv.FormatInt(fi.Size(), 10))
-	h.Set(proto.HeaderMode, fmt.Sprintf("%04o", unixMode(fi.Mode())))
+	h.Set(proto.HeaderMode, fmt.Sprintf("%04o", proto.UnixMode(fi.Mode())))
 	h.Set(proto.HeaderModTime, fi.ModTime().UTC().Format(time.RFC3339Nano))
 	w.WriteHeader(http.StatusOK)
 	bp := bufPool.Get().(*[]byte)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -435,7 +436,7 @@ func TestWorkspaceFull(t *testing.T) {
 	if !proto.IsNoSpace(err) || !strings.Contains(err.Error(), proto.NoSpaceMessage) {
 		t.Errorf("WriteFile on a full disk: got %v, want IsNoSpace saying so", err)
 	}
-	_, err = h.c.ImportWorkspace(ctx, bytes.NewReader(buildTar(t, []tarEntry{{name: "a/big", body: big}})), guest.ImportOptions{Replace: true})
+	_, err = h.c.ImportWorkspace(ctx, bytes.NewReader(buildTar(t, []tarEntry{{name: "a/big", body: big}})), client.ImportOptions{Replace: true})
 	if !proto.IsNoSpace(err) {
 		t.Errorf("ImportWorkspace on a full disk: got %v, want IsNoSpace", err)
 	}

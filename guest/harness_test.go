@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) {
 // dir, and a client over one stream.
 type harness struct {
 	srv   *guest.Server
-	c     *guest.Client
+	c     *client.Client
 	ws    string
 	state string
 	// serverEnd is the server's end of the stream (closing it breaks the attach).
@@ -66,7 +67,7 @@ func newHarness(t testing.TB, opts guest.ServerOptions, tr transport) *harness {
 		defer close(served)
 		srv.ServeConn(h.serverEnd)
 	}()
-	c, err := guest.Dial(clientEnd)
+	c, err := client.Dial(clientEnd)
 	if err != nil {
 		srv.Close()
 		t.Fatalf("Dial: %v", err)
@@ -127,14 +128,14 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 }
 
 // records reads a whole log from offset (following or not).
-func records(t testing.TB, c *guest.Client, id string, off int64, follow bool) []guest.Record {
+func records(t testing.TB, c *client.Client, id string, off int64, follow bool) []client.Record {
 	t.Helper()
 	lr, err := c.Log(ctxT(t, 30*time.Second), id, off, follow)
 	if err != nil {
 		t.Fatalf("Log(%s, %d): %v", id, off, err)
 	}
 	defer lr.Close()
-	var out []guest.Record
+	var out []client.Record
 	for {
 		rec, err := lr.Next()
 		if err == io.EOF {

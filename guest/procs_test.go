@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -89,7 +90,7 @@ nohup bash -c 'exec -a x sleep %s' >/dev/null 2>&1 &
 set -m; env -i sleep %s &
 sleep %s`, m[0], m[1], m[2], m[3], m[4])
 		done := make(chan struct{})
-		var res guest.RunResult
+		var res client.RunResult
 		var err error
 		go func() {
 			defer close(done)

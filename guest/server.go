@@ -1,3 +1,6 @@
+// Package guest is PID 1's side of the guest init's protocol (guest/proto): the server that
+// runs as the init inside every sandbox (cmd/sandbox-init) and owns every process it starts,
+// and the init's end of the channel handshake.
 package guest
 
 import (

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -107,7 +108,7 @@ func must(t testing.TB, err error) {
 	}
 }
 
-func export(t testing.TB, c *guest.Client) []byte {
+func export(t testing.TB, c *client.Client) []byte {
 	t.Helper()
 	rc, err := c.ExportWorkspace(ctxT(t, 30*time.Second))
 	if err != nil {
@@ -153,7 +154,7 @@ func TestWorkspaceRoundTrip(t *testing.T) {
 
 	dst := newHarness(t, guest.ServerOptions{}, overNetPipe)
 	writeTree(t, dst.ws, map[string]string{"old.txt": "old", "src/old.go": "old"})
-	res, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{Replace: true})
+	res, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true})
 	if err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}
@@ -172,7 +173,7 @@ func TestWorkspaceRoundTrip(t *testing.T) {
 	// Without replace, the tar is merged over what is there.
 	writeTree(t, dst.ws, map[string]string{"extra/keep.txt": "keep"})
 	must(t, os.WriteFile(filepath.Join(dst.ws, "README.md"), []byte("changed"), 0o644))
-	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{}); err != nil {
+	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
 		t.Fatalf("ImportWorkspace merge: %v", err)
 	}
 	got := snapshot(t, dst.ws)
@@ -190,9 +191,9 @@ func TestImportExternalSymlinks(t *testing.T) {
 		{name: "venv/bin/python", typ: tar.TypeSymlink, link: "/usr/bin/python3"},
 		{name: "app.py", body: "print(1)"},
 	})
-	_, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{Replace: true})
+	_, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{Replace: true})
 	wantCode(t, err, proto.ErrCodeInvalid)
-	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
+	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		t.Fatalf("ImportWorkspace with external symlinks: %v", err)
 	}
 	if target, err := os.Readlink(filepath.Join(h.ws, "venv/bin/python")); err != nil || target != "/usr/bin/python3" {
@@ -255,64 +256,64 @@ func TestImportHostile(t *testing.T) {
 	tests := []struct {
 		name    string
 		entries []tarEntry
-		opts    guest.ImportOptions
+		opts    client.ImportOptions
 		code    string
 	}{
-		{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"symlink-to-etc-then-write", []tarEntry{
 			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
 			{name: "etc/evil", body: "evil"},
-		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"symlink-to-etc-then-write-allowed", []tarEntry{
 			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
 			{name: "etc/evil", body: "evil"},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
 		{"symlink-relative-out-then-write", []tarEntry{
 			{name: "d/up", typ: tar.TypeSymlink, link: "../../" + filepath.Base(outside)},
 			{name: "d/up/target", body: "evil"},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
-		{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+		{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"symlink-then-dir-through-it", []tarEntry{
 			{name: "l", typ: tar.TypeSymlink, link: outside},
 			{name: "l/sub/", typ: tar.TypeDir},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
-		{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+		{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"hardlink-through-symlink", []tarEntry{
 			{name: "l", typ: tar.TypeSymlink, link: outside},
 			{name: "h", typ: tar.TypeLink, link: "l/target"},
-		}, guest.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
 		{"below-a-symlink-inside", []tarEntry{
 			{name: "d/", typ: tar.TypeDir},
 			{name: "l", typ: tar.TypeSymlink, link: "d"},
 			{name: "l/x", body: "through a link that stays inside"},
-		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"dir-over-symlink", []tarEntry{
 			{name: "d/", typ: tar.TypeDir},
 			{name: "l", typ: tar.TypeSymlink, link: "d"},
 			{name: "l/", typ: tar.TypeDir},
-		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"hardlink-through-symlink-inside", []tarEntry{
 			{name: "d/f", body: "x"},
 			{name: "l", typ: tar.TypeSymlink, link: "d"},
 			{name: "h", typ: tar.TypeLink, link: "l/f"},
-		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+		}, client.ImportOptions{}, proto.ErrCodeInvalid},
 		{"hardlink-to-symlink", []tarEntry{
 			{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"},
 			{name: "h", typ: tar.TypeLink, link: "a/b/l"},
-		}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"too-many-files", many, guest.ImportOptions{MaxFiles: 5}, proto.ErrCodeTooLarge},
+		}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"too-many-files", many, client.ImportOptions{MaxFiles: 5}, proto.ErrCodeTooLarge},
 		{"too-many-bytes", []tarEntry{{name: "a", body: strings.Repeat("a", 60)}, {name: "b", body: strings.Repeat("b", 60)}},
-			guest.ImportOptions{MaxBytes: 100}, proto.ErrCodeTooLarge},
-		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
-		{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, guest.ImportOptions{}, proto.ErrCodeInvalid},
+			client.ImportOptions{MaxBytes: 100}, proto.ErrCodeTooLarge},
+		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -334,7 +335,7 @@ func TestImportHostile(t *testing.T) {
 		})
 	}
 	// A garbage body is a bad tar, nothing more.
-	_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), guest.ImportOptions{Replace: true})
+	_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), client.ImportOptions{Replace: true})
 	wantCode(t, err, proto.ErrCodeInvalid)
 	if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
 		t.Errorf("workspace changed by garbage:\n%s", d)
@@ -375,7 +376,7 @@ func TestImportAbortedMidway(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), tt.body, guest.ImportOptions{Replace: true})
+			_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), tt.body, client.ImportOptions{Replace: true})
 			if err == nil {
 				t.Fatal("ImportWorkspace: got no error, want one")
 			}
@@ -390,7 +391,7 @@ func TestImportAbortedMidway(t *testing.T) {
 		})
 	}
 	// The same stream, whole, goes in.
-	res, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{})
+	res, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{})
 	if err != nil || res.Files != 50 || res.Bytes != 50*50000 {
 		t.Fatalf("ImportWorkspace: got %+v %v, want 50 files", res, err)
 	}
@@ -437,7 +438,7 @@ func TestImportLaterEntriesReplaceEarlierOnes(t *testing.T) {
 		{name: "a/link", typ: tar.TypeSymlink, link: "../outside-target"},
 		{name: "a/link", body: "a file now"},
 	})
-	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), guest.ImportOptions{}); err != nil {
+	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}
 	for p, want := range map[string]string{"a/b/same.txt": "second", "a/link": "a file now", "outside-target": "untouched"} {
@@ -493,7 +494,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 
 	// The export goes back in whole (a restore), into a fresh workspace.
 	dst := newHarness(t, guest.ServerOptions{}, overSocketpair)
-	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), guest.ImportOptions{Replace: true}); err != nil {
+	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true}); err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}
 	for _, name := range []string{".sbx-tmp-notes", ".sbx-import-x/y", "sub/" + ownImport} {
@@ -504,7 +505,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 
 	// A tar naming one of the server's own forms is refused, not silently hidden.
 	for _, name := range []string{ownTmp, "a/" + ownTmp, ownImport + "/f"} {
-		_, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, []tarEntry{{name: name, body: "x"}})), guest.ImportOptions{})
+		_, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, []tarEntry{{name: name, body: "x"}})), client.ImportOptions{})
 		wantCode(t, err, proto.ErrCodeInvalid)
 	}
 }

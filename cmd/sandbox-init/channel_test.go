@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -54,13 +54,13 @@ func TestServeChannelKey(t *testing.T) {
 		t.Errorf("the key file after the init started: %v, want it deleted", err)
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.HostHandshake(c, key); err != nil {
+	if err := client.HostHandshake(c, key); err != nil {
 		t.Fatalf("handshake with the key: %v (%s)", err, serveErr)
 	}
 	_ = c.SetDeadline(time.Time{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	gc, err := guest.DialContext(ctx, c)
+	gc, err := client.DialContext(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestServeChannelKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c2.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.HostHandshake(c2, proto.NewChannelKey()); !errors.Is(err, proto.ErrImpostor) {
+	if err := client.HostHandshake(c2, proto.NewChannelKey()); !errors.Is(err, proto.ErrImpostor) {
 		t.Errorf("handshake with another key: got %v, want ErrImpostor (the init's proof fails)", err)
 	}
 	c2.Close()

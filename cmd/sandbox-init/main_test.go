@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 )
 
@@ -75,7 +76,7 @@ type readyReader struct {
 
 func (r *readyReader) Read(p []byte) (int, error) {
 	if !r.seen {
-		if err := guest.AwaitReady(r.r); err != nil {
+		if err := client.AwaitReady(r.r); err != nil {
 			return 0, err
 		}
 		r.seen = true
@@ -176,7 +177,7 @@ func TestBinary(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := guest.DialContext(ctx, stream1)
+	c, err := client.DialContext(ctx, stream1)
 	if err != nil {
 		t.Fatalf("Dial over connect: %v (connect: %s; serve: %s)", err, conn1Err, serveErr)
 	}
@@ -233,7 +234,7 @@ func TestBinary(t *testing.T) {
 
 	// Reattach: a second connect finds the exec and its whole output.
 	conn2, stream2, _ := startConnect(t, bin, env)
-	c2, err := guest.DialContext(ctx, stream2)
+	c2, err := client.DialContext(ctx, stream2)
 	if err != nil {
 		t.Fatalf("second Dial: %v", err)
 	}

@@ -29,6 +29,7 @@ package proto
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"time"
 )
@@ -143,6 +144,22 @@ const (
 	// MaxRecordPayload bounds one record's payload.
 	MaxRecordPayload = 64 << 10
 )
+
+// UnixMode converts Go's mode bits into FileInfo.Mode (the encoding of the mode parameter of
+// PUT /v1/files too).
+func UnixMode(m fs.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
+}
 
 // FileInfo describes one file or directory inside the sandbox.
 type FileInfo struct {

@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -167,7 +167,7 @@ func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, 
 	cr := &countingReader{r: rc}
 	stop := s.followProgress(ctx, rec, label, cr)
 	lim := s.sources.Options()
-	res, err := g.ImportWorkspace(ctx, cr, guest.ImportOptions{Replace: true,
+	res, err := g.ImportWorkspace(ctx, cr, client.ImportOptions{Replace: true,
 		MaxFiles: int64(lim.MaxFiles), MaxBytes: lim.MaxTotalBytes})
 	stop()
 	if err != nil {

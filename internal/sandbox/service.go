@@ -19,7 +19,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/internal/agentrun"
 	"sandboxd/internal/apierror"
@@ -894,7 +894,7 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 	if err != nil {
 		return err
 	}
-	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
+	if _, err := g.ImportWorkspace(ctx, r, client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return s.corruptCheckpoint(ctx, sc, snapID, err)
 		}
@@ -1209,7 +1209,7 @@ func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string
 	return out, truncated, nil
 }
 
-func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*guest.Client, error) {
+func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*client.Client, error) {
 	if _, err := s.load(ctx, p, id, VerbFiles); err != nil {
 		return nil, err
 	}
@@ -1310,7 +1310,7 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 // attachment is this replica's attach stream to one sandbox's guest init, shared by every call.
 type attachment struct {
 	ready  chan struct{}
-	client *guest.Client
+	client *client.Client
 	err    error
 }
 
@@ -1322,7 +1322,7 @@ func (a *attachment) close() {
 }
 
 // guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
-func (s *Service) guest(ctx context.Context, id string) (*guest.Client, error) {
+func (s *Service) guest(ctx context.Context, id string) (*client.Client, error) {
 	for {
 		s.mu.Lock()
 		a, ok := s.attachs[id]
@@ -1366,7 +1366,7 @@ func (s *Service) guest(ctx context.Context, id string) (*guest.Client, error) {
 	}
 }
 
-func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) {
+func (s *Service) attach(ctx context.Context, id string) (*client.Client, error) {
 	// The attach outlives the request that opened it.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -1381,7 +1381,7 @@ func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) 
 		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "could not attach to the sandbox").WithRetryAfter(time.Second)
 	}
-	c, err := guest.Dial(rwc)
+	c, err := client.Dial(rwc)
 	if err != nil {
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
@@ -28,7 +29,7 @@ import (
 // Attach implements runtime.Driver: a connection to the box's guest init through its host
 // socket, or `runsc exec <id> /.sbx/init connect` with its stdin and stdout as the stream when
 // there is none. Either way the stream is handed on only after the init proved the box's
-// channel key (guest.HostHandshake). A channel found tampered with — the socket's path not a
+// channel key (client.HostHandshake). A channel found tampered with — the socket's path not a
 // socket, or a peer that is not the box's init — ends the box's compute and leaves it
 // PhaseFailed with the reason; no other box is touched. ctx bounds only the set-up: the stream
 // lives until Close.
@@ -185,9 +186,9 @@ func (d *Driver) greet(ctx context.Context, rw io.ReadWriter, dl deadliner, key 
 	}
 	_ = dl.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { _ = dl.SetDeadline(time.Now()) })
-	err := guest.AwaitReady(rw)
+	err := client.AwaitReady(rw)
 	if err == nil {
-		err = guest.HostHandshake(rw, key)
+		err = client.HostHandshake(rw, key)
 		// The box's init answers a greeting at once; a peer that sent the ready byte and then
 		// hangs up instead is not it (a dying box is told apart by the caller).
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {

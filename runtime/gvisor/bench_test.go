@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/runtime/runtimetest"
 )
@@ -73,7 +73,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c, err := guest.DialContext(ctxT(b), rwc)
+		c, err := client.DialContext(ctxT(b), rwc)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
@@ -73,7 +73,7 @@ func waitNoDisk(t testing.TB, dir string) {
 	}
 }
 
-func run(t testing.TB, c *guest.Client, script string) guest.RunResult {
+func run(t testing.TB, c *client.Client, script string) client.RunResult {
 	t.Helper()
 	return runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
 }

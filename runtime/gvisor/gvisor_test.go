@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
@@ -191,7 +191,7 @@ func TestBoxSurvivesAttachClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := guest.DialContext(ctxT(t), rwc)
+	c, err := client.DialContext(ctxT(t), rwc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestAttachCloseLeavesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			if i%2 == 0 {
-				c, err := guest.DialContext(ctxT(t), rwc)
+				c, err := client.DialContext(ctxT(t), rwc)
 				if err != nil {
 					t.Fatal(err)
 				}

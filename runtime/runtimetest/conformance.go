@@ -17,7 +17,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
@@ -82,7 +82,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 	// process group or environment. With cgroup tracking (proto.TrackingCgroup) that is every
 	// one of them; with process-group tracking it is what that promises (see the guest's
 	// killTree), and the test logs what escaped it and ends that by pid.
-	marked := func(t *testing.T, c *guest.Client, ms []string) (pids []string, ps string) {
+	marked := func(t *testing.T, c *client.Client, ms []string) (pids []string, ps string) {
 		t.Helper()
 		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"ps", "-eo", "pid=,args="}})
 		for _, line := range strings.Split(string(res.Stdout), "\n") {
@@ -94,7 +94,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		}
 		return pids, string(res.Stdout)
 	}
-	waitMarked := func(t *testing.T, c *guest.Client, ms []string, want int) {
+	waitMarked := func(t *testing.T, c *client.Client, ms []string, want int) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
 		for {
@@ -116,7 +116,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		}
 		return ms
 	}
-	tracking := func(t *testing.T, c *guest.Client) bool {
+	tracking := func(t *testing.T, c *client.Client) bool {
 		t.Helper()
 		h, err := c.Health(ctxT(t))
 		if err != nil {
@@ -147,7 +147,7 @@ nohup bash -c 'exec -a x sleep %s' >/dev/null 2>&1 &
 			m = m[:3]
 		}
 		type result struct {
-			res guest.RunResult
+			res client.RunResult
 			err error
 		}
 		done := make(chan result, 1)
@@ -659,22 +659,22 @@ func CreateBox(t testing.TB, d runtime.Driver, spec runtime.BoxSpec) string {
 
 // Client attaches to a running box and returns a guest client over the attach; both are
 // closed when the test ends.
-func Client(t testing.TB, d runtime.Driver, id string) *guest.Client {
+func Client(t testing.TB, d runtime.Driver, id string) *client.Client {
 	t.Helper()
 	rwc, err := d.Attach(ctxT(t), id)
 	if err != nil {
 		t.Fatalf("Attach %s: %v", id, err)
 	}
-	c, err := guest.DialContext(ctxT(t), rwc) // owns rwc from here
+	c, err := client.DialContext(ctxT(t), rwc) // owns rwc from here
 	if err != nil {
-		t.Fatalf("guest.Dial: %v", err)
+		t.Fatalf("client.Dial: %v", err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
 // MustRun runs req (with a fresh id when it has none) and fails the test when the call fails.
-func MustRun(t testing.TB, c *guest.Client, req proto.ExecRequest) guest.RunResult {
+func MustRun(t testing.TB, c *client.Client, req proto.ExecRequest) client.RunResult {
 	t.Helper()
 	if req.ID == "" {
 		req.ID = NewExecID()

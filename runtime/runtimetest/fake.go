@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
@@ -333,32 +334,32 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	}
 	// The guest init's side of the channel, as cmd/sandbox-init serves it: the ready byte
 	// (what `connect` writes), the handshake with the box's key, then the protocol.
-	client, server := net.Pipe()
+	hostEnd, initEnd := net.Pipe()
 	srv, key := b.srv, b.key
 	go func() {
-		_ = server.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := server.Write([]byte{proto.ConnectReady}); err != nil {
-			_ = server.Close()
+		_ = initEnd.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := initEnd.Write([]byte{proto.ConnectReady}); err != nil {
+			_ = initEnd.Close()
 			return
 		}
-		if err := guest.InitHandshake(server, key); err != nil {
-			_ = server.Close()
+		if err := guest.InitHandshake(initEnd, key); err != nil {
+			_ = initEnd.Close()
 			return
 		}
-		_ = server.SetDeadline(time.Time{})
-		srv.ServeConn(server) // ends when the pipe closes or the server is closed
+		_ = initEnd.SetDeadline(time.Time{})
+		srv.ServeConn(initEnd) // ends when the pipe closes or the server is closed
 	}()
-	_ = client.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.AwaitReady(client); err != nil {
-		_ = client.Close()
+	_ = hostEnd.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := client.AwaitReady(hostEnd); err != nil {
+		_ = hostEnd.Close()
 		return nil, fmt.Errorf("fake: attach %s: %w", id, err)
 	}
-	if err := guest.HostHandshake(client, key); err != nil {
-		_ = client.Close()
+	if err := client.HostHandshake(hostEnd, key); err != nil {
+		_ = hostEnd.Close()
 		return nil, fmt.Errorf("fake: attach %s: %w", id, err)
 	}
-	_ = client.SetDeadline(time.Time{})
-	return client, nil
+	_ = hostEnd.SetDeadline(time.Time{})
+	return hostEnd, nil
 }
 
 // Check implements runtime.Driver.

@@ -1,4 +1,8 @@
-package guest
+// Package client is the control plane's end of the guest init's protocol (guest/proto): over a
+// driver's Attach stream it checks the ready byte and proves the box's channel key
+// (AwaitReady, HostHandshake), then speaks HTTP/2 to PID 1 (Dial): execs and their output
+// logs, files, the workspace as tar.
+package client
 
 import (
 	"bufio"
@@ -364,7 +368,7 @@ func (c *Client) ReadFile(ctx context.Context, p string) (io.ReadCloser, proto.F
 // WriteFile writes a file atomically (parents are created) with mode's permission bits
 // (os.ModeSetuid, os.ModeSetgid and os.ModeSticky, or their Unix values 0o7000, included).
 func (c *Client) WriteFile(ctx context.Context, p string, mode os.FileMode, r io.Reader) (proto.FileInfo, error) {
-	q := url.Values{"path": {p}, "mode": {fmt.Sprintf("%04o", unixMode(mode)|uint32(mode&0o7000))}}
+	q := url.Values{"path": {p}, "mode": {fmt.Sprintf("%04o", proto.UnixMode(mode)|uint32(mode&0o7000))}}
 	var fi proto.FileInfo
 	err := c.doJSON(ctx, http.MethodPut, "/v1/files", q, bodyArg{r}, &fi)
 	return fi, err
