@@ -69,8 +69,8 @@ for target in \
 	"./resolvers FuzzGraphQLInputs" \
 	"./internal/tarsafe FuzzCleanName" \
 	"./internal/source FuzzArchive" \
-	"./guest FuzzImportTar" \
-	"./guest FuzzResolvePath"; do
+	"./guest/server FuzzImportTar" \
+	"./guest/server FuzzResolvePath"; do
 	read -r pkg name <<<"$target"
 	log "fuzz $name in $pkg for $fuzz_time"
 	go test -run '^$' -fuzz "^$name\$" -fuzztime "$fuzz_time" -fuzzminimizetime 100x "$pkg"

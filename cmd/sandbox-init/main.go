@@ -9,7 +9,7 @@
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
 //	                       init container runs to put the init into the pod's shared folder;
 //	                       with SBX_CHANNEL_KEY and SBX_CHANNEL_KEY_FILE set it also writes
-//	                       the box's channel key to that file for PID 1 (see guest/channel.go)
+//	                       the box's channel key to that file for PID 1 (see guest/proto/channel.go)
 //
 // PID 1 makes itself non-dumpable, takes its channel key (SBX_CHANNEL_KEY_FILE: read, then
 // deleted) and serves a connection only once the caller proved that key. Started with
@@ -42,8 +42,8 @@ import (
 	"syscall"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 // connectWait is how long `connect` retries while PID 1 is not listening yet.
@@ -60,7 +60,7 @@ func main() {
 	case "connect":
 		os.Exit(connect())
 	case "version", "-version", "--version":
-		fmt.Println(guest.Version)
+		fmt.Println(server.Version)
 	case "install":
 		if len(os.Args) != 3 {
 			fmt.Fprintf(os.Stderr, "usage: %s install DEST\n", filepath.Base(os.Args[0]))
@@ -156,7 +156,7 @@ func serve() int {
 	// connections are served as they come.
 	var key []byte
 	if kf := os.Getenv(proto.ChannelKeyFileEnv); kf != "" {
-		k, err := guest.TakeChannelKey(kf)
+		k, err := server.TakeChannelKey(kf)
 		if err != nil {
 			log.Error("reading the channel key", "err", err)
 			return 1
@@ -174,9 +174,9 @@ func serve() int {
 		log.Error("the runtime requires containment, but this process is not PID 1 with CAP_SYS_ADMIN")
 		return 1
 	}
-	var cgroups *guest.Cgroups
+	var cgroups *server.Cgroups
 	if privileged {
-		cg, err := guest.OpenCgroups()
+		cg, err := server.OpenCgroups()
 		switch {
 		case err != nil && strict:
 			log.Error("opening the exec cgroups", "err", err)
@@ -188,7 +188,7 @@ func serve() int {
 			cgroups = cg
 		}
 	}
-	srv, err := guest.NewServer(guest.ServerOptions{
+	srv, err := server.New(server.Options{
 		Workspace: env("SBX_WORKSPACE", proto.Workspace),
 		StateDir:  env("SBX_STATE_DIR", proto.StateDir),
 		Reap:      reap,
@@ -239,7 +239,7 @@ func serve() int {
 		// PID 1's own mounts are done: from here on nothing in the box mounts a file system (a
 		// command in a user namespace of its own could otherwise mount a view of the exec
 		// cgroups and leave its own, or try to uncover the hidden folder).
-		seal := guest.RefuseMounts
+		seal := server.RefuseMounts
 		if cgroups != nil {
 			seal = cgroups.Seal
 		}
@@ -256,7 +256,7 @@ func serve() int {
 			return 1
 		}
 	}
-	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version,
+	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", server.Version,
 		"channel_key", key != nil, "cgroups", cgroups != nil, "setup_ms", float64(time.Since(began).Microseconds())/1000)
 
 	// The first fork through the spawner costs more than the others (gVisor sets up the
@@ -300,8 +300,8 @@ const handshakeTimeout = 10 * time.Second
 
 // acceptLoop serves every connection of ln until it closes. ready says to write the
 // ConnectReady byte first (on the host socket, where no `connect` does it). With a key, a
-// connection is served only once the caller proved it (guest.InitHandshake).
-func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, key []byte, ready bool) {
+// connection is served only once the caller proved it (server.InitHandshake).
+func acceptLoop(log *slog.Logger, ln net.Listener, srv *server.Server, key []byte, ready bool) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -321,8 +321,8 @@ func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, key []byte
 			}
 			if key != nil {
 				_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
-				if err := guest.InitHandshake(c, key); err != nil {
-					if errors.Is(err, guest.ErrHostUnproven) {
+				if err := server.InitHandshake(c, key); err != nil {
+					if errors.Is(err, server.ErrHostUnproven) {
 						log.Warn("refused a connection that did not prove the channel key", "err", err)
 					}
 					_ = c.Close()

@@ -17,9 +17,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 func TestMain(m *testing.M) {
@@ -135,8 +135,8 @@ func TestBinary(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		out, err := exec.Command(bin, "version").Output()
-		if err != nil || strings.TrimSpace(string(out)) != guest.Version {
-			t.Errorf("version: got %q %v, want %q", out, err, guest.Version)
+		if err != nil || strings.TrimSpace(string(out)) != server.Version {
+			t.Errorf("version: got %q %v, want %q", out, err, server.Version)
 		}
 	})
 

@@ -20,9 +20,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 	"sandboxd/runtime"
 )
 
@@ -443,7 +443,7 @@ func (d *Driver) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser,
 	pr, pw := io.Pipe()
 	go func() {
 		defer release()
-		_, err := guest.WriteTar(ctx, ws, pw)
+		_, err := server.WriteTar(ctx, ws, pw)
 		pw.CloseWithError(err)
 	}()
 	return pr, nil

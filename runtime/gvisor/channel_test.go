@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
@@ -122,7 +122,7 @@ func TestChannelFolderLinked(t *testing.T) {
 // handshake with key (nil: none, as an init of the workload's own would), then the protocol.
 func impostor(t *testing.T, path string, key []byte) {
 	t.Helper()
-	srv, err := guest.NewServer(guest.ServerOptions{Workspace: t.TempDir(), StateDir: t.TempDir()})
+	srv, err := server.New(server.Options{Workspace: t.TempDir(), StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func impostor(t *testing.T, path string, key []byte) {
 				_, _ = c.Write([]byte{proto.ConnectReady})
 				if key != nil {
 					_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-					if guest.InitHandshake(c, key) != nil {
+					if server.InitHandshake(c, key) != nil {
 						c.Close()
 						return
 					}

@@ -133,7 +133,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		// in the group (m[1]); by cgroups only: forked twice, so re-parented to PID 1 (m[2]);
 		// in a user namespace and mount namespace of its own, where it tries to mount the exec
 		// hierarchy and move itself to its root (m[3]; without the seccomp filter of
-		// guest.Cgroups.Seal that works under gVisor).
+		// server.Cgroups.Seal that works under gVisor).
 		// (The mount is tried inside a box only: the fake's commands run on the host.)
 		m := markers(4)
 		script := fmt.Sprintf(`setsid env -i sleep %s &

@@ -15,14 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 	"sandboxd/runtime"
 )
 
 // Fake is an in-memory runtime.Driver for unit tests of the domain. Records live in a map;
-// a box's workspace is a folder under the Fake's dir; Attach serves a real guest.Server
+// a box's workspace is a folder under the Fake's dir; Attach serves a real server.Server
 // in-process over net.Pipe, so commands really run, on the host, with the workspace as their
 // working directory (there is no isolation: absolute paths are the host's). Writes honour
 // fences (runtime.WithFence) as a real driver's do. Kill injects a crash, FailNext an error.
@@ -42,9 +42,9 @@ type fakeBox struct {
 	phase  runtime.Phase
 	reason string
 	lost   bool
-	srv    *guest.Server // while running
-	key    []byte        // the channel key of the running server
-	fence  uint64        // the highest fence a write carried (runtime.WithFence)
+	srv    *server.Server // while running
+	key    []byte         // the channel key of the running server
+	fence  uint64         // the highest fence a write carried (runtime.WithFence)
 }
 
 var _ runtime.Driver = (*Fake)(nil)
@@ -65,7 +65,7 @@ func NewFakeT(t testing.TB) *Fake {
 func (f *Fake) Close() {
 	f.mu.Lock()
 	f.closed = true
-	var srvs []*guest.Server
+	var srvs []*server.Server
 	for _, b := range f.boxes {
 		if b.srv != nil {
 			srvs = append(srvs, b.srv)
@@ -162,7 +162,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 		return errors.New("fake: closed")
 	}
 	f.starts++
-	srv, err := guest.NewServer(guest.ServerOptions{
+	srv, err := server.New(server.Options{
 		Workspace: f.Workspace(b.rec.ID),
 		StateDir:  filepath.Join(f.dir, "boxes", b.rec.ID, "execs-"+strconv.Itoa(f.starts)),
 		Reap:      false,
@@ -342,7 +342,7 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 			_ = initEnd.Close()
 			return
 		}
-		if err := guest.InitHandshake(initEnd, key); err != nil {
+		if err := server.InitHandshake(initEnd, key); err != nil {
 			_ = initEnd.Close()
 			return
 		}

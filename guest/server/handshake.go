@@ -1,4 +1,4 @@
-package guest
+package server
 
 import (
 	"crypto/hmac"

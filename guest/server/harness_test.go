@@ -1,4 +1,4 @@
-package guest_test
+package server_test
 
 import (
 	"bytes"
@@ -18,9 +18,9 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 func TestMain(m *testing.M) {
@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 // harness is a real server on the host (Reap as asked) with its own temp workspace and state
 // dir, and a client over one stream.
 type harness struct {
-	srv   *guest.Server
+	srv   *server.Server
 	c     *client.Client
 	ws    string
 	state string
@@ -45,12 +45,12 @@ const (
 	overNetPipe
 )
 
-func newHarness(t testing.TB, opts guest.ServerOptions, tr transport) *harness {
+func newHarness(t testing.TB, opts server.Options, tr transport) *harness {
 	t.Helper()
 	h := &harness{ws: t.TempDir(), state: tmpfsDir(t)}
 	opts.Workspace, opts.StateDir = h.ws, h.state
 	opts.Logger = slog.New(slog.DiscardHandler)
-	srv, err := guest.NewServer(opts)
+	srv, err := server.New(opts)
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
 	}

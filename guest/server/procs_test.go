@@ -1,4 +1,4 @@
-package guest_test
+package server_test
 
 import (
 	"fmt"
@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 // The tests of this file drive the tracking without cgroups (a server on the host): process
@@ -58,7 +58,7 @@ func waitMarked(t *testing.T, want int, markers ...string) {
 }
 
 func TestHealthProcessTracking(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	h := newHarness(t, server.Options{}, overNetPipe)
 	got, err := h.c.Health(ctxT(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -72,7 +72,7 @@ func TestOpenCgroupsOnlyInPID1(t *testing.T) {
 	if os.Getpid() == 1 {
 		t.Skip("the test runs as PID 1")
 	}
-	if c, err := guest.OpenCgroups(); err == nil {
+	if c, err := server.OpenCgroups(); err == nil {
 		c.Close()
 		t.Fatal("OpenCgroups outside PID 1: got no error, want a refusal (it must never mount on a host)")
 	}
@@ -82,7 +82,7 @@ func TestOpenCgroupsOnlyInPID1(t *testing.T) {
 // environment still end with the timeout, as long as their parent is one of the exec's.
 func TestTimeoutKillsEscapedTree(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		m := markers(t, 5)
 		script := fmt.Sprintf(`setsid env -i sleep %s &
 setsid sh -c 'env -i sleep %s & wait' &
@@ -113,7 +113,7 @@ sleep %s`, m[0], m[1], m[2], m[3], m[4])
 // left the group included.
 func TestSignalAfterNormalExit(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		ctx := ctxT(t, 30*time.Second)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`sleep %s & sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 & echo started`, m[0], m[1])
@@ -137,7 +137,7 @@ func TestSignalAfterNormalExit(t *testing.T) {
 // TestCloseKillsEscapedTree: Close ends a running exec's escaped processes too.
 func TestCloseKillsEscapedTree(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`setsid env -i sleep %s & sleep %s`, m[0], m[1])
 		if _, err := h.c.StartExec(ctxT(t, 10*time.Second), proto.ExecRequest{ID: "close", Argv: []string{"sh", "-c", script}}); err != nil {

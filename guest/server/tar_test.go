@@ -1,4 +1,4 @@
-package guest_test
+package server_test
 
 import (
 	"archive/tar"
@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 // snapshot describes a directory tree: kind, mode, content hash or link target per path.
@@ -138,7 +138,7 @@ func tarNames(t testing.TB, tarball []byte) []string {
 }
 
 func TestWorkspaceRoundTrip(t *testing.T) {
-	src := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	src := newHarness(t, server.Options{}, overSocketpair)
 	populate(t, src.ws)
 	// A FIFO and a socket are skipped, a hard link becomes a regular file.
 	must(t, exec("mkfifo", filepath.Join(src.ws, "fifo")))
@@ -152,7 +152,7 @@ func TestWorkspaceRoundTrip(t *testing.T) {
 		t.Errorf("tar entries: got %d (%v), want %d", len(names), names, len(want))
 	}
 
-	dst := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	dst := newHarness(t, server.Options{}, overNetPipe)
 	writeTree(t, dst.ws, map[string]string{"old.txt": "old", "src/old.go": "old"})
 	res, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true})
 	if err != nil {
@@ -184,7 +184,7 @@ func TestWorkspaceRoundTrip(t *testing.T) {
 
 // TestImportExternalSymlinks: a symlink out of the workspace is refused unless allowed.
 func TestImportExternalSymlinks(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 30*time.Second)
 	tarball := buildTar(t, []tarEntry{
 		{name: "venv/bin/", typ: tar.TypeDir},
@@ -241,7 +241,7 @@ func buildTar(t testing.TB, entries []tarEntry) []byte {
 }
 
 func TestImportHostile(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	populate(t, h.ws)
 	before := snapshot(t, h.ws)
 	outside := t.TempDir()
@@ -357,7 +357,7 @@ func (f *failingReader) Read(p []byte) (int, error) {
 }
 
 func TestImportAbortedMidway(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	populate(t, h.ws)
 	before := snapshot(t, h.ws)
 	big := make([]tarEntry, 0, 50)
@@ -429,7 +429,7 @@ func fileExists(p string) bool {
 // TestImportLaterEntriesReplaceEarlierOnes: a file given twice ends with its last content; a
 // file over an earlier symlink replaces the link and never writes through it.
 func TestImportLaterEntriesReplaceEarlierOnes(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 30*time.Second)
 	must(t, os.WriteFile(filepath.Join(h.ws, "outside-target"), []byte("untouched"), 0o644))
 	tarball := buildTar(t, []tarEntry{
@@ -467,7 +467,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 		"sub/.sbx-tmp-deadbeef": "too short to be the server's",
 	})
 	// A server starting on the workspace removes only its own staging folders.
-	srv, err := guest.NewServer(guest.ServerOptions{Workspace: ws, StateDir: tmpfsDir(t)})
+	srv, err := server.New(server.Options{Workspace: ws, StateDir: tmpfsDir(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +481,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 		t.Errorf("the stale staging folder %s was kept", ownImport)
 	}
 
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	must(t, os.RemoveAll(h.ws))
 	must(t, os.Rename(ws, h.ws))
 	tarball := export(t, h.c)
@@ -493,7 +493,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 	}
 
 	// The export goes back in whole (a restore), into a fresh workspace.
-	dst := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	dst := newHarness(t, server.Options{}, overSocketpair)
 	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true}); err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}

@@ -1,7 +1,10 @@
-// Package guest is PID 1's side of the guest init's protocol (guest/proto): the server that
-// runs as the init inside every sandbox (cmd/sandbox-init) and owns every process it starts,
-// and the init's end of the channel handshake.
-package guest
+// Package server is PID 1's side of the guest init's protocol (guest/proto): the server that
+// runs as the init inside every sandbox (cmd/sandbox-init) and owns every process it starts
+// (exec, the reaper, cgroups, exec logs), serves the workspace's files and its tar export and
+// staged import, and the init's end of the channel handshake. WriteTar, the export's
+// never-follow-a-link walker, also serves the local driver, which reads a box's workspace
+// folder on the host.
+package server
 
 import (
 	"context"
@@ -26,11 +29,11 @@ import (
 )
 
 // Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it
-// at build time with -ldflags "-X sandboxd/guest.Version=…".
+// at build time with -ldflags "-X sandboxd/guest/server.Version=…".
 var Version = "dev"
 
-// ServerOptions configures a guest init server. Zero values take the defaults.
-type ServerOptions struct {
+// Options configures a guest init server. Zero values take the defaults.
+type Options struct {
 	// Workspace is the directory served by the file and tar endpoints and the default cwd
 	// (default Workspace). Absolute paths under /workspace are mapped to it.
 	Workspace string
@@ -63,7 +66,7 @@ type ServerOptions struct {
 // Server is the guest init: it owns every exec it starts and serves the protocol over any
 // number of connections.
 type Server struct {
-	opts    ServerOptions
+	opts    Options
 	ws      string
 	waiter  waiter
 	h2      *http2.Server
@@ -89,8 +92,8 @@ type Server struct {
 	closeOnce sync.Once
 }
 
-// NewServer creates the server; with Reap it starts reaping at once.
-func NewServer(opts ServerOptions) (*Server, error) {
+// New creates the server; with Reap it starts reaping at once.
+func New(opts Options) (*Server, error) {
 	if opts.Workspace == "" {
 		opts.Workspace = proto.Workspace
 	}

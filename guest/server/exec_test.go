@@ -1,4 +1,4 @@
-package guest_test
+package server_test
 
 import (
 	"bytes"
@@ -13,25 +13,25 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 func TestHealth(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	h := newHarness(t, server.Options{}, overNetPipe)
 	got, err := h.c.Health(ctxT(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("Health: %v", err)
 	}
-	if !got.OK || got.Pid != os.Getpid() || got.Version != guest.Version {
-		t.Fatalf("Health: got %+v, want ok, pid %d, version %s", got, os.Getpid(), guest.Version)
+	if !got.OK || got.Pid != os.Getpid() || got.Version != server.Version {
+		t.Fatalf("Health: got %+v, want ok, pid %d, version %s", got, os.Getpid(), server.Version)
 	}
 }
 
 func TestExec(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		if err := os.WriteFile(filepath.Join(h.ws, "noexec.sh"), []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +115,7 @@ func TestExec(t *testing.T) {
 // TestExecRecordOrder checks the records of one exec arrive in order, stdout and stderr kept
 // apart, with the exit record last.
 func TestExecRecordOrder(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	for i := range 20 {
 		id := fmt.Sprintf("order-%d", i)
 		// stdout and stderr are two pipes read one after the other: writes to both within one
@@ -144,7 +144,7 @@ func TestExecRecordOrder(t *testing.T) {
 }
 
 func TestExecErrors(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overNetPipe)
+	h := newHarness(t, server.Options{}, overNetPipe)
 	ctx := ctxT(t, 10*time.Second)
 	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestExecErrors(t *testing.T) {
 
 func TestTimeoutKillsTree(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		tests := []struct {
 			name string
 			argv []string
@@ -224,7 +224,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 
 func TestSignal(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		// A non-interactive shell starts background jobs with SIGINT ignored: SIGINT is
 		// tried on a lone process.
 		tree := "setsid sleep 100 & sleep 100 & exec sleep 100"
@@ -270,7 +270,7 @@ func TestSignal(t *testing.T) {
 // exec open much beyond one second after the main process exited.
 func TestBackgroundHoldsStdout(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		ctx := ctxT(t, 20*time.Second)
 		start := time.Now()
 		res, err := h.c.Run(ctx, proto.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
@@ -298,7 +298,7 @@ func TestBackgroundHoldsStdout(t *testing.T) {
 // TestBackgroundFloodsStdout: a background process that keeps writing must not hold the
 // exec open either.
 func TestBackgroundFloodsStdout(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	start := time.Now()
 	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
@@ -318,7 +318,7 @@ func TestBackgroundFloodsStdout(t *testing.T) {
 }
 
 func TestLogReplayFromOffset(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	script := `for i in $(seq 1 300); do echo "line $i"; echo "err $i" >&2; [ $((i % 10)) = 0 ] && sleep 0.002; done; true`
 	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
@@ -356,7 +356,7 @@ func TestLogReplayFromOffset(t *testing.T) {
 // TestLogLargeRecords: output larger than a record is cut at MaxRecordPayload and offsets
 // stay valid across the sparse index.
 func TestLogLargeRecords(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
 	if err != nil {
@@ -384,7 +384,7 @@ func TestLogLargeRecords(t *testing.T) {
 
 // TestFollowerJoinsMidRun: followers that join while the command runs get every byte.
 func TestFollowerJoinsMidRun(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	script := `for i in $(seq 1 40); do echo "n $i"; sleep 0.01; done`
 	if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
@@ -426,7 +426,7 @@ func TestFollowerJoinsMidRun(t *testing.T) {
 // every byte written and the ones the log no longer holds; a reader from 0 gets a truncation
 // marker and then the newest bytes.
 func TestMaxLogBytes(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{DefaultMaxLogBytes: 5000}, overSocketpair)
+	h := newHarness(t, server.Options{DefaultMaxLogBytes: 5000}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	tests := []struct {
 		name   string
@@ -497,7 +497,7 @@ func TestMaxLogBytes(t *testing.T) {
 }
 
 func TestRunCaps(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	tests := []struct {
 		name                    string
 		maxOut, maxErr          int
@@ -543,7 +543,7 @@ func TestRunCaps(t *testing.T) {
 }
 
 func TestExecLimits(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{MaxRunning: 2, KeepEnded: 3}, overSocketpair)
+	h := newHarness(t, server.Options{MaxRunning: 2, KeepEnded: 3}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	for _, id := range []string{"run-1", "run-2"} {
 		if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
@@ -598,7 +598,7 @@ func TestExecLimits(t *testing.T) {
 
 func TestCloseKillsExecs(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, guest.ServerOptions{Reap: reap}, overSocketpair)
+		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
 		ctx := ctxT(t, 20*time.Second)
 		if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
 			t.Fatal(err)
@@ -631,7 +631,7 @@ func TestCloseKillsExecs(t *testing.T) {
 
 // TestReaperReapsOrphans: in reap mode, orphans re-parented to the server are reaped.
 func TestReaperReapsOrphans(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{Reap: true}, overSocketpair)
+	h := newHarness(t, server.Options{Reap: true}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
 	if err != nil || res.Exit.ExitCode != 0 {
@@ -681,7 +681,7 @@ func TestConcurrentCalls(t *testing.T) {
 		tr   transport
 	}{{"socketpair", overSocketpair}, {"netpipe", overNetPipe}} {
 		t.Run(tr.name, func(t *testing.T) {
-			h := newHarness(t, guest.ServerOptions{}, tr.tr)
+			h := newHarness(t, server.Options{}, tr.tr)
 			ctx := ctxT(t, 60*time.Second)
 			var wg sync.WaitGroup
 			errs := make(chan error, 200)
@@ -727,7 +727,7 @@ func TestConcurrentCalls(t *testing.T) {
 }
 
 func TestBrokenStream(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "survivor", Argv: []string{"sh", "-c", "sleep 0.3; echo done"}}); err != nil {
 		t.Fatal(err)
@@ -778,7 +778,7 @@ func TestDialFailsOnDeadStream(t *testing.T) {
 }
 
 func BenchmarkRunTrue(b *testing.B) {
-	h := newHarness(b, guest.ServerOptions{KeepEnded: 100}, overSocketpair)
+	h := newHarness(b, server.Options{KeepEnded: 100}, overSocketpair)
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -808,7 +808,7 @@ func BenchmarkStartProcessTrue(b *testing.B) {
 
 // BenchmarkHealth is one protocol round trip over the stream.
 func BenchmarkHealth(b *testing.B) {
-	h := newHarness(b, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(b, server.Options{}, overSocketpair)
 	ctx := context.Background()
 	for b.Loop() {
 		if _, err := h.c.Health(ctx); err != nil {

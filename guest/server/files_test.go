@@ -1,4 +1,4 @@
-package guest_test
+package server_test
 
 import (
 	"bytes"
@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 func TestFiles(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 
 	fi, err := h.c.WriteFile(ctx, "a/b/c.txt", 0o640, strings.NewReader("hello"))
@@ -140,7 +140,7 @@ func TestFiles(t *testing.T) {
 // TestFilesEscapes: nothing outside the workspace is read, written, listed or removed,
 // whether by .. or through symlinks.
 func TestFilesEscapes(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	outside := t.TempDir()
 	secret := filepath.Join(outside, "secret")
@@ -209,7 +209,7 @@ func TestFilesEscapes(t *testing.T) {
 // TestFilesThroughLinks: symlinks that stay inside the workspace are followed like the kernel
 // does (the last component only where the operation follows it).
 func TestFilesThroughLinks(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	writeTree(t, h.ws, map[string]string{"real/sub/f.txt": "inside"})
 	for name, target := range map[string]string{
@@ -252,7 +252,7 @@ func TestFilesThroughLinks(t *testing.T) {
 // TestWriteFileMax uses the handler directly to exercise the max bound.
 func TestWriteFileMax(t *testing.T) {
 	ws := t.TempDir()
-	srv, err := guest.NewServer(guest.ServerOptions{Workspace: ws, StateDir: t.TempDir()})
+	srv, err := server.New(server.Options{Workspace: ws, StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +300,7 @@ const (
 // TestReservedNames: the files API refuses every path with a reserved component, naming the
 // prefix; names a command makes that only start like the server's own are listed and kept.
 func TestReservedNames(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	refused := []struct {
 		name string
@@ -375,7 +375,7 @@ func TestReservedNames(t *testing.T) {
 // TestSpecialFiles: sockets and FIFOs are refused quickly with a 400 naming their type, for
 // reads, writes and listings; they can be removed.
 func TestSpecialFiles(t *testing.T) {
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	ln, err := net.Listen("unix", filepath.Join(h.ws, "s"))
 	if err != nil {
@@ -424,7 +424,7 @@ func TestWorkspaceFull(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a small tmpfs needs root")
 	}
-	h := newHarness(t, guest.ServerOptions{}, overSocketpair)
+	h := newHarness(t, server.Options{}, overSocketpair)
 	ctx := ctxT(t, 20*time.Second)
 	if err := syscall.Mount("tmpfs", h.ws, "tmpfs", 0, "size=1m"); err != nil {
 		t.Skipf("mount a tmpfs: %v", err)

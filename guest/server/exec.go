@@ -1,4 +1,4 @@
-package guest
+package server
 
 import (
 	"encoding/json"
@@ -608,7 +608,7 @@ func envValue(env []string, key string) string {
 	return ""
 }
 
-// DefaultBaseEnv is the environment every exec starts from when ServerOptions.BaseEnv is nil:
+// DefaultBaseEnv is the environment every exec starts from when Options.BaseEnv is nil:
 // a standard PATH, HOME and LANG, overridden by the init's own environment (the profile's env
 // in the OCI spec or pod), without the init's own SBX_* settings.
 func DefaultBaseEnv() []string {
