@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"sandboxd/guest/client"
+	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
 	"sandboxd/guest/server"
 )
 
 func TestHealth(t *testing.T) {
-	h := newHarness(t, server.Options{}, overNetPipe)
-	got, err := h.c.Health(ctxT(t, 5*time.Second))
+	h := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
+	got, err := h.C.Health(guesttest.Ctx(t, 5*time.Second))
 	if err != nil {
 		t.Fatalf("Health: %v", err)
 	}
@@ -31,11 +32,11 @@ func TestHealth(t *testing.T) {
 
 func TestExec(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
-		if err := os.WriteFile(filepath.Join(h.ws, "noexec.sh"), []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		if err := os.WriteFile(filepath.Join(h.WS, "noexec.sh"), []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Mkdir(filepath.Join(h.ws, "sub"), 0o755); err != nil {
+		if err := os.Mkdir(filepath.Join(h.WS, "sub"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		tests := []struct {
@@ -66,10 +67,10 @@ func TestExec(t *testing.T) {
 			{name: "no-stdin", req: proto.ExecRequest{Argv: []string{"cat"}}},
 			{name: "env", req: proto.ExecRequest{ID: "env-id", Argv: []string{"sh", "-c", `echo "$FOO $SBX_EXEC_ID $HOME"`},
 				Env: []string{"FOO=bar", "SBX_EXEC_ID=forged"}}, wantOut: "bar env-id /root\n"},
-			{name: "cwd-default", req: proto.ExecRequest{Argv: []string{"pwd"}}, wantOut: h.ws + "\n"},
-			{name: "cwd-relative", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, wantOut: filepath.Join(h.ws, "sub") + "\n"},
+			{name: "cwd-default", req: proto.ExecRequest{Argv: []string{"pwd"}}, wantOut: h.WS + "\n"},
+			{name: "cwd-relative", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, wantOut: filepath.Join(h.WS, "sub") + "\n"},
 			{name: "cwd-workspace-alias", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "/workspace/sub"},
-				wantOut: filepath.Join(h.ws, "sub") + "\n"},
+				wantOut: filepath.Join(h.WS, "sub") + "\n"},
 			{name: "killed-by-signal", req: proto.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}},
 				wantCode: 143, wantSignal: "SIGTERM"},
 		}
@@ -78,7 +79,7 @@ func TestExec(t *testing.T) {
 				if tt.req.ID == "" {
 					tt.req.ID = fmt.Sprintf("exec-%d", i)
 				}
-				res, err := h.c.Run(ctxT(t, 20*time.Second), tt.req, 0, 0)
+				res, err := h.C.Run(guesttest.Ctx(t, 20*time.Second), tt.req, 0, 0)
 				if err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -97,14 +98,14 @@ func TestExec(t *testing.T) {
 				if res.Exit.EndedAt.IsZero() || res.Exit.TimedOut {
 					t.Errorf("exit: got %+v, want an end time and not timed out", res.Exit)
 				}
-				info, err := h.c.Exec(ctxT(t, 5*time.Second), tt.req.ID)
+				info, err := h.C.Exec(guesttest.Ctx(t, 5*time.Second), tt.req.ID)
 				if err != nil {
 					t.Fatalf("Exec: %v", err)
 				}
 				if info.Running || info.Exit == nil || info.Exit.ExitCode != tt.wantCode {
 					t.Errorf("Exec: got %+v, want ended with code %d", info, tt.wantCode)
 				}
-				if segs, err := filepath.Glob(filepath.Join(h.state, tt.req.ID, "log.*")); err != nil || len(segs) == 0 {
+				if segs, err := filepath.Glob(filepath.Join(h.State, tt.req.ID, "log.*")); err != nil || len(segs) == 0 {
 					t.Errorf("state dir: got log segments %v (%v), want some", segs, err)
 				}
 			})
@@ -115,16 +116,16 @@ func TestExec(t *testing.T) {
 // TestExecRecordOrder checks the records of one exec arrive in order, stdout and stderr kept
 // apart, with the exit record last.
 func TestExecRecordOrder(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
 	for i := range 20 {
 		id := fmt.Sprintf("order-%d", i)
 		// stdout and stderr are two pipes read one after the other: writes to both within one
 		// read round (microseconds) may come out in either order, as with any two pipes. Writes
 		// further apart keep their order.
-		if _, err := h.c.StartExec(ctxT(t, 5*time.Second), proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; sleep 0.05; echo err >&2; exit 3"}}); err != nil {
+		if _, err := h.C.StartExec(guesttest.Ctx(t, 5*time.Second), proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; sleep 0.05; echo err >&2; exit 3"}}); err != nil {
 			t.Fatal(err)
 		}
-		recs := records(t, h.c, id, 0, true)
+		recs := guesttest.Records(t, h.C, id, 0, true)
 		var kinds []byte
 		var data []string
 		for _, r := range recs {
@@ -144,9 +145,9 @@ func TestExecRecordOrder(t *testing.T) {
 }
 
 func TestExecErrors(t *testing.T) {
-	h := newHarness(t, server.Options{}, overNetPipe)
-	ctx := ctxT(t, 10*time.Second)
-	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
+	h := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
+	ctx := guesttest.Ctx(t, 10*time.Second)
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -155,35 +156,35 @@ func TestExecErrors(t *testing.T) {
 		code string
 	}{
 		{"reused-id", func() error {
-			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}})
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}})
 			return err
 		}, proto.ErrCodeExists},
 		{"empty-argv", func() error {
-			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "x1"})
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "x1"})
 			return err
 		}, proto.ErrCodeInvalid},
 		{"bad-id", func() error {
-			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "a/b", Argv: []string{"true"}})
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "a/b", Argv: []string{"true"}})
 			return err
 		}, proto.ErrCodeInvalid},
 		{"long-id", func() error {
-			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: strings.Repeat("a", 65), Argv: []string{"true"}})
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: strings.Repeat("a", 65), Argv: []string{"true"}})
 			return err
 		}, proto.ErrCodeInvalid},
 		{"bad-env", func() error {
-			_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "x2", Argv: []string{"true"}, Env: []string{"NOEQUALS"}})
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "x2", Argv: []string{"true"}, Env: []string{"NOEQUALS"}})
 			return err
 		}, proto.ErrCodeInvalid},
 		{"unknown-exec", func() error {
-			_, err := h.c.Exec(ctx, "nope")
+			_, err := h.C.Exec(ctx, "nope")
 			return err
 		}, proto.ErrCodeNotFound},
 		{"unknown-log", func() error {
-			_, err := h.c.Log(ctx, "nope", 0, false)
+			_, err := h.C.Log(ctx, "nope", 0, false)
 			return err
 		}, proto.ErrCodeNotFound},
-		{"unknown-signal-target", func() error { return h.c.Signal(ctx, "nope", "SIGTERM") }, proto.ErrCodeNotFound},
-		{"unknown-signal", func() error { return h.c.Signal(ctx, "dup", "SIGWHAT") }, proto.ErrCodeInvalid},
+		{"unknown-signal-target", func() error { return h.C.Signal(ctx, "nope", "SIGTERM") }, proto.ErrCodeNotFound},
+		{"unknown-signal", func() error { return h.C.Signal(ctx, "dup", "SIGWHAT") }, proto.ErrCodeInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.code) })
@@ -192,7 +193,7 @@ func TestExecErrors(t *testing.T) {
 
 func TestTimeoutKillsTree(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
 		tests := []struct {
 			name string
 			argv []string
@@ -206,7 +207,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				id := fmt.Sprintf("timeout-%d", i)
 				start := time.Now()
-				res, err := h.c.Run(ctxT(t, 20*time.Second), proto.ExecRequest{ID: id, Argv: tt.argv, TimeoutMs: 300}, 0, 0)
+				res, err := h.C.Run(guesttest.Ctx(t, 20*time.Second), proto.ExecRequest{ID: id, Argv: tt.argv, TimeoutMs: 300}, 0, 0)
 				if err != nil {
 					t.Fatalf("Run: %v", err)
 				}
@@ -216,7 +217,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 				if d := time.Since(start); d > 3*time.Second {
 					t.Errorf("took %v, want about 300ms", d)
 				}
-				waitTreeGone(t, id)
+				guesttest.WaitTreeGone(t, id)
 			})
 		}
 	})
@@ -224,7 +225,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 
 func TestSignal(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
 		// A non-interactive shell starts background jobs with SIGINT ignored: SIGINT is
 		// tried on a lone process.
 		tree := "setsid sleep 100 & sleep 100 & exec sleep 100"
@@ -242,17 +243,17 @@ func TestSignal(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.sig, func(t *testing.T) {
 				id := fmt.Sprintf("sig-%s-%v", tt.sig, reap)
-				ctx := ctxT(t, 20*time.Second)
+				ctx := guesttest.Ctx(t, 20*time.Second)
 				// exec replaces sh by sleep, so the main process dies of the signal itself.
 				argv := []string{"sh", "-c", tt.script}
-				if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: id, Argv: argv}); err != nil {
+				if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: id, Argv: argv}); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, func() bool { return len(treeLeft(id)) == tt.procs })
-				if err := h.c.Signal(ctx, id, tt.sig); err != nil {
+				waitFor(t, func() bool { return len(guesttest.TreeLeft(id)) == tt.procs })
+				if err := h.C.Signal(ctx, id, tt.sig); err != nil {
 					t.Fatalf("Signal: %v", err)
 				}
-				recs := records(t, h.c, id, 0, true)
+				recs := guesttest.Records(t, h.C, id, 0, true)
 				st, err := recs[len(recs)-1].ExitStatus()
 				if err != nil {
 					t.Fatal(err)
@@ -260,7 +261,7 @@ func TestSignal(t *testing.T) {
 				if st.ExitCode != tt.wantCode || st.TimedOut {
 					t.Errorf("exit: got %+v, want code %d", st, tt.wantCode)
 				}
-				waitTreeGone(t, id)
+				guesttest.WaitTreeGone(t, id)
 			})
 		}
 	})
@@ -270,10 +271,10 @@ func TestSignal(t *testing.T) {
 // exec open much beyond one second after the main process exited.
 func TestBackgroundHoldsStdout(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
-		ctx := ctxT(t, 20*time.Second)
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 20*time.Second)
 		start := time.Now()
-		res, err := h.c.Run(ctx, proto.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,24 +285,24 @@ func TestBackgroundHoldsStdout(t *testing.T) {
 		if took < 900*time.Millisecond || took > 3*time.Second {
 			t.Errorf("took %v, want about 1s", took)
 		}
-		if len(treeLeft("bg")) != 1 {
-			t.Errorf("background sleep: got %v, want it still running", treeLeft("bg"))
+		if len(guesttest.TreeLeft("bg")) != 1 {
+			t.Errorf("background sleep: got %v, want it still running", guesttest.TreeLeft("bg"))
 		}
 		// Signalling an ended exec still reaches what is left of its tree.
-		if err := h.c.Signal(ctx, "bg", "SIGKILL"); err != nil {
+		if err := h.C.Signal(ctx, "bg", "SIGKILL"); err != nil {
 			t.Fatal(err)
 		}
-		waitTreeGone(t, "bg")
+		guesttest.WaitTreeGone(t, "bg")
 	})
 }
 
 // TestBackgroundFloodsStdout: a background process that keeps writing must not hold the
 // exec open either.
 func TestBackgroundFloodsStdout(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
 	start := time.Now()
-	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,25 +312,25 @@ func TestBackgroundFloodsStdout(t *testing.T) {
 	if res.Exit.ExitCode != 0 || res.Exit.DroppedBytes == 0 || !res.StdoutTruncated {
 		t.Errorf("got %+v truncated=%v, want code 0 with dropped bytes", res.Exit, res.StdoutTruncated)
 	}
-	if err := h.c.Signal(ctx, "flood", "SIGKILL"); err != nil {
+	if err := h.C.Signal(ctx, "flood", "SIGKILL"); err != nil {
 		t.Fatal(err)
 	}
-	waitTreeGone(t, "flood")
+	guesttest.WaitTreeGone(t, "flood")
 }
 
 func TestLogReplayFromOffset(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
 	script := `for i in $(seq 1 300); do echo "line $i"; echo "err $i" >&2; [ $((i % 10)) = 0 ] && sleep 0.002; done; true`
-	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	all := records(t, h.c, "replay", 0, false)
+	all := guesttest.Records(t, h.C, "replay", 0, false)
 	if len(all) < 8 {
 		t.Fatalf("records: got %d, want many", len(all))
 	}
 	for _, mid := range []int{0, 1, len(all) / 2, len(all) - 2, len(all) - 1} {
-		tail := records(t, h.c, "replay", all[mid].Offset, true)
+		tail := guesttest.Records(t, h.C, "replay", all[mid].Offset, true)
 		if len(tail) != len(all)-mid-1 {
 			t.Fatalf("tail from record %d: got %d records, want %d", mid, len(tail), len(all)-mid-1)
 		}
@@ -342,13 +343,13 @@ func TestLogReplayFromOffset(t *testing.T) {
 	}
 	size := all[len(all)-1].Offset
 	for _, off := range []int64{-1, 1, all[1].Offset + 2, size + 1} {
-		if _, err := h.c.Log(ctx, "replay", off, false); err == nil {
+		if _, err := h.C.Log(ctx, "replay", off, false); err == nil {
 			t.Errorf("Log at offset %d: got no error, want invalid", off)
 		} else {
 			wantCode(t, err, proto.ErrCodeInvalid)
 		}
 	}
-	if got := records(t, h.c, "replay", size, true); len(got) != 0 {
+	if got := guesttest.Records(t, h.C, "replay", size, true); len(got) != 0 {
 		t.Errorf("Log at the end: got %d records, want none", len(got))
 	}
 }
@@ -356,27 +357,27 @@ func TestLogReplayFromOffset(t *testing.T) {
 // TestLogLargeRecords: output larger than a record is cut at MaxRecordPayload and offsets
 // stay valid across the sparse index.
 func TestLogLargeRecords(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
-	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Stdout) != 3000000 {
 		t.Fatalf("stdout: got %d bytes, want 3000000", len(res.Stdout))
 	}
-	all := records(t, h.c, "big", 0, false)
+	all := guesttest.Records(t, h.C, "big", 0, false)
 	for _, r := range all {
 		if len(r.Data) > proto.MaxRecordPayload {
 			t.Fatalf("record payload: got %d, want ≤ %d", len(r.Data), proto.MaxRecordPayload)
 		}
 	}
 	for _, mid := range []int{len(all) / 3, len(all) / 2, len(all) - 3} {
-		tail := records(t, h.c, "big", all[mid].Offset, false)
+		tail := guesttest.Records(t, h.C, "big", all[mid].Offset, false)
 		if len(tail) != len(all)-mid-1 || !bytes.Equal(tail[0].Data, all[mid+1].Data) {
 			t.Fatalf("tail from %d: got %d records, want %d", mid, len(tail), len(all)-mid-1)
 		}
-		if _, err := h.c.Log(ctx, "big", all[mid].Offset+100, false); err == nil {
+		if _, err := h.C.Log(ctx, "big", all[mid].Offset+100, false); err == nil {
 			t.Errorf("Log inside a record: got no error, want invalid")
 		}
 	}
@@ -384,14 +385,14 @@ func TestLogLargeRecords(t *testing.T) {
 
 // TestFollowerJoinsMidRun: followers that join while the command runs get every byte.
 func TestFollowerJoinsMidRun(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
 	script := `for i in $(seq 1 40); do echo "n $i"; sleep 0.01; done`
-	if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
+	if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {
-		info, err := h.c.Exec(ctx, "follow")
+		info, err := h.C.Exec(ctx, "follow")
 		return err == nil && info.LogBytes > 0
 	})
 	var want strings.Builder
@@ -406,7 +407,7 @@ func TestFollowerJoinsMidRun(t *testing.T) {
 			defer wg.Done()
 			time.Sleep(time.Duration(i) * 60 * time.Millisecond)
 			var b strings.Builder
-			for _, r := range records(t, h.c, "follow", 0, true) {
+			for _, r := range guesttest.Records(t, h.C, "follow", 0, true) {
 				if r.Kind == proto.RecordStdout {
 					b.Write(r.Data)
 				}
@@ -426,8 +427,8 @@ func TestFollowerJoinsMidRun(t *testing.T) {
 // every byte written and the ones the log no longer holds; a reader from 0 gets a truncation
 // marker and then the newest bytes.
 func TestMaxLogBytes(t *testing.T) {
-	h := newHarness(t, server.Options{DefaultMaxLogBytes: 5000}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
+	h := guesttest.New(t, server.Options{DefaultMaxLogBytes: 5000}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
 	tests := []struct {
 		name   string
 		max    int64
@@ -442,7 +443,7 @@ func TestMaxLogBytes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			id := "max-" + tt.name
 			req := proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", fmt.Sprintf("seq 1 100000 | head -c %d", tt.total)}, MaxLogBytes: tt.max}
-			res, err := h.c.Run(ctx, req, 0, 0)
+			res, err := h.C.Run(ctx, req, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -456,7 +457,7 @@ func TestMaxLogBytes(t *testing.T) {
 			want := full.Bytes()[:tt.total]
 			// A reader from 0 after the end: a marker when something was dropped, then the newest
 			// bytes (a suffix of the output), then the exit record.
-			recs := records(t, h.c, id, 0, false)
+			recs := guesttest.Records(t, h.C, id, 0, false)
 			var kept []byte
 			for i, r := range recs {
 				switch r.Kind {
@@ -496,79 +497,33 @@ func TestMaxLogBytes(t *testing.T) {
 	}
 }
 
-func TestRunCaps(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	tests := []struct {
-		name                    string
-		maxOut, maxErr          int
-		wantOut, wantErr        string
-		wantOutTrunc, wantTrErr bool
-	}{
-		{"no-caps", 0, 0, "0123456789", "abcdefghij", false, false},
-		{"stdout-capped", 4, 100, "6789", "abcdefghij", true, false},
-		{"stderr-capped", 100, 3, "0123456789", "hij", false, true},
-		{"exact", 10, 10, "0123456789", "abcdefghij", false, false},
-	}
-	for i, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			req := proto.ExecRequest{ID: fmt.Sprintf("caps-%d", i), Argv: []string{"sh", "-c", "printf 01234; printf 56789; printf abcdefghij >&2"}}
-			res, err := h.c.Run(ctxT(t, 10*time.Second), req, tt.maxOut, tt.maxErr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if string(res.Stdout) != tt.wantOut || res.StdoutTruncated != tt.wantOutTrunc {
-				t.Errorf("stdout: got %q %v, want %q %v", res.Stdout, res.StdoutTruncated, tt.wantOut, tt.wantOutTrunc)
-			}
-			if string(res.Stderr) != tt.wantErr || res.StderrTruncated != tt.wantTrErr {
-				t.Errorf("stderr: got %q %v, want %q %v", res.Stderr, res.StderrTruncated, tt.wantErr, tt.wantTrErr)
-			}
-		})
-	}
-	t.Run("cancel-keeps-running", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		_, err := h.c.Run(ctx, proto.ExecRequest{ID: "cancelled", Argv: []string{"sleep", "100"}}, 0, 0)
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Run: got %v, want deadline exceeded", err)
-		}
-		info, err := h.c.Exec(ctxT(t, 5*time.Second), "cancelled")
-		if err != nil || !info.Running {
-			t.Fatalf("Exec: got %+v %v, want still running", info, err)
-		}
-		if err := h.c.Signal(ctxT(t, 5*time.Second), "cancelled", "SIGKILL"); err != nil {
-			t.Fatal(err)
-		}
-		waitTreeGone(t, "cancelled")
-	})
-}
-
 func TestExecLimits(t *testing.T) {
-	h := newHarness(t, server.Options{MaxRunning: 2, KeepEnded: 3}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
+	h := guesttest.New(t, server.Options{MaxRunning: 2, KeepEnded: 3}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
 	for _, id := range []string{"run-1", "run-2"} {
-		if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
+		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}})
+	_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}})
 	wantCode(t, err, proto.ErrCodeUnavailable)
 	// The caller's own bound (the control plane's cap per sandbox) is counted here too.
-	_, err = h.c.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: 1})
+	_, err = h.C.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: 1})
 	wantCode(t, err, proto.ErrCodeTooMany)
-	_, err = h.c.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: -1})
+	_, err = h.C.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: -1})
 	wantCode(t, err, proto.ErrCodeInvalid)
 	for _, id := range []string{"run-1", "run-2"} {
-		if err := h.c.Signal(ctx, id, "SIGKILL"); err != nil {
+		if err := h.C.Signal(ctx, id, "SIGKILL"); err != nil {
 			t.Fatal(err)
 		}
-		records(t, h.c, id, 0, true)
+		guesttest.Records(t, h.C, id, 0, true)
 	}
 	for i := range 4 {
-		if _, err := h.c.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("done-%d", i), Argv: []string{"true"}}, 0, 0); err != nil {
+		if _, err := h.C.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("done-%d", i), Argv: []string{"true"}}, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	infos, err := h.c.Execs(ctx)
+	infos, err := h.C.Execs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,37 +535,37 @@ func TestExecLimits(t *testing.T) {
 		t.Errorf("Execs: got %s, want %s", got, want)
 	}
 	for _, id := range []string{"run-1", "run-2", "done-0"} {
-		_, err := h.c.Exec(ctx, id)
+		_, err := h.C.Exec(ctx, id)
 		wantCode(t, err, proto.ErrCodeNotFound)
-		if _, err := os.Stat(filepath.Join(h.state, id)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(h.State, id)); !os.IsNotExist(err) {
 			t.Errorf("state of dropped exec %s: got %v, want removed", id, err)
 		}
 	}
 	// Under its own bound, an exec starts.
-	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "capped", Argv: []string{"true"}, MaxRunning: 1}, 0, 0); err != nil {
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "capped", Argv: []string{"true"}, MaxRunning: 1}, 0, 0); err != nil {
 		t.Errorf("an exec under its MaxRunning: %v", err)
 	}
 	// A dropped id may be used again.
-	if _, err := h.c.Run(ctx, proto.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {
 		t.Errorf("reusing a dropped id: %v", err)
 	}
 }
 
 func TestCloseKillsExecs(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
-		ctx := ctxT(t, 20*time.Second)
-		if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 20*time.Second)
+		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { return len(treeLeft("long")) == 3 })
-		lr, err := h.c.Log(ctx, "long", 0, true)
+		waitFor(t, func() bool { return len(guesttest.TreeLeft("long")) == 3 })
+		lr, err := h.C.Log(ctx, "long", 0, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer lr.Close()
-		h.srv.Close()
-		waitTreeGone(t, "long")
+		h.Srv.Close()
+		guesttest.WaitTreeGone(t, "long")
 		// The follower ends: with the exit record, or because the stream went away.
 		for {
 			if _, err := lr.Next(); err != nil {
@@ -618,11 +573,11 @@ func TestCloseKillsExecs(t *testing.T) {
 			}
 		}
 		select {
-		case <-h.c.Done():
+		case <-h.C.Done():
 		case <-time.After(5 * time.Second):
 			t.Fatal("client: Done not closed after the server closed")
 		}
-		_, err = h.c.Health(ctx)
+		_, err = h.C.Health(ctx)
 		if !errors.Is(err, client.ErrClosed) {
 			t.Errorf("Health after close: got %v, want ErrClosed", err)
 		}
@@ -631,13 +586,13 @@ func TestCloseKillsExecs(t *testing.T) {
 
 // TestReaperReapsOrphans: in reap mode, orphans re-parented to the server are reaped.
 func TestReaperReapsOrphans(t *testing.T) {
-	h := newHarness(t, server.Options{Reap: true}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
-	res, err := h.c.Run(ctx, proto.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
+	h := guesttest.New(t, server.Options{Reap: true}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
 	if err != nil || res.Exit.ExitCode != 0 {
 		t.Fatalf("Run: %+v %v", res.Exit, err)
 	}
-	waitFor(t, func() bool { return len(zombieChildren()) == 0 && len(treeLeft("orphans")) == 0 })
+	waitFor(t, func() bool { return len(zombieChildren()) == 0 && len(guesttest.TreeLeft("orphans")) == 0 })
 }
 
 // zombieChildren lists zombies whose parent is this process.
@@ -675,114 +630,12 @@ func waitFor(t testing.TB, cond func() bool) {
 	}
 }
 
-func TestConcurrentCalls(t *testing.T) {
-	for _, tr := range []struct {
-		name string
-		tr   transport
-	}{{"socketpair", overSocketpair}, {"netpipe", overNetPipe}} {
-		t.Run(tr.name, func(t *testing.T) {
-			h := newHarness(t, server.Options{}, tr.tr)
-			ctx := ctxT(t, 60*time.Second)
-			var wg sync.WaitGroup
-			errs := make(chan error, 200)
-			for i := range 40 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					id := fmt.Sprintf("c-%d", i)
-					res, err := h.c.Run(ctx, proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo $SBX_EXEC_ID; head -c 100000 /dev/zero"}}, 0, 0)
-					if err != nil {
-						errs <- err
-						return
-					}
-					if want := id + "\n"; !strings.HasPrefix(string(res.Stdout), want) || len(res.Stdout) != len(want)+100000 {
-						errs <- fmt.Errorf("%s: got %d bytes of stdout", id, len(res.Stdout))
-					}
-					name := fmt.Sprintf("dir-%d/file", i)
-					content := strings.Repeat(id, 1000)
-					if _, err := h.c.WriteFile(ctx, name, 0o600, strings.NewReader(content)); err != nil {
-						errs <- err
-						return
-					}
-					rc, _, err := h.c.ReadFile(ctx, name)
-					if err != nil {
-						errs <- err
-						return
-					}
-					var b bytes.Buffer
-					_, err = b.ReadFrom(rc)
-					rc.Close()
-					if err != nil || b.String() != content {
-						errs <- fmt.Errorf("%s: read back %d bytes, %v", name, b.Len(), err)
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-		})
-	}
-}
-
-func TestBrokenStream(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 20*time.Second)
-	if _, err := h.c.StartExec(ctx, proto.ExecRequest{ID: "survivor", Argv: []string{"sh", "-c", "sleep 0.3; echo done"}}); err != nil {
-		t.Fatal(err)
-	}
-	lr, err := h.c.Log(ctx, "survivor", 0, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lr.Close()
-	_ = h.serverEnd.Close()
-	if _, err := lr.Next(); !errors.Is(err, client.ErrClosed) {
-		t.Errorf("Next on a broken stream: got %v, want ErrClosed", err)
-	}
-	select {
-	case <-h.c.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("Done not closed")
-	}
-	if _, err := h.c.Exec(ctx, "survivor"); !errors.Is(err, client.ErrClosed) {
-		t.Errorf("Exec on a broken stream: got %v, want ErrClosed", err)
-	}
-	// The exec belongs to the server: a new attach finds it finished with its output.
-	a, b := socketpair(t)
-	go h.srv.ServeConn(a)
-	c2, err := client.Dial(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	var out []byte
-	for _, r := range records(t, c2, "survivor", 0, true) {
-		if r.Kind == proto.RecordStdout {
-			out = append(out, r.Data...)
-		}
-	}
-	if string(out) != "done\n" {
-		t.Errorf("output after reattach: got %q, want done", out)
-	}
-}
-
-func TestDialFailsOnDeadStream(t *testing.T) {
-	a, b := socketpair(t)
-	_ = a.Close()
-	_, err := client.Dial(b)
-	if !errors.Is(err, client.ErrClosed) {
-		t.Errorf("Dial on a dead stream: got %v, want ErrClosed", err)
-	}
-}
-
 func BenchmarkRunTrue(b *testing.B) {
-	h := newHarness(b, server.Options{KeepEnded: 100}, overSocketpair)
+	h := guesttest.New(b, server.Options{KeepEnded: 100}, guesttest.OverSocketpair)
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		res, err := h.c.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
 		if err != nil || res.Exit.ExitCode != 0 {
 			b.Fatalf("Run: %+v %v", res.Exit, err)
 		}
@@ -808,10 +661,10 @@ func BenchmarkStartProcessTrue(b *testing.B) {
 
 // BenchmarkHealth is one protocol round trip over the stream.
 func BenchmarkHealth(b *testing.B) {
-	h := newHarness(b, server.Options{}, overSocketpair)
+	h := guesttest.New(b, server.Options{}, guesttest.OverSocketpair)
 	ctx := context.Background()
 	for b.Loop() {
-		if _, err := h.c.Health(ctx); err != nil {
+		if _, err := h.C.Health(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandboxd/guest/client"
+	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
 	"sandboxd/guest/server"
 )
@@ -39,7 +40,7 @@ func markers(t *testing.T, n int) []string {
 // marked lists the live processes whose command line carries one of the markers as an
 // argument (what `ps -eo args` shows, so an `exec -a` rename does not hide them).
 func marked(markers ...string) []int {
-	return liveProcs("cmdline", func(arg []byte) bool { return slices.Contains(markers, string(arg)) })
+	return guesttest.LiveProcs("cmdline", func(arg []byte) bool { return slices.Contains(markers, string(arg)) })
 }
 
 func waitMarked(t *testing.T, want int, markers ...string) {
@@ -58,8 +59,8 @@ func waitMarked(t *testing.T, want int, markers ...string) {
 }
 
 func TestHealthProcessTracking(t *testing.T) {
-	h := newHarness(t, server.Options{}, overNetPipe)
-	got, err := h.c.Health(ctxT(t, 5*time.Second))
+	h := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
+	got, err := h.C.Health(guesttest.Ctx(t, 5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func TestOpenCgroupsOnlyInPID1(t *testing.T) {
 // environment still end with the timeout, as long as their parent is one of the exec's.
 func TestTimeoutKillsEscapedTree(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
 		m := markers(t, 5)
 		script := fmt.Sprintf(`setsid env -i sleep %s &
 setsid sh -c 'env -i sleep %s & wait' &
@@ -94,7 +95,7 @@ sleep %s`, m[0], m[1], m[2], m[3], m[4])
 		var err error
 		go func() {
 			defer close(done)
-			res, err = h.c.Run(ctxT(t, 30*time.Second), proto.ExecRequest{ID: "escape", Argv: []string{"sh", "-c", script}, TimeoutMs: 2000}, 0, 0)
+			res, err = h.C.Run(guesttest.Ctx(t, 30*time.Second), proto.ExecRequest{ID: "escape", Argv: []string{"sh", "-c", script}, TimeoutMs: 2000}, 0, 0)
 		}()
 		waitMarked(t, 5, m...) // all of them ran
 		<-done
@@ -113,11 +114,11 @@ sleep %s`, m[0], m[1], m[2], m[3], m[4])
 // left the group included.
 func TestSignalAfterNormalExit(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
-		ctx := ctxT(t, 30*time.Second)
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 30*time.Second)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`sleep %s & sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 & echo started`, m[0], m[1])
-		res, err := h.c.Run(ctx, proto.ExecRequest{ID: "bg-left", Argv: []string{"sh", "-c", script}}, 0, 0)
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "bg-left", Argv: []string{"sh", "-c", script}}, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,7 +128,7 @@ func TestSignalAfterNormalExit(t *testing.T) {
 		waitMarked(t, 2, m...)
 		time.Sleep(300 * time.Millisecond)
 		waitMarked(t, 2, m...) // still running after the exit
-		if err := h.c.Signal(ctx, "bg-left", "SIGTERM"); err != nil {
+		if err := h.C.Signal(ctx, "bg-left", "SIGTERM"); err != nil {
 			t.Fatal(err)
 		}
 		waitMarked(t, 0, m...)
@@ -137,14 +138,14 @@ func TestSignalAfterNormalExit(t *testing.T) {
 // TestCloseKillsEscapedTree: Close ends a running exec's escaped processes too.
 func TestCloseKillsEscapedTree(t *testing.T) {
 	modes(t, func(t *testing.T, reap bool) {
-		h := newHarness(t, server.Options{Reap: reap}, overSocketpair)
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`setsid env -i sleep %s & sleep %s`, m[0], m[1])
-		if _, err := h.c.StartExec(ctxT(t, 10*time.Second), proto.ExecRequest{ID: "close", Argv: []string{"sh", "-c", script}}); err != nil {
+		if _, err := h.C.StartExec(guesttest.Ctx(t, 10*time.Second), proto.ExecRequest{ID: "close", Argv: []string{"sh", "-c", script}}); err != nil {
 			t.Fatal(err)
 		}
 		waitMarked(t, 2, m...)
-		h.srv.Close()
+		h.Srv.Close()
 		waitMarked(t, 0, m...)
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"sandboxd/guest/client"
+	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
 	"sandboxd/guest/server"
 )
@@ -110,7 +111,7 @@ func must(t testing.TB, err error) {
 
 func export(t testing.TB, c *client.Client) []byte {
 	t.Helper()
-	rc, err := c.ExportWorkspace(ctxT(t, 30*time.Second))
+	rc, err := c.ExportWorkspace(guesttest.Ctx(t, 30*time.Second))
 	if err != nil {
 		t.Fatalf("ExportWorkspace: %v", err)
 	}
@@ -138,45 +139,45 @@ func tarNames(t testing.TB, tarball []byte) []string {
 }
 
 func TestWorkspaceRoundTrip(t *testing.T) {
-	src := newHarness(t, server.Options{}, overSocketpair)
-	populate(t, src.ws)
+	src := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	populate(t, src.WS)
 	// A FIFO and a socket are skipped, a hard link becomes a regular file.
-	must(t, exec("mkfifo", filepath.Join(src.ws, "fifo")))
-	must(t, os.Link(filepath.Join(src.ws, "src/main.go"), filepath.Join(src.ws, "hardlink")))
-	want := snapshot(t, src.ws)
+	must(t, exec("mkfifo", filepath.Join(src.WS, "fifo")))
+	must(t, os.Link(filepath.Join(src.WS, "src/main.go"), filepath.Join(src.WS, "hardlink")))
+	want := snapshot(t, src.WS)
 	delete(want, "fifo")
 
-	tarball := export(t, src.c)
+	tarball := export(t, src.C)
 	names := tarNames(t, tarball)
 	if len(names) != len(want) {
 		t.Errorf("tar entries: got %d (%v), want %d", len(names), names, len(want))
 	}
 
-	dst := newHarness(t, server.Options{}, overNetPipe)
-	writeTree(t, dst.ws, map[string]string{"old.txt": "old", "src/old.go": "old"})
-	res, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true})
+	dst := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
+	writeTree(t, dst.WS, map[string]string{"old.txt": "old", "src/old.go": "old"})
+	res, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true})
 	if err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}
 	if res.Files != int64(len(want)) {
 		t.Errorf("import files: got %d, want %d", res.Files, len(want))
 	}
-	if d := diffSnapshots(snapshot(t, dst.ws), want); d != "" {
+	if d := diffSnapshots(snapshot(t, dst.WS), want); d != "" {
 		t.Errorf("workspace after round trip:\n%s", d)
 	}
-	fi, err := os.Stat(filepath.Join(dst.ws, "src/deep/a/b/c.txt"))
-	want0, _ := os.Stat(filepath.Join(src.ws, "src/deep/a/b/c.txt"))
+	fi, err := os.Stat(filepath.Join(dst.WS, "src/deep/a/b/c.txt"))
+	want0, _ := os.Stat(filepath.Join(src.WS, "src/deep/a/b/c.txt"))
 	if err != nil || !fi.ModTime().Equal(want0.ModTime().Round(time.Second)) {
 		t.Errorf("mtime: got %v, want %v", fi.ModTime(), want0.ModTime())
 	}
 
 	// Without replace, the tar is merged over what is there.
-	writeTree(t, dst.ws, map[string]string{"extra/keep.txt": "keep"})
-	must(t, os.WriteFile(filepath.Join(dst.ws, "README.md"), []byte("changed"), 0o644))
-	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
+	writeTree(t, dst.WS, map[string]string{"extra/keep.txt": "keep"})
+	must(t, os.WriteFile(filepath.Join(dst.WS, "README.md"), []byte("changed"), 0o644))
+	if _, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
 		t.Fatalf("ImportWorkspace merge: %v", err)
 	}
-	got := snapshot(t, dst.ws)
+	got := snapshot(t, dst.WS)
 	if !strings.HasPrefix(got["extra/keep.txt"], "file") || got["README.md"] != want["README.md"] {
 		t.Errorf("merge: got extra %q README %q, want kept and restored", got["extra/keep.txt"], got["README.md"])
 	}
@@ -184,19 +185,19 @@ func TestWorkspaceRoundTrip(t *testing.T) {
 
 // TestImportExternalSymlinks: a symlink out of the workspace is refused unless allowed.
 func TestImportExternalSymlinks(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 30*time.Second)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 30*time.Second)
 	tarball := buildTar(t, []tarEntry{
 		{name: "venv/bin/", typ: tar.TypeDir},
 		{name: "venv/bin/python", typ: tar.TypeSymlink, link: "/usr/bin/python3"},
 		{name: "app.py", body: "print(1)"},
 	})
-	_, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{Replace: true})
+	_, err := h.C.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{Replace: true})
 	wantCode(t, err, proto.ErrCodeInvalid)
-	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
+	if _, err := h.C.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		t.Fatalf("ImportWorkspace with external symlinks: %v", err)
 	}
-	if target, err := os.Readlink(filepath.Join(h.ws, "venv/bin/python")); err != nil || target != "/usr/bin/python3" {
+	if target, err := os.Readlink(filepath.Join(h.WS, "venv/bin/python")); err != nil || target != "/usr/bin/python3" {
 		t.Errorf("venv link: got %q %v, want /usr/bin/python3", target, err)
 	}
 }
@@ -241,13 +242,13 @@ func buildTar(t testing.TB, entries []tarEntry) []byte {
 }
 
 func TestImportHostile(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	populate(t, h.ws)
-	before := snapshot(t, h.ws)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	populate(t, h.WS)
+	before := snapshot(t, h.WS)
 	outside := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(outside, "target"), []byte("outside"), 0o644))
 	outsideBefore := snapshot(t, outside)
-	rel := func(p string) string { r, _ := filepath.Rel(h.ws, p); return r }
+	rel := func(p string) string { r, _ := filepath.Rel(h.WS, p); return r }
 
 	many := make([]tarEntry, 6)
 	for i := range many {
@@ -318,15 +319,15 @@ func TestImportHostile(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.opts.Replace = true
-			_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, tt.entries)), tt.opts)
+			_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(buildTar(t, tt.entries)), tt.opts)
 			wantCode(t, err, tt.code)
-			if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
+			if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
 				t.Errorf("workspace changed:\n%s", d)
 			}
 			if d := diffSnapshots(snapshot(t, outside), outsideBefore); d != "" {
 				t.Errorf("outside changed:\n%s", d)
 			}
-			for _, p := range []string{"/etc/evil", "/tmp/evil-abs", filepath.Join(filepath.Dir(h.ws), "evil")} {
+			for _, p := range []string{"/etc/evil", "/tmp/evil-abs", filepath.Join(filepath.Dir(h.WS), "evil")} {
 				if _, err := os.Lstat(p); err == nil {
 					os.Remove(p)
 					t.Errorf("%s was created", p)
@@ -335,9 +336,9 @@ func TestImportHostile(t *testing.T) {
 		})
 	}
 	// A garbage body is a bad tar, nothing more.
-	_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), client.ImportOptions{Replace: true})
+	_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), client.ImportOptions{Replace: true})
 	wantCode(t, err, proto.ErrCodeInvalid)
-	if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
+	if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
 		t.Errorf("workspace changed by garbage:\n%s", d)
 	}
 }
@@ -357,9 +358,9 @@ func (f *failingReader) Read(p []byte) (int, error) {
 }
 
 func TestImportAbortedMidway(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	populate(t, h.ws)
-	before := snapshot(t, h.ws)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	populate(t, h.WS)
+	before := snapshot(t, h.WS)
 	big := make([]tarEntry, 0, 50)
 	for i := range 50 {
 		big = append(big, tarEntry{name: fmt.Sprintf("new/f%d", i), body: strings.Repeat("z", 50000)})
@@ -376,22 +377,22 @@ func TestImportAbortedMidway(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), tt.body, client.ImportOptions{Replace: true})
+			_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), tt.body, client.ImportOptions{Replace: true})
 			if err == nil {
 				t.Fatal("ImportWorkspace: got no error, want one")
 			}
 			// The server cleans its staging folder after answering.
 			waitFor(t, func() bool {
-				m, _ := filepath.Glob(filepath.Join(h.ws, ".sbx-import-*"))
+				m, _ := filepath.Glob(filepath.Join(h.WS, ".sbx-import-*"))
 				return len(m) == 0
 			})
-			if d := diffSnapshots(snapshot(t, h.ws), before); d != "" {
+			if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
 				t.Errorf("workspace changed:\n%s", d)
 			}
 		})
 	}
 	// The same stream, whole, goes in.
-	res, err := h.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{})
+	res, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{})
 	if err != nil || res.Files != 50 || res.Bytes != 50*50000 {
 		t.Fatalf("ImportWorkspace: got %+v %v, want 50 files", res, err)
 	}
@@ -429,25 +430,25 @@ func fileExists(p string) bool {
 // TestImportLaterEntriesReplaceEarlierOnes: a file given twice ends with its last content; a
 // file over an earlier symlink replaces the link and never writes through it.
 func TestImportLaterEntriesReplaceEarlierOnes(t *testing.T) {
-	h := newHarness(t, server.Options{}, overSocketpair)
-	ctx := ctxT(t, 30*time.Second)
-	must(t, os.WriteFile(filepath.Join(h.ws, "outside-target"), []byte("untouched"), 0o644))
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 30*time.Second)
+	must(t, os.WriteFile(filepath.Join(h.WS, "outside-target"), []byte("untouched"), 0o644))
 	tarball := buildTar(t, []tarEntry{
 		{name: "a/b/same.txt", body: "first"},
 		{name: "a/b/same.txt", body: "second"},
 		{name: "a/link", typ: tar.TypeSymlink, link: "../outside-target"},
 		{name: "a/link", body: "a file now"},
 	})
-	if _, err := h.c.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
+	if _, err := h.C.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}
 	for p, want := range map[string]string{"a/b/same.txt": "second", "a/link": "a file now", "outside-target": "untouched"} {
-		got, err := os.ReadFile(filepath.Join(h.ws, p))
+		got, err := os.ReadFile(filepath.Join(h.WS, p))
 		if err != nil || string(got) != want {
 			t.Errorf("%s: got %q %v, want %q", p, got, err, want)
 		}
 	}
-	if fi, err := os.Lstat(filepath.Join(h.ws, "a/link")); err != nil || !fi.Mode().IsRegular() {
+	if fi, err := os.Lstat(filepath.Join(h.WS, "a/link")); err != nil || !fi.Mode().IsRegular() {
 		t.Errorf("a/link: got %v %v, want a regular file", fi, err)
 	}
 }
@@ -467,7 +468,7 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 		"sub/.sbx-tmp-deadbeef": "too short to be the server's",
 	})
 	// A server starting on the workspace removes only its own staging folders.
-	srv, err := server.New(server.Options{Workspace: ws, StateDir: tmpfsDir(t)})
+	srv, err := server.New(server.Options{Workspace: ws, StateDir: guesttest.TmpfsDir(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,10 +482,10 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 		t.Errorf("the stale staging folder %s was kept", ownImport)
 	}
 
-	h := newHarness(t, server.Options{}, overSocketpair)
-	must(t, os.RemoveAll(h.ws))
-	must(t, os.Rename(ws, h.ws))
-	tarball := export(t, h.c)
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	must(t, os.RemoveAll(h.WS))
+	must(t, os.Rename(ws, h.WS))
+	tarball := export(t, h.C)
 	got := tarNames(t, tarball)
 	sort.Strings(got)
 	want := []string{".sbx-import-x/", ".sbx-import-x/y", ".sbx-tmp-notes", "sub/", "sub/" + ownImport, "sub/.sbx-tmp-deadbeef"}
@@ -493,19 +494,19 @@ func TestReservedLookAlikesSurvive(t *testing.T) {
 	}
 
 	// The export goes back in whole (a restore), into a fresh workspace.
-	dst := newHarness(t, server.Options{}, overSocketpair)
-	if _, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true}); err != nil {
+	dst := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	if _, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true}); err != nil {
 		t.Fatalf("ImportWorkspace: %v", err)
 	}
 	for _, name := range []string{".sbx-tmp-notes", ".sbx-import-x/y", "sub/" + ownImport} {
-		if !fileExists(filepath.Join(dst.ws, name)) {
+		if !fileExists(filepath.Join(dst.WS, name)) {
 			t.Errorf("%s missing after the import", name)
 		}
 	}
 
 	// A tar naming one of the server's own forms is refused, not silently hidden.
 	for _, name := range []string{ownTmp, "a/" + ownTmp, ownImport + "/f"} {
-		_, err := dst.c.ImportWorkspace(ctxT(t, 30*time.Second), bytes.NewReader(buildTar(t, []tarEntry{{name: name, body: "x"}})), client.ImportOptions{})
+		_, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(buildTar(t, []tarEntry{{name: name, body: "x"}})), client.ImportOptions{})
 		wantCode(t, err, proto.ErrCodeInvalid)
 	}
 }
