@@ -1,7 +1,8 @@
 // Package tarsafe holds the rules that keep a tar stream's entries inside the tree they are
 // extracted into, shared by everything that reads a tree as tar: the bootstrap sources
 // (internal/source), which check and normalize an archive before it reaches a sandbox, and the
-// guest init's workspace import, which checks every stream again while it extracts it.
+// guest init's workspace import (guest/server), which checks every stream again while it
+// extracts it.
 //
 // The rules:
 //   - A name (an entry's, or a hard link's target) is not empty, holds no NUL, is relative,
@@ -11,6 +12,15 @@
 //     root).
 //   - An entry is a regular file, a directory, a symlink or a hard link; a device, FIFO,
 //     socket or any other type is refused (CheckType).
+//   - Nothing climbs out of the root (Escapes): no name, and no relative symlink target read
+//     from the link's folder (unless the import is asked to keep links out of the workspace).
+//
+// Both readers also refuse a hard link to anything but an earlier regular file and any entry
+// below (or a directory in the place of) a symlink of the same stream; each checks that
+// against its own state (the names seen so far, the files extracted so far). Their other
+// symlink rules differ on purpose: the sources refuse absolute targets and targets that go
+// through another link, while the import keeps absolute targets under /workspace (and, when
+// asked, any), because restoring a workspace has to bring back the links it held.
 //
 // Standard library only, so that the guest init (a static binary inside every sandbox) can link
 // it.
