@@ -12,7 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/events"
@@ -33,7 +34,7 @@ import (
 //   - a source larger than the sandbox's disk (the profile's disk_mb) is INVALID_ARGUMENT, the
 //     same request can never succeed: a snapshot is refused by its manifest's size before
 //     anything is read (createSource, snapshotFits), an archive or prefix when the disk
-//     fills up on the way (the guest answers guest.IsNoSpace).
+//     fills up on the way (the guest answers proto.IsNoSpace).
 //
 // Later execs never fetch again: the workspace lives on the sandbox's disk, and stop/start
 // restore it from checkpoints. While an archive or prefix streams, the sandbox's state_reason
@@ -152,21 +153,21 @@ func (s *Service) bootstrap(ctx context.Context, rec runtime.Record, field, labe
 }
 
 func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, label string,
-	open func(context.Context) (io.ReadCloser, error)) (guest.ImportResult, int64, error) {
+	open func(context.Context) (io.ReadCloser, error)) (proto.ImportResult, int64, error) {
 	g, err := s.guest(ctx, rec.ID)
 	if err != nil {
-		return guest.ImportResult{}, 0, err
+		return proto.ImportResult{}, 0, err
 	}
 	s.bootstrapProgress(ctx, rec, label, 0)
 	rc, err := open(ctx)
 	if err != nil {
-		return guest.ImportResult{}, 0, sourceError(ctx, err, field)
+		return proto.ImportResult{}, 0, sourceError(ctx, err, field)
 	}
 	defer rc.Close()
 	cr := &countingReader{r: rc}
 	stop := s.followProgress(ctx, rec, label, cr)
 	lim := s.sources.Options()
-	res, err := g.ImportWorkspace(ctx, cr, guest.ImportOptions{Replace: true,
+	res, err := g.ImportWorkspace(ctx, cr, client.ImportOptions{Replace: true,
 		MaxFiles: int64(lim.MaxFiles), MaxBytes: lim.MaxTotalBytes})
 	stop()
 	if err != nil {
@@ -175,7 +176,7 @@ func (s *Service) bootstrapWork(ctx context.Context, rec runtime.Record, field, 
 		if serr := cr.failure(); serr != nil {
 			return res, cr.n.Load(), sourceError(ctx, serr, field)
 		}
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return res, cr.n.Load(), apierror.Wrap(err, apierror.InvalidArgument,
 				"the %s (%s) holds more than the sandbox's disk can take (%s): the disk was full after %d bytes of it; use a profile with a larger disk",
 				field, label, diskLabel(rec.Spec.DiskBytes), cr.n.Load()).WithDetail("field", field)
@@ -293,8 +294,8 @@ func sourceError(ctx context.Context, err error, field string) error {
 
 // importError turns a failed workspace import of a source into a client error.
 func (s *Service) importError(ctx context.Context, id string, err error) error {
-	var ge *guest.Error
-	if errors.As(err, &ge) && (ge.Code == guest.ErrCodeInvalid || ge.Code == guest.ErrCodeTooLarge) {
+	var ge *proto.Error
+	if errors.As(err, &ge) && (ge.Code == proto.ErrCodeInvalid || ge.Code == proto.ErrCodeTooLarge) {
 		return apierror.Wrap(err, apierror.InvalidArgument, "the workspace import refused the source: %s", ge.Message)
 	}
 	return s.guestError(ctx, id, err)

@@ -8,7 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/events"
@@ -54,7 +55,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req Exe
 	f := s.newFollower(meta, 0, !req.Detach)
 	f.fresh = true
 	// The log is read on the service's context: the command and its follower outlive the request.
-	lr, err := g.StartLog(s.bg, guest.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+	lr, err := g.StartLog(s.bg, proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
 		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, MaxRunning: s.cfg.MaxRunningExecs})
 	if err != nil {
 		gerr := s.guestError(ctx, id, err)
@@ -103,7 +104,7 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 		return res, nil
 	}
 	limit := s.cfg.Limits.ExecMaxOutputBytes
-	stdout, stderr := guest.Tail{Limit: limit}, guest.Tail{Limit: limit}
+	stdout, stderr := client.Tail{Limit: limit}, client.Tail{Limit: limit}
 	gap := false
 	after := ""
 	for {
@@ -327,7 +328,7 @@ type followResult struct {
 
 // collector keeps a waiting caller's output: the newest limit bytes of each stream.
 type collector struct {
-	stdout, stderr guest.Tail
+	stdout, stderr client.Tail
 	// gap: the guest's log no longer held some output when it was read.
 	gap     bool
 	upTo    int64 // guest offset collected so far: a reopened log repeats nothing
@@ -338,7 +339,7 @@ func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follo
 	f := &follower{s: s, meta: m, pos: offset, stored: offset, writing: true, result: make(chan followResult, 1)}
 	if wait {
 		limit := s.cfg.Limits.ExecMaxOutputBytes
-		f.wait = &collector{upTo: offset, stdout: guest.Tail{Limit: limit}, stderr: guest.Tail{Limit: limit}}
+		f.wait = &collector{upTo: offset, stdout: client.Tail{Limit: limit}, stderr: client.Tail{Limit: limit}}
 	}
 	s.followMu.Lock()
 	s.following[m.ID] = true
@@ -348,7 +349,7 @@ func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follo
 
 // start runs the follower in the background; lr is the guest log opened at f.pos, or nil to
 // open it first (a takeover).
-func (f *follower) start(lr *guest.LogReader) {
+func (f *follower) start(lr *client.LogReader) {
 	f.s.followers.Add(1)
 	go func() {
 		defer f.s.followers.Done()
@@ -376,7 +377,7 @@ func (f *follower) forget() {
 }
 
 type logItem struct {
-	rec guest.Record
+	rec client.Record
 	err error
 }
 
@@ -388,7 +389,7 @@ const (
 
 // follow copies the exec's log until its exit status is in the stream, the lease is lost (and
 // nobody waits here), or the service closes.
-func (f *follower) follow(lr *guest.LogReader) {
+func (f *follower) follow(lr *client.LogReader) {
 	s := f.s
 	if f.fresh {
 		s.publishExec(f.meta, EventExecStarted, nil)
@@ -436,7 +437,7 @@ func (f *follower) follow(lr *guest.LogReader) {
 	}
 }
 
-func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
+func readLog(ctx context.Context, lr *client.LogReader, out chan<- logItem) {
 	defer close(out)
 	for {
 		rec, err := lr.Next()
@@ -445,7 +446,7 @@ func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
 		case <-ctx.Done():
 			return
 		}
-		if err != nil || rec.Kind == guest.RecordExit {
+		if err != nil || rec.Kind == proto.RecordExit {
 			return
 		}
 	}
@@ -484,7 +485,7 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			}
 			rec := it.rec
 			f.collect(rec)
-			if rec.Kind == guest.RecordExit {
+			if rec.Kind == proto.RecordExit {
 				st, err := rec.ExitStatus()
 				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs,
 					Error: st.Error, StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes}
@@ -501,9 +502,9 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			}
 			var stream execstream.Stream
 			switch rec.Kind {
-			case guest.RecordStdout:
+			case proto.RecordStdout:
 				stream = execstream.Stdout
-			case guest.RecordStderr:
+			case proto.RecordStderr:
 				stream = execstream.Stderr
 			default:
 				// A RecordTruncated: the guest's log dropped output before this follower read
@@ -533,20 +534,20 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 	}
 }
 
-func (f *follower) collect(rec guest.Record) {
+func (f *follower) collect(rec client.Record) {
 	c := f.wait
 	if c == nil || rec.Offset <= c.upTo {
 		return
 	}
 	c.upTo = rec.Offset
 	switch rec.Kind {
-	case guest.RecordStdout:
+	case proto.RecordStdout:
 		c.written += int64(len(rec.Data))
 		c.stdout.Write(rec.Data)
-	case guest.RecordStderr:
+	case proto.RecordStderr:
 		c.written += int64(len(rec.Data))
 		c.stderr.Write(rec.Data)
-	case guest.RecordTruncated:
+	case proto.RecordTruncated:
 		c.gap = true
 	}
 }
@@ -621,7 +622,7 @@ func (f *follower) renew() {
 // should stop following, and an error when the exec cannot be followed to its end any more
 // (the sandbox is gone or restarted): that error becomes the exec's end. When the sandbox
 // failed, the error is SANDBOX_FAILED (and the sandbox is recorded FAILED).
-func (f *follower) reopen() (*guest.LogReader, error) {
+func (f *follower) reopen() (*client.LogReader, error) {
 	s := f.s
 	for attempt := 0; ; attempt++ {
 		f.renew()
@@ -657,13 +658,13 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 			g, err := s.guest(ctx, f.meta.Sandbox)
 			cancel()
 			if err == nil {
-				var lr *guest.LogReader
+				var lr *client.LogReader
 				if lr, err = g.Log(s.bg, f.meta.ID, offset, true); err == nil {
 					f.pos = offset
 					return lr, nil
 				}
-				var ge *guest.Error
-				if errors.As(err, &ge) && ge.Code == guest.ErrCodeNotFound {
+				var ge *proto.Error
+				if errors.As(err, &ge) && ge.Code == proto.ErrCodeNotFound {
 					return nil, errors.New("the sandbox restarted while the command ran; its end is unknown")
 				}
 			}

@@ -19,7 +19,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/agentrun"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -897,11 +898,11 @@ func (s *Service) restore(ctx context.Context, id string, sc checkpoint.Scope, s
 	if err != nil {
 		return err
 	}
-	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
+	if _, err := g.ImportWorkspace(ctx, r, client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return s.corruptCheckpoint(ctx, sc, snapID, err)
 		}
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return apierror.Wrap(err, apierror.PayloadTooLarge,
 				"checkpoint %s does not fit the sandbox's disk: the disk filled up while it was restored", snapID).WithDetail("snapshot_id", snapID)
 		}
@@ -1081,20 +1082,20 @@ func (s *Service) validateExec(req ExecRequest) (time.Duration, error) {
 // guestError turns a failed guest call into a client error: a broken attach to a dead box
 // marks the sandbox FAILED; a guest's own error keeps its meaning.
 func (s *Service) guestError(ctx context.Context, id string, err error) error {
-	var ge *guest.Error
+	var ge *proto.Error
 	if errors.As(err, &ge) {
 		switch ge.Code {
-		case guest.ErrCodeNotFound:
+		case proto.ErrCodeNotFound:
 			return apierror.Wrap(err, apierror.NotFound, "%s", ge.Message)
-		case guest.ErrCodeInvalid, guest.ErrCodeIsDir, guest.ErrCodeNotDir:
+		case proto.ErrCodeInvalid, proto.ErrCodeIsDir, proto.ErrCodeNotDir:
 			return apierror.Wrap(err, apierror.InvalidArgument, "%s", ge.Message)
-		case guest.ErrCodeTooLarge, guest.ErrCodeNoSpace:
+		case proto.ErrCodeTooLarge, proto.ErrCodeNoSpace:
 			return apierror.Wrap(err, apierror.PayloadTooLarge, "%s", ge.Message)
-		case guest.ErrCodeExists:
+		case proto.ErrCodeExists:
 			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)
-		case guest.ErrCodeUnavailable:
+		case proto.ErrCodeUnavailable:
 			return apierror.Wrap(err, apierror.Unavailable, "%s", ge.Message).WithRetryAfter(time.Second)
-		case guest.ErrCodeTooMany:
+		case proto.ErrCodeTooMany:
 			return apierror.Wrap(err, apierror.LimitExceeded, "%s", ge.Message).
 				WithDetail("limit_name", "running_execs_per_sandbox").WithRetryAfter(time.Second)
 		}
@@ -1212,7 +1213,7 @@ func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string
 	return out, truncated, nil
 }
 
-func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*guest.Client, error) {
+func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*client.Client, error) {
 	if _, err := s.load(ctx, p, id, VerbFiles); err != nil {
 		return nil, err
 	}
@@ -1313,7 +1314,7 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 // attachment is this replica's attach stream to one sandbox's guest init, shared by every call.
 type attachment struct {
 	ready  chan struct{}
-	client *guest.Client
+	client *client.Client
 	err    error
 }
 
@@ -1325,7 +1326,7 @@ func (a *attachment) close() {
 }
 
 // guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
-func (s *Service) guest(ctx context.Context, id string) (*guest.Client, error) {
+func (s *Service) guest(ctx context.Context, id string) (*client.Client, error) {
 	for {
 		s.mu.Lock()
 		a, ok := s.attachs[id]
@@ -1369,7 +1370,7 @@ func (s *Service) guest(ctx context.Context, id string) (*guest.Client, error) {
 	}
 }
 
-func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) {
+func (s *Service) attach(ctx context.Context, id string) (*client.Client, error) {
 	// The attach outlives the request that opened it.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -1384,7 +1385,7 @@ func (s *Service) attach(ctx context.Context, id string) (*guest.Client, error) 
 		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "could not attach to the sandbox").WithRetryAfter(time.Second)
 	}
-	c, err := guest.Dial(rwc)
+	c, err := client.Dial(rwc)
 	if err != nil {
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
@@ -1423,6 +1424,6 @@ func toSandbox(rec runtime.Record) Sandbox {
 		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network)}
 }
 
-func fileInfo(f guest.FileInfo) FileInfo {
+func fileInfo(f proto.FileInfo) FileInfo {
 	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime}
 }

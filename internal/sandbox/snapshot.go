@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
@@ -205,7 +205,7 @@ func (s *Service) restoreSnapshotSource(ctx context.Context, rec runtime.Record,
 		}
 	}
 	if err := s.restore(ctx, rec.ID, sc, src); err != nil {
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return apierror.Wrap(err, apierror.InvalidArgument,
 				"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
 				src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")
