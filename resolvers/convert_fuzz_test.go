@@ -23,6 +23,7 @@ import (
 
 	"sandboxd/graph"
 	"sandboxd/graph/model"
+	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/quota"
@@ -444,7 +445,7 @@ type gfService struct {
 	calls []gfCall
 }
 
-var _ Service = (*gfService)(nil)
+var _ api.Service = (*gfService)(nil)
 
 func (s *gfService) record(verb string, arg any) { s.calls = append(s.calls, gfCall{verb, arg}) }
 
@@ -550,3 +551,12 @@ func (s *gfService) AgentRunEvents(context.Context, auth.Principal, string, stri
 	close(ch)
 	return ch, nil
 }
+
+// GraphQL never calls the methods below (REST does); they answer like the others.
+
+func (s *gfService) OpenFile(_ context.Context, _ auth.Principal, _, path string) (io.ReadCloser, sandbox.FileInfo, error) {
+	s.record("OpenFile", path)
+	return io.NopCloser(bytes.NewReader(nil)), sandbox.FileInfo{Path: path}, nil
+}
+
+func (s *gfService) Limits() sandbox.Limits { return sandbox.DefaultLimits() }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"sandboxd/graph/model"
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/sandbox"
 )
 
@@ -38,13 +39,13 @@ func TestMiB(t *testing.T) {
 }
 
 func TestExpiresAt(t *testing.T) {
-	s := toSandbox(sandbox.Sandbox{CreatedAt: t0})
+	s := toSandbox(sandbox.Sandbox{CreatedAt: apitest.T0})
 	if s.ExpiresAt != nil {
 		t.Errorf("got expiresAt %v for no TTL, want null", s.ExpiresAt)
 	}
-	s = toSandbox(sandbox.Sandbox{CreatedAt: t0, TTLSec: 60})
-	if s.ExpiresAt == nil || !s.ExpiresAt.Equal(t0.Add(time.Minute)) {
-		t.Errorf("got expiresAt %v, want %v", s.ExpiresAt, t0.Add(time.Minute))
+	s = toSandbox(sandbox.Sandbox{CreatedAt: apitest.T0, TTLSec: 60})
+	if s.ExpiresAt == nil || !s.ExpiresAt.Equal(apitest.T0.Add(time.Minute)) {
+		t.Errorf("got expiresAt %v, want %v", s.ExpiresAt, apitest.T0.Add(time.Minute))
 	}
 }
 
@@ -135,7 +136,7 @@ func TestExecEnumsMatchSchema(t *testing.T) {
 
 func TestToExecResult(t *testing.T) {
 	full := sandbox.ExecResult{ExecID: "exec_1", ExitCode: 0, Signal: "SIGKILL", TimedOut: true, Duration: time.Second,
-		StartedAt: t0, EndedAt: t0.Add(time.Second), Error: "lost", OutputBytes: 7}
+		StartedAt: apitest.T0, EndedAt: apitest.T0.Add(time.Second), Error: "lost", OutputBytes: 7}
 	tests := []struct {
 		name      string
 		state     sandbox.ExecState

@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket/wsjson"
 	"go.uber.org/goleak"
 
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/sandbox"
 )
 
@@ -20,13 +21,13 @@ const execResultFields = `execId sandboxId command state exitCode signal timedOu
 	outputBytes stdout stderr stdoutBase64 stderrBase64 stdoutTruncated stderrTruncated error`
 
 func TestExecWait(t *testing.T) {
-	const q = `mutation($w: Boolean) { exec(sandboxId: "` + idRunning + `", input: {command: ["sleep", "60"]}, wait: $w) { ` +
+	const q = `mutation($w: Boolean) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: {command: ["sleep", "60"]}, wait: $w) { ` +
 		execResultFields + ` } }`
-	running := map[string]any{"execId": execRunning, "sandboxId": idRunning, "command": "'sleep' '60'", "state": "RUNNING",
+	running := map[string]any{"execId": apitest.ExecRunning, "sandboxId": apitest.SandboxRunning, "command": "'sleep' '60'", "state": "RUNNING",
 		"exitCode": nil, "signal": nil, "timedOut": false, "durationMs": nil, "startedAt": "2025-01-02T03:04:05Z",
 		"endedAt": nil, "outputBytes": 12.0, "stdout": "", "stderr": "", "stdoutBase64": "", "stderrBase64": "",
 		"stdoutTruncated": false, "stderrTruncated": false, "error": nil}
-	ended := map[string]any{"execId": execEnded, "state": "ENDED", "exitCode": 3.0, "durationMs": 1500.0,
+	ended := map[string]any{"execId": apitest.ExecEnded, "state": "ENDED", "exitCode": 3.0, "durationMs": 1500.0,
 		"endedAt": "2025-01-02T03:04:06.5Z", "stderr": "warn\n"}
 	tests := []struct {
 		name       string
@@ -42,7 +43,7 @@ func TestExecWait(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, HandlerOptions{})
-			r := e.post(t, userKey, q, tt.vars)
+			r := e.post(t, apitest.UserKey, q, tt.vars)
 			noErrors(t, r)
 			var res map[string]any
 			field(t, r, "exec", &res)
@@ -51,11 +52,17 @@ func TestExecWait(t *testing.T) {
 					t.Errorf("%s: got %v, want %v", k, got, v)
 				}
 			}
-			if got := e.fake.execReq.Detach; got != tt.wantDetach {
+			if got := e.fake.Last("Exec").Exec.Detach; got != tt.wantDetach {
 				t.Errorf("got Detach %v, want %v", got, tt.wantDetach)
 			}
 		})
 	}
+}
+
+// getExecArgs is what GetExec was asked.
+type getExecArgs struct {
+	sandboxID, execID string
+	output            bool
 }
 
 func TestExecQuery(t *testing.T) {
@@ -65,45 +72,46 @@ func TestExecQuery(t *testing.T) {
 		wantOutput bool
 		want       map[string]any
 	}{
-		{name: "status-only", query: `{ exec(id: "` + execEnded + `") { execId state exitCode durationMs outputBytes } }`,
-			want: map[string]any{"execId": execEnded, "state": "ENDED", "exitCode": 3.0, "durationMs": 1500.0, "outputBytes": 11.0}},
-		{name: "running", query: `{ exec(id: "` + execRunning + `") { state exitCode durationMs endedAt timedOut } }`,
+		{name: "status-only", query: `{ exec(id: "` + apitest.ExecEnded + `") { execId state exitCode durationMs outputBytes } }`,
+			want: map[string]any{"execId": apitest.ExecEnded, "state": "ENDED", "exitCode": 3.0, "durationMs": 1500.0, "outputBytes": 11.0}},
+		{name: "running", query: `{ exec(id: "` + apitest.ExecRunning + `") { state exitCode durationMs endedAt timedOut } }`,
 			want: map[string]any{"state": "RUNNING", "exitCode": nil, "durationMs": nil, "endedAt": nil, "timedOut": false}},
-		{name: "stdout", query: `{ exec(id: "` + execEnded + `") { state stdout } }`, wantOutput: true,
+		{name: "stdout", query: `{ exec(id: "` + apitest.ExecEnded + `") { state stdout } }`, wantOutput: true,
 			want: map[string]any{"state": "ENDED", "stdout": "hello\n"}},
-		{name: "aliased-base64", query: `{ exec(id: "` + execEnded + `") { err: stderrBase64 } }`, wantOutput: true,
+		{name: "aliased-base64", query: `{ exec(id: "` + apitest.ExecEnded + `") { err: stderrBase64 } }`, wantOutput: true,
 			want: map[string]any{"err": base64.StdEncoding.EncodeToString([]byte("oops\xff"))}},
-		{name: "truncated-in-fragment", query: `{ exec(id: "` + execEnded + `") { ...F } } fragment F on ExecResult { stderrTruncated }`,
+		{name: "truncated-in-fragment", query: `{ exec(id: "` + apitest.ExecEnded + `") { ...F } } fragment F on ExecResult { stderrTruncated }`,
 			wantOutput: true, want: map[string]any{"stderrTruncated": true}},
-		{name: "inline-fragment", query: `{ exec(id: "` + execEnded + `") { ... on ExecResult { stderr } } }`, wantOutput: true,
+		{name: "inline-fragment", query: `{ exec(id: "` + apitest.ExecEnded + `") { ... on ExecResult { stderr } } }`, wantOutput: true,
 			want: map[string]any{"stderr": "oops\uFFFD"}},
-		{name: "skipped-output", query: `{ exec(id: "` + execEnded + `") { state stdout @skip(if: true) } }`,
+		{name: "skipped-output", query: `{ exec(id: "` + apitest.ExecEnded + `") { state stdout @skip(if: true) } }`,
 			want: map[string]any{"state": "ENDED"}},
-		{name: "typename-only", query: `{ exec(id: "` + execEnded + `") { __typename } }`,
+		{name: "typename-only", query: `{ exec(id: "` + apitest.ExecEnded + `") { __typename } }`,
 			want: map[string]any{"__typename": "ExecResult"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, HandlerOptions{})
-			r := e.post(t, userKey, tt.query, nil)
+			r := e.post(t, apitest.UserKey, tt.query, nil)
 			noErrors(t, r)
 			var res map[string]any
 			field(t, r, "exec", &res)
 			if !equalJSON(res, tt.want) {
 				t.Errorf("got %v, want %v", res, tt.want)
 			}
-			id := execEnded
+			id := apitest.ExecEnded
 			if tt.name == "running" {
-				id = execRunning
+				id = apitest.ExecRunning
 			}
-			if got, want := e.fake.getExec, (getExecArgs{execID: id, output: tt.wantOutput}); got != want {
+			c := e.fake.Last("GetExec")
+			if got, want := (getExecArgs{c.SandboxID, c.ID, c.Output}), (getExecArgs{execID: id, output: tt.wantOutput}); got != want {
 				t.Errorf("got GetExec%+v, want %+v", got, want)
 			}
 		})
 	}
 	t.Run("not-found", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
-		r := e.post(t, userKey, `{ exec(id: "exec_other") { state } }`, nil)
+		r := e.post(t, apitest.UserKey, `{ exec(id: "exec_other") { state } }`, nil)
 		if got := r.code(0); got != "NOT_FOUND" {
 			t.Fatalf("got %q (%+v), want NOT_FOUND", got, r.Errors)
 		}
@@ -126,7 +134,7 @@ func testExecEvents() []sandbox.ExecEvent {
 		{Kind: sandbox.ExecChunk, Cursor: "20-0", Stream: "stderr", Data: []byte("price \xe2\x82")},
 		{Kind: sandbox.ExecTruncated, Cursor: "90-0", MissedBytes: 42},
 		{Kind: sandbox.ExecChunk, Cursor: "96-0", Stream: "stdout", Data: []byte("\xac!")},
-		{Kind: sandbox.ExecExit, Cursor: "96-1", Result: endedExec()},
+		{Kind: sandbox.ExecExit, Cursor: "96-1", Result: new(apitest.EndedExec())},
 	}
 }
 
@@ -166,9 +174,9 @@ func checkExecEvents(t *testing.T, got []execEventJSON) {
 func checkExecDrained(ctx context.Context, t *testing.T, e *env, want int) {
 	t.Helper()
 	select {
-	case end := <-e.fake.execDone:
-		if !end.drained || end.sent != want {
-			t.Errorf("got the service's stream ended after %d events (drained %v), want all %d sent and closed", end.sent, end.drained, want)
+	case end := <-e.fake.ExecDone():
+		if !end.Drained || end.Sent != want {
+			t.Errorf("got the service's stream ended after %d events (drained %v), want all %d sent and closed", end.Sent, end.Drained, want)
 		}
 	case <-ctx.Done():
 		t.Fatal("the service's output stream did not end")
@@ -191,7 +199,7 @@ func execOutputOf(t *testing.T, payload json.RawMessage) execEventJSON {
 func wsSubscribe(ctx context.Context, t *testing.T, e *env, query string, vars map[string]any) *websocket.Conn {
 	t.Helper()
 	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
+	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
 	if m := next(ctx, t, c); m.Type != "connection_ack" {
 		t.Fatalf("got %s, want connection_ack", m.Type)
 	}
@@ -201,10 +209,10 @@ func wsSubscribe(ctx context.Context, t *testing.T, e *env, query string, vars m
 
 func TestExecOutputWebsocket(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.execEvents = testExecEvents()
+	e.fake.ExecEvents[apitest.ExecEnded] = testExecEvents()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := wsSubscribe(ctx, t, e, execOutputQuery, map[string]any{"id": execEnded, "a": "5-0"})
+	c := wsSubscribe(ctx, t, e, execOutputQuery, map[string]any{"id": apitest.ExecEnded, "a": "5-0"})
 	var got []execEventJSON
 	for {
 		m := next(ctx, t, c)
@@ -221,10 +229,10 @@ func TestExecOutputWebsocket(t *testing.T) {
 	}
 	checkExecEvents(t, got)
 	checkExecDrained(ctx, t, e, len(testExecEvents()))
-	if e.fake.execOutputArg != [2]string{execEnded, "5-0"} {
-		t.Errorf("got ExecOutput(%q, %q), want the exec id and cursor", e.fake.execOutputArg[0], e.fake.execOutputArg[1])
+	if c := e.fake.Last("ExecOutput"); c.ID != apitest.ExecEnded || c.After != "5-0" {
+		t.Errorf("got ExecOutput(%q, %q), want the exec id and cursor", c.ID, c.After)
 	}
-	if p := e.fake.lastPrincipal(); p.Scope() != "acme:web" {
+	if p := e.fake.LastPrincipal(); p.Scope() != "acme:web" {
 		t.Errorf("got principal %+v, want acme:web", p)
 	}
 	if err := c.Close(websocket.StatusNormalClosure, ""); err != nil {
@@ -234,36 +242,36 @@ func TestExecOutputWebsocket(t *testing.T) {
 
 func TestExecOutputSSE(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.execEvents = testExecEvents()
+	e.fake.ExecEvents[apitest.ExecEnded] = testExecEvents()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, sc := postSSEVars(t, e, userKey, execOutputQuery, map[string]any{"id": execEnded})
+	_, sc := postSSEVars(t, e, apitest.UserKey, execOutputQuery, map[string]any{"id": apitest.ExecEnded})
 	var got []execEventJSON
 	for _, data := range readSSE(t, sc) {
 		got = append(got, execOutputOf(t, data))
 	}
 	checkExecEvents(t, got)
 	checkExecDrained(ctx, t, e, len(testExecEvents()))
-	if e.fake.execOutputArg != [2]string{execEnded, ""} {
-		t.Errorf("got ExecOutput(%q, %q), want from the start", e.fake.execOutputArg[0], e.fake.execOutputArg[1])
+	if c := e.fake.Last("ExecOutput"); c.ID != apitest.ExecEnded || c.After != "" {
+		t.Errorf("got ExecOutput(%q, %q), want from the start", c.ID, c.After)
 	}
 }
 
 // The subscription ends after EXIT even when the service's channel stays open.
 func TestExecOutputEndsAfterExit(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.execEvents, e.fake.execEndless, e.fake.execChunk = testExecEvents(), true, []byte("after the exit")
+	e.fake.ExecEvents[apitest.ExecEnded], e.fake.ExecEndless = testExecEvents(), []byte("after the exit")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, sc := postSSEVars(t, e, userKey, execOutputQuery, map[string]any{"id": execEnded})
+	_, sc := postSSEVars(t, e, apitest.UserKey, execOutputQuery, map[string]any{"id": apitest.ExecEnded})
 	var got []execEventJSON
 	for _, data := range readSSE(t, sc) {
 		got = append(got, execOutputOf(t, data))
 	}
 	checkExecEvents(t, got)
 	select {
-	case end := <-e.fake.execDone:
-		if end.drained {
+	case end := <-e.fake.ExecDone():
+		if end.Drained {
 			t.Errorf("got the endless stream drained, want it stopped by the subscription's end")
 		}
 	case <-ctx.Done():
@@ -279,7 +287,7 @@ func TestExecOutputErrors(t *testing.T) {
 		wantField string
 	}{
 		{name: "not-found", vars: map[string]any{"id": "exec_other"}, wantCode: "NOT_FOUND"},
-		{name: "bad-cursor", vars: map[string]any{"id": execEnded, "a": badCursor}, wantCode: "INVALID_ARGUMENT", wantField: "after"},
+		{name: "bad-cursor", vars: map[string]any{"id": apitest.ExecEnded, "a": apitest.BadCursor}, wantCode: "INVALID_ARGUMENT", wantField: "after"},
 	}
 	for _, tt := range tests {
 		check := func(t *testing.T, payload json.RawMessage) {
@@ -319,7 +327,7 @@ func TestExecOutputErrors(t *testing.T) {
 		})
 		t.Run(tt.name+"/sse", func(t *testing.T) {
 			e := newEnv(t, HandlerOptions{})
-			_, sc := postSSEVars(t, e, userKey, execOutputQuery, tt.vars)
+			_, sc := postSSEVars(t, e, apitest.UserKey, execOutputQuery, tt.vars)
 			data := readSSE(t, sc)
 			if len(data) != 1 {
 				t.Fatalf("got %d events %s, want one error", len(data), data)
@@ -331,14 +339,14 @@ func TestExecOutputErrors(t *testing.T) {
 
 func TestSandboxEventsCarryExecs(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	running := runningExec(idRunning)
-	e.fake.events, e.fake.endEvents = []sandbox.Event{
-		{Cursor: "1-0", Type: sandbox.EventExecStarted, SandboxID: idRunning, State: sandbox.Running, At: t0, Exec: &running},
-		{Cursor: "2-0", Type: sandbox.EventExecEnded, SandboxID: idRunning, State: sandbox.Running, At: t0, Exec: endedExec()},
-		{Cursor: "3-0", Type: sandbox.EventStateChanged, SandboxID: idRunning, State: sandbox.Stopping,
-			PreviousState: sandbox.Running, At: t0},
+	running := apitest.RunningExec(apitest.SandboxRunning)
+	e.fake.SandboxEvents, e.fake.SandboxEventsEnd = []sandbox.Event{
+		{Cursor: "1-0", Type: sandbox.EventExecStarted, SandboxID: apitest.SandboxRunning, State: sandbox.Running, At: apitest.T0, Exec: &running},
+		{Cursor: "2-0", Type: sandbox.EventExecEnded, SandboxID: apitest.SandboxRunning, State: sandbox.Running, At: apitest.T0, Exec: new(apitest.EndedExec())},
+		{Cursor: "3-0", Type: sandbox.EventStateChanged, SandboxID: apitest.SandboxRunning, State: sandbox.Stopping,
+			PreviousState: sandbox.Running, At: apitest.T0},
 	}, true
-	_, sc := postSSE(t, e, userKey, `subscription { sandboxEvents { cursor type state previousState exec { execId state exitCode command } } }`)
+	_, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor type state previousState exec { execId state exitCode command } } }`)
 	var got []string
 	for _, data := range readSSE(t, sc) {
 		got = append(got, string(data))
@@ -369,11 +377,11 @@ func TestStalledSubscriberIsCutOff(t *testing.T) {
 		subscribe func(ctx context.Context, t *testing.T, e *env) (stop func())
 	}{
 		{name: "websocket", subscribe: func(ctx context.Context, t *testing.T, e *env) func() {
-			c := wsSubscribe(ctx, t, e, execOutputQuery, map[string]any{"id": execEnded})
+			c := wsSubscribe(ctx, t, e, execOutputQuery, map[string]any{"id": apitest.ExecEnded})
 			return func() { c.CloseNow() } // it never reads again
 		}},
 		{name: "sse", subscribe: func(ctx context.Context, t *testing.T, e *env) func() {
-			resp, _ := postSSEVars(t, e, userKey, execOutputQuery, map[string]any{"id": execEnded})
+			resp, _ := postSSEVars(t, e, apitest.UserKey, execOutputQuery, map[string]any{"id": apitest.ExecEnded})
 			return func() { resp.Body.Close() } // it never reads the body
 		}},
 	}
@@ -381,18 +389,18 @@ func TestStalledSubscriberIsCutOff(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ignore := goleak.IgnoreCurrent()
 			e := newEnv(t, HandlerOptions{WriteTimeout: writeTimeout})
-			e.fake.execEndless, e.fake.execChunk = true, bytes.Repeat([]byte("x"), 64<<10)
+			e.fake.ExecEndless = bytes.Repeat([]byte("x"), 64<<10)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			stop := tt.subscribe(ctx, t, e)
 			start := time.Now()
 			select {
-			case end := <-e.fake.execDone:
+			case end := <-e.fake.ExecDone():
 				// The socket buffers fill within milliseconds; then one write waits writeTimeout.
 				if d := time.Since(start); d > writeTimeout+5*time.Second {
 					t.Errorf("the stalled subscription ended after %v, want about %v", d, writeTimeout)
 				}
-				if end.drained || end.sent == 0 {
+				if end.Drained || end.Sent == 0 {
 					t.Errorf("got %+v, want a stream stopped by the subscriber's end after some events", end)
 				}
 			case <-ctx.Done():
@@ -422,7 +430,7 @@ func TestIdleStreamGetsKeepalives(t *testing.T) {
 	opts := HandlerOptions{KeepAlivePingInterval: 50 * time.Millisecond, WriteTimeout: 100 * time.Millisecond}
 	t.Run("websocket", func(t *testing.T) {
 		e := newEnv(t, opts)
-		e.fake.events = testEvents()[:1] // then the stream stays open and idle
+		e.fake.SandboxEvents = testEvents()[:1] // then the stream stays open and idle
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		c := wsSubscribe(ctx, t, e, eventsQuery, nil)
@@ -441,15 +449,15 @@ func TestIdleStreamGetsKeepalives(t *testing.T) {
 		}
 		c.Close(websocket.StatusNormalClosure, "")
 		select {
-		case <-e.fake.eventsDone:
+		case <-e.fake.EventsDone():
 		case <-ctx.Done():
 			t.Fatal("the service's event stream did not end after the client left")
 		}
 	})
 	t.Run("sse", func(t *testing.T) {
 		e := newEnv(t, opts)
-		e.fake.events = testEvents()[:1]
-		resp, sc := postSSE(t, e, userKey, `subscription { sandboxEvents { cursor } }`)
+		e.fake.SandboxEvents = testEvents()[:1]
+		resp, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor } }`)
 		if resp.StatusCode != 200 {
 			t.Fatalf("got %d, want 200", resp.StatusCode)
 		}
@@ -464,7 +472,7 @@ func TestIdleStreamGetsKeepalives(t *testing.T) {
 		}
 		resp.Body.Close()
 		select {
-		case <-e.fake.eventsDone:
+		case <-e.fake.EventsDone():
 		case <-time.After(10 * time.Second):
 			t.Fatal("the service's event stream did not end after the client left")
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"sandboxd/graph"
+	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 )
@@ -115,7 +116,7 @@ const (
 // (a bad key is rejected like any HTTP request) and needs no key in the payload. A failed
 // connection_init closes the socket with code 4403 and the reason "CODE: message" (4429 when
 // the key is over its rate limit); the protocol's other close codes are in wsconn.go.
-func NewHandler(svc Service, authn *auth.Authenticator, opts HandlerOptions) http.Handler {
+func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions) http.Handler {
 	if opts.KeepAlivePingInterval <= 0 {
 		opts.KeepAlivePingInterval = DefaultKeepAlivePingInterval
 	}

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 )
@@ -34,10 +35,10 @@ func TestAuthentication(t *testing.T) {
 	}{
 		{name: "no-key", wantStatus: 401, wantCode: "UNAUTHENTICATED"},
 		{name: "unknown-key", key: "nope", wantStatus: 401, wantCode: "UNAUTHENTICATED"},
-		{name: "scope-from-user-key", key: userKey, headers: []string{auth.HeaderTenant, "x", auth.HeaderProject, "y"},
+		{name: "scope-from-user-key", key: apitest.UserKey, headers: []string{auth.HeaderTenant, "x", auth.HeaderProject, "y"},
 			wantStatus: 403, wantCode: "PERMISSION_DENIED"},
-		{name: "half-scope", key: platformKey, headers: []string{auth.HeaderTenant, "x"}, wantStatus: 400, wantCode: "INVALID_ARGUMENT"},
-		{name: "user-key", key: userKey, wantStatus: 200},
+		{name: "half-scope", key: apitest.PlatformKey, headers: []string{auth.HeaderTenant, "x"}, wantStatus: 400, wantCode: "INVALID_ARGUMENT"},
+		{name: "user-key", key: apitest.UserKey, wantStatus: 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,14 +51,14 @@ func TestAuthentication(t *testing.T) {
 			}
 		})
 	}
-	if got := e.fake.called(); len(got) != 1 {
+	if got := e.fake.Called(); len(got) != 1 {
 		t.Errorf("got service calls %v, want one (only the authenticated request)", got)
 	}
 }
 
 func TestPlatformScope(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, platformKey, `{ sandbox(id: "`+idRunning+`") { tenantId projectId } }`, nil,
+	r := e.post(t, apitest.PlatformKey, `{ sandbox(id: "`+apitest.SandboxRunning+`") { tenantId projectId } }`, nil,
 		auth.HeaderTenant, "other", auth.HeaderProject, "proj")
 	noErrors(t, r)
 	var sb struct{ TenantID, ProjectID string }
@@ -65,19 +66,19 @@ func TestPlatformScope(t *testing.T) {
 	if sb.TenantID != "other" || sb.ProjectID != "proj" {
 		t.Errorf("got %s:%s, want other:proj", sb.TenantID, sb.ProjectID)
 	}
-	if p := e.fake.lastPrincipal(); p.Key != "platform" || p.Scope() != "other:proj" {
+	if p := e.fake.LastPrincipal(); p.Key != "platform" || p.Scope() != "other:proj" {
 		t.Errorf("got principal %+v, want the platform key acting for other:proj", p)
 	}
 }
 
 func TestSandboxQuery(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, `query($id: ID!) { sandbox(id: $id) { `+sandboxFields+` } }`, map[string]any{"id": idRunning})
+	r := e.post(t, apitest.UserKey, `query($id: ID!) { sandbox(id: $id) { `+sandboxFields+` } }`, map[string]any{"id": apitest.SandboxRunning})
 	noErrors(t, r)
 	var sb map[string]any
 	field(t, r, "sandbox", &sb)
 	want := map[string]any{
-		"id": idRunning, "tenantId": "acme", "projectId": "web", "state": "RUNNING", "stateReason": nil,
+		"id": apitest.SandboxRunning, "tenantId": "acme", "projectId": "web", "state": "RUNNING", "stateReason": nil,
 		"createdAt": "2025-01-02T03:04:05Z", "stateChangedAt": "2025-01-02T03:04:06Z", "autostopSec": 1800.0,
 		"ttlSec": 3600.0, "expiresAt": "2025-01-02T04:04:05Z", "latestSnapshotId": nil, "network": "none",
 		"resources": map[string]any{"milliCpu": 2000.0, "memoryMb": 4096.0, "diskMb": 10240.0},
@@ -100,23 +101,23 @@ func TestErrorCodes(t *testing.T) {
 	}{
 		{name: "not-found", query: `{ sandbox(id: "sbx_other") { id } }`, wantCode: "NOT_FOUND",
 			wantMessage: "sandbox sbx_other not found", wantPath: "sandbox"},
-		{name: "busy-has-retry-after", query: `mutation { startSandbox(id: "` + idBusy + `") { id } }`, wantCode: "INVALID_STATE",
+		{name: "busy-has-retry-after", query: `mutation { startSandbox(id: "` + apitest.SandboxBusy + `") { id } }`, wantCode: "INVALID_STATE",
 			wantExt: map[string]any{"retryAfter": 2.0, "state": "STOPPING"}, wantPath: "startSandbox"},
-		{name: "uncoded-error-is-internal", query: `mutation { stopSandbox(id: "` + idBoom + `") { id } }`, wantCode: "INTERNAL",
+		{name: "uncoded-error-is-internal", query: `mutation { stopSandbox(id: "` + apitest.SandboxBoom + `") { id } }`, wantCode: "INTERNAL",
 			wantMessage: "internal error", wantPath: "stopSandbox"},
-		{name: "panic-is-internal", query: `{ sandbox(id: "` + idPanic + `") { id } }`, wantCode: "INTERNAL",
+		{name: "panic-is-internal", query: `{ sandbox(id: "` + apitest.SandboxPanic + `") { id } }`, wantCode: "INTERNAL",
 			wantMessage: "internal error", wantPath: "sandbox"},
 		{name: "parse", query: `{ sandbox(id: `, wantCode: "GRAPHQL_PARSE_FAILED"},
 		{name: "validation", query: `{ sandbox(id: "x") { nope } }`, wantCode: "GRAPHQL_VALIDATION_FAILED"},
 		{name: "bad-enum", query: `{ sandboxes(state: SLEEPING) { nodes { id } } }`, wantCode: "GRAPHQL_VALIDATION_FAILED"},
 		{name: "first-zero", query: `{ sandboxes(first: 0) { nodes { id } } }`, wantCode: "INVALID_ARGUMENT",
 			wantExt: map[string]any{"field": "first"}},
-		{name: "mode-out-of-range", query: `mutation { writeFile(sandboxId: "` + idRunning + `", path: "a", content: "x", mode: 4095) { path } }`,
+		{name: "mode-out-of-range", query: `mutation { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "a", content: "x", mode: 4095) { path } }`,
 			wantCode: "INVALID_ARGUMENT", wantExt: map[string]any{"field": "mode"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := e.post(t, userKey, tt.query, nil)
+			r := e.post(t, apitest.UserKey, tt.query, nil)
 			if len(r.Errors) != 1 {
 				t.Fatalf("got %d errors, want 1: %+v", len(r.Errors), r.Errors)
 			}
@@ -143,7 +144,7 @@ func TestErrorCodes(t *testing.T) {
 		})
 	}
 	logs := e.logs.String()
-	if !strings.Contains(logs, secretCause) {
+	if !strings.Contains(logs, apitest.SecretCause) {
 		t.Errorf("the internal error's cause was not logged; logs:\n%s", logs)
 	}
 	if !strings.Contains(logs, "graphql: panic") {
@@ -153,7 +154,7 @@ func TestErrorCodes(t *testing.T) {
 
 func TestNullableRootKeepsData(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, `{ missing: sandbox(id: "sbx_x") { id } profiles { name } }`, nil)
+	r := e.post(t, apitest.UserKey, `{ missing: sandbox(id: "sbx_x") { id } profiles { name } }`, nil)
 	if r.code(0) != "NOT_FOUND" {
 		t.Fatalf("got %+v, want NOT_FOUND", r.Errors)
 	}
@@ -172,14 +173,14 @@ func TestComplexityLimit(t *testing.T) {
 	var q strings.Builder
 	q.WriteString("{")
 	for _, a := range []string{"a", "b", "c", "d"} {
-		q.WriteString(a + `: sandbox(id: "` + idRunning + `") { id state profile } `)
+		q.WriteString(a + `: sandbox(id: "` + apitest.SandboxRunning + `") { id state profile } `)
 	}
 	q.WriteString("}")
-	r := e.post(t, userKey, q.String(), nil)
+	r := e.post(t, apitest.UserKey, q.String(), nil)
 	if got := r.code(0); got != "COST_EXCEEDED" {
 		t.Fatalf("got %q (%+v), want COST_EXCEEDED", got, r.Errors)
 	}
-	if calls := e.fake.called(); len(calls) != 0 {
+	if calls := e.fake.Called(); len(calls) != 0 {
 		t.Errorf("got service calls %v, want none", calls)
 	}
 }
@@ -187,7 +188,7 @@ func TestComplexityLimit(t *testing.T) {
 // GraphiQL's introspection query must fit the default complexity limit.
 func TestIntrospectionFitsDefaultLimit(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, introspectionQuery, nil)
+	r := e.post(t, apitest.UserKey, introspectionQuery, nil)
 	noErrors(t, r)
 	var schema struct {
 		Types []struct{ Name string } `json:"types"`
@@ -205,29 +206,29 @@ func TestIntrospectionFitsDefaultLimit(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
-	const q = `mutation($in: ExecInput!) { exec(sandboxId: "` + idRunning + `", input: $in) {
+	const q = `mutation($in: ExecInput!) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: $in) {
 		execId exitCode signal timedOut durationMs startedAt endedAt stdout stderr stdoutBase64 stderrBase64
 		stdoutTruncated stderrTruncated error } }`
 	t.Run("both-stdins", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
-		r := e.post(t, userKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdin": "a", "stdinBase64": "YQ=="}})
+		r := e.post(t, apitest.UserKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdin": "a", "stdinBase64": "YQ=="}})
 		if got := r.code(0); got != "INVALID_ARGUMENT" {
 			t.Errorf("got %q (%+v), want INVALID_ARGUMENT", got, r.Errors)
 		}
-		if calls := e.fake.called(); len(calls) != 0 {
+		if calls := e.fake.Called(); len(calls) != 0 {
 			t.Errorf("got service calls %v, want none", calls)
 		}
 	})
 	t.Run("bad-base64", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
-		r := e.post(t, userKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdinBase64": "%%%"}})
+		r := e.post(t, apitest.UserKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdinBase64": "%%%"}})
 		if got := r.code(0); got != "INVALID_ARGUMENT" {
 			t.Errorf("got %q (%+v), want INVALID_ARGUMENT", got, r.Errors)
 		}
 	})
 	t.Run("duplicate-env", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
-		r := e.post(t, userKey, q, map[string]any{"in": map[string]any{"command": []string{"env"},
+		r := e.post(t, apitest.UserKey, q, map[string]any{"in": map[string]any{"command": []string{"env"},
 			"env": []map[string]string{{"name": "A", "value": "1"}, {"name": "A", "value": "2"}}}})
 		if got := r.code(0); got != "INVALID_ARGUMENT" {
 			t.Errorf("got %q (%+v), want INVALID_ARGUMENT", got, r.Errors)
@@ -235,22 +236,22 @@ func TestExec(t *testing.T) {
 	})
 	t.Run("ok", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
-		e.fake.stdout = []byte("ok \xff\xfe end")
-		r := e.post(t, userKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdinBase64": "AAEC",
+		e.fake.ExecStdout = []byte("ok \xff\xfe end")
+		r := e.post(t, apitest.UserKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdinBase64": "AAEC",
 			"timeoutSec": 30, "cwd": "/workspace/src", "env": []map[string]string{{"name": "A", "value": "1"}}}})
 		noErrors(t, r)
 		var res map[string]any
 		field(t, r, "exec", &res)
 		want := map[string]any{"execId": "exec_1", "exitCode": 3.0, "signal": nil, "timedOut": false, "durationMs": 1500.0,
 			"startedAt": "2025-01-02T03:04:05Z", "endedAt": "2025-01-02T03:04:06.5Z", "stdout": "ok \uFFFD\uFFFD end",
-			"stdoutBase64": base64.StdEncoding.EncodeToString(e.fake.stdout), "stderr": "warn\n",
+			"stdoutBase64": base64.StdEncoding.EncodeToString(e.fake.ExecStdout), "stderr": "warn\n",
 			"stdoutTruncated": true, "stderrTruncated": false, "error": nil}
 		for k, v := range want {
 			if got := res[k]; !equalJSON(got, v) {
 				t.Errorf("%s: got %v, want %v", k, got, v)
 			}
 		}
-		req := e.fake.execReq
+		req := e.fake.Last("Exec").Exec
 		if !bytes.Equal(req.Stdin, []byte{0, 1, 2}) || req.Cwd != "/workspace/src" || req.TimeoutSec == nil ||
 			*req.TimeoutSec != 30 || req.Env["A"] != "1" || len(req.Command) != 1 {
 			t.Errorf("got request %+v, want stdin 000102, cwd, timeout 30, env A=1", req)
@@ -260,9 +261,9 @@ func TestExec(t *testing.T) {
 
 func TestCreateSandbox(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { id profile } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { id profile } }`, nil)
 	noErrors(t, r)
-	req := e.fake.create
+	req := e.fake.Last("Create").Create
 	if req.Profile != "" || req.AutostopSec == nil || *req.AutostopSec != 60 || req.TTLSec != nil || req.Env["X"] != "y" {
 		t.Errorf("got request %+v, want default profile, autostop 60, no ttl, env X=y", req)
 	}
@@ -270,21 +271,21 @@ func TestCreateSandbox(t *testing.T) {
 
 func TestDestroySandbox(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, `mutation { destroySandbox(id: "`+idRunning+`") { snapshotId sandbox { state } } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { destroySandbox(id: "`+apitest.SandboxRunning+`") { snapshotId sandbox { state } } }`, nil)
 	noErrors(t, r)
 	var res struct {
 		SnapshotID string `json:"snapshotId"`
 		Sandbox    struct{ State string }
 	}
 	field(t, r, "destroySandbox", &res)
-	if res.SnapshotID != "snap_9" || res.Sandbox.State != "DESTROYED" {
-		t.Errorf("got %+v, want snap_9 and DESTROYED", res)
+	if res.SnapshotID != apitest.SnapDestroyed || res.Sandbox.State != "DESTROYED" {
+		t.Errorf("got %+v, want %s and DESTROYED", res, apitest.SnapDestroyed)
 	}
 }
 
 func TestSandboxesConnection(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, `{ sandboxes(first: 2, after: "sbx_prev", state: RUNNING) {
+	r := e.post(t, apitest.UserKey, `{ sandboxes(first: 2, after: "sbx_prev", state: RUNNING) {
 		edges { cursor node { id } } nodes { id } pageInfo { hasNextPage hasPreviousPage startCursor endCursor } } }`, nil)
 	noErrors(t, r)
 	var c struct {
@@ -306,12 +307,12 @@ func TestSandboxesConnection(t *testing.T) {
 		c.PageInfo.EndCursor != c.Edges[1].Cursor {
 		t.Errorf("got pageInfo %+v", c.PageInfo)
 	}
-	if o := e.fake.listOpts; o.Limit != 2 || o.After != "sbx_prev" || o.State != "RUNNING" {
+	if o := e.fake.Last("List").List; o.Limit != 2 || o.After != "sbx_prev" || o.State != "RUNNING" {
 		t.Errorf("got list options %+v, want limit 2 after sbx_prev state RUNNING", o)
 	}
-	r = e.post(t, userKey, `{ sandboxes { nodes { id } } }`, nil)
+	r = e.post(t, apitest.UserKey, `{ sandboxes { nodes { id } } }`, nil)
 	noErrors(t, r)
-	if o := e.fake.listOpts; o.Limit != 50 || o.After != "" || o.State != "" {
+	if o := e.fake.Last("List").List; o.Limit != 50 || o.After != "" || o.State != "" {
 		t.Errorf("got default list options %+v, want limit 50", o)
 	}
 }
@@ -319,25 +320,25 @@ func TestSandboxesConnection(t *testing.T) {
 func TestFiles(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
 	t.Run("read-text", func(t *testing.T) {
-		e.fake.file = []byte("héllo\n")
-		r := e.post(t, userKey, `{ readFile(sandboxId: "`+idRunning+`", path: "a.txt") { path content contentBase64 size truncated file { name mode modTime } } }`, nil)
+		e.fake.File = []byte("héllo\n")
+		r := e.post(t, apitest.UserKey, `{ readFile(sandboxId: "`+apitest.SandboxRunning+`", path: "a.txt") { path content contentBase64 size truncated file { name mode modTime } } }`, nil)
 		noErrors(t, r)
 		var fc map[string]any
 		field(t, r, "readFile", &fc)
-		want := map[string]any{"path": "/workspace/a.txt", "content": "héllo\n", "contentBase64": base64.StdEncoding.EncodeToString(e.fake.file),
+		want := map[string]any{"path": "/workspace/a.txt", "content": "héllo\n", "contentBase64": base64.StdEncoding.EncodeToString(e.fake.File),
 			"size": 7.0, "truncated": false, "file": map[string]any{"name": "a.txt", "mode": 420.0, "modTime": "2025-01-02T03:04:05Z"}}
 		for k, v := range want {
 			if got := fc[k]; !equalJSON(got, v) {
 				t.Errorf("%s: got %v, want %v", k, got, v)
 			}
 		}
-		if e.fake.readMax != 10<<20 {
-			t.Errorf("got maxBytes %d, want 10 MiB", e.fake.readMax)
+		if got := e.fake.Last("ReadFile").MaxBytes; got != 10<<20 {
+			t.Errorf("got maxBytes %d, want 10 MiB", got)
 		}
 	})
 	t.Run("read-binary", func(t *testing.T) {
-		e.fake.file = []byte{0xff, 0x00}
-		r := e.post(t, userKey, `{ readFile(sandboxId: "`+idRunning+`", path: "b") { content contentBase64 } }`, nil)
+		e.fake.File = []byte{0xff, 0x00}
+		r := e.post(t, apitest.UserKey, `{ readFile(sandboxId: "`+apitest.SandboxRunning+`", path: "b") { content contentBase64 } }`, nil)
 		noErrors(t, r)
 		var fc map[string]any
 		field(t, r, "readFile", &fc)
@@ -346,14 +347,14 @@ func TestFiles(t *testing.T) {
 		}
 	})
 	t.Run("read-too-large", func(t *testing.T) {
-		e.fake.file = make([]byte, 10<<20+1)
-		r := e.post(t, userKey, `{ readFile(sandboxId: "`+idRunning+`", path: "big") { size } }`, nil)
+		e.fake.File = make([]byte, 10<<20+1)
+		r := e.post(t, apitest.UserKey, `{ readFile(sandboxId: "`+apitest.SandboxRunning+`", path: "big") { size } }`, nil)
 		if got := r.code(0); got != "PAYLOAD_TOO_LARGE" {
 			t.Errorf("got %q, want PAYLOAD_TOO_LARGE", got)
 		}
 	})
 	t.Run("write", func(t *testing.T) {
-		const q = `mutation($c: String, $b: String, $m: Int) { writeFile(sandboxId: "` + idRunning + `", path: "x", content: $c, contentBase64: $b, mode: $m) { path size mode } }`
+		const q = `mutation($c: String, $b: String, $m: Int) { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "x", content: $c, contentBase64: $b, mode: $m) { path size mode } }`
 		tests := []struct {
 			name     string
 			vars     map[string]any
@@ -367,22 +368,26 @@ func TestFiles(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				e.fake.written = nil
-				r := e.post(t, userKey, q, tt.vars)
+				before := len(e.fake.CallsTo("WriteFile"))
+				r := e.post(t, apitest.UserKey, q, tt.vars)
 				if got := r.code(0); got != tt.wantCode {
 					t.Fatalf("got code %q, want %q (%+v)", got, tt.wantCode, r.Errors)
 				}
-				if tt.wantCode == "" && !bytes.Equal(e.fake.written, tt.want) {
-					t.Errorf("got written %q, want %q", e.fake.written, tt.want)
+				var written []byte
+				if writes := e.fake.CallsTo("WriteFile"); len(writes) > before {
+					written = writes[len(writes)-1].Data
+				}
+				if tt.wantCode == "" && !bytes.Equal(written, tt.want) {
+					t.Errorf("got written %q, want %q", written, tt.want)
 				}
 			})
 		}
-		if e.fake.mode != 0 {
-			t.Errorf("got mode %o for the last write, want 0 (the service's default)", e.fake.mode)
+		if mode := e.fake.Last("WriteFile").Mode; mode != 0 {
+			t.Errorf("got mode %o for the last write, want 0 (the service's default)", mode)
 		}
 	})
 	t.Run("list", func(t *testing.T) {
-		r := e.post(t, userKey, `{ listFiles(sandboxId: "`+idRunning+`") { path truncated entries { name isDir symlink modTime } } }`, nil)
+		r := e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`") { path truncated entries { name isDir symlink modTime } } }`, nil)
 		noErrors(t, r)
 		var l struct {
 			Path      string
@@ -394,8 +399,8 @@ func TestFiles(t *testing.T) {
 			l.Entries[1]["modTime"] != nil || l.Entries[0]["isDir"] != true {
 			t.Errorf("got %+v", l)
 		}
-		if e.fake.listPath != "." || e.fake.listLimit != 1000 {
-			t.Errorf("got path %q limit %d, want . and 1000", e.fake.listPath, e.fake.listLimit)
+		if c := e.fake.Last("ListDir"); c.Path != "." || c.Limit != 1000 {
+			t.Errorf("got path %q limit %d, want . and 1000", c.Path, c.Limit)
 		}
 	})
 }
@@ -404,23 +409,23 @@ func TestGET(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
 	get := func(query string) gqlResponse {
 		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/graphql?query="+url.QueryEscape(query), nil)
-		req.Header.Set(auth.HeaderAPIKey, userKey)
+		req.Header.Set(auth.HeaderAPIKey, apitest.UserKey)
 		return e.do(t, req)
 	}
 	r := get(`{ profiles { name default } }`)
 	noErrors(t, r)
-	r = get(`mutation { stopSandbox(id: "` + idRunning + `") { id } }`)
+	r = get(`mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { id } }`)
 	if len(r.Errors) == 0 || r.Status == 200 {
 		t.Errorf("got status %d %+v, want a mutation over GET refused", r.Status, r.Errors)
 	}
-	if calls := e.fake.called(); contains(calls, "Stop") {
+	if calls := e.fake.Called(); contains(calls, "Stop") {
 		t.Errorf("a GET ran a mutation: %v", calls)
 	}
 }
 
 func TestBodyLimit(t *testing.T) {
 	e := newEnv(t, HandlerOptions{MaxBodyBytes: 1024})
-	r := e.post(t, userKey, `mutation { writeFile(sandboxId: "`+idRunning+`", path: "x", content: "`+strings.Repeat("a", 2000)+`") { size } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { writeFile(sandboxId: "`+apitest.SandboxRunning+`", path: "x", content: "`+strings.Repeat("a", 2000)+`") { size } }`, nil)
 	if r.Status != http.StatusRequestEntityTooLarge || r.code(0) != "PAYLOAD_TOO_LARGE" {
 		t.Errorf("got %d %+v, want 413 PAYLOAD_TOO_LARGE", r.Status, r.Errors)
 	}
@@ -428,7 +433,7 @@ func TestBodyLimit(t *testing.T) {
 	body := io.MultiReader(strings.NewReader(`{"query":"{ profiles { name } }","x":"`), strings.NewReader(strings.Repeat("a", 2000)+`"}`))
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/graphql", body)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(auth.HeaderAPIKey, userKey)
+	req.Header.Set(auth.HeaderAPIKey, apitest.UserKey)
 	if r := e.do(t, req); r.Status != http.StatusRequestEntityTooLarge {
 		t.Errorf("got %d, want 413", r.Status)
 	}
@@ -436,11 +441,11 @@ func TestBodyLimit(t *testing.T) {
 
 func TestSubscriptionOverPlainPOSTIsRefused(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, userKey, `subscription { sandboxEvents { cursor } }`, nil)
+	r := e.post(t, apitest.UserKey, `subscription { sandboxEvents { cursor } }`, nil)
 	if got := r.code(0); got != "INVALID_ARGUMENT" {
 		t.Errorf("got %q (%+v), want INVALID_ARGUMENT", got, r.Errors)
 	}
-	if calls := e.fake.called(); len(calls) != 0 {
+	if calls := e.fake.Called(); len(calls) != 0 {
 		t.Errorf("got service calls %v, want none", calls)
 	}
 }

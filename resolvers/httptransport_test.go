@@ -10,6 +10,7 @@ import (
 
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/auth"
 )
 
@@ -80,7 +81,7 @@ func (e *env) send(t *testing.T, method, target, contentType, accept, body strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set(auth.HeaderAPIKey, userKey)
+	req.Header.Set(auth.HeaderAPIKey, apitest.UserKey)
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
@@ -144,8 +145,8 @@ func TestHTTPTransports(t *testing.T) {
 		subscribe   = gqlBody(t, map[string]any{"query": `subscription { sandboxEvents { cursor } }`})
 		allNulls    = gqlBody(t, map[string]any{"query": `{ profiles { name } }`, "operationName": nil, "variables": nil, "extensions": nil})
 		named       = gqlBody(t, map[string]any{"query": `query Q { profiles { name } }`, "operationName": "Q", "extensions": map[string]any{"x": secret}})
-		getQuery    = getTarget(map[string]string{"query": `query($id: ID!) { sandbox(id: $id) { id } }`, "variables": `{"id":"` + idRunning + `"}`})
-		getMutation = getTarget(map[string]string{"query": `mutation { stopSandbox(id: "` + idRunning + `") { id } }`})
+		getQuery    = getTarget(map[string]string{"query": `query($id: ID!) { sandbox(id: $id) { id } }`, "variables": `{"id":"` + apitest.SandboxRunning + `"}`})
+		getMutation = getTarget(map[string]string{"query": `mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { id } }`})
 	)
 	tests := []struct {
 		name        string
@@ -263,7 +264,7 @@ func TestHTTPTransports(t *testing.T) {
 			}
 		})
 	}
-	if calls := e.fake.called(); contains(calls, "Stop") {
+	if calls := e.fake.Called(); contains(calls, "Stop") {
 		t.Errorf("got service calls %v, want no Stop (a mutation over GET never runs)", calls)
 	}
 }

@@ -5,7 +5,9 @@ package resolvers
 
 //go:generate go tool gqlgen generate
 
+import "sandboxd/internal/api"
+
 // Resolver is the root resolver: the service every resolver calls.
 type Resolver struct {
-	svc Service
+	svc api.Service
 }

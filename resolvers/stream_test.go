@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
 
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/sandbox"
 )
@@ -22,10 +23,10 @@ const eventsQuery = `subscription($s: ID, $a: String) { sandboxEvents(sandboxId:
 
 func testEvents() []sandbox.Event {
 	return []sandbox.Event{
-		{Cursor: "1-0", Type: sandbox.EventStateChanged, SandboxID: idRunning, State: sandbox.Stopping,
-			PreviousState: sandbox.Running, Reason: "requested", At: t0},
-		{Cursor: "2-0", Type: sandbox.EventStateChanged, SandboxID: idRunning, State: sandbox.Stopped,
-			PreviousState: sandbox.Stopping, At: t0.Add(time.Second)},
+		{Cursor: "1-0", Type: sandbox.EventStateChanged, SandboxID: apitest.SandboxRunning, State: sandbox.Stopping,
+			PreviousState: sandbox.Running, Reason: "requested", At: apitest.T0},
+		{Cursor: "2-0", Type: sandbox.EventStateChanged, SandboxID: apitest.SandboxRunning, State: sandbox.Stopped,
+			PreviousState: sandbox.Stopping, At: apitest.T0.Add(time.Second)},
 	}
 }
 
@@ -44,7 +45,7 @@ func checkEvents(t *testing.T, got []eventJSON) {
 	if len(got) != 2 {
 		t.Fatalf("got %d events, want 2: %+v", len(got), got)
 	}
-	if g := got[0]; g.Cursor != "1-0" || g.Type != "STATE_CHANGED" || g.SandboxID != idRunning || g.State != "STOPPING" ||
+	if g := got[0]; g.Cursor != "1-0" || g.Type != "STATE_CHANGED" || g.SandboxID != apitest.SandboxRunning || g.State != "STOPPING" ||
 		g.PreviousState == nil || *g.PreviousState != "RUNNING" || g.Reason == nil || *g.Reason != "requested" ||
 		g.At != "2025-01-02T03:04:05Z" {
 		t.Errorf("got first event %+v", g)
@@ -124,16 +125,16 @@ func eventOf(t *testing.T, m wsMsg) eventJSON {
 
 func TestWebsocketSubscription(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.events, e.fake.endEvents = testEvents(), true
+	e.fake.SandboxEvents, e.fake.SandboxEventsEnd = testEvents(), true
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
 
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
+	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
 	if m := next(ctx, t, c); m.Type != "connection_ack" {
 		t.Fatalf("got %s, want connection_ack", m.Type)
 	}
-	send(ctx, t, c, wsMsg{ID: "1", Type: "subscribe", Payload: subscribePayload(map[string]any{"s": idRunning, "a": "0-1"})})
+	send(ctx, t, c, wsMsg{ID: "1", Type: "subscribe", Payload: subscribePayload(map[string]any{"s": apitest.SandboxRunning, "a": "0-1"})})
 	var got []eventJSON
 	for {
 		m := next(ctx, t, c)
@@ -149,11 +150,11 @@ func TestWebsocketSubscription(t *testing.T) {
 		got = append(got, eventOf(t, m))
 	}
 	checkEvents(t, got)
-	if p := e.fake.lastPrincipal(); p.Scope() != "acme:web" {
+	if p := e.fake.LastPrincipal(); p.Scope() != "acme:web" {
 		t.Errorf("got principal %+v, want acme:web", p)
 	}
-	if e.fake.eventsArg != [2]string{idRunning, "0-1"} {
-		t.Errorf("got Events(%q, %q), want the sandbox id and cursor", e.fake.eventsArg[0], e.fake.eventsArg[1])
+	if c := e.fake.Last("Events"); c.SandboxID != apitest.SandboxRunning || c.After != "0-1" {
+		t.Errorf("got Events(%q, %q), want the sandbox id and cursor", c.SandboxID, c.After)
 	}
 	if err := c.Close(websocket.StatusNormalClosure, ""); err != nil {
 		t.Errorf("close: %v", err)
@@ -163,11 +164,11 @@ func TestWebsocketSubscription(t *testing.T) {
 // A client that completes a subscription ends the service's stream (no goroutine left behind).
 func TestWebsocketClientComplete(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.events = testEvents()[:1] // then the stream stays open
+	e.fake.SandboxEvents = testEvents()[:1] // then the stream stays open
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"headers": map[string]any{"x-api-key": userKey}})})
+	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"headers": map[string]any{"x-api-key": apitest.UserKey}})})
 	if m := next(ctx, t, c); m.Type != "connection_ack" {
 		t.Fatalf("got %s, want connection_ack", m.Type)
 	}
@@ -177,7 +178,7 @@ func TestWebsocketClientComplete(t *testing.T) {
 	}
 	send(ctx, t, c, wsMsg{ID: "7", Type: "complete"})
 	select {
-	case <-e.fake.eventsDone:
+	case <-e.fake.EventsDone():
 	case <-ctx.Done():
 		t.Fatal("the service's event stream did not end after the client completed")
 	}
@@ -192,13 +193,13 @@ func TestWebsocketAuth(t *testing.T) {
 		wantAck    bool
 		wantReason string
 	}{
-		{name: "key-in-payload", payload: map[string]any{"X-Api-Key": userKey}, wantAck: true},
-		{name: "apiKey-in-payload", payload: map[string]any{"apiKey": userKey}, wantAck: true},
-		{name: "platform-scope", payload: map[string]any{"x-api-key": platformKey, "X-Sandbox-Tenant-Id": "t2", "X-Sandbox-Project-Id": "p2"}, wantAck: true},
-		{name: "key-in-upgrade-header", header: http.Header{auth.HeaderAPIKey: {userKey}}, wantAck: true},
+		{name: "key-in-payload", payload: map[string]any{"X-Api-Key": apitest.UserKey}, wantAck: true},
+		{name: "apiKey-in-payload", payload: map[string]any{"apiKey": apitest.UserKey}, wantAck: true},
+		{name: "platform-scope", payload: map[string]any{"x-api-key": apitest.PlatformKey, "X-Sandbox-Tenant-Id": "t2", "X-Sandbox-Project-Id": "p2"}, wantAck: true},
+		{name: "key-in-upgrade-header", header: http.Header{auth.HeaderAPIKey: {apitest.UserKey}}, wantAck: true},
 		{name: "no-key", payload: map[string]any{}, wantReason: "UNAUTHENTICATED"},
 		{name: "bad-key", payload: map[string]any{"X-Api-Key": "wrong"}, wantReason: "UNAUTHENTICATED: unknown API key"},
-		{name: "scope-from-user-key", payload: map[string]any{"X-Api-Key": userKey, "X-Sandbox-Tenant-Id": "t2", "X-Sandbox-Project-Id": "p2"},
+		{name: "scope-from-user-key", payload: map[string]any{"X-Api-Key": apitest.UserKey, "X-Sandbox-Tenant-Id": "t2", "X-Sandbox-Project-Id": "p2"},
 			wantReason: "PERMISSION_DENIED"},
 	}
 	for _, tt := range tests {
@@ -224,7 +225,7 @@ func TestWebsocketAuth(t *testing.T) {
 			if ce.Code != 4403 || !strings.HasPrefix(ce.Reason, tt.wantReason) {
 				t.Errorf("got close %d %q, want 4403 %q", ce.Code, ce.Reason, tt.wantReason)
 			}
-			if calls := e.fake.called(); len(calls) != 0 {
+			if calls := e.fake.Called(); len(calls) != 0 {
 				t.Errorf("got service calls %v, want none", calls)
 			}
 		})
@@ -269,11 +270,11 @@ func TestWebsocketOrigin(t *testing.T) {
 
 func TestWebsocketLegacyProtocol(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.events, e.fake.endEvents = testEvents(), true
+	e.fake.SandboxEvents, e.fake.SandboxEventsEnd = testEvents(), true
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := dialWS(ctx, t, e, "graphql-ws", nil)
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
+	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
 	if m := next(ctx, t, c); m.Type != "connection_ack" {
 		t.Fatalf("got %s, want connection_ack", m.Type)
 	}
@@ -340,8 +341,8 @@ func readSSE(t *testing.T, sc *bufio.Scanner) []json.RawMessage {
 
 func TestSSESubscription(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.events, e.fake.endEvents = testEvents(), true
-	resp, sc := postSSE(t, e, userKey, `subscription { sandboxEvents { cursor type sandboxId state previousState reason at } }`)
+	e.fake.SandboxEvents, e.fake.SandboxEventsEnd = testEvents(), true
+	resp, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor type sandboxId state previousState reason at } }`)
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("got %d %s, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -350,8 +351,8 @@ func TestSSESubscription(t *testing.T) {
 		got = append(got, eventOf(t, wsMsg{Payload: data}))
 	}
 	checkEvents(t, got)
-	if e.fake.eventsArg != [2]string{"", ""} {
-		t.Errorf("got Events(%q, %q), want the whole project from now", e.fake.eventsArg[0], e.fake.eventsArg[1])
+	if c := e.fake.Last("Events"); c.SandboxID != "" || c.After != "" {
+		t.Errorf("got Events(%q, %q), want the whole project from now", c.SandboxID, c.After)
 	}
 }
 
@@ -364,7 +365,7 @@ func TestSSEErrors(t *testing.T) {
 		}
 	})
 	t.Run("not-found", func(t *testing.T) {
-		_, sc := postSSE(t, e, userKey, `subscription { sandboxEvents(sandboxId: "sbx_nope") { cursor } }`)
+		_, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents(sandboxId: "sbx_nope") { cursor } }`)
 		data := readSSE(t, sc)
 		if len(data) != 1 || !strings.Contains(string(data[0]), `"code":"NOT_FOUND"`) {
 			t.Errorf("got %s, want one NOT_FOUND error", data)
@@ -377,12 +378,12 @@ func TestStreamsOutliveServerTimeouts(t *testing.T) {
 	e := newEnvWith(t, HandlerOptions{}, func(s *http.Server) {
 		s.ReadTimeout, s.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond
 	})
-	e.fake.events, e.fake.endEvents, e.fake.eventsDelay = testEvents(), true, 500*time.Millisecond
+	e.fake.SandboxEvents, e.fake.SandboxEventsEnd, e.fake.SandboxEventsDelay = testEvents(), true, 500*time.Millisecond
 	t.Run("websocket", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
-		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
+		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
 		if m := next(ctx, t, c); m.Type != "connection_ack" {
 			t.Fatalf("got %s, want connection_ack", m.Type)
 		}
@@ -395,7 +396,7 @@ func TestStreamsOutliveServerTimeouts(t *testing.T) {
 		c.Close(websocket.StatusNormalClosure, "")
 	})
 	t.Run("sse", func(t *testing.T) {
-		_, sc := postSSE(t, e, userKey, `subscription { sandboxEvents { cursor type sandboxId state previousState reason at } }`)
+		_, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor type sandboxId state previousState reason at } }`)
 		var got []eventJSON
 		for _, data := range readSSE(t, sc) {
 			got = append(got, eventOf(t, wsMsg{Payload: data}))
@@ -408,12 +409,12 @@ func TestStreamsOutliveServerTimeouts(t *testing.T) {
 func TestShutdownEndsStreams(t *testing.T) {
 	shutdown := make(chan struct{})
 	e := newEnv(t, HandlerOptions{Shutdown: shutdown})
-	e.fake.events = testEvents()[:1] // then the streams stay open
+	e.fake.SandboxEvents = testEvents()[:1] // then the streams stay open
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
 	c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
-	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": userKey})})
+	send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
 	if m := next(ctx, t, c); m.Type != "connection_ack" {
 		t.Fatalf("got %s, want connection_ack", m.Type)
 	}
@@ -421,7 +422,7 @@ func TestShutdownEndsStreams(t *testing.T) {
 	if m := next(ctx, t, c); m.Type != "next" {
 		t.Fatalf("got %s, want next", m.Type)
 	}
-	_, sc := postSSE(t, e, userKey, `subscription { sandboxEvents { cursor } }`)
+	_, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor } }`)
 	for sc.Scan() && !strings.HasPrefix(sc.Text(), "data: ") {
 	}
 
@@ -442,7 +443,7 @@ func TestShutdownEndsStreams(t *testing.T) {
 	}
 	for range 2 {
 		select {
-		case <-e.fake.eventsDone:
+		case <-e.fake.EventsDone():
 		case <-ctx.Done():
 			t.Fatal("the service's event streams did not end")
 		}

@@ -67,11 +67,10 @@ fuzz_time="${SANDBOXD_FUZZTIME:-8s}"
 for target in \
 	"./internal/rest FuzzRESTDecode" \
 	"./resolvers FuzzGraphQLInputs" \
-	"./internal/source FuzzCleanName" \
+	"./internal/tarsafe FuzzCleanName" \
 	"./internal/source FuzzArchive" \
-	"./guest FuzzCleanTarName" \
-	"./guest FuzzImportTar" \
-	"./guest FuzzResolvePath"; do
+	"./guest/server FuzzImportTar" \
+	"./guest/server FuzzResolvePath"; do
 	read -r pkg name <<<"$target"
 	log "fuzz $name in $pkg for $fuzz_time"
 	go test -run '^$' -fuzz "^$name\$" -fuzztime "$fuzz_time" -fuzzminimizetime 100x "$pkg"

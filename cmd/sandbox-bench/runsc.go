@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 )
 
 // What the benchmark reads of the gvisor driver's state folder (runtime/gvisor):
@@ -164,8 +164,8 @@ func (b *bench) newRawBundle(refID string) (*rawBundle, error) {
 	if proc, ok := spec["process"].(map[string]any); ok {
 		env, _ := proc["env"].([]any)
 		for _, e := range env {
-			if v, ok := e.(string); ok && strings.HasPrefix(v, guest.ChannelKeyFileEnv+"=/run/sbx/host/") {
-				r.keyFile = filepath.Join(host, filepath.Base(strings.TrimPrefix(v, guest.ChannelKeyFileEnv+"=")))
+			if v, ok := e.(string); ok && strings.HasPrefix(v, proto.ChannelKeyFileEnv+"=/run/sbx/host/") {
+				r.keyFile = filepath.Join(host, filepath.Base(strings.TrimPrefix(v, proto.ChannelKeyFileEnv+"=")))
 			}
 		}
 	}
@@ -202,7 +202,7 @@ func (r *rawBundle) createStartExec(ctx context.Context) (time.Duration, error) 
 	r.b.mu.Unlock()
 	if r.keyFile != "" {
 		// The guest init takes its channel key at start (what the driver hands it, untimed).
-		if err := os.WriteFile(r.keyFile, []byte(guest.EncodeChannelKey(guest.NewChannelKey())), 0o400); err != nil {
+		if err := os.WriteFile(r.keyFile, []byte(proto.EncodeChannelKey(proto.NewChannelKey())), 0o400); err != nil {
 			return 0, err
 		}
 	}

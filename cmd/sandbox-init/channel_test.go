@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 )
 
 // TestServeChannelKey: with a key file the init takes (deletes) it at start, serves a caller
@@ -21,13 +22,13 @@ func TestServeChannelKey(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "init.sock")
 	keyFile := filepath.Join(dir, "channel.key")
-	key := guest.NewChannelKey()
-	if err := os.WriteFile(keyFile, []byte(guest.EncodeChannelKey(key)), 0o400); err != nil {
+	key := proto.NewChannelKey()
+	if err := os.WriteFile(keyFile, []byte(proto.EncodeChannelKey(key)), 0o400); err != nil {
 		t.Fatal(err)
 	}
 	serve := exec.Command(bin, "serve")
 	serve.Env = append(os.Environ(), "SBX_SOCKET="+sock, "SBX_STATE_DIR="+filepath.Join(dir, "state"),
-		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), "SBX_REAP=0", guest.ChannelKeyFileEnv+"="+keyFile)
+		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), "SBX_REAP=0", proto.ChannelKeyFileEnv+"="+keyFile)
 	serveErr := &lockedBuffer{}
 	serve.Stderr = serveErr
 	if err := serve.Start(); err != nil {
@@ -53,13 +54,13 @@ func TestServeChannelKey(t *testing.T) {
 		t.Errorf("the key file after the init started: %v, want it deleted", err)
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.HostHandshake(c, key); err != nil {
+	if err := client.HostHandshake(c, key); err != nil {
 		t.Fatalf("handshake with the key: %v (%s)", err, serveErr)
 	}
 	_ = c.SetDeadline(time.Time{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	gc, err := guest.DialContext(ctx, c)
+	gc, err := client.DialContext(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestServeChannelKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c2.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.HostHandshake(c2, guest.NewChannelKey()); !errors.Is(err, guest.ErrImpostor) {
+	if err := client.HostHandshake(c2, proto.NewChannelKey()); !errors.Is(err, proto.ErrImpostor) {
 		t.Errorf("handshake with another key: got %v, want ErrImpostor (the init's proof fails)", err)
 	}
 	c2.Close()
@@ -104,7 +105,7 @@ func TestServeRequiresContainment(t *testing.T) {
 	dir := t.TempDir()
 	serve := exec.Command(bin, "serve")
 	serve.Env = append(os.Environ(), "SBX_SOCKET="+filepath.Join(dir, "init.sock"), "SBX_STATE_DIR="+filepath.Join(dir, "state"),
-		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), guest.RequireContainmentEnv+"=1")
+		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), proto.RequireContainmentEnv+"=1")
 	out, err := serve.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "requires containment") {
@@ -118,9 +119,9 @@ func TestInstallWritesChannelKey(t *testing.T) {
 	bin := buildInit(t)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "channel.key")
-	key := guest.EncodeChannelKey(guest.NewChannelKey())
+	key := proto.EncodeChannelKey(proto.NewChannelKey())
 	cmd := exec.Command(bin, "install", filepath.Join(dir, "init"))
-	cmd.Env = append(os.Environ(), guest.ChannelKeyEnv+"="+key, guest.ChannelKeyFileEnv+"="+keyFile)
+	cmd.Env = append(os.Environ(), proto.ChannelKeyEnv+"="+key, proto.ChannelKeyFileEnv+"="+keyFile)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("install: %v (%s)", err, out)
 	}
@@ -132,7 +133,7 @@ func TestInstallWritesChannelKey(t *testing.T) {
 		t.Errorf("key file mode %v (%v), want 0400", st.Mode(), err)
 	}
 	cmd = exec.Command(bin, "install", filepath.Join(dir, "init2"))
-	cmd.Env = append(os.Environ(), guest.ChannelKeyEnv+"=not-hex", guest.ChannelKeyFileEnv+"="+filepath.Join(dir, "k2"))
+	cmd.Env = append(os.Environ(), proto.ChannelKeyEnv+"=not-hex", proto.ChannelKeyFileEnv+"="+filepath.Join(dir, "k2"))
 	if err := cmd.Run(); err == nil {
 		t.Errorf("install with a malformed key succeeded, want an error")
 	}

@@ -9,7 +9,7 @@
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
 //	                       init container runs to put the init into the pod's shared folder;
 //	                       with SBX_CHANNEL_KEY and SBX_CHANNEL_KEY_FILE set it also writes
-//	                       the box's channel key to that file for PID 1 (see guest/channel.go)
+//	                       the box's channel key to that file for PID 1 (see guest/proto/channel.go)
 //
 // PID 1 makes itself non-dumpable, takes its channel key (SBX_CHANNEL_KEY_FILE: read, then
 // deleted) and serves a connection only once the caller proved that key. Started with
@@ -42,7 +42,8 @@ import (
 	"syscall"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 // connectWait is how long `connect` retries while PID 1 is not listening yet.
@@ -59,7 +60,7 @@ func main() {
 	case "connect":
 		os.Exit(connect())
 	case "version", "-version", "--version":
-		fmt.Println(guest.Version)
+		fmt.Println(server.Version)
 	case "install":
 		if len(os.Args) != 3 {
 			fmt.Fprintf(os.Stderr, "usage: %s install DEST\n", filepath.Base(os.Args[0]))
@@ -79,8 +80,8 @@ func main() {
 // folder, so a reader never sees half a binary, and writes the channel key from
 // SBX_CHANNEL_KEY to SBX_CHANNEL_KEY_FILE when both are set.
 func install(dest string) error {
-	if k, kf := os.Getenv(guest.ChannelKeyEnv), os.Getenv(guest.ChannelKeyFileEnv); k != "" && kf != "" {
-		if _, err := guest.ParseChannelKey(k); err != nil {
+	if k, kf := os.Getenv(proto.ChannelKeyEnv), os.Getenv(proto.ChannelKeyFileEnv); k != "" && kf != "" {
+		if _, err := proto.ParseChannelKey(k); err != nil {
 			return err
 		}
 		if err := os.WriteFile(kf, []byte(k), 0o400); err != nil {
@@ -140,7 +141,7 @@ func serve() int {
 		runtime.GOMAXPROCS(1)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "sandbox-init")
-	sock := env("SBX_SOCKET", guest.SocketPath)
+	sock := env("SBX_SOCKET", proto.SocketPath)
 	reap := pid1
 	if v := os.Getenv("SBX_REAP"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -154,8 +155,8 @@ func serve() int {
 	// names a key file wants every connection to prove the key; without one (a test on a host)
 	// connections are served as they come.
 	var key []byte
-	if kf := os.Getenv(guest.ChannelKeyFileEnv); kf != "" {
-		k, err := guest.TakeChannelKey(kf)
+	if kf := os.Getenv(proto.ChannelKeyFileEnv); kf != "" {
+		k, err := server.TakeChannelKey(kf)
 		if err != nil {
 			log.Error("reading the channel key", "err", err)
 			return 1
@@ -166,16 +167,16 @@ func serve() int {
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 
 	// A runtime that gives PID 1 CAP_SYS_ADMIN asks for every step below to be done
-	// (guest.RequireContainmentEnv): a box never runs with less than it promised.
-	strict := os.Getenv(guest.RequireContainmentEnv) == "1"
+	// (proto.RequireContainmentEnv): a box never runs with less than it promised.
+	strict := os.Getenv(proto.RequireContainmentEnv) == "1"
 	privileged := pid1 && hasCap(capSysAdmin)
 	if strict && !privileged {
 		log.Error("the runtime requires containment, but this process is not PID 1 with CAP_SYS_ADMIN")
 		return 1
 	}
-	var cgroups *guest.Cgroups
+	var cgroups *server.Cgroups
 	if privileged {
-		cg, err := guest.OpenCgroups()
+		cg, err := server.OpenCgroups()
 		switch {
 		case err != nil && strict:
 			log.Error("opening the exec cgroups", "err", err)
@@ -187,9 +188,9 @@ func serve() int {
 			cgroups = cg
 		}
 	}
-	srv, err := guest.NewServer(guest.ServerOptions{
-		Workspace: env("SBX_WORKSPACE", guest.Workspace),
-		StateDir:  env("SBX_STATE_DIR", guest.StateDir),
+	srv, err := server.New(server.Options{
+		Workspace: env("SBX_WORKSPACE", proto.Workspace),
+		StateDir:  env("SBX_STATE_DIR", proto.StateDir),
 		Reap:      reap,
 		Cgroups:   cgroups,
 		Logger:    log,
@@ -216,7 +217,7 @@ func serve() int {
 
 	// The host socket: the runtime dials it from the host (no `runsc exec` per attach).
 	var hostLn net.Listener
-	if hostSock := os.Getenv(guest.HostSocketEnv); hostSock != "" {
+	if hostSock := os.Getenv(proto.HostSocketEnv); hostSock != "" {
 		_ = os.Remove(hostSock)
 		hostLn, err = net.Listen("unix", hostSock)
 		if err != nil {
@@ -238,7 +239,7 @@ func serve() int {
 		// PID 1's own mounts are done: from here on nothing in the box mounts a file system (a
 		// command in a user namespace of its own could otherwise mount a view of the exec
 		// cgroups and leave its own, or try to uncover the hidden folder).
-		seal := guest.RefuseMounts
+		seal := server.RefuseMounts
 		if cgroups != nil {
 			seal = cgroups.Seal
 		}
@@ -255,7 +256,7 @@ func serve() int {
 			return 1
 		}
 	}
-	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", guest.Version,
+	log.Info("serving", "socket", sock, "pid", os.Getpid(), "reap", reap, "version", server.Version,
 		"channel_key", key != nil, "cgroups", cgroups != nil, "setup_ms", float64(time.Since(began).Microseconds())/1000)
 
 	// The first fork through the spawner costs more than the others (gVisor sets up the
@@ -299,8 +300,8 @@ const handshakeTimeout = 10 * time.Second
 
 // acceptLoop serves every connection of ln until it closes. ready says to write the
 // ConnectReady byte first (on the host socket, where no `connect` does it). With a key, a
-// connection is served only once the caller proved it (guest.InitHandshake).
-func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, key []byte, ready bool) {
+// connection is served only once the caller proved it (server.InitHandshake).
+func acceptLoop(log *slog.Logger, ln net.Listener, srv *server.Server, key []byte, ready bool) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -313,15 +314,15 @@ func acceptLoop(log *slog.Logger, ln net.Listener, srv *guest.Server, key []byte
 		}
 		go func() {
 			if ready {
-				if _, err := c.Write([]byte{guest.ConnectReady}); err != nil {
+				if _, err := c.Write([]byte{proto.ConnectReady}); err != nil {
 					_ = c.Close()
 					return
 				}
 			}
 			if key != nil {
 				_ = c.SetDeadline(time.Now().Add(handshakeTimeout))
-				if err := guest.InitHandshake(c, key); err != nil {
-					if errors.Is(err, guest.ErrHostUnproven) {
+				if err := server.InitHandshake(c, key); err != nil {
+					if errors.Is(err, server.ErrHostUnproven) {
 						log.Warn("refused a connection that did not prove the channel key", "err", err)
 					}
 					_ = c.Close()
@@ -342,7 +343,7 @@ func connect() int {
 		fmt.Fprintf(os.Stderr, "sandbox-init connect: %v\n", err)
 		return 1
 	}
-	sock := env("SBX_SOCKET", guest.SocketPath)
+	sock := env("SBX_SOCKET", proto.SocketPath)
 	deadline := time.Now().Add(connectWait)
 	var c *net.UnixConn
 	for {
@@ -357,8 +358,8 @@ func connect() int {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	// Tell the host the init is up before any protocol byte (guest.ConnectReady).
-	if _, err := os.Stdout.Write([]byte{guest.ConnectReady}); err != nil {
+	// Tell the host the init is up before any protocol byte (proto.ConnectReady).
+	if _, err := os.Stdout.Write([]byte{proto.ConnectReady}); err != nil {
 		_ = c.Close()
 		return 1
 	}

@@ -17,7 +17,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 func TestMain(m *testing.M) {
@@ -74,7 +76,7 @@ type readyReader struct {
 
 func (r *readyReader) Read(p []byte) (int, error) {
 	if !r.seen {
-		if err := guest.AwaitReady(r.r); err != nil {
+		if err := client.AwaitReady(r.r); err != nil {
 			return 0, err
 		}
 		r.seen = true
@@ -133,8 +135,8 @@ func TestBinary(t *testing.T) {
 
 	t.Run("version", func(t *testing.T) {
 		out, err := exec.Command(bin, "version").Output()
-		if err != nil || strings.TrimSpace(string(out)) != guest.Version {
-			t.Errorf("version: got %q %v, want %q", out, err, guest.Version)
+		if err != nil || strings.TrimSpace(string(out)) != server.Version {
+			t.Errorf("version: got %q %v, want %q", out, err, server.Version)
 		}
 	})
 
@@ -175,7 +177,7 @@ func TestBinary(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := guest.DialContext(ctx, stream1)
+	c, err := client.DialContext(ctx, stream1)
 	if err != nil {
 		t.Fatalf("Dial over connect: %v (connect: %s; serve: %s)", err, conn1Err, serveErr)
 	}
@@ -184,7 +186,7 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("Health: got %+v %v, want pid %d", h, err, serve.Process.Pid)
 	}
 
-	res, err := c.Run(ctx, guest.ExecRequest{ID: "hello", Argv: []string{"sh", "-c", `echo "hi $SBX_EXEC_ID [$SBX_SOCKET] $(pwd)"; echo oops >&2; exit 7`}}, 0, 0)
+	res, err := c.Run(ctx, proto.ExecRequest{ID: "hello", Argv: []string{"sh", "-c", `echo "hi $SBX_EXEC_ID [$SBX_SOCKET] $(pwd)"; echo oops >&2; exit 7`}}, 0, 0)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -192,7 +194,7 @@ func TestBinary(t *testing.T) {
 		t.Errorf("Run: got %q %q %d, want %q oops 7", res.Stdout, res.Stderr, res.Exit.ExitCode, want)
 	}
 
-	res, err = c.Run(ctx, guest.ExecRequest{ID: "timeout", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}, TimeoutMs: 200}, 0, 0)
+	res, err = c.Run(ctx, proto.ExecRequest{ID: "timeout", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}, TimeoutMs: 200}, 0, 0)
 	if err != nil || !res.Exit.TimedOut || res.Exit.ExitCode != 137 {
 		t.Errorf("timeout: got %+v %v, want timed out with 137", res.Exit, err)
 	}
@@ -220,7 +222,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	// A long-running exec outlives its attach.
-	if _, err := c.StartExec(ctx, guest.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "sleep 0.5; echo later"}}); err != nil {
+	if _, err := c.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "sleep 0.5; echo later"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
@@ -232,7 +234,7 @@ func TestBinary(t *testing.T) {
 
 	// Reattach: a second connect finds the exec and its whole output.
 	conn2, stream2, _ := startConnect(t, bin, env)
-	c2, err := guest.DialContext(ctx, stream2)
+	c2, err := client.DialContext(ctx, stream2)
 	if err != nil {
 		t.Fatalf("second Dial: %v", err)
 	}
@@ -249,7 +251,7 @@ func TestBinary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.Kind == guest.RecordStdout {
+		if rec.Kind == proto.RecordStdout {
 			out = append(out, rec.Data...)
 		}
 	}

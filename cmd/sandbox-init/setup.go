@@ -36,7 +36,7 @@ func hasCap(c uint) bool {
 // thread of the process (capabilities are per thread), and from the bounding set of every
 // thread when allBounding is set. The bounding set only matters at execve: where every command
 // is forked from the exec spawner's thread, which drops c from its own bounding set
-// (guest.Cgroups), the other threads' bounding sets are left alone (an all-threads call costs
+// (server.Cgroups), the other threads' bounding sets are left alone (an all-threads call costs
 // about 2 ms in gVisor).
 func dropCap(c uint, allBounding bool) error {
 	if allBounding {

@@ -3,16 +3,19 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"io"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
+	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/auth"
 	"sandboxd/internal/source"
@@ -47,7 +50,7 @@ func TestSourcesConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := c.sourceOptions()
+	opts, err := c.Sources.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +78,7 @@ sources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts, err := c.sourceOptions()
+	opts, err := c.Sources.Options()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,5 +260,268 @@ rate_limit: {requests_per_sec: 5, burst: 10, keys: {SANDBOX_API_KEY: {requests_p
 				t.Fatalf("got %v, want an error mentioning %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// valueOf reads the setting of c named like s (by flag, else environment variable).
+func valueOf(t *testing.T, c *Config, s setting) string {
+	t.Helper()
+	for _, cs := range c.settings() {
+		if cs.flag == s.flag && cs.env == s.env {
+			return cs.String()
+		}
+	}
+	t.Fatalf("no setting --%s/%s", s.flag, s.env)
+	return ""
+}
+
+// fileWith is a config file (JSON, which is YAML) that sets the dotted key to v.
+func fileWith(t *testing.T, key string, v any) string {
+	t.Helper()
+	parts := strings.Split(key, ".")
+	var doc any = v
+	for i := len(parts) - 1; i >= 0; i-- {
+		doc = map[string]any{parts[i]: doc}
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "sandboxd.yaml")
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Every setting of the table: its config key sets the value it points to, and flags >
+// environment > config file > defaults (an environment variable under the file only fills
+// what the file leaves empty).
+func TestSettingsPrecedence(t *testing.T) {
+	var probe Config
+	for _, s := range probe.settings() {
+		if s.val == &probe.file {
+			continue // TestConfigFileSetting
+		}
+		t.Run(s.flag+s.env, func(t *testing.T) {
+			// Distinct values per layer, of the setting's type.
+			vals := map[string]string{"file": "from-file", "under": "from-under", "env": "from-env", "flag": "from-flag"}
+			var fileVal any = vals["file"]
+			if _, ok := s.val.(*int); ok {
+				vals = map[string]string{"file": "3", "under": "4", "env": "5", "flag": "6"}
+				fileVal = 3
+			}
+			type layers struct{ file, under, env, flag bool }
+			load := func(l layers) string {
+				t.Helper()
+				env := map[string]string{}
+				var args []string
+				if l.file {
+					args = append(args, "--config", fileWith(t, s.key, fileVal))
+				}
+				if l.under {
+					env[s.envUnderFile] = vals["under"]
+				}
+				if l.env {
+					env[s.env] = vals["env"]
+				}
+				if l.flag {
+					args = append(args, "--"+s.flag, vals["flag"])
+				}
+				c, _ := loadConfig(args, func(k string) string { return env[k] }) // validity is not the point
+				return valueOf(t, &c, s)
+			}
+			def := defaultConfig()
+			want := valueOf(t, &def, s)
+			if got := load(layers{}); got != want && s.key != "checkpoint_dir" {
+				t.Errorf("default: got %q, want %q", got, want)
+			}
+			if s.key != "" {
+				if got := load(layers{file: true}); got != vals["file"] {
+					t.Errorf("config file key %s: got %q, want %q", s.key, got, vals["file"])
+				}
+			}
+			if s.envUnderFile != "" {
+				if got := load(layers{under: true}); got != vals["under"] {
+					t.Errorf("%s: got %q, want %q", s.envUnderFile, got, vals["under"])
+				}
+				if got := load(layers{file: true, under: true}); got != vals["file"] {
+					t.Errorf("%s under the config file: got %q, want the file's %q", s.envUnderFile, got, vals["file"])
+				}
+			}
+			if s.env != "" {
+				if got := load(layers{file: s.key != "", under: s.envUnderFile != "", env: true}); got != vals["env"] {
+					t.Errorf("%s over the config file: got %q, want %q", s.env, got, vals["env"])
+				}
+			}
+			if s.flag != "" {
+				if got := load(layers{file: s.key != "", under: s.envUnderFile != "", env: s.env != "", flag: true}); got != vals["flag"] {
+					t.Errorf("--%s over the environment: got %q, want %q", s.flag, got, vals["flag"])
+				}
+			}
+		})
+	}
+}
+
+// The config file comes from --config over SANDBOXD_CONFIG.
+func TestConfigFileSetting(t *testing.T) {
+	fromFlag, fromEnv := fileWith(t, "listen", "flag:1"), fileWith(t, "listen", "env:1")
+	env := map[string]string{"SANDBOXD_CONFIG": fromEnv}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{{nil, "env:1"}, {[]string{"--config", fromFlag}, "flag:1"}} {
+		c, _ := loadConfig(tt.args, func(k string) string { return env[k] })
+		if c.Listen != tt.want {
+			t.Errorf("args %v: got listen %q, want %q", tt.args, c.Listen, tt.want)
+		}
+	}
+}
+
+// -h lists every flag with its environment variables and default, then the settings only the
+// environment sets.
+func TestUsage(t *testing.T) {
+	c := defaultConfig()
+	fs := newFlagSet(c.settings())
+	var out strings.Builder
+	fs.SetOutput(&out)
+	fs.Usage()
+	help := out.String()
+	for _, s := range c.settings() {
+		if s.flag != "" && !strings.Contains(help, "-"+s.flag+" string\n") {
+			t.Errorf("-h has no flag -%s:\n%s", s.flag, help)
+		}
+		for _, e := range s.envs() {
+			if !strings.Contains(help, e) {
+				t.Errorf("-h does not name %s:\n%s", e, help)
+			}
+		}
+	}
+	for _, want := range []string{`(default "127.0.0.1:8780")`, "SANDBOX_CONCURRENCY_LIMIT  each tenant:project's concurrency limit; 0 means unlimited (default 10)",
+		"env SANDBOXD_KUBECONFIG or KUBECONFIG"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("-h does not say %q:\n%s", want, help)
+		}
+	}
+}
+
+// readmeConfiguration returns the README's "## Configuration" section.
+func readmeConfiguration(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(data), "\n## Configuration\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Configuration" section`)
+	}
+	if i := strings.Index(sec, "\n## "); i >= 0 {
+		sec = sec[:i]
+	}
+	return sec
+}
+
+// codeSpans returns the `code` spans of a Markdown table cell.
+func codeSpans(cell string) []string {
+	var spans []string
+	for i, part := range strings.Split(cell, "`") {
+		if i%2 == 1 {
+			spans = append(spans, part)
+		}
+	}
+	return spans
+}
+
+// The README's table of settings and the table in config.go say the same: every row is a
+// setting with that flag, those environment variables (strongest first), that config key and
+// its default; every setting has a row.
+func TestReadmeSettings(t *testing.T) {
+	var rows [][]string
+	for _, line := range strings.Split(readmeConfiguration(t), "\n") {
+		if strings.HasPrefix(line, "|") {
+			cells := strings.Split(strings.Trim(line, "| "), " | ")
+			rows = append(rows, cells)
+		} else if len(rows) > 0 {
+			break // the first table only
+		}
+	}
+	if len(rows) < 3 {
+		t.Fatalf("no table of settings in the README's Configuration section")
+	}
+	col := map[string]int{}
+	for i, h := range rows[0] {
+		col[strings.TrimSpace(h)] = i
+	}
+	for _, h := range []string{"setting", "flag", "environment", "config file", "default"} {
+		if _, ok := col[h]; !ok {
+			t.Fatalf("the README's table has no column %q: %v", h, rows[0])
+		}
+	}
+	one := func(cell string) string { // the cell's one code span, or "" for none
+		spans := codeSpans(cell)
+		if len(spans) > 1 {
+			t.Errorf("cell %q: want at most one code span", cell)
+		}
+		return strings.Join(spans, "")
+	}
+	c := defaultConfig()
+	home, _ := os.UserHomeDir()
+	seen := map[string]bool{}
+	for _, row := range rows[2:] {
+		if len(row) != len(rows[0]) {
+			t.Errorf("row %q: %d cells, want %d", row, len(row), len(rows[0]))
+			continue
+		}
+		flagName := strings.TrimPrefix(one(row[col["flag"]]), "--")
+		envs := codeSpans(row[col["environment"]])
+		var s *setting
+		for _, cs := range c.settings() {
+			if (flagName != "" && cs.flag == flagName) || (flagName == "" && cs.flag == "" && len(envs) > 0 && cs.env == envs[0]) {
+				s = &cs
+				break
+			}
+		}
+		if s == nil {
+			t.Errorf("README row %q: no setting has flag %q / environment %q", row[col["setting"]], flagName, envs)
+			continue
+		}
+		name := s.flag + s.env
+		seen[name] = true
+		if !slices.Equal(envs, s.envs()) {
+			t.Errorf("README row %q: environment %q, want %q", row[col["setting"]], envs, s.envs())
+		}
+		if key := one(row[col["config file"]]); key != s.key {
+			t.Errorf("README row %q: config file key %q, want %q", row[col["setting"]], key, s.key)
+		}
+		if def := s.String(); def != "" && s.key != "" {
+			if home != "" {
+				def = strings.Replace(def, home, "~", 1)
+			}
+			if !slices.Contains(codeSpans(row[col["default"]]), def) {
+				t.Errorf("README row %q: the default column does not say `%s`", row[col["setting"]], def)
+			}
+		}
+	}
+	for _, s := range c.settings() {
+		if !seen[s.flag+s.env] {
+			t.Errorf("the README's table has no row for %s", s.hint())
+		}
+	}
+}
+
+// The README's example config file names only keys that exist.
+func TestReadmeExampleConfig(t *testing.T) {
+	_, example, ok := strings.Cut(readmeConfiguration(t), "```yaml\n")
+	if !ok {
+		t.Fatal("the README's Configuration section has no ```yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
+	c := defaultConfig()
+	if err := yaml.UnmarshalStrict([]byte(example), &c); err != nil {
+		t.Fatalf("the README's example config: %v", err)
+	}
+	if c.Checkpoints.Store != "gcs" || len(c.APIKeys) == 0 || len(c.Agents) == 0 {
+		t.Errorf("the example did not load: %+v", c)
 	}
 }

@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return fmt.Errorf("checkpoint store: %w", err)
 	}
 	defer closeObjs()
-	srcOpts, err := cfg.sourceOptions()
+	srcOpts, err := cfg.Sources.Options()
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	defer gcsSources.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	execOpts := cfg.execOptions()
+	execOpts := cfg.Execs.Options()
 	execOpts.Blocking = blocking
 	execStore := execstream.New(rdb, execOpts)
 	svc, err := domain.New(cfg.sandboxConfig(), domain.Deps{
@@ -112,7 +112,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		Checkpoints:   checkpoint.New(objs, checkpoint.Options{}),
 		Execs:         execStore,
 		AgentRuns:     agentrun.New(rdb, agentrun.Options{}),
-		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.quotaOptions()),
+		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.Quota.Options()),
 		Sources:       sources,
 		SourceObjects: gcsSources,
 		Metrics:       sandbox.NewMetrics(reg),
@@ -129,13 +129,6 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", readyz(rdb, driver))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	// Closing shutdown ends open WebSocket and SSE streams, which http.Server.Shutdown does not.
 	shutdown := make(chan struct{})
 	limiter, err := ratelimit.New(limiterRedis, cfg.RateLimit, ratelimit.Options{})
@@ -146,9 +139,13 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	cors := corsFor(cfg.GraphQL.AllowedOrigins)
 	gqlOpts := cfg.graphqlOptions()
 	gqlOpts.Logger, gqlOpts.Shutdown, gqlOpts.RateLimit = log, shutdown, limit
-	mux.Handle("/graphql", cors(resolvers.NewHandler(svc, authn, gqlOpts)))
-	mux.Handle("GET /graphiql", resolvers.GraphiQLHandler())
-	mux.Handle("/", cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit)))
+	mux := newMux(handlers{
+		ready:    readyz(rdb, driver),
+		metrics:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		graphql:  cors(resolvers.NewHandler(svc, authn, gqlOpts)),
+		graphiql: resolvers.GraphiQLHandler(),
+		rest:     cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit)),
+	})
 
 	// The reconciler runs in every replica until shutdown.
 	rctx, stopReconciler := context.WithCancel(context.WithoutCancel(ctx))
@@ -191,6 +188,29 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		log.Warn("graceful shutdown cut short", "err", err)
 	}
 	return nil
+}
+
+// handlers are what the server's mux serves, besides /healthz.
+type handlers struct {
+	ready, metrics, graphql, graphiql http.Handler
+	// rest serves the REST paths, and answers every path nothing else takes.
+	rest http.Handler
+}
+
+// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql, and
+// everything else to the REST handler at "/" (which has its own routes: see instrument).
+func newMux(h handlers) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("GET /readyz", h.ready)
+	mux.Handle("GET /metrics", h.metrics)
+	mux.Handle("/graphql", h.graphql)
+	mux.Handle("GET /graphiql", h.graphiql)
+	mux.Handle("/", h.rest)
+	return mux
 }
 
 // rateLimit charges one request to p's rate limit: nil, or RATE_LIMITED. When Redis cannot
@@ -281,7 +301,7 @@ func checkpointLocation(cfg Config) string {
 // openCheckpointStore opens the configured object store for checkpoints.
 func openCheckpointStore(ctx context.Context, cfg Config) (checkpoint.ObjectStore, func(), error) {
 	if cfg.Checkpoints.Store == "gcs" {
-		g, err := checkpoint.NewGCSStore(ctx, checkpoint.GCSOptions{Bucket: cfg.Checkpoints.GCSBucket, Prefix: cfg.Checkpoints.GCSPrefix})
+		g, err := checkpoint.NewGCSStore(ctx, cfg.Checkpoints.GCSOptions())
 		if err != nil {
 			return nil, nil, err
 		}
@@ -304,16 +324,7 @@ func openDriver(ctx context.Context, cfg Config, log *slog.Logger) (runtime.Driv
 		if err != nil {
 			return nil, nil, fmt.Errorf("kube runtime: %w", err)
 		}
-		kd, err := kube.New(ctx, kube.Options{
-			Config:               rc,
-			Namespace:            cfg.Kube.Namespace,
-			InitImage:            cfg.Kube.InitImage,
-			RuntimeClass:         cfg.Kube.RuntimeClass,
-			StorageClass:         cfg.Kube.StorageClass,
-			ReadyTimeout:         time.Duration(cfg.Kube.ReadyTimeoutSec) * time.Second,
-			UnschedulableTimeout: time.Duration(cfg.Kube.UnschedulableTimeoutSec) * time.Second,
-			Logger:               log,
-		})
+		kd, err := kube.New(ctx, cfg.Kube.Options(rc, log))
 		if err != nil {
 			return nil, nil, fmt.Errorf("kube runtime: %w", err)
 		}
@@ -380,7 +391,10 @@ func readyz(rdb redis.UniversalClient, d runtime.Driver) http.HandlerFunc {
 	}
 }
 
-// instrument records request latency by route (a bounded set of patterns, never an id).
+// instrument records request latency by route: the pattern of the route that served the
+// request (a bounded set, never an id). next is the server's mux, which sets the request's
+// Pattern; the REST handler behind its "/" has routes of its own and notes the one it
+// matched (rest.RecordRoute).
 func instrument(next http.Handler, reg prometheus.Registerer) http.Handler {
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sandboxd_http_request_duration_seconds",
@@ -391,60 +405,31 @@ func instrument(next http.Handler, reg prometheus.Registerer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		ctx, restRoute := rest.RecordRoute(r.Context())
+		r = r.WithContext(ctx)
 		next.ServeHTTP(sw, r)
-		hist.WithLabelValues(route(r.URL.Path), method(r.Method), fmt.Sprint(sw.code)).Observe(time.Since(start).Seconds())
+		pattern := restRoute()
+		if pattern == "" {
+			pattern = r.Pattern
+		}
+		hist.WithLabelValues(route(pattern), method(r.Method), fmt.Sprint(sw.code)).Observe(time.Since(start).Seconds())
 	})
 }
 
-// route maps a path to its pattern: ids become {id}; unknown paths are "other".
-func route(path string) string {
-	switch path {
-	case "/healthz", "/readyz", "/metrics", "/graphql", "/graphiql", rest.Prefix:
-		return path
+// route is the label of a ServeMux pattern ("[METHOD ][HOST]/PATH"): its path, with the
+// wildcards as they are ("/sandbox/sandboxes/v1/{id}"). No pattern, or a catch-all (a path
+// that ends in "/": the REST handler at "/" when no REST route took the request), is "other".
+func route(pattern string) string {
+	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
+		pattern = strings.TrimLeft(pattern[i:], " \t")
 	}
-	if run, ok := strings.CutPrefix(path, rest.AgentPrefix+"/runs"); ok {
-		return agentRoute(run)
+	if i := strings.IndexByte(pattern, '/'); i > 0 {
+		pattern = pattern[i:]
 	}
-	rest0, ok := strings.CutPrefix(path, rest.Prefix+"/")
-	if !ok {
+	if !strings.HasPrefix(pattern, "/") || strings.HasSuffix(pattern, "/") {
 		return "other"
 	}
-	parts := strings.SplitN(rest0, "/", 2)
-	switch {
-	case len(parts) == 1 && (parts[0] == "quota" || parts[0] == "snapshots"):
-		return path
-	case len(parts) == 1:
-		return rest.Prefix + "/{id}"
-	case parts[0] == "snapshots" && !strings.Contains(parts[1], "/"):
-		return rest.Prefix + "/snapshots/{snapshot_id}"
-	case parts[1] == "exec" || parts[1] == "stop" || parts[1] == "start" || parts[1] == "files" || parts[1] == "files/list" ||
-		parts[1] == "snapshots":
-		return rest.Prefix + "/{id}/" + parts[1]
-	case strings.HasPrefix(parts[1], "execs/"):
-		if strings.HasSuffix(parts[1], "/output") {
-			return rest.Prefix + "/{id}/execs/{exec_id}/output"
-		}
-		return rest.Prefix + "/{id}/execs/{exec_id}"
-	}
-	return "other"
-}
-
-// agentRoute labels the agent run paths; run is what follows /sandbox/agent/v1/runs.
-func agentRoute(run string) string {
-	const runs = rest.AgentPrefix + "/runs"
-	if run == "" {
-		return runs
-	}
-	id, tail, _ := strings.Cut(strings.TrimPrefix(run, "/"), "/")
-	switch {
-	case !strings.HasPrefix(run, "/") || id == "":
-		return "other"
-	case tail == "":
-		return runs + "/{run_id}"
-	case tail == "cancel" || tail == "events":
-		return runs + "/{run_id}/" + tail
-	}
-	return "other"
+	return pattern
 }
 
 func method(m string) string {

@@ -1,34 +1,137 @@
 package main
 
-import "testing"
+import (
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
 
-// TestRouteLabels: request metrics are labelled by route pattern, never by an id.
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sandboxd/internal/api/apitest"
+	"sandboxd/internal/auth"
+	"sandboxd/internal/rest"
+)
+
+// TestRouteLabels: request metrics are labelled by the pattern of the route that served the
+// request, never by an id: the server's mux's own routes, and every route of the REST handler
+// behind its "/" (with a key or refused without one); "other" for what no route takes.
 func TestRouteLabels(t *testing.T) {
-	for path, want := range map[string]string{
-		"/graphql":                                    "/graphql",
-		"/sandbox/sandboxes/v1":                       "/sandbox/sandboxes/v1",
-		"/sandbox/sandboxes/v1/sbx_1":                 "/sandbox/sandboxes/v1/{id}",
-		"/sandbox/sandboxes/v1/s/exec":                "/sandbox/sandboxes/v1/{id}/exec",
-		"/sandbox/sandboxes/v1/s/files/list":          "/sandbox/sandboxes/v1/{id}/files/list",
-		"/sandbox/sandboxes/v1/s/execs/exec_1":        "/sandbox/sandboxes/v1/{id}/execs/{exec_id}",
-		"/sandbox/sandboxes/v1/s/execs/exec_1/output": "/sandbox/sandboxes/v1/{id}/execs/{exec_id}/output",
-		"/sandbox/sandboxes/v1/quota":                 "/sandbox/sandboxes/v1/quota",
-		"/sandbox/sandboxes/v1/s/snapshots":           "/sandbox/sandboxes/v1/{id}/snapshots",
-		"/sandbox/sandboxes/v1/snapshots":             "/sandbox/sandboxes/v1/snapshots",
-		"/sandbox/sandboxes/v1/snapshots/snap_1":      "/sandbox/sandboxes/v1/snapshots/{snapshot_id}",
-		"/sandbox/sandboxes/v1/snapshots/snap_1/x":    "other",
-		"/sandbox/sandboxes/v1/s/nothing":             "other",
-		"/favicon.ico":                                "other",
-		"/sandbox/agent/v1/runs":                      "/sandbox/agent/v1/runs",
-		"/sandbox/agent/v1/runs/run_1":                "/sandbox/agent/v1/runs/{run_id}",
-		"/sandbox/agent/v1/runs/run_1/cancel":         "/sandbox/agent/v1/runs/{run_id}/cancel",
-		"/sandbox/agent/v1/runs/run_1/events":         "/sandbox/agent/v1/runs/{run_id}/events",
-		"/sandbox/agent/v1/runs/run_1/x":              "other",
-		"/sandbox/agent/v1/runsx":                     "other",
-		"/sandbox/agent/v1/other":                     "other",
+	stub := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	mux := newMux(handlers{ready: stub, metrics: stub, graphql: stub, graphiql: stub,
+		rest: rest.New(apitest.New(), apitest.Authenticator(t), slog.New(slog.DiscardHandler), nil)})
+	const v1, runs = "/sandbox/sandboxes/v1", "/sandbox/agent/v1/runs"
+	tests := []struct {
+		method, path, want string
+		// rest is set for the REST routes: a request without a key is refused (401) and
+		// labelled by its route all the same.
+		rest bool
+	}{
+		{"GET", "/graphql", "/graphql", false},
+		{"POST", "/graphql", "/graphql", false},
+		{"GET", "/graphiql", "/graphiql", false},
+		{"GET", "/healthz", "/healthz", false},
+		{"GET", "/readyz", "/readyz", false},
+		{"GET", "/metrics", "/metrics", false},
+
+		{"POST", v1, v1, true},
+		{"GET", v1, v1, true},
+		{"GET", v1 + "/quota", v1 + "/quota", true},
+		{"GET", v1 + "/snapshots", v1 + "/snapshots", true},
+		{"DELETE", v1 + "/snapshots/snap_1", v1 + "/snapshots/{snapshot_id}", true},
+		{"GET", v1 + "/sbx_1", v1 + "/{id}", true},
+		{"DELETE", v1 + "/sbx_1", v1 + "/{id}", true},
+		{"POST", v1 + "/sbx_1/exec", v1 + "/{id}/exec", true},
+		{"GET", v1 + "/sbx_1/execs/exec_1", v1 + "/{id}/execs/{exec_id}", true},
+		{"GET", v1 + "/sbx_1/execs/exec_1/output", v1 + "/{id}/execs/{exec_id}/output", true},
+		{"POST", v1 + "/sbx_1/stop", v1 + "/{id}/stop", true},
+		{"POST", v1 + "/sbx_1/start", v1 + "/{id}/start", true},
+		{"GET", v1 + "/sbx_1/files", v1 + "/{id}/files", true},
+		{"PUT", v1 + "/sbx_1/files", v1 + "/{id}/files", true},
+		{"POST", v1 + "/sbx_1/files", v1 + "/{id}/files", true},
+		{"GET", v1 + "/sbx_1/files/list", v1 + "/{id}/files/list", true},
+		{"POST", v1 + "/sbx_1/snapshots", v1 + "/{id}/snapshots", true},
+		{"GET", v1 + "/sbx_1/snapshots", v1 + "/{id}/snapshots", true},
+		{"POST", runs, runs, true},
+		{"GET", runs, runs, true},
+		{"GET", runs + "/run_1", runs + "/{run_id}", true},
+		{"POST", runs + "/run_1/cancel", runs + "/{run_id}/cancel", true},
+		{"GET", runs + "/run_1/events", runs + "/{run_id}/events", true},
+
+		{"GET", v1 + "/snapshots/snap_1/x", "other", false},
+		{"GET", v1 + "/sbx_1/nothing", "other", false},
+		{"GET", v1 + "/sbx_1/execs", "other", false},
+		{"GET", "/favicon.ico", "other", false},
+		{"GET", runs + "/run_1/x", "other", false},
+		{"GET", "/sandbox/agent/v1/runsx", "other", false},
+		{"GET", "/sandbox/agent/v1/other", "other", false},
+		{"GET", v1 + "//sbx_1", "other", false}, // the server's mux redirects to the clean path
+		// A method that no route of a path takes is answered by a catch-all: "other". So is
+		// a CORS preflight of a REST path (no REST route takes OPTIONS), not one of /graphql.
+		{"PATCH", v1 + "/sbx_1", "other", false},
+		{"POST", "/healthz", "other", false},
+		{"OPTIONS", v1 + "/sbx_1", "other", false},
+		{"OPTIONS", "/graphql", "/graphql", false},
+	}
+	for _, tt := range tests {
+		keys := []string{apitest.UserKey}
+		if tt.rest {
+			keys = append(keys, "")
+		}
+		for _, key := range keys {
+			got, code := observe(t, mux, tt.method, tt.path, key)
+			if got != tt.want {
+				t.Errorf("%s %s (key %q): got route %q, want %q", tt.method, tt.path, key, got, tt.want)
+			}
+			if tt.rest && key == "" && code != "401" {
+				t.Errorf("%s %s without a key: got code %s, want 401", tt.method, tt.path, code)
+			}
+		}
+	}
+}
+
+// observe serves one request through instrument and answers the route and code labels of
+// the one observation it made.
+func observe(t *testing.T, mux http.Handler, method, path, key string) (route, code string) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	req := httptest.NewRequest(method, path, nil)
+	if key != "" {
+		req.Header.Set(auth.HeaderAPIKey, key)
+	}
+	instrument(mux, reg).ServeHTTP(httptest.NewRecorder(), req)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 1 || len(mfs[0].GetMetric()) != 1 {
+		t.Fatalf("%s %s: got %v, want one observation", method, path, mfs)
+	}
+	for _, l := range mfs[0].GetMetric()[0].GetLabel() {
+		switch l.GetName() {
+		case "route":
+			route = l.GetValue()
+		case "code":
+			code = l.GetValue()
+		}
+	}
+	return route, code
+}
+
+// TestRoutePattern: a pattern's label is its path; no pattern or a catch-all is "other".
+func TestRoutePattern(t *testing.T) {
+	for pattern, want := range map[string]string{
+		"GET /sandbox/sandboxes/v1/{id}":    "/sandbox/sandboxes/v1/{id}",
+		"POST\t /sandbox/agent/v1/runs":     "/sandbox/agent/v1/runs",
+		"/graphql":                          "/graphql",
+		"GET example.com/healthz":           "/healthz",
+		"":                                  "other",
+		"/":                                 "other",
+		"/sandbox/sandboxes/v1/":            "other",
+		"GET /sandbox/sandboxes/v1/{id}/x/": "other",
 	} {
-		if got := route(path); got != want {
-			t.Errorf("route(%q) = %q, want %q", path, got, want)
+		if got := route(pattern); got != want {
+			t.Errorf("route(%q) = %q, want %q", pattern, got, want)
 		}
 	}
 }

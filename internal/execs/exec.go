@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/execstream"
@@ -43,7 +43,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 	f := s.newFollower(meta, 0, !req.Detach)
 	f.fresh = true
 	// The log is read on the service's context: the command and its follower outlive the request.
-	lr, err := g.StartLog(s.bg, guest.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+	lr, err := g.StartLog(s.bg, proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
 		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, MaxRunning: s.cfg.MaxRunningExecs})
 	if err != nil {
 		gerr := s.sandboxes.GuestError(ctx, id, err)

@@ -6,7 +6,8 @@ import (
 	"io"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/sandbox"
@@ -41,7 +42,7 @@ type followResult struct {
 
 // collector keeps a waiting caller's output: the newest limit bytes of each stream.
 type collector struct {
-	stdout, stderr guest.Tail
+	stdout, stderr client.Tail
 	// gap: the guest's log no longer held some output when it was read.
 	gap     bool
 	upTo    int64 // guest offset collected so far: a reopened log repeats nothing
@@ -52,7 +53,7 @@ func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follo
 	f := &follower{s: s, meta: m, pos: offset, stored: offset, writing: true, result: make(chan followResult, 1)}
 	if wait {
 		limit := s.cfg.Limits.ExecMaxOutputBytes
-		f.wait = &collector{upTo: offset, stdout: guest.Tail{Limit: limit}, stderr: guest.Tail{Limit: limit}}
+		f.wait = &collector{upTo: offset, stdout: client.Tail{Limit: limit}, stderr: client.Tail{Limit: limit}}
 	}
 	s.followMu.Lock()
 	s.following[m.ID] = true
@@ -62,7 +63,7 @@ func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follo
 
 // start runs the follower in the background; lr is the guest log opened at f.pos, or nil to
 // open it first (a takeover).
-func (f *follower) start(lr *guest.LogReader) {
+func (f *follower) start(lr *client.LogReader) {
 	f.s.followers.Add(1)
 	go func() {
 		defer f.s.followers.Done()
@@ -90,7 +91,7 @@ func (f *follower) forget() {
 }
 
 type logItem struct {
-	rec guest.Record
+	rec client.Record
 	err error
 }
 
@@ -102,7 +103,7 @@ const (
 
 // follow copies the exec's log until its exit status is in the stream, the lease is lost (and
 // nobody waits here), or the service closes.
-func (f *follower) follow(lr *guest.LogReader) {
+func (f *follower) follow(lr *client.LogReader) {
 	s := f.s
 	if f.fresh {
 		s.publish(f.meta, sandbox.EventExecStarted, execResultOf(f.meta))
@@ -150,7 +151,7 @@ func (f *follower) follow(lr *guest.LogReader) {
 	}
 }
 
-func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
+func readLog(ctx context.Context, lr *client.LogReader, out chan<- logItem) {
 	defer close(out)
 	for {
 		rec, err := lr.Next()
@@ -159,7 +160,7 @@ func readLog(ctx context.Context, lr *guest.LogReader, out chan<- logItem) {
 		case <-ctx.Done():
 			return
 		}
-		if err != nil || rec.Kind == guest.RecordExit {
+		if err != nil || rec.Kind == proto.RecordExit {
 			return
 		}
 	}
@@ -198,7 +199,7 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			}
 			rec := it.rec
 			f.collect(rec)
-			if rec.Kind == guest.RecordExit {
+			if rec.Kind == proto.RecordExit {
 				st, err := rec.ExitStatus()
 				e := &execstream.Exit{ExitCode: st.ExitCode, Signal: st.Signal, TimedOut: st.TimedOut, DurationMs: st.DurationMs,
 					Error: st.Error, StdoutBytes: st.StdoutBytes, StderrBytes: st.StderrBytes}
@@ -215,9 +216,9 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 			}
 			var stream execstream.Stream
 			switch rec.Kind {
-			case guest.RecordStdout:
+			case proto.RecordStdout:
 				stream = execstream.Stdout
-			case guest.RecordStderr:
+			case proto.RecordStderr:
 				stream = execstream.Stderr
 			default:
 				// A RecordTruncated: the guest's log dropped output before this follower read
@@ -247,20 +248,20 @@ func (f *follower) copy(items <-chan logItem, renew <-chan time.Time) (exit *exe
 	}
 }
 
-func (f *follower) collect(rec guest.Record) {
+func (f *follower) collect(rec client.Record) {
 	c := f.wait
 	if c == nil || rec.Offset <= c.upTo {
 		return
 	}
 	c.upTo = rec.Offset
 	switch rec.Kind {
-	case guest.RecordStdout:
+	case proto.RecordStdout:
 		c.written += int64(len(rec.Data))
 		c.stdout.Write(rec.Data)
-	case guest.RecordStderr:
+	case proto.RecordStderr:
 		c.written += int64(len(rec.Data))
 		c.stderr.Write(rec.Data)
-	case guest.RecordTruncated:
+	case proto.RecordTruncated:
 		c.gap = true
 	}
 }
@@ -335,7 +336,7 @@ func (f *follower) renew() {
 // should stop following, and an error when the exec cannot be followed to its end any more
 // (the sandbox is gone or restarted): that error becomes the exec's end. When the sandbox
 // failed, the error is SANDBOX_FAILED (and the sandbox is recorded FAILED).
-func (f *follower) reopen() (*guest.LogReader, error) {
+func (f *follower) reopen() (*client.LogReader, error) {
 	s := f.s
 	for attempt := 0; ; attempt++ {
 		f.renew()
@@ -371,13 +372,13 @@ func (f *follower) reopen() (*guest.LogReader, error) {
 			g, err := s.sandboxes.Guest(ctx, f.meta.Sandbox)
 			cancel()
 			if err == nil {
-				var lr *guest.LogReader
+				var lr *client.LogReader
 				if lr, err = g.Log(s.bg, f.meta.ID, offset, true); err == nil {
 					f.pos = offset
 					return lr, nil
 				}
-				var ge *guest.Error
-				if errors.As(err, &ge) && ge.Code == guest.ErrCodeNotFound {
+				var ge *proto.Error
+				if errors.As(err, &ge) && ge.Code == proto.ErrCodeNotFound {
 					return nil, errors.New("the sandbox restarted while the command ran; its end is unknown")
 				}
 			}

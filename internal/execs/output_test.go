@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/domain"
 	"sandboxd/internal/domain/domaintest"
@@ -116,7 +116,7 @@ func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
 	}
 	marker, err := lr.Next()
 	lr.Close()
-	if err != nil || marker.Kind != guest.RecordTruncated || marker.Missed <= 0 {
+	if err != nil || marker.Kind != proto.RecordTruncated || marker.Missed <= 0 {
 		t.Fatalf("the guest log from 0: got %+v %v, want a truncation marker", marker, err)
 	}
 

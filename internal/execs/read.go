@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/execstream"
@@ -28,7 +28,7 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 		return res, nil
 	}
 	limit := s.cfg.Limits.ExecMaxOutputBytes
-	stdout, stderr := guest.Tail{Limit: limit}, guest.Tail{Limit: limit}
+	stdout, stderr := client.Tail{Limit: limit}, client.Tail{Limit: limit}
 	gap := false
 	after := ""
 	for {

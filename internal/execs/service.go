@@ -20,7 +20,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/events"
 	"sandboxd/internal/execstream"
@@ -35,7 +35,7 @@ type Sandboxes interface {
 	Load(ctx context.Context, p auth.Principal, id string, verb sandbox.Verb) (runtime.Record, error)
 	// Guest is a client on the running sandbox's guest init (one attach per sandbox and
 	// replica).
-	Guest(ctx context.Context, id string) (*guest.Client, error)
+	Guest(ctx context.Context, id string) (*client.Client, error)
 	// GuestError turns a failed guest call into a client error (a dead sandbox is FAILED).
 	GuestError(ctx context.Context, id string, err error) error
 	// Box is the runtime's box of sandbox id: its record and phase.

@@ -72,8 +72,9 @@ type Chunk struct {
 	// Start is the guest log offset where the chunk begins: the stored offset for the first
 	// chunk of an Append, the previous chunk's Offset for the others.
 	Start int64
-	// Offset is the guest log offset just after the chunk (guest.Record.Offset), where the next
-	// follower resumes. For one guest record it is Start + guest.RecordHeaderLen + len(Data).
+	// Offset is the guest log offset just after the chunk (guest/client's Record.Offset), where
+	// the next follower resumes. For one guest record it is Start + RecordHeaderLen (of
+	// guest/proto) + len(Data).
 	Offset int64
 }
 

@@ -2,131 +2,49 @@ package rest
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/apierror"
-	"sandboxd/internal/auth"
 	"sandboxd/internal/sandbox"
 )
 
-const runID = "run_01HZZZZZZZZZZZZZZZZZZZZZZZ"
-
-func (f *fakeService) StartAgentRun(_ context.Context, _ auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.runReqs = append(f.runReqs, req)
-	if f.runErr != nil {
-		return sandbox.AgentRun{}, f.runErr
-	}
-	return f.runs[runID], nil
-}
-
-func (f *fakeService) GetAgentRun(_ context.Context, _ auth.Principal, id string) (sandbox.AgentRun, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.runs[id]
-	if !ok {
-		return sandbox.AgentRun{}, apierror.New(apierror.NotFound, "agent run %s not found", id)
-	}
-	return r, f.runErr
-}
-
-func (f *fakeService) ListAgentRuns(_ context.Context, _ auth.Principal, sandboxID string) ([]sandbox.AgentRun, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if sandboxID == "" {
-		return nil, apierror.New(apierror.InvalidArgument, "sandbox_id is required")
-	}
-	var out []sandbox.AgentRun
-	for _, r := range f.runs {
-		if r.SandboxID == sandboxID {
-			out = append(out, r)
-		}
-	}
-	return out, nil
-}
-
-func (f *fakeService) CancelAgentRun(_ context.Context, _ auth.Principal, id string) (sandbox.AgentRun, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r, ok := f.runs[id]
-	if !ok {
-		return sandbox.AgentRun{}, apierror.New(apierror.NotFound, "agent run %s not found", id)
-	}
-	if r.Status.Terminal() {
-		return r, apierror.New(apierror.InvalidState, "agent run %s is already %s", id, r.Status)
-	}
-	r.Status = sandbox.RunCancelled
-	f.runs[id] = r
-	return r, nil
-}
-
-func (f *fakeService) AgentRunEvents(ctx context.Context, _ auth.Principal, id, after string) (<-chan sandbox.AgentRunEvent, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.runAfters = append(f.runAfters, after)
-	if _, ok := f.runs[id]; !ok {
-		return nil, apierror.New(apierror.NotFound, "agent run %s not found", id)
-	}
-	evs := f.runEvents
-	ch := make(chan sandbox.AgentRunEvent)
-	f.outputs.Add(1)
-	go func() {
-		defer f.outputs.Done()
-		defer close(ch)
-		for _, ev := range evs {
-			select {
-			case ch <- ev:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return ch, nil
-}
-
-func agentFake() *fakeService {
-	f := newFake()
-	f.runs[runID] = sandbox.AgentRun{ID: runID, SandboxID: sbx, AgentID: "opencode", Model: "wandb/moonshotai/Kimi-K2.5",
-		Status: sandbox.RunRunning, ExecID: "exec_01HZZZZZZZZZZZZZZZZZZZZZZZ", RunDir: "/workspace/.agent-runs/" + runID,
-		CreatedAt: t0, StartedAt: t0}
-	return f
-}
-
 // TestAgentRunStartBody: the product document's body, exactly, starts a run (201).
 func TestAgentRunStartBody(t *testing.T) {
-	f := agentFake()
+	f := apitest.New()
 	h := newTestHandler(t, f)
 	rec := serve(t, h, http.MethodPost, AgentPrefix+"/runs", `{
   "agent_id": "opencode",
   "model": "wandb/moonshotai/Kimi-K2.5",
   "instruction": "Continue from the current files and fix the next failure",
-  "sandbox_id": "`+sbx+`"
+  "sandbox_id": "`+apitest.SandboxRunning+`"
 }`)
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("got %d %s, want 201", rec.Code, rec.Body)
 	}
 	m := decodeObject(t, rec.Body.Bytes())
-	for k, v := range map[string]any{"run_id": runID, "sandbox_id": sbx, "agent_id": "opencode", "status": "RUNNING",
-		"exec_id": "exec_01HZZZZZZZZZZZZZZZZZZZZZZZ", "run_dir": "/workspace/.agent-runs/" + runID} {
+	for k, v := range map[string]any{"run_id": apitest.RunRunning, "sandbox_id": apitest.SandboxRunning, "agent_id": "opencode", "status": "RUNNING",
+		"exec_id": apitest.ExecRunning, "run_dir": "/workspace/.agent-runs/" + apitest.RunRunning} {
 		if m[k] != v {
 			t.Errorf("%s: got %v, want %v", k, m[k], v)
 		}
 	}
 	want := sandbox.AgentRunRequest{AgentID: "opencode", Model: "wandb/moonshotai/Kimi-K2.5",
-		Instruction: "Continue from the current files and fix the next failure", SandboxID: sbx}
-	if got := f.runReqs[0]; got.AgentID != want.AgentID || got.Model != want.Model || got.Instruction != want.Instruction ||
+		Instruction: "Continue from the current files and fix the next failure", SandboxID: apitest.SandboxRunning}
+	if got := f.CallsTo("StartAgentRun")[0].AgentRun; got.AgentID != want.AgentID || got.Model != want.Model || got.Instruction != want.Instruction ||
 		got.SandboxID != want.SandboxID || got.PassAtK != 0 || got.Config != nil {
 		t.Errorf("request: got %+v, want %+v", got, want)
 	}
-	rec = serve(t, h, http.MethodPost, AgentPrefix+"/runs", `{"agent_id":"opencode","model":"m","instruction":"x","sandbox_id":"`+sbx+`","pass_at_k":1,"config":{"a":[1,2]}}`)
+	rec = serve(t, h, http.MethodPost, AgentPrefix+"/runs", `{"agent_id":"opencode","model":"m","instruction":"x","sandbox_id":"`+apitest.SandboxRunning+`","pass_at_k":1,"config":{"a":[1,2]}}`)
 	if rec.Code != http.StatusCreated {
 		t.Fatalf("with pass_at_k and config: got %d %s, want 201", rec.Code, rec.Body)
 	}
-	if got := f.runReqs[1]; got.PassAtK != 1 || string(got.Config) != `{"a":[1,2]}` {
+	if got := f.CallsTo("StartAgentRun")[1].AgentRun; got.PassAtK != 1 || string(got.Config) != `{"a":[1,2]}` {
 		t.Errorf("request: got pass_at_k %d config %s, want 1 {\"a\":[1,2]}", got.PassAtK, got.Config)
 	}
 }
@@ -148,8 +66,8 @@ func TestAgentRunStartErrors(t *testing.T) {
 		{"other_tenant", `{"agent_id":"a"}`, apierror.New(apierror.NotFound, "sandbox not found"), 404, "NOT_FOUND"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := agentFake()
-			f.runErr = tc.err
+			f := apitest.New()
+			f.RunErr = tc.err
 			rec := serve(t, newTestHandler(t, f), http.MethodPost, AgentPrefix+"/runs", tc.body)
 			if rec.Code != tc.status || !strings.Contains(rec.Body.String(), `"code":"`+tc.code+`"`) {
 				t.Fatalf("got %d %s, want %d %s", rec.Code, rec.Body, tc.status, tc.code)
@@ -159,29 +77,37 @@ func TestAgentRunStartErrors(t *testing.T) {
 }
 
 func TestAgentRunGetListCancel(t *testing.T) {
-	f := agentFake()
+	f := apitest.New()
 	h := newTestHandler(t, f)
-	if rec := serve(t, h, http.MethodGet, AgentPrefix+"/runs/"+runID, ""); rec.Code != 200 || decodeObject(t, rec.Body.Bytes())["status"] != "RUNNING" {
+	if rec := serve(t, h, http.MethodGet, AgentPrefix+"/runs/"+apitest.RunRunning, ""); rec.Code != 200 || decodeObject(t, rec.Body.Bytes())["status"] != "RUNNING" {
 		t.Errorf("get: got %d %s, want 200 RUNNING", rec.Code, rec.Body)
 	}
 	if rec := serve(t, h, http.MethodGet, AgentPrefix+"/runs/run_nope", ""); rec.Code != 404 {
 		t.Errorf("get unknown: got %d, want 404", rec.Code)
 	}
-	rec := serve(t, h, http.MethodGet, AgentPrefix+"/runs?sandbox_id="+sbx, "")
-	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `"runs":[{"run_id":"`+runID+`"`) {
-		t.Errorf("list: got %d %s, want 200 with the run", rec.Code, rec.Body)
+	rec := serve(t, h, http.MethodGet, AgentPrefix+"/runs?sandbox_id="+apitest.SandboxRunning, "")
+	var list struct {
+		Runs []struct {
+			RunID string `json:"run_id"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &list); err != nil || rec.Code != 200 || len(list.Runs) != 2 ||
+		list.Runs[0].RunID != apitest.RunDone || list.Runs[1].RunID != apitest.RunRunning ||
+		!strings.Contains(rec.Body.String(), `"runs":[{"run_id":"`+apitest.RunDone+`"`) {
+		t.Errorf("list: got %d %s, want 200 with the sandbox's runs in the service's order (%s, %s)", rec.Code, rec.Body,
+			apitest.RunDone, apitest.RunRunning)
 	}
 	if rec := serve(t, h, http.MethodGet, AgentPrefix+"/runs", ""); rec.Code != 400 {
 		t.Errorf("list without sandbox_id: got %d, want 400", rec.Code)
 	}
-	if rec := serve(t, h, http.MethodPost, AgentPrefix+"/runs/"+runID+"/cancel", `{"x":1}`); rec.Code != 400 {
+	if rec := serve(t, h, http.MethodPost, AgentPrefix+"/runs/"+apitest.RunRunning+"/cancel", `{"x":1}`); rec.Code != 400 {
 		t.Errorf("cancel with a body: got %d, want 400", rec.Code)
 	}
-	rec = serve(t, h, http.MethodPost, AgentPrefix+"/runs/"+runID+"/cancel", "")
+	rec = serve(t, h, http.MethodPost, AgentPrefix+"/runs/"+apitest.RunRunning+"/cancel", "")
 	if rec.Code != 200 || decodeObject(t, rec.Body.Bytes())["status"] != "CANCELLED" {
 		t.Errorf("cancel: got %d %s, want 200 CANCELLED", rec.Code, rec.Body)
 	}
-	if rec := serve(t, h, http.MethodPost, AgentPrefix+"/runs/"+runID+"/cancel", ""); rec.Code != 409 {
+	if rec := serve(t, h, http.MethodPost, AgentPrefix+"/runs/"+apitest.RunRunning+"/cancel", ""); rec.Code != 409 {
 		t.Errorf("cancel again: got %d %s, want 409", rec.Code, rec.Body)
 	}
 	if rec := serve(t, h, http.MethodGet, AgentPrefix+"/nothing", ""); rec.Code != 404 {
@@ -190,18 +116,18 @@ func TestAgentRunGetListCancel(t *testing.T) {
 }
 
 func TestAgentRunEventsSSE(t *testing.T) {
-	f := agentFake()
-	run := f.runs[runID]
+	f := apitest.New()
+	run := f.Runs[apitest.RunRunning]
 	done := run
 	done.Status, done.EndedAt = sandbox.RunSucceeded, t1
-	f.runEvents = []sandbox.AgentRunEvent{
+	f.RunEvents = []sandbox.AgentRunEvent{
 		{Kind: sandbox.AgentRunStatusEvent, Cursor: "", Run: &run},
 		{Kind: sandbox.AgentRunChunk, Cursor: "6-0", Stream: "stdout", Data: []byte("hello\n")},
 		{Kind: sandbox.AgentRunStatusEvent, Cursor: "6-1", Run: &done},
 	}
 	srv := httptest.NewServer(newTestHandler(t, f))
 	defer srv.Close()
-	req := newRequest(t, context.Background(), http.MethodGet, srv.URL+AgentPrefix+"/runs/"+runID+"/events?after=3-0", nil)
+	req := newRequest(t, context.Background(), http.MethodGet, srv.URL+AgentPrefix+"/runs/"+apitest.RunRunning+"/events?after=3-0", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -221,8 +147,8 @@ func TestAgentRunEventsSSE(t *testing.T) {
 		!strings.Contains(got[1].Data, `"data":"hello\n"`) || got[2].Event != "status" || !strings.Contains(got[2].Data, `"status":"SUCCEEDED"`) {
 		t.Fatalf("events: got %+v", evs)
 	}
-	if f.runAfters[0] != "3-0" {
-		t.Errorf("after: got %q, want 3-0", f.runAfters[0])
+	if after := f.CallsTo("AgentRunEvents")[0].After; after != "3-0" {
+		t.Errorf("after: got %q, want 3-0", after)
 	}
-	f.outputs.Wait()
+	f.WaitStreams(t, 5*time.Second)
 }

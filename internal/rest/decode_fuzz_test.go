@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/quota"
@@ -415,7 +416,7 @@ type fzService struct {
 	calls []fzCall
 }
 
-var _ Service = (*fzService)(nil)
+var _ api.Service = (*fzService)(nil)
 
 func (s *fzService) record(verb string, arg any) { s.calls = append(s.calls, fzCall{verb, arg}) }
 
@@ -530,3 +531,22 @@ func (s *fzService) AgentRunEvents(_ context.Context, _ auth.Principal, runID, _
 }
 
 func (s *fzService) Limits() sandbox.Limits { return sandbox.DefaultLimits() }
+
+// REST never calls the methods below (GraphQL does); they answer like the others.
+
+func (s *fzService) ReadFile(_ context.Context, _ auth.Principal, _, path string, maxBytes int64) ([]byte, sandbox.FileInfo, error) {
+	s.record("ReadFile", path)
+	return nil, sandbox.FileInfo{Path: path}, nil
+}
+
+func (s *fzService) Profiles() []sandbox.Profile {
+	s.record("Profiles", nil)
+	return nil
+}
+
+func (s *fzService) Events(context.Context, auth.Principal, string, string) (<-chan sandbox.Event, error) {
+	s.record("Events", nil)
+	ch := make(chan sandbox.Event)
+	close(ch)
+	return ch, nil
+}

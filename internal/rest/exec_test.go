@@ -16,14 +16,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/sandbox"
 )
 
-const (
-	sbx     = "sbx_1"
-	execURL = Prefix + "/" + sbx + "/exec"
-)
+// execURL is the exec path of the fake's running sandbox.
+const execURL = Prefix + "/" + apitest.SandboxRunning + "/exec"
 
 // legacyExecOut and legacyExecJSON are the waited exec answer as it was before exec
 // streaming: the answer must still start with exactly these bytes.
@@ -100,8 +99,8 @@ func wantKeys(t *testing.T, m map[string]any, present, absent []string) {
 }
 
 func TestExecWaitedAnswerUnchanged(t *testing.T) {
-	base := sandbox.ExecResult{ExecID: "exec_1", SandboxID: sbx, Command: "echo hi", State: sandbox.ExecEnded,
-		Duration: 54 * time.Millisecond, StartedAt: t0, EndedAt: t1, Stdout: []byte("hi\n"), OutputBytes: 3}
+	base := sandbox.ExecResult{ExecID: "exec_1", SandboxID: apitest.SandboxRunning, Command: "echo hi", State: sandbox.ExecEnded,
+		Duration: 54 * time.Millisecond, StartedAt: apitest.T0, EndedAt: t1, Stdout: []byte("hi\n"), OutputBytes: 3}
 	cases := []struct {
 		name string
 		edit func(*sandbox.ExecResult)
@@ -118,9 +117,10 @@ func TestExecWaitedAnswerUnchanged(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFake()
-			f.execResult = base
-			c.edit(&f.execResult)
+			f := apitest.New()
+			res := base
+			c.edit(&res)
+			f.ExecResult = &res
 			rec := serve(t, newTestHandler(t, f), http.MethodPost, execURL, `{"command":["echo","hi"]}`)
 			if rec.Code != http.StatusOK {
 				t.Fatalf("got status %d, want 200: %s", rec.Code, rec.Body)
@@ -128,29 +128,29 @@ func TestExecWaitedAnswerUnchanged(t *testing.T) {
 			var want bytes.Buffer
 			enc := json.NewEncoder(&want)
 			enc.SetEscapeHTML(false)
-			if err := enc.Encode(legacyExecJSON(f.execResult)); err != nil {
+			if err := enc.Encode(legacyExecJSON(res)); err != nil {
 				t.Fatal(err)
 			}
-			wantBody := strings.TrimSuffix(want.String(), "}\n") + `,"sandbox_id":"sbx_1","state":"ENDED"}` + "\n"
+			wantBody := strings.TrimSuffix(want.String(), "}\n") + `,"sandbox_id":"` + apitest.SandboxRunning + `","state":"ENDED"}` + "\n"
 			if got := rec.Body.String(); got != wantBody {
 				t.Errorf("got\n%s\nwant\n%s", got, wantBody)
 			}
 			if got := rec.Header().Get("Content-Type"); got != "application/json" {
 				t.Errorf("got Content-Type %q, want application/json", got)
 			}
-			reqs, _ := f.calls()
+			reqs, _ := execCalls(f)
 			if len(reqs) != 1 || reqs[0].Detach {
 				t.Errorf("got exec requests %+v, want one that waits", reqs)
 			}
 		})
 	}
 	t.Run("golden", func(t *testing.T) {
-		f := newFake()
-		f.execResult = base
+		f := apitest.New()
+		f.ExecResult = &base
 		rec := serve(t, newTestHandler(t, f), http.MethodPost, execURL, `{"command":["echo","hi"],"wait":true}`)
 		want := `{"exec_id":"exec_1","exit_code":0,"stdout":"hi\n","stderr":"","timed_out":false,"duration_ms":54,` +
 			`"duration_sec":0.054,"stdout_truncated":false,"stderr_truncated":false,"started_at":"2025-01-02T03:04:05Z",` +
-			`"ended_at":"2025-01-02T03:04:05.054Z","sandbox_id":"sbx_1","state":"ENDED"}` + "\n"
+			`"ended_at":"2025-01-02T03:04:05.054Z","sandbox_id":"` + apitest.SandboxRunning + `","state":"ENDED"}` + "\n"
 		if got := rec.Body.String(); got != want {
 			t.Errorf("got\n%s\nwant\n%s", got, want)
 		}
@@ -158,18 +158,18 @@ func TestExecWaitedAnswerUnchanged(t *testing.T) {
 }
 
 func TestExecNoWait(t *testing.T) {
-	f := newFake()
-	f.execResult = sandbox.ExecResult{ExecID: "exec_2", SandboxID: sbx, Command: "sleep 60", State: sandbox.ExecRunning, StartedAt: t0}
+	f := apitest.New()
+	f.ExecResult = &sandbox.ExecResult{ExecID: "exec_2", SandboxID: apitest.SandboxRunning, Command: "sleep 60", State: sandbox.ExecRunning, StartedAt: apitest.T0}
 	rec := serve(t, newTestHandler(t, f), http.MethodPost, execURL, `{"command":["sleep","60"],"wait":false}`)
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("got status %d, want 202: %s", rec.Code, rec.Body)
 	}
-	status := Prefix + "/sbx_1/execs/exec_2"
+	status := Prefix + "/" + apitest.SandboxRunning + "/execs/exec_2"
 	if got := rec.Header().Get("Location"); got != status {
 		t.Errorf("got Location %q, want %q", got, status)
 	}
 	m := decodeObject(t, rec.Body.Bytes())
-	want := map[string]any{"exec_id": "exec_2", "sandbox_id": sbx, "command": "sleep 60", "state": "RUNNING",
+	want := map[string]any{"exec_id": "exec_2", "sandbox_id": apitest.SandboxRunning, "command": "sleep 60", "state": "RUNNING",
 		"started_at": "2025-01-02T03:04:05Z", "output_bytes": 0.0, "status_url": status, "output_url": status + "/output"}
 	for k, v := range want {
 		if m[k] != v {
@@ -178,21 +178,21 @@ func TestExecNoWait(t *testing.T) {
 	}
 	wantKeys(t, m, nil, []string{"exit_code", "signal", "timed_out", "duration_ms", "duration_sec", "ended_at", "error",
 		"stdout", "stderr", "stdout_truncated", "stderr_truncated"})
-	reqs, _ := f.calls()
+	reqs, _ := execCalls(f)
 	if len(reqs) != 1 || !reqs[0].Detach || !slices.Equal(reqs[0].Command, []string{"sleep", "60"}) {
 		t.Errorf("got exec requests %+v, want one detached sleep 60", reqs)
 	}
 }
 
 // streamFixture is an exec with a little of everything in its output.
-func streamFixture() (*fakeService, sandbox.ExecResult) {
-	f := newFake()
-	running := sandbox.ExecResult{ExecID: "exec_3", SandboxID: sbx, Command: "make", State: sandbox.ExecRunning, StartedAt: t0}
+func streamFixture() (*apitest.Fake, sandbox.ExecResult) {
+	f := apitest.New()
+	running := sandbox.ExecResult{ExecID: "exec_3", SandboxID: apitest.SandboxRunning, Command: "make", State: sandbox.ExecRunning, StartedAt: apitest.T0}
 	ended := running
 	ended.State, ended.ExitCode, ended.Duration, ended.EndedAt, ended.OutputBytes = sandbox.ExecEnded, 2, 54*time.Millisecond, t1, 20
-	f.execResult = running
-	f.execs["exec_3"] = running
-	f.events["exec_3"] = []sandbox.ExecEvent{
+	f.ExecResult = &running
+	f.Execs["exec_3"] = running
+	f.ExecEvents["exec_3"] = []sandbox.ExecEvent{
 		{Kind: sandbox.ExecChunk, Cursor: "c1", Stream: "stdout", Data: []byte("hello \"world\"\n")},
 		{Kind: sandbox.ExecChunk, Cursor: "c2", Stream: "stderr", Data: []byte{0xff, 0xfe}},
 		{Kind: sandbox.ExecTruncated, Cursor: "c3", MissedBytes: 10},
@@ -228,7 +228,7 @@ func wantStream(t *testing.T, got []sseEvent, after string) {
 		}
 	}
 	exit := decodeObject(t, []byte(got[len(got)-1].Data))
-	for k, v := range map[string]any{"exec_id": "exec_3", "sandbox_id": sbx, "state": "ENDED", "exit_code": 2.0,
+	for k, v := range map[string]any{"exec_id": "exec_3", "sandbox_id": apitest.SandboxRunning, "state": "ENDED", "exit_code": 2.0,
 		"duration_ms": 54.0, "output_bytes": 20.0, "ended_at": "2025-01-02T03:04:05.054Z"} {
 		if exit[k] != v {
 			t.Errorf("exit event: got %s = %v, want %v", k, exit[k], v)
@@ -266,34 +266,34 @@ func TestExecStream(t *testing.T) {
 		t.Fatalf("got events %+v, want a started event without id first", events)
 	}
 	started := decodeObject(t, []byte(events[0].Data))
-	for k, v := range map[string]any{"exec_id": "exec_3", "sandbox_id": sbx, "state": "RUNNING", "command": "make",
-		"output_url": Prefix + "/sbx_1/execs/exec_3/output"} {
+	for k, v := range map[string]any{"exec_id": "exec_3", "sandbox_id": apitest.SandboxRunning, "state": "RUNNING", "command": "make",
+		"output_url": Prefix + "/" + apitest.SandboxRunning + "/execs/exec_3/output"} {
 		if started[k] != v {
 			t.Errorf("started event: got %s = %v, want %v", k, started[k], v)
 		}
 	}
 	wantKeys(t, started, nil, []string{"exit_code", "ended_at"})
 	wantStream(t, events[1:], "")
-	reqs, afters := f.calls()
+	reqs, afters := execCalls(f)
 	if len(reqs) != 1 || !reqs[0].Detach {
 		t.Errorf("got exec requests %+v, want one detached", reqs)
 	}
 	if !slices.Equal(afters, []string{""}) {
 		t.Errorf("got output subscriptions after %q, want one from the start", afters)
 	}
-	f.waitOutputs(t, 5*time.Second)
+	waitOutputs(t, f, 5*time.Second)
 }
 
 func TestExecStreamErrors(t *testing.T) {
 	t.Run("exec-fails-before-the-stream", func(t *testing.T) {
 		f, _ := streamFixture()
-		f.execErr = apierror.New(apierror.InvalidState, "sandbox sbx_1 is STOPPED")
+		f.ExecErr = apierror.New(apierror.InvalidState, "sandbox "+apitest.SandboxRunning+" is STOPPED")
 		rec := serve(t, newTestHandler(t, f), http.MethodPost, execURL, `{"command":["make"]}`, "Accept", "text/event-stream")
 		wantError(t, rec, http.StatusConflict, "INVALID_STATE", "STOPPED")
 	})
 	t.Run("output-fails-after-started", func(t *testing.T) {
 		f, _ := streamFixture()
-		f.outputErr = apierror.New(apierror.Unavailable, "exec output is unavailable")
+		f.OutputErr = apierror.New(apierror.Unavailable, "exec output is unavailable")
 		rec := serve(t, newTestHandler(t, f), http.MethodPost, execURL, `{"command":["make"]}`, "Accept", "text/event-stream")
 		events := readEvents(t, rec.Body, nil)
 		if len(events) != 2 || events[0].Event != "started" || events[1].Event != "error" {
@@ -330,18 +330,18 @@ func wantError(t *testing.T, rec *httptest.ResponseRecorder, status int, code st
 }
 
 func TestExecStatus(t *testing.T) {
-	f := newFake()
-	f.execs["exec_r"] = sandbox.ExecResult{ExecID: "exec_r", SandboxID: sbx, Command: "sleep 9", State: sandbox.ExecRunning,
-		StartedAt: t0, Stdout: []byte("so far"), OutputBytes: 6}
-	f.execs["exec_e"] = sandbox.ExecResult{ExecID: "exec_e", SandboxID: sbx, Command: "true", State: sandbox.ExecEnded,
-		StartedAt: t0, EndedAt: t1, Duration: 54 * time.Millisecond, Stdout: []byte{0xff}, StdoutTruncated: true, OutputBytes: 9000}
-	f.execs["exec_other"] = sandbox.ExecResult{ExecID: "exec_other", SandboxID: "sbx_2", State: sandbox.ExecRunning}
+	f := apitest.New()
+	f.Execs["exec_r"] = sandbox.ExecResult{ExecID: "exec_r", SandboxID: apitest.SandboxRunning, Command: "sleep 9", State: sandbox.ExecRunning,
+		StartedAt: apitest.T0, Stdout: []byte("so far"), OutputBytes: 6}
+	f.Execs["exec_e"] = sandbox.ExecResult{ExecID: "exec_e", SandboxID: apitest.SandboxRunning, Command: "true", State: sandbox.ExecEnded,
+		StartedAt: apitest.T0, EndedAt: t1, Duration: 54 * time.Millisecond, Stdout: []byte{0xff}, StdoutTruncated: true, OutputBytes: 9000}
+	f.Execs["exec_other"] = sandbox.ExecResult{ExecID: "exec_other", SandboxID: "sbx_2", State: sandbox.ExecRunning}
 	h := newTestHandler(t, f)
 	exitFields := []string{"exit_code", "timed_out", "duration_ms", "duration_sec", "ended_at"}
 	output := []string{"stdout", "stderr", "stdout_truncated", "stderr_truncated", "output_bytes", "command", "status_url", "output_url"}
 
 	t.Run("running", func(t *testing.T) {
-		rec := serve(t, h, http.MethodGet, Prefix+"/sbx_1/execs/exec_r", "")
+		rec := serve(t, h, http.MethodGet, Prefix+"/"+apitest.SandboxRunning+"/execs/exec_r", "")
 		if rec.Code != http.StatusOK {
 			t.Fatalf("got status %d, want 200: %s", rec.Code, rec.Body)
 		}
@@ -352,7 +352,7 @@ func TestExecStatus(t *testing.T) {
 		}
 	})
 	t.Run("ended", func(t *testing.T) {
-		rec := serve(t, h, http.MethodGet, Prefix+"/sbx_1/execs/exec_e", "")
+		rec := serve(t, h, http.MethodGet, Prefix+"/"+apitest.SandboxRunning+"/execs/exec_e", "")
 		m := decodeObject(t, rec.Body.Bytes())
 		wantKeys(t, m, append(output, exitFields...), nil)
 		if m["state"] != "ENDED" || m["exit_code"] != 0.0 || m["stdout_base64"] != "/w==" || m["stdout_truncated"] != true {
@@ -360,10 +360,10 @@ func TestExecStatus(t *testing.T) {
 		}
 	})
 	t.Run("another-sandbox", func(t *testing.T) {
-		wantError(t, serve(t, h, http.MethodGet, Prefix+"/sbx_1/execs/exec_other", ""), http.StatusNotFound, "NOT_FOUND")
+		wantError(t, serve(t, h, http.MethodGet, Prefix+"/"+apitest.SandboxRunning+"/execs/exec_other", ""), http.StatusNotFound, "NOT_FOUND")
 	})
 	t.Run("unknown", func(t *testing.T) {
-		wantError(t, serve(t, h, http.MethodGet, Prefix+"/sbx_1/execs/exec_nope", ""), http.StatusNotFound, "NOT_FOUND")
+		wantError(t, serve(t, h, http.MethodGet, Prefix+"/"+apitest.SandboxRunning+"/execs/exec_nope", ""), http.StatusNotFound, "NOT_FOUND")
 	})
 }
 
@@ -386,7 +386,7 @@ func TestExecOutputReattach(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f, ended := streamFixture()
 			if c.ended {
-				f.execs["exec_3"] = ended
+				f.Execs["exec_3"] = ended
 			}
 			srv := httptest.NewServer(newTestHandler(t, f))
 			defer srv.Close()
@@ -394,7 +394,7 @@ func TestExecOutputReattach(t *testing.T) {
 			if c.lastID != "" {
 				headers = []string{"Last-Event-ID", c.lastID}
 			}
-			req := newRequest(t, context.Background(), http.MethodGet, srv.URL+Prefix+"/sbx_1/execs/exec_3/output"+c.query, nil, headers...)
+			req := newRequest(t, context.Background(), http.MethodGet, srv.URL+Prefix+"/"+apitest.SandboxRunning+"/execs/exec_3/output"+c.query, nil, headers...)
 			resp, err := srv.Client().Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -405,21 +405,21 @@ func TestExecOutputReattach(t *testing.T) {
 			}
 			wantSSEHeaders(t, resp)
 			wantStream(t, readEvents(t, resp.Body, nil), c.wantAfter)
-			if _, afters := f.calls(); !slices.Equal(afters, []string{c.wantAfter}) {
+			if _, afters := execCalls(f); !slices.Equal(afters, []string{c.wantAfter}) {
 				t.Errorf("got subscriptions after %q, want [%q]", afters, c.wantAfter)
 			}
-			f.waitOutputs(t, 5*time.Second)
+			waitOutputs(t, f, 5*time.Second)
 		})
 	}
 	t.Run("ended-nothing-left", func(t *testing.T) {
 		// An EventSource reconnecting after the exit event gets 204 and stops.
 		f, ended := streamFixture()
-		f.execs["exec_3"] = ended
-		rec := serve(t, newTestHandler(t, f), http.MethodGet, Prefix+"/sbx_1/execs/exec_3/output", "", "Last-Event-ID", "c5")
+		f.Execs["exec_3"] = ended
+		rec := serve(t, newTestHandler(t, f), http.MethodGet, Prefix+"/"+apitest.SandboxRunning+"/execs/exec_3/output", "", "Last-Event-ID", "c5")
 		if rec.Code != http.StatusNoContent || rec.Body.Len() != 0 {
 			t.Errorf("got status %d and %q, want 204 and no body", rec.Code, rec.Body)
 		}
-		f.waitOutputs(t, 5*time.Second)
+		waitOutputs(t, f, 5*time.Second)
 	})
 }
 
@@ -432,40 +432,26 @@ func TestExecOutputRefused(t *testing.T) {
 		subscribed bool
 	}{
 		{name: "exec-of-another-sandbox", path: Prefix + "/sbx_2/execs/exec_3/output", status: http.StatusNotFound, code: "NOT_FOUND"},
-		{name: "unknown-exec", path: Prefix + "/sbx_1/execs/exec_9/output", status: http.StatusNotFound, code: "NOT_FOUND"},
-		{name: "bad-after", path: Prefix + "/sbx_1/execs/exec_3/output?after=bad", status: http.StatusBadRequest, code: "INVALID_ARGUMENT", subscribed: true},
-		{name: "bad-last-event-id", path: Prefix + "/sbx_1/execs/exec_3/output", headers: []string{"Last-Event-ID", "bad"},
+		{name: "unknown-exec", path: Prefix + "/" + apitest.SandboxRunning + "/execs/exec_9/output", status: http.StatusNotFound, code: "NOT_FOUND"},
+		{name: "bad-after", path: Prefix + "/" + apitest.SandboxRunning + "/execs/exec_3/output?after=" + apitest.BadCursor, status: http.StatusBadRequest, code: "INVALID_ARGUMENT", subscribed: true},
+		{name: "bad-last-event-id", path: Prefix + "/" + apitest.SandboxRunning + "/execs/exec_3/output", headers: []string{"Last-Event-ID", apitest.BadCursor},
 			status: http.StatusBadRequest, code: "INVALID_ARGUMENT", subscribed: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f, _ := streamFixture()
 			wantError(t, serve(t, newTestHandler(t, f), http.MethodGet, c.path, "", c.headers...), c.status, c.code)
-			if _, afters := f.calls(); (len(afters) > 0) != c.subscribed {
+			if _, afters := execCalls(f); (len(afters) > 0) != c.subscribed {
 				t.Errorf("got subscriptions %q, want subscribed = %v", afters, c.subscribed)
 			}
 		})
 	}
 }
 
-// endless makes 64 KiB chunks until ctx ends, as an exec with a lot of output would.
-func endless(ctx context.Context, ch chan<- sandbox.ExecEvent) {
-	data := bytes.Repeat([]byte("x"), 64<<10)
-	for i := 0; ; i++ {
-		select {
-		case ch <- sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: fmt.Sprint(i), Stream: "stdout", Data: data}:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// quiet sends nothing until ctx ends, as an exec that prints nothing would.
-func quiet(ctx context.Context, _ chan<- sandbox.ExecEvent) { <-ctx.Done() }
-
 func TestExecStreamClientStopsReading(t *testing.T) {
+	// 64 KiB chunks until the subscription ends, as an exec with a lot of output would make.
 	f, _ := streamFixture()
-	f.gen = endless
+	f.ExecEvents["exec_3"], f.ExecEndless = nil, bytes.Repeat([]byte("x"), 64<<10)
 	h := newTestHandler(t, f)
 	h.writeTimeout = 100 * time.Millisecond
 	srv := httptest.NewServer(h)
@@ -476,9 +462,9 @@ func TestExecStreamClientStopsReading(t *testing.T) {
 	}
 	defer conn.Close()
 	_ = conn.(*net.TCPConn).SetReadBuffer(4096)
-	fmt.Fprintf(conn, "GET %s/sbx_1/execs/exec_3/output HTTP/1.1\r\nHost: x\r\nX-Api-Key: %s\r\n\r\n", Prefix, testKey)
+	fmt.Fprintf(conn, "GET %s/%s/execs/exec_3/output HTTP/1.1\r\nHost: x\r\nX-Api-Key: %s\r\n\r\n", Prefix, apitest.SandboxRunning, apitest.UserKey)
 	// Never read: the write deadline ends the stream and its subscription.
-	f.waitOutputs(t, 10*time.Second)
+	waitOutputs(t, f, 10*time.Second)
 }
 
 func TestExecStreamEnds(t *testing.T) {
@@ -491,8 +477,9 @@ func TestExecStreamEnds(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			// Nothing until the subscription ends, as an exec that prints nothing would send.
 			f, _ := streamFixture()
-			f.gen = quiet
+			f.ExecEvents["exec_3"], f.ExecHold = nil, true
 			h := newTestHandler(t, f)
 			shutdown := make(chan struct{})
 			h.shutdown = shutdown
@@ -501,7 +488,7 @@ func TestExecStreamEnds(t *testing.T) {
 			defer srv.Close()
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			req := newRequest(t, ctx, http.MethodGet, srv.URL+Prefix+"/sbx_1/execs/exec_3/output", nil)
+			req := newRequest(t, ctx, http.MethodGet, srv.URL+Prefix+"/"+apitest.SandboxRunning+"/execs/exec_3/output", nil)
 			resp, err := srv.Client().Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -513,7 +500,7 @@ func TestExecStreamEnds(t *testing.T) {
 				t.Fatalf("got %+v, want a keepalive comment", got)
 			}
 			c.end(cancel, shutdown)
-			f.waitOutputs(t, 5*time.Second)
+			waitOutputs(t, f, 5*time.Second)
 			if c.name == "shutdown" {
 				// The stream ends without an exit event: the client reattaches elsewhere.
 				for _, ev := range readEvents(t, resp.Body, nil) {
@@ -533,8 +520,8 @@ func TestExecStreamBurst(t *testing.T) {
 	for i := range 1000 {
 		evs = append(evs, sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: fmt.Sprint(i), Stream: "stdout", Data: []byte(fmt.Sprint(i))})
 	}
-	f.events["exec_3"] = append(evs, sandbox.ExecEvent{Kind: sandbox.ExecExit, Cursor: "end", Result: &ended})
-	rec := serve(t, newTestHandler(t, f), http.MethodGet, Prefix+"/sbx_1/execs/exec_3/output", "")
+	f.ExecEvents["exec_3"] = append(evs, sandbox.ExecEvent{Kind: sandbox.ExecExit, Cursor: "end", Result: &ended})
+	rec := serve(t, newTestHandler(t, f), http.MethodGet, Prefix+"/"+apitest.SandboxRunning+"/execs/exec_3/output", "")
 	got := readEvents(t, rec.Body, nil)
 	if len(got) != 1001 || got[1000].Event != "exit" {
 		t.Fatalf("got %d events, want 1001 ending with exit", len(got))
@@ -579,7 +566,7 @@ func TestAcceptsEventStream(t *testing.T) {
 }
 
 func TestExecBadInputs(t *testing.T) {
-	status := Prefix + "/sbx_1/execs/exec_3"
+	status := Prefix + "/" + apitest.SandboxRunning + "/execs/exec_3"
 	cases := []struct {
 		name, method, path, body string
 		headers                  []string
@@ -592,8 +579,8 @@ func TestExecBadInputs(t *testing.T) {
 		{name: "output-post", method: http.MethodPost, path: status + "/output", body: `{}`, status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "output-put", method: http.MethodPut, path: status + "/output", body: `{}`, status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "exec-get", method: http.MethodGet, path: execURL, status: http.StatusNotFound, code: "NOT_FOUND"},
-		{name: "execs-without-id", method: http.MethodGet, path: Prefix + "/sbx_1/execs", status: http.StatusNotFound, code: "NOT_FOUND"},
-		{name: "execs-trailing-slash", method: http.MethodGet, path: Prefix + "/sbx_1/execs/", status: http.StatusNotFound, code: "NOT_FOUND"},
+		{name: "execs-without-id", method: http.MethodGet, path: Prefix + "/" + apitest.SandboxRunning + "/execs", status: http.StatusNotFound, code: "NOT_FOUND"},
+		{name: "execs-trailing-slash", method: http.MethodGet, path: Prefix + "/" + apitest.SandboxRunning + "/execs/", status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "output-sub-path", method: http.MethodGet, path: status + "/output/more", status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "status-no-key", method: http.MethodGet, path: status, headers: []string{"X-Api-Key", ""}, status: http.StatusUnauthorized, code: "UNAUTHENTICATED"},
 		{name: "output-bad-key", method: http.MethodGet, path: status + "/output", headers: []string{"X-Api-Key", "nope"}, status: http.StatusUnauthorized, code: "UNAUTHENTICATED"},
@@ -610,7 +597,7 @@ func TestExecBadInputs(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f, _ := streamFixture()
 			wantError(t, serve(t, newTestHandler(t, f), c.method, c.path, c.body, c.headers...), c.status, c.code, c.mention...)
-			if reqs, afters := f.calls(); len(reqs) != 0 || len(afters) != 0 {
+			if reqs, afters := execCalls(f); len(reqs) != 0 || len(afters) != 0 {
 				t.Errorf("got exec calls %+v and subscriptions %q, want none", reqs, afters)
 			}
 		})

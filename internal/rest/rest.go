@@ -18,49 +18,20 @@ import (
 	"strings"
 	"time"
 
+	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
-	"sandboxd/internal/domain"
-	"sandboxd/internal/quota"
 	"sandboxd/internal/sandbox"
 )
 
-// Service is what the handler needs of the domain service (*sandbox.Service), so that it can
-// be tested with a fake.
-type Service interface {
-	Create(ctx context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error)
-	List(ctx context.Context, p auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error)
-	Get(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
-	Quota(ctx context.Context, p auth.Principal) (quota.Usage, error)
-	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
-	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
-	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
-	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
-	GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error)
-	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
-	OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, sandbox.FileInfo, error)
-	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
-	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
-	Snapshot(ctx context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error)
-	// ListSnapshots lists one sandbox's snapshots, or the project's when sandboxID is "".
-	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
-	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
-	StartAgentRun(ctx context.Context, p auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error)
-	GetAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
-	ListAgentRuns(ctx context.Context, p auth.Principal, sandboxID string) ([]sandbox.AgentRun, error)
-	CancelAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
-	AgentRunEvents(ctx context.Context, p auth.Principal, runID, after string) (<-chan sandbox.AgentRunEvent, error)
-	Limits() sandbox.Limits
-}
-
-var _ Service = (*domain.Service)(nil)
-
 // Handler serves the REST API.
 type Handler struct {
-	svc  Service
+	svc  api.Service
 	auth *auth.Authenticator
 	log  *slog.Logger
 	mux  *http.ServeMux
+	// routes are the patterns of mux that are routes (not the catch-alls that answer NOT_FOUND).
+	routes map[string]bool
 	// shutdown, when closed, ends the open exec output streams (clients reattach elsewhere).
 	shutdown <-chan struct{}
 	// writeTimeout bounds each write of a stream; keepAlive is the idle time before a comment.
@@ -77,34 +48,40 @@ const maxJSONBody = 8 << 20
 
 // New returns the REST handler. Mount it at "/". Closing shutdown ends the open exec output
 // streams, which http.Server.Shutdown would otherwise wait for.
-func New(svc Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-chan struct{}) *Handler {
-	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux(), shutdown: shutdown,
+func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown <-chan struct{}) *Handler {
+	h := &Handler{svc: svc, auth: authn, log: log, mux: http.NewServeMux(), routes: map[string]bool{}, shutdown: shutdown,
 		writeTimeout: sseWriteTimeout, keepAlive: sseKeepAlive}
-	h.mux.HandleFunc("POST "+Prefix, h.create)
-	h.mux.HandleFunc("GET "+Prefix, h.list)
-	h.mux.HandleFunc("GET "+Prefix+"/quota", h.quota)
+	route := func(pattern string, fn http.HandlerFunc) {
+		h.mux.HandleFunc(pattern, fn)
+		h.routes[pattern] = true
+	}
+	route("POST "+Prefix, h.create)
+	route("GET "+Prefix, h.list)
+	route("GET "+Prefix+"/quota", h.quota)
 	// More specific than GET …/{id}, so ServeMux routes it here.
-	h.mux.HandleFunc("GET "+Prefix+"/snapshots", h.listSnapshots)
-	h.mux.HandleFunc("DELETE "+Prefix+"/snapshots/{snapshot_id}", h.deleteSnapshot)
-	h.mux.HandleFunc("GET "+Prefix+"/{id}", h.get)
-	h.mux.HandleFunc("DELETE "+Prefix+"/{id}", h.destroy)
-	h.mux.HandleFunc("POST "+Prefix+"/{id}/exec", h.exec)
-	h.mux.HandleFunc("GET "+Prefix+"/{id}/execs/{exec_id}", h.execStatus)
-	h.mux.HandleFunc("GET "+Prefix+"/{id}/execs/{exec_id}/output", h.execOutput)
-	h.mux.HandleFunc("POST "+Prefix+"/{id}/stop", h.stop)
-	h.mux.HandleFunc("POST "+Prefix+"/{id}/start", h.start)
-	h.mux.HandleFunc("GET "+Prefix+"/{id}/files", h.download)
-	h.mux.HandleFunc("PUT "+Prefix+"/{id}/files", h.upload)
-	h.mux.HandleFunc("POST "+Prefix+"/{id}/files", h.upload)
-	h.mux.HandleFunc("GET "+Prefix+"/{id}/files/list", h.listFiles)
-	h.mux.HandleFunc("POST "+Prefix+"/{id}/snapshots", h.snapshot)
-	h.mux.HandleFunc("GET "+Prefix+"/{id}/snapshots", h.listSnapshots)
+	route("GET "+Prefix+"/snapshots", h.listSnapshots)
+	route("DELETE "+Prefix+"/snapshots/{snapshot_id}", h.deleteSnapshot)
+	route("GET "+Prefix+"/{id}", h.get)
+	route("DELETE "+Prefix+"/{id}", h.destroy)
+	route("POST "+Prefix+"/{id}/exec", h.exec)
+	route("GET "+Prefix+"/{id}/execs/{exec_id}", h.execStatus)
+	route("GET "+Prefix+"/{id}/execs/{exec_id}/output", h.execOutput)
+	route("POST "+Prefix+"/{id}/stop", h.stop)
+	route("POST "+Prefix+"/{id}/start", h.start)
+	route("GET "+Prefix+"/{id}/files", h.download)
+	route("PUT "+Prefix+"/{id}/files", h.upload)
+	route("POST "+Prefix+"/{id}/files", h.upload)
+	route("GET "+Prefix+"/{id}/files/list", h.listFiles)
+	route("POST "+Prefix+"/{id}/snapshots", h.snapshot)
+	route("GET "+Prefix+"/{id}/snapshots", h.listSnapshots)
+	route("POST "+AgentPrefix+"/runs", h.startAgentRun)
+	route("GET "+AgentPrefix+"/runs", h.listAgentRuns)
+	route("GET "+AgentPrefix+"/runs/{run_id}", h.getAgentRun)
+	route("POST "+AgentPrefix+"/runs/{run_id}/cancel", h.cancelAgentRun)
+	route("GET "+AgentPrefix+"/runs/{run_id}/events", h.agentRunEvents)
+	// Anything else under the prefixes is NOT_FOUND in the REST error body. These catch-alls
+	// are no routes: RecordRoute notes nothing for them.
 	h.mux.HandleFunc(Prefix+"/", h.notFound)
-	h.mux.HandleFunc("POST "+AgentPrefix+"/runs", h.startAgentRun)
-	h.mux.HandleFunc("GET "+AgentPrefix+"/runs", h.listAgentRuns)
-	h.mux.HandleFunc("GET "+AgentPrefix+"/runs/{run_id}", h.getAgentRun)
-	h.mux.HandleFunc("POST "+AgentPrefix+"/runs/{run_id}/cancel", h.cancelAgentRun)
-	h.mux.HandleFunc("GET "+AgentPrefix+"/runs/{run_id}/events", h.agentRunEvents)
 	h.mux.HandleFunc(AgentPrefix+"/", h.notFound)
 	return h
 }
@@ -119,6 +96,12 @@ func (h *Handler) WithRateLimit(limit func(context.Context, auth.Principal) erro
 
 // ServeHTTP authenticates the caller, charges its rate limit and routes the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if slot, ok := r.Context().Value(routeKey{}).(*string); ok {
+		// Before authentication: a refused request is labelled by its route too.
+		if _, pattern := h.mux.Handler(r); h.routes[pattern] {
+			*slot = pattern
+		}
+	}
 	p, err := h.auth.Authenticate(r.Header.Get(auth.HeaderAPIKey), r.Header.Get(auth.HeaderTenant), r.Header.Get(auth.HeaderProject))
 	if err != nil {
 		h.fail(w, r, err)
@@ -131,6 +114,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.mux.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+}
+
+// routeKey is the context key of the slot RecordRoute makes.
+type routeKey struct{}
+
+// RecordRoute returns a context in which ServeHTTP notes the pattern of the route that serves
+// a request ("GET /sandbox/sandboxes/v1/{id}"; nothing for a request no route takes), and a
+// function that tells it once ServeHTTP returned. The handler is mounted behind the server's
+// mux at "/", whose http.Request.Pattern is "/" for every REST request: this is how the
+// request metrics around that mux learn the inner route. The pattern is noted before the
+// caller is authenticated, so that refused requests are labelled by their route as well.
+func RecordRoute(ctx context.Context) (context.Context, func() string) {
+	slot := new(string)
+	return context.WithValue(ctx, routeKey{}, slot), func() string { return *slot }
 }
 
 func (h *Handler) notFound(w http.ResponseWriter, r *http.Request) {

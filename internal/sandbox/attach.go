@@ -6,7 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/runtime"
 )
@@ -29,7 +30,7 @@ func newAttachments(d runtime.Driver, observe func(context.Context, runtime.Box)
 // attachment is this replica's attach stream to one sandbox's guest init, shared by every call.
 type attachment struct {
 	ready  chan struct{}
-	client *guest.Client
+	client *client.Client
 	err    error
 }
 
@@ -41,7 +42,7 @@ func (a *attachment) close() {
 }
 
 // Guest returns a client on the sandbox's guest init, attaching once per sandbox and replica.
-func (s *Service) Guest(ctx context.Context, id string) (*guest.Client, error) {
+func (s *Service) Guest(ctx context.Context, id string) (*client.Client, error) {
 	return s.attachs.get(ctx, id)
 }
 
@@ -52,7 +53,7 @@ func (s *Service) GuestError(ctx context.Context, id string, err error) error {
 }
 
 // get returns a client on the sandbox's guest init, attaching once.
-func (c *attachments) get(ctx context.Context, id string) (*guest.Client, error) {
+func (c *attachments) get(ctx context.Context, id string) (*client.Client, error) {
 	for {
 		c.mu.Lock()
 		a, ok := c.m[id]
@@ -96,7 +97,7 @@ func (c *attachments) get(ctx context.Context, id string) (*guest.Client, error)
 	}
 }
 
-func (c *attachments) attach(ctx context.Context, id string) (*guest.Client, error) {
+func (c *attachments) attach(ctx context.Context, id string) (*client.Client, error) {
 	// The attach outlives the request that opened it.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -111,7 +112,7 @@ func (c *attachments) attach(ctx context.Context, id string) (*guest.Client, err
 		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "could not attach to the sandbox").WithRetryAfter(time.Second)
 	}
-	client, err := guest.Dial(rwc)
+	client, err := client.Dial(rwc)
 	if err != nil {
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
@@ -142,20 +143,20 @@ func (c *attachments) closeAll() {
 }
 
 func (c *attachments) guestError(ctx context.Context, id string, err error) error {
-	var ge *guest.Error
+	var ge *proto.Error
 	if errors.As(err, &ge) {
 		switch ge.Code {
-		case guest.ErrCodeNotFound:
+		case proto.ErrCodeNotFound:
 			return apierror.Wrap(err, apierror.NotFound, "%s", ge.Message)
-		case guest.ErrCodeInvalid, guest.ErrCodeIsDir, guest.ErrCodeNotDir:
+		case proto.ErrCodeInvalid, proto.ErrCodeIsDir, proto.ErrCodeNotDir:
 			return apierror.Wrap(err, apierror.InvalidArgument, "%s", ge.Message)
-		case guest.ErrCodeTooLarge, guest.ErrCodeNoSpace:
+		case proto.ErrCodeTooLarge, proto.ErrCodeNoSpace:
 			return apierror.Wrap(err, apierror.PayloadTooLarge, "%s", ge.Message)
-		case guest.ErrCodeExists:
+		case proto.ErrCodeExists:
 			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)
-		case guest.ErrCodeUnavailable:
+		case proto.ErrCodeUnavailable:
 			return apierror.Wrap(err, apierror.Unavailable, "%s", ge.Message).WithRetryAfter(time.Second)
-		case guest.ErrCodeTooMany:
+		case proto.ErrCodeTooMany:
 			return apierror.Wrap(err, apierror.LimitExceeded, "%s", ge.Message).
 				WithDetail("limit_name", "running_execs_per_sandbox").WithRetryAfter(time.Second)
 		}

@@ -12,7 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
@@ -34,7 +35,7 @@ import (
 //   - a source larger than the sandbox's disk (the profile's disk_mb) is INVALID_ARGUMENT, the
 //     same request can never succeed: a snapshot is refused by its manifest's size before
 //     anything is read (check, snapshotFits), an archive or prefix when the disk
-//     fills up on the way (the guest answers guest.IsNoSpace).
+//     fills up on the way (the guest answers proto.IsNoSpace).
 //
 // Later execs never fetch again: the workspace lives on the sandbox's disk, and stop/start
 // restore it from checkpoints. While an archive or prefix streams, the sandbox's state_reason
@@ -170,21 +171,21 @@ func (b *bootstrapper) run(ctx context.Context, rec runtime.Record, field, label
 }
 
 func (b *bootstrapper) work(ctx context.Context, rec runtime.Record, field, label string,
-	open func(context.Context) (io.ReadCloser, error)) (guest.ImportResult, int64, error) {
+	open func(context.Context) (io.ReadCloser, error)) (proto.ImportResult, int64, error) {
 	g, err := b.attachs.get(ctx, rec.ID)
 	if err != nil {
-		return guest.ImportResult{}, 0, err
+		return proto.ImportResult{}, 0, err
 	}
 	b.progress(ctx, rec, label, 0)
 	rc, err := open(ctx)
 	if err != nil {
-		return guest.ImportResult{}, 0, sourceError(ctx, err, field)
+		return proto.ImportResult{}, 0, sourceError(ctx, err, field)
 	}
 	defer rc.Close()
 	cr := &countingReader{r: rc}
 	stop := b.followProgress(ctx, rec, label, cr)
 	lim := b.sources.Options()
-	res, err := g.ImportWorkspace(ctx, cr, guest.ImportOptions{Replace: true,
+	res, err := g.ImportWorkspace(ctx, cr, client.ImportOptions{Replace: true,
 		MaxFiles: int64(lim.MaxFiles), MaxBytes: lim.MaxTotalBytes})
 	stop()
 	if err != nil {
@@ -193,7 +194,7 @@ func (b *bootstrapper) work(ctx context.Context, rec runtime.Record, field, labe
 		if serr := cr.failure(); serr != nil {
 			return res, cr.n.Load(), sourceError(ctx, serr, field)
 		}
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return res, cr.n.Load(), apierror.Wrap(err, apierror.InvalidArgument,
 				"the %s (%s) holds more than the sandbox's disk can take (%s): the disk was full after %d bytes of it; use a profile with a larger disk",
 				field, label, diskLabel(rec.Spec.DiskBytes), cr.n.Load()).WithDetail("field", field)
@@ -311,8 +312,8 @@ func sourceError(ctx context.Context, err error, field string) error {
 
 // importError turns a failed workspace import of a source into a client error.
 func (b *bootstrapper) importError(ctx context.Context, id string, err error) error {
-	var ge *guest.Error
-	if errors.As(err, &ge) && (ge.Code == guest.ErrCodeInvalid || ge.Code == guest.ErrCodeTooLarge) {
+	var ge *proto.Error
+	if errors.As(err, &ge) && (ge.Code == proto.ErrCodeInvalid || ge.Code == proto.ErrCodeTooLarge) {
 		return apierror.Wrap(err, apierror.InvalidArgument, "the workspace import refused the source: %s", ge.Message)
 	}
 	return b.attachs.guestError(ctx, id, err)
@@ -333,7 +334,7 @@ func (b *bootstrapper) restoreSnapshot(ctx context.Context, rec runtime.Record, 
 		}
 	}
 	if err := b.ckpts.restore(ctx, rec.ID, sc, src); err != nil {
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return apierror.Wrap(err, apierror.InvalidArgument,
 				"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
 				src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")

@@ -7,7 +7,8 @@ import (
 	"log/slog"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/runtime"
@@ -95,11 +96,11 @@ func (c *checkpoints) restore(ctx context.Context, id string, sc checkpoint.Scop
 	if err != nil {
 		return err
 	}
-	if _, err := g.ImportWorkspace(ctx, r, guest.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
+	if _, err := g.ImportWorkspace(ctx, r, client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
 		if errors.Is(err, checkpoint.ErrCorrupt) {
 			return c.corrupt(ctx, sc, snapID, err)
 		}
-		if guest.IsNoSpace(err) {
+		if proto.IsNoSpace(err) {
 			return apierror.Wrap(err, apierror.PayloadTooLarge,
 				"checkpoint %s does not fit the sandbox's disk: the disk filled up while it was restored", snapID).WithDetail("snapshot_id", snapID)
 		}

@@ -7,7 +7,8 @@ import (
 	"os"
 	"strings"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 )
@@ -110,7 +111,7 @@ func (s *Service) ListDir(ctx context.Context, p auth.Principal, id, path string
 	return out, truncated, nil
 }
 
-func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*guest.Client, error) {
+func (s *Service) filesGuest(ctx context.Context, p auth.Principal, id string) (*client.Client, error) {
 	if _, err := s.Load(ctx, p, id, VerbFiles); err != nil {
 		return nil, err
 	}
@@ -151,6 +152,6 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func fileInfo(f guest.FileInfo) FileInfo {
+func fileInfo(f proto.FileInfo) FileInfo {
 	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime}
 }

@@ -18,12 +18,16 @@ func (s *Service) stop(ctx context.Context, p auth.Principal, id, why string) (S
 		if reason == "" {
 			reason = why
 		}
+		if err == nil {
+			// The compute is gone: the slot goes back before STOPPED is recorded, so that
+			// nobody who sees STOPPED still finds it counted (as destroy does).
+			s.slots.release(ctx, rec.Tenant, rec.Project, id)
+		}
 		return reason, err
 	})
 	if err != nil {
 		return Sandbox{}, err
 	}
-	s.slots.release(ctx, rec.Tenant, rec.Project, id)
 	return toSandbox(rec), nil
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/tarsafe"
 )
 
 const nounEntry = "archive entry"
@@ -317,14 +318,14 @@ func (j *job) zipEntry(zf *zip.File) (entry, error) {
 	switch {
 	case mode&fs.ModeSymlink != 0:
 		e.kind = tar.TypeSymlink
-		if zf.UncompressedSize64 > maxPathBytes {
+		if zf.UncompressedSize64 > tarsafe.MaxPathBytes {
 			return entry{}, invalid(nounEntry, name, "is a symlink whose target is longer than 4096 bytes")
 		}
 		rc, err := zf.Open()
 		if err != nil {
 			return entry{}, invalid(nounEntry, name, "is malformed: %v", err)
 		}
-		b, err := io.ReadAll(io.LimitReader(rc, maxPathBytes+1))
+		b, err := io.ReadAll(io.LimitReader(rc, tarsafe.MaxPathBytes+1))
 		rc.Close()
 		if err != nil {
 			return entry{}, invalid(nounEntry, name, "is malformed: %v", err)
@@ -335,7 +336,7 @@ func (j *job) zipEntry(zf *zip.File) (entry, error) {
 	case mode&fs.ModeNamedPipe != 0:
 		e.kind = tar.TypeFifo
 	case mode&fs.ModeSocket != 0:
-		e.kind = typeSocket
+		e.kind = tarsafe.TypeSocket
 	case mode&fs.ModeCharDevice != 0:
 		e.kind = tar.TypeChar
 	case mode&fs.ModeDevice != 0:

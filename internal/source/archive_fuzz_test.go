@@ -20,56 +20,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/tarsafe"
+	"sandboxd/internal/tarsafe/tarsafetest"
 )
-
-// FuzzCleanName: cleanName never panics, accepts exactly the local paths (filepath.IsLocal,
-// the root included) without NUL within Linux's length limits, and what it accepts is "." or
-// relative, clean, without a ".." element, and a fixed point.
-func FuzzCleanName(f *testing.F) {
-	for _, s := range []string{"a/b", "./a/b/", "./", ".", "a/../b", "/a", "../a", "a/../../b", "", "a\x00b",
-		"..", "a/..", "a//b", "//x", "a/./../..", strings.Repeat("x", 256), strings.Repeat("x", 255) + "/y",
-		strings.Repeat("a/", 2049), "x/" + strings.Repeat("y", 256) + "/..", "../", ".../x"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, n string) {
-		c, why := cleanName(n)
-		want := n != "" && !strings.Contains(n, "\x00") && len(n) <= maxPathBytes && filepath.IsLocal(n)
-		if want {
-			for part := range strings.SplitSeq(path.Clean(n), "/") {
-				want = want && len(part) <= maxComponentBytes
-			}
-		}
-		if (why == "") != want {
-			t.Fatalf("cleanName(%q): got %q, refusal %q; want accepted %v", n, c, why, want)
-		}
-		if why != "" {
-			if c != "" {
-				t.Fatalf("cleanName(%q): refused (%s) but returned %q", n, why, c)
-			}
-			return
-		}
-		szCheckName(t, n, c)
-		if c2, why2 := cleanName(c); why2 != "" || c2 != c {
-			t.Fatalf("cleanName(%q) = %q, but cleanName(%q) = %q, %q", n, c, c, c2, why2)
-		}
-	})
-}
-
-// szCheckName: c, accepted for n, is "." or a clean relative path without "..".
-func szCheckName(t *testing.T, n, c string) {
-	t.Helper()
-	if c == "." {
-		return
-	}
-	if c == "" || strings.HasPrefix(c, "/") || path.Clean(c) != c || strings.Contains(c, "\x00") {
-		t.Fatalf("%q: accepted as %q, which is not a clean relative path", n, c)
-	}
-	for part := range strings.SplitSeq(c, "/") {
-		if part == ".." || part == "." || part == "" {
-			t.Fatalf("%q: accepted as %q, which has the element %q", n, c, part)
-		}
-	}
-}
 
 // Limits of FuzzArchive's fetcher: small, so that every input is cheap.
 const (
@@ -215,10 +168,10 @@ func (s *szStream) check(t *testing.T, h *tar.Header) {
 		name = strings.TrimSuffix(name, "/")
 	}
 	if name == "" || name == "." || !filepath.IsLocal(name) || path.Clean(name) != name || strings.Contains(name, "\x00") ||
-		len(name) > maxPathBytes {
+		len(name) > tarsafe.MaxPathBytes {
 		t.Fatalf("entry %q: not a clean relative name", h.Name)
 	}
-	szCheckName(t, h.Name, name)
+	tarsafetest.CheckCleanName(t, h.Name, name)
 	if dir := path.Dir(name); dir != "." && s.nodes[dir].kind != tar.TypeDir {
 		t.Fatalf("entry %q: its folder %q is %q, not a directory that came before", h.Name, dir, string(s.nodes[dir].kind))
 	}
@@ -249,7 +202,7 @@ func (s *szStream) check(t *testing.T, h *tar.Header) {
 		}
 		s.nodes[name] = szNode{kind: tar.TypeReg}
 	case tar.TypeSymlink:
-		if h.Linkname == "" || path.IsAbs(h.Linkname) || strings.Contains(h.Linkname, "\x00") || len(h.Linkname) > maxPathBytes {
+		if h.Linkname == "" || path.IsAbs(h.Linkname) || strings.Contains(h.Linkname, "\x00") || len(h.Linkname) > tarsafe.MaxPathBytes {
 			t.Fatalf("symlink %q -> %q: not a relative target", h.Name, h.Linkname)
 		}
 		s.nodes[name] = szNode{kind: tar.TypeSymlink, target: h.Linkname}

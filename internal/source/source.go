@@ -42,10 +42,6 @@ const (
 const (
 	// MaxRedirects is the number of redirects an archive URL may take.
 	MaxRedirects = 5
-	// maxPathBytes and maxComponentBytes bound an entry name and a symlink target (Linux's
-	// PATH_MAX and NAME_MAX).
-	maxPathBytes      = 4096
-	maxComponentBytes = 255
 	// maxMetaBytes bounds the sum of all entry names and link targets, which the fetcher
 	// keeps in memory to apply the rules.
 	maxMetaBytes = 64 << 20

@@ -2,18 +2,16 @@ package source
 
 import (
 	"archive/tar"
-	"path"
 	"strings"
 	"time"
-)
 
-// typeSocket marks a zip entry that is a socket (tar has no type for one).
-const typeSocket = 's'
+	"sandboxd/internal/tarsafe"
+)
 
 // entry is one entry of a source, in the source's own terms.
 type entry struct {
 	name   string // as in the source
-	kind   byte   // a tar type flag (TypeReg, TypeDir, TypeSymlink, TypeLink, …) or typeSocket
+	kind   byte   // a tar type flag (TypeReg, TypeDir, TypeSymlink, TypeLink, …) or tarsafe.TypeSocket
 	size   int64  // of a regular file
 	mode   int64  // permission bits as in the source
 	target string // of a symlink or hard link
@@ -62,22 +60,12 @@ func (t *tree) add(e entry, label string) ([]*tar.Header, error) {
 	if t.entries > t.maxFiles {
 		return nil, tooLarge(t.noun, label, "is one entry more than the limit of %d", t.maxFiles)
 	}
-	switch e.kind {
-	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink:
-	case tar.TypeChar:
-		return bad("is a character device")
-	case tar.TypeBlock:
-		return bad("is a block device")
-	case tar.TypeFifo:
-		return bad("is a FIFO")
-	case typeSocket:
-		return bad("is a socket")
-	default:
-		return bad("has the unsupported type %q", string(e.kind))
+	if err := tarsafe.CheckType(e.kind); err != nil {
+		return bad("%v", err)
 	}
-	name, why := cleanName(e.name)
-	if why != "" {
-		return bad("%s", why)
+	name, err := tarsafe.CleanName(e.name)
+	if err != nil {
+		return bad("%v", err)
 	}
 	if name == "." {
 		if e.kind == tar.TypeDir {
@@ -160,8 +148,8 @@ func (t *tree) add(e entry, label string) ([]*tar.Header, error) {
 		h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, e.target, 0o777
 		t.nodes[name] = nodeSymlink
 	case tar.TypeLink:
-		target, why := cleanName(e.target)
-		if why != "" || target == "." {
+		target, err := tarsafe.CleanName(e.target)
+		if err != nil || target == "." {
 			return bad("is a hard link to %q, outside the root", e.target)
 		}
 		if t.nodes[target] != nodeFile || target == name {
@@ -186,7 +174,7 @@ func (t *tree) checkSymlink(name, target, label string) error {
 		return bad("is a symlink without a target")
 	case strings.IndexByte(target, 0) >= 0:
 		return bad("is a symlink whose target holds a NUL byte")
-	case len(target) > maxPathBytes:
+	case len(target) > tarsafe.MaxPathBytes:
 		return bad("is a symlink whose target is longer than 4096 bytes")
 	case strings.HasPrefix(target, "/"):
 		return bad("is a symlink to the absolute path %q", target)
@@ -237,32 +225,6 @@ func (t *tree) checkSymlink(name, target, label string) error {
 		}
 	}
 	return nil
-}
-
-// cleanName validates an entry name (or hard link target) and cleans it: relative, no NUL,
-// no escape through "..", Linux's length limits. It returns the clean name ("." for the root)
-// or why the name is refused.
-func cleanName(n string) (string, string) {
-	switch {
-	case n == "":
-		return "", "has an empty name"
-	case strings.IndexByte(n, 0) >= 0:
-		return "", "has a NUL byte in its name"
-	case len(n) > maxPathBytes:
-		return "", "has a name longer than 4096 bytes"
-	case strings.HasPrefix(n, "/"):
-		return "", "has an absolute path"
-	}
-	c := path.Clean(n)
-	if c == ".." || strings.HasPrefix(c, "../") {
-		return "", "escapes the root (..)"
-	}
-	for comp := range strings.SplitSeq(c, "/") {
-		if len(comp) > maxComponentBytes {
-			return "", "has a path component longer than 255 bytes"
-		}
-	}
-	return c, ""
 }
 
 // fileMode: the permission bits without setuid, setgid, sticky and group/other write; the

@@ -20,14 +20,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 	"sandboxd/runtime"
 )
 
 // Attach implements runtime.Driver: a connection to the box's guest init through its host
 // socket, or `runsc exec <id> /.sbx/init connect` with its stdin and stdout as the stream when
 // there is none. Either way the stream is handed on only after the init proved the box's
-// channel key (guest.HostHandshake). A channel found tampered with — the socket's path not a
+// channel key (client.HostHandshake). A channel found tampered with — the socket's path not a
 // socket, or a peer that is not the box's init — ends the box's compute and leaves it
 // PhaseFailed with the reason; no other box is touched. ctx bounds only the set-up: the stream
 // lives until Close.
@@ -107,11 +109,11 @@ func (d *Driver) channelKey(id string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: box %s has no channel key (started by an older sandboxd? start it again): %w", id, runtime.ErrNotRunning)
 	}
-	return guest.ParseChannelKey(string(b))
+	return proto.ParseChannelKey(string(b))
 }
 
 // hostSocket is the host path of the socket the box's guest init listens on (see
-// guest.HostSocketEnv).
+// proto.HostSocketEnv).
 func (d *Driver) hostSocket(id string) string {
 	return filepath.Join(d.boxPath(id, hostDn), hostSocketName)
 }
@@ -184,18 +186,18 @@ func (d *Driver) greet(ctx context.Context, rw io.ReadWriter, dl deadliner, key 
 	}
 	_ = dl.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { _ = dl.SetDeadline(time.Now()) })
-	err := guest.AwaitReady(rw)
+	err := client.AwaitReady(rw)
 	if err == nil {
-		err = guest.HostHandshake(rw, key)
+		err = client.HostHandshake(rw, key)
 		// The box's init answers a greeting at once; a peer that sent the ready byte and then
 		// hangs up instead is not it (a dying box is told apart by the caller).
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			err = fmt.Errorf("%w: it closed the stream instead of proving the key", guest.ErrImpostor)
+			err = fmt.Errorf("%w: it closed the stream instead of proving the key", proto.ErrImpostor)
 		}
 	}
 	stop()
 	_ = dl.SetDeadline(time.Time{})
-	if errors.Is(err, guest.ErrImpostor) {
+	if errors.Is(err, proto.ErrImpostor) {
 		return fmt.Errorf("%w: %w", errTampered, err)
 	}
 	if err != nil && ctx.Err() != nil {
@@ -441,7 +443,7 @@ func (d *Driver) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser,
 	pr, pw := io.Pipe()
 	go func() {
 		defer release()
-		_, err := guest.WriteTar(ctx, ws, pw)
+		_, err := server.WriteTar(ctx, ws, pw)
 		pw.CloseWithError(err)
 	}()
 	return pr, nil

@@ -8,7 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime/runtimetest"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkAttachExec(b *testing.B) {
 	c := runtimetest.Client(b, d, id)
 	b.ResetTimer()
 	for b.Loop() {
-		res := runtimetest.MustRun(b, c, guest.ExecRequest{Argv: []string{"true"}})
+		res := runtimetest.MustRun(b, c, proto.ExecRequest{Argv: []string{"true"}})
 		if res.Exit.ExitCode != 0 {
 			b.Fatalf("got exit %+v", res.Exit)
 		}
@@ -72,11 +73,11 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c, err := guest.DialContext(ctxT(b), rwc)
+		c, err := client.DialContext(ctxT(b), rwc)
 		if err != nil {
 			b.Fatal(err)
 		}
-		res, err := c.Run(ctxT(b), guest.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}}, 1<<10, 1<<10)
+		res, err := c.Run(ctxT(b), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}}, 1<<10, 1<<10)
 		if err != nil || res.Exit.ExitCode != 0 {
 			b.Fatalf("Run: %v %+v", err, res.Exit)
 		}

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -116,7 +116,7 @@ var dockerCaps = []string{
 // the exec cgroups) and then drops from every set on every thread (cmd/sandbox-init/setup.go).
 // (It has to be in the bounding set too: runsc grants no capability outside it.) It is the
 // sandbox's own CAP_SYS_ADMIN, inside gVisor's kernel, never the host's. The init refuses to
-// serve when it cannot do all of that (guest.RequireContainmentEnv).
+// serve when it cannot do all of that (proto.RequireContainmentEnv).
 var initCaps = append(slices.Clone(dockerCaps), "CAP_SYS_ADMIN")
 
 // buildSpec returns the OCI config of a box. initDir is the host folder holding only the guest
@@ -124,8 +124,8 @@ var initCaps = append(slices.Clone(dockerCaps), "CAP_SYS_ADMIN")
 // runsc never has to create a mount point in the shared rootfs (it would, on the host: a
 // file bind at /.sbx/init leaves an empty /.sbx/init in the rootfs folder).
 // hostDir, when not empty, is a host folder mounted at /run/sbx/host where the guest init
-// finds its channel key (guest.ChannelKeyFileEnv, deleted once read) and creates its host
-// socket (guest.HostSocketEnv); it then covers the folder with an empty read-only tmpfs, so no
+// finds its channel key (proto.ChannelKeyFileEnv, deleted once read) and creates its host
+// socket (proto.HostSocketEnv); it then covers the folder with an empty read-only tmpfs, so no
 // command of the box ever reaches it.
 func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string) (*ociSpec, error) {
 	if err := validateSpec(spec); err != nil {
@@ -134,10 +134,10 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 	env := map[string]string{"PATH": defaultPath, "HOME": "/root", "LANG": "C.UTF-8"}
 	maps.Copy(env, spec.Env)
 	if hostDir != "" {
-		env[guest.HostSocketEnv] = hostSocketInBox
-		env[guest.ChannelKeyFileEnv] = channelKeyInBox
+		env[proto.HostSocketEnv] = hostSocketInBox
+		env[proto.ChannelKeyFileEnv] = channelKeyInBox
 	}
-	env[guest.RequireContainmentEnv] = "1"
+	env[proto.RequireContainmentEnv] = "1"
 	envList := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])

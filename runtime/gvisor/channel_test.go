@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
@@ -30,13 +31,13 @@ func hostSocket(t *testing.T, d *gvisor.Driver, id string) string {
 // whoami writes each box's id into its workspace, to tell which box an attach reached.
 func markBoxes(t *testing.T, d *gvisor.Driver, ids ...string) {
 	for _, id := range ids {
-		runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo " + id + " > whoami"}})
+		runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "echo " + id + " > whoami"}})
 	}
 }
 
 func readWhoami(t *testing.T, d *gvisor.Driver, id string) string {
 	t.Helper()
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"cat", "whoami"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"cat", "whoami"}})
 	return strings.TrimSpace(string(res.Stdout))
 }
 
@@ -121,7 +122,7 @@ func TestChannelFolderLinked(t *testing.T) {
 // handshake with key (nil: none, as an init of the workload's own would), then the protocol.
 func impostor(t *testing.T, path string, key []byte) {
 	t.Helper()
-	srv, err := guest.NewServer(guest.ServerOptions{Workspace: t.TempDir(), StateDir: t.TempDir()})
+	srv, err := server.New(server.Options{Workspace: t.TempDir(), StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,10 +139,10 @@ func impostor(t *testing.T, path string, key []byte) {
 				return
 			}
 			go func() {
-				_, _ = c.Write([]byte{guest.ConnectReady})
+				_, _ = c.Write([]byte{proto.ConnectReady})
 				if key != nil {
 					_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-					if guest.InitHandshake(c, key) != nil {
+					if server.InitHandshake(c, key) != nil {
 						c.Close()
 						return
 					}
@@ -175,7 +176,7 @@ func TestChannelImpostor(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			k, err := guest.ParseChannelKey(string(otherKey))
+			k, err := proto.ParseChannelKey(string(otherKey))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,7 +203,7 @@ func TestChannelFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := runtimetest.Client(t, d, id) // through the fallback
-	res := runtimetest.MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c",
+	res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c",
 		"cat whoami; for p in $(pgrep -f '^/.sbx/init connect'); do grep CapEff /proc/$p/status; done"}})
 	lines := strings.Split(strings.TrimSpace(string(res.Stdout)), "\n")
 	if len(lines) < 2 || lines[0] != id {
@@ -221,7 +222,7 @@ func TestChannelFallback(t *testing.T) {
 func TestInitDropsPrivileges(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c",
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c",
 		"grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; grep -E '^Cap(Eff|Prm)' /proc/1/status; cat /proc/1/task/*/status | grep -E '^Cap(Eff|Prm)'"}})
 	const sysAdmin = 1 << 21
 	n := 0
@@ -262,5 +263,5 @@ func TestChannelKeylessBoxFails(t *testing.T) {
 	if _, err := d.Start(ctxT(t), id); err != nil {
 		t.Fatal(err)
 	}
-	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"true"}})
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"true"}})
 }

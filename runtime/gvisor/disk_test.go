@@ -14,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
 )
@@ -72,9 +73,9 @@ func waitNoDisk(t testing.TB, dir string) {
 	}
 }
 
-func run(t testing.TB, c *guest.Client, script string) guest.RunResult {
+func run(t testing.TB, c *client.Client, script string) client.RunResult {
 	t.Helper()
-	return runtimetest.MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", script}})
+	return runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
 }
 
 // TestDiskEnforced: a box writing past its disk gets ENOSPC, the host keeps at most the disk's

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime/runtimetest"
 )
 
@@ -57,7 +57,7 @@ func TestDiskPool(t *testing.T) {
 	if got := inode(t, filepath.Join(dir, "boxes", b, "disk.img")); got != ino {
 		t.Errorf("the second box's disk is inode %d, want the pooled image's %d", got, ino)
 	}
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, b), guest.ExecRequest{Argv: []string{"sh", "-c",
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, b), proto.ExecRequest{Argv: []string{"sh", "-c",
 		"echo hi > f && cat f && df -B1 --output=size /workspace | tail -1"}})
 	lines := strings.Fields(string(res.Stdout))
 	if len(lines) != 2 || lines[0] != "hi" {

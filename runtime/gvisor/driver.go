@@ -35,7 +35,7 @@ import (
 	"sync"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -453,7 +453,7 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	// A new channel key for this container: the init takes (and deletes) its copy in the host
 	// folder; the driver keeps its own beside the record, out of the box's reach.
 	// (Renamed into place, not synced: a host crash ends the container the key is for.)
-	key := guest.EncodeChannelKey(guest.NewChannelKey())
+	key := proto.EncodeChannelKey(proto.NewChannelKey())
 	tmpKey := d.boxPath(id, "."+channelKeyName+".tmp")
 	if err := os.WriteFile(tmpKey, []byte(key), 0o600); err != nil {
 		return fmt.Errorf("gvisor: channel key: %w", err)

@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
@@ -58,7 +59,7 @@ func TestOOMFailsBox(t *testing.T) {
 			id := runtimetest.CreateBox(t, d, spec)
 			c := runtimetest.Client(t, d, id)
 			// The exec dies with the sandbox: the call fails (the attach breaks).
-			res, err := c.Run(ctxT(t), guest.ExecRequest{ID: runtimetest.NewExecID(), Argv: tc.argv}, 1<<20, 1<<20)
+			res, err := c.Run(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: tc.argv}, 1<<20, 1<<20)
 			t.Logf("exec over the limit: err=%v exit=%+v", err, res.Exit)
 
 			b := waitPhase(t, d, id, runtime.PhaseFailed, 15*time.Second)
@@ -81,7 +82,7 @@ func TestOOMFailsBox(t *testing.T) {
 			if b, _ := d.Get(ctxT(t), id); b.Phase != runtime.PhaseRunning || b.Reason != "" {
 				t.Errorf("got phase %s (%s) after Start, want running", b.Phase, b.Reason)
 			}
-			res = runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"true"}})
+			res = runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"true"}})
 			if res.Exit.ExitCode != 0 {
 				t.Errorf("got exit %+v after restart, want 0", res.Exit)
 			}
@@ -111,7 +112,7 @@ func TestSandboxDeathNotOOM(t *testing.T) {
 		}},
 		{"InitKilledInside", func(t *testing.T, id string) {
 			c := runtimetest.Client(t, d, id)
-			_, err := c.Run(ctxT(t), guest.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"kill", "-KILL", "1"}}, 1<<10, 1<<10)
+			_, err := c.Run(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"kill", "-KILL", "1"}}, 1<<10, 1<<10)
 			t.Logf("kill -KILL 1: %v", err)
 		}},
 	} {
@@ -135,7 +136,7 @@ func TestMemoryLimitVisible(t *testing.T) {
 	spec := defaultSpec()
 	spec.MemoryBytes = 256 << 20
 	id := runtimetest.CreateBox(t, d, spec)
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"grep", "MemTotal", "/proc/meminfo"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"grep", "MemTotal", "/proc/meminfo"}})
 	f := strings.Fields(string(res.Stdout))
 	if len(f) < 2 || f[1] != strconv.Itoa(256<<10) {
 		t.Errorf("got %q, want MemTotal %d kB", res.Stdout, 256<<10)
@@ -168,7 +169,7 @@ func TestFilesystems(t *testing.T) {
 		{"InitIsPid1", `test "$(cat /proc/1/cmdline | tr '\0' ' ')" = "/.sbx/init "`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := runtimetest.MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", tc.cmd}})
+			res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", tc.cmd}})
 			if got := res.Exit.ExitCode == 0; got != tc.works {
 				t.Errorf("%s: got exit %d (stderr %q), want success %v", tc.cmd, res.Exit.ExitCode, res.Stderr, tc.works)
 			}
@@ -190,12 +191,12 @@ func TestBoxSurvivesAttachClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := guest.DialContext(ctxT(t), rwc)
+	c, err := client.DialContext(ctxT(t), rwc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	execID := runtimetest.NewExecID()
-	if _, err := c.StartExec(ctxT(t), guest.ExecRequest{ID: execID, Argv: []string{"sh", "-c", "sleep 1; echo done > marker; echo finished"}}); err != nil {
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: execID, Argv: []string{"sh", "-c", "sleep 1; echo done > marker; echo finished"}}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -222,17 +223,17 @@ func TestBoxSurvivesAttachClose(t *testing.T) {
 		if err != nil {
 			t.Fatalf("log: %v", err)
 		}
-		if rec.Kind == guest.RecordStdout {
+		if rec.Kind == proto.RecordStdout {
 			out += string(rec.Data)
 		}
-		if rec.Kind == guest.RecordExit {
+		if rec.Kind == proto.RecordExit {
 			break
 		}
 	}
 	if out != "finished\n" {
 		t.Errorf("got output %q, want %q", out, "finished\n")
 	}
-	res := runtimetest.MustRun(t, c2, guest.ExecRequest{Argv: []string{"cat", "marker"}})
+	res := runtimetest.MustRun(t, c2, proto.ExecRequest{Argv: []string{"cat", "marker"}})
 	if string(res.Stdout) != "done\n" {
 		t.Errorf("got marker %q, want %q", res.Stdout, "done\n")
 	}
@@ -251,7 +252,7 @@ func TestAttachCloseLeavesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			if i%2 == 0 {
-				c, err := guest.DialContext(ctxT(t), rwc)
+				c, err := client.DialContext(ctxT(t), rwc)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -263,7 +264,7 @@ func TestAttachCloseLeavesNothing(t *testing.T) {
 	}
 	count := func(wantConnect, wantExec int) {
 		t.Helper()
-		res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "ps -eo args= | grep -c '^/.sbx/init connect'"}})
+		res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "ps -eo args= | grep -c '^/.sbx/init connect'"}})
 		if got := strings.TrimSpace(string(res.Stdout)); got != fmt.Sprint(wantConnect) {
 			t.Errorf("got %s connect processes in the box, want %d", got, wantConnect)
 		}
@@ -304,7 +305,7 @@ func TestStartFreshWorkspace(t *testing.T) {
 	if err != nil || !fresh {
 		t.Fatalf("Start without a workspace: got (%v, %v), want (true, nil)", fresh, err)
 	}
-	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"touch", "y"}})
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"touch", "y"}})
 	ws := filepath.Join(box, "disk", "workspace")
 	if _, err := os.Stat(filepath.Join(ws, "y")); err != nil {
 		t.Errorf("the new workspace is not the mounted one: %v", err)

@@ -14,13 +14,14 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 )
 
 // attach execs the guest init's `connect` in the box's sandbox container through the API
 // server (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and
 // returns once the init answered with its ready byte and proved the pod's channel key
-// (guest.HostHandshake; a peer that fails it is errTampered).
+// (client.HostHandshake; a peer that fails it is errTampered).
 func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.ReadWriteCloser, error) {
 	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
 		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
@@ -65,13 +66,13 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.Re
 	}()
 	ready := make(chan error, 1)
 	go func() {
-		err := guest.AwaitReady(outR)
+		err := client.AwaitReady(outR)
 		if err == nil {
-			err = guest.HostHandshake(s, key)
+			err = client.HostHandshake(s, key)
 			// The pod's init answers a greeting at once; a peer that hangs up instead is not
 			// it (a pod that died meanwhile is told apart by the caller).
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				err = fmt.Errorf("%w: it closed the stream instead of proving the key", guest.ErrImpostor)
+				err = fmt.Errorf("%w: it closed the stream instead of proving the key", proto.ErrImpostor)
 			}
 		}
 		ready <- err
@@ -87,7 +88,7 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.Re
 	}
 	if err != nil {
 		s.Close()
-		if errors.Is(err, guest.ErrImpostor) {
+		if errors.Is(err, proto.ErrImpostor) {
 			return nil, fmt.Errorf("kube: attach %s: %w: %w", id, errTampered, err)
 		}
 		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
@@ -139,7 +140,7 @@ type capped struct {
 func (c *capped) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.b, _ = guest.AppendCapped(c.b, p, c.max, false)
+	c.b, _ = client.AppendCapped(c.b, p, c.max, false)
 	return len(p), nil
 }
 

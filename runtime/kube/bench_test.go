@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	watchtools "k8s.io/client-go/tools/watch"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/kubetest"
 	"sandboxd/runtime/runtimetest"
 )
@@ -48,7 +48,7 @@ func BenchmarkAttachExec(b *testing.B) {
 	cl := runtimetest.Client(b, d, id)
 	b.ResetTimer()
 	for b.Loop() {
-		if res := runtimetest.MustRun(b, cl, guest.ExecRequest{Argv: []string{"true"}}); res.Exit.ExitCode != 0 {
+		if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: []string{"true"}}); res.Exit.ExitCode != 0 {
 			b.Fatalf("got exit %+v", res.Exit)
 		}
 	}
@@ -64,7 +64,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 			b.Fatal(err)
 		}
 		cl := runtimetest.Client(b, d, rec.ID)
-		if res := runtimetest.MustRun(b, cl, guest.ExecRequest{Argv: []string{"true"}}); res.Exit.ExitCode != 0 {
+		if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: []string{"true"}}); res.Exit.ExitCode != 0 {
 			b.Fatalf("got exit %+v", res.Exit)
 		}
 		b.StopTimer()

@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/kubetest"
 	"sandboxd/runtime"
 	"sandboxd/runtime/kube"
@@ -63,7 +63,7 @@ func dropKeyFile(s *corev1.PodSpec) {
 	for i, ctr := range s.Containers {
 		var env []corev1.EnvVar
 		for _, e := range ctr.Env {
-			if e.Name != guest.ChannelKeyFileEnv {
+			if e.Name != proto.ChannelKeyFileEnv {
 				env = append(env, e)
 			}
 		}
@@ -78,7 +78,7 @@ func TestKeylessPod(t *testing.T) {
 	cfg, _ := c.Gateway(t)
 	d := newDriver(t, cfg)
 	id := runtimetest.CreateBox(t, d, spec)
-	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
 	replacePod(t, c, id, func(s *corev1.PodSpec) {
 		for i := range s.InitContainers {
 			s.InitContainers[i].Env = nil
@@ -95,7 +95,7 @@ func TestKeylessPod(t *testing.T) {
 	if _, err := d.Start(ctx(t), id); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"cat", "f"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"cat", "f"}})
 	if string(res.Stdout) != "kept\n" {
 		t.Errorf("after the start got %q, want the kept workspace", res.Stdout)
 	}
@@ -114,7 +114,7 @@ func TestChannelImpostor(t *testing.T) {
 	a := runtimetest.CreateBox(t, d, spec)
 	b := runtimetest.CreateBox(t, d, spec)
 	for _, id := range []string{a, b} {
-		runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo " + id + " > whoami"}})
+		runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "echo " + id + " > whoami"}})
 	}
 
 	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
@@ -153,14 +153,14 @@ func TestChannelImpostor(t *testing.T) {
 	}
 	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
 
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, b), guest.ExecRequest{Argv: []string{"cat", "whoami"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, b), proto.ExecRequest{Argv: []string{"cat", "whoami"}})
 	if got := strings.TrimSpace(string(res.Stdout)); got != b {
 		t.Errorf("the other box reads whoami %q, want %q", got, b)
 	}
 	if _, err := d.Start(ctx(t), a); err != nil {
 		t.Fatalf("Start after tampering: %v", err)
 	}
-	res = runtimetest.MustRun(t, runtimetest.Client(t, d, a), guest.ExecRequest{Argv: []string{"cat", "whoami"}})
+	res = runtimetest.MustRun(t, runtimetest.Client(t, d, a), proto.ExecRequest{Argv: []string{"cat", "whoami"}})
 	if got := strings.TrimSpace(string(res.Stdout)); got != a {
 		t.Errorf("after Start the box reads whoami %q, want %q (its kept workspace)", got, a)
 	}

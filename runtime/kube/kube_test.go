@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/internal/kubetest"
 	"sandboxd/runtime"
 	"sandboxd/runtime/kube"
@@ -60,7 +60,7 @@ func TestPodDeletedBehindOurBack(t *testing.T) {
 	d := newDriver(t, cfg)
 	id := runtimetest.CreateBox(t, d, spec)
 	cl := runtimetest.Client(t, d, id)
-	runtimetest.MustRun(t, cl, guest.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
+	runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
 	name, _ := kube.ObjectName(id)
 	zero := int64(0)
 	if err := c.Clientset(t).CoreV1().Pods(kubetest.Namespace).Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
@@ -87,7 +87,7 @@ func TestPodDeletedBehindOurBack(t *testing.T) {
 	if fresh, err := d.Start(ctx(t), id); err != nil || fresh {
 		t.Fatalf("Start: (%v, %v), want (false, nil)", fresh, err)
 	}
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"cat", "f"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"cat", "f"}})
 	if string(res.Stdout) != "kept\n" {
 		t.Errorf("after the restart got %q, want the workspace kept", res.Stdout)
 	}
@@ -117,7 +117,7 @@ func TestNewDriverFindsBoxes(t *testing.T) {
 	if found == nil || found.Phase != runtime.PhaseRunning || found.Record.LatestCheckpoint != "ckpt_9" || found.Record.Tenant != "tenant-a" {
 		t.Fatalf("the new driver lists %+v, want the running box with its record", found)
 	}
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d2, id), guest.ExecRequest{Argv: []string{"true"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d2, id), proto.ExecRequest{Argv: []string{"true"}})
 	if res.Exit.ExitCode != 0 {
 		t.Errorf("exec through the new driver: %+v", res.Exit)
 	}
@@ -169,7 +169,7 @@ func TestStartCannotRun(t *testing.T) {
 	cfg, _ := c.Gateway(t)
 	d := newDriver(t, cfg)
 	id := runtimetest.CreateBox(t, d, spec)
-	runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
 	if err := d.Stop(ctx(t), id); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestStartCannotRun(t *testing.T) {
 	if _, err := d.Start(ctx(t), id); err != nil {
 		t.Fatal(err)
 	}
-	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), guest.ExecRequest{Argv: []string{"cat", "f"}})
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"cat", "f"}})
 	if string(res.Stdout) != "kept\n" {
 		t.Errorf("after the start got %q, want the workspace kept", res.Stdout)
 	}

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -313,8 +313,8 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 				Image:   s.initImage,
 				Command: []string{"/sandbox-init", "install", initPath},
 				Env: []corev1.EnvVar{
-					{Name: guest.ChannelKeyEnv, Value: guest.EncodeChannelKey(guest.NewChannelKey())},
-					{Name: guest.ChannelKeyFileEnv, Value: channelKeyFile},
+					{Name: proto.ChannelKeyEnv, Value: proto.EncodeChannelKey(proto.NewChannelKey())},
+					{Name: proto.ChannelKeyFileEnv, Value: channelKeyFile},
 				},
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: initVolume, MountPath: initDir},
@@ -327,7 +327,7 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 				Image:      spec.Image,
 				Command:    []string{initPath, "serve"},
 				WorkingDir: workspacePath,
-				Env:        append(env, corev1.EnvVar{Name: guest.ChannelKeyFileEnv, Value: channelKeyFile}),
+				Env:        append(env, corev1.EnvVar{Name: proto.ChannelKeyFileEnv, Value: channelKeyFile}),
 				Resources:  res,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: initVolume, MountPath: initDir, ReadOnly: true},
@@ -361,8 +361,8 @@ func podChannelKey(pod *corev1.Pod) ([]byte, error) {
 			continue
 		}
 		for _, e := range c.Env {
-			if e.Name == guest.ChannelKeyEnv {
-				return guest.ParseChannelKey(e.Value)
+			if e.Name == proto.ChannelKeyEnv {
+				return proto.ParseChannelKey(e.Value)
 			}
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -142,11 +142,11 @@ func TestPodShape(t *testing.T) {
 		t.Fatalf("podChannelKey: %v", err)
 	}
 	for _, e := range c.Env {
-		if e.Name == guest.ChannelKeyEnv || strings.Contains(e.Value, guest.EncodeChannelKey(key)) {
+		if e.Name == proto.ChannelKeyEnv || strings.Contains(e.Value, proto.EncodeChannelKey(key)) {
 			t.Errorf("the sandbox container's environment carries the channel key: %v", e)
 		}
 	}
-	if !slices.Contains(c.Env, corev1.EnvVar{Name: guest.ChannelKeyFileEnv, Value: "/run/sbx/channel.key"}) {
+	if !slices.Contains(c.Env, corev1.EnvVar{Name: proto.ChannelKeyFileEnv, Value: "/run/sbx/channel.key"}) {
 		t.Errorf("the sandbox container does not name the key file: %v", c.Env)
 	}
 	if run := s.Volumes[2]; run.Name != runVolume || run.EmptyDir == nil || run.EmptyDir.Medium != corev1.StorageMediumMemory {

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -61,10 +61,10 @@ exit 0
 func testChannel(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 	a, b := CreateBox(t, d, spec), CreateBox(t, d, spec)
 	ca, cb := Client(t, d, a), Client(t, d, b)
-	MustRun(t, ca, guest.ExecRequest{Argv: []string{"sh", "-c", "echo " + a + " > whoami"}})
-	MustRun(t, cb, guest.ExecRequest{Argv: []string{"sh", "-c", "echo " + b + " > whoami && echo b-secret > secret.txt"}})
+	MustRun(t, ca, proto.ExecRequest{Argv: []string{"sh", "-c", "echo " + a + " > whoami"}})
+	MustRun(t, cb, proto.ExecRequest{Argv: []string{"sh", "-c", "echo " + b + " > whoami && echo b-secret > secret.txt"}})
 
-	res := MustRun(t, ca, guest.ExecRequest{Argv: []string{"bash", "-c", channelAttack}, Env: []string{"B=" + b}})
+	res := MustRun(t, ca, proto.ExecRequest{Argv: []string{"bash", "-c", channelAttack}, Env: []string{"B=" + b}})
 	steps := map[string]string{}
 	for _, line := range strings.Split(strings.TrimSpace(string(res.Stdout)), "\n") {
 		if name, rc, ok := strings.Cut(line, ":"); ok {
@@ -84,18 +84,18 @@ func testChannel(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 
 	// A new attach (no cached one) reaches A's own init, and B is untouched.
 	fresh := Client(t, d, a)
-	res = MustRun(t, fresh, guest.ExecRequest{Argv: []string{"cat", "whoami"}})
+	res = MustRun(t, fresh, proto.ExecRequest{Argv: []string{"cat", "whoami"}})
 	if got := strings.TrimSpace(string(res.Stdout)); got != a {
 		t.Errorf("a new attach to %s reads whoami %q, want %q", a, got, a)
 	}
-	res = MustRun(t, fresh, guest.ExecRequest{Argv: []string{"sh", "-c", "cat secret.txt 2>&1; true"}})
+	res = MustRun(t, fresh, proto.ExecRequest{Argv: []string{"sh", "-c", "cat secret.txt 2>&1; true"}})
 	if strings.Contains(string(res.Stdout), "b-secret") {
 		t.Errorf("box %s reads box %s's file: %q", a, b, res.Stdout)
 	}
 	if box := mustGet(t, d, a); box.Phase != runtime.PhaseRunning {
 		t.Errorf("box %s is %s (%s) after the failed attacks, want running", a, box.Phase, box.Reason)
 	}
-	res = MustRun(t, Client(t, d, b), guest.ExecRequest{Argv: []string{"cat", "whoami", "secret.txt"}})
+	res = MustRun(t, Client(t, d, b), proto.ExecRequest{Argv: []string{"cat", "whoami", "secret.txt"}})
 	if got := string(res.Stdout); got != b+"\nb-secret\n" {
 		t.Errorf("box %s reads %q, want its own marker and secret", b, got)
 	}

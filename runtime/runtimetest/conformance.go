@@ -17,7 +17,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -61,7 +62,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		// A duration no other process uses marks this exec's sleeps (the Fake's run on the host).
 		dur := fmt.Sprintf("%d.%06d", 60, rand.IntN(1000000))
 		start := time.Now()
-		res := MustRun(t, c, guest.ExecRequest{
+		res := MustRun(t, c, proto.ExecRequest{
 			Argv:      []string{"sh", "-c", "sleep " + dur + " & sleep " + dur + " & sleep " + dur + "; wait"},
 			TimeoutMs: 500,
 		})
@@ -72,18 +73,18 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 			t.Errorf("got exit %+v, want timed_out", res.Exit)
 		}
 		// The whole tree is gone.
-		res = MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", "ps -eo args= | grep -c '^sleep " + dur + "$'"}})
+		res = MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "ps -eo args= | grep -c '^sleep " + dur + "$'"}})
 		if got := strings.TrimSpace(string(res.Stdout)); got != "0" {
 			t.Errorf("got %q sleep processes left after the timeout (stderr %q), want 0", got, res.Stderr)
 		}
 	})
 	// An exec's processes end with its timeout or signal whatever they do to their session,
-	// process group or environment. With cgroup tracking (guest.TrackingCgroup) that is every
+	// process group or environment. With cgroup tracking (proto.TrackingCgroup) that is every
 	// one of them; with process-group tracking it is what that promises (see the guest's
 	// killTree), and the test logs what escaped it and ends that by pid.
-	marked := func(t *testing.T, c *guest.Client, ms []string) (pids []string, ps string) {
+	marked := func(t *testing.T, c *client.Client, ms []string) (pids []string, ps string) {
 		t.Helper()
-		res := MustRun(t, c, guest.ExecRequest{Argv: []string{"ps", "-eo", "pid=,args="}})
+		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"ps", "-eo", "pid=,args="}})
 		for _, line := range strings.Split(string(res.Stdout), "\n") {
 			// "pid sleep <marker>" (or "pid x <marker>" after exec -a): not the shells whose
 			// scripts mention the markers
@@ -93,7 +94,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		}
 		return pids, string(res.Stdout)
 	}
-	waitMarked := func(t *testing.T, c *guest.Client, ms []string, want int) {
+	waitMarked := func(t *testing.T, c *client.Client, ms []string, want int) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
 		for {
@@ -115,14 +116,14 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		}
 		return ms
 	}
-	tracking := func(t *testing.T, c *guest.Client) bool {
+	tracking := func(t *testing.T, c *client.Client) bool {
 		t.Helper()
 		h, err := c.Health(ctxT(t))
 		if err != nil {
 			t.Fatalf("Health: %v", err)
 		}
 		t.Logf("process tracking: %q", h.ProcessTracking)
-		return h.ProcessTracking == guest.TrackingCgroup
+		return h.ProcessTracking == proto.TrackingCgroup
 	}
 	t.Run("ExecEscapesEnd", func(t *testing.T) {
 		id := CreateBox(t, d, spec)
@@ -132,7 +133,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, spec runtime
 		// in the group (m[1]); by cgroups only: forked twice, so re-parented to PID 1 (m[2]);
 		// in a user namespace and mount namespace of its own, where it tries to mount the exec
 		// hierarchy and move itself to its root (m[3]; without the seccomp filter of
-		// guest.Cgroups.Seal that works under gVisor).
+		// server.Cgroups.Seal that works under gVisor).
 		// (The mount is tried inside a box only: the fake's commands run on the host.)
 		m := markers(4)
 		script := fmt.Sprintf(`setsid env -i sleep %s &
@@ -146,12 +147,12 @@ nohup bash -c 'exec -a x sleep %s' >/dev/null 2>&1 &
 			m = m[:3]
 		}
 		type result struct {
-			res guest.RunResult
+			res client.RunResult
 			err error
 		}
 		done := make(chan result, 1)
 		go func() {
-			res, err := c.Run(ctxT(t), guest.ExecRequest{ID: NewExecID(), Argv: []string{"bash", "-c", script + "sleep 600"}, TimeoutMs: 3000}, 1<<20, 1<<20)
+			res, err := c.Run(ctxT(t), proto.ExecRequest{ID: NewExecID(), Argv: []string{"bash", "-c", script + "sleep 600"}, TimeoutMs: 3000}, 1<<20, 1<<20)
 			done <- result{res, err}
 		}()
 		var r result
@@ -171,7 +172,7 @@ nohup bash -c 'exec -a x sleep %s' >/dev/null 2>&1 &
 			waitMarked(t, c, m, 0)
 			// PID 1 starts each command from a thread it moves into the exec's cgroup for the
 			// fork; none of its threads may stay there (or be created there).
-			res := MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", `for t in /proc/1/task/*; do grep -H ':job:' $t/cgroup; done`}})
+			res := MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", `for t in /proc/1/task/*; do grep -H ':job:' $t/cgroup; done`}})
 			lines := strings.Fields(strings.TrimSpace(string(res.Stdout)))
 			for _, l := range lines {
 				if !strings.HasSuffix(l, ":job:/") {
@@ -186,7 +187,7 @@ nohup bash -c 'exec -a x sleep %s' >/dev/null 2>&1 &
 		waitMarked(t, c, m[:2], 0)
 		if left, _ := marked(t, c, m); len(left) > 0 {
 			t.Logf("process-group tracking: %d escaped process(es) (pids %v), as documented; ending them by pid", len(left), left)
-			MustRun(t, c, guest.ExecRequest{Argv: append([]string{"kill", "-KILL"}, left...)})
+			MustRun(t, c, proto.ExecRequest{Argv: append([]string{"kill", "-KILL"}, left...)})
 		}
 	})
 	t.Run("SignalAfterExit", func(t *testing.T) {
@@ -206,7 +207,7 @@ sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 &
 			want = 3
 		}
 		execID := NewExecID()
-		res := MustRun(t, c, guest.ExecRequest{ID: execID, Argv: []string{"sh", "-c", script + "exit 0"}})
+		res := MustRun(t, c, proto.ExecRequest{ID: execID, Argv: []string{"sh", "-c", script + "exit 0"}})
 		if res.Exit.ExitCode != 0 || res.Exit.TimedOut {
 			t.Fatalf("got exit %+v, want 0", res.Exit)
 		}
@@ -229,7 +230,7 @@ sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 &
 		}
 		id := CreateBox(t, d, spec)
 		c := Client(t, d, id)
-		res := MustRun(t, c, guest.ExecRequest{Argv: []string{"cat", "/proc/net/dev"}})
+		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"cat", "/proc/net/dev"}})
 		var ifaces []string
 		for _, line := range strings.Split(string(res.Stdout), "\n") {
 			if name, _, ok := strings.Cut(line, ":"); ok && !strings.Contains(name, "|") {
@@ -297,18 +298,18 @@ func testLifecycle(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 		if _, err := c.Health(ctxT(t)); err != nil {
 			t.Fatalf("Health: %v", err)
 		}
-		res := MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", "echo hi > f && pwd"}})
+		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "echo hi > f && pwd"}})
 		if res.Exit.ExitCode != 0 {
 			t.Fatalf("got exit %+v, stderr %q, want 0", res.Exit, res.Stderr)
 		}
 	})
 	step("SecondAttachSeesFile", func(t *testing.T) {
 		c := Client(t, d, id)
-		res := MustRun(t, c, guest.ExecRequest{Argv: []string{"cat", "f"}})
+		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"cat", "f"}})
 		if got := string(res.Stdout); got != "hi\n" || res.Exit.ExitCode != 0 {
 			t.Errorf("got %q (exit %+v), want %q", got, res.Exit, "hi\n")
 		}
-		res = MustRun(t, c, guest.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 42"}})
+		res = MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 42"}})
 		if string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" || res.Exit.ExitCode != 42 {
 			t.Errorf("got stdout %q stderr %q exit %d, want out, err, 42", res.Stdout, res.Stderr, res.Exit.ExitCode)
 		}
@@ -384,7 +385,7 @@ func testLifecycle(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 			t.Errorf("got phase %s (%s), want running", b.Phase, b.Reason)
 		}
 		c := Client(t, d, id)
-		res := MustRun(t, c, guest.ExecRequest{Argv: []string{"cat", "f"}})
+		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"cat", "f"}})
 		if string(res.Stdout) != "hi\n" {
 			t.Errorf("after restart got %q, want %q", res.Stdout, "hi\n")
 		}
@@ -476,7 +477,7 @@ func testFencing(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 	refused(t, "Start", err)
 	refused(t, "Delete", d.Delete(with(t, a), id))
 	unchanged(t, before)
-	MustRun(t, Client(t, d, id), guest.ExecRequest{Argv: []string{"true"}}) // still running
+	MustRun(t, Client(t, d, id), proto.ExecRequest{Argv: []string{"true"}}) // still running
 	// Without a fence nothing is checked and the fence stays.
 	if _, err := d.UpdateRecord(ctxT(t), id, func(r *runtime.Record) error { r.StateReason = "unfenced"; return nil }); err != nil {
 		t.Fatalf("UpdateRecord without a fence: %v", err)
@@ -600,7 +601,7 @@ func testIsolation(t *testing.T, d runtime.Driver, spec runtime.BoxSpec, ownTmp 
 	}
 	c0, c1 := Client(t, d, ids[0]), Client(t, d, ids[1])
 	// A new box's workspace is empty.
-	res := MustRun(t, c1, guest.ExecRequest{Argv: []string{"sh", "-c", "ls -A | wc -l"}})
+	res := MustRun(t, c1, proto.ExecRequest{Argv: []string{"sh", "-c", "ls -A | wc -l"}})
 	if got := strings.TrimSpace(string(res.Stdout)); got != "0" {
 		t.Errorf("a new box's workspace has %s entries, want 0", got)
 	}
@@ -608,12 +609,12 @@ func testIsolation(t *testing.T, d runtime.Driver, spec runtime.BoxSpec, ownTmp 
 	if ownTmp {
 		write, list = write+" && touch /tmp/only-here", list+"; ls /tmp"
 	}
-	MustRun(t, c0, guest.ExecRequest{Argv: []string{"sh", "-c", write}})
-	res = MustRun(t, c1, guest.ExecRequest{Argv: []string{"sh", "-c", list}})
+	MustRun(t, c0, proto.ExecRequest{Argv: []string{"sh", "-c", write}})
+	res = MustRun(t, c1, proto.ExecRequest{Argv: []string{"sh", "-c", list}})
 	if strings.Contains(string(res.Stdout), "only-here") {
 		t.Errorf("box %s sees the other box's file: %q", ids[1], res.Stdout)
 	}
-	res = MustRun(t, c0, guest.ExecRequest{Argv: []string{"cat", "only-here"}})
+	res = MustRun(t, c0, proto.ExecRequest{Argv: []string{"cat", "only-here"}})
 	if string(res.Stdout) != "secret\n" {
 		t.Errorf("got %q, want %q", res.Stdout, "secret\n")
 	}
@@ -624,7 +625,7 @@ func testIsolation(t *testing.T, d runtime.Driver, spec runtime.BoxSpec, ownTmp 
 	if b := mustGet(t, d, ids[1]); b.Phase != runtime.PhaseRunning {
 		t.Errorf("the other box is %s (%s), want running", b.Phase, b.Reason)
 	}
-	MustRun(t, c1, guest.ExecRequest{Argv: []string{"true"}})
+	MustRun(t, c1, proto.ExecRequest{Argv: []string{"true"}})
 }
 
 // NewRecord returns a record with a fresh id for spec, as the domain would create it.
@@ -658,22 +659,22 @@ func CreateBox(t testing.TB, d runtime.Driver, spec runtime.BoxSpec) string {
 
 // Client attaches to a running box and returns a guest client over the attach; both are
 // closed when the test ends.
-func Client(t testing.TB, d runtime.Driver, id string) *guest.Client {
+func Client(t testing.TB, d runtime.Driver, id string) *client.Client {
 	t.Helper()
 	rwc, err := d.Attach(ctxT(t), id)
 	if err != nil {
 		t.Fatalf("Attach %s: %v", id, err)
 	}
-	c, err := guest.DialContext(ctxT(t), rwc) // owns rwc from here
+	c, err := client.DialContext(ctxT(t), rwc) // owns rwc from here
 	if err != nil {
-		t.Fatalf("guest.Dial: %v", err)
+		t.Fatalf("client.Dial: %v", err)
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
 }
 
 // MustRun runs req (with a fresh id when it has none) and fails the test when the call fails.
-func MustRun(t testing.TB, c *guest.Client, req guest.ExecRequest) guest.RunResult {
+func MustRun(t testing.TB, c *client.Client, req proto.ExecRequest) client.RunResult {
 	t.Helper()
 	if req.ID == "" {
 		req.ID = NewExecID()

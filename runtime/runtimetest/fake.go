@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"sandboxd/guest"
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 	"sandboxd/runtime"
 )
 
 // Fake is an in-memory runtime.Driver for unit tests of the domain. Records live in a map;
-// a box's workspace is a folder under the Fake's dir; Attach serves a real guest.Server
+// a box's workspace is a folder under the Fake's dir; Attach serves a real server.Server
 // in-process over net.Pipe, so commands really run, on the host, with the workspace as their
 // working directory (there is no isolation: absolute paths are the host's). Writes honour
 // fences (runtime.WithFence) as a real driver's do. Kill injects a crash, FailNext an error.
@@ -40,9 +42,9 @@ type fakeBox struct {
 	phase  runtime.Phase
 	reason string
 	lost   bool
-	srv    *guest.Server // while running
-	key    []byte        // the channel key of the running server
-	fence  uint64        // the highest fence a write carried (runtime.WithFence)
+	srv    *server.Server // while running
+	key    []byte         // the channel key of the running server
+	fence  uint64         // the highest fence a write carried (runtime.WithFence)
 }
 
 var _ runtime.Driver = (*Fake)(nil)
@@ -63,7 +65,7 @@ func NewFakeT(t testing.TB) *Fake {
 func (f *Fake) Close() {
 	f.mu.Lock()
 	f.closed = true
-	var srvs []*guest.Server
+	var srvs []*server.Server
 	for _, b := range f.boxes {
 		if b.srv != nil {
 			srvs = append(srvs, b.srv)
@@ -160,7 +162,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 		return errors.New("fake: closed")
 	}
 	f.starts++
-	srv, err := guest.NewServer(guest.ServerOptions{
+	srv, err := server.New(server.Options{
 		Workspace: f.Workspace(b.rec.ID),
 		StateDir:  filepath.Join(f.dir, "boxes", b.rec.ID, "execs-"+strconv.Itoa(f.starts)),
 		Reap:      false,
@@ -168,7 +170,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 	if err != nil {
 		return fmt.Errorf("fake: guest server: %w", err)
 	}
-	b.srv, b.key, b.phase, b.reason, b.lost = srv, guest.NewChannelKey(), runtime.PhaseRunning, "", false
+	b.srv, b.key, b.phase, b.reason, b.lost = srv, proto.NewChannelKey(), runtime.PhaseRunning, "", false
 	return nil
 }
 
@@ -332,32 +334,32 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	}
 	// The guest init's side of the channel, as cmd/sandbox-init serves it: the ready byte
 	// (what `connect` writes), the handshake with the box's key, then the protocol.
-	client, server := net.Pipe()
+	hostEnd, initEnd := net.Pipe()
 	srv, key := b.srv, b.key
 	go func() {
-		_ = server.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := server.Write([]byte{guest.ConnectReady}); err != nil {
-			_ = server.Close()
+		_ = initEnd.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := initEnd.Write([]byte{proto.ConnectReady}); err != nil {
+			_ = initEnd.Close()
 			return
 		}
-		if err := guest.InitHandshake(server, key); err != nil {
-			_ = server.Close()
+		if err := server.InitHandshake(initEnd, key); err != nil {
+			_ = initEnd.Close()
 			return
 		}
-		_ = server.SetDeadline(time.Time{})
-		srv.ServeConn(server) // ends when the pipe closes or the server is closed
+		_ = initEnd.SetDeadline(time.Time{})
+		srv.ServeConn(initEnd) // ends when the pipe closes or the server is closed
 	}()
-	_ = client.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := guest.AwaitReady(client); err != nil {
-		_ = client.Close()
+	_ = hostEnd.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := client.AwaitReady(hostEnd); err != nil {
+		_ = hostEnd.Close()
 		return nil, fmt.Errorf("fake: attach %s: %w", id, err)
 	}
-	if err := guest.HostHandshake(client, key); err != nil {
-		_ = client.Close()
+	if err := client.HostHandshake(hostEnd, key); err != nil {
+		_ = hostEnd.Close()
 		return nil, fmt.Errorf("fake: attach %s: %w", id, err)
 	}
-	_ = client.SetDeadline(time.Time{})
-	return client, nil
+	_ = hostEnd.SetDeadline(time.Time{})
+	return hostEnd, nil
 }
 
 // Check implements runtime.Driver.

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"sandboxd/guest"
+	"sandboxd/guest/proto"
 	"sandboxd/runtime"
 )
 
@@ -23,7 +23,7 @@ func TestFakeKill(t *testing.T) {
 	f := NewFakeT(t)
 	id := CreateBox(t, f, runtime.BoxSpec{Profile: "test"})
 	c := Client(t, f, id)
-	if _, err := c.StartExec(ctxT(t), guest.ExecRequest{ID: NewExecID(), Argv: []string{"sleep", "30"}}); err != nil {
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: NewExecID(), Argv: []string{"sleep", "30"}}); err != nil {
 		t.Fatalf("StartExec: %v", err)
 	}
 	if err := f.Kill(id, "out of memory"); err != nil {
@@ -53,7 +53,7 @@ func TestFakeKill(t *testing.T) {
 func TestFakeFreshWorkspace(t *testing.T) {
 	f := NewFakeT(t)
 	id := CreateBox(t, f, runtime.BoxSpec{Profile: "test"})
-	MustRun(t, Client(t, f, id), guest.ExecRequest{Argv: []string{"touch", "x"}})
+	MustRun(t, Client(t, f, id), proto.ExecRequest{Argv: []string{"touch", "x"}})
 	if err := f.Stop(ctxT(t), id); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestFakeFreshWorkspace(t *testing.T) {
 	if err != nil || !fresh {
 		t.Fatalf("Start without a workspace: got (%v, %v), want (true, nil)", fresh, err)
 	}
-	res := MustRun(t, Client(t, f, id), guest.ExecRequest{Argv: []string{"ls", "-A"}})
+	res := MustRun(t, Client(t, f, id), proto.ExecRequest{Argv: []string{"ls", "-A"}})
 	if got := strings.TrimSpace(string(res.Stdout)); got != "" {
 		t.Errorf("fresh workspace holds %q, want nothing", got)
 	}

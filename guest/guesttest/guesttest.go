@@ -1,0 +1,186 @@
+// Package guesttest is test-only: a real guest init server on the host with a client over one
+// stream (Harness), and the helpers the tests of guest/server and guest/client share.
+package guesttest
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
+)
+
+// Harness is a real server on the host (Reap as asked) with its own temp workspace and state
+// dir, and a client over one stream.
+type Harness struct {
+	Srv   *server.Server
+	C     *client.Client
+	WS    string
+	State string
+	// ServerEnd is the server's end of the stream (closing it breaks the attach).
+	ServerEnd net.Conn
+}
+
+// Transport is what carries the stream between the client and the server.
+type Transport int
+
+const (
+	OverSocketpair Transport = iota
+	OverNetPipe
+)
+
+// New starts a Harness; t's cleanup closes the client and the server.
+func New(t testing.TB, opts server.Options, tr Transport) *Harness {
+	t.Helper()
+	h := &Harness{WS: t.TempDir(), State: TmpfsDir(t)}
+	opts.Workspace, opts.StateDir = h.WS, h.State
+	opts.Logger = slog.New(slog.DiscardHandler)
+	srv, err := server.New(opts)
+	if err != nil {
+		t.Fatalf("server.New: %v", err)
+	}
+	h.Srv = srv
+	var clientEnd net.Conn
+	switch tr {
+	case OverNetPipe:
+		h.ServerEnd, clientEnd = net.Pipe()
+	default:
+		h.ServerEnd, clientEnd = Socketpair(t)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.ServeConn(h.ServerEnd)
+	}()
+	c, err := client.Dial(clientEnd)
+	if err != nil {
+		srv.Close()
+		t.Fatalf("Dial: %v", err)
+	}
+	h.C = c
+	t.Cleanup(func() {
+		_ = c.Close()
+		srv.Close()
+		<-served
+	})
+	return h
+}
+
+// TmpfsDir is a state dir on a tmpfs when there is one, as inside a sandbox (/run/sbx).
+func TmpfsDir(t testing.TB) string {
+	d, err := os.MkdirTemp("/dev/shm", "sbx-state-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
+}
+
+// Socketpair is a connected pair of unix stream sockets.
+func Socketpair(t testing.TB) (net.Conn, net.Conn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("socketpair: %v", err)
+	}
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		c, err := net.FileConn(f)
+		_ = f.Close()
+		if err != nil {
+			t.Fatalf("FileConn: %v", err)
+		}
+		conns[i] = c
+	}
+	return conns[0], conns[1]
+}
+
+// Ctx is a context that ends after d or with t.
+func Ctx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Records reads a whole log from offset (following or not).
+func Records(t testing.TB, c *client.Client, id string, off int64, follow bool) []client.Record {
+	t.Helper()
+	lr, err := c.Log(Ctx(t, 30*time.Second), id, off, follow)
+	if err != nil {
+		t.Fatalf("Log(%s, %d): %v", id, off, err)
+	}
+	defer lr.Close()
+	var out []client.Record
+	for {
+		rec, err := lr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		out = append(out, rec)
+	}
+}
+
+// LiveProcs lists the live (not zombie) processes whose /proc/<pid>/<file> (NUL-separated
+// fields: environ, cmdline) has a field for which match is true.
+func LiveProcs(file string, match func(field []byte) bool) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/" + file)
+		if err != nil {
+			continue
+		}
+		if slices.ContainsFunc(bytes.Split(b, []byte{0}), match) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TreeLeft lists the live processes that carry SBX_EXEC_ID=<id>.
+func TreeLeft(id string) []int {
+	want := []byte(proto.ExecIDEnv + "=" + id)
+	return LiveProcs("environ", func(kv []byte) bool { return bytes.Equal(kv, want) })
+}
+
+// WaitTreeGone fails unless no process of the exec is left within a short grace.
+func WaitTreeGone(t testing.TB, id string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		left := TreeLeft(id)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes of exec %s left: got %v, want none", id, left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

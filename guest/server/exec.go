@@ -1,0 +1,649 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+	"time"
+
+	"sandboxd/guest/proto"
+)
+
+// drainAfterExit is how long the pipes are read after the main process exited: a background
+// process that inherited stdout must not hold the exec open.
+const drainAfterExit = time.Second
+
+var execIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// execState is one exec, owned by the server (not by the request that started it).
+type execState struct {
+	id      string
+	argv    []string
+	dir     string
+	log     *execLog
+	started time.Time
+
+	mu sync.Mutex
+	// cg and cgroup are the exec's cgroup (see Cgroups); cg is nil where the init has none,
+	// and its processes are then tracked by process group and parentage (killTree).
+	cg       *Cgroups
+	cgroup   string
+	pid      int
+	reaped   bool // the main process was waited for: its pid may be reused
+	timedOut bool
+}
+
+func (e *execState) info() proto.ExecInfo {
+	size, exit := e.log.status()
+	e.mu.Lock()
+	pid := e.pid
+	e.mu.Unlock()
+	return proto.ExecInfo{
+		ID:        e.id,
+		Argv:      e.argv,
+		Pid:       pid,
+		StartedAt: e.started,
+		Running:   exit == nil,
+		LogBytes:  size,
+		Exit:      exit,
+	}
+}
+
+// kill signals every process the exec started that is still alive, whether the exec runs or
+// ended: the processes of its cgroup, or without cgroups what killTree finds.
+func (e *execState) kill(sig syscall.Signal) {
+	e.mu.Lock()
+	cg, name, pid, running := e.cg, e.cgroup, e.pid, !e.reaped
+	e.mu.Unlock()
+	if cg != nil {
+		cg.signal(name, sig)
+		return
+	}
+	killTree(pid, running, sig)
+}
+
+// proc is a started exec's process and pipes.
+type proc struct {
+	status <-chan syscall.WaitStatus
+	// out are the read ends of the stdout and stderr pipes: raw non-blocking descriptors,
+	// kept out of Go's poller (see collector).
+	out   [2]int
+	stdin *os.File // write end, nil without stdin data
+}
+
+// startError is a command that could not start, reported the way a shell does.
+type startError struct {
+	code int
+	msg  string
+}
+
+func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error) {
+	if !execIDPattern.MatchString(req.ID) {
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "exec id must match [A-Za-z0-9_-]{1,64}")
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "argv is empty")
+	}
+	for _, kv := range req.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "env entry %q is not KEY=VALUE", kv)
+		}
+	}
+	if req.TimeoutMs < 0 || req.MaxLogBytes < 0 || req.MaxRunning < 0 {
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "timeout_ms, max_log_bytes and max_running must not be negative")
+	}
+	maxLog := req.MaxLogBytes
+	if maxLog == 0 {
+		maxLog = s.opts.DefaultMaxLogBytes
+	}
+
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return proto.ExecInfo{}, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
+	case s.execs[req.ID] != nil:
+		s.mu.Unlock()
+		return proto.ExecInfo{}, errorf(proto.ErrCodeExists, "exec %s exists", req.ID)
+	case req.MaxRunning > 0 && req.MaxRunning <= s.opts.MaxRunning && s.running >= req.MaxRunning:
+		s.mu.Unlock()
+		return proto.ExecInfo{}, errorf(proto.ErrCodeTooMany, "%d commands are running in this sandbox, the most allowed at once", req.MaxRunning)
+	case s.running >= s.opts.MaxRunning:
+		s.mu.Unlock()
+		return proto.ExecInfo{}, errorf(proto.ErrCodeUnavailable, "too many running execs (%d)", s.opts.MaxRunning)
+	}
+	dir := filepath.Join(s.opts.StateDir, req.ID)
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		// Left over from an exec dropped earlier, or from an earlier server.
+		_ = os.RemoveAll(dir)
+		err = os.Mkdir(dir, 0o700)
+	}
+	var log *execLog
+	if err == nil {
+		log, err = newExecLog(filepath.Join(dir, "log"), maxLog)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInternal, "creating the exec log: %v", err)
+	}
+	e := &execState{
+		id:      req.ID,
+		argv:    append([]string(nil), req.Argv...),
+		dir:     dir,
+		log:     log,
+		started: time.Now().UTC(),
+	}
+	s.execs[e.id] = e
+	s.running++
+	s.wg.Add(1)
+	s.mu.Unlock()
+
+	p, serr := s.spawn(e, req)
+	if serr != nil {
+		defer s.wg.Done()
+		e.mu.Lock()
+		e.reaped = true // nothing to wait for
+		e.mu.Unlock()
+		e.log.write(proto.RecordStderr, []byte(serr.msg+"\n"))
+		now := time.Now().UTC()
+		s.retire(e)
+		e.log.finish(proto.ExitStatus{
+			ExitCode:   serr.code,
+			DurationMs: now.Sub(e.started).Milliseconds(),
+			EndedAt:    now,
+			Error:      serr.msg,
+		})
+		s.writeStatus(e)
+		return e.info(), nil
+	}
+	go s.supervise(e, p, time.Duration(req.TimeoutMs)*time.Millisecond)
+	return e.info(), nil
+}
+
+// spawn starts the exec's process in its own process group (and its own cgroup, where the
+// init has them) with its pipes.
+func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError) {
+	// The exec's id in its environment is information for the command; nothing relies on it
+	// to find the command's processes (a command may drop it).
+	env := mergeEnv(s.opts.BaseEnv, req.Env, []string{proto.ExecIDEnv + "=" + e.id})
+	cwd := s.cwd(req.Cwd)
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		reason := "No such file or directory"
+		if err == nil {
+			reason = "Not a directory"
+		} else if errors.Is(err, fs.ErrPermission) {
+			reason = "Permission denied"
+		}
+		return nil, &startError{127, fmt.Sprintf("cd: %s: %s", cwd, reason)}
+	}
+	argv0, serr := lookPath(req.Argv[0], envValue(env, "PATH"), cwd)
+	if serr != nil {
+		return nil, serr
+	}
+
+	stdinR, stdinW := s.devNull, (*os.File)(nil)
+	if len(req.Stdin) > 0 {
+		var err error
+		if stdinR, stdinW, err = os.Pipe(); err != nil {
+			return nil, &startError{127, "stdin: " + err.Error()}
+		}
+	}
+	outR, outW, err := outputPipe()
+	if err != nil {
+		closeAll(stdinW)
+		if stdinW != nil {
+			closeAll(stdinR)
+		}
+		return nil, &startError{127, "pipe: " + err.Error()}
+	}
+	errR, errW, err := outputPipe()
+	if err != nil {
+		closeAll(stdinW, outW)
+		_ = syscall.Close(outR)
+		if stdinW != nil {
+			closeAll(stdinR)
+		}
+		return nil, &startError{127, "pipe: " + err.Error()}
+	}
+	attr := &os.ProcAttr{
+		Dir:   cwd,
+		Env:   env,
+		Files: []*os.File{stdinR, outW, errW},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	}
+	fork := func() (*os.Process, error) { return os.StartProcess(argv0, req.Argv, attr) }
+	if s.opts.Cgroups != nil {
+		name, err := s.opts.Cgroups.create(e.id)
+		if err != nil {
+			closeAll(stdinW, outW, errW)
+			_ = syscall.Close(outR)
+			_ = syscall.Close(errR)
+			if stdinW != nil {
+				closeAll(stdinR)
+			}
+			s.log.Error("exec cgroup", "exec", e.id, "err", err)
+			return nil, &startError{126, "tracking the command's processes: " + err.Error()}
+		}
+		e.mu.Lock()
+		e.cg, e.cgroup = s.opts.Cgroups, name
+		e.mu.Unlock()
+		inner := fork
+		fork = func() (*os.Process, error) { return s.opts.Cgroups.start(name, inner) }
+	}
+	pid, status, err := s.waiter.start(fork)
+	closeAll(outW, errW) // the child holds its own copies
+	if stdinW != nil {
+		closeAll(stdinR)
+	}
+	if err != nil {
+		closeAll(stdinW)
+		_ = syscall.Close(outR)
+		_ = syscall.Close(errR)
+		code := 126
+		if errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		var perr *fs.PathError
+		if errors.As(err, &perr) {
+			err = perr.Err
+		}
+		return nil, &startError{code, fmt.Sprintf("%s: %v", req.Argv[0], err)}
+	}
+
+	e.mu.Lock()
+	e.pid = pid
+	e.mu.Unlock()
+	if s.isClosed() {
+		// Close ran while we were starting and could not see the pid.
+		e.kill(syscall.SIGKILL)
+	}
+	if stdinW != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_, _ = stdinW.Write(req.Stdin)
+			_ = stdinW.Close()
+		}()
+	}
+	return &proc{status: status, out: [2]int{outR, errR}, stdin: stdinW}, nil
+}
+
+// supervise owns a running exec: it collects the pipes into the log, enforces the timeout,
+// drains after exit and writes the exit record.
+func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
+	defer s.wg.Done()
+	col := newCollector(e.log, p.out)
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		col.run()
+	}()
+
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	var ws syscall.WaitStatus
+wait:
+	for {
+		select {
+		case ws = <-p.status:
+			break wait
+		case <-expired:
+			expired = nil
+			e.mu.Lock()
+			e.timedOut = true
+			e.mu.Unlock()
+			e.kill(syscall.SIGKILL)
+		}
+	}
+	exited := time.Now().UTC()
+	e.mu.Lock()
+	e.reaped = true
+	e.mu.Unlock()
+
+	col.stopAt.Store(exited.Add(drainAfterExit).UnixNano())
+	<-collected
+	_ = syscall.Close(p.out[0])
+	_ = syscall.Close(p.out[1])
+	closeAll(p.stdin)
+
+	code, sig := exitStatus(ws)
+	e.mu.Lock()
+	timedOut := e.timedOut
+	e.mu.Unlock()
+	s.retire(e)
+	e.log.finish(proto.ExitStatus{
+		ExitCode:   code,
+		Signal:     sig,
+		TimedOut:   timedOut,
+		DurationMs: exited.Sub(e.started).Milliseconds(),
+		EndedAt:    exited,
+	})
+	s.writeStatus(e)
+}
+
+// maxCollect is the most one read of an output pipe takes (and the size pipes are grown to).
+const maxCollect = 1 << 20
+
+// fSetPipeSize is fcntl's F_SETPIPE_SZ.
+const fSetPipeSize = 0x407
+
+// outputPipe makes a pipe for a command's stdout or stderr: the write end a blocking *os.File
+// for the child, the read end a raw non-blocking descriptor grown to maxCollect (where the
+// kernel allows) that the collector reads without Go's poller.
+func outputPipe() (r int, w *os.File, err error) {
+	var fds [2]int
+	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
+		return -1, nil, err
+	}
+	if err := syscall.SetNonblock(fds[0], true); err != nil {
+		_ = syscall.Close(fds[0])
+		_ = syscall.Close(fds[1])
+		return -1, nil, err
+	}
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fds[0]), fSetPipeSize, maxCollect)
+	return fds[0], os.NewFile(uintptr(fds[1]), "|output"), nil
+}
+
+// Output is coalesced before it goes into the log. Most commands write 4–8 KiB at a time; under
+// gVisor each wake-up of a reader is a host context switch, costlier than the copy. A reader
+// parked in Go's poller (or in a blocking read) is woken by every such write. So the collector
+// waits in poll(2) only while the pipes are quiet; once output flows it reads what gathered
+// every outputLinger, with nobody waiting on the pipes in between, and puts output into the log
+// when flushAt bytes are pending or the pipes fall quiet. A lone piece waits one linger at most.
+const (
+	outputLinger = 2 * time.Millisecond
+	flushAt      = 256 << 10
+	// quietPoll bounds one poll(2), so that stopAt is noticed.
+	quietPoll = 100 * time.Millisecond
+)
+
+// collector reads an exec's stdout and stderr pipes into its log, stdout first in each round,
+// so records keep the order in which output arrived as far as two pipes can tell it.
+type collector struct {
+	log   *execLog
+	fds   [2]int
+	kinds [2]byte
+	// stopAt (unix nanoseconds, 0 for none) ends collecting even while a background process
+	// keeps the pipes open: the supervisor sets it a little after the command exited.
+	stopAt atomic.Int64
+
+	eof [2]bool
+	buf []byte
+	// pend is output read but not yet in the log, all of kind pendKind.
+	pend     []byte
+	pendKind byte
+}
+
+func newCollector(log *execLog, fds [2]int) *collector {
+	return &collector{log: log, fds: fds, kinds: [2]byte{proto.RecordStdout, proto.RecordStderr}, buf: make([]byte, maxCollect)}
+}
+
+// run collects until both pipes reach EOF or stopAt passes, then flushes.
+func (c *collector) run() {
+	defer c.flush()
+	for {
+		if stop := c.stopAt.Load(); stop != 0 && time.Now().UnixNano() >= stop {
+			return
+		}
+		progress := c.readRound()
+		if c.eof[0] && c.eof[1] {
+			return
+		}
+		if progress {
+			// Output flows: let more gather in the pipes before reading again.
+			time.Sleep(outputLinger)
+			continue
+		}
+		// The pipes are quiet: what was read goes out now, then wait for more.
+		c.flush()
+		c.poll()
+	}
+}
+
+// readRound reads each open pipe once and reports whether anything came.
+func (c *collector) readRound() bool {
+	progress := false
+	for j := range c.fds {
+		if c.eof[j] {
+			continue
+		}
+		n, err := syscall.Read(c.fds[j], c.buf)
+		switch {
+		case n > 0:
+			if len(c.pend) > 0 && c.pendKind != c.kinds[j] {
+				c.flush() // the other stream's output came first
+			}
+			c.pend = append(c.pend, c.buf[:n]...)
+			c.pendKind = c.kinds[j]
+			if len(c.pend) >= flushAt {
+				c.flush()
+			}
+			progress = true
+		case err == syscall.EINTR:
+			progress = true
+		case err == syscall.EAGAIN:
+		default: // EOF or a broken pipe
+			c.eof[j] = true
+		}
+	}
+	return progress
+}
+
+// poll waits until a pipe is readable (or closed), quietPoll passes, or stopAt comes.
+func (c *collector) poll() {
+	timeout := quietPoll
+	if stop := c.stopAt.Load(); stop != 0 {
+		timeout = min(timeout, time.Until(time.Unix(0, stop)))
+	}
+	if timeout <= 0 {
+		return
+	}
+	fds := make([]unix.PollFd, 0, 2)
+	for j, fd := range c.fds {
+		if !c.eof[j] {
+			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		}
+	}
+	_, _ = unix.Poll(fds, int(max(timeout.Milliseconds(), 1)))
+}
+
+// flush puts pending output into the log.
+func (c *collector) flush() {
+	if len(c.pend) == 0 {
+		return
+	}
+	c.log.write(c.pendKind, c.pend)
+	if cap(c.pend) > 2*maxCollect {
+		c.pend = nil
+	} else {
+		c.pend = c.pend[:0]
+	}
+}
+
+// retire moves an exec to the ended list and forgets the oldest ended ones. It runs before
+// the exit record is written, so that whoever sees the record sees the bookkeeping done.
+func (s *Server) retire(e *execState) {
+	s.mu.Lock()
+	s.running--
+	s.ended = append(s.ended, e.id)
+	var drop []*execState
+	for len(s.ended) > s.opts.KeepEnded {
+		old := s.execs[s.ended[0]]
+		delete(s.execs, s.ended[0])
+		s.ended = s.ended[1:]
+		if old != nil {
+			drop = append(drop, old)
+		}
+	}
+	s.mu.Unlock()
+	for _, old := range drop {
+		_ = os.RemoveAll(old.dir)
+		old.mu.Lock()
+		cg, name := old.cg, old.cgroup
+		old.mu.Unlock()
+		if cg != nil {
+			cg.remove(name)
+		}
+	}
+}
+
+// writeStatus records the ended exec's ExecInfo in StateDir/<id>/status (for people
+// debugging a sandbox; the server itself keeps the truth in memory).
+func (s *Server) writeStatus(e *execState) {
+	b, err := json.Marshal(e.info())
+	if err != nil {
+		return
+	}
+	tmp := filepath.Join(e.dir, ".status.tmp")
+	if os.WriteFile(tmp, append(b, '\n'), 0o600) == nil {
+		_ = os.Rename(tmp, filepath.Join(e.dir, "status"))
+	}
+}
+
+// cwd resolves an exec's working directory: relative to the workspace, and a path under
+// /workspace is mapped to the server's workspace when that lives elsewhere (a host driver).
+func (s *Server) cwd(dir string) string {
+	switch {
+	case dir == "":
+		return s.ws
+	case !filepath.IsAbs(dir):
+		return filepath.Join(s.ws, dir)
+	}
+	if s.ws != proto.Workspace {
+		if c := path.Clean(dir); c == proto.Workspace || strings.HasPrefix(c, proto.Workspace+"/") {
+			return filepath.Join(s.ws, strings.TrimPrefix(c, proto.Workspace))
+		}
+	}
+	return dir
+}
+
+// lookPath finds a command the way a shell does, with the exec's own PATH.
+func lookPath(file, pathEnv, cwd string) (string, *startError) {
+	if strings.Contains(file, "/") {
+		p := file
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
+		if err := checkExecutable(p); err != nil {
+			return "", &startError{err.code, file + ": " + err.msg}
+		}
+		return p, nil
+	}
+	var denied *startError
+	for _, dir := range filepath.SplitList(pathEnv) {
+		if dir == "" {
+			dir = "."
+		}
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(cwd, dir)
+		}
+		p := filepath.Join(dir, file)
+		err := checkExecutable(p)
+		if err == nil {
+			return p, nil
+		}
+		if err.code == 126 && denied == nil {
+			denied = &startError{126, file + ": " + err.msg}
+		}
+	}
+	if denied != nil {
+		return "", denied
+	}
+	return "", &startError{127, file + ": command not found"}
+}
+
+func checkExecutable(p string) *startError {
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return &startError{127, "No such file or directory"}
+	case fi.IsDir():
+		return &startError{126, "Is a directory"}
+	case fi.Mode()&0o111 == 0:
+		return &startError{126, "Permission denied"}
+	}
+	return nil
+}
+
+// mergeEnv joins KEY=VALUE lists; a later list overrides an earlier one, order is kept.
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	at := make(map[string]int)
+	for _, list := range lists {
+		for _, kv := range list {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := at[k]; ok {
+				out[i] = kv
+				continue
+			}
+			at[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+func envValue(env []string, key string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// DefaultBaseEnv is the environment every exec starts from when Options.BaseEnv is nil:
+// a standard PATH, HOME and LANG, overridden by the init's own environment (the profile's env
+// in the OCI spec or pod), without the init's own SBX_* settings.
+func DefaultBaseEnv() []string {
+	var own []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "SBX_") {
+			continue
+		}
+		own = append(own, kv)
+	}
+	return mergeEnv([]string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/root",
+		"LANG=C.UTF-8",
+	}, own)
+}
+
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+// Warm readies the starts of execs in the background of PID 1's first moments (see
+// Cgroups.Warm). Nothing to do without cgroups.
+func (s *Server) Warm() error {
+	if s.opts.Cgroups == nil || s.isClosed() {
+		return nil
+	}
+	s.wg.Add(1)
+	defer s.wg.Done()
+	return s.opts.Cgroups.Warm(func(fork func() (*os.Process, error)) error {
+		_, _, err := s.waiter.start(fork)
+		return err
+	})
+}

@@ -1,0 +1,671 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"sandboxd/guest/client"
+	"sandboxd/guest/guesttest"
+	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
+)
+
+func TestHealth(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
+	got, err := h.C.Health(guesttest.Ctx(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Health: %v", err)
+	}
+	if !got.OK || got.Pid != os.Getpid() || got.Version != server.Version {
+		t.Fatalf("Health: got %+v, want ok, pid %d, version %s", got, os.Getpid(), server.Version)
+	}
+}
+
+func TestExec(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		if err := os.WriteFile(filepath.Join(h.WS, "noexec.sh"), []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(h.WS, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		tests := []struct {
+			name       string
+			req        proto.ExecRequest
+			wantCode   int
+			wantSignal string
+			wantOut    string
+			wantErr    string // substring of stderr
+			wantStatus string // substring of ExitStatus.Error
+		}{
+			{name: "true", req: proto.ExecRequest{Argv: []string{"true"}}},
+			{name: "false", req: proto.ExecRequest{Argv: []string{"false"}}, wantCode: 1},
+			{name: "out-err-code", req: proto.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}},
+				wantCode: 3, wantOut: "out\n", wantErr: "err\n"},
+			{name: "not-found", req: proto.ExecRequest{Argv: []string{"no-such-command-x"}},
+				wantCode: 127, wantErr: "no-such-command-x: command not found", wantStatus: "command not found"},
+			{name: "path-not-found", req: proto.ExecRequest{Argv: []string{"./missing"}},
+				wantCode: 127, wantErr: "./missing: No such file or directory", wantStatus: "No such file"},
+			{name: "not-executable", req: proto.ExecRequest{Argv: []string{"./noexec.sh"}},
+				wantCode: 126, wantErr: "Permission denied", wantStatus: "Permission denied"},
+			{name: "is-directory", req: proto.ExecRequest{Argv: []string{"./sub"}},
+				wantCode: 126, wantErr: "Is a directory", wantStatus: "Is a directory"},
+			{name: "bad-cwd", req: proto.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"},
+				wantCode: 127, wantErr: "cd: /no/such/dir", wantStatus: "cd: /no/such/dir"},
+			{name: "stdin", req: proto.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello stdin")},
+				wantOut: "hello stdin"},
+			{name: "no-stdin", req: proto.ExecRequest{Argv: []string{"cat"}}},
+			{name: "env", req: proto.ExecRequest{ID: "env-id", Argv: []string{"sh", "-c", `echo "$FOO $SBX_EXEC_ID $HOME"`},
+				Env: []string{"FOO=bar", "SBX_EXEC_ID=forged"}}, wantOut: "bar env-id /root\n"},
+			{name: "cwd-default", req: proto.ExecRequest{Argv: []string{"pwd"}}, wantOut: h.WS + "\n"},
+			{name: "cwd-relative", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"}, wantOut: filepath.Join(h.WS, "sub") + "\n"},
+			{name: "cwd-workspace-alias", req: proto.ExecRequest{Argv: []string{"pwd"}, Cwd: "/workspace/sub"},
+				wantOut: filepath.Join(h.WS, "sub") + "\n"},
+			{name: "killed-by-signal", req: proto.ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}},
+				wantCode: 143, wantSignal: "SIGTERM"},
+		}
+		for i, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				if tt.req.ID == "" {
+					tt.req.ID = fmt.Sprintf("exec-%d", i)
+				}
+				res, err := h.C.Run(guesttest.Ctx(t, 20*time.Second), tt.req, 0, 0)
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if res.Exit.ExitCode != tt.wantCode || res.Exit.Signal != tt.wantSignal {
+					t.Errorf("exit: got %d %q, want %d %q (stderr %q)", res.Exit.ExitCode, res.Exit.Signal, tt.wantCode, tt.wantSignal, res.Stderr)
+				}
+				if string(res.Stdout) != tt.wantOut {
+					t.Errorf("stdout: got %q, want %q", res.Stdout, tt.wantOut)
+				}
+				if !strings.Contains(string(res.Stderr), tt.wantErr) || (tt.wantErr == "" && len(res.Stderr) > 0) {
+					t.Errorf("stderr: got %q, want %q", res.Stderr, tt.wantErr)
+				}
+				if !strings.Contains(res.Exit.Error, tt.wantStatus) || (tt.wantStatus == "" && res.Exit.Error != "") {
+					t.Errorf("exit error: got %q, want %q", res.Exit.Error, tt.wantStatus)
+				}
+				if res.Exit.EndedAt.IsZero() || res.Exit.TimedOut {
+					t.Errorf("exit: got %+v, want an end time and not timed out", res.Exit)
+				}
+				info, err := h.C.Exec(guesttest.Ctx(t, 5*time.Second), tt.req.ID)
+				if err != nil {
+					t.Fatalf("Exec: %v", err)
+				}
+				if info.Running || info.Exit == nil || info.Exit.ExitCode != tt.wantCode {
+					t.Errorf("Exec: got %+v, want ended with code %d", info, tt.wantCode)
+				}
+				if segs, err := filepath.Glob(filepath.Join(h.State, tt.req.ID, "log.*")); err != nil || len(segs) == 0 {
+					t.Errorf("state dir: got log segments %v (%v), want some", segs, err)
+				}
+			})
+		}
+	})
+}
+
+// TestExecRecordOrder checks the records of one exec arrive in order, stdout and stderr kept
+// apart, with the exit record last.
+func TestExecRecordOrder(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	for i := range 20 {
+		id := fmt.Sprintf("order-%d", i)
+		// stdout and stderr are two pipes read one after the other: writes to both within one
+		// read round (microseconds) may come out in either order, as with any two pipes. Writes
+		// further apart keep their order.
+		if _, err := h.C.StartExec(guesttest.Ctx(t, 5*time.Second), proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out; sleep 0.05; echo err >&2; exit 3"}}); err != nil {
+			t.Fatal(err)
+		}
+		recs := guesttest.Records(t, h.C, id, 0, true)
+		var kinds []byte
+		var data []string
+		for _, r := range recs {
+			kinds = append(kinds, r.Kind)
+			if r.Kind != proto.RecordExit {
+				data = append(data, string(r.Data))
+			}
+		}
+		if !bytes.Equal(kinds, []byte{proto.RecordStdout, proto.RecordStderr, proto.RecordExit}) || strings.Join(data, "") != "out\nerr\n" {
+			t.Fatalf("records: got kinds %v data %q, want stdout, stderr, exit", kinds, data)
+		}
+		st, err := recs[2].ExitStatus()
+		if err != nil || st.ExitCode != 3 {
+			t.Fatalf("exit record: got %+v %v, want code 3", st, err)
+		}
+	}
+}
+
+func TestExecErrors(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
+	ctx := guesttest.Ctx(t, 10*time.Second)
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		code string
+	}{
+		{"reused-id", func() error {
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "dup", Argv: []string{"true"}})
+			return err
+		}, proto.ErrCodeExists},
+		{"empty-argv", func() error {
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "x1"})
+			return err
+		}, proto.ErrCodeInvalid},
+		{"bad-id", func() error {
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "a/b", Argv: []string{"true"}})
+			return err
+		}, proto.ErrCodeInvalid},
+		{"long-id", func() error {
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: strings.Repeat("a", 65), Argv: []string{"true"}})
+			return err
+		}, proto.ErrCodeInvalid},
+		{"bad-env", func() error {
+			_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "x2", Argv: []string{"true"}, Env: []string{"NOEQUALS"}})
+			return err
+		}, proto.ErrCodeInvalid},
+		{"unknown-exec", func() error {
+			_, err := h.C.Exec(ctx, "nope")
+			return err
+		}, proto.ErrCodeNotFound},
+		{"unknown-log", func() error {
+			_, err := h.C.Log(ctx, "nope", 0, false)
+			return err
+		}, proto.ErrCodeNotFound},
+		{"unknown-signal-target", func() error { return h.C.Signal(ctx, "nope", "SIGTERM") }, proto.ErrCodeNotFound},
+		{"unknown-signal", func() error { return h.C.Signal(ctx, "dup", "SIGWHAT") }, proto.ErrCodeInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.code) })
+	}
+}
+
+func TestTimeoutKillsTree(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		tests := []struct {
+			name string
+			argv []string
+		}{
+			{"background-and-foreground", []string{"sh", "-c", "sleep 100 & sleep 100; "}},
+			{"setsid-child", []string{"sh", "-c", "setsid sleep 100"}},
+			{"setsid-background", []string{"sh", "-c", "setsid sleep 100 & sleep 100; "}},
+			{"new-process-group", []string{"sh", "-c", "set -m; sleep 100 & wait"}},
+		}
+		for i, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				id := fmt.Sprintf("timeout-%d", i)
+				start := time.Now()
+				res, err := h.C.Run(guesttest.Ctx(t, 20*time.Second), proto.ExecRequest{ID: id, Argv: tt.argv, TimeoutMs: 300}, 0, 0)
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if !res.Exit.TimedOut || res.Exit.ExitCode != 137 || res.Exit.Signal != "SIGKILL" {
+					t.Errorf("exit: got %+v, want timed out, 137, SIGKILL", res.Exit)
+				}
+				if d := time.Since(start); d > 3*time.Second {
+					t.Errorf("took %v, want about 300ms", d)
+				}
+				guesttest.WaitTreeGone(t, id)
+			})
+		}
+	})
+}
+
+func TestSignal(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		// A non-interactive shell starts background jobs with SIGINT ignored: SIGINT is
+		// tried on a lone process.
+		tree := "setsid sleep 100 & sleep 100 & exec sleep 100"
+		tests := []struct {
+			sig      string
+			script   string
+			procs    int
+			wantCode int
+		}{
+			{"SIGTERM", tree, 3, 143},
+			{"SIGKILL", tree, 3, 137},
+			{"SIGINT", "exec sleep 100", 1, 130},
+			{"HUP", tree, 3, 129},
+		}
+		for _, tt := range tests {
+			t.Run(tt.sig, func(t *testing.T) {
+				id := fmt.Sprintf("sig-%s-%v", tt.sig, reap)
+				ctx := guesttest.Ctx(t, 20*time.Second)
+				// exec replaces sh by sleep, so the main process dies of the signal itself.
+				argv := []string{"sh", "-c", tt.script}
+				if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: id, Argv: argv}); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, func() bool { return len(guesttest.TreeLeft(id)) == tt.procs })
+				if err := h.C.Signal(ctx, id, tt.sig); err != nil {
+					t.Fatalf("Signal: %v", err)
+				}
+				recs := guesttest.Records(t, h.C, id, 0, true)
+				st, err := recs[len(recs)-1].ExitStatus()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.ExitCode != tt.wantCode || st.TimedOut {
+					t.Errorf("exit: got %+v, want code %d", st, tt.wantCode)
+				}
+				guesttest.WaitTreeGone(t, id)
+			})
+		}
+	})
+}
+
+// TestBackgroundHoldsStdout: a background process that inherited stdout must not hold the
+// exec open much beyond one second after the main process exited.
+func TestBackgroundHoldsStdout(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 20*time.Second)
+		start := time.Now()
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		if string(res.Stdout) != "hi\n" || res.Exit.ExitCode != 0 {
+			t.Errorf("got %q %+v, want hi and code 0", res.Stdout, res.Exit)
+		}
+		if took < 900*time.Millisecond || took > 3*time.Second {
+			t.Errorf("took %v, want about 1s", took)
+		}
+		if len(guesttest.TreeLeft("bg")) != 1 {
+			t.Errorf("background sleep: got %v, want it still running", guesttest.TreeLeft("bg"))
+		}
+		// Signalling an ended exec still reaches what is left of its tree.
+		if err := h.C.Signal(ctx, "bg", "SIGKILL"); err != nil {
+			t.Fatal(err)
+		}
+		guesttest.WaitTreeGone(t, "bg")
+	})
+}
+
+// TestBackgroundFloodsStdout: a background process that keeps writing must not hold the
+// exec open either.
+func TestBackgroundFloodsStdout(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	start := time.Now()
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "flood", Argv: []string{"sh", "-c", "yes flood & sleep 0.1"}, MaxLogBytes: 1 << 20}, 100, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Errorf("took %v, want about 1s", took)
+	}
+	if res.Exit.ExitCode != 0 || res.Exit.DroppedBytes == 0 || !res.StdoutTruncated {
+		t.Errorf("got %+v truncated=%v, want code 0 with dropped bytes", res.Exit, res.StdoutTruncated)
+	}
+	if err := h.C.Signal(ctx, "flood", "SIGKILL"); err != nil {
+		t.Fatal(err)
+	}
+	guesttest.WaitTreeGone(t, "flood")
+}
+
+func TestLogReplayFromOffset(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	script := `for i in $(seq 1 300); do echo "line $i"; echo "err $i" >&2; [ $((i % 10)) = 0 ] && sleep 0.002; done; true`
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "replay", Argv: []string{"sh", "-c", script}}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	all := guesttest.Records(t, h.C, "replay", 0, false)
+	if len(all) < 8 {
+		t.Fatalf("records: got %d, want many", len(all))
+	}
+	for _, mid := range []int{0, 1, len(all) / 2, len(all) - 2, len(all) - 1} {
+		tail := guesttest.Records(t, h.C, "replay", all[mid].Offset, true)
+		if len(tail) != len(all)-mid-1 {
+			t.Fatalf("tail from record %d: got %d records, want %d", mid, len(tail), len(all)-mid-1)
+		}
+		for i, r := range tail {
+			w := all[mid+1+i]
+			if r.Kind != w.Kind || !bytes.Equal(r.Data, w.Data) || r.Offset != w.Offset {
+				t.Fatalf("tail record %d: got %d %q @%d, want %d %q @%d", i, r.Kind, r.Data, r.Offset, w.Kind, w.Data, w.Offset)
+			}
+		}
+	}
+	size := all[len(all)-1].Offset
+	for _, off := range []int64{-1, 1, all[1].Offset + 2, size + 1} {
+		if _, err := h.C.Log(ctx, "replay", off, false); err == nil {
+			t.Errorf("Log at offset %d: got no error, want invalid", off)
+		} else {
+			wantCode(t, err, proto.ErrCodeInvalid)
+		}
+	}
+	if got := guesttest.Records(t, h.C, "replay", size, true); len(got) != 0 {
+		t.Errorf("Log at the end: got %d records, want none", len(got))
+	}
+}
+
+// TestLogLargeRecords: output larger than a record is cut at MaxRecordPayload and offsets
+// stay valid across the sparse index.
+func TestLogLargeRecords(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "big", Argv: []string{"head", "-c", "3000000", "/dev/urandom"}}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Stdout) != 3000000 {
+		t.Fatalf("stdout: got %d bytes, want 3000000", len(res.Stdout))
+	}
+	all := guesttest.Records(t, h.C, "big", 0, false)
+	for _, r := range all {
+		if len(r.Data) > proto.MaxRecordPayload {
+			t.Fatalf("record payload: got %d, want ≤ %d", len(r.Data), proto.MaxRecordPayload)
+		}
+	}
+	for _, mid := range []int{len(all) / 3, len(all) / 2, len(all) - 3} {
+		tail := guesttest.Records(t, h.C, "big", all[mid].Offset, false)
+		if len(tail) != len(all)-mid-1 || !bytes.Equal(tail[0].Data, all[mid+1].Data) {
+			t.Fatalf("tail from %d: got %d records, want %d", mid, len(tail), len(all)-mid-1)
+		}
+		if _, err := h.C.Log(ctx, "big", all[mid].Offset+100, false); err == nil {
+			t.Errorf("Log inside a record: got no error, want invalid")
+		}
+	}
+}
+
+// TestFollowerJoinsMidRun: followers that join while the command runs get every byte.
+func TestFollowerJoinsMidRun(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	script := `for i in $(seq 1 40); do echo "n $i"; sleep 0.01; done`
+	if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "follow", Argv: []string{"sh", "-c", script}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		info, err := h.C.Exec(ctx, "follow")
+		return err == nil && info.LogBytes > 0
+	})
+	var want strings.Builder
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&want, "n %d\n", i)
+	}
+	var wg sync.WaitGroup
+	outs := make([]string, 4)
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * 60 * time.Millisecond)
+			var b strings.Builder
+			for _, r := range guesttest.Records(t, h.C, "follow", 0, true) {
+				if r.Kind == proto.RecordStdout {
+					b.Write(r.Data)
+				}
+			}
+			outs[i] = b.String()
+		}()
+	}
+	wg.Wait()
+	for i, got := range outs {
+		if got != want.String() {
+			t.Errorf("follower %d: got %q, want %q", i, got, want.String())
+		}
+	}
+}
+
+// TestMaxLogBytes: the log keeps the newest output within its bound; the exit status counts
+// every byte written and the ones the log no longer holds; a reader from 0 gets a truncation
+// marker and then the newest bytes.
+func TestMaxLogBytes(t *testing.T) {
+	h := guesttest.New(t, server.Options{DefaultMaxLogBytes: 5000}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	tests := []struct {
+		name   string
+		max    int64
+		total  int
+		budget int64
+	}{
+		{"request-bound", 8000, 100000, 8000},
+		{"server-default", 0, 100000, 5000},
+		{"fits", 1 << 20, 1000, 1 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := "max-" + tt.name
+			req := proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", fmt.Sprintf("seq 1 100000 | head -c %d", tt.total)}, MaxLogBytes: tt.max}
+			res, err := h.C.Run(ctx, req, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Exit.StdoutBytes != int64(tt.total) || res.Exit.StderrBytes != 0 {
+				t.Errorf("counts: got stdout %d stderr %d, want %d and 0", res.Exit.StdoutBytes, res.Exit.StderrBytes, tt.total)
+			}
+			var full bytes.Buffer
+			for i := 1; full.Len() < tt.total; i++ {
+				fmt.Fprintf(&full, "%d\n", i)
+			}
+			want := full.Bytes()[:tt.total]
+			// A reader from 0 after the end: a marker when something was dropped, then the newest
+			// bytes (a suffix of the output), then the exit record.
+			recs := guesttest.Records(t, h.C, id, 0, false)
+			var kept []byte
+			for i, r := range recs {
+				switch r.Kind {
+				case proto.RecordTruncated:
+					if i != 0 {
+						t.Errorf("record %d: got a truncation marker, want it first", i)
+					}
+				case proto.RecordStdout:
+					kept = append(kept, r.Data...)
+				}
+			}
+			if got := int64(len(kept)) + res.Exit.DroppedBytes; got != int64(tt.total) {
+				t.Errorf("kept %d + dropped %d = %d, want %d", len(kept), res.Exit.DroppedBytes, got, tt.total)
+			}
+			if !bytes.HasSuffix(want, kept) {
+				t.Errorf("kept %d bytes, want the newest bytes of the output", len(kept))
+			}
+			if dropped := recs[0].Kind == proto.RecordTruncated; dropped != (tt.total > int(tt.budget)) {
+				t.Errorf("marker: got %v, want %v", dropped, tt.total > int(tt.budget))
+			}
+			if last := recs[len(recs)-1]; last.Kind != proto.RecordExit {
+				t.Errorf("last record: got kind %d, want the exit", last.Kind)
+			}
+			var headers int64
+			for _, r := range recs {
+				if r.Kind == proto.RecordStdout {
+					headers += proto.RecordHeaderLen
+				}
+			}
+			if int64(len(kept))+headers > tt.budget {
+				t.Errorf("log bytes kept: got %d, want ≤ %d", int64(len(kept))+headers, tt.budget)
+			}
+			if tt.total < int(tt.budget) && res.Exit.DroppedBytes != 0 {
+				t.Errorf("dropped: got %d, want 0", res.Exit.DroppedBytes)
+			}
+		})
+	}
+}
+
+func TestExecLimits(t *testing.T) {
+	h := guesttest.New(t, server.Options{MaxRunning: 2, KeepEnded: 3}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	for _, id := range []string{"run-1", "run-2"} {
+		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: id, Argv: []string{"sleep", "100"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}})
+	wantCode(t, err, proto.ErrCodeUnavailable)
+	// The caller's own bound (the control plane's cap per sandbox) is counted here too.
+	_, err = h.C.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: 1})
+	wantCode(t, err, proto.ErrCodeTooMany)
+	_, err = h.C.StartExec(ctx, proto.ExecRequest{ID: "run-3", Argv: []string{"true"}, MaxRunning: -1})
+	wantCode(t, err, proto.ErrCodeInvalid)
+	for _, id := range []string{"run-1", "run-2"} {
+		if err := h.C.Signal(ctx, id, "SIGKILL"); err != nil {
+			t.Fatal(err)
+		}
+		guesttest.Records(t, h.C, id, 0, true)
+	}
+	for i := range 4 {
+		if _, err := h.C.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("done-%d", i), Argv: []string{"true"}}, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	infos, err := h.C.Execs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, info := range infos {
+		ids = append(ids, info.ID)
+	}
+	if got, want := strings.Join(ids, ","), "done-1,done-2,done-3"; got != want {
+		t.Errorf("Execs: got %s, want %s", got, want)
+	}
+	for _, id := range []string{"run-1", "run-2", "done-0"} {
+		_, err := h.C.Exec(ctx, id)
+		wantCode(t, err, proto.ErrCodeNotFound)
+		if _, err := os.Stat(filepath.Join(h.State, id)); !os.IsNotExist(err) {
+			t.Errorf("state of dropped exec %s: got %v, want removed", id, err)
+		}
+	}
+	// Under its own bound, an exec starts.
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "capped", Argv: []string{"true"}, MaxRunning: 1}, 0, 0); err != nil {
+		t.Errorf("an exec under its MaxRunning: %v", err)
+	}
+	// A dropped id may be used again.
+	if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "run-1", Argv: []string{"true"}}, 0, 0); err != nil {
+		t.Errorf("reusing a dropped id: %v", err)
+	}
+}
+
+func TestCloseKillsExecs(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 20*time.Second)
+		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return len(guesttest.TreeLeft("long")) == 3 })
+		lr, err := h.C.Log(ctx, "long", 0, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lr.Close()
+		h.Srv.Close()
+		guesttest.WaitTreeGone(t, "long")
+		// The follower ends: with the exit record, or because the stream went away.
+		for {
+			if _, err := lr.Next(); err != nil {
+				break
+			}
+		}
+		select {
+		case <-h.C.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("client: Done not closed after the server closed")
+		}
+		_, err = h.C.Health(ctx)
+		if !errors.Is(err, client.ErrClosed) {
+			t.Errorf("Health after close: got %v, want ErrClosed", err)
+		}
+	})
+}
+
+// TestReaperReapsOrphans: in reap mode, orphans re-parented to the server are reaped.
+func TestReaperReapsOrphans(t *testing.T) {
+	h := guesttest.New(t, server.Options{Reap: true}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "orphans", Argv: []string{"sh", "-c", "(sleep 0.2 &) ; (sleep 0.2 &); true"}}, 0, 0)
+	if err != nil || res.Exit.ExitCode != 0 {
+		t.Fatalf("Run: %+v %v", res.Exit, err)
+	}
+	waitFor(t, func() bool { return len(zombieChildren()) == 0 && len(guesttest.TreeLeft("orphans")) == 0 })
+}
+
+// zombieChildren lists zombies whose parent is this process.
+func zombieChildren() []int {
+	self := fmt.Sprint(os.Getpid())
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) > 1 && f[0] == "Z" && f[1] == self {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func BenchmarkRunTrue(b *testing.B) {
+	h := guesttest.New(b, server.Options{KeepEnded: 100}, guesttest.OverSocketpair)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
+		if err != nil || res.Exit.ExitCode != 0 {
+			b.Fatalf("Run: %+v %v", res.Exit, err)
+		}
+	}
+}
+
+// BenchmarkStartProcessTrue is the floor BenchmarkRunTrue compares with: a plain fork, exec
+// and wait of `true` from Go, without the protocol.
+func BenchmarkStartProcessTrue(b *testing.B) {
+	for b.Loop() {
+		p, err := os.StartProcess("/bin/true", []string{"true"}, &os.ProcAttr{
+			Files: []*os.File{nil, nil, nil},
+			Sys:   &syscall.SysProcAttr{Setpgid: true},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := p.Wait(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHealth is one protocol round trip over the stream.
+func BenchmarkHealth(b *testing.B) {
+	h := guesttest.New(b, server.Options{}, guesttest.OverSocketpair)
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := h.C.Health(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

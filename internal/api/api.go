@@ -1,0 +1,82 @@
+// Package api declares the one service interface both skins call: the REST handlers
+// (internal/rest) and the GraphQL resolvers (resolvers). *domain.Service implements it;
+// apitest holds the fake that both skins' unit tests share.
+package api
+
+import (
+	"context"
+	"io"
+	"os"
+
+	"sandboxd/internal/auth"
+	"sandboxd/internal/domain"
+	"sandboxd/internal/quota"
+	"sandboxd/internal/sandbox"
+)
+
+// Service is what REST and GraphQL need of the domain service: the union of what either
+// calls. Errors are *apierror.Error with a code, or plain errors that clients see as
+// "internal error".
+type Service interface {
+	// ---- sandboxes ----
+
+	Create(ctx context.Context, p auth.Principal, req sandbox.CreateRequest) (sandbox.Sandbox, error)
+	Get(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	List(ctx context.Context, p auth.Principal, opts sandbox.ListOptions) (sandbox.Page, error)
+	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
+	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
+	// project. The channel closes when ctx ends.
+	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)
+	// Quota reports the caller's concurrency limit and use.
+	Quota(ctx context.Context, p auth.Principal) (quota.Usage, error)
+	Profiles() []sandbox.Profile
+	// Limits are the configured bounds (REST checks an upload's size against them).
+	Limits() sandbox.Limits
+
+	// ---- exec ----
+
+	// Exec runs a command; with req.Detach it answers at once with the exec RUNNING.
+	Exec(ctx context.Context, p auth.Principal, id string, req sandbox.ExecRequest) (sandbox.ExecResult, error)
+	// GetExec returns an exec's status, and its output as far as still kept when output is
+	// set; sandboxID "" means any sandbox of the caller's project.
+	GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error)
+	// ExecOutput replays an exec's output after the cursor and follows it; the channel closes
+	// after the EXIT event or when ctx ends.
+	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
+
+	// ---- files ----
+
+	// ReadFile answers PAYLOAD_TOO_LARGE when the file is larger than maxBytes.
+	ReadFile(ctx context.Context, p auth.Principal, id, path string, maxBytes int64) ([]byte, sandbox.FileInfo, error)
+	// OpenFile streams a file; the caller closes the reader.
+	OpenFile(ctx context.Context, p auth.Principal, id, path string) (io.ReadCloser, sandbox.FileInfo, error)
+	// WriteFile writes r to path; mode 0 means 0644.
+	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
+	// ListDir returns at most limit entries and whether there were more.
+	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
+
+	// ---- snapshots ----
+
+	// Snapshot checkpoints a running sandbox without stopping it.
+	Snapshot(ctx context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error)
+	// ListSnapshots lists snapshots newest first; sandboxID "" means the caller's whole project.
+	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
+	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
+
+	// ---- agent runs ----
+
+	// StartAgentRun attaches a catalog agent to a running sandbox as a detached exec.
+	StartAgentRun(ctx context.Context, p auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error)
+	GetAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
+	// ListAgentRuns lists a sandbox's runs, newest first.
+	ListAgentRuns(ctx context.Context, p auth.Principal, sandboxID string) ([]sandbox.AgentRun, error)
+	// CancelAgentRun kills the agent's process tree and answers once it ended.
+	CancelAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
+	// AgentRunEvents streams a run's status and output; it closes after the final status.
+	AgentRunEvents(ctx context.Context, p auth.Principal, runID, after string) (<-chan sandbox.AgentRunEvent, error)
+}
+
+// The domain service is what production passes to both skins.
+var _ Service = (*domain.Service)(nil)

@@ -1,0 +1,53 @@
+package kube
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"k8s.io/client-go/rest"
+)
+
+// Config is the kube section of sandboxd's config. Its zero value is the default: every empty
+// or zero field takes the driver's default (Options).
+type Config struct {
+	// Kubeconfig is a kubeconfig file; empty means in-cluster (the pod's service account).
+	Kubeconfig string `json:"kubeconfig"`
+	// Namespace holds the sandboxes' pods and PVCs (default sandbox-jobs).
+	Namespace string `json:"namespace"`
+	// InitImage is the image holding the static guest init at /sandbox-init (its init
+	// container copies it into each pod). Required by the kube runtime.
+	InitImage string `json:"init_image"`
+	// StorageClass is the workspace PVCs' storage class; empty takes the cluster's default.
+	StorageClass string `json:"storage_class"`
+	// RuntimeClass is the pods' runtimeClassName (default gvisor).
+	RuntimeClass string `json:"runtime_class"`
+	// ReadyTimeoutSec bounds a create's or start's wait for its pod (default 120).
+	ReadyTimeoutSec int `json:"ready_timeout_sec"`
+	// UnschedulableTimeoutSec is how long a pod may stay unschedulable before a create or
+	// start fails with the scheduler's reason (default 30).
+	UnschedulableTimeoutSec int `json:"unschedulable_timeout_sec"`
+}
+
+// Validate reports the problems of c's own values. (That the kube runtime needs InitImage is
+// the caller's check: it knows where else the image may come from.)
+func (c Config) Validate() error {
+	if c.ReadyTimeoutSec < 0 || c.UnschedulableTimeoutSec < 0 {
+		return errors.New("kube: ready_timeout_sec and unschedulable_timeout_sec must not be negative")
+	}
+	return nil
+}
+
+// Options are the driver's options from c, reaching the API server through rc.
+func (c Config) Options(rc *rest.Config, log *slog.Logger) Options {
+	return Options{
+		Config:               rc,
+		Namespace:            c.Namespace,
+		InitImage:            c.InitImage,
+		RuntimeClass:         c.RuntimeClass,
+		StorageClass:         c.StorageClass,
+		ReadyTimeout:         time.Duration(c.ReadyTimeoutSec) * time.Second,
+		UnschedulableTimeout: time.Duration(c.UnschedulableTimeoutSec) * time.Second,
+		Logger:               log,
+	}
+}
