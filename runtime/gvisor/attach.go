@@ -37,7 +37,7 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(d.boxPath(id, recordFile)); err != nil {
+	if _, err := os.Stat(d.boxes.boxPath(id, recordFile)); err != nil {
 		return nil, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
 	}
 	phase, reason, err := d.observe(ctx, id)
@@ -92,7 +92,7 @@ func (d *Driver) tampered(ctx context.Context, id string, cause error) error {
 	d.log.Warn("box channel tampered with; stopping its compute", "box", id, "err", cause)
 	unlock := d.boxMu.lock(id)
 	defer unlock()
-	if err := writeFileAtomic(d.boxPath(id, tamperedFile), []byte(reason), 0o600); err != nil {
+	if err := writeFileAtomic(d.boxes.boxPath(id, tamperedFile), []byte(reason), 0o600); err != nil {
 		d.log.Error("recording a tampered channel", "box", id, "err", err)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
@@ -105,7 +105,7 @@ func (d *Driver) tampered(ctx context.Context, id string, cause error) error {
 
 // channelKey is the channel key of the box's current container.
 func (d *Driver) channelKey(id string) ([]byte, error) {
-	b, err := os.ReadFile(d.boxPath(id, channelKeyName))
+	b, err := os.ReadFile(d.boxes.boxPath(id, channelKeyName))
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: box %s has no channel key (started by an older sandboxd? start it again): %w", id, runtime.ErrNotRunning)
 	}
@@ -115,7 +115,7 @@ func (d *Driver) channelKey(id string) ([]byte, error) {
 // hostSocket is the host path of the socket the box's guest init listens on (see
 // proto.HostSocketEnv).
 func (d *Driver) hostSocket(id string) string {
-	return filepath.Join(d.boxPath(id, hostDn), hostSocketName)
+	return filepath.Join(d.boxes.boxPath(id, hostDn), hostSocketName)
 }
 
 const hostSocketName = "init.sock"
@@ -123,7 +123,7 @@ const hostSocketName = "init.sock"
 // startedAt is when the box's current container was set up (its host folder was made), zero
 // for a box without one.
 func (d *Driver) startedAt(id string) time.Time {
-	fi, err := os.Stat(d.boxPath(id, hostDn))
+	fi, err := os.Stat(d.boxes.boxPath(id, hostDn))
 	if err != nil {
 		return time.Time{}
 	}
@@ -139,12 +139,12 @@ const handshakeTimeout = 10 * time.Second
 // and must be a socket, and the connect goes to that very inode (/proc/self/fd/N). The stream
 // starts with the ready byte and the handshake, which it consumes.
 func (d *Driver) dialHost(ctx context.Context, id string, key []byte) (io.ReadWriteCloser, error) {
-	dir, err := unix.Open(d.boxPath(id, hostDn), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	dir, err := unix.Open(d.boxes.boxPath(id, hostDn), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
 			return nil, fmt.Errorf("gvisor: the host socket folder of %s is not a folder: %w", id, errTampered)
 		}
-		return nil, &fs.PathError{Op: "open", Path: d.boxPath(id, hostDn), Err: err}
+		return nil, &fs.PathError{Op: "open", Path: d.boxes.boxPath(id, hostDn), Err: err}
 	}
 	defer unix.Close(dir)
 	fd, err := unix.Openat(dir, hostSocketName, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -235,15 +235,15 @@ func (d *Driver) attach(ctx context.Context, id string, key []byte) (*attachStre
 	}
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
-	pidFile := d.boxPath(id, "attach-"+hex.EncodeToString(rnd[:])+".pid")
-	procFile := d.boxPath(id, connectProcessFile)
+	pidFile := d.boxes.boxPath(id, "attach-"+hex.EncodeToString(rnd[:])+".pid")
+	procFile := d.boxes.boxPath(id, connectProcessFile)
 	if _, err := os.Stat(procFile); err != nil {
 		if err := writeJSONAtomic(procFile, connectProcess()); err != nil {
 			return nil, fmt.Errorf("gvisor: attach %s: %w", id, err)
 		}
 	}
 
-	log, err := os.OpenFile(d.boxPath(id, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	log, err := os.OpenFile(d.boxes.boxPath(id, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: open runsc log: %w", err)
 	}

@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,20 +79,31 @@ const (
 // loopMajor is the block device major number of loop devices.
 const loopMajor = 7
 
-func (d *Driver) diskImage(id string) string { return d.boxPath(id, diskImageFile) }
-func (d *Driver) diskMount(id string) string { return d.boxPath(id, diskMountDn) }
+// disks makes, mounts and unmounts the boxes' workspace disks, and keeps the pool of
+// formatted images (diskpool.go) that a new disk is taken from. It holds no lock of its own:
+// the driver calls it under the box's lifecycle mutex.
+type disks struct {
+	boxes        *boxStore // where each box's image and mount point are
+	mkfs         string    // Options.Mkfs
+	defaultBytes int64     // Options.DefaultDiskBytes
+	log          *slog.Logger
+	pool         *diskPool
+}
+
+func (d *disks) diskImage(id string) string { return d.boxes.boxPath(id, diskImageFile) }
+func (d *disks) diskMount(id string) string { return d.boxes.boxPath(id, diskMountDn) }
 
 // workspacePath is the host folder bound at /workspace: a sub-folder of the box's disk.
-func (d *Driver) workspacePath(id string) string {
+func (d *disks) workspacePath(id string) string {
 	return filepath.Join(d.diskMount(id), workspaceDn)
 }
 
 // diskBytes is the size of the disk a spec asks for.
-func (d *Driver) diskBytes(spec runtime.BoxSpec) int64 {
+func (d *disks) diskBytes(spec runtime.BoxSpec) int64 {
 	if spec.DiskBytes > 0 {
 		return spec.DiskBytes
 	}
-	return d.opts.DefaultDiskBytes
+	return d.defaultBytes
 }
 
 // validateDisk refuses a disk size the driver cannot make.
@@ -123,7 +135,7 @@ func findMkfs() (string, error) {
 // reboot unmounted it, a stop did) and makes the workspace folder on it when missing. fresh
 // reports a workspace that was made empty here. A disk this call mounted is unmounted again
 // when it fails.
-func (d *Driver) ensureDisk(ctx context.Context, id string, spec runtime.BoxSpec) (fresh bool, err error) {
+func (d *disks) ensureDisk(ctx context.Context, id string, spec runtime.BoxSpec) (fresh bool, err error) {
 	img := d.diskImage(id)
 	if _, err := os.Stat(img); errors.Is(err, fs.ErrNotExist) {
 		if err := d.moveLegacyWorkspace(id); err != nil {
@@ -166,9 +178,9 @@ func (d *Driver) ensureDisk(ctx context.Context, id string, spec runtime.BoxSpec
 func (d *Driver) exportableWorkspace(id string) (string, func(), error) {
 	unlock := d.boxMu.lock(id)
 	noWorkspace := fmt.Errorf("gvisor: box %s has no workspace: %w", id, runtime.ErrNotFound)
-	if _, err := os.Stat(d.diskImage(id)); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(d.disks.diskImage(id)); errors.Is(err, fs.ErrNotExist) {
 		defer unlock()
-		legacy := d.boxPath(id, workspaceDn)
+		legacy := d.boxes.boxPath(id, workspaceDn)
 		if _, err := os.Lstat(legacy); errors.Is(err, fs.ErrNotExist) {
 			return "", nil, noWorkspace
 		} else if err != nil {
@@ -179,20 +191,20 @@ func (d *Driver) exportableWorkspace(id string) (string, func(), error) {
 		unlock()
 		return "", nil, fmt.Errorf("gvisor: disk of %s: %w", id, err)
 	}
-	mounted, err := d.mountDisk(id)
+	mounted, err := d.disks.mountDisk(id)
 	if err != nil {
 		unlock()
 		return "", nil, err
 	}
 	release := func() {
 		if mounted {
-			if err := d.unmountDisk(id); err != nil {
+			if err := d.disks.unmountDisk(id); err != nil {
 				d.log.Error("unmounting a disk mounted for an export", "box", id, "err", err)
 			}
 		}
 		unlock()
 	}
-	ws := d.workspacePath(id)
+	ws := d.disks.workspacePath(id)
 	if _, err := os.Lstat(ws); err != nil {
 		release()
 		if errors.Is(err, fs.ErrNotExist) {
@@ -210,12 +222,12 @@ func (d *Driver) exportableWorkspace(id string) (string, func(), error) {
 // moveLegacyWorkspace renames the plain workspace folder of a box made before disks existed
 // out of the way (it is kept, never deleted: the box starts fresh and the caller restores its
 // latest checkpoint; Delete removes it with the box).
-func (d *Driver) moveLegacyWorkspace(id string) error {
-	old := d.boxPath(id, workspaceDn)
+func (d *disks) moveLegacyWorkspace(id string) error {
+	old := d.boxes.boxPath(id, workspaceDn)
 	if _, err := os.Lstat(old); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err := os.Rename(old, d.boxPath(id, legacyWorkspaceDn)); err != nil {
+	if err := os.Rename(old, d.boxes.boxPath(id, legacyWorkspaceDn)); err != nil {
 		return fmt.Errorf("gvisor: move the old workspace folder of %s aside: %w", id, err)
 	}
 	d.log.Warn("box had a workspace folder without a disk; kept it as "+legacyWorkspaceDn+" and made a disk", "box", id)
@@ -225,8 +237,8 @@ func (d *Driver) moveLegacyWorkspace(id string) error {
 // makeDisk puts a sparse image of size bytes at img, formatted as ext4: one of the pool's
 // (diskpool.go), or one formatted now. The caller refills the pool once its box is up (a
 // refill meanwhile would compete with runsc for the CPU).
-func (d *Driver) makeDisk(ctx context.Context, img string, size int64) error {
-	if d.opts.Mkfs == "" {
+func (d *disks) makeDisk(ctx context.Context, img string, size int64) error {
+	if d.mkfs == "" {
 		_, err := findMkfs()
 		return err
 	}
@@ -242,7 +254,7 @@ func (d *Driver) makeDisk(ctx context.Context, img string, size int64) error {
 // half-made image where the next start would take it for the box's disk (or the pool for one
 // of its images). Nothing is left on failure. background runs mkfs.ext4 at the lowest
 // priority.
-func (d *Driver) formatImage(ctx context.Context, img string, size int64, background bool) (err error) {
+func (d *disks) formatImage(ctx context.Context, img string, size int64, background bool) (err error) {
 	tmp := img + ".new"
 	_ = os.Remove(tmp) // a crashed create's
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -266,7 +278,7 @@ func (d *Driver) formatImage(ctx context.Context, img string, size int64, backgr
 	// -m 0: no blocks reserved for root (the box's root would get them). Lazy inode table and
 	// journal initialization and nodiscard: the new image is all holes, which read as zeros
 	// already, so nothing is written (the image stays a few MB on the host until used).
-	cmd := exec.CommandContext(ctx, d.opts.Mkfs, "-q", "-F", "-m", "0",
+	cmd := exec.CommandContext(ctx, d.mkfs, "-q", "-F", "-m", "0",
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", tmp)
 	var out limitedBuffer
 	out.max = 4 << 10
@@ -292,7 +304,7 @@ func (d *Driver) formatImage(ctx context.Context, img string, size int64, backgr
 
 // mountDisk mounts the box's image at its mount point unless it is mounted there already (a
 // server restart finds the mounts of its running boxes). mounted reports a mount made here.
-func (d *Driver) mountDisk(id string) (mounted bool, err error) {
+func (d *disks) mountDisk(id string) (mounted bool, err error) {
 	mnt := d.diskMount(id)
 	if err := os.Mkdir(mnt, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return false, fmt.Errorf("gvisor: disk mount point: %w", err)
@@ -395,8 +407,8 @@ func configureLoop(loopFd, fileFd int, name string) error {
 
 // checkDisks reports whether the driver can make and mount disks: mkfs.ext4 and the loop
 // control device are there.
-func (d *Driver) checkDisks() error {
-	if d.opts.Mkfs == "" {
+func (d *disks) checkDisks() error {
+	if d.mkfs == "" {
 		_, err := findMkfs()
 		return err
 	}
@@ -408,7 +420,7 @@ func (d *Driver) checkDisks() error {
 
 // diskMounted reports whether the box's image is mounted at its mount point. Something else
 // mounted there is an error: the driver never binds a workspace it cannot vouch for.
-func (d *Driver) diskMounted(id string) (bool, error) {
+func (d *disks) diskMounted(id string) (bool, error) {
 	var mst, pst unix.Stat_t
 	mnt := d.diskMount(id)
 	if err := unix.Stat(mnt, &mst); err != nil {
@@ -417,7 +429,7 @@ func (d *Driver) diskMounted(id string) (bool, error) {
 		}
 		return false, fmt.Errorf("gvisor: disk mount point: %w", &fs.PathError{Op: "stat", Path: mnt, Err: err})
 	}
-	if err := unix.Stat(d.boxDir(id), &pst); err != nil {
+	if err := unix.Stat(d.boxes.boxDir(id), &pst); err != nil {
 		return false, fmt.Errorf("gvisor: box folder: %w", err)
 	}
 	if mst.Dev == pst.Dev {
@@ -453,7 +465,7 @@ func sameFilePath(a, b string) bool {
 // unmountDisk unmounts the box's disk (every mount of it stacked there); the loop device goes
 // with the last one. A disk still busy after a short wait is detached lazily: the kernel
 // unmounts it, and frees its loop device, once the last open file on it is closed.
-func (d *Driver) unmountDisk(id string) error {
+func (d *disks) unmountDisk(id string) error {
 	mnt := d.diskMount(id)
 	for range 16 {
 		ok, err := d.diskMounted(id)

@@ -83,7 +83,7 @@ func (p *diskPool) images(size int64) []string {
 
 // refill formats one image of size bytes for the pool in the background, unless the pool has
 // one or a refill of that size runs already. Close ends it.
-func (d *Driver) refillDiskPool(size int64) {
+func (d *disks) refillDiskPool(size int64) {
 	p := d.pool
 	p.mu.Lock()
 	if p.closed || p.filling[size] || len(p.images(size)) > 0 {

@@ -65,26 +65,25 @@ type Options struct {
 
 // Driver is the local gVisor runtime driver. It implements runtime.Driver.
 type Driver struct {
-	opts     Options
-	log      *slog.Logger
-	boxesDir string
-	rootDir  string
-	initDir  string
+	opts    Options
+	log     *slog.Logger
+	rootDir string
+	initDir string
+
+	// boxes is the boxes' folders and their records; disks their workspace disks.
+	boxes *boxStore
+	disks *disks
 
 	// spares holds, per box, the ready attach of its last create or start.
 	spares runtime.Spares
 
-	// boxMu serializes lifecycle operations on one box within this process; recMu serializes
-	// record read-modify-writes (a flock extends that across processes).
+	// boxMu serializes lifecycle operations on one box within this process (boxes serializes
+	// record read-modify-writes).
 	boxMu keyedMutex
-	recMu keyedMutex
 	// createMu is held shared by runsc create (exclusively while runsc's shared null-netns
 	// is not pinned: see lockForCreate) and exclusively while that mount is removed.
 	createMu sync.RWMutex
 	initMu   sync.Mutex
-
-	// pool holds formatted disk images ready for new boxes.
-	pool *diskPool
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -144,13 +143,13 @@ func New(opts Options) (*Driver, error) {
 				return false
 			}
 		}},
-		opts:     opts,
-		log:      opts.Logger.With("driver", "gvisor"),
-		boxesDir: filepath.Join(opts.StateDir, "boxes"),
-		rootDir:  filepath.Join(opts.StateDir, "runsc-root"),
-		initDir:  filepath.Join(opts.StateDir, "init"),
+		opts:    opts,
+		log:     opts.Logger.With("driver", "gvisor"),
+		boxes:   &boxStore{dir: filepath.Join(opts.StateDir, "boxes")},
+		rootDir: filepath.Join(opts.StateDir, "runsc-root"),
+		initDir: filepath.Join(opts.StateDir, "init"),
 	}
-	for _, dir := range []string{d.boxesDir, d.rootDir, d.initDir} {
+	for _, dir := range []string{d.boxes.dir, d.rootDir, d.initDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
@@ -163,7 +162,7 @@ func New(opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: disk pool: %w", err)
 	}
-	d.pool = pool
+	d.disks = &disks{boxes: d.boxes, mkfs: opts.Mkfs, defaultBytes: opts.DefaultDiskBytes, log: d.log, pool: pool}
 	// An earlier server on this folder may have stopped (or died) with runsc's shared mount
 	// still there and no container left.
 	d.cleanSharedMounts()
@@ -174,7 +173,7 @@ func New(opts Options) (*Driver, error) {
 // box needs: runsc's shared null-netns mount when no container is left. Boxes keep running
 // (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
-	d.pool.close()
+	d.disks.pool.close()
 	d.cleanSharedMounts()
 	return nil
 }
@@ -208,7 +207,7 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 	if err := d.checkPrefixes(id); err != nil {
 		return err
 	}
-	if err := os.Mkdir(d.boxDir(id), 0o700); err != nil {
+	if err := os.Mkdir(d.boxes.boxDir(id), 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrExists)
 		}
@@ -222,26 +221,26 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 				d.log.Error("cleanup after failed create", "box", id, "err", cerr)
 				return // keep the folder: it is what names the container left behind
 			}
-			if uerr := d.unmountDisk(id); uerr != nil {
+			if uerr := d.disks.unmountDisk(id); uerr != nil {
 				d.log.Error("cleanup after failed create", "box", id, "err", uerr)
 				return // never remove a folder through a mount
 			}
-			if rerr := os.RemoveAll(d.boxDir(id)); rerr != nil {
+			if rerr := os.RemoveAll(d.boxes.boxDir(id)); rerr != nil {
 				d.log.Error("cleanup after failed create", "box", id, "err", rerr)
 			}
 		}
 	}()
 	fence, _ := runtime.FenceFrom(ctx)
-	if err := d.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
+	if err := d.boxes.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
 		return err
 	}
-	if _, err := d.ensureDisk(ctx, id, rec.Spec); err != nil {
+	if _, err := d.disks.ensureDisk(ctx, id, rec.Spec); err != nil {
 		return err
 	}
 	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
 		return err
 	}
-	d.refillDiskPool(d.diskBytes(rec.Spec)) // for the next create, now that this one is up
+	d.disks.refillDiskPool(d.disks.diskBytes(rec.Spec)) // for the next create, now that this one is up
 	d.log.Info("box created", "box", id, "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -250,7 +249,7 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 // prefix: runsc matches container ids by prefix, so `runsc kill abc` would reach box abcd
 // (or fail as ambiguous). The project's fixed-length ids never trip this.
 func (d *Driver) checkPrefixes(id string) error {
-	entries, err := os.ReadDir(d.boxesDir)
+	entries, err := os.ReadDir(d.boxes.dir)
 	if err != nil {
 		return fmt.Errorf("gvisor: list boxes: %w", err)
 	}
@@ -270,10 +269,10 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	}
 	unlock := d.boxMu.lock(id)
 	defer unlock()
-	if err := d.admitFence(ctx, id); err != nil {
+	if err := d.boxes.admitFence(ctx, id); err != nil {
 		return false, err
 	}
-	rec, err := d.readRecord(id)
+	rec, err := d.boxes.readRecord(id)
 	if err != nil {
 		return false, err
 	}
@@ -290,7 +289,7 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	}
 	// The disk is mounted again (a stop unmounted it, a host reboot did); a box without one,
 	// or without a workspace on it, starts fresh.
-	fresh, err = d.ensureDisk(ctx, id, rec.Spec)
+	fresh, err = d.disks.ensureDisk(ctx, id, rec.Spec)
 	if err != nil {
 		return false, err
 	}
@@ -299,13 +298,13 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 		defer cancel()
 		if cerr := d.destroyContainer(cctx, id); cerr != nil {
 			d.log.Error("cleanup after failed start", "box", id, "err", cerr)
-		} else if uerr := d.unmountDisk(id); uerr != nil {
+		} else if uerr := d.disks.unmountDisk(id); uerr != nil {
 			d.log.Error("cleanup after failed start", "box", id, "err", uerr)
 		}
 		return fresh, err
 	}
 	if fresh {
-		d.refillDiskPool(d.diskBytes(rec.Spec)) // it may have taken the pool's image
+		d.disks.refillDiskPool(d.disks.diskBytes(rec.Spec)) // it may have taken the pool's image
 	}
 	d.log.Info("box started", "box", id, "fresh", fresh, "ms", time.Since(start).Milliseconds())
 	return fresh, nil
@@ -319,16 +318,16 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	unlock := d.boxMu.lock(id)
 	defer unlock()
-	if _, err := os.Stat(d.boxDir(id)); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(d.boxes.boxDir(id)); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
 	}
-	if err := d.admitFence(ctx, id); err != nil {
+	if err := d.boxes.admitFence(ctx, id); err != nil {
 		return err
 	}
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
-	if err := d.unmountDisk(id); err != nil {
+	if err := d.disks.unmountDisk(id); err != nil {
 		return err
 	}
 	d.log.Info("box stopped", "box", id)
@@ -344,16 +343,16 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	}
 	unlock := d.boxMu.lock(id)
 	defer unlock()
-	if err := d.admitFence(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+	if err := d.boxes.admitFence(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		return err
 	}
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
-	if err := d.unmountDisk(id); err != nil {
+	if err := d.disks.unmountDisk(id); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(d.boxDir(id)); err != nil {
+	if err := os.RemoveAll(d.boxes.boxDir(id)); err != nil {
 		return fmt.Errorf("gvisor: remove box %s: %w", id, err)
 	}
 	d.log.Info("box deleted", "box", id)
@@ -365,7 +364,7 @@ func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if err := checkID(id); err != nil {
 		return runtime.Box{}, err
 	}
-	st, err := d.readStored(id)
+	st, err := d.boxes.readStored(id)
 	if err != nil {
 		return runtime.Box{}, err
 	}
@@ -378,7 +377,7 @@ func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 
 // List implements runtime.Driver. Folders without a record (a create in progress) are skipped.
 func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
-	entries, err := os.ReadDir(d.boxesDir)
+	entries, err := os.ReadDir(d.boxes.dir)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: list boxes: %w", err)
 	}
@@ -406,7 +405,7 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	if err := checkID(id); err != nil {
 		return runtime.Record{}, err
 	}
-	return d.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) { return true, fn(rec) })
+	return d.boxes.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) { return true, fn(rec) })
 }
 
 // Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists,
@@ -430,7 +429,7 @@ func (d *Driver) Check(ctx context.Context) error {
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("gvisor: guest init %s is not an executable file", d.opts.InitBinary)
 	}
-	return d.checkDisks()
+	return d.disks.checkDisks()
 }
 
 // startContainer writes the bundle, creates and starts the box's container and waits until
@@ -443,7 +442,7 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	if err != nil {
 		return err
 	}
-	hostDir := d.boxPath(id, hostDn)
+	hostDir := d.boxes.boxPath(id, hostDn)
 	if err := os.RemoveAll(hostDir); err != nil { // a stale socket of an earlier container
 		return fmt.Errorf("gvisor: host socket folder: %w", err)
 	}
@@ -454,31 +453,31 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	// folder; the driver keeps its own beside the record, out of the box's reach.
 	// (Renamed into place, not synced: a host crash ends the container the key is for.)
 	key := proto.EncodeChannelKey(proto.NewChannelKey())
-	tmpKey := d.boxPath(id, "."+channelKeyName+".tmp")
+	tmpKey := d.boxes.boxPath(id, "."+channelKeyName+".tmp")
 	if err := os.WriteFile(tmpKey, []byte(key), 0o600); err != nil {
 		return fmt.Errorf("gvisor: channel key: %w", err)
 	}
-	if err := os.Rename(tmpKey, d.boxPath(id, channelKeyName)); err != nil {
+	if err := os.Rename(tmpKey, d.boxes.boxPath(id, channelKeyName)); err != nil {
 		return fmt.Errorf("gvisor: channel key: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(hostDir, channelKeyName), []byte(key), 0o400); err != nil {
 		return fmt.Errorf("gvisor: channel key: %w", err)
 	}
-	if err := os.Remove(d.boxPath(id, tamperedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(d.boxes.boxPath(id, tamperedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("gvisor: %w", err)
 	}
-	oci, err := buildSpec(id, spec, d.workspacePath(id), d.initDir, hostDir)
+	oci, err := buildSpec(id, spec, d.disks.workspacePath(id), d.initDir, hostDir)
 	if err != nil {
 		return err
 	}
-	bundle := d.boxPath(id, bundleDn)
+	bundle := d.boxes.boxPath(id, bundleDn)
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return fmt.Errorf("gvisor: bundle: %w", err)
 	}
 	if err := writeJSONAtomic(filepath.Join(bundle, "config.json"), oci); err != nil {
 		return err
 	}
-	if err := writeJSONAtomic(d.boxPath(id, flagsFile), flags); err != nil {
+	if err := writeJSONAtomic(d.boxes.boxPath(id, flagsFile), flags); err != nil {
 		return err
 	}
 	d.rotateLog(id)
@@ -508,7 +507,7 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 const maxLogBytes = 8 << 20
 
 func (d *Driver) rotateLog(id string) {
-	p := d.boxPath(id, logFile)
+	p := d.boxes.boxPath(id, logFile)
 	if fi, err := os.Stat(p); err == nil && fi.Size() > maxLogBytes {
 		_ = os.Rename(p, p+".1")
 	}

@@ -53,9 +53,19 @@ const (
 	connectProcessFile = "connect-process.json"
 )
 
-func (d *Driver) boxDir(id string) string { return filepath.Join(d.boxesDir, id) }
-func (d *Driver) boxPath(id, name string) string {
-	return filepath.Join(d.boxesDir, id, name)
+// boxStore is the boxes' folders under StateDir/boxes and the record kept in each: where a
+// box's files are, and its record.json read, written and updated (the box's fence with it)
+// under a per-box mutex and a flock.
+type boxStore struct {
+	dir string // StateDir/boxes
+	// recMu serializes record read-modify-writes within this process (a flock extends that
+	// across processes).
+	recMu keyedMutex
+}
+
+func (s *boxStore) boxDir(id string) string { return filepath.Join(s.dir, id) }
+func (s *boxStore) boxPath(id, name string) string {
+	return filepath.Join(s.dir, id, name)
 }
 
 // storedRecord is the content of record.json: the sandbox's record, and beside its fields the
@@ -66,15 +76,15 @@ type storedRecord struct {
 }
 
 // readRecord reads a box's record; ErrNotFound when the box (or its record) is missing.
-func (d *Driver) readRecord(id string) (runtime.Record, error) {
-	st, err := d.readStored(id)
+func (s *boxStore) readRecord(id string) (runtime.Record, error) {
+	st, err := s.readStored(id)
 	return st.Record, err
 }
 
 // readStored reads a box's record.json; ErrNotFound when the box (or its record) is missing.
-func (d *Driver) readStored(id string) (storedRecord, error) {
+func (s *boxStore) readStored(id string) (storedRecord, error) {
 	var st storedRecord
-	b, err := os.ReadFile(d.boxPath(id, recordFile))
+	b, err := os.ReadFile(s.boxPath(id, recordFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return st, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
 	}
@@ -87,12 +97,12 @@ func (d *Driver) readStored(id string) (storedRecord, error) {
 	return st, nil
 }
 
-func (d *Driver) writeStored(st storedRecord) error {
+func (s *boxStore) writeStored(st storedRecord) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return fmt.Errorf("gvisor: encode record of %s: %w", st.ID, err)
 	}
-	return writeFileAtomic(d.boxPath(st.ID, recordFile), append(b, '\n'), 0o600)
+	return writeFileAtomic(s.boxPath(st.ID, recordFile), append(b, '\n'), 0o600)
 }
 
 // updateStored is a read-modify-write of a box's record.json under the box's record mutex and
@@ -100,15 +110,15 @@ func (d *Driver) writeStored(st storedRecord) error {
 // is admitted first: a lower one than the stored fence is ErrFenced and nothing is written; a
 // higher one is stored with fn's change. fn may not change the id. With write false after fn
 // (nothing to store) the file is rewritten only when the fence rose.
-func (d *Driver) updateStored(ctx context.Context, id string, fn func(*runtime.Record) (write bool, err error)) (runtime.Record, error) {
-	unlock := d.recMu.lock(id)
+func (s *boxStore) updateStored(ctx context.Context, id string, fn func(*runtime.Record) (write bool, err error)) (runtime.Record, error) {
+	unlock := s.recMu.lock(id)
 	defer unlock()
-	funlock, err := d.lockRecordFile(ctx, id)
+	funlock, err := s.lockRecordFile(ctx, id)
 	if err != nil {
 		return runtime.Record{}, err
 	}
 	defer funlock()
-	st, err := d.readStored(id)
+	st, err := s.readStored(id)
 	if err != nil {
 		return runtime.Record{}, err
 	}
@@ -125,7 +135,7 @@ func (d *Driver) updateStored(ctx context.Context, id string, fn func(*runtime.R
 		return runtime.Record{}, fmt.Errorf("gvisor: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
 	}
 	if write || raised {
-		if err := d.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
+		if err := s.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
 			return runtime.Record{}, err
 		}
 	}
@@ -136,11 +146,11 @@ func (d *Driver) updateStored(ctx context.Context, id string, fn func(*runtime.R
 // stored fence before it changes anything, and stores a higher one. The caller holds the
 // box's lifecycle mutex, so no other lifecycle write of this process interleaves between the
 // check and the change it guards.
-func (d *Driver) admitFence(ctx context.Context, id string) error {
+func (s *boxStore) admitFence(ctx context.Context, id string) error {
 	if _, ok := runtime.FenceFrom(ctx); !ok {
 		return nil
 	}
-	_, err := d.updateStored(ctx, id, func(*runtime.Record) (bool, error) { return false, nil })
+	_, err := s.updateStored(ctx, id, func(*runtime.Record) (bool, error) { return false, nil })
 	return err
 }
 
@@ -188,8 +198,8 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 // sharing a StateDir do not interleave read-modify-writes of a record. The lock lives on a
 // separate file because the record itself is replaced by rename on every write. It polls so
 // that ctx bounds the wait.
-func (d *Driver) lockRecordFile(ctx context.Context, id string) (unlock func(), err error) {
-	f, err := os.OpenFile(d.boxPath(id, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+func (s *boxStore) lockRecordFile(ctx context.Context, id string) (unlock func(), err error) {
+	f, err := os.OpenFile(s.boxPath(id, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("gvisor: box %s: %w", id, runtime.ErrNotFound)
 	}

@@ -43,13 +43,13 @@ func (d *Driver) globalFlags(spec runtime.BoxSpec) ([]string, error) {
 // containerFlags returns the flags the box's current container was made with, or the flags
 // its record's spec gives when none were stored.
 func (d *Driver) containerFlags(id string) ([]string, error) {
-	if b, err := os.ReadFile(d.boxPath(id, flagsFile)); err == nil {
+	if b, err := os.ReadFile(d.boxes.boxPath(id, flagsFile)); err == nil {
 		var flags []string
 		if err := json.Unmarshal(b, &flags); err == nil && len(flags) > 0 {
 			return flags, nil
 		}
 	}
-	rec, err := d.readRecord(id)
+	rec, err := d.boxes.readRecord(id)
 	if err != nil {
 		if errors.Is(err, runtime.ErrNotFound) {
 			return d.globalFlags(runtime.BoxSpec{})
@@ -84,7 +84,7 @@ func (d *Driver) runsc(ctx context.Context, flags []string, args ...string) ([]b
 // inherits them and keeps them open, so they must never be a pipe read to EOF. The log file
 // is opened O_APPEND so the sandbox's writes never overwrite each other.
 func (d *Driver) runscLogged(ctx context.Context, id string, flags []string, args ...string) error {
-	log, err := os.OpenFile(d.boxPath(id, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	log, err := os.OpenFile(d.boxes.boxPath(id, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("gvisor: open runsc log: %w", err)
 	}
@@ -108,7 +108,7 @@ func (d *Driver) logTail(id string, n int64) string {
 
 // readLogTail returns the last n bytes (at most) of the box's runsc log; nil when it has none.
 func (d *Driver) readLogTail(id string, n int64) []byte {
-	f, err := os.Open(d.boxPath(id, logFile))
+	f, err := os.Open(d.boxes.boxPath(id, logFile))
 	if err != nil {
 		return nil
 	}
@@ -259,7 +259,7 @@ func processAlive(pid int, id string) bool {
 
 // observe is what the driver sees of a box's compute: its phase and, when failed, why.
 func (d *Driver) observe(ctx context.Context, id string) (runtime.Phase, string, error) {
-	if reason, err := os.ReadFile(d.boxPath(id, tamperedFile)); err == nil {
+	if reason, err := os.ReadFile(d.boxes.boxPath(id, tamperedFile)); err == nil {
 		return runtime.PhaseFailed, string(reason), nil
 	}
 	st, exists, err := d.readState(ctx, id)
@@ -272,7 +272,7 @@ func (d *Driver) observe(ctx context.Context, id string) (runtime.Phase, string,
 	alive := processAlive(st.sandboxPid(), id)
 	switch {
 	case st.Status == "running" && alive:
-		if _, err := os.Stat(d.boxPath(id, channelKeyName)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Stat(d.boxes.boxPath(id, channelKeyName)); errors.Is(err, fs.ErrNotExist) {
 			// Started by a sandboxd from before channel keys: nothing can prove its init.
 			return runtime.PhaseFailed, "the sandbox was started by an older sandboxd, whose control channel cannot be checked; start it again", nil
 		}

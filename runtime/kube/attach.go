@@ -6,16 +6,19 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/runtime"
 )
 
 // attach execs the guest init's `connect` in the box's sandbox container through the API
@@ -148,4 +151,66 @@ func (c *capped) String() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return string(c.b)
+}
+
+// Attach implements runtime.Driver.
+func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	name, err := ObjectName(id)
+	if err != nil {
+		return nil, err
+	}
+	pvc, err := d.pvcs.Get(name)
+	if apierrors.IsNotFound(err) || (err == nil && pvc.DeletionTimestamp != nil) {
+		// The cache may trail a create that just returned: ask the API server.
+		if _, err := d.getPVC(ctx, id, name); err != nil {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	pod, err := d.pods.Get(name)
+	if err != nil || pod.DeletionTimestamp != nil || !podReady(pod) {
+		return nil, fmt.Errorf("kube: box %s: %w", id, runtime.ErrNotRunning)
+	}
+	if s := d.spares.Take(id); s != nil {
+		return s, nil
+	}
+	key, err := podChannelKey(pod)
+	if err != nil {
+		return nil, fmt.Errorf("kube: box %s: %w: %w", id, err, runtime.ErrNotRunning)
+	}
+	rwc, err := d.attach(ctx, id, name, key)
+	if errors.Is(err, errTampered) {
+		if p, gerr := d.pods.Get(name); gerr != nil || p.UID != pod.UID || p.DeletionTimestamp != nil || !podReady(p) {
+			// The pod ended meanwhile: that, not tampering, is the news.
+			return nil, fmt.Errorf("kube: box %s: its pod is gone or not ready: %w", id, runtime.ErrNotRunning)
+		}
+		return nil, d.tampered(ctx, id, name, err)
+	}
+	return rwc, err
+}
+
+// tampered records that the box's attach channel was tampered with (its pod answered the
+// handshake like something else than the box's init), deletes its pod — a box that
+// impersonates its init runs nothing more and, once the domain sees it failed, holds no slot —
+// and returns the error Attach answers with. The box is failed, not lost: the domain does not
+// start it again by itself. No other box is touched.
+func (d *Driver) tampered(ctx context.Context, id, name string, cause error) error {
+	reason := "the sandbox's control channel was tampered with, so its pod was deleted (" +
+		strings.TrimPrefix(cause.Error(), "kube: ") + "); start it again to get a new one"
+	d.log.Warn("box channel tampered with; deleting its pod", "box", id, "err", cause)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := d.updatePVC(cctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
+		pvc.Annotations[AnnCompute] = computeStopped
+		pvc.Annotations[AnnTampered] = reason
+		return nil
+	}); err != nil {
+		d.log.Error("recording a tampered channel", "box", id, "err", err)
+	}
+	d.spares.Drop(id)
+	if err := d.deletePod(cctx, name, 0); err != nil {
+		d.log.Error("deleting the pod of a box whose channel was tampered with", "box", id, "err", err)
+	}
+	return fmt.Errorf("kube: box %s: %s: %w", id, reason, runtime.ErrNotRunning)
 }

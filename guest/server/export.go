@@ -1,0 +1,201 @@
+package server
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"sandboxd/guest/proto"
+)
+
+// handleExport streams the workspace as an uncompressed tar: directories, regular files and
+// symlinks (as symlinks); hard links become regular files, sockets and devices are skipped.
+// The entry count is sent as the trailer X-Sbx-Files. A failure midway aborts the stream, so
+// a client never mistakes a partial tar for a whole one.
+func (s *Server) handleExport(w http.ResponseWriter, r *http.Request) {
+	if _, err := os.Stat(s.ws); err != nil {
+		writeError(w, fsError(err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set("Trailer", proto.HeaderFiles)
+	w.WriteHeader(http.StatusOK)
+	files, err := WriteTar(r.Context(), s.ws, w)
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.log.Warn("guest: workspace export failed", "err", err)
+		}
+		panic(http.ErrAbortHandler)
+	}
+	w.Header().Set(proto.HeaderFiles, strconv.Itoa(files))
+}
+
+// WriteTar writes the tree under dir to w as an uncompressed tar (directories, regular files,
+// symlinks as symlinks; sockets, devices and FIFOs skipped; the guest's own temporary files
+// left out) and returns the number of entries. It never follows a symlink, so it is safe on a
+// tree that untrusted code changes while it runs. The local driver uses it on the host
+// workspace folder; the guest init on /workspace.
+func WriteTar(ctx context.Context, dir string, w io.Writer) (int, error) {
+	top, err := os.Open(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer top.Close()
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	// Batch tar's many small writes (a 512-byte header per entry) into large writes: each
+	// write to an HTTP/2 response is a round trip with the connection's serving goroutine.
+	bw := bufio.NewWriterSize(w, 1<<20)
+	e := &exporter{ctx: ctx, tw: tar.NewWriter(bw), buf: *bp}
+	if err := e.dir(top, ""); err != nil {
+		return e.files, err
+	}
+	if err := e.tw.Close(); err != nil {
+		return e.files, err
+	}
+	return e.files, bw.Flush()
+}
+
+// exporter walks the workspace with directory descriptors: every stat and open is one
+// syscall relative to its parent's descriptor (no per-component path resolution, which costs a
+// gofer round trip per component under gVisor), never following a symlink.
+type exporter struct {
+	ctx   context.Context
+	tw    *tar.Writer
+	buf   []byte
+	files int
+}
+
+// dir writes the entries of the open directory d, whose archive path is prefix ("" for the
+// workspace itself, else ending in "/").
+func (e *exporter) dir(d *os.File, prefix string) error {
+	dirfd := int(d.Fd())
+	for {
+		ents, rerr := d.ReadDir(512)
+		for _, ent := range ents {
+			name := ent.Name()
+			parent := "."
+			if prefix != "" {
+				parent = strings.TrimSuffix(prefix, "/")
+			}
+			if hiddenName(parent, name) {
+				continue
+			}
+			if err := e.ctx.Err(); err != nil {
+				return err
+			}
+			if err := e.entry(dirfd, name, prefix+name); err != nil {
+				return err
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+func (e *exporter) entry(dirfd int, name, p string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err == unix.ENOENT {
+			return nil // removed while we walked
+		}
+		return &fs.PathError{Op: "lstat", Path: p, Err: err}
+	}
+	hdr := &tar.Header{Name: p, Mode: int64(st.Mode & 0o7777), Uid: int(st.Uid), Gid: int(st.Gid),
+		ModTime: time.Unix(st.Mtim.Unix())}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if err == unix.ENOENT || err == unix.ELOOP || err == unix.ENOTDIR {
+				return nil
+			}
+			return &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		sub := os.NewFile(uintptr(fd), p)
+		defer sub.Close()
+		if !sameFile(fd, &st) {
+			return nil // swapped while we walked (e.g. for a symlink): skip it
+		}
+		hdr.Typeflag = tar.TypeDir
+		hdr.Name += "/"
+		if err := e.tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		e.files++
+		return e.dir(sub, hdr.Name)
+	case unix.S_IFLNK:
+		buf := make([]byte, 4096)
+		n, err := unix.Readlinkat(dirfd, name, buf)
+		if err != nil {
+			return nil
+		}
+		hdr.Typeflag = tar.TypeSymlink
+		hdr.Linkname = string(buf[:n])
+		e.files++
+		return e.tw.WriteHeader(hdr)
+	case unix.S_IFREG:
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if err == unix.ENOENT || err == unix.ELOOP {
+				return nil
+			}
+			return &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		f := os.NewFile(uintptr(fd), p)
+		defer f.Close()
+		var fst unix.Stat_t
+		if err := unix.Fstat(fd, &fst); err != nil {
+			return &fs.PathError{Op: "stat", Path: p, Err: err}
+		}
+		if fst.Mode&unix.S_IFMT != unix.S_IFREG {
+			return nil
+		}
+		hdr.Typeflag = tar.TypeReg
+		hdr.Size = fst.Size
+		hdr.Mode = int64(fst.Mode & 0o7777)
+		hdr.ModTime = time.Unix(fst.Mtim.Unix())
+		if err := e.tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		n, err := io.CopyBuffer(e.tw, io.LimitReader(f, hdr.Size), e.buf)
+		if err != nil {
+			return err
+		}
+		if n < hdr.Size {
+			// The file shrank while we read it: pad, to keep the archive consistent.
+			if _, err := io.CopyN(e.tw, zeroReader{}, hdr.Size-n); err != nil {
+				return err
+			}
+		}
+		e.files++
+		return nil
+	}
+	return nil // sockets, devices, FIFOs
+}
+
+// sameFile reports whether the open descriptor fd is the file st describes.
+func sameFile(fd int, st *unix.Stat_t) bool {
+	var got unix.Stat_t
+	return unix.Fstat(fd, &got) == nil && got.Dev == st.Dev && got.Ino == st.Ino
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}

@@ -1,0 +1,76 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sandboxd/runtime"
+)
+
+// Create implements runtime.Driver: the PVC (with the record), then the pod; it returns once
+// the guest init answers an attach. On failure it deletes what it made.
+func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
+	name, err := ObjectName(rec.ID)
+	if err != nil {
+		return fmt.Errorf("kube: create: invalid box id %q", rec.ID)
+	}
+	pvc, err := d.set.newPVC(name, rec)
+	if err != nil {
+		return fmt.Errorf("kube: create %s: %w", rec.ID, err)
+	}
+	if _, err := admitFence(ctx, pvc); err != nil {
+		return fmt.Errorf("kube: create %s: %w", rec.ID, err)
+	}
+	pod, err := d.set.newPod(name, rec)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("kube: box %s: %w", rec.ID, runtime.ErrExists)
+		}
+		return fmt.Errorf("kube: create PVC %s: %w", name, err)
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if derr := d.Delete(cctx, rec.ID); derr != nil {
+				d.log.Error("cleanup after a failed create", "box", rec.ID, "err", derr)
+			}
+		}
+	}()
+	if err := d.runPod(ctx, rec.ID, name, pod); err != nil {
+		return err
+	}
+	d.log.Debug("box created", "box", rec.ID, "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// runPod creates the pod, waits for it to run and for the guest init to answer, and keeps that
+// first attach as the box's spare. An old pod of the same name must be gone.
+func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) error {
+	created, err := d.cs.CoreV1().Pods(d.opts.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("kube: create pod %s: %w", name, err)
+	}
+	if err := d.waitRunning(ctx, id, name, created.UID); err != nil {
+		return err
+	}
+	key, err := podChannelKey(pod)
+	if err != nil {
+		return err
+	}
+	rwc, err := d.attach(ctx, id, name, key)
+	if err != nil {
+		return fmt.Errorf("kube: box %s: the guest init does not answer: %w", id, err)
+	}
+	d.spares.Keep(id, rwc)
+	return nil
+}

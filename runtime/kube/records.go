@@ -1,0 +1,192 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"sandboxd/runtime"
+)
+
+// getPVC reads a box's PVC from the API server. A PVC being deleted is a deleted box.
+func (d *Driver) getPVC(ctx context.Context, id, name string) (*corev1.PersistentVolumeClaim, error) {
+	pvc, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && (pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] != id)) {
+		return nil, fmt.Errorf("kube: box %s: %w", id, runtime.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kube: get PVC %s: %w", name, err)
+	}
+	if pvc.Annotations == nil {
+		pvc.Annotations = map[string]string{}
+	}
+	return pvc, nil
+}
+
+// errUnchanged tells updatePVC that fn left the PVC as it was: nothing is written.
+var errUnchanged = errors.New("kube: unchanged")
+
+// fence admits a write to box id made with ctx (runtime.WithFence) before the write changes
+// anything: a fence lower than the PVC's sandboxd.io/fence is ErrFenced; a higher one is
+// written to the PVC first, on the resourceVersion of the read it was compared with (on a
+// conflict the PVC is read and compared again), so every later write of an older holder is
+// refused. pvc, when not nil, is a fresh read of the PVC that spares a GET when the fence is
+// recorded already; the PVC as it is after the check is returned.
+func (d *Driver) fence(ctx context.Context, id, name string, pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
+	if _, ok := runtime.FenceFrom(ctx); !ok {
+		return pvc, nil
+	}
+	if pvc != nil {
+		if _, raised, err := runtime.AdmitFence(ctx, fenceOf(pvc)); err != nil {
+			return nil, fmt.Errorf("kube: box %s: %w", id, err)
+		} else if !raised {
+			return pvc, nil
+		}
+	}
+	var seen *corev1.PersistentVolumeClaim
+	out, err := d.updatePVC(ctx, id, name, func(p *corev1.PersistentVolumeClaim) error {
+		raised, err := admitFence(ctx, p)
+		if err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		if !raised {
+			seen = p
+			return errUnchanged
+		}
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		return seen, nil
+	}
+	return out, err
+}
+
+// updatePVC applies fn to the box's PVC and writes it, again with a fresh read on a conflict
+// (another replica, or another goroutine, wrote in between) until ctx ends.
+func (d *Driver) updatePVC(ctx context.Context, id, name string, fn func(*corev1.PersistentVolumeClaim) error) (*corev1.PersistentVolumeClaim, error) {
+	for attempt := 0; ; attempt++ {
+		pvc, err := d.getPVC(ctx, id, name)
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(pvc); err != nil {
+			return nil, err
+		}
+		out, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Update(ctx, pvc, metav1.UpdateOptions{})
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("kube: update PVC %s: %w", name, err)
+		}
+		// Jittered, growing to 100 ms: writers that collided do not collide again in step.
+		wait := time.Duration(rand.Int64N(int64(min(time.Millisecond<<min(attempt, 7), 100*time.Millisecond)) + 1))
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("kube: update PVC %s: %w (last: %v)", name, ctx.Err(), err)
+		}
+	}
+}
+
+// UpdateRecord implements runtime.Driver: read, check the fence, apply, write with the read's
+// resourceVersion (the record and a raised fence together), again on a conflict (optimistic
+// concurrency across replicas).
+func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
+	name, err := ObjectName(id)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	var rec runtime.Record
+	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
+		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
+		if err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		if _, err := admitFence(ctx, pvc); err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		if err := fn(&r); err != nil {
+			return err
+		}
+		if r.ID != id {
+			return fmt.Errorf("kube: box %s: an update may not change the id", id)
+		}
+		rec = r
+		return encodeRecord(pvc.Annotations, r)
+	})
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	return rec, nil
+}
+
+// Get implements runtime.Driver: the record from the API server, the phase from the pod watch.
+func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
+	name, err := ObjectName(id)
+	if err != nil {
+		return runtime.Box{}, err
+	}
+	pvc, err := d.getPVC(ctx, id, name)
+	if err != nil {
+		return runtime.Box{}, err
+	}
+	return d.box(pvc)
+}
+
+// List implements runtime.Driver: every box of the namespace, from the watches' caches.
+func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
+	pvcs, err := d.pvcs.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(pvcs, func(a, b *corev1.PersistentVolumeClaim) int { return strings.Compare(a.Name, b.Name) })
+	boxes := make([]runtime.Box, 0, len(pvcs))
+	for _, pvc := range pvcs {
+		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" {
+			continue
+		}
+		b, err := d.box(pvc)
+		if err != nil {
+			d.log.Warn("skipping a PVC whose record cannot be read", "pvc", pvc.Name, "err", err)
+			continue
+		}
+		boxes = append(boxes, b)
+	}
+	return boxes, nil
+}
+
+// box is a PVC's record with the phase its pod shows.
+func (d *Driver) box(pvc *corev1.PersistentVolumeClaim) (runtime.Box, error) {
+	rec, err := decodeRecord(pvc.Labels, pvc.Annotations)
+	if err != nil {
+		return runtime.Box{}, fmt.Errorf("kube: PVC %s: %w", pvc.Name, err)
+	}
+	b := runtime.Box{Record: rec, Fence: fenceOf(pvc)}
+	if why := pvc.Annotations[AnnTampered]; why != "" {
+		b.Phase, b.Reason = runtime.PhaseFailed, why
+		return b, nil
+	}
+	want := pvc.Annotations[AnnCompute] == computeRunning
+	pod, err := d.pods.Get(pvc.Name)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return runtime.Box{}, err
+	}
+	b.Phase, b.Reason, b.Lost = phase(pod, want)
+	if b.Phase == runtime.PhaseRunning {
+		if _, err := podChannelKey(pod); err != nil {
+			// Made by a sandboxd from before channel keys: nothing can prove its init.
+			b.Phase, b.Reason = runtime.PhaseFailed, "the sandbox's pod was made by an older sandboxd, whose control channel cannot be checked; start it again"
+		}
+	}
+	return b, nil
+}
