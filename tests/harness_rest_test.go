@@ -2,11 +2,14 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"testing"
 	"time"
 )
+
+const createBody = `{"profile":"sandboxes-default"}`
 
 type sandboxJSON struct {
 	SandboxID        string     `json:"sandbox_id"`
@@ -162,4 +165,61 @@ func mustJSON(t testing.TB, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+type quotaJSON struct {
+	Limit int `json:"limit"`
+	InUse int `json:"in_use"`
+}
+
+// readQuota is GET …/quota (safe in goroutines: it does not touch t).
+func (s *Server) readQuota(headers ...string) (quotaJSON, error) {
+	r, err := s.send(http.MethodGet, prefix+"/quota", nil, headers...)
+	if err != nil {
+		return quotaJSON{}, err
+	}
+	if r.Status != http.StatusOK {
+		return quotaJSON{}, fmt.Errorf("%s: got status %d, want 200", r, r.Status)
+	}
+	var q quotaJSON
+	if err := json.Unmarshal(r.Body, &q); err != nil {
+		return quotaJSON{}, fmt.Errorf("%s: decoding: %v", r, err)
+	}
+	return q, nil
+}
+
+// quota is GET …/quota (200).
+func (s *Server) quota(t *testing.T, headers ...string) quotaJSON {
+	t.Helper()
+	q, err := s.readQuota(headers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// readList lists up to 500 of the caller's sandboxes (safe in goroutines).
+func (s *Server) readList(headers ...string) (listJSON, error) {
+	r, err := s.send(http.MethodGet, prefix+"?limit=500", nil, headers...)
+	if err != nil {
+		return listJSON{}, err
+	}
+	if r.Status != http.StatusOK {
+		return listJSON{}, fmt.Errorf("%s: got status %d, want 200", r, r.Status)
+	}
+	var l listJSON
+	if err := json.Unmarshal(r.Body, &l); err != nil {
+		return listJSON{}, fmt.Errorf("%s: decoding: %v", r, err)
+	}
+	return l, nil
+}
+
+// listAll lists up to 500 of the caller's sandboxes (200).
+func (s *Server) listAll(t *testing.T, headers ...string) listJSON {
+	t.Helper()
+	l, err := s.readList(headers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
