@@ -1,0 +1,87 @@
+package tests
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+type gqlError struct {
+	Message    string         `json:"message"`
+	Path       []any          `json:"path"`
+	Extensions map[string]any `json:"extensions"`
+}
+
+func (e gqlError) code() string {
+	c, _ := e.Extensions["code"].(string)
+	return c
+}
+
+// gqlResult is a GraphQL answer over HTTP.
+type gqlResult struct {
+	resp   *Response
+	Data   map[string]json.RawMessage `json:"data"`
+	Errors []gqlError                 `json:"errors"`
+}
+
+func (g *gqlResult) String() string { return g.resp.String() }
+
+// gql posts a GraphQL operation (application/json) and decodes the answer.
+func (s *Server) gql(t *testing.T, query string, vars map[string]any, headers ...string) *gqlResult {
+	t.Helper()
+	body := map[string]any{"query": query}
+	if vars != nil {
+		body["variables"] = vars
+	}
+	r := s.curl(t, http.MethodPost, "/graphql", []byte(mustJSON(t, body)), append([]string{hdrJSON, "Accept: application/json"}, headers...)...)
+	g := &gqlResult{resp: r}
+	if err := json.Unmarshal(r.Body, g); err != nil {
+		t.Fatalf("%s: decoding the GraphQL answer: %v", r, err)
+	}
+	return g
+}
+
+// ok fails the test unless the answer is 200 without errors; it decodes data[field] into v.
+func (g *gqlResult) ok(t *testing.T, field string, v any) {
+	t.Helper()
+	if g.resp.Status != http.StatusOK || len(g.Errors) > 0 {
+		t.Fatalf("%s: got status %d and %d errors, want 200 without errors", g, g.resp.Status, len(g.Errors))
+	}
+	raw, ok := g.Data[field]
+	if !ok {
+		t.Fatalf("%s: got no data.%s", g, field)
+	}
+	if v != nil {
+		if err := json.Unmarshal(raw, v); err != nil {
+			t.Fatalf("%s: decoding data.%s: %v", g, field, err)
+		}
+	}
+}
+
+// wantCode reports (without stopping the test) unless the answer has HTTP status `status`
+// (0: any status below 500) and its first error has extensions.code `code` and a message that
+// mentions every one of mention.
+func (g *gqlResult) wantCode(t *testing.T, status int, code string, mention ...string) {
+	t.Helper()
+	switch {
+	case status != 0 && g.resp.Status != status:
+		t.Errorf("%s: got status %d, want %d", g, g.resp.Status, status)
+		return
+	case status == 0 && g.resp.Status >= 500:
+		t.Errorf("%s: got status %d, want an answer below 500", g, g.resp.Status)
+		return
+	case len(g.Errors) == 0:
+		t.Errorf("%s: got no errors, want %s", g, code)
+		return
+	}
+	e := g.Errors[0]
+	if e.code() != code {
+		t.Errorf("%s: got extensions.code %q, want %q", g, e.code(), code)
+	}
+	for _, m := range mention {
+		if !strings.Contains(strings.ToLower(e.Message), strings.ToLower(m)) {
+			t.Errorf("%s: got message %q, want it to mention %q", g, e.Message, m)
+		}
+	}
+}

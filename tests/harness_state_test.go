@@ -1,0 +1,47 @@
+package tests
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// stateDir is a sandboxd state folder and checkpoint folder; replicas and restarts share one.
+type stateDir struct {
+	Dir         string
+	Checkpoints string
+}
+
+// newStateDir makes a state folder. When the test ends (after every server on it stopped) no
+// runsc container, mount or loop device may be left in it: one that is, is an error and is
+// removed.
+func newStateDir(t *testing.T) *stateDir {
+	t.Helper()
+	requireComponents(t)
+	dir, err := os.MkdirTemp(suite.root, "state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suite.mu.Lock()
+	suite.stateDirs = append(suite.stateDirs, dir)
+	suite.mu.Unlock()
+	sd := &stateDir{Dir: dir, Checkpoints: filepath.Join(dir, "checkpoints")}
+	t.Cleanup(func() {
+		ids, err := leftoverContainers(dir)
+		if err != nil {
+			t.Errorf("checking for leftover containers: %v", err)
+			return
+		}
+		if len(ids) > 0 {
+			t.Errorf("got runsc containers %v left in %s after the test, want none (every sandbox is destroyed)", ids, runscRoot(dir))
+			forceDelete(dir, ids)
+		}
+		// A stopped server's state folder can be removed: no mount (runsc's null-netns, a
+		// sandbox's disk) and no loop device is left in it.
+		if m, l := mountsUnder(dir), loopsBacking(dir); len(m) > 0 || len(l) > 0 {
+			t.Errorf("got mounts %q and loop devices %q left under %s after every server on it stopped, want none (rm -rf of the folder fails with EBUSY)", m, l, dir)
+			unmountUnder(dir)
+		}
+	})
+	return sd
+}
