@@ -131,4 +131,3 @@ func TestSubscribeRefusedKey(t *testing.T) {
 		t.Errorf("got %v, want UNAUTHENTICATED", err)
 	}
 }
-
