@@ -5,26 +5,21 @@
 //
 // It reads the API key from SANDBOX_API_KEY, sends it in the connection_init payload, prints
 // each event as a JSON line, and exits when the server completes the subscription (a one-sandbox
-// subscription completes after DESTROYED) or on ^C.
+// subscription completes after DESTROYED) or on ^C. The public client (sandboxd/client) speaks
+// the protocol and, when the connection drops, subscribes again after the last cursor.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 
-	"github.com/coder/websocket"
-	"github.com/coder/websocket/wsjson"
+	"sandboxd/client"
 )
-
-type message struct {
-	ID      string          `json:"id,omitempty"`
-	Type    string          `json:"type"`
-	Payload json.RawMessage `json:"payload,omitempty"`
-}
 
 func main() {
 	url := flag.String("url", "ws://127.0.0.1:8780/graphql", "the GraphQL WebSocket endpoint")
@@ -43,14 +38,12 @@ func run(url, sandbox, after, key string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	conn, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}})
-	if err != nil {
-		return err
+	base := strings.TrimSuffix(strings.TrimRight(url, "/"), client.GraphQLPath)
+	if rest, ok := strings.CutPrefix(base, "ws"); ok {
+		base = "http" + rest
 	}
-	defer conn.CloseNow()
-
-	initPayload, _ := json.Marshal(map[string]string{"X-Api-Key": key})
-	if err := wsjson.Write(ctx, conn, message{Type: "connection_init", Payload: initPayload}); err != nil {
+	c, err := client.New(client.WithBaseURL(base), client.WithAPIKey(key))
+	if err != nil {
 		return err
 	}
 	vars := map[string]any{}
@@ -60,33 +53,19 @@ func run(url, sandbox, after, key string) error {
 	if after != "" {
 		vars["after"] = after
 	}
-	sub, _ := json.Marshal(map[string]any{
-		"query":     "subscription($sandboxId: ID, $after: String) { sandboxEvents(sandboxId: $sandboxId, after: $after) { cursor type sandboxId state previousState reason at } }",
-		"variables": vars,
-	})
+	sub, err := c.Subscribe(ctx, client.SandboxEventsQuery, vars)
+	if err != nil {
+		return err
+	}
+	defer sub.Close()
 	for {
-		var m message
-		if err := wsjson.Read(ctx, conn, &m); err != nil {
-			if websocket.CloseStatus(err) == 4403 {
-				return fmt.Errorf("the server refused the API key: %w", err)
-			}
+		ev, err := sub.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
 			return err
 		}
-		switch m.Type {
-		case "connection_ack":
-			if err := wsjson.Write(ctx, conn, message{ID: "1", Type: "subscribe", Payload: sub}); err != nil {
-				return err
-			}
-		case "ping":
-			if err := wsjson.Write(ctx, conn, message{Type: "pong"}); err != nil {
-				return err
-			}
-		case "next":
-			fmt.Println(string(m.Payload))
-		case "error":
-			return fmt.Errorf("subscription error: %s", m.Payload)
-		case "complete":
-			return conn.Close(websocket.StatusNormalClosure, "")
-		}
+		fmt.Printf("{\"data\":{\"sandboxEvents\":%s}}\n", ev)
 	}
 }

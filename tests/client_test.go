@@ -1,0 +1,121 @@
+package tests
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/client"
+)
+
+// TestClient drives the built server with the public Go client the way a Go user does:
+// create → exec → follow a detached command's output (REST SSE and GraphQL WebSocket) →
+// stop → start → destroy.
+func TestClient(t *testing.T) {
+	s := startServer(t, serverOptions{State: newStateDir(t)})
+	c, err := client.New(client.WithBaseURL(s.URL), client.WithAPIKey(keyTenant1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	sb, err := c.Create(ctx, client.CreateRequest{Profile: "sandboxes-default", AutostopSec: client.Ptr[int64](1800)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.track(sb.ID, hdrTenant1)
+	if sb.State != client.StateRunning || sb.AutostopSec != 1800 {
+		t.Fatalf("got %+v, want RUNNING with autostop 1800", sb)
+	}
+
+	step(t, "exec", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: []string{"bash", "-c", "cat; echo err >&2"}, Stdin: []byte("in\n")})
+		if err != nil || res.ExitCode != 0 || res.Stdout != "in\n" || res.Stderr != "err\n" {
+			t.Fatalf("got %+v, %v, want exit 0, stdout in, stderr err", res, err)
+		}
+	})
+
+	const script = `for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; exit 7`
+	var execID string
+	step(t, "output-stream-rest", func(t *testing.T) {
+		st, err := c.ExecDetached(ctx, sb.ID, client.ExecRequest{Command: []string{"bash", "-c", script}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		execID = st.ExecID
+		out, err := c.ExecOutput(ctx, sb.ID, execID, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		var got strings.Builder
+		exit := -1
+		for {
+			ev, err := out.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch ev.Kind {
+			case client.KindChunk:
+				got.Write(ev.Data)
+			case client.KindExit:
+				exit = ev.Exec.ExitCode
+			}
+		}
+		if want := "line 1\nline 2\nline 3\nline 4\nline 5\n"; got.String() != want || exit != 7 {
+			t.Errorf("got output %q and exit %d, want %q and 7", got.String(), exit, want)
+		}
+	})
+
+	step(t, "output-stream-graphql-resumes-after-a-cursor", func(t *testing.T) {
+		sub, err := c.SubscribeExecOutput(ctx, execID, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := sub.Next()
+		sub.Close()
+		if err != nil || first.Kind != "CHUNK" {
+			t.Fatalf("got %+v, %v, want a chunk", first, err)
+		}
+		sub, err = c.SubscribeExecOutput(ctx, execID, first.Cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Close()
+		got := string(first.Data)
+		for {
+			ev, err := sub.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += string(ev.Data)
+		}
+		if want := "line 1\nline 2\nline 3\nline 4\nline 5\n"; got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	})
+
+	step(t, "stop-start-destroy", func(t *testing.T) {
+		if got, err := c.Stop(ctx, sb.ID); err != nil || got.State != client.StateStopped || got.LatestSnapshotID == "" {
+			t.Fatalf("stop: got %+v, %v, want STOPPED with a snapshot", got, err)
+		}
+		if got, err := c.Start(ctx, sb.ID); err != nil || got.State != client.StateRunning {
+			t.Fatalf("start: got %+v, %v, want RUNNING", got, err)
+		}
+		if got, err := c.Destroy(ctx, sb.ID); err != nil || got.State != client.StateDestroyed {
+			t.Fatalf("destroy: got %+v, %v, want DESTROYED", got, err)
+		}
+		if _, err := c.Get(ctx, sb.ID); !client.IsCode(err, client.CodeNotFound) && err != nil {
+			t.Errorf("get after destroy: got %v, want NOT_FOUND or DESTROYED", err)
+		}
+	})
+}
