@@ -3,6 +3,7 @@ package tests
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -44,4 +45,36 @@ func newStateDir(t *testing.T) *stateDir {
 		}
 	})
 	return sd
+}
+
+// mountsUnder lists the mount points at or below dir (/proc/self/mountinfo).
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return []string{"reading mountinfo: " + err.Error()}
+	}
+	var found []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			found = append(found, f[4])
+		}
+	}
+	return found
+}
+
+// loopsBacking lists the loop devices whose backing file lies under dir.
+func loopsBacking(dir string) []string {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var found []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if p := strings.TrimSpace(string(b)); strings.HasPrefix(p, dir+"/") {
+			found = append(found, filepath.Base(filepath.Dir(filepath.Dir(f)))+"="+p)
+		}
+	}
+	return found
 }
