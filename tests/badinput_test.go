@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"sandboxd/tests/e2e"
 )
 
 // badCase is one bad REST request and the error it must get.
@@ -27,7 +29,7 @@ type badCase struct {
 // with a message naming the problem, never a 500.
 func (e *apiEnv) testBadInputsREST(t *testing.T) {
 	s, id := e.s, e.id
-	sbx := prefix + "/" + id
+	sbx := e2e.Prefix + "/" + id
 	exec := sbx + "/exec"
 	const bad, big, nf = http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusNotFound
 	const ia, ptl, nfc = "INVALID_ARGUMENT", "PAYLOAD_TOO_LARGE", "NOT_FOUND"
@@ -38,21 +40,21 @@ func (e *apiEnv) testBadInputsREST(t *testing.T) {
 
 	cases := []badCase{
 		// create
-		{name: "create-malformed-json", method: post, path: prefix, body: `{"profile": "sandboxes-default",`, status: bad, code: ia, mention: []string{"JSON"}},
-		{name: "create-not-json", method: post, path: prefix, body: `profile=sandboxes-default`, status: bad, code: ia, mention: []string{"JSON"}},
-		{name: "create-empty-body", method: post, path: prefix, body: ``, status: bad, code: ia, mention: []string{"JSON"}},
-		{name: "create-array-body", method: post, path: prefix, body: `[]`, status: bad, code: ia, mention: []string{"JSON"}},
-		{name: "create-unknown-field", method: post, path: prefix, body: `{"profile":"sandboxes-default","profil":"x"}`, status: bad, code: ia, mention: []string{"profil"}},
-		{name: "create-wrong-type", method: post, path: prefix, body: `{"profile":"sandboxes-default","autostop_sec":"1800"}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
-		{name: "create-trailing-data", method: post, path: prefix, body: `{"profile":"sandboxes-default"} {"ttl_sec":1}`, status: bad, code: ia, mention: []string{"JSON"}},
-		{name: "create-unknown-profile", method: post, path: prefix, body: `{"profile":"no-such-profile"}`, status: bad, code: ia, mention: []string{"no-such-profile"}},
-		{name: "create-autostop-zero", method: post, path: prefix, body: `{"autostop_sec":0}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
-		{name: "create-autostop-negative", method: post, path: prefix, body: `{"autostop_sec":-5}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
-		{name: "create-autostop-too-large", method: post, path: prefix, body: `{"autostop_sec":604801}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
-		{name: "create-ttl-zero", method: post, path: prefix, body: `{"ttl_sec":0}`, status: bad, code: ia, mention: []string{"ttl_sec"}},
-		{name: "create-ttl-too-large", method: post, path: prefix, body: `{"ttl_sec":2592001}`, status: bad, code: ia, mention: []string{"ttl_sec"}},
-		{name: "create-ttl-overflow", method: post, path: prefix, body: `{"ttl_sec":100000000000000000000}`, status: bad, code: ia, mention: []string{"ttl_sec"}},
-		{name: "create-env-bad-name", method: post, path: prefix, body: `{"env":{"A=B":"x"}}`, status: bad, code: ia, mention: []string{"environment"}},
+		{name: "create-malformed-json", method: post, path: e2e.Prefix, body: `{"profile": "sandboxes-default",`, status: bad, code: ia, mention: []string{"JSON"}},
+		{name: "create-not-json", method: post, path: e2e.Prefix, body: `profile=sandboxes-default`, status: bad, code: ia, mention: []string{"JSON"}},
+		{name: "create-empty-body", method: post, path: e2e.Prefix, body: ``, status: bad, code: ia, mention: []string{"JSON"}},
+		{name: "create-array-body", method: post, path: e2e.Prefix, body: `[]`, status: bad, code: ia, mention: []string{"JSON"}},
+		{name: "create-unknown-field", method: post, path: e2e.Prefix, body: `{"profile":"sandboxes-default","profil":"x"}`, status: bad, code: ia, mention: []string{"profil"}},
+		{name: "create-wrong-type", method: post, path: e2e.Prefix, body: `{"profile":"sandboxes-default","autostop_sec":"1800"}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
+		{name: "create-trailing-data", method: post, path: e2e.Prefix, body: `{"profile":"sandboxes-default"} {"ttl_sec":1}`, status: bad, code: ia, mention: []string{"JSON"}},
+		{name: "create-unknown-profile", method: post, path: e2e.Prefix, body: `{"profile":"no-such-profile"}`, status: bad, code: ia, mention: []string{"no-such-profile"}},
+		{name: "create-autostop-zero", method: post, path: e2e.Prefix, body: `{"autostop_sec":0}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
+		{name: "create-autostop-negative", method: post, path: e2e.Prefix, body: `{"autostop_sec":-5}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
+		{name: "create-autostop-too-large", method: post, path: e2e.Prefix, body: `{"autostop_sec":604801}`, status: bad, code: ia, mention: []string{"autostop_sec"}},
+		{name: "create-ttl-zero", method: post, path: e2e.Prefix, body: `{"ttl_sec":0}`, status: bad, code: ia, mention: []string{"ttl_sec"}},
+		{name: "create-ttl-too-large", method: post, path: e2e.Prefix, body: `{"ttl_sec":2592001}`, status: bad, code: ia, mention: []string{"ttl_sec"}},
+		{name: "create-ttl-overflow", method: post, path: e2e.Prefix, body: `{"ttl_sec":100000000000000000000}`, status: bad, code: ia, mention: []string{"ttl_sec"}},
+		{name: "create-env-bad-name", method: post, path: e2e.Prefix, body: `{"env":{"A=B":"x"}}`, status: bad, code: ia, mention: []string{"environment"}},
 		// exec
 		{name: "exec-malformed-json", method: post, path: exec, body: `{"command":["true"]`, status: bad, code: ia, mention: []string{"JSON"}},
 		{name: "exec-unknown-field", method: post, path: exec, body: `{"command":["true"],"timeout":5}`, status: bad, code: ia, mention: []string{"timeout"}},
@@ -76,19 +78,19 @@ func (e *apiEnv) testBadInputsREST(t *testing.T) {
 		{name: "stop-with-body", method: post, path: sbx + "/stop", body: `{"force":true}`, status: bad, code: ia, mention: []string{"body"}},
 		{name: "start-with-body", method: post, path: sbx + "/start", body: `{"force":true}`, status: bad, code: ia, mention: []string{"body"}},
 		// list
-		{name: "list-limit-not-a-number", method: http.MethodGet, path: prefix + "?limit=abc", status: bad, code: ia, mention: []string{"limit"}},
-		{name: "list-limit-zero", method: http.MethodGet, path: prefix + "?limit=0", status: bad, code: ia, mention: []string{"limit"}},
-		{name: "list-limit-too-large", method: http.MethodGet, path: prefix + "?limit=100000", status: bad, code: ia, mention: []string{"500"}},
-		{name: "list-unknown-state", method: http.MethodGet, path: prefix + "?state=sleeping", status: bad, code: ia, mention: []string{"state"}},
-		{name: "list-bad-cursor", method: http.MethodGet, path: prefix + "?cursor=not-a-cursor", status: bad, code: ia, mention: []string{"cursor"}},
+		{name: "list-limit-not-a-number", method: http.MethodGet, path: e2e.Prefix + "?limit=abc", status: bad, code: ia, mention: []string{"limit"}},
+		{name: "list-limit-zero", method: http.MethodGet, path: e2e.Prefix + "?limit=0", status: bad, code: ia, mention: []string{"limit"}},
+		{name: "list-limit-too-large", method: http.MethodGet, path: e2e.Prefix + "?limit=100000", status: bad, code: ia, mention: []string{"500"}},
+		{name: "list-unknown-state", method: http.MethodGet, path: e2e.Prefix + "?state=sleeping", status: bad, code: ia, mention: []string{"state"}},
+		{name: "list-bad-cursor", method: http.MethodGet, path: e2e.Prefix + "?cursor=not-a-cursor", status: bad, code: ia, mention: []string{"cursor"}},
 		// sandbox ids that cannot exist
-		{name: "get-bad-id-shape", method: http.MethodGet, path: prefix + "/not-a-sandbox-id", status: nf, code: nfc},
-		{name: "get-lowercase-id", method: http.MethodGet, path: prefix + "/" + strings.ToLower(id), status: nf, code: nfc},
-		{name: "get-unknown-id", method: http.MethodGet, path: prefix + "/sbx_00000000000000000000000000", status: nf, code: nfc},
-		{name: "exec-bad-id-shape", method: post, path: prefix + "/sbx_123/exec", body: `{"command":["true"]}`, status: nf, code: nfc},
-		{name: "stop-bad-id-shape", method: post, path: prefix + "/xyz/stop", status: nf, code: nfc},
-		{name: "delete-bad-id-shape", method: http.MethodDelete, path: prefix + "/xyz", status: nf, code: nfc},
-		{name: "files-bad-id-shape", method: http.MethodGet, path: prefix + "/xyz/files?path=a", status: nf, code: nfc},
+		{name: "get-bad-id-shape", method: http.MethodGet, path: e2e.Prefix + "/not-a-sandbox-id", status: nf, code: nfc},
+		{name: "get-lowercase-id", method: http.MethodGet, path: e2e.Prefix + "/" + strings.ToLower(id), status: nf, code: nfc},
+		{name: "get-unknown-id", method: http.MethodGet, path: e2e.Prefix + "/sbx_00000000000000000000000000", status: nf, code: nfc},
+		{name: "exec-bad-id-shape", method: post, path: e2e.Prefix + "/sbx_123/exec", body: `{"command":["true"]}`, status: nf, code: nfc},
+		{name: "stop-bad-id-shape", method: post, path: e2e.Prefix + "/xyz/stop", status: nf, code: nfc},
+		{name: "delete-bad-id-shape", method: http.MethodDelete, path: e2e.Prefix + "/xyz", status: nf, code: nfc},
+		{name: "files-bad-id-shape", method: http.MethodGet, path: e2e.Prefix + "/xyz/files?path=a", status: nf, code: nfc},
 		{name: "unknown-sub-path", method: http.MethodGet, path: sbx + "/nope", status: nf, code: nfc},
 		// files
 		{name: "files-download-escape", method: http.MethodGet, path: sbx + "/files?path=../../etc/passwd", status: bad, code: ia, mention: []string{"workspace"}},
@@ -114,32 +116,32 @@ func (e *apiEnv) testBadInputsREST(t *testing.T) {
 					body = io.MultiReader(body) // no length: sent chunked
 				}
 			}
-			headers := append([]string{hdrTenant1}, c.headers...)
-			if strings.HasSuffix(c.path, "/exec") || c.path == prefix {
-				headers = append(headers, hdrJSON)
+			headers := append([]string{e2e.HdrTenant1}, c.headers...)
+			if strings.HasSuffix(c.path, "/exec") || c.path == e2e.Prefix {
+				headers = append(headers, e2e.HdrJSON)
 			}
-			r, err := s.send(c.method, c.path, body, headers...)
+			r, err := s.Send(c.method, c.path, body, headers...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if r.Status == http.StatusCreated {
-				var sb sandboxJSON
+				var sb e2e.SandboxJSON
 				if json.Unmarshal(r.Body, &sb) == nil && sb.SandboxID != "" {
-					s.track(sb.SandboxID, hdrTenant1)
+					s.Track(sb.SandboxID, e2e.HdrTenant1)
 				}
 			}
-			r.wantError(t, c.status, c.code, c.mention...)
+			r.WantError(t, c.status, c.code, c.mention...)
 		})
 	}
 	t.Run("nothing-escaped", func(t *testing.T) {
 		// The refused writes left nothing behind, in the workspace or outside it.
-		out := s.run(t, id, []string{"bash", "-c", "grep -c owned /etc/passwd; ls /workspace"}, hdrTenant1)
+		out := s.Run(t, id, []string{"bash", "-c", "grep -c owned /etc/passwd; ls /workspace"}, e2e.HdrTenant1)
 		if strings.Contains(out, "big.bin") || strings.Contains(out, "m.txt") || !strings.HasPrefix(out, "0\n") {
 			t.Errorf("got %q, want no owned line in /etc/passwd and no big.bin or m.txt in the workspace", out)
 		}
 	})
 	t.Run("sandbox-still-running", func(t *testing.T) {
-		if st := s.get(t, id, hdrTenant1).State; st != "RUNNING" {
+		if st := s.Get(t, id, e2e.HdrTenant1).State; st != "RUNNING" {
 			t.Errorf("got state %q, want RUNNING after the bad requests", st)
 		}
 	})
@@ -181,38 +183,38 @@ func (e *apiEnv) testBadInputsGraphQL(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			g := s.gql(t, c.query, c.vars, hdrTenant1)
+			g := s.GQL(t, c.query, c.vars, e2e.HdrTenant1)
 			var made struct {
 				ID string `json:"id"`
 			}
 			if raw := g.Data["createSandbox"]; raw != nil && json.Unmarshal(raw, &made) == nil && made.ID != "" {
-				s.track(made.ID, hdrTenant1)
+				s.Track(made.ID, e2e.HdrTenant1)
 			}
 			code := c.code
 			if code == "" {
 				// A variable of the wrong type or a missing required field is refused by
 				// gqlgen's validation; any code is fine as long as there is one.
-				if len(g.Errors) == 0 || g.Errors[0].code() == "" {
+				if len(g.Errors) == 0 || g.Errors[0].Code() == "" {
 					t.Errorf("%s: got no error code, want one", g)
 					return
 				}
-				code = g.Errors[0].code()
+				code = g.Errors[0].Code()
 			}
-			g.wantCode(t, 0, code, c.mention...)
+			g.WantCode(t, 0, code, c.mention...)
 		})
 	}
 	t.Run("malformed-json-body", func(t *testing.T) {
 		// Like every other error, a body that is not JSON carries extensions.code.
-		r := s.curl(t, http.MethodPost, "/graphql", []byte(`{"query": "query { profiles { name } }"`), hdrJSON, hdrTenant1)
-		g := &gqlResult{resp: r}
+		r := s.Curl(t, http.MethodPost, "/graphql", []byte(`{"query": "query { profiles { name } }"`), e2e.HdrJSON, e2e.HdrTenant1)
+		g := &e2e.GQLResult{Resp: r}
 		if err := json.Unmarshal(r.Body, g); err != nil {
 			t.Fatalf("%s: decoding the answer: %v", r, err)
 		}
-		g.wantCode(t, http.StatusBadRequest, "INVALID_ARGUMENT", "JSON")
+		g.WantCode(t, http.StatusBadRequest, "INVALID_ARGUMENT", "JSON")
 	})
 	t.Run("body-over-limit", func(t *testing.T) {
 		body := `{"query":"query { profiles { name } }","variables":{"pad":"` + strings.Repeat("a", 1<<20) + `"}}`
-		r := s.curl(t, http.MethodPost, "/graphql", []byte(body), hdrJSON, hdrTenant1)
+		r := s.Curl(t, http.MethodPost, "/graphql", []byte(body), e2e.HdrJSON, e2e.HdrTenant1)
 		if r.Status != http.StatusRequestEntityTooLarge || !strings.Contains(string(r.Body), "PAYLOAD_TOO_LARGE") {
 			t.Errorf("%s: got status %d, want 413 PAYLOAD_TOO_LARGE", r, r.Status)
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/tests/e2e"
 )
 
 // TestKillDuringCheckpointUpload: a replica SIGKILLed while it uploads a snapshot leaves the
@@ -15,23 +17,23 @@ import (
 // on the same state serves the sandbox, its next snapshot is complete, and a sandbox created
 // from the earlier snapshot has that snapshot's files.
 func TestKillDuringCheckpointUpload(t *testing.T) {
-	st := newStateDir(t)
-	a := startServer(t, serverOptions{State: st})
-	key := hdrTenant1
-	id := a.create(t, `{"profile":"sandboxes-default"}`, key).SandboxID
-	a.run(t, id, []string{"sh", "-c", "echo v1 > kept.txt"}, key)
+	st := e2e.NewStateDir(t)
+	a := e2e.StartServer(t, e2e.ServerOptions{State: st})
+	key := e2e.HdrTenant1
+	id := a.Create(t, `{"profile":"sandboxes-default"}`, key).SandboxID
+	a.Run(t, id, []string{"sh", "-c", "echo v1 > kept.txt"}, key)
 	var first snapshotJSON
-	r := a.curl(t, http.MethodPost, prefix+"/"+id+"/snapshots", nil, key)
-	r.want(t, http.StatusCreated)
-	r.decode(t, &first)
+	r := a.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, key)
+	r.Want(t, http.StatusCreated)
+	r.Decode(t, &first)
 
 	// An incompressible 200 MB file, so that the next upload takes a while.
-	a.run(t, id, []string{"sh", "-c", "head -c 200000000 /dev/urandom > big && echo v2 > kept.txt"}, key)
+	a.Run(t, id, []string{"sh", "-c", "head -c 200000000 /dev/urandom > big && echo v2 > kept.txt"}, key)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _, _ = a.sendContext(ctx, http.MethodPost, prefix+"/"+id+"/snapshots", nil, key) }()
+	go func() { _, _ = a.SendContext(ctx, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, key) }()
 	folder := checkpointFolder(t, st, id)
-	eventually(t, 60*time.Second, "the second snapshot's upload to be under way", func() (bool, string) {
+	e2e.Eventually(t, 60*time.Second, "the second snapshot's upload to be under way", func() (bool, string) {
 		if _, err := os.Stat(filepath.Join(folder, "0000000002.json")); err == nil {
 			t.Fatal("the second snapshot finished before the kill; make its file bigger")
 		}
@@ -40,27 +42,27 @@ func TestKillDuringCheckpointUpload(t *testing.T) {
 	a.Kill(t)
 	cancel()
 
-	b := startServer(t, serverOptions{State: st})
-	b.track(id, key)
-	snaps := b.listSnapshots(t, id, key).ids()
+	b := e2e.StartServer(t, e2e.ServerOptions{State: st})
+	b.Track(id, key)
+	snaps := listSnapshots(t, b, id, key).ids()
 	if len(snaps) != 1 || snaps[0] != first.SnapshotID {
 		t.Fatalf("snapshots after the kill: got %v, want only %s (the half-written one is not a snapshot)", snaps, first.SnapshotID)
 	}
 	// The sandbox goes on, and its next snapshot is complete.
-	if out := b.run(t, id, []string{"cat", "kept.txt"}, key); out != "v2\n" {
+	if out := b.Run(t, id, []string{"cat", "kept.txt"}, key); out != "v2\n" {
 		t.Fatalf("the sandbox after the kill: kept.txt is %q, want v2", out)
 	}
-	r = b.curl(t, http.MethodPost, prefix+"/"+id+"/snapshots", nil, key)
-	r.want(t, http.StatusCreated)
+	r = b.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, key)
+	r.Want(t, http.StatusCreated)
 	// The earlier snapshot is whole: a new sandbox restores it.
-	c := b.create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+first.SnapshotID+`"}}`, key).SandboxID
-	if out := b.run(t, c, []string{"sh", "-c", "cat kept.txt; ls big 2>/dev/null || echo no-big"}, key); out != "v1\nno-big\n" {
+	c := b.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+first.SnapshotID+`"}}`, key).SandboxID
+	if out := b.Run(t, c, []string{"sh", "-c", "cat kept.txt; ls big 2>/dev/null || echo no-big"}, key); out != "v1\nno-big\n" {
 		t.Fatalf("created from %s: got %q, want v1 and no big file", first.SnapshotID, out)
 	}
 }
 
 // checkpointFolder finds the local checkpoint folder of a sandbox.
-func checkpointFolder(t *testing.T, st *stateDir, id string) string {
+func checkpointFolder(t *testing.T, st *e2e.StateDir, id string) string {
 	t.Helper()
 	var found string
 	_ = filepath.WalkDir(st.Checkpoints, func(p string, d os.DirEntry, err error) error {

@@ -8,14 +8,15 @@ import (
 	"time"
 
 	"sandboxd/client"
+	"sandboxd/tests/e2e"
 )
 
 // TestClient drives the built server with the public Go client the way a Go user does:
 // create → exec → follow a detached command's output (REST SSE and GraphQL WebSocket) →
 // stop → start → destroy.
 func TestClient(t *testing.T) {
-	s := startServer(t, serverOptions{State: newStateDir(t)})
-	c, err := client.New(client.WithBaseURL(s.URL), client.WithAPIKey(keyTenant1))
+	s := e2e.StartServer(t, e2e.ServerOptions{State: e2e.NewStateDir(t)})
+	c, err := client.New(client.WithBaseURL(s.URL), client.WithAPIKey(e2e.KeyTenant1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,12 +27,12 @@ func TestClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.track(sb.ID, hdrTenant1)
+	s.Track(sb.ID, e2e.HdrTenant1)
 	if sb.State != client.StateRunning || sb.AutostopSec != 1800 {
 		t.Fatalf("got %+v, want RUNNING with autostop 1800", sb)
 	}
 
-	step(t, "exec", func(t *testing.T) {
+	e2e.Step(t, "exec", func(t *testing.T) {
 		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: []string{"bash", "-c", "cat; echo err >&2"}, Stdin: []byte("in\n")})
 		if err != nil || res.ExitCode != 0 || res.Stdout != "in\n" || res.Stderr != "err\n" {
 			t.Fatalf("got %+v, %v, want exit 0, stdout in, stderr err", res, err)
@@ -40,7 +41,7 @@ func TestClient(t *testing.T) {
 
 	const script = `for i in 1 2 3 4 5; do echo line $i; sleep 0.1; done; exit 7`
 	var execID string
-	step(t, "output-stream-rest", func(t *testing.T) {
+	e2e.Step(t, "output-stream-rest", func(t *testing.T) {
 		st, err := c.ExecDetached(ctx, sb.ID, client.ExecRequest{Command: []string{"bash", "-c", script}})
 		if err != nil {
 			t.Fatal(err)
@@ -73,7 +74,7 @@ func TestClient(t *testing.T) {
 		}
 	})
 
-	step(t, "output-stream-graphql-resumes-after-a-cursor", func(t *testing.T) {
+	e2e.Step(t, "output-stream-graphql-resumes-after-a-cursor", func(t *testing.T) {
 		sub, err := c.SubscribeExecOutput(ctx, execID, "")
 		if err != nil {
 			t.Fatal(err)
@@ -104,7 +105,7 @@ func TestClient(t *testing.T) {
 		}
 	})
 
-	step(t, "stop-start-destroy", func(t *testing.T) {
+	e2e.Step(t, "stop-start-destroy", func(t *testing.T) {
 		if got, err := c.Stop(ctx, sb.ID); err != nil || got.State != client.StateStopped || got.LatestSnapshotID == "" {
 			t.Fatalf("stop: got %+v, %v, want STOPPED with a snapshot", got, err)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"sandboxd/internal/source/sourcetest"
+	"sandboxd/tests/e2e"
 )
 
 // Disks: on the local runtime every sandbox's workspace is an ext4 file system of its profile's
@@ -26,12 +27,12 @@ const smallDiskMB = 64
 const diskSlackBytes = 1 << 20
 
 // diskServer starts a server whose profiles are the harness's default and "small-disk".
-func diskServer(t *testing.T, extra map[string]any) *Server {
+func diskServer(t *testing.T, extra map[string]any) *e2e.Server {
 	t.Helper()
 	cfg := map[string]any{
 		"profiles": []map[string]any{
-			{"name": "sandboxes-default", "rootfs": suite.rootfs, "milli_cpu": 1000, "memory_mb": 1024},
-			{"name": "small-disk", "description": "a 64 MiB disk", "rootfs": suite.rootfs,
+			{"name": "sandboxes-default", "rootfs": e2e.Rootfs(), "milli_cpu": 1000, "memory_mb": 1024},
+			{"name": "small-disk", "description": "a 64 MiB disk", "rootfs": e2e.Rootfs(),
 				"milli_cpu": 1000, "memory_mb": 512, "disk_mb": smallDiskMB},
 		},
 		"quota": map[string]any{"default_limit": 10},
@@ -39,18 +40,18 @@ func diskServer(t *testing.T, extra map[string]any) *Server {
 	for k, v := range extra {
 		cfg[k] = v
 	}
-	return startServer(t, serverOptions{Extra: cfg})
+	return e2e.StartServer(t, e2e.ServerOptions{Extra: cfg})
 }
 
 // boxDir is the local runtime's folder of a sandbox.
-func boxDir(s *Server, id string) string { return filepath.Join(s.State.Dir, "boxes", id) }
+func boxDir(s *e2e.Server, id string) string { return filepath.Join(s.State.Dir, "boxes", id) }
 
 // wantNoDisk fails the test unless nothing is mounted under dir and no loop device backs onto a
 // file there (a loop device is freed right after its unmount; the check allows it a moment).
 func wantNoDisk(t *testing.T, dir string) {
 	t.Helper()
-	eventually(t, 5*time.Second, "no mount and no loop device under "+dir, func() (bool, string) {
-		m, l := mountsUnder(dir), loopsBacking(dir)
+	e2e.Eventually(t, 5*time.Second, "no mount and no loop device under "+dir, func() (bool, string) {
+		m, l := e2e.MountsUnder(dir), e2e.LoopsBacking(dir)
 		return len(m) == 0 && len(l) == 0, fmt.Sprintf("mounts %q, loop devices %q", m, l)
 	})
 }
@@ -70,14 +71,14 @@ func hostBytes(t *testing.T, path string) int64 {
 // destroy leave no mount and no loop device behind.
 func TestDiskLimit(t *testing.T) {
 	s := diskServer(t, nil)
-	key := hdrTenant1
-	sb := s.create(t, `{"profile":"small-disk"}`, key)
+	key := e2e.HdrTenant1
+	sb := s.Create(t, `{"profile":"small-disk"}`, key)
 	id := sb.SandboxID
 	box := boxDir(s, id)
 	limit := int64(smallDiskMB << 20)
 
-	step(t, "df-shows-the-disk", func(t *testing.T) {
-		out := s.run(t, id, []string{"df", "-B1", "--output=size,avail", "/workspace"}, key)
+	e2e.Step(t, "df-shows-the-disk", func(t *testing.T) {
+		out := s.Run(t, id, []string{"df", "-B1", "--output=size,avail", "/workspace"}, key)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		f := strings.Fields(lines[len(lines)-1])
 		size, err := strconv.ParseInt(f[0], 10, 64)
@@ -87,9 +88,9 @@ func TestDiskLimit(t *testing.T) {
 		}
 	})
 
-	step(t, "fill-gets-ENOSPC", func(t *testing.T) {
-		body := mustJSON(t, map[string]any{"command": []string{"bash", "-c", "head -c 200M /dev/zero > /workspace/big"}, "timeout_sec": 60})
-		res := s.exec(t, id, body, key)
+	e2e.Step(t, "fill-gets-ENOSPC", func(t *testing.T) {
+		body := e2e.MustJSON(t, map[string]any{"command": []string{"bash", "-c", "head -c 200M /dev/zero > /workspace/big"}, "timeout_sec": 60})
+		res := s.Exec(t, id, body, key)
 		if res.ExitCode == 0 || !strings.Contains(res.Stderr, "No space left on device") {
 			t.Fatalf("writing 200 MiB on a %d MiB disk: got exit %d, stderr %q, want a failure with ENOSPC", smallDiskMB, res.ExitCode, res.Stderr)
 		}
@@ -101,32 +102,32 @@ func TestDiskLimit(t *testing.T) {
 			t.Errorf("du of %s after the fill: got %d bytes, want between %d and %d", img, got, limit/2, limit+diskSlackBytes)
 		}
 		// An upload past the disk is refused and leaves the disk as it was.
-		r := s.curl(t, http.MethodPut, prefix+"/"+id+"/files?path=more.bin", make([]byte, 8<<20), key)
-		r.wantError(t, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", "disk is full")
-		s.run(t, id, []string{"rm", "/workspace/big"}, key)
-		s.run(t, id, []string{"bash", "-c", "echo kept > /workspace/kept.txt"}, key)
+		r := s.Curl(t, http.MethodPut, e2e.Prefix+"/"+id+"/files?path=more.bin", make([]byte, 8<<20), key)
+		r.WantError(t, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", "disk is full")
+		s.Run(t, id, []string{"rm", "/workspace/big"}, key)
+		s.Run(t, id, []string{"bash", "-c", "echo kept > /workspace/kept.txt"}, key)
 	})
 
-	step(t, "stop-start-leave-no-mount", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, prefix+"/"+id+"/stop", nil, key)
-		r.want(t, http.StatusOK)
+	e2e.Step(t, "stop-start-leave-no-mount", func(t *testing.T) {
+		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, key)
+		r.Want(t, http.StatusOK)
 		wantNoDisk(t, box)
 		if _, err := os.Stat(filepath.Join(box, "disk.img")); err != nil {
 			t.Fatalf("the stopped sandbox's disk image: %v", err)
 		}
-		r = s.curl(t, http.MethodPost, prefix+"/"+id+"/start", nil, key)
-		r.want(t, http.StatusOK)
-		if out := s.download(t, id, "kept.txt", key); out != "kept\n" {
+		r = s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, key)
+		r.Want(t, http.StatusOK)
+		if out := s.Download(t, id, "kept.txt", key); out != "kept\n" {
 			t.Errorf("after stop and start: got %q, want the file kept", out)
 		}
-		if m := mountsUnder(box); len(m) != 1 {
+		if m := e2e.MountsUnder(box); len(m) != 1 {
 			t.Errorf("mounts of the started sandbox: got %q, want its disk", m)
 		}
 	})
 
-	step(t, "destroy-leaves-nothing", func(t *testing.T) {
-		r := s.curl(t, http.MethodDelete, prefix+"/"+id, nil, key)
-		r.want(t, http.StatusOK)
+	e2e.Step(t, "destroy-leaves-nothing", func(t *testing.T) {
+		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, key)
+		r.Want(t, http.StatusOK)
 		wantNoDisk(t, box)
 		if _, err := os.Stat(box); !os.IsNotExist(err) {
 			t.Errorf("the destroyed sandbox's folder: got %v, want it gone", err)
@@ -138,55 +139,55 @@ func TestDiskLimit(t *testing.T) {
 // larger than its disk answers 400 INVALID_ARGUMENT saying so, and leaves nothing: no sandbox,
 // no box folder, mount or loop device, the slot given back.
 func TestDiskSourceLargerThanDisk(t *testing.T) {
-	host, sources := archiveHost(t)
+	host, sources := e2e.ArchiveHost(t)
 	s := diskServer(t, map[string]any{"sources": sources})
-	key := hdrTenant1
-	big := s.create(t, `{"profile":"sandboxes-default"}`, key)
-	s.run(t, big.SandboxID, []string{"bash", "-c", "head -c 100M /dev/zero > /workspace/big.bin"}, key)
-	r := s.curl(t, http.MethodPost, prefix+"/"+big.SandboxID+"/snapshots", nil, key)
-	r.want(t, http.StatusCreated)
+	key := e2e.HdrTenant1
+	big := s.Create(t, `{"profile":"sandboxes-default"}`, key)
+	s.Run(t, big.SandboxID, []string{"bash", "-c", "head -c 100M /dev/zero > /workspace/big.bin"}, key)
+	r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+big.SandboxID+"/snapshots", nil, key)
+	r.Want(t, http.StatusCreated)
 	var snap snapshotJSON
-	r.decode(t, &snap)
-	before := s.quota(t, key)
+	r.Decode(t, &snap)
+	before := s.Quota(t, key)
 
 	nothingLeft := func(t *testing.T) {
 		t.Helper()
-		l := s.list(t, key)
+		l := s.List(t, key)
 		if len(l.Sandboxes) != 1 || l.Sandboxes[0].SandboxID != big.SandboxID {
 			t.Errorf("sandboxes after the refused create: got %+v, want only %s", l.Sandboxes, big.SandboxID)
 		}
-		if q := s.quota(t, key); q.InUse != before.InUse {
+		if q := s.Quota(t, key); q.InUse != before.InUse {
 			t.Errorf("slots after the refused create: got in_use %d, want %d as before", q.InUse, before.InUse)
 		}
 		entries, _ := os.ReadDir(filepath.Join(s.State.Dir, "boxes"))
 		if len(entries) != 1 || entries[0].Name() != big.SandboxID {
 			t.Errorf("box folders after the refused create: got %v, want only %s's", entries, big.SandboxID)
 		}
-		if l := loopsBacking(s.State.Dir); len(l) != 1 {
+		if l := e2e.LoopsBacking(s.State.Dir); len(l) != 1 {
 			t.Errorf("loop devices after the refused create: got %q, want only the big sandbox's", l)
 		}
 	}
 
-	step(t, "snapshot", func(t *testing.T) {
-		body := mustJSON(t, map[string]any{"profile": "small-disk", "source": map[string]any{"snapshot_id": snap.SnapshotID}})
-		r := s.curl(t, http.MethodPost, prefix, []byte(body), hdrJSON, key)
-		r.wantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", snap.SnapshotID, "more than the sandbox's disk", fmt.Sprintf("disk_mb %d", smallDiskMB))
+	e2e.Step(t, "snapshot", func(t *testing.T) {
+		body := e2e.MustJSON(t, map[string]any{"profile": "small-disk", "source": map[string]any{"snapshot_id": snap.SnapshotID}})
+		r := s.Curl(t, http.MethodPost, e2e.Prefix, []byte(body), e2e.HdrJSON, key)
+		r.WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", snap.SnapshotID, "more than the sandbox's disk", fmt.Sprintf("disk_mb %d", smallDiskMB))
 		nothingLeft(t)
 	})
 
-	step(t, "archive", func(t *testing.T) {
+	e2e.Step(t, "archive", func(t *testing.T) {
 		// A plain tar (no compression, so no bomb guard) of 100 MiB of content.
 		url := host.Put("/big.tar", sourcetest.Tar(t, []sourcetest.Entry{sourcetest.File("big.bin", strings.Repeat("\x00", 100<<20))}))
-		body := mustJSON(t, map[string]any{"profile": "small-disk", "source": map[string]any{"archive_url": url}})
-		r := s.curl(t, http.MethodPost, prefix, []byte(body), hdrJSON, key)
-		r.wantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "source.archive_url", "disk", fmt.Sprintf("disk_mb %d", smallDiskMB))
+		body := e2e.MustJSON(t, map[string]any{"profile": "small-disk", "source": map[string]any{"archive_url": url}})
+		r := s.Curl(t, http.MethodPost, e2e.Prefix, []byte(body), e2e.HdrJSON, key)
+		r.WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "source.archive_url", "disk", fmt.Sprintf("disk_mb %d", smallDiskMB))
 		nothingLeft(t)
 	})
 
-	step(t, "fits-a-larger-disk", func(t *testing.T) {
-		body := mustJSON(t, map[string]any{"profile": "sandboxes-default", "source": map[string]any{"snapshot_id": snap.SnapshotID}})
-		sb := s.create(t, body, key)
-		if out := s.run(t, sb.SandboxID, []string{"stat", "-c", "%s", "big.bin"}, key); out != "104857600\n" {
+	e2e.Step(t, "fits-a-larger-disk", func(t *testing.T) {
+		body := e2e.MustJSON(t, map[string]any{"profile": "sandboxes-default", "source": map[string]any{"snapshot_id": snap.SnapshotID}})
+		sb := s.Create(t, body, key)
+		if out := s.Run(t, sb.SandboxID, []string{"stat", "-c", "%s", "big.bin"}, key); out != "104857600\n" {
 			t.Errorf("the restored file: got size %q, want 104857600", out)
 		}
 	})

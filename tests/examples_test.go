@@ -8,24 +8,26 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sandboxd/tests/e2e"
 )
 
 // TestExampleExecStream builds examples/exec-stream and runs it the way its doc comment says:
 // a command started with wait: false and followed to its end over a GraphQL WebSocket, then the
 // same exec reattached by id. Output is byte for byte the command's; the exit code is its own.
 func TestExampleExecStream(t *testing.T) {
-	s := startServer(t, serverOptions{})
-	id := s.create(t, `{"profile":"sandboxes-default"}`, hdrTenant1).SandboxID
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	id := s.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1).SandboxID
 	bin := filepath.Join(t.TempDir(), "exec-stream")
 	build := exec.Command("go", "build", "-o", bin, "./examples/exec-stream")
-	build.Dir = suite.modRoot
+	build.Dir = e2e.ModuleRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the example: %v\n%s", err, out)
 	}
 	run := func(args ...string) (stdout, stderr string, code int) {
 		t.Helper()
 		cmd := exec.Command(bin, append([]string{"-url", "ws://" + s.Addr + "/graphql"}, args...)...)
-		cmd.Env = append(os.Environ(), "SANDBOX_API_KEY="+keyTenant1)
+		cmd.Env = append(os.Environ(), "SANDBOX_API_KEY="+e2e.KeyTenant1)
 		var o, e bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &o, &e
 		err := cmd.Run()

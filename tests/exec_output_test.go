@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // Exec output larger than every bound, end to end on real runsc: the guest init keeps the
@@ -50,9 +51,9 @@ type execStatusFull struct {
 // first, then only chunks (the newest output, ending with the command's end), the exit last
 // with output_bytes = bigTotal; and the log accounting is exact: the missed bytes plus every
 // chunk's bytes and 5-byte header reach the exit's offset.
-func checkBigStream(t *testing.T, s *Server, sandboxID, execID string) {
+func checkBigStream(t *testing.T, s *e2e.Server, sandboxID, execID string) {
 	t.Helper()
-	resp := sseRequest(t, s, http.MethodGet, prefix+"/"+sandboxID+"/execs/"+execID+"/output", "", hdrTenant1)
+	resp := sseRequest(t, s, http.MethodGet, e2e.Prefix+"/"+sandboxID+"/execs/"+execID+"/output", "", e2e.HdrTenant1)
 	evs := readSSE(t, resp.Body)
 	resp.Body.Close()
 	if len(evs) < 3 {
@@ -114,18 +115,18 @@ func tailOf(s string) string { return s[max(0, len(s)-16):] }
 // the waited exec, and through a detached exec that nobody follows while it writes (its
 // replica was SIGKILLed; the next one follows on from the guest's log, whose head is gone).
 func TestExecOutputKeepsTheNewest(t *testing.T) {
-	st := newStateDir(t)
+	st := e2e.NewStateDir(t)
 	rs := redistest.Start(t) // a Redis that outlives a SIGKILLed replica
-	opts := serverOptions{State: st, RedisURL: rs.URL, Limits: map[string]any{"exec_max_output_bytes": outputCap},
+	opts := e2e.ServerOptions{State: st, RedisURL: rs.URL, Limits: map[string]any{"exec_max_output_bytes": outputCap},
 		Extra: map[string]any{"reconcile_interval_ms": 300, "execs": map[string]any{"follow_lease_sec": 15}}}
-	a := startServer(t, opts)
-	id := a.create(t, `{"profile":"sandboxes-default"}`, hdrTenant1).SandboxID
+	a := e2e.StartServer(t, opts)
+	id := a.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1).SandboxID
 
 	var execID string
-	step(t, "waited-answer-holds-the-newest-bytes", func(t *testing.T) {
-		body := mustJSON(t, map[string]any{"command": bigCommand, "timeout_sec": 600})
+	e2e.Step(t, "waited-answer-holds-the-newest-bytes", func(t *testing.T) {
+		body := e2e.MustJSON(t, map[string]any{"command": bigCommand, "timeout_sec": 600})
 		start := time.Now()
-		res := a.exec(t, id, body, hdrTenant1)
+		res := a.Exec(t, id, body, e2e.HdrTenant1)
 		t.Logf("150 MB exec answered in %s", time.Since(start).Round(time.Millisecond))
 		execID = res.ExecID
 		if res.ExitCode != 0 || res.Error != "" {
@@ -137,9 +138,9 @@ func TestExecOutputKeepsTheNewest(t *testing.T) {
 		}
 	})
 
-	step(t, "status-counts-every-byte", func(t *testing.T) {
+	e2e.Step(t, "status-counts-every-byte", func(t *testing.T) {
 		var got execStatusFull
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+execID, nil, hdrTenant1).decode(t, &got)
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID, nil, e2e.HdrTenant1).Decode(t, &got)
 		if got.State != "ENDED" || got.OutputBytes == nil || *got.OutputBytes != bigTotal {
 			t.Errorf("status: got state %s output_bytes %v, want ENDED and %d", got.State, got.OutputBytes, bigTotal)
 		}
@@ -151,18 +152,18 @@ func TestExecOutputKeepsTheNewest(t *testing.T) {
 			OutputBytes     int64 `json:"outputBytes"`
 			StdoutTruncated bool  `json:"stdoutTruncated"`
 		}
-		a.gql(t, `query($id: ID!) { exec(id: $id) { outputBytes stdoutTruncated } }`, map[string]any{"id": execID}, hdrTenant1).ok(t, "exec", &g)
+		a.GQL(t, `query($id: ID!) { exec(id: $id) { outputBytes stdoutTruncated } }`, map[string]any{"id": execID}, e2e.HdrTenant1).OK(t, "exec", &g)
 		if g.OutputBytes != bigTotal || !g.StdoutTruncated {
 			t.Errorf("GraphQL exec: got %+v, want outputBytes %d and stdoutTruncated", g, bigTotal)
 		}
 	})
 
-	step(t, "stream-truncated-then-newest-then-exit", func(t *testing.T) {
+	e2e.Step(t, "stream-truncated-then-newest-then-exit", func(t *testing.T) {
 		checkBigStream(t, a, id, execID)
 		// GraphQL execOutput: the same order.
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		w := dialExecOutput(ctx, t, a, keyTenant1, execID, "")
+		w := dialExecOutput(ctx, t, a, e2e.KeyTenant1, execID, "")
 		var kinds []string
 		var tail []byte
 		for {
@@ -183,33 +184,33 @@ func TestExecOutputKeepsTheNewest(t *testing.T) {
 		}
 	})
 
-	step(t, "follower-killed-while-the-guest-drops-output", func(t *testing.T) {
+	e2e.Step(t, "follower-killed-while-the-guest-drops-output", func(t *testing.T) {
 		// The command writes everything while nobody follows (its replica was SIGKILLed and its
 		// lease has not lapsed yet); the next replica follows on from offset 0, which the
 		// guest's log no longer keeps.
-		body := mustJSON(t, map[string]any{"command": []string{"sh", "-c", bigCommand[2] + "; touch big-done"}, "wait": false})
-		r := a.curl(t, http.MethodPost, prefix+"/"+id+"/exec", []byte(body), hdrJSON, hdrTenant1)
-		r.want(t, http.StatusAccepted)
+		body := e2e.MustJSON(t, map[string]any{"command": []string{"sh", "-c", bigCommand[2] + "; touch big-done"}, "wait": false})
+		r := a.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(body), e2e.HdrJSON, e2e.HdrTenant1)
+		r.Want(t, http.StatusAccepted)
 		var started execStatusFull
-		r.decode(t, &started)
+		r.Decode(t, &started)
 		a.Kill(t)
-		b := startServer(t, opts)
-		b.track(id, hdrTenant1)
+		b := e2e.StartServer(t, opts)
+		b.Track(id, e2e.HdrTenant1)
 		// Through the new replica: wait for the command to be done writing, then check that
 		// nothing was copied yet (the lease of the dead replica still holds it off).
-		b.run(t, id, []string{"sh", "-c", "while [ ! -e big-done ]; do sleep 0.1; done"}, hdrTenant1)
+		b.Run(t, id, []string{"sh", "-c", "while [ ! -e big-done ]; do sleep 0.1; done"}, e2e.HdrTenant1)
 		var got execStatusFull
-		r = b.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+started.ExecID, nil, hdrTenant1)
-		r.want(t, http.StatusOK)
-		r.decode(t, &got)
+		r = b.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID, nil, e2e.HdrTenant1)
+		r.Want(t, http.StatusOK)
+		r.Decode(t, &got)
 		if got.State != "RUNNING" || got.OutputBytes == nil || *got.OutputBytes != 0 {
 			t.Fatalf("before the takeover: got state %s output_bytes %v, want RUNNING with nothing copied (make the lease longer?)", got.State, got.OutputBytes)
 		}
-		eventually(t, 3*time.Minute, "the exec to end under the new replica", func() (bool, string) {
+		e2e.Eventually(t, 3*time.Minute, "the exec to end under the new replica", func() (bool, string) {
 			got = execStatusFull{}
-			r := b.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+started.ExecID, nil, hdrTenant1)
-			r.want(t, http.StatusOK)
-			r.decode(t, &got)
+			r := b.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID, nil, e2e.HdrTenant1)
+			r.Want(t, http.StatusOK)
+			r.Decode(t, &got)
 			return got.State == "ENDED", fmt.Sprintf("state %s output_bytes %v", got.State, got.OutputBytes)
 		})
 		if got.ExitCode == nil || *got.ExitCode != 0 || got.Error != "" || got.OutputBytes == nil || *got.OutputBytes != bigTotal {

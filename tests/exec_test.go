@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/tests/e2e"
 )
 
 // testExecOutputs checks what one exec answers: separate stdout and stderr, exit codes, a
@@ -13,7 +15,7 @@ import (
 func (e *apiEnv) testExecOutputs(t *testing.T) {
 	s, id := e.s, e.id
 	t.Run("stdout-and-stderr-separate", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["bash","-c","echo to-stdout; echo to-stderr >&2; echo more-stdout"]}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["bash","-c","echo to-stdout; echo to-stderr >&2; echo more-stdout"]}`, e2e.HdrTenant1)
 		if res.Stdout != "to-stdout\nmore-stdout\n" || res.Stderr != "to-stderr\n" {
 			t.Errorf("got stdout %q stderr %q, want %q and %q", res.Stdout, res.Stderr, "to-stdout\nmore-stdout\n", "to-stderr\n")
 		}
@@ -22,14 +24,14 @@ func (e *apiEnv) testExecOutputs(t *testing.T) {
 		}
 	})
 	t.Run("exit-code-passes-through", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["bash","-c","exit 42"]}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["bash","-c","exit 42"]}`, e2e.HdrTenant1)
 		if res.ExitCode != 42 || res.Signal != "" || res.TimedOut || res.Error != "" {
 			t.Errorf("got exit %d signal %q timed_out %v error %q, want exit 42 and nothing else",
 				res.ExitCode, res.Signal, res.TimedOut, res.Error)
 		}
 	})
 	t.Run("command-not-found", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["no-such-command-e2e","--flag"]}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["no-such-command-e2e","--flag"]}`, e2e.HdrTenant1)
 		if res.ExitCode != 127 {
 			t.Errorf("got exit %d, want 127", res.ExitCode)
 		}
@@ -38,14 +40,14 @@ func (e *apiEnv) testExecOutputs(t *testing.T) {
 		}
 	})
 	t.Run("signal-reported", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["bash","-c","kill -KILL $$"]}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["bash","-c","kill -KILL $$"]}`, e2e.HdrTenant1)
 		if res.Signal != "SIGKILL" || res.TimedOut {
 			t.Errorf("got signal %q timed_out %v exit %d, want SIGKILL and not timed out", res.Signal, res.TimedOut, res.ExitCode)
 		}
 	})
 	t.Run("stdout-truncated-at-cap", func(t *testing.T) {
 		// Three times the cap on stdout, a little on stderr.
-		res := s.exec(t, id, `{"command":["bash","-c","head -c 200000 /dev/zero | tr '\\0' a; echo small >&2"]}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["bash","-c","head -c 200000 /dev/zero | tr '\\0' a; echo small >&2"]}`, e2e.HdrTenant1)
 		if !res.StdoutTruncated {
 			t.Errorf("got stdout_truncated false with %d bytes, want true", len(res.Stdout))
 		}
@@ -63,30 +65,30 @@ func (e *apiEnv) testExecOutputs(t *testing.T) {
 		}
 	})
 	t.Run("output-at-cap-not-truncated", func(t *testing.T) {
-		res := s.exec(t, id, mustJSON(t, map[string]any{"command": []string{"head", "-c", "65536", "/dev/zero"}}), hdrTenant1)
+		res := s.Exec(t, id, e2e.MustJSON(t, map[string]any{"command": []string{"head", "-c", "65536", "/dev/zero"}}), e2e.HdrTenant1)
 		if res.StdoutTruncated || len(res.Stdout) != apiMaxOutput {
 			t.Errorf("got %d bytes truncated %v, want %d bytes not truncated", len(res.Stdout), res.StdoutTruncated, apiMaxOutput)
 		}
 	})
 	t.Run("stdin", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["tr","a-z","A-Z"],"stdin":"shout this\n"}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["tr","a-z","A-Z"],"stdin":"shout this\n"}`, e2e.HdrTenant1)
 		if res.Stdout != "SHOUT THIS\n" {
 			t.Errorf("got stdout %q, want %q", res.Stdout, "SHOUT THIS\n")
 		}
-		res = s.exec(t, id, `{"command":["wc","-c"],"stdin_base64":"AAEC/w=="}`, hdrTenant1)
+		res = s.Exec(t, id, `{"command":["wc","-c"],"stdin_base64":"AAEC/w=="}`, e2e.HdrTenant1)
 		if strings.TrimSpace(res.Stdout) != "4" {
 			t.Errorf("got wc -c %q, want 4", res.Stdout)
 		}
 	})
 	t.Run("binary-output", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["printf","\\377\\376ok"]}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["printf","\\377\\376ok"]}`, e2e.HdrTenant1)
 		want := base64.StdEncoding.EncodeToString([]byte{0xff, 0xfe, 'o', 'k'})
 		if res.StdoutBase64 != want {
 			t.Errorf("got stdout_base64 %q (stdout %q), want %q", res.StdoutBase64, res.Stdout, want)
 		}
 	})
 	t.Run("cwd-and-env", func(t *testing.T) {
-		res := s.exec(t, id, `{"command":["bash","-c","pwd; echo $GREETING"],"cwd":"/tmp","env":{"GREETING":"hi"}}`, hdrTenant1)
+		res := s.Exec(t, id, `{"command":["bash","-c","pwd; echo $GREETING"],"cwd":"/tmp","env":{"GREETING":"hi"}}`, e2e.HdrTenant1)
 		if res.Stdout != "/tmp\nhi\n" {
 			t.Errorf("got stdout %q, want %q", res.Stdout, "/tmp\nhi\n")
 		}
@@ -98,12 +100,12 @@ func (e *apiEnv) testExecOutputs(t *testing.T) {
 func (e *apiEnv) testExecTimeout(t *testing.T) {
 	s, id := e.s, e.id
 	start := time.Now()
-	r := s.curl(t, http.MethodPost, prefix+"/"+id+"/exec",
-		[]byte(`{"command":["bash","-c","sleep 300 & setsid sleep 301 & sleep 302"],"timeout_sec":2}`), hdrJSON, hdrTenant1)
+	r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec",
+		[]byte(`{"command":["bash","-c","sleep 300 & setsid sleep 301 & sleep 302"],"timeout_sec":2}`), e2e.HdrJSON, e2e.HdrTenant1)
 	took := time.Since(start)
-	r.want(t, http.StatusOK)
-	var res execJSON
-	r.decode(t, &res)
+	r.Want(t, http.StatusOK)
+	var res e2e.ExecJSON
+	r.Decode(t, &res)
 	if !res.TimedOut {
 		t.Errorf("%s: got timed_out false, want true", r)
 	}
@@ -112,7 +114,7 @@ func (e *apiEnv) testExecTimeout(t *testing.T) {
 	}
 	t.Logf("timed out exec answered after %s (duration_ms %d, signal %q)", took.Round(time.Millisecond), res.DurationMs, res.Signal)
 	// The answer means the whole tree is gone: the very next exec sees no sleep.
-	out := s.run(t, id, []string{"ps", "-eo", "args"}, hdrTenant1)
+	out := s.Run(t, id, []string{"ps", "-eo", "args"}, e2e.HdrTenant1)
 	var left []string
 	for _, line := range strings.Split(out, "\n") {
 		if line = strings.TrimSpace(line); strings.HasPrefix(line, "sleep 30") || strings.HasPrefix(line, "setsid") {

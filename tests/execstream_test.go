@@ -18,6 +18,7 @@ import (
 	"github.com/coder/websocket"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // Exec output streaming end to end: two sandboxd replicas on one real redis-server, real
@@ -54,7 +55,7 @@ type wsExecClient struct {
 	c *websocket.Conn
 }
 
-func dialExecOutput(ctx context.Context, t *testing.T, s *Server, key, execID, after string) *wsExecClient {
+func dialExecOutput(ctx context.Context, t *testing.T, s *e2e.Server, key, execID, after string) *wsExecClient {
 	t.Helper()
 	c := dialGraphQL(ctx, t, s)
 	// One event carries up to 64 KiB of output, as text and as base64: ~200 KiB of JSON.
@@ -86,7 +87,7 @@ func (w *wsExecClient) next(ctx context.Context) (ev execOutputJSON, ok bool) {
 		Data struct {
 			ExecOutput *execOutputJSON `json:"execOutput"`
 		} `json:"data"`
-		Errors []gqlError `json:"errors"`
+		Errors []e2e.GQLError `json:"errors"`
 	}
 	if err := json.Unmarshal(m.Payload, &p); err != nil || len(p.Errors) > 0 || p.Data.ExecOutput == nil {
 		w.t.Fatalf("got payload %s (%v), want an output event", m.Payload, err)
@@ -119,14 +120,14 @@ func seqOutput(n int) string {
 	return b.String()
 }
 
-func (s *Server) execDetached(t *testing.T, id string, argv []string, headers ...string) string {
+func execDetached(t *testing.T, s *e2e.Server, id string, argv []string, headers ...string) string {
 	t.Helper()
 	var res struct {
 		ExecID   string `json:"execId"`
 		State    string `json:"state"`
 		ExitCode *int   `json:"exitCode"`
 	}
-	s.gql(t, gqlExecDetached, map[string]any{"id": id, "cmd": argv}, headers...).ok(t, "exec", &res)
+	s.GQL(t, gqlExecDetached, map[string]any{"id": id, "cmd": argv}, headers...).OK(t, "exec", &res)
 	if res.State != "RUNNING" || res.ExitCode != nil || !strings.HasPrefix(res.ExecID, "exec_") {
 		t.Fatalf("exec with wait: false: got %+v, want state RUNNING, exitCode null and an id", res)
 	}
@@ -134,21 +135,21 @@ func (s *Server) execDetached(t *testing.T, id string, argv []string, headers ..
 }
 
 func TestExecStreaming(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	rs := redistest.Start(t)
-	reps := replicasWith(t, serverOptions{RedisURL: rs.URL, Extra: map[string]any{
+	reps := e2e.ReplicasWith(t, e2e.ServerOptions{RedisURL: rs.URL, Extra: map[string]any{
 		"reconcile_interval_ms": 300,
 		"execs":                 map[string]any{"follow_lease_sec": 3},
 	}}, 3)
 	a, b := reps[0], reps[1]
-	id := a.create(t, `{"profile":"sandboxes-default"}`, hdrTenant1).SandboxID
+	id := a.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1).SandboxID
 
-	step(t, "resume-through-another-replica", func(t *testing.T) {
+	e2e.Step(t, "resume-through-another-replica", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		execID := a.execDetached(t, id, []string{"seq", "1", "200000"}, hdrTenant1)
+		execID := execDetached(t, a, id, []string{"seq", "1", "200000"}, e2e.HdrTenant1)
 		// Read part of the output through replica A, then drop the connection mid-stream.
-		w := dialExecOutput(ctx, t, a, keyTenant1, execID, "")
+		w := dialExecOutput(ctx, t, a, e2e.KeyTenant1, execID, "")
 		var got []byte
 		cursor := ""
 		for len(got) < 300_000 {
@@ -161,7 +162,7 @@ func TestExecStreaming(t *testing.T) {
 		}
 		w.c.CloseNow()
 		// Resume from the last cursor through replica B.
-		w = dialExecOutput(ctx, t, b, keyTenant1, execID, cursor)
+		w = dialExecOutput(ctx, t, b, e2e.KeyTenant1, execID, cursor)
 		var exit *execOutputJSON
 		for {
 			ev, ok := w.next(ctx)
@@ -187,14 +188,14 @@ func TestExecStreaming(t *testing.T) {
 		w.c.Close(websocket.StatusNormalClosure, "done")
 	})
 
-	step(t, "sigkill-of-the-follower", func(t *testing.T) {
+	e2e.Step(t, "sigkill-of-the-follower", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		k := reps[2]
 		// A command that runs a few seconds, started through replica K (its follower).
 		const n = 400
-		execID := k.execDetached(t, id, []string{"sh", "-c", fmt.Sprintf("for i in $(seq 1 %d); do echo $i; sleep 0.01; done; exit 5", n)}, hdrTenant1)
-		w := dialExecOutput(ctx, t, b, keyTenant1, execID, "")
+		execID := execDetached(t, k, id, []string{"sh", "-c", fmt.Sprintf("for i in $(seq 1 %d); do echo $i; sleep 0.01; done; exit 5", n)}, e2e.HdrTenant1)
+		w := dialExecOutput(ctx, t, b, e2e.KeyTenant1, execID, "")
 		var got []byte
 		killed := false
 		var exit *execOutputJSON
@@ -226,16 +227,16 @@ func TestExecStreaming(t *testing.T) {
 			t.Fatalf("exit event: got %+v, want exit code 5", exit)
 		}
 		var st execStatusJSON
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+execID, nil, hdrTenant1).decode(t, &st)
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID, nil, e2e.HdrTenant1).Decode(t, &st)
 		if st.State != "ENDED" || st.ExitCode == nil || *st.ExitCode != 5 || st.Stdout != seqOutput(n) {
 			t.Fatalf("GET the exec after the takeover: got state %s exit %v, %d bytes", st.State, st.ExitCode, len(st.Stdout))
 		}
 	})
 
-	step(t, "rest-sse", func(t *testing.T) {
+	e2e.Step(t, "rest-sse", func(t *testing.T) {
 		// curl -N -H 'Accept: text/event-stream' -d '{"command":[…]}' …/exec
-		resp := sseRequest(t, b, http.MethodPost, prefix+"/"+id+"/exec",
-			`{"command":["sh","-c","seq 1 3000; echo oops >&2; exit 4"]}`, hdrTenant1)
+		resp := sseRequest(t, b, http.MethodPost, e2e.Prefix+"/"+id+"/exec",
+			`{"command":["sh","-c","seq 1 3000; echo oops >&2; exit 4"]}`, e2e.HdrTenant1)
 		evs := readSSE(t, resp.Body)
 		resp.Body.Close()
 		if len(evs) < 3 || evs[0].event != "started" || evs[len(evs)-1].event != "exit" {
@@ -255,7 +256,7 @@ func TestExecStreaming(t *testing.T) {
 		}
 		// Status and result from the other replica.
 		var st execStatusJSON
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+started.ExecID, nil, hdrTenant1).decode(t, &st)
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID, nil, e2e.HdrTenant1).Decode(t, &st)
 		if st.State != "ENDED" || *st.ExitCode != 4 || st.Stdout != seqOutput(3000) || st.Stderr != "oops\n" {
 			t.Fatalf("GET exec: got %+v", st)
 		}
@@ -267,10 +268,10 @@ func TestExecStreaming(t *testing.T) {
 		wantRest := evs[mid+1:]
 		for name, req := range map[string]func() *http.Response{
 			"after": func() *http.Response {
-				return sseRequest(t, a, http.MethodGet, prefix+"/"+id+"/execs/"+started.ExecID+"/output?after="+evs[mid].id, "", hdrTenant1)
+				return sseRequest(t, a, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID+"/output?after="+evs[mid].id, "", e2e.HdrTenant1)
 			},
 			"last-event-id": func() *http.Response {
-				return sseRequest(t, a, http.MethodGet, prefix+"/"+id+"/execs/"+started.ExecID+"/output", "", hdrTenant1, "Last-Event-ID: "+evs[mid].id)
+				return sseRequest(t, a, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID+"/output", "", e2e.HdrTenant1, "Last-Event-ID: "+evs[mid].id)
 			},
 		} {
 			resp := req()
@@ -282,10 +283,10 @@ func TestExecStreaming(t *testing.T) {
 		}
 	})
 
-	step(t, "graphql-sse", func(t *testing.T) {
-		execID := a.execDetached(t, id, []string{"sh", "-c", "seq 1 1000"}, hdrTenant1)
-		body := mustJSON(t, map[string]any{"query": gqlExecOutputSub, "variables": map[string]any{"exec": execID}})
-		resp := sseRequest(t, b, http.MethodPost, "/graphql", body, hdrTenant1, hdrJSON)
+	e2e.Step(t, "graphql-sse", func(t *testing.T) {
+		execID := execDetached(t, a, id, []string{"sh", "-c", "seq 1 1000"}, e2e.HdrTenant1)
+		body := e2e.MustJSON(t, map[string]any{"query": gqlExecOutputSub, "variables": map[string]any{"exec": execID}})
+		resp := sseRequest(t, b, http.MethodPost, "/graphql", body, e2e.HdrTenant1, e2e.HdrJSON)
 		evs := readSSE(t, resp.Body)
 		resp.Body.Close()
 		var out []byte
@@ -312,25 +313,25 @@ func TestExecStreaming(t *testing.T) {
 		}
 	})
 
-	step(t, "auth-on-every-transport", func(t *testing.T) {
-		execID := a.execDetached(t, id, []string{"true"}, hdrTenant1)
+	e2e.Step(t, "auth-on-every-transport", func(t *testing.T) {
+		execID := execDetached(t, a, id, []string{"true"}, e2e.HdrTenant1)
 		// Another tenant's exec does not exist, through REST, GraphQL POST, SSE and WebSocket.
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+execID, nil, hdrTenant2).wantError(t, http.StatusNotFound, "NOT_FOUND")
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+execID+"/output", nil, hdrTenant2, "Accept: text/event-stream").
-			wantError(t, http.StatusNotFound, "NOT_FOUND")
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+execID, nil).wantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
-		a.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+execID+"/output", nil, "X-Api-Key: not-a-key").
-			wantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
-		a.gql(t, `query($id: ID!) { exec(id: $id) { state } }`, map[string]any{"id": execID}, hdrTenant2).wantCode(t, http.StatusOK, "NOT_FOUND")
-		body := mustJSON(t, map[string]any{"query": gqlExecOutputSub, "variables": map[string]any{"exec": execID}})
-		r := a.curl(t, http.MethodPost, "/graphql", []byte(body), hdrJSON, "Accept: text/event-stream", "X-Api-Key: not-a-key-of-this-server")
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID, nil, e2e.HdrTenant2).WantError(t, http.StatusNotFound, "NOT_FOUND")
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID+"/output", nil, e2e.HdrTenant2, "Accept: text/event-stream").
+			WantError(t, http.StatusNotFound, "NOT_FOUND")
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID, nil).WantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+		a.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID+"/output", nil, "X-Api-Key: not-a-key").
+			WantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+		a.GQL(t, `query($id: ID!) { exec(id: $id) { state } }`, map[string]any{"id": execID}, e2e.HdrTenant2).WantCode(t, http.StatusOK, "NOT_FOUND")
+		body := e2e.MustJSON(t, map[string]any{"query": gqlExecOutputSub, "variables": map[string]any{"exec": execID}})
+		r := a.Curl(t, http.MethodPost, "/graphql", []byte(body), e2e.HdrJSON, "Accept: text/event-stream", "X-Api-Key: not-a-key-of-this-server")
 		if r.Status != http.StatusUnauthorized {
 			t.Errorf("GraphQL SSE with a bad key: got %s, want 401", r)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		c := dialGraphQL(ctx, t, a)
-		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": keyTenant2})})
+		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": e2e.KeyTenant2})})
 		if m := nextMsg(ctx, t, c); m.Type != "connection_ack" {
 			t.Fatalf("got %s, want connection_ack", m.Type)
 		}
@@ -342,18 +343,18 @@ func TestExecStreaming(t *testing.T) {
 		}
 	})
 
-	step(t, "slow-subscriber-does-not-delay-a-fast-one", func(t *testing.T) {
+	e2e.Step(t, "slow-subscriber-does-not-delay-a-fast-one", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		before := goroutines(t, b)
 		// 8 MiB of output; the slow subscriber reads one event and then nothing.
-		execID := a.execDetached(t, id, []string{"sh", "-c", "head -c 8388608 /dev/zero | tr '\\0' x"}, hdrTenant1)
-		slow := dialExecOutput(ctx, t, b, keyTenant1, execID, "")
+		execID := execDetached(t, a, id, []string{"sh", "-c", "head -c 8388608 /dev/zero | tr '\\0' x"}, e2e.HdrTenant1)
+		slow := dialExecOutput(ctx, t, b, e2e.KeyTenant1, execID, "")
 		if _, ok := slow.next(ctx); !ok {
 			t.Fatal("the slow subscriber got nothing")
 		}
-		slowSSE := sseRequest(t, b, http.MethodGet, prefix+"/"+id+"/execs/"+execID+"/output", "", hdrTenant1)
-		fast := dialExecOutput(ctx, t, b, keyTenant1, execID, "")
+		slowSSE := sseRequest(t, b, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+execID+"/output", "", e2e.HdrTenant1)
+		fast := dialExecOutput(ctx, t, b, e2e.KeyTenant1, execID, "")
 		n := 0
 		var exit *execOutputJSON
 		for {
@@ -372,12 +373,12 @@ func TestExecStreaming(t *testing.T) {
 			t.Fatalf("the fast subscriber got %d bytes and exit %v while a slow one stalled", n, exit)
 		}
 		// The server answers everyone else meanwhile.
-		b.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrTenant1).want(t, http.StatusOK)
+		b.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1).Want(t, http.StatusOK)
 		fast.c.Close(websocket.StatusNormalClosure, "done")
 		slow.c.CloseNow()
 		slowSSE.Body.Close()
 		// Everything the subscriptions held is let go.
-		eventually(t, 30*time.Second, "the server's goroutines to return to where they were", func() (bool, string) {
+		e2e.Eventually(t, 30*time.Second, "the server's goroutines to return to where they were", func() (bool, string) {
 			g := goroutines(t, b)
 			return g <= before+5, fmt.Sprintf("%d goroutines, %d before", g, before)
 		})
@@ -415,7 +416,7 @@ func sseKinds(evs []sseEvent) []string {
 }
 
 // sseRequest sends a request that answers Server-Sent Events and checks it does.
-func sseRequest(t *testing.T, s *Server, method, path, body string, headers ...string) *http.Response {
+func sseRequest(t *testing.T, s *e2e.Server, method, path, body string, headers ...string) *http.Response {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -510,9 +511,9 @@ func sseOutput(t *testing.T, evs []sseEvent) (stdout, stderr string) {
 var goroutinesLine = regexp.MustCompile(`(?m)^go_goroutines (\d+)`)
 
 // goroutines reads the server's goroutine count from /metrics.
-func goroutines(t *testing.T, s *Server) int {
+func goroutines(t *testing.T, s *e2e.Server) int {
 	t.Helper()
-	r := s.curl(t, http.MethodGet, "/metrics", nil)
+	r := s.Curl(t, http.MethodGet, "/metrics", nil)
 	m := goroutinesLine.FindSubmatch(r.Body)
 	if m == nil {
 		t.Fatalf("no go_goroutines in /metrics")

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/tests/e2e"
 )
 
 // TestSandboxDeath: a sandbox of the 64 MiB profile allocates 400 MiB; its gVisor sandbox dies.
@@ -12,13 +14,13 @@ import (
 // GraphQL alike), the sandbox is then FAILED with that reason, the exec's stream still ends
 // with an exit event carrying the error, exec on it is 409, and destroy still works.
 func TestSandboxDeath(t *testing.T) {
-	s := startServer(t, serverOptions{})
-	sb := s.create(t, `{"profile":"tiny"}`, hdrTenant1)
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	sb := s.Create(t, `{"profile":"tiny"}`, e2e.HdrTenant1)
 	id := sb.SandboxID
 	if sb.Resources.MemoryBytes != 64<<20 {
 		t.Errorf("got memory_bytes %d, want 64 MiB", sb.Resources.MemoryBytes)
 	}
-	s.run(t, id, []string{"true"}, hdrTenant1)
+	s.Run(t, id, []string{"true"}, e2e.HdrTenant1)
 	const oom = `x=bytearray(400<<20); print(len(x))`
 
 	var failed struct {
@@ -29,23 +31,23 @@ func TestSandboxDeath(t *testing.T) {
 			ExecID  string `json:"exec_id"`
 		} `json:"error"`
 	}
-	step(t, "exec-that-kills-the-sandbox", func(t *testing.T) {
+	e2e.Step(t, "exec-that-kills-the-sandbox", func(t *testing.T) {
 		start := time.Now()
-		r := s.curl(t, http.MethodPost, prefix+"/"+id+"/exec",
-			[]byte(`{"command":["sh","-c","echo before; sleep 1; python3 -c '`+oom+`'"],"timeout_sec":120}`), hdrJSON, hdrTenant1)
+		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec",
+			[]byte(`{"command":["sh","-c","echo before; sleep 1; python3 -c '`+oom+`'"],"timeout_sec":120}`), e2e.HdrJSON, e2e.HdrTenant1)
 		t.Logf("%s (after %s)", r, time.Since(start).Round(time.Millisecond))
-		r.wantError(t, http.StatusConflict, "SANDBOX_FAILED", "the sandbox failed")
-		r.decode(t, &failed)
+		r.WantError(t, http.StatusConflict, "SANDBOX_FAILED", "the sandbox failed")
+		r.Decode(t, &failed)
 		if failed.Error.State != "FAILED" || !strings.HasPrefix(failed.Error.ExecID, "exec_") {
 			t.Errorf("%s: got state %q exec_id %q, want FAILED and the exec's id", r, failed.Error.State, failed.Error.ExecID)
 		}
 	})
 
-	step(t, "state-failed-with-reason", func(t *testing.T) {
-		var last sandboxJSON
-		eventually(t, 30*time.Second, "GET reports FAILED", func() (bool, string) {
-			last = s.get(t, id, hdrTenant1)
-			return last.State == "FAILED", mustJSON(t, last)
+	e2e.Step(t, "state-failed-with-reason", func(t *testing.T) {
+		var last e2e.SandboxJSON
+		e2e.Eventually(t, 30*time.Second, "GET reports FAILED", func() (bool, string) {
+			last = s.Get(t, id, e2e.HdrTenant1)
+			return last.State == "FAILED", e2e.MustJSON(t, last)
 		})
 		if last.StateReason == "" {
 			t.Errorf("got %+v, want a non-empty state_reason", last)
@@ -55,19 +57,19 @@ func TestSandboxDeath(t *testing.T) {
 			t.Errorf("the exec's error %q does not carry the state_reason %q", failed.Error.Message, last.StateReason)
 		}
 		var g gqlSandbox
-		s.gql(t, gqlGet, map[string]any{"id": id}, hdrTenant1).ok(t, "sandbox", &g)
+		s.GQL(t, gqlGet, map[string]any{"id": id}, e2e.HdrTenant1).OK(t, "sandbox", &g)
 		if g.State != "FAILED" || g.StateReason == nil || *g.StateReason == "" {
 			t.Errorf("GraphQL sandbox: got %+v, want FAILED with a stateReason", g)
 		}
 	})
 
-	step(t, "exec-stream-ends-with-the-error", func(t *testing.T) {
+	e2e.Step(t, "exec-stream-ends-with-the-error", func(t *testing.T) {
 		var st execStatusFull
-		s.curl(t, http.MethodGet, prefix+"/"+id+"/execs/"+failed.Error.ExecID, nil, hdrTenant1).decode(t, &st)
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+failed.Error.ExecID, nil, e2e.HdrTenant1).Decode(t, &st)
 		if st.State != "ENDED" || !strings.Contains(st.Error, "the sandbox failed") || st.Stdout != "before\n" {
 			t.Errorf("exec status: got %+v, want ENDED with the sandbox's failure as error and the output", st)
 		}
-		resp := sseRequest(t, s, http.MethodGet, prefix+"/"+id+"/execs/"+failed.Error.ExecID+"/output", "", hdrTenant1)
+		resp := sseRequest(t, s, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+failed.Error.ExecID+"/output", "", e2e.HdrTenant1)
 		evs := readSSE(t, resp.Body)
 		resp.Body.Close()
 		if len(evs) == 0 || evs[len(evs)-1].event != "exit" || !strings.Contains(evs[len(evs)-1].data, "the sandbox failed") {
@@ -75,27 +77,27 @@ func TestSandboxDeath(t *testing.T) {
 		}
 	})
 
-	step(t, "graphql-exec-that-kills-the-sandbox", func(t *testing.T) {
-		other := s.create(t, `{"profile":"tiny"}`, hdrTenant1).SandboxID
-		s.run(t, other, []string{"true"}, hdrTenant1)
-		g := s.gql(t, gqlExec, map[string]any{"id": other, "in": map[string]any{"command": []string{"python3", "-c", oom}, "timeoutSec": 120}}, hdrTenant1)
-		g.wantCode(t, 0, "SANDBOX_FAILED", "the sandbox failed")
-		eventually(t, 30*time.Second, "GET reports FAILED", func() (bool, string) {
-			last := s.get(t, other, hdrTenant1)
-			return last.State == "FAILED", mustJSON(t, last)
+	e2e.Step(t, "graphql-exec-that-kills-the-sandbox", func(t *testing.T) {
+		other := s.Create(t, `{"profile":"tiny"}`, e2e.HdrTenant1).SandboxID
+		s.Run(t, other, []string{"true"}, e2e.HdrTenant1)
+		g := s.GQL(t, gqlExec, map[string]any{"id": other, "in": map[string]any{"command": []string{"python3", "-c", oom}, "timeoutSec": 120}}, e2e.HdrTenant1)
+		g.WantCode(t, 0, "SANDBOX_FAILED", "the sandbox failed")
+		e2e.Eventually(t, 30*time.Second, "GET reports FAILED", func() (bool, string) {
+			last := s.Get(t, other, e2e.HdrTenant1)
+			return last.State == "FAILED", e2e.MustJSON(t, last)
 		})
 	})
 
-	step(t, "exec-on-failed-is-409", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), hdrJSON, hdrTenant1)
-		r.wantError(t, http.StatusConflict, "INVALID_STATE", "FAILED")
-		r = s.curl(t, http.MethodGet, prefix+"/"+id+"/files?path=x", nil, hdrTenant1)
-		r.wantError(t, http.StatusConflict, "INVALID_STATE")
+	e2e.Step(t, "exec-on-failed-is-409", func(t *testing.T) {
+		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), e2e.HdrJSON, e2e.HdrTenant1)
+		r.WantError(t, http.StatusConflict, "INVALID_STATE", "FAILED")
+		r = s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/files?path=x", nil, e2e.HdrTenant1)
+		r.WantError(t, http.StatusConflict, "INVALID_STATE")
 	})
 
-	step(t, "destroy", func(t *testing.T) {
-		r := s.curl(t, http.MethodDelete, prefix+"/"+id, nil, hdrTenant1)
-		r.want(t, http.StatusOK)
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrTenant1).wantError(t, http.StatusNotFound, "NOT_FOUND")
+	e2e.Step(t, "destroy", func(t *testing.T) {
+		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1)
+		r.Want(t, http.StatusOK)
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1).WantError(t, http.StatusNotFound, "NOT_FOUND")
 	})
 }

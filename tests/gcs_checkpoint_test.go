@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
+
+	"sandboxd/tests/e2e"
 )
 
 // startFakeGCS starts fake-gcs-server (its JSON API on loopback, in this process) with the
@@ -37,10 +39,10 @@ func startFakeGCS(t *testing.T, buckets ...string) (*fakestorage.Server, []strin
 // workspace in GCS (fake-gcs-server's JSON API on loopback, reached through
 // STORAGE_EMULATOR_HOST, as the storage client does against the real service).
 func TestCheckpointsOnGCS(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	const bucket = "sandbox-checkpoints"
 	gcs, gcsEnv := startFakeGCS(t, bucket)
-	s := startServer(t, serverOptions{
+	s := e2e.StartServer(t, e2e.ServerOptions{
 		Extra: map[string]any{"checkpoints": map[string]any{"store": "gcs", "gcs_bucket": bucket, "gcs_prefix": "ckpt"}},
 		Env:   gcsEnv,
 	})
@@ -66,13 +68,13 @@ func TestCheckpointsOnGCS(t *testing.T) {
 		return n
 	}
 
-	sb := s.create(t, `{"profile":"sandboxes-default"}`, hdrTenant1)
-	s.track(sb.SandboxID, hdrTenant1)
-	s.run(t, sb.SandboxID, []string{"bash", "-c", "mkdir -p src && echo kept-in-gcs > src/f && head -c 2000000 /dev/urandom > blob"}, hdrTenant1)
+	sb := s.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1)
+	s.Track(sb.SandboxID, e2e.HdrTenant1)
+	s.Run(t, sb.SandboxID, []string{"bash", "-c", "mkdir -p src && echo kept-in-gcs > src/f && head -c 2000000 /dev/urandom > blob"}, e2e.HdrTenant1)
 
-	r := s.curl(t, http.MethodPost, prefix+"/"+sb.SandboxID+"/stop", nil, hdrTenant1)
-	r.want(t, http.StatusOK)
-	var stopped sandboxJSON
+	r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+sb.SandboxID+"/stop", nil, e2e.HdrTenant1)
+	r.Want(t, http.StatusOK)
+	var stopped e2e.SandboxJSON
 	if err := json.Unmarshal(r.Body, &stopped); err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +85,13 @@ func TestCheckpointsOnGCS(t *testing.T) {
 		t.Fatalf("after stop, GCS holds %q, want one complete checkpoint (data + manifest)", got)
 	}
 
-	s.curl(t, http.MethodPost, prefix+"/"+sb.SandboxID+"/start", nil, hdrTenant1).want(t, http.StatusOK)
-	if got := s.run(t, sb.SandboxID, []string{"cat", "src/f"}, hdrTenant1); got != "kept-in-gcs\n" {
+	s.Curl(t, http.MethodPost, e2e.Prefix+"/"+sb.SandboxID+"/start", nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+	if got := s.Run(t, sb.SandboxID, []string{"cat", "src/f"}, e2e.HdrTenant1); got != "kept-in-gcs\n" {
 		t.Fatalf("after start: got %q, want %q", got, "kept-in-gcs\n")
 	}
 
-	r = s.curl(t, http.MethodDelete, prefix+"/"+sb.SandboxID, nil, hdrTenant1)
-	r.want(t, http.StatusOK)
+	r = s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrTenant1)
+	r.Want(t, http.StatusOK)
 	var destroyed struct {
 		SnapshotID string `json:"snapshot_id"`
 	}
@@ -102,5 +104,5 @@ func TestCheckpointsOnGCS(t *testing.T) {
 	if got := objects(sb.SandboxID); complete(got) != 2 {
 		t.Fatalf("after destroy, GCS holds %q, want two complete checkpoints", got)
 	}
-	s.curl(t, http.MethodGet, prefix+"/"+sb.SandboxID, nil, hdrTenant1).want(t, http.StatusNotFound)
+	s.Curl(t, http.MethodGet, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrTenant1).Want(t, http.StatusNotFound)
 }

@@ -3,6 +3,8 @@ package tests
 import (
 	"strings"
 	"testing"
+
+	"sandboxd/tests/e2e"
 )
 
 // GraphQL documents used by several tests.
@@ -65,11 +67,11 @@ type gqlFileContent struct {
 }
 
 // gqlExecOK runs a command through GraphQL and wants exit 0; it returns stdout.
-func (s *Server) gqlExecOK(t *testing.T, id string, argv []string, headers ...string) string {
+func gqlExecOK(t *testing.T, s *e2e.Server, id string, argv []string, headers ...string) string {
 	t.Helper()
 	var res gqlExecResult
-	s.gql(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": argv, "timeoutSec": 60}}, headers...).
-		ok(t, "exec", &res)
+	s.GQL(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": argv, "timeoutSec": 60}}, headers...).
+		OK(t, "exec", &res)
 	if res.ExitCode != 0 || res.Signal != nil || res.TimedOut || res.Error != nil {
 		t.Fatalf("exec %q: got %+v, want exit 0", argv, res)
 	}
@@ -78,18 +80,18 @@ func (s *Server) gqlExecOK(t *testing.T, id string, argv []string, headers ...st
 
 // TestDocumentFlowGraphQL walks the same flow as TestDocumentFlowREST through POST /graphql.
 func TestDocumentFlowGraphQL(t *testing.T) {
-	s := startServer(t, serverOptions{})
-	key := hdrDev
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	key := e2e.HdrDev
 
 	var sb gqlSandbox
-	s.gql(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default", "autostopSec": 1800, "ttlSec": 14400}}, key).
-		ok(t, "createSandbox", &sb)
+	s.GQL(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default", "autostopSec": 1800, "ttlSec": 14400}}, key).
+		OK(t, "createSandbox", &sb)
 	if sb.ID != "" {
-		s.track(sb.ID, key)
+		s.Track(sb.ID, key)
 	}
 	id := sb.ID
-	step(t, "create", func(t *testing.T) {
-		if !sandboxIDPattern.MatchString(id) {
+	e2e.Step(t, "create", func(t *testing.T) {
+		if !e2e.SandboxIDPattern.MatchString(id) {
 			t.Fatalf("got id %q, want sbx_ and a ULID", id)
 		}
 		if sb.State != "RUNNING" || sb.Profile != "sandboxes-default" || sb.AutostopSec != 1800 || sb.TTLSec != 14400 ||
@@ -100,43 +102,43 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 			t.Errorf("got resources %+v, want 1000 milliCpu and 1024 memoryMb", sb.Resources)
 		}
 		var got gqlSandbox
-		s.gql(t, gqlGet, map[string]any{"id": id}, key).ok(t, "sandbox", &got)
+		s.GQL(t, gqlGet, map[string]any{"id": id}, key).OK(t, "sandbox", &got)
 		if got.ID != id || got.State != "RUNNING" {
 			t.Errorf("sandbox(id): got %+v, want %s RUNNING", got, id)
 		}
 	})
 
-	step(t, "exec-twice-same-workspace", func(t *testing.T) {
-		if out := s.gqlExecOK(t, id, []string{"bash", "-lc", "echo from graphql > notes.txt && pwd"}, key); out != "/workspace\n" {
+	e2e.Step(t, "exec-twice-same-workspace", func(t *testing.T) {
+		if out := gqlExecOK(t, s, id, []string{"bash", "-lc", "echo from graphql > notes.txt && pwd"}, key); out != "/workspace\n" {
 			t.Errorf("got stdout %q, want /workspace", out)
 		}
-		if out := s.gqlExecOK(t, id, []string{"cat", "notes.txt"}, key); out != "from graphql\n" {
+		if out := gqlExecOK(t, s, id, []string{"cat", "notes.txt"}, key); out != "from graphql\n" {
 			t.Errorf("got stdout %q, want the first exec's line", out)
 		}
 	})
 
-	step(t, "write-file-and-run-pytest", func(t *testing.T) {
+	e2e.Step(t, "write-file-and-run-pytest", func(t *testing.T) {
 		var fi struct {
 			Name string `json:"name"`
 			Size int64  `json:"size"`
 		}
-		s.gql(t, gqlWrite, map[string]any{"id": id, "path": "test_sample.py", "content": testSample}, key).ok(t, "writeFile", &fi)
+		s.GQL(t, gqlWrite, map[string]any{"id": id, "path": "test_sample.py", "content": testSample}, key).OK(t, "writeFile", &fi)
 		if fi.Name != "test_sample.py" || fi.Size != int64(len(testSample)) {
 			t.Errorf("writeFile: got %+v, want test_sample.py of %d bytes", fi, len(testSample))
 		}
 		var res gqlExecResult
-		s.gql(t, gqlExec, map[string]any{"id": id, "in": map[string]any{
-			"command": []string{"bash", "-lc", "python -m pytest -q"}, "timeoutSec": 300}}, key).ok(t, "exec", &res)
+		s.GQL(t, gqlExec, map[string]any{"id": id, "in": map[string]any{
+			"command": []string{"bash", "-lc", "python -m pytest -q"}, "timeoutSec": 300}}, key).OK(t, "exec", &res)
 		if res.ExitCode != 0 || !strings.Contains(res.Stdout, "1 passed") {
 			t.Fatalf("pytest: got %+v, want exit 0 and \"1 passed\"", res)
 		}
 	})
 
-	step(t, "list-and-files", func(t *testing.T) {
+	e2e.Step(t, "list-and-files", func(t *testing.T) {
 		var conn struct {
 			Nodes []gqlSandbox `json:"nodes"`
 		}
-		s.gql(t, gqlList, nil, key).ok(t, "sandboxes", &conn)
+		s.GQL(t, gqlList, nil, key).OK(t, "sandboxes", &conn)
 		found := false
 		for _, n := range conn.Nodes {
 			found = found || (n.ID == id && n.State == "RUNNING")
@@ -149,7 +151,7 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 				Name string `json:"name"`
 			} `json:"entries"`
 		}
-		s.gql(t, gqlListFiles, map[string]any{"id": id}, key).ok(t, "listFiles", &listing)
+		s.GQL(t, gqlListFiles, map[string]any{"id": id}, key).OK(t, "listFiles", &listing)
 		names := map[string]bool{}
 		for _, e := range listing.Entries {
 			names[e.Name] = true
@@ -158,51 +160,51 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 			t.Errorf("listFiles: got %v, want notes.txt and test_sample.py", names)
 		}
 		var fc gqlFileContent
-		s.gql(t, gqlRead, map[string]any{"id": id, "path": "test_sample.py"}, key).ok(t, "readFile", &fc)
+		s.GQL(t, gqlRead, map[string]any{"id": id, "path": "test_sample.py"}, key).OK(t, "readFile", &fc)
 		if fc.Content == nil || *fc.Content != testSample || fc.Size != int64(len(testSample)) {
 			t.Errorf("readFile: got %+v, want the uploaded test", fc)
 		}
 	})
 
-	step(t, "stop", func(t *testing.T) {
+	e2e.Step(t, "stop", func(t *testing.T) {
 		var got gqlSandbox
-		s.gql(t, gqlStop, map[string]any{"id": id}, key).ok(t, "stopSandbox", &got)
+		s.GQL(t, gqlStop, map[string]any{"id": id}, key).OK(t, "stopSandbox", &got)
 		if got.State != "STOPPED" {
 			t.Fatalf("stopSandbox: got state %q, want STOPPED", got.State)
 		}
 		if got.LatestSnapshotID == nil || *got.LatestSnapshotID == "" {
 			t.Errorf("stopSandbox: got no latestSnapshotId, want the stop's checkpoint")
 		}
-		s.gql(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": []string{"true"}}}, key).
-			wantCode(t, 200, "INVALID_STATE", "STOPPED")
+		s.GQL(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": []string{"true"}}}, key).
+			WantCode(t, 200, "INVALID_STATE", "STOPPED")
 	})
 
-	step(t, "start", func(t *testing.T) {
+	e2e.Step(t, "start", func(t *testing.T) {
 		var got gqlSandbox
-		s.gql(t, gqlStart, map[string]any{"id": id}, key).ok(t, "startSandbox", &got)
+		s.GQL(t, gqlStart, map[string]any{"id": id}, key).OK(t, "startSandbox", &got)
 		if got.State != "RUNNING" {
 			t.Fatalf("startSandbox: got state %q, want RUNNING", got.State)
 		}
 		var fc gqlFileContent
-		s.gql(t, gqlRead, map[string]any{"id": id, "path": "notes.txt"}, key).ok(t, "readFile", &fc)
+		s.GQL(t, gqlRead, map[string]any{"id": id, "path": "notes.txt"}, key).OK(t, "readFile", &fc)
 		if fc.Content == nil || *fc.Content != "from graphql\n" {
 			t.Errorf("readFile after start: got %+v, want the first exec's line", fc)
 		}
 	})
 
-	step(t, "destroy", func(t *testing.T) {
+	e2e.Step(t, "destroy", func(t *testing.T) {
 		var got struct {
 			SnapshotID *string `json:"snapshotId"`
 			Sandbox    struct {
 				ID string `json:"id"`
 			} `json:"sandbox"`
 		}
-		s.gql(t, gqlDestroy, map[string]any{"id": id}, key).ok(t, "destroySandbox", &got)
+		s.GQL(t, gqlDestroy, map[string]any{"id": id}, key).OK(t, "destroySandbox", &got)
 		if got.SnapshotID == nil || *got.SnapshotID == "" || got.Sandbox.ID != id {
 			t.Errorf("destroySandbox: got snapshotId %v sandbox %q, want a snapshot id and %s", got.SnapshotID, got.Sandbox.ID, id)
 		}
-		g := s.gql(t, gqlGet, map[string]any{"id": id}, key)
-		g.wantCode(t, 200, "NOT_FOUND")
+		g := s.GQL(t, gqlGet, map[string]any{"id": id}, key)
+		g.WantCode(t, 200, "NOT_FOUND")
 		if string(g.Data["sandbox"]) != "null" {
 			t.Errorf("%s: got data.sandbox %s, want null", g, g.Data["sandbox"])
 		}

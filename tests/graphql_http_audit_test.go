@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/tests/e2e"
 )
 
 // TestGraphQLOverHTTPAudits runs graphql-http's server audits (the GraphQL-over-HTTP spec's
@@ -19,7 +21,7 @@ func TestGraphQLOverHTTPAudits(t *testing.T) {
 	dir := os.Getenv("SANDBOXD_GRAPHQL_HTTP")
 	if dir == "" {
 		const why = "SANDBOXD_GRAPHQL_HTTP is not set: export SANDBOXD_GRAPHQL_HTTP=$(scripts/ensure-graphql-http.sh) (scripts/test.sh does)"
-		if inCI() {
+		if e2e.InCI() {
 			t.Fatalf("%s; CI=true makes this a failure", why)
 		}
 		t.Skipf("skipping the graphql-http audits: %s", why)
@@ -28,12 +30,12 @@ func TestGraphQLOverHTTPAudits(t *testing.T) {
 	if err != nil {
 		t.Fatalf("SANDBOXD_GRAPHQL_HTTP is set but node is not in PATH (scripts/ensure-graphql-http.sh installs it): %v", err)
 	}
-	s := startServer(t, serverOptions{})
+	s := e2e.StartServer(t, e2e.ServerOptions{})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(suite.modRoot, "scripts", "graphql-audit.mjs"), s.URL+"/graphql")
-	cmd.Env = append(os.Environ(), "SANDBOXD_GRAPHQL_HTTP="+dir, "SANDBOX_API_KEY="+keyDev)
+	cmd := exec.CommandContext(ctx, node, filepath.Join(e2e.ModuleRoot(), "scripts", "graphql-audit.mjs"), s.URL+"/graphql")
+	cmd.Env = append(os.Environ(), "SANDBOXD_GRAPHQL_HTTP="+dir, "SANDBOX_API_KEY="+e2e.KeyDev)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, runErr := cmd.Output()

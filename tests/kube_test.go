@@ -14,12 +14,13 @@ import (
 	"sandboxd/internal/kubetest"
 	"sandboxd/internal/redistest"
 	"sandboxd/runtime/kube"
+	"sandboxd/tests/e2e"
 )
 
 // kubeServerOptions run sandboxd on the kube runtime as deploy/base's ServiceAccount, with a
 // real redis-server (so a test can FLUSHALL it) and a quota of 4 for dev:default.
-func kubeServerOptions(t *testing.T, kubeconfig, redisURL string, st *stateDir) serverOptions {
-	return serverOptions{State: st, RedisURL: redisURL, Extra: map[string]any{
+func kubeServerOptions(t *testing.T, kubeconfig, redisURL string, st *e2e.StateDir) e2e.ServerOptions {
+	return e2e.ServerOptions{State: st, RedisURL: redisURL, Extra: map[string]any{
 		"runtime": "kube",
 		"kube": map[string]any{
 			"kubeconfig":                kubeconfig,
@@ -45,9 +46,9 @@ func TestKubeRuntime(t *testing.T) {
 	_, kubeconfig := c.Gateway(t)
 	cs := c.Clientset(t)
 	rs := redistest.Start(t)
-	st := newStateDir(t)
+	st := e2e.NewStateDir(t)
 	opts := kubeServerOptions(t, kubeconfig, rs.URL, st)
-	s := startServer(t, opts)
+	s := e2e.StartServer(t, opts)
 	ctx := func(t *testing.T) context.Context {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		t.Cleanup(cancel)
@@ -55,9 +56,9 @@ func TestKubeRuntime(t *testing.T) {
 	}
 	var id, name string
 
-	step(t, "create", func(t *testing.T) {
+	e2e.Step(t, "create", func(t *testing.T) {
 		start := time.Now()
-		sb := s.create(t, `{"profile":"sandboxes-default","autostop_sec":1800}`, hdrDev)
+		sb := s.Create(t, `{"profile":"sandboxes-default","autostop_sec":1800}`, e2e.HdrDev)
 		id = sb.SandboxID
 		name, _ = kube.ObjectName(id)
 		t.Logf("created %s in %v", id, time.Since(start).Round(time.Millisecond))
@@ -78,16 +79,16 @@ func TestKubeRuntime(t *testing.T) {
 		}
 	})
 
-	step(t, "exec-twice-same-files", func(t *testing.T) {
-		s.run(t, id, []string{"sh", "-c", "echo 'first turn' > notes.txt && pwd"}, hdrDev)
-		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+	e2e.Step(t, "exec-twice-same-files", func(t *testing.T) {
+		s.Run(t, id, []string{"sh", "-c", "echo 'first turn' > notes.txt && pwd"}, e2e.HdrDev)
+		if got := s.Run(t, id, []string{"cat", "notes.txt"}, e2e.HdrDev); got != "first turn\n" {
 			t.Errorf("second exec read %q, want the first's file", got)
 		}
 	})
 
-	step(t, "stop-keeps-pvc", func(t *testing.T) {
-		s.curl(t, http.MethodPost, prefix+"/"+id+"/stop", nil, hdrDev).want(t, http.StatusOK)
-		if sb := s.get(t, id, hdrDev); sb.State != "STOPPED" {
+	e2e.Step(t, "stop-keeps-pvc", func(t *testing.T) {
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		if sb := s.Get(t, id, e2e.HdrDev); sb.State != "STOPPED" {
 			t.Fatalf("got state %s, want STOPPED", sb.State)
 		}
 		if _, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -96,14 +97,14 @@ func TestKubeRuntime(t *testing.T) {
 		if _, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); err != nil {
 			t.Errorf("the PVC of a stopped sandbox: %v, want it kept", err)
 		}
-		if q := s.quota(t, hdrDev); q.InUse != 0 {
+		if q := s.Quota(t, e2e.HdrDev); q.InUse != 0 {
 			t.Errorf("a stopped sandbox holds %d slots, want 0", q.InUse)
 		}
 	})
 
-	step(t, "start-same-workspace", func(t *testing.T) {
-		s.curl(t, http.MethodPost, prefix+"/"+id+"/start", nil, hdrDev).want(t, http.StatusOK)
-		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+	e2e.Step(t, "start-same-workspace", func(t *testing.T) {
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		if got := s.Run(t, id, []string{"cat", "notes.txt"}, e2e.HdrDev); got != "first turn\n" {
 			t.Errorf("after start read %q, want the workspace kept", got)
 		}
 	})
@@ -114,27 +115,27 @@ func TestKubeRuntime(t *testing.T) {
 	if err := rs.Client.FlushAll(ctx(t)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	s = startServer(t, opts)
-	s.track(id, hdrDev)
+	s = e2e.StartServer(t, opts)
+	s.Track(id, e2e.HdrDev)
 
-	step(t, "restart-after-flushall", func(t *testing.T) {
-		sb := s.get(t, id, hdrDev)
+	e2e.Step(t, "restart-after-flushall", func(t *testing.T) {
+		sb := s.Get(t, id, e2e.HdrDev)
 		if sb.State != "RUNNING" || sb.Profile != "sandboxes-default" {
 			t.Fatalf("after a restart and FLUSHALL: %+v, want the RUNNING sandbox", sb)
 		}
-		if _, ok := s.list(t, hdrDev).find(id); !ok {
+		if _, ok := s.List(t, e2e.HdrDev).Find(id); !ok {
 			t.Errorf("the list after FLUSHALL misses %s", id)
 		}
-		if q := s.quota(t, hdrDev); q.InUse != 1 {
+		if q := s.Quota(t, e2e.HdrDev); q.InUse != 1 {
 			t.Errorf("quota after FLUSHALL: %d in use, want 1 (rebuilt from the cluster)", q.InUse)
 		}
-		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+		if got := s.Run(t, id, []string{"cat", "notes.txt"}, e2e.HdrDev); got != "first turn\n" {
 			t.Errorf("after the restart read %q", got)
 		}
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrTenant1).wantError(t, http.StatusNotFound, "NOT_FOUND")
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1).WantError(t, http.StatusNotFound, "NOT_FOUND")
 	})
 
-	step(t, "pod-deleted-behind-our-back", func(t *testing.T) {
+	e2e.Step(t, "pod-deleted-behind-our-back", func(t *testing.T) {
 		old, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -148,7 +149,7 @@ func TestKubeRuntime(t *testing.T) {
 		wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		c := dialGraphQL(wctx, t, s)
-		send(wctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": keyDev})})
+		send(wctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": e2e.KeyDev})})
 		if m := nextMsg(wctx, t, c); m.Type != "connection_ack" {
 			t.Fatalf("got %s %s, want connection_ack", m.Type, m.Payload)
 		}
@@ -174,25 +175,25 @@ func TestKubeRuntime(t *testing.T) {
 		} else {
 			t.Logf("reported: %q, then started again", *failed.Reason)
 		}
-		if sb := s.get(t, id, hdrDev); sb.State != "RUNNING" {
+		if sb := s.Get(t, id, e2e.HdrDev); sb.State != "RUNNING" {
 			t.Fatalf("got %s, want RUNNING again", sb.State)
 		}
 		pod, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
 		if err != nil || pod.UID == old.UID {
 			t.Errorf("the sandbox's pod after the recovery: %v (uid %v, the deleted one was %v)", err, pod.UID, old.UID)
 		}
-		if got := s.run(t, id, []string{"cat", "notes.txt"}, hdrDev); got != "first turn\n" {
+		if got := s.Run(t, id, []string{"cat", "notes.txt"}, e2e.HdrDev); got != "first turn\n" {
 			t.Errorf("after recovery read %q, want the workspace kept", got)
 		}
-		if q := s.quota(t, hdrDev); q.InUse != 1 {
+		if q := s.Quota(t, e2e.HdrDev); q.InUse != 1 {
 			t.Errorf("the recovered sandbox holds %d slots, want 1", q.InUse)
 		}
 	})
 
-	step(t, "destroy", func(t *testing.T) {
-		s.curl(t, http.MethodDelete, prefix+"/"+id, nil, hdrDev).want(t, http.StatusOK)
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrDev).wantError(t, http.StatusNotFound, "NOT_FOUND")
-		eventually(t, 30*time.Second, "the pod and PVC are gone", func() (bool, string) {
+	e2e.Step(t, "destroy", func(t *testing.T) {
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrDev).Want(t, http.StatusOK)
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrDev).WantError(t, http.StatusNotFound, "NOT_FOUND")
+		e2e.Eventually(t, 30*time.Second, "the pod and PVC are gone", func() (bool, string) {
 			_, perr := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
 			_, verr := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
 			return apierrors.IsNotFound(perr) && apierrors.IsNotFound(verr), "pod: " + errString(perr) + ", pvc: " + errString(verr)
@@ -217,10 +218,10 @@ func TestKubeUnschedulable(t *testing.T) {
 		{"name": "sandboxes-default", "image": kubetest.BaseImage, "milli_cpu": 1000, "memory_mb": 1024},
 		{"name": "huge", "image": kubetest.BaseImage, "milli_cpu": 1000, "memory_mb": 4 << 20},
 	}
-	s := startServer(t, opts)
-	r := s.curl(t, http.MethodPost, prefix, []byte(`{"profile":"huge"}`), hdrJSON, hdrDev)
-	r.wantError(t, http.StatusServiceUnavailable, "UNAVAILABLE", "cannot be scheduled")
-	if q := s.quota(t, hdrDev); q.InUse != 0 {
+	s := e2e.StartServer(t, opts)
+	r := s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"profile":"huge"}`), e2e.HdrJSON, e2e.HdrDev)
+	r.WantError(t, http.StatusServiceUnavailable, "UNAVAILABLE", "cannot be scheduled")
+	if q := s.Quota(t, e2e.HdrDev); q.InUse != 0 {
 		t.Errorf("a failed create holds %d slots, want 0", q.InUse)
 	}
 }
@@ -231,7 +232,7 @@ func TestDeployApplies(t *testing.T) {
 	c := kubetest.Require(t)
 	c.ApplyRBAC(t) // the namespaces must exist for a dry run of what goes into them
 	for _, dir := range []string{"deploy/base", "deploy/overlays/dev"} {
-		out, err := c.Run(nil, "apply", "--dry-run=server", "-k", suite.modRoot+"/"+dir)
+		out, err := c.Run(nil, "apply", "--dry-run=server", "-k", e2e.ModuleRoot()+"/"+dir)
 		if err != nil {
 			t.Errorf("%s: %v\n%s", dir, err, out)
 			continue

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // TestAutostopAndTTL: auto-stop and TTL end to end on runsc with short values (bounds 1 s,
@@ -18,21 +19,21 @@ import (
 // The sandboxes are watched through the listing, never through GET on the sandbox: any API call
 // on a sandbox is activity and would postpone its auto-stop.
 func TestAutostopAndTTL(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	rs := redistest.Start(t)
-	s := startServer(t, serverOptions{RedisURL: rs.URL,
+	s := e2e.StartServer(t, e2e.ServerOptions{RedisURL: rs.URL,
 		Limits: map[string]any{"autostop_min_sec": 1, "ttl_min_sec": 1},
 		Extra:  map[string]any{"reconcile_interval_ms": 300}})
 
 	// watch lists the sandbox every 100 ms until until(sb) holds, failing after timeout. It
 	// returns the sandbox that satisfied until and the states seen, with when (since from).
-	watch := func(t *testing.T, id string, from time.Time, timeout time.Duration, each func(sb sandboxJSON), until func(sb sandboxJSON) bool) (sandboxJSON, []string) {
+	watch := func(t *testing.T, id string, from time.Time, timeout time.Duration, each func(sb e2e.SandboxJSON), until func(sb e2e.SandboxJSON) bool) (e2e.SandboxJSON, []string) {
 		t.Helper()
 		var seen []string
 		last := ""
 		deadline := time.Now().Add(timeout)
 		for {
-			sb, ok := s.listAll(t, hdrTenant1).find(id)
+			sb, ok := s.ListAll(t, e2e.HdrTenant1).Find(id)
 			if !ok {
 				t.Fatalf("the listing has no %s (states seen: %v), want it", id, seen)
 			}
@@ -55,20 +56,20 @@ func TestAutostopAndTTL(t *testing.T) {
 
 	t.Run("autostop-idle", func(t *testing.T) {
 		before := time.Now()
-		sb := s.create(t, `{"profile":"sandboxes-default","autostop_sec":2}`, hdrTenant1)
+		sb := s.Create(t, `{"profile":"sandboxes-default","autostop_sec":2}`, e2e.HdrTenant1)
 		created := time.Now()
 		if sb.AutostopSec != 2 {
 			t.Errorf("got autostop_sec %d, want 2", sb.AutostopSec)
 		}
 		var shown *time.Time
-		final, seen := watch(t, sb.SandboxID, created, 15*time.Second, func(sb sandboxJSON) {
+		final, seen := watch(t, sb.SandboxID, created, 15*time.Second, func(sb e2e.SandboxJSON) {
 			if sb.State == "RUNNING" && sb.AutostopAt != nil {
 				shown = sb.AutostopAt
 			}
 			if sb.State != "RUNNING" && sb.State != "STOPPING" && sb.State != "STOPPED" {
 				t.Errorf("got state %s (%s), want RUNNING, then STOPPING, then STOPPED", sb.State, sb.StateReason)
 			}
-		}, func(sb sandboxJSON) bool { return sb.State == "STOPPED" })
+		}, func(sb e2e.SandboxJSON) bool { return sb.State == "STOPPED" })
 		stoppedAfter := time.Since(created)
 		t.Logf("autostop_sec 2: states %v; STOPPED seen %s after the create answered", seen, stoppedAfter.Round(10*time.Millisecond))
 		if shown == nil {
@@ -92,22 +93,22 @@ func TestAutostopAndTTL(t *testing.T) {
 		if final.AutostopAt != nil {
 			t.Errorf("got autostop_at %s on a STOPPED sandbox, want none", final.AutostopAt)
 		}
-		if q := s.quota(t, hdrTenant1); q.InUse != 0 {
+		if q := s.Quota(t, e2e.HdrTenant1); q.InUse != 0 {
 			t.Errorf("after the auto-stop: got in_use %d, want 0 (a stop gives the slot back)", q.InUse)
 		}
 	})
 
 	t.Run("autostop-waits-for-exec", func(t *testing.T) {
-		sb := s.create(t, `{"profile":"sandboxes-default","autostop_sec":2}`, hdrTenant1)
+		sb := s.Create(t, `{"profile":"sandboxes-default","autostop_sec":2}`, e2e.HdrTenant1)
 		id := sb.SandboxID
 		type answer struct {
-			r   *Response
+			r   *e2e.Response
 			err error
 		}
 		done := make(chan answer, 1)
 		execStart := time.Now()
 		go func() {
-			r, err := s.send(http.MethodPost, prefix+"/"+id+"/exec", strings.NewReader(`{"command":["sleep","5"],"timeout_sec":30}`), hdrJSON, hdrTenant1)
+			r, err := s.Send(http.MethodPost, e2e.Prefix+"/"+id+"/exec", strings.NewReader(`{"command":["sleep","5"],"timeout_sec":30}`), e2e.HdrJSON, e2e.HdrTenant1)
 			done <- answer{r, err}
 		}()
 		// While the command runs (2.5 times autostop_sec) the sandbox stays RUNNING.
@@ -121,7 +122,7 @@ func TestAutostopAndTTL(t *testing.T) {
 				break running
 			case <-time.After(200 * time.Millisecond):
 			}
-			sb, ok := s.listAll(t, hdrTenant1).find(id)
+			sb, ok := s.ListAll(t, e2e.HdrTenant1).Find(id)
 			polls++
 			if !ok || sb.State != "RUNNING" {
 				seen = append(seen, sb.State+"@"+time.Since(execStart).Round(10*time.Millisecond).String())
@@ -134,9 +135,9 @@ func TestAutostopAndTTL(t *testing.T) {
 		if ans.err != nil {
 			t.Fatalf("exec sleep 5: %v", ans.err)
 		}
-		ans.r.want(t, http.StatusOK)
-		var res execJSON
-		ans.r.decode(t, &res)
+		ans.r.Want(t, http.StatusOK)
+		var res e2e.ExecJSON
+		ans.r.Decode(t, &res)
 		if res.ExitCode != 0 || res.Signal != "" || res.TimedOut || res.Error != "" {
 			t.Errorf("exec sleep 5 under autostop_sec 2: got exit %d signal %q timed_out %v error %q, want exit 0 (not killed by an auto-stop)",
 				res.ExitCode, res.Signal, res.TimedOut, res.Error)
@@ -150,11 +151,11 @@ func TestAutostopAndTTL(t *testing.T) {
 		// look up to one interval (300 ms) longer than it was; a stop seen earlier than that
 		// came too soon.
 		var leftRunning time.Duration
-		final, states := watch(t, id, execEnd, 15*time.Second, func(sb sandboxJSON) {
+		final, states := watch(t, id, execEnd, 15*time.Second, func(sb e2e.SandboxJSON) {
 			if sb.State != "RUNNING" && leftRunning == 0 {
 				leftRunning = time.Since(execEnd)
 			}
-		}, func(sb sandboxJSON) bool {
+		}, func(sb e2e.SandboxJSON) bool {
 			return sb.State != "RUNNING" && sb.State != "STOPPING"
 		})
 		stoppedAfter := time.Since(execEnd)
@@ -173,7 +174,7 @@ func TestAutostopAndTTL(t *testing.T) {
 	})
 
 	t.Run("ttl-expires", func(t *testing.T) {
-		sb := s.create(t, `{"profile":"sandboxes-default","ttl_sec":3}`, hdrTenant1)
+		sb := s.Create(t, `{"profile":"sandboxes-default","ttl_sec":3}`, e2e.HdrTenant1)
 		id := sb.SandboxID
 		if sb.TTLSec != 3 {
 			t.Errorf("got ttl_sec %d, want 3", sb.TTLSec)
@@ -182,23 +183,23 @@ func TestAutostopAndTTL(t *testing.T) {
 		if sb.ExpiresAt == nil || !sb.ExpiresAt.Equal(expires) {
 			t.Errorf("got expires_at %v, want created_at + ttl_sec = %s", sb.ExpiresAt, expires.Format(time.RFC3339Nano))
 		}
-		if l, ok := s.listAll(t, hdrTenant1).find(id); !ok || l.ExpiresAt == nil || !l.ExpiresAt.Equal(expires) {
+		if l, ok := s.ListAll(t, e2e.HdrTenant1).Find(id); !ok || l.ExpiresAt == nil || !l.ExpiresAt.Equal(expires) {
 			t.Errorf("listing: got %s with expires_at %v, want %s", id, l.ExpiresAt, expires.Format(time.RFC3339Nano))
 		}
 		// The events of this sandbox from the start of the stream, over SSE.
-		stream, closeStream := s.sse(t, hdrTenant1, map[string]any{"id": id, "after": "0-0"})
+		stream, closeStream := sse(t, s, e2e.HdrTenant1, map[string]any{"id": id, "after": "0-0"})
 		defer closeStream()
 		var goneAt time.Time
 		for {
-			r := s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrTenant1)
+			r := s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1)
 			if r.Status == http.StatusNotFound {
 				goneAt = time.Now()
 				break
 			}
-			r.want(t, http.StatusOK)
+			r.Want(t, http.StatusOK)
 			if time.Since(sb.CreatedAt) > 15*time.Second {
-				var cur sandboxJSON
-				r.decode(t, &cur)
+				var cur e2e.SandboxJSON
+				r.Decode(t, &cur)
 				t.Fatalf("%s with ttl_sec 3: still %s %s after its creation, want it gone", id, cur.State, time.Since(sb.CreatedAt).Round(10*time.Millisecond))
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -211,7 +212,7 @@ func TestAutostopAndTTL(t *testing.T) {
 		if gone > 7*time.Second {
 			t.Errorf("got 404 %s after created_at, want within about 7s (ttl_sec 3, reconciler every 300ms)", gone.Round(10*time.Millisecond))
 		}
-		if _, ok := s.listAll(t, hdrTenant1).find(id); ok {
+		if _, ok := s.ListAll(t, e2e.HdrTenant1).Find(id); ok {
 			t.Errorf("the listing still has %s after it expired, want it gone", id)
 		}
 
@@ -254,7 +255,7 @@ func TestAutostopAndTTL(t *testing.T) {
 			b, _ := json.Marshal(expired)
 			t.Errorf("got EXPIRED event %s, want a reason that mentions the ttl", b)
 		}
-		if q := s.quota(t, hdrTenant1); q.InUse != 0 {
+		if q := s.Quota(t, e2e.HdrTenant1); q.InUse != 0 {
 			t.Errorf("after the expiry: got in_use %d, want 0 (expiry gives the slot back)", q.InUse)
 		}
 	})

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"sandboxd/tests/e2e"
 )
 
 // idLike matches a label value that holds a sandbox or exec id (or any ULID).
@@ -20,7 +22,7 @@ func (e *apiEnv) testHealthAndMetrics(t *testing.T) {
 	s, id := e.s, e.id
 	for _, path := range []string{"/healthz", "/readyz"} {
 		t.Run(strings.TrimPrefix(path, "/"), func(t *testing.T) {
-			r := s.curl(t, http.MethodGet, path, nil)
+			r := s.Curl(t, http.MethodGet, path, nil)
 			if r.Status != http.StatusOK {
 				t.Errorf("%s: got status %d, want 200", r, r.Status)
 			}
@@ -28,14 +30,14 @@ func (e *apiEnv) testHealthAndMetrics(t *testing.T) {
 	}
 	t.Run("metrics", func(t *testing.T) {
 		// Requests whose paths carry ids, known and unknown, and paths that route nowhere.
-		s.get(t, id, hdrTenant1)
-		s.curl(t, http.MethodGet, prefix+"/"+id+"/files/list", nil, hdrTenant1)
-		s.curl(t, http.MethodGet, prefix+"/sbx_01ARZ3NDEKTSV4RRFFQ69G5FAV/whatever/sbx_01ARZ3NDEKTSV4RRFFQ69G5FAW", nil, hdrTenant1)
-		s.curl(t, http.MethodGet, "/sbx_01ARZ3NDEKTSV4RRFFQ69G5FAX", nil, hdrTenant1)
-		s.curl(t, "PROPFIND", prefix+"/"+id, nil, hdrTenant1)
+		s.Get(t, id, e2e.HdrTenant1)
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/files/list", nil, e2e.HdrTenant1)
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/sbx_01ARZ3NDEKTSV4RRFFQ69G5FAV/whatever/sbx_01ARZ3NDEKTSV4RRFFQ69G5FAW", nil, e2e.HdrTenant1)
+		s.Curl(t, http.MethodGet, "/sbx_01ARZ3NDEKTSV4RRFFQ69G5FAX", nil, e2e.HdrTenant1)
+		s.Curl(t, "PROPFIND", e2e.Prefix+"/"+id, nil, e2e.HdrTenant1)
 
-		r := s.curl(t, http.MethodGet, "/metrics", nil)
-		r.want(t, http.StatusOK)
+		r := s.Curl(t, http.MethodGet, "/metrics", nil)
+		r.Want(t, http.StatusOK)
 		text := string(r.Body)
 		for _, name := range []string{
 			"sandboxd_http_request_duration_seconds_bucket{",

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"sandboxd/tests/e2e"
 )
 
 // escapeScript is the attack of issue 13 ("processes outlive their exec"): processes that
@@ -20,9 +22,9 @@ var escapees = []string{"sleep 1000", "sleep 1001", "x 1002"}
 
 // countProcs runs `ps -eo args` in a new exec of the sandbox and counts the lines that are
 // exactly one of want.
-func (s *Server) countProcs(t *testing.T, id string, want []string) (int, string) {
+func countProcs(t *testing.T, s *e2e.Server, id string, want []string) (int, string) {
 	t.Helper()
-	out := s.run(t, id, []string{"ps", "-eo", "args"}, hdrTenant1)
+	out := s.Run(t, id, []string{"ps", "-eo", "args"}, e2e.HdrTenant1)
 	n := 0
 	for _, line := range strings.Split(out, "\n") {
 		for _, w := range want {
@@ -35,10 +37,10 @@ func (s *Server) countProcs(t *testing.T, id string, want []string) (int, string
 }
 
 // waitProcs waits until countProcs finds n.
-func (s *Server) waitProcs(t *testing.T, id string, want []string, n int) {
+func waitProcs(t *testing.T, s *e2e.Server, id string, want []string, n int) {
 	t.Helper()
-	eventually(t, 30*time.Second, "processes "+strings.Join(want, ", "), func() (bool, string) {
-		got, ps := s.countProcs(t, id, want)
+	e2e.Eventually(t, 30*time.Second, "processes "+strings.Join(want, ", "), func() (bool, string) {
+		got, ps := countProcs(t, s, id, want)
 		return got == n, ps
 	})
 }
@@ -51,69 +53,69 @@ func TestProcessesEndWithTheirExec(t *testing.T) {
 		{"id": "escaper", "integrations": []string{"sandbox"}, "binary": "bash",
 			"command": []string{"bash", "-c", escapeScript}},
 	}
-	s := startServer(t, serverOptions{Extra: map[string]any{"agents": agents}})
+	s := e2e.StartServer(t, e2e.ServerOptions{Extra: map[string]any{"agents": agents}})
 
-	step(t, "timeout-ends-escaped-processes", func(t *testing.T) {
-		id := s.create(t, `{}`, hdrTenant1).SandboxID
+	e2e.Step(t, "timeout-ends-escaped-processes", func(t *testing.T) {
+		id := s.Create(t, `{}`, e2e.HdrTenant1).SandboxID
 		body, err := json.Marshal(map[string]any{"command": []string{"bash", "-c", escapeScript}, "timeout_sec": 3})
 		if err != nil {
 			t.Fatal(err)
 		}
 		type result struct {
-			r   *Response
+			r   *e2e.Response
 			err error
 		}
 		done := make(chan result, 1)
 		go func() {
-			r, err := s.send(http.MethodPost, prefix+"/"+id+"/exec", bytes.NewReader(body), hdrJSON, hdrTenant1)
+			r, err := s.Send(http.MethodPost, e2e.Prefix+"/"+id+"/exec", bytes.NewReader(body), e2e.HdrJSON, e2e.HdrTenant1)
 			done <- result{r, err}
 		}()
 		// Every escapee runs before the timeout fires.
-		s.waitProcs(t, id, escapees, len(escapees))
+		waitProcs(t, s, id, escapees, len(escapees))
 		res := <-done
 		if res.err != nil {
 			t.Fatal(res.err)
 		}
-		res.r.want(t, http.StatusOK)
-		var ex execJSON
-		res.r.decode(t, &ex)
+		res.r.Want(t, http.StatusOK)
+		var ex e2e.ExecJSON
+		res.r.Decode(t, &ex)
 		if !ex.TimedOut {
 			t.Errorf("%s: got timed_out false, want true", res.r)
 		}
-		if n, ps := s.countProcs(t, id, escapees); n != 0 {
+		if n, ps := countProcs(t, s, id, escapees); n != 0 {
 			t.Errorf("after the timeout: got %d of %q still running, want 0; ps -eo args:\n%s", n, escapees, ps)
 		}
 	})
 
-	step(t, "cancel-ends-escaped-processes", func(t *testing.T) {
-		id := s.create(t, `{}`, hdrTenant1).SandboxID
-		run := s.startRun(t, mustJSON(t, map[string]any{"agent_id": "escaper", "instruction": "escape", "sandbox_id": id}), hdrTenant1)
+	e2e.Step(t, "cancel-ends-escaped-processes", func(t *testing.T) {
+		id := s.Create(t, `{}`, e2e.HdrTenant1).SandboxID
+		run := startRun(t, s, e2e.MustJSON(t, map[string]any{"agent_id": "escaper", "instruction": "escape", "sandbox_id": id}), e2e.HdrTenant1)
 		if run.Status != "RUNNING" {
 			t.Fatalf("start: got %+v, want RUNNING", run)
 		}
-		s.waitProcs(t, id, escapees, len(escapees))
-		r := s.curl(t, http.MethodPost, agentRuns+"/"+run.RunID+"/cancel", nil, hdrTenant1)
-		r.want(t, http.StatusOK)
-		r.decode(t, &run)
+		waitProcs(t, s, id, escapees, len(escapees))
+		r := s.Curl(t, http.MethodPost, agentRuns+"/"+run.RunID+"/cancel", nil, e2e.HdrTenant1)
+		r.Want(t, http.StatusOK)
+		r.Decode(t, &run)
 		if run.Status != "CANCELLED" {
 			t.Fatalf("cancel: got %+v, want CANCELLED", run)
 		}
-		if n, ps := s.countProcs(t, id, escapees); n != 0 {
+		if n, ps := countProcs(t, s, id, escapees); n != 0 {
 			t.Errorf("after the cancel: got %d of %q still running, want 0; ps -eo args:\n%s", n, escapees, ps)
 		}
 	})
 
-	step(t, "normal-exit-leaves-background-running", func(t *testing.T) {
-		id := s.create(t, `{}`, hdrTenant1).SandboxID
-		ex := s.exec(t, id, mustJSON(t, map[string]any{"command": []string{"bash", "-c", "sleep 1003 & (setsid sleep 1004 &); echo started"}, "timeout_sec": 30}), hdrTenant1)
+	e2e.Step(t, "normal-exit-leaves-background-running", func(t *testing.T) {
+		id := s.Create(t, `{}`, e2e.HdrTenant1).SandboxID
+		ex := s.Exec(t, id, e2e.MustJSON(t, map[string]any{"command": []string{"bash", "-c", "sleep 1003 & (setsid sleep 1004 &); echo started"}, "timeout_sec": 30}), e2e.HdrTenant1)
 		if ex.ExitCode != 0 || ex.TimedOut || ex.Stdout != "started\n" {
 			t.Fatalf("got %+v, want exit 0 and started", ex)
 		}
 		time.Sleep(time.Second)
-		if n, ps := s.countProcs(t, id, []string{"sleep 1003"}); n != 1 {
+		if n, ps := countProcs(t, s, id, []string{"sleep 1003"}); n != 1 {
 			t.Errorf("after the exit: got %d of sleep 1003, want 1 (a server started with & must survive); ps -eo args:\n%s", n, ps)
 		}
-		if n, ps := s.countProcs(t, id, []string{"sleep 1004"}); n != 1 {
+		if n, ps := countProcs(t, s, id, []string{"sleep 1004"}); n != 1 {
 			t.Errorf("after the exit: got %d of sleep 1004, want 1; ps -eo args:\n%s", n, ps)
 		}
 		// No public API signals an ended exec (an ended agent run cannot be cancelled); the

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // TestQuotaFlushAll: creates and destroys run concurrently against a limit of 5 while the test
@@ -19,18 +20,18 @@ import (
 // listed as CREATING, STARTING or RUNNING, nor in_use (or the slots' ZCARD) above 5; at the end
 // in_use equals the listed holders.
 func TestQuotaFlushAll(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	const limit, workers = 5, 7
 	const load, flushEvery = 20 * time.Second, 2500 * time.Millisecond
 	rs := redistest.Start(t)
-	s := startServer(t, serverOptions{RedisURL: rs.URL, Extra: quotaConfig(limit, 0, 500)})
+	s := e2e.StartServer(t, e2e.ServerOptions{RedisURL: rs.URL, Extra: quotaConfig(limit, 0, 500)})
 
 	sampling, stopSampling := context.WithCancel(context.Background())
 	defer stopSampling()
 	var swg sync.WaitGroup
 	listed, inUse, zcard := &gauge{}, &gauge{}, &gauge{}
 	listed.run(sampling, &swg, 20*time.Millisecond, func(context.Context) (int, string, error) {
-		l, err := s.readList(hdrTenant1)
+		l, err := s.ReadList(e2e.HdrTenant1)
 		h := slotHolders(l)
 		return len(h), describe(h), err
 	})
@@ -55,7 +56,7 @@ func TestQuotaFlushAll(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(w), 4))
 			pause := func(lo, hi int) { time.Sleep(time.Duration(lo+rng.IntN(hi-lo)) * time.Millisecond) }
 			for ctx.Err() == nil {
-				r, err := s.send(http.MethodPost, prefix, strings.NewReader(createBody), hdrJSON, hdrTenant1)
+				r, err := s.Send(http.MethodPost, e2e.Prefix, strings.NewReader(e2e.CreateBody), e2e.HdrJSON, e2e.HdrTenant1)
 				if err != nil {
 					note("create: %v", err)
 					pause(200, 400)
@@ -63,17 +64,17 @@ func TestQuotaFlushAll(t *testing.T) {
 				}
 				switch r.Status {
 				case http.StatusCreated:
-					var sb sandboxJSON
+					var sb e2e.SandboxJSON
 					if err := json.Unmarshal(r.Body, &sb); err != nil || sb.SandboxID == "" {
 						note("%s: undecodable (%v)", r, err)
 						continue
 					}
-					s.track(sb.SandboxID, hdrTenant1)
+					s.Track(sb.SandboxID, e2e.HdrTenant1)
 					mu.Lock()
 					created++
 					mu.Unlock()
 					pause(200, 1200)
-					d, err := s.send(http.MethodDelete, prefix+"/"+sb.SandboxID, nil, hdrTenant1)
+					d, err := s.Send(http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrTenant1)
 					switch {
 					case err != nil:
 						note("destroy: %v", err)
@@ -115,11 +116,11 @@ func TestQuotaFlushAll(t *testing.T) {
 
 	// Everything has answered: in_use and the listed holders agree (the reconciler may need a
 	// pass to settle leases after the last flush).
-	var q quotaJSON
-	var l listJSON
+	var q e2e.QuotaJSON
+	var l e2e.ListJSON
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		q, l = s.quotaAndHolders(t, hdrTenant1)
+		q, l = quotaAndHolders(t, s, e2e.HdrTenant1)
 		if q.InUse == len(slotHolders(l)) || time.Now().After(deadline) {
 			break
 		}
@@ -132,7 +133,7 @@ func TestQuotaFlushAll(t *testing.T) {
 		t.Errorf("at the end: got in_use %d, want %d, the listed holders (%s)", q.InUse, len(h), describe(h))
 	}
 	listed.check(t, "sandboxes listed as CREATING, STARTING or RUNNING", limit)
-	inUse.check(t, "GET "+prefix+"/quota in_use", limit)
+	inUse.check(t, "GET "+e2e.Prefix+"/quota in_use", limit)
 	zcard.check(t, "ZCARD "+slotsKeyT1, limit)
 	for i, u := range unexpected {
 		if i == 5 {
@@ -149,12 +150,12 @@ func TestQuotaFlushAll(t *testing.T) {
 	}
 	// Nothing left holds a slot once every sandbox is destroyed.
 	for _, sb := range l.Sandboxes {
-		r := s.curl(t, http.MethodDelete, prefix+"/"+sb.SandboxID, nil, hdrTenant1)
+		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrTenant1)
 		if r.Status != http.StatusOK && r.Status != http.StatusNotFound {
 			t.Errorf("%s: got status %d, want 200", r, r.Status)
 		}
 	}
-	if q := s.quota(t, hdrTenant1); q.InUse != 0 {
+	if q := s.Quota(t, e2e.HdrTenant1); q.InUse != 0 {
 		t.Errorf("after destroying every sandbox: got in_use %d, want 0", q.InUse)
 	}
 }

@@ -7,15 +7,16 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // TestQuotaGraphQL: the quota query answers limit and use; createSandbox on a full project is
 // an error with extensions.code QUOTA_EXCEEDED and extensions.retryAfter. The default limit here
 // comes from the environment (SANDBOX_CONCURRENCY_LIMIT=1 over the config file's 0).
 func TestQuotaGraphQL(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	rs := redistest.Start(t)
-	s := startServer(t, serverOptions{RedisURL: rs.URL, Env: []string{"SANDBOX_CONCURRENCY_LIMIT=1"}})
+	s := e2e.StartServer(t, e2e.ServerOptions{RedisURL: rs.URL, Env: []string{"SANDBOX_CONCURRENCY_LIMIT=1"}})
 	const gqlQuota = `{ quota { limit inUse } }`
 	type gqlQuotaJSON struct {
 		Limit int `json:"limit"`
@@ -24,33 +25,33 @@ func TestQuotaGraphQL(t *testing.T) {
 	quota := func(key string) gqlQuotaJSON {
 		t.Helper()
 		var q gqlQuotaJSON
-		s.gql(t, gqlQuota, nil, key).ok(t, "quota", &q)
+		s.GQL(t, gqlQuota, nil, key).OK(t, "quota", &q)
 		return q
 	}
-	if q := quota(hdrTenant1); q != (gqlQuotaJSON{Limit: 1}) {
+	if q := quota(e2e.HdrTenant1); q != (gqlQuotaJSON{Limit: 1}) {
 		t.Fatalf("quota of an empty project: got %+v, want limit 1 (SANDBOX_CONCURRENCY_LIMIT), inUse 0", q)
 	}
-	id := s.create(t, createBody, hdrTenant1).SandboxID
-	if q := quota(hdrTenant1); q != (gqlQuotaJSON{Limit: 1, InUse: 1}) {
+	id := s.Create(t, e2e.CreateBody, e2e.HdrTenant1).SandboxID
+	if q := quota(e2e.HdrTenant1); q != (gqlQuotaJSON{Limit: 1, InUse: 1}) {
 		t.Errorf("quota with one RUNNING sandbox: got %+v, want limit 1, inUse 1", q)
 	}
-	if q := s.quota(t, hdrTenant1); q != (quotaJSON{Limit: 1, InUse: 1}) {
+	if q := s.Quota(t, e2e.HdrTenant1); q != (e2e.QuotaJSON{Limit: 1, InUse: 1}) {
 		t.Errorf("REST quota with one RUNNING sandbox: got %+v, want limit 1, in_use 1", q)
 	}
-	if q := quota(hdrTenant2); q != (gqlQuotaJSON{Limit: 1}) {
+	if q := quota(e2e.HdrTenant2); q != (gqlQuotaJSON{Limit: 1}) {
 		t.Errorf("quota of another tenant: got %+v, want limit 1, inUse 0", q)
 	}
 
 	t.Run("createSandbox-full", func(t *testing.T) {
-		g := s.gql(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default"}}, hdrTenant1)
+		g := s.GQL(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default"}}, e2e.HdrTenant1)
 		if raw, ok := g.Data["createSandbox"]; ok && string(raw) != "null" {
 			var made gqlSandbox
 			if json.Unmarshal(raw, &made) == nil && made.ID != "" {
-				s.track(made.ID, hdrTenant1)
+				s.Track(made.ID, e2e.HdrTenant1)
 			}
 			t.Fatalf("%s: got a sandbox, want QUOTA_EXCEEDED", g)
 		}
-		g.wantCode(t, 0, "QUOTA_EXCEEDED")
+		g.WantCode(t, 0, "QUOTA_EXCEEDED")
 		if len(g.Errors) > 0 {
 			ra, ok := g.Errors[0].Extensions["retryAfter"].(float64)
 			if !ok || ra <= 0 || ra != float64(int(ra)) {
@@ -59,7 +60,7 @@ func TestQuotaGraphQL(t *testing.T) {
 		}
 	})
 	t.Run("rest-create-full", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, prefix, []byte(createBody), hdrJSON, hdrTenant1)
+		r := s.Curl(t, http.MethodPost, e2e.Prefix, []byte(e2e.CreateBody), e2e.HdrJSON, e2e.HdrTenant1)
 		if p := quotaExceededProblem(r, 1); p != "" {
 			t.Error(p)
 		}
@@ -72,8 +73,8 @@ func TestQuotaGraphQL(t *testing.T) {
 			ExpiresAt  *time.Time `json:"expiresAt"`
 			AutostopAt *time.Time `json:"autostopAt"`
 		}
-		s.gql(t, `query($id: ID!) { sandbox(id: $id) { state createdAt ttlSec expiresAt autostopAt } }`,
-			map[string]any{"id": id}, hdrTenant1).ok(t, "sandbox", &sb)
+		s.GQL(t, `query($id: ID!) { sandbox(id: $id) { state createdAt ttlSec expiresAt autostopAt } }`,
+			map[string]any{"id": id}, e2e.HdrTenant1).OK(t, "sandbox", &sb)
 		if sb.State != "RUNNING" || sb.AutostopAt == nil {
 			t.Errorf("got state %s autostopAt %v, want a RUNNING sandbox's autostopAt", sb.State, sb.AutostopAt)
 		}
@@ -86,8 +87,8 @@ func TestQuotaGraphQL(t *testing.T) {
 			State string `json:"state"`
 		} `json:"sandbox"`
 	}
-	s.gql(t, gqlDestroy, map[string]any{"id": id}, hdrTenant1).ok(t, "destroySandbox", &res)
-	if q := quota(hdrTenant1); q != (gqlQuotaJSON{Limit: 1}) {
+	s.GQL(t, gqlDestroy, map[string]any{"id": id}, e2e.HdrTenant1).OK(t, "destroySandbox", &res)
+	if q := quota(e2e.HdrTenant1); q != (gqlQuotaJSON{Limit: 1}) {
 		t.Errorf("quota after destroySandbox: got %+v, want limit 1, inUse 0", q)
 	}
 }

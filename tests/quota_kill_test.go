@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // TestQuotaKillDuringCreate: a replica killed with SIGKILL in the middle of a create leaks no
@@ -19,10 +20,10 @@ import (
 // slot can be taken again. Twice: a kill ~150 ms into the create (the box is being made), and
 // a kill the moment the slot appears in Redis (before the box exists).
 func TestQuotaKillDuringCreate(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	const limit, leaseSec, reconcileMs = 1, 3, 500
 	rs := redistest.Start(t)
-	reps := replicasWith(t, serverOptions{RedisURL: rs.URL, Extra: quotaConfig(limit, leaseSec, reconcileMs)}, 3)
+	reps := e2e.ReplicasWith(t, e2e.ServerOptions{RedisURL: rs.URL, Extra: quotaConfig(limit, leaseSec, reconcileMs)}, 3)
 	b := reps[2]
 	k := killCase{rs: rs, b: b, limit: limit, lease: leaseSec * time.Second, reconcile: reconcileMs * time.Millisecond}
 
@@ -40,7 +41,7 @@ func TestQuotaKillDuringCreate(t *testing.T) {
 
 type killCase struct {
 	rs               *redistest.Server
-	b                *Server
+	b                *e2e.Server
 	limit            int
 	lease, reconcile time.Duration
 }
@@ -64,24 +65,24 @@ func (k killCase) waitForSlot(t *testing.T, timeout, every time.Duration) {
 }
 
 // run creates on a, kills a with SIGKILL when killAt returns, and checks what replica b sees.
-func (k killCase) run(t *testing.T, a *Server, killAt func(began time.Time)) {
+func (k killCase) run(t *testing.T, a *e2e.Server, killAt func(began time.Time)) {
 	b := k.b
 	ctx := context.Background()
 	// A create and destroy first, so that the killed create is not A's cold first request.
-	warm := a.create(t, createBody, hdrTenant1).SandboxID
-	a.curl(t, http.MethodDelete, prefix+"/"+warm, nil, hdrTenant1).want(t, http.StatusOK)
-	if q := b.quota(t, hdrTenant1); q.InUse != 0 {
+	warm := a.Create(t, e2e.CreateBody, e2e.HdrTenant1).SandboxID
+	a.Curl(t, http.MethodDelete, e2e.Prefix+"/"+warm, nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+	if q := b.Quota(t, e2e.HdrTenant1); q.InUse != 0 {
 		t.Fatalf("before the kill: got in_use %d, want 0", q.InUse)
 	}
 
 	type answer struct {
-		r   *Response
+		r   *e2e.Response
 		err error
 	}
 	done := make(chan answer, 1)
 	began := time.Now()
 	go func() {
-		r, err := a.send(http.MethodPost, prefix, strings.NewReader(createBody), hdrJSON, hdrTenant1)
+		r, err := a.Send(http.MethodPost, e2e.Prefix, strings.NewReader(e2e.CreateBody), e2e.HdrJSON, e2e.HdrTenant1)
 		done <- answer{r, err}
 	}()
 	killAt(began)
@@ -93,19 +94,19 @@ func (k killCase) run(t *testing.T, a *Server, killAt func(began time.Time)) {
 	case ans.err != nil:
 		t.Logf("the create on A was cut by SIGKILL %s after it began: %v", killedAt.Sub(began).Round(time.Millisecond), ans.err)
 	case ans.r.Status == http.StatusCreated:
-		var sb sandboxJSON
+		var sb e2e.SandboxJSON
 		if json.Unmarshal(ans.r.Body, &sb) == nil {
-			b.track(sb.SandboxID, hdrTenant1)
+			b.Track(sb.SandboxID, e2e.HdrTenant1)
 		}
 		t.Logf("the create on A finished before the kill: %s", ans.r)
 	default:
 		t.Logf("the create on A answered before the kill: %s", ans.r)
 	}
-	t.Logf("slots of t1:p1 at the kill: %v; B lists: %s", slotsAfterKill, describe(b.listAll(t, hdrTenant1).Sandboxes))
+	t.Logf("slots of t1:p1 at the kill: %v; B lists: %s", slotsAfterKill, describe(b.ListAll(t, e2e.HdrTenant1).Sandboxes))
 
 	// One lease plus two reconcile intervals after the kill.
 	time.Sleep(time.Until(killedAt.Add(k.lease + 2*k.reconcile)))
-	q, l := b.quotaAndHolders(t, hdrTenant1)
+	q, l := quotaAndHolders(t, b, e2e.HdrTenant1)
 	h := slotHolders(l)
 	t.Logf("%s after the kill, replica B: in_use %d of %d; listed: %s", time.Since(killedAt).Round(time.Millisecond), q.InUse, q.Limit, describe(l.Sandboxes))
 	if q.InUse != len(h) {
@@ -115,7 +116,7 @@ func (k killCase) run(t *testing.T, a *Server, killAt func(began time.Time)) {
 	}
 
 	// What A left half done is finished by B's reconciler once A's lock has lapsed.
-	inFlight := func(l listJSON) bool {
+	inFlight := func(l e2e.ListJSON) bool {
 		for _, sb := range l.Sandboxes {
 			switch sb.State {
 			case "CREATING", "STARTING", "STOPPING", "DESTROYING":
@@ -125,33 +126,33 @@ func (k killCase) run(t *testing.T, a *Server, killAt func(began time.Time)) {
 		return false
 	}
 	// A's lock lapses within one lease; B's reconciler then finishes what A left.
-	eventually(t, 2*k.lease+6*k.reconcile, "every sandbox A left settles within about one lease", func() (bool, string) {
-		l = b.listAll(t, hdrTenant1)
+	e2e.Eventually(t, 2*k.lease+6*k.reconcile, "every sandbox A left settles within about one lease", func() (bool, string) {
+		l = b.ListAll(t, e2e.HdrTenant1)
 		return !inFlight(l), describe(l.Sandboxes)
 	})
-	q, l = b.quotaAndHolders(t, hdrTenant1)
+	q, l = quotaAndHolders(t, b, e2e.HdrTenant1)
 	h = slotHolders(l)
 	t.Logf("%s after the kill, settled: in_use %d; listed: %s", time.Since(killedAt).Round(time.Millisecond), q.InUse, describe(l.Sandboxes))
 	if q.InUse != len(h) {
 		t.Errorf("after what A left settled: got in_use %d on replica B, want %d, its listed holders (%s)", q.InUse, len(h), describe(h))
 	}
 	for _, sb := range l.Sandboxes {
-		b.track(sb.SandboxID, hdrTenant1)
-		r := b.curl(t, http.MethodDelete, prefix+"/"+sb.SandboxID, nil, hdrTenant1)
+		b.Track(sb.SandboxID, e2e.HdrTenant1)
+		r := b.Curl(t, http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrTenant1)
 		if r.Status != http.StatusOK {
 			t.Errorf("destroying %s (%s) that A left: %s: got status %d, want 200", sb.SandboxID, sb.State, r, r.Status)
 		}
 	}
-	if q := b.quota(t, hdrTenant1); q.InUse != 0 {
+	if q := b.Quota(t, e2e.HdrTenant1); q.InUse != 0 {
 		t.Errorf("after destroying what A left: got in_use %d, want 0", q.InUse)
 	}
 	// The project's one slot is free: B can create.
-	id := b.create(t, createBody, hdrTenant1).SandboxID
-	if q := b.quota(t, hdrTenant1); q != (quotaJSON{Limit: k.limit, InUse: 1}) {
+	id := b.Create(t, e2e.CreateBody, e2e.HdrTenant1).SandboxID
+	if q := b.Quota(t, e2e.HdrTenant1); q != (e2e.QuotaJSON{Limit: k.limit, InUse: 1}) {
 		t.Errorf("after a create on B: got quota %+v, want in_use 1 of %d", q, k.limit)
 	}
-	b.curl(t, http.MethodDelete, prefix+"/"+id, nil, hdrTenant1).want(t, http.StatusOK)
-	if q := b.quota(t, hdrTenant1); q.InUse != 0 {
+	b.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+	if q := b.Quota(t, e2e.HdrTenant1); q.InUse != 0 {
 		t.Errorf("after destroying it: got in_use %d, want 0", q.InUse)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // percentile of sorted durations (p in [0,1]).
@@ -27,28 +28,28 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // throughout (ZCARD of the slots and GET …/quota), never exceeds 10. Once with one replica,
 // again with two (clients split between them). Destroying the 10 gives every slot back.
 func TestQuotaStorm(t *testing.T) {
-	requireComponents(t)
+	e2e.RequireComponents(t)
 	t.Run("one-replica", func(t *testing.T) {
 		rs := redistest.Start(t)
-		s := startServer(t, serverOptions{RedisURL: rs.URL, Extra: quotaConfig(10, 0, 0)})
-		storm(t, rs, []*Server{s})
+		s := e2e.StartServer(t, e2e.ServerOptions{RedisURL: rs.URL, Extra: quotaConfig(10, 0, 0)})
+		storm(t, rs, []*e2e.Server{s})
 	})
 	t.Run("two-replicas", func(t *testing.T) {
 		rs := redistest.Start(t)
-		storm(t, rs, replicasWith(t, serverOptions{RedisURL: rs.URL, Extra: quotaConfig(10, 0, 0)}, 2))
+		storm(t, rs, e2e.ReplicasWith(t, e2e.ServerOptions{RedisURL: rs.URL, Extra: quotaConfig(10, 0, 0)}, 2))
 	})
 }
 
 type stormResult struct {
-	server  *Server
-	resp    *Response
+	server  *e2e.Server
+	resp    *e2e.Response
 	err     error
 	latency time.Duration
 }
 
-func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
+func storm(t *testing.T, rs *redistest.Server, servers []*e2e.Server) {
 	const limit, clients, perClient = 10, 20, 10
-	if q := servers[0].quota(t, hdrTenant1); q != (quotaJSON{Limit: limit}) {
+	if q := servers[0].Quota(t, e2e.HdrTenant1); q != (e2e.QuotaJSON{Limit: limit}) {
 		t.Fatalf("quota before the storm: got %+v, want limit %d, in_use 0", q, limit)
 	}
 
@@ -74,7 +75,7 @@ func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
 				defer cwg.Done()
 				<-begin
 				start := time.Now()
-				r, err := srv.sendVia(context.Background(), hc, http.MethodPost, prefix, strings.NewReader(createBody), hdrJSON, hdrTenant1)
+				r, err := srv.SendVia(context.Background(), hc, http.MethodPost, e2e.Prefix, strings.NewReader(e2e.CreateBody), e2e.HdrJSON, e2e.HdrTenant1)
 				results[slot] = stormResult{server: srv, resp: r, err: err, latency: time.Since(start)}
 			}(c*perClient + k)
 		}
@@ -87,7 +88,7 @@ func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
 
 	type made struct {
 		id     string
-		server *Server
+		server *e2e.Server
 	}
 	var created []made
 	var lat201, lat429 []time.Duration
@@ -99,12 +100,12 @@ func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
 		}
 		switch res.resp.Status {
 		case http.StatusCreated:
-			var sb sandboxJSON
+			var sb e2e.SandboxJSON
 			if err := json.Unmarshal(res.resp.Body, &sb); err != nil || sb.SandboxID == "" {
 				unexpected = append(unexpected, fmt.Sprintf("%s: undecodable (%v)", res.resp, err))
 				continue
 			}
-			res.server.track(sb.SandboxID, hdrTenant1)
+			res.server.Track(sb.SandboxID, e2e.HdrTenant1)
 			created = append(created, made{sb.SandboxID, res.server})
 			lat201 = append(lat201, res.latency)
 			if sb.State != "RUNNING" {
@@ -154,9 +155,9 @@ func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
 		t.Error(p)
 	}
 	zcard.check(t, "ZCARD "+slotsKeyT1, limit)
-	inUse.check(t, "GET "+prefix+"/quota in_use", limit)
+	inUse.check(t, "GET "+e2e.Prefix+"/quota in_use", limit)
 
-	q, l := servers[0].quotaAndHolders(t, hdrTenant1)
+	q, l := quotaAndHolders(t, servers[0], e2e.HdrTenant1)
 	if h := slotHolders(l); q.InUse != len(created) || len(h) != len(created) {
 		t.Errorf("after the storm: got in_use %d and %d listed holders (%s), want %d each", q.InUse, len(h), describe(h), len(created))
 	}
@@ -169,7 +170,7 @@ func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
 		go func() {
 			defer dwg.Done()
 			srv := servers[(i+1)%len(servers)]
-			r, err := srv.send(http.MethodDelete, prefix+"/"+m.id, nil, hdrTenant1)
+			r, err := srv.Send(http.MethodDelete, e2e.Prefix+"/"+m.id, nil, e2e.HdrTenant1)
 			switch {
 			case err != nil:
 				errs <- err.Error()
@@ -184,7 +185,7 @@ func storm(t *testing.T, rs *redistest.Server, servers []*Server) {
 		t.Error(e)
 	}
 	for _, srv := range servers {
-		if q := srv.quota(t, hdrTenant1); q != (quotaJSON{Limit: limit}) {
+		if q := srv.Quota(t, e2e.HdrTenant1); q != (e2e.QuotaJSON{Limit: limit}) {
 			t.Errorf("quota after destroying all on %s: got %+v, want in_use 0 of %d", srv.URL, q, limit)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
 )
 
 // The concurrency quota end to end (issue 4): every sandbox that is CREATING, STARTING or
@@ -42,8 +43,8 @@ func holdsSlot(state string) bool {
 }
 
 // slotHolders are the sandboxes of a listing that hold a slot.
-func slotHolders(l listJSON) []sandboxJSON {
-	var out []sandboxJSON
+func slotHolders(l e2e.ListJSON) []e2e.SandboxJSON {
+	var out []e2e.SandboxJSON
 	for _, sb := range l.Sandboxes {
 		if holdsSlot(sb.State) {
 			out = append(out, sb)
@@ -53,7 +54,7 @@ func slotHolders(l listJSON) []sandboxJSON {
 }
 
 // describe is "id STATE (reason), …" for messages.
-func describe(sbs []sandboxJSON) string {
+func describe(sbs []e2e.SandboxJSON) string {
 	if len(sbs) == 0 {
 		return "none"
 	}
@@ -70,12 +71,12 @@ func describe(sbs []sandboxJSON) string {
 
 // quotaAndHolders reads the quota and the listing of the caller's project, again until the
 // quota read before and after the listing agree (nothing moved in between).
-func (s *Server) quotaAndHolders(t *testing.T, headers ...string) (quotaJSON, listJSON) {
+func quotaAndHolders(t *testing.T, s *e2e.Server, headers ...string) (e2e.QuotaJSON, e2e.ListJSON) {
 	t.Helper()
 	for try := 0; ; try++ {
-		q1 := s.quota(t, headers...)
-		l := s.listAll(t, headers...)
-		q2 := s.quota(t, headers...)
+		q1 := s.Quota(t, headers...)
+		l := s.ListAll(t, headers...)
+		q2 := s.Quota(t, headers...)
 		if q1 == q2 || try == 9 {
 			return q2, l
 		}
@@ -145,11 +146,11 @@ func zcardGauge(rs *redistest.Server) func(ctx context.Context) (int, string, er
 	}
 }
 
-func inUseGauge(servers ...*Server) func(ctx context.Context) (int, string, error) {
+func inUseGauge(servers ...*e2e.Server) func(ctx context.Context) (int, string, error) {
 	i := 0
 	return func(context.Context) (int, string, error) {
 		i++
-		q, err := servers[i%len(servers)].readQuota(hdrTenant1)
+		q, err := servers[i%len(servers)].ReadQuota(e2e.HdrTenant1)
 		return q.InUse, fmt.Sprintf("in_use %d of %d", q.InUse, q.Limit), err
 	}
 }
@@ -157,7 +158,7 @@ func inUseGauge(servers ...*Server) func(ctx context.Context) (int, string, erro
 // quotaExceededProblem says what is wrong with an answer that must be a full project's 429:
 // a Retry-After header and a QUOTA_EXCEEDED body with the limit and the count in use (the
 // limit itself: a full project never counts more). "" when nothing is.
-func quotaExceededProblem(r *Response, limit int) string {
+func quotaExceededProblem(r *e2e.Response, limit int) string {
 	if r.Status != http.StatusTooManyRequests {
 		return fmt.Sprintf("%s: got status %d, want 429", r, r.Status)
 	}
@@ -169,7 +170,7 @@ func quotaExceededProblem(r *Response, limit int) string {
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 		return fmt.Sprintf("%s: got Content-Type %q, want application/json", r, ct)
 	}
-	var e apiError
+	var e e2e.APIError
 	if err := json.Unmarshal(r.Body, &e); err != nil {
 		return fmt.Sprintf("%s: decoding the error: %v", r, err)
 	}

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"sandboxd/tests/e2e"
 )
 
 // The product document's calls, byte for byte.
@@ -27,20 +29,20 @@ const testSample = `def test_arithmetic():
 // exec twice in the same workspace, upload a test and run the document's pytest exec, list,
 // stop (exec is then 409), start (the files are still there), destroy (a snapshot id), 404.
 func TestDocumentFlowREST(t *testing.T) {
-	s := startServer(t, serverOptions{})
-	key := hdrDev // X-Api-Key: $SANDBOX_API_KEY
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	key := e2e.HdrDev // X-Api-Key: $SANDBOX_API_KEY
 
 	// curl -sS -X POST -H "X-Api-Key: …" -H "Content-Type: application/json" -d '{…}' $URL/sandbox/sandboxes/v1
-	r := s.curl(t, http.MethodPost, "/sandbox/sandboxes/v1", []byte(docCreateBody), key, "Content-Type: application/json")
-	r.want(t, http.StatusCreated)
-	var sb sandboxJSON
-	r.decode(t, &sb)
+	r := s.Curl(t, http.MethodPost, "/sandbox/sandboxes/v1", []byte(docCreateBody), key, "Content-Type: application/json")
+	r.Want(t, http.StatusCreated)
+	var sb e2e.SandboxJSON
+	r.Decode(t, &sb)
 	if sb.SandboxID != "" {
-		s.track(sb.SandboxID, key)
+		s.Track(sb.SandboxID, key)
 	}
 	id := sb.SandboxID
-	step(t, "create", func(t *testing.T) {
-		if !sandboxIDPattern.MatchString(id) {
+	e2e.Step(t, "create", func(t *testing.T) {
+		if !e2e.SandboxIDPattern.MatchString(id) {
 			t.Fatalf("%s: got sandbox_id %q, want sbx_ and a ULID", r, id)
 		}
 		checks := []struct{ field, got, want string }{
@@ -63,51 +65,51 @@ func TestDocumentFlowREST(t *testing.T) {
 	})
 	execPath := "/sandbox/sandboxes/v1/" + id + "/exec"
 
-	step(t, "exec-twice-same-workspace", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, execPath,
+	e2e.Step(t, "exec-twice-same-workspace", func(t *testing.T) {
+		r := s.Curl(t, http.MethodPost, execPath,
 			[]byte(`{"command":["bash","-lc","echo hello from the first exec > notes.txt && pwd"],"timeout_sec":60}`),
 			key, "Content-Type: application/json")
-		r.want(t, http.StatusOK)
-		var first execJSON
-		r.decode(t, &first)
+		r.Want(t, http.StatusOK)
+		var first e2e.ExecJSON
+		r.Decode(t, &first)
 		if first.ExitCode != 0 || first.Stdout != "/workspace\n" {
 			t.Fatalf("%s: got exit %d stdout %q, want 0 and /workspace", r, first.ExitCode, first.Stdout)
 		}
 		if !strings.HasPrefix(first.ExecID, "exec_") {
 			t.Errorf("%s: got exec_id %q, want exec_…", r, first.ExecID)
 		}
-		r = s.curl(t, http.MethodPost, execPath, []byte(`{"command":["bash","-lc","cat notes.txt"],"timeout_sec":60}`),
+		r = s.Curl(t, http.MethodPost, execPath, []byte(`{"command":["bash","-lc","cat notes.txt"],"timeout_sec":60}`),
 			key, "Content-Type: application/json")
-		r.want(t, http.StatusOK)
-		var second execJSON
-		r.decode(t, &second)
+		r.Want(t, http.StatusOK)
+		var second e2e.ExecJSON
+		r.Decode(t, &second)
 		if second.ExitCode != 0 || second.Stdout != "hello from the first exec\n" {
 			t.Fatalf("%s: got exit %d stdout %q, want 0 and the first exec's line", r, second.ExitCode, second.Stdout)
 		}
 	})
 
-	step(t, "upload-and-run-pytest", func(t *testing.T) {
+	e2e.Step(t, "upload-and-run-pytest", func(t *testing.T) {
 		// curl -T test_sample.py "$URL/…/files?path=test_sample.py"
-		s.upload(t, id, "test_sample.py", []byte(testSample), key)
-		r := s.curl(t, http.MethodPost, execPath, []byte(docExecBody), key, "Content-Type: application/json")
-		r.want(t, http.StatusOK)
-		var res execJSON
-		r.decode(t, &res)
+		s.Upload(t, id, "test_sample.py", []byte(testSample), key)
+		r := s.Curl(t, http.MethodPost, execPath, []byte(docExecBody), key, "Content-Type: application/json")
+		r.Want(t, http.StatusOK)
+		var res e2e.ExecJSON
+		r.Decode(t, &res)
 		if res.ExitCode != 0 || res.TimedOut || !strings.Contains(res.Stdout, "1 passed") {
 			t.Fatalf("%s: got exit %d timed_out %v stdout %q stderr %q, want exit 0 and \"1 passed\"",
 				r, res.ExitCode, res.TimedOut, res.Stdout, res.Stderr)
 		}
 	})
 
-	step(t, "list-and-files", func(t *testing.T) {
-		got, ok := s.list(t, key).find(id)
+	e2e.Step(t, "list-and-files", func(t *testing.T) {
+		got, ok := s.List(t, key).Find(id)
 		if !ok || got.State != "RUNNING" {
 			t.Errorf("list: got %+v (found %v), want %s RUNNING", got, ok, id)
 		}
-		r := s.curl(t, http.MethodGet, "/sandbox/sandboxes/v1/"+id+"/files/list", nil, key)
-		r.want(t, http.StatusOK)
-		var l filesJSON
-		r.decode(t, &l)
+		r := s.Curl(t, http.MethodGet, "/sandbox/sandboxes/v1/"+id+"/files/list", nil, key)
+		r.Want(t, http.StatusOK)
+		var l e2e.FilesJSON
+		r.Decode(t, &l)
 		names := map[string]bool{}
 		for _, e := range l.Entries {
 			names[e.Name] = true
@@ -115,67 +117,67 @@ func TestDocumentFlowREST(t *testing.T) {
 		if !names["notes.txt"] || !names["test_sample.py"] {
 			t.Errorf("%s: got entries %v, want notes.txt and test_sample.py", r, names)
 		}
-		if got := s.download(t, id, "test_sample.py", key); got != testSample {
+		if got := s.Download(t, id, "test_sample.py", key); got != testSample {
 			t.Errorf("download test_sample.py: got %q, want %q", got, testSample)
 		}
 	})
 
-	step(t, "stop", func(t *testing.T) {
+	e2e.Step(t, "stop", func(t *testing.T) {
 		// curl -sS -X POST -H "X-Api-Key: …" "$URL/…/$SANDBOX_ID/stop"
-		r := s.curl(t, http.MethodPost, "/sandbox/sandboxes/v1/"+id+"/stop", nil, key)
-		r.want(t, http.StatusOK)
-		var got sandboxJSON
-		r.decode(t, &got)
+		r := s.Curl(t, http.MethodPost, "/sandbox/sandboxes/v1/"+id+"/stop", nil, key)
+		r.Want(t, http.StatusOK)
+		var got e2e.SandboxJSON
+		r.Decode(t, &got)
 		if got.State != "STOPPED" {
 			t.Fatalf("%s: got state %q, want STOPPED", r, got.State)
 		}
 		if got.LatestSnapshotID == "" {
 			t.Errorf("%s: got no latest_snapshot_id, want the stop's checkpoint", r)
 		}
-		if st := s.get(t, id, key).State; st != "STOPPED" {
+		if st := s.Get(t, id, key).State; st != "STOPPED" {
 			t.Errorf("GET after stop: got state %q, want STOPPED", st)
 		}
-		r = s.curl(t, http.MethodPost, execPath, []byte(`{"command":["true"]}`), key, "Content-Type: application/json")
-		e := r.wantError(t, http.StatusConflict, "INVALID_STATE", "STOPPED")
+		r = s.Curl(t, http.MethodPost, execPath, []byte(`{"command":["true"]}`), key, "Content-Type: application/json")
+		e := r.WantError(t, http.StatusConflict, "INVALID_STATE", "STOPPED")
 		if e.Error.State != "" && e.Error.State != "STOPPED" {
 			t.Errorf("%s: got error state %q, want STOPPED", r, e.Error.State)
 		}
-		r = s.curl(t, http.MethodPost, "/sandbox/sandboxes/v1/"+id+"/stop", nil, key)
-		r.wantError(t, http.StatusConflict, "INVALID_STATE")
+		r = s.Curl(t, http.MethodPost, "/sandbox/sandboxes/v1/"+id+"/stop", nil, key)
+		r.WantError(t, http.StatusConflict, "INVALID_STATE")
 	})
 
-	step(t, "start", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, "/sandbox/sandboxes/v1/"+id+"/start", nil, key)
-		r.want(t, http.StatusOK)
-		var got sandboxJSON
-		r.decode(t, &got)
+	e2e.Step(t, "start", func(t *testing.T) {
+		r := s.Curl(t, http.MethodPost, "/sandbox/sandboxes/v1/"+id+"/start", nil, key)
+		r.Want(t, http.StatusOK)
+		var got e2e.SandboxJSON
+		r.Decode(t, &got)
 		if got.State != "RUNNING" {
 			t.Fatalf("%s: got state %q, want RUNNING", r, got.State)
 		}
-		if out := s.run(t, id, []string{"cat", "notes.txt"}, key); out != "hello from the first exec\n" {
+		if out := s.Run(t, id, []string{"cat", "notes.txt"}, key); out != "hello from the first exec\n" {
 			t.Errorf("after start: got notes.txt %q, want the first exec's line", out)
 		}
-		if got := s.download(t, id, "test_sample.py", key); got != testSample {
+		if got := s.Download(t, id, "test_sample.py", key); got != testSample {
 			t.Errorf("after start: got test_sample.py %q, want %q", got, testSample)
 		}
 	})
 
-	step(t, "destroy", func(t *testing.T) {
+	e2e.Step(t, "destroy", func(t *testing.T) {
 		// curl -sS -X DELETE -H "X-Api-Key: …" "$URL/…/$SANDBOX_ID"
-		r := s.curl(t, http.MethodDelete, "/sandbox/sandboxes/v1/"+id, nil, key)
-		r.want(t, http.StatusOK)
-		var got sandboxJSON
-		r.decode(t, &got)
+		r := s.Curl(t, http.MethodDelete, "/sandbox/sandboxes/v1/"+id, nil, key)
+		r.Want(t, http.StatusOK)
+		var got e2e.SandboxJSON
+		r.Decode(t, &got)
 		if got.SnapshotID == "" {
 			t.Errorf("%s: got an empty snapshot_id, want the final checkpoint", r)
 		}
 		if got.SandboxID != id {
 			t.Errorf("%s: got sandbox_id %q, want %s", r, got.SandboxID, id)
 		}
-		s.curl(t, http.MethodGet, "/sandbox/sandboxes/v1/"+id, nil, key).wantError(t, http.StatusNotFound, "NOT_FOUND")
-		s.curl(t, http.MethodPost, execPath, []byte(`{"command":["true"]}`), key, hdrJSON).wantError(t, http.StatusNotFound, "NOT_FOUND")
-		s.curl(t, http.MethodDelete, "/sandbox/sandboxes/v1/"+id, nil, key).wantError(t, http.StatusNotFound, "NOT_FOUND")
-		if _, ok := s.list(t, key).find(id); ok {
+		s.Curl(t, http.MethodGet, "/sandbox/sandboxes/v1/"+id, nil, key).WantError(t, http.StatusNotFound, "NOT_FOUND")
+		s.Curl(t, http.MethodPost, execPath, []byte(`{"command":["true"]}`), key, e2e.HdrJSON).WantError(t, http.StatusNotFound, "NOT_FOUND")
+		s.Curl(t, http.MethodDelete, "/sandbox/sandboxes/v1/"+id, nil, key).WantError(t, http.StatusNotFound, "NOT_FOUND")
+		if _, ok := s.List(t, key).Find(id); ok {
 			t.Errorf("list after destroy: got %s, want it gone", id)
 		}
 	})

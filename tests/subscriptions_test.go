@@ -12,6 +12,8 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
+
+	"sandboxd/tests/e2e"
 )
 
 // gqlEventsSub subscribes to one sandbox's status events after a cursor.
@@ -41,20 +43,20 @@ type gqlEvent struct {
 	Data struct {
 		SandboxEvents *eventJSON `json:"sandboxEvents"`
 	} `json:"data"`
-	Errors []gqlError `json:"errors"`
+	Errors []e2e.GQLError `json:"errors"`
 }
 
 // TestGraphQLSubscriptions follows a sandbox's status events over WebSocket
 // (graphql-transport-ws) and over SSE while REST stops and starts it.
 func TestGraphQLSubscriptions(t *testing.T) {
-	s := startServer(t, serverOptions{})
-	id := s.create(t, `{"profile":"sandboxes-default"}`, hdrTenant1).SandboxID
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	id := s.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1).SandboxID
 
-	step(t, "websocket", func(t *testing.T) {
+	e2e.Step(t, "websocket", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		c := dialGraphQL(ctx, t, s)
-		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": keyTenant1})})
+		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: rawJSON(t, map[string]any{"X-Api-Key": e2e.KeyTenant1})})
 		if m := nextMsg(ctx, t, c); m.Type != "connection_ack" {
 			t.Fatalf("got %s %s, want connection_ack", m.Type, m.Payload)
 		}
@@ -75,8 +77,8 @@ func TestGraphQLSubscriptions(t *testing.T) {
 		// The replay from the start of the stream holds the create; once RUNNING arrives the
 		// subscription follows live, so nothing the stop publishes can be missed.
 		waitForState(t, events, "RUNNING", "")
-		r := s.curl(t, http.MethodPost, prefix+"/"+id+"/stop", nil, hdrTenant1)
-		r.want(t, http.StatusOK)
+		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrTenant1)
+		r.Want(t, http.StatusOK)
 		checkStop(t, events, id)
 		send(ctx, t, c, wsMsg{ID: "1", Type: "complete"})
 		if err := c.Close(websocket.StatusNormalClosure, "done"); err != nil {
@@ -88,7 +90,7 @@ func TestGraphQLSubscriptions(t *testing.T) {
 		for name, payload := range map[string]map[string]any{
 			"unknown-key":         {"X-Api-Key": "not-a-key-of-this-server"},
 			"missing-key":         {},
-			"scope-from-user-key": {"X-Api-Key": keyTenant2, "X-Sandbox-Tenant-Id": "t1", "X-Sandbox-Project-Id": "p1"},
+			"scope-from-user-key": {"X-Api-Key": e2e.KeyTenant2, "X-Sandbox-Tenant-Id": "t1", "X-Sandbox-Project-Id": "p1"},
 		} {
 			t.Run(name, func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -108,11 +110,11 @@ func TestGraphQLSubscriptions(t *testing.T) {
 		}
 	})
 
-	step(t, "sse", func(t *testing.T) {
-		r := s.curl(t, http.MethodPost, prefix+"/"+id+"/start", nil, hdrTenant1)
-		r.want(t, http.StatusOK)
+	e2e.Step(t, "sse", func(t *testing.T) {
+		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrTenant1)
+		r.Want(t, http.StatusOK)
 		// curl -N -X POST -H "Accept: text/event-stream" -H "X-Api-Key: …" -d '{"query":…}' $URL/graphql
-		stream, closeStream := s.sse(t, hdrTenant1, map[string]any{"id": id, "after": "0-0"})
+		stream, closeStream := sse(t, s, e2e.HdrTenant1, map[string]any{"id": id, "after": "0-0"})
 		defer closeStream()
 		events := func() eventJSON {
 			t.Helper()
@@ -132,14 +134,14 @@ func TestGraphQLSubscriptions(t *testing.T) {
 		}
 		// The replay ends with the start just made: STARTING → RUNNING.
 		waitForState(t, events, "RUNNING", "STARTING")
-		r = s.curl(t, http.MethodPost, prefix+"/"+id+"/stop", nil, hdrTenant1)
-		r.want(t, http.StatusOK)
+		r = s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrTenant1)
+		r.Want(t, http.StatusOK)
 		checkStop(t, events, id)
 	})
 
 	t.Run("sse-bad-key", func(t *testing.T) {
-		body := mustJSON(t, map[string]any{"query": gqlEventsSub, "variables": map[string]any{"id": id}})
-		r := s.curl(t, http.MethodPost, "/graphql", []byte(body), hdrJSON, "Accept: text/event-stream", "X-Api-Key: not-a-key-of-this-server")
+		body := e2e.MustJSON(t, map[string]any{"query": gqlEventsSub, "variables": map[string]any{"id": id}})
+		r := s.Curl(t, http.MethodPost, "/graphql", []byte(body), e2e.HdrJSON, "Accept: text/event-stream", "X-Api-Key: not-a-key-of-this-server")
 		if r.Status != http.StatusUnauthorized || !strings.Contains(string(r.Body), "UNAUTHENTICATED") {
 			t.Errorf("%s: got status %d, want 401 UNAUTHENTICATED", r, r.Status)
 		}
@@ -183,9 +185,9 @@ type wsMsg struct {
 	Payload json.RawMessage `json:"payload,omitempty"`
 }
 
-func rawJSON(t *testing.T, v any) json.RawMessage { return json.RawMessage(mustJSON(t, v)) }
+func rawJSON(t *testing.T, v any) json.RawMessage { return json.RawMessage(e2e.MustJSON(t, v)) }
 
-func dialGraphQL(ctx context.Context, t *testing.T, s *Server) *websocket.Conn {
+func dialGraphQL(ctx context.Context, t *testing.T, s *e2e.Server) *websocket.Conn {
 	t.Helper()
 	url := "ws://" + s.Addr + "/graphql"
 	c, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}})
@@ -228,10 +230,10 @@ func nextMsg(ctx context.Context, t *testing.T, c *websocket.Conn) wsMsg {
 
 // sse posts the events subscription with Accept: text/event-stream and streams its results until
 // "complete" or until stop is called.
-func (s *Server) sse(t *testing.T, key string, vars map[string]any) (<-chan gqlEvent, func()) {
+func sse(t *testing.T, s *e2e.Server, key string, vars map[string]any) (<-chan gqlEvent, func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	body := mustJSON(t, map[string]any{"query": gqlEventsSub, "variables": vars})
+	body := e2e.MustJSON(t, map[string]any{"query": gqlEventsSub, "variables": vars})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/graphql", strings.NewReader(body))
 	if err != nil {
 		cancel()
@@ -270,7 +272,7 @@ func (s *Server) sse(t *testing.T, key string, vars map[string]any) (<-chan gqlE
 			case strings.HasPrefix(line, "data:") && event == "next":
 				var ev gqlEvent
 				if err := json.Unmarshal([]byte(strings.TrimSpace(strings.TrimPrefix(line, "data:"))), &ev); err != nil {
-					ev.Errors = []gqlError{{Message: "undecodable SSE data: " + line}}
+					ev.Errors = []e2e.GQLError{{Message: "undecodable SSE data: " + line}}
 				}
 				select {
 				case out <- ev:

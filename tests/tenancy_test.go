@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"sandboxd/internal/auth"
+	"sandboxd/tests/e2e"
 )
 
 // unknownID is a well-formed sandbox id that no test creates.
@@ -31,16 +32,16 @@ func restVerbs() []restVerb {
 	}
 }
 
-func (v restVerb) send(t *testing.T, s *Server, id string, headers ...string) *Response {
+func (v restVerb) send(t *testing.T, s *e2e.Server, id string, headers ...string) *e2e.Response {
 	t.Helper()
 	var body []byte
 	if v.body != "" {
 		body = []byte(v.body)
 	}
 	if v.name == "exec" {
-		headers = append(headers, hdrJSON)
+		headers = append(headers, e2e.HdrJSON)
 	}
-	return s.curl(t, v.method, prefix+"/"+id+v.path, body, headers...)
+	return s.Curl(t, v.method, e2e.Prefix+"/"+id+v.path, body, headers...)
 }
 
 // testTenancyREST: tenant1's sandbox does not exist for tenant2 on any verb (the same answer as
@@ -49,11 +50,11 @@ func (e *apiEnv) testTenancyREST(t *testing.T) {
 	s, id := e.s, e.id
 	for _, v := range restVerbs() {
 		t.Run("tenant2-"+v.name, func(t *testing.T) {
-			r := v.send(t, s, id, hdrTenant2)
-			got := r.wantError(t, http.StatusNotFound, "NOT_FOUND")
+			r := v.send(t, s, id, e2e.HdrTenant2)
+			got := r.WantError(t, http.StatusNotFound, "NOT_FOUND")
 			// Indistinguishable from a sandbox that does not exist at all.
-			other := v.send(t, s, unknownID, hdrTenant2)
-			var want apiError
+			other := v.send(t, s, unknownID, e2e.HdrTenant2)
+			var want e2e.APIError
 			if json.Unmarshal(other.Body, &want) == nil && other.Status == r.Status &&
 				strings.ReplaceAll(got.Error.Message, id, unknownID) != want.Error.Message {
 				t.Errorf("got message %q for another tenant's sandbox and %q for an unknown one, want the same",
@@ -62,52 +63,52 @@ func (e *apiEnv) testTenancyREST(t *testing.T) {
 		})
 	}
 	t.Run("tenant2-list", func(t *testing.T) {
-		if _, ok := s.list(t, hdrTenant2).find(id); ok {
+		if _, ok := s.List(t, e2e.HdrTenant2).Find(id); ok {
 			t.Errorf("tenant2's list: got %s, want it absent", id)
 		}
 	})
 	t.Run("platform-without-scope", func(t *testing.T) {
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrPlatform).wantError(t, http.StatusNotFound, "NOT_FOUND")
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrPlatform).WantError(t, http.StatusNotFound, "NOT_FOUND")
 	})
 	t.Run("platform-with-other-scope", func(t *testing.T) {
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrPlatform, "X-Sandbox-Tenant-Id: t2", "X-Sandbox-Project-Id: p1").
-			wantError(t, http.StatusNotFound, "NOT_FOUND")
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrPlatform, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p2").
-			wantError(t, http.StatusNotFound, "NOT_FOUND")
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrPlatform, "X-Sandbox-Tenant-Id: t2", "X-Sandbox-Project-Id: p1").
+			WantError(t, http.StatusNotFound, "NOT_FOUND")
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrPlatform, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p2").
+			WantError(t, http.StatusNotFound, "NOT_FOUND")
 	})
 	t.Run("platform-with-scope", func(t *testing.T) {
-		scope := []string{hdrPlatform, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1"}
-		sb := s.get(t, id, scope...)
+		scope := []string{e2e.HdrPlatform, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1"}
+		sb := s.Get(t, id, scope...)
 		if sb.State != "RUNNING" || sb.TenantID != "t1" || sb.ProjectID != "p1" {
 			t.Errorf("got %+v, want t1:p1's RUNNING sandbox", sb)
 		}
-		if _, ok := s.list(t, scope...).find(id); !ok {
+		if _, ok := s.List(t, scope...).Find(id); !ok {
 			t.Errorf("platform list for t1/p1: got no %s, want it", id)
 		}
-		if out := s.run(t, id, []string{"cat", "notes.txt"}, scope...); out != "tenant1 notes\n" {
+		if out := s.Run(t, id, []string{"cat", "notes.txt"}, scope...); out != "tenant1 notes\n" {
 			t.Errorf("platform exec: got %q, want tenant1's notes", out)
 		}
 	})
 	t.Run("platform-with-half-scope", func(t *testing.T) {
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, hdrPlatform, "X-Sandbox-Tenant-Id: t1").
-			wantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "X-Sandbox-Project-Id")
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrPlatform, "X-Sandbox-Tenant-Id: t1").
+			WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "X-Sandbox-Project-Id")
 	})
 	t.Run("user-key-with-scope-headers", func(t *testing.T) {
 		scope := []string{"X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1"}
-		s.curl(t, http.MethodGet, prefix+"/"+id, nil, append([]string{hdrTenant2}, scope...)...).
-			wantError(t, http.StatusForbidden, "PERMISSION_DENIED")
-		s.curl(t, http.MethodGet, prefix, nil, append([]string{hdrTenant2}, scope...)...).
-			wantError(t, http.StatusForbidden, "PERMISSION_DENIED")
-		s.curl(t, http.MethodPost, prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), append([]string{hdrTenant2, hdrJSON}, scope...)...).
-			wantError(t, http.StatusForbidden, "PERMISSION_DENIED")
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, append([]string{e2e.HdrTenant2}, scope...)...).
+			WantError(t, http.StatusForbidden, "PERMISSION_DENIED")
+		s.Curl(t, http.MethodGet, e2e.Prefix, nil, append([]string{e2e.HdrTenant2}, scope...)...).
+			WantError(t, http.StatusForbidden, "PERMISSION_DENIED")
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), append([]string{e2e.HdrTenant2, e2e.HdrJSON}, scope...)...).
+			WantError(t, http.StatusForbidden, "PERMISSION_DENIED")
 	})
 	t.Run("owner-unaffected", func(t *testing.T) {
-		if st := s.get(t, id, hdrTenant1).State; st != "RUNNING" {
+		if st := s.Get(t, id, e2e.HdrTenant1).State; st != "RUNNING" {
 			t.Errorf("got state %q, want RUNNING (tenant2's stop and delete did nothing)", st)
 		}
-		s.curl(t, http.MethodGet, prefix+"/"+id+"/files?path=intruder.txt", nil, hdrTenant1).
-			wantError(t, http.StatusNotFound, "NOT_FOUND")
-		if got := s.download(t, id, "notes.txt", hdrTenant1); got != "tenant1 notes\n" {
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/files?path=intruder.txt", nil, e2e.HdrTenant1).
+			WantError(t, http.StatusNotFound, "NOT_FOUND")
+		if got := s.Download(t, id, "notes.txt", e2e.HdrTenant1); got != "tenant1 notes\n" {
 			t.Errorf("got notes.txt %q, want tenant1's notes", got)
 		}
 	})
@@ -131,8 +132,8 @@ func (e *apiEnv) testTenancyGraphQL(t *testing.T) {
 	}
 	for _, op := range ops {
 		t.Run("tenant2-"+op.name, func(t *testing.T) {
-			g := s.gql(t, op.query, op.vars, hdrTenant2)
-			g.wantCode(t, http.StatusOK, "NOT_FOUND")
+			g := s.GQL(t, op.query, op.vars, e2e.HdrTenant2)
+			g.WantCode(t, http.StatusOK, "NOT_FOUND")
 			for field, raw := range g.Data {
 				if string(raw) != "null" {
 					t.Errorf("%s: got data.%s %s, want null", g, field, raw)
@@ -144,7 +145,7 @@ func (e *apiEnv) testTenancyGraphQL(t *testing.T) {
 		var conn struct {
 			Nodes []gqlSandbox `json:"nodes"`
 		}
-		s.gql(t, gqlList, nil, hdrTenant2).ok(t, "sandboxes", &conn)
+		s.GQL(t, gqlList, nil, e2e.HdrTenant2).OK(t, "sandboxes", &conn)
 		for _, n := range conn.Nodes {
 			if n.ID == id {
 				t.Errorf("tenant2's sandboxes: got %s, want it absent", id)
@@ -153,38 +154,38 @@ func (e *apiEnv) testTenancyGraphQL(t *testing.T) {
 	})
 	t.Run("tenant2-subscription", func(t *testing.T) {
 		// Over SSE, a subscription to another tenant's sandbox answers NOT_FOUND.
-		events, closeStream := s.sse(t, hdrTenant2, map[string]any{"id": id, "after": "0-0"})
+		events, closeStream := sse(t, s, e2e.HdrTenant2, map[string]any{"id": id, "after": "0-0"})
 		defer closeStream()
 		m, ok := <-events
-		if !ok || len(m.Errors) == 0 || m.Errors[0].code() != "NOT_FOUND" {
+		if !ok || len(m.Errors) == 0 || m.Errors[0].Code() != "NOT_FOUND" {
 			t.Errorf("got %+v (open %v), want one NOT_FOUND error", m, ok)
 		}
 	})
 	t.Run("platform-with-scope", func(t *testing.T) {
-		scope := []string{hdrPlatform, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1"}
+		scope := []string{e2e.HdrPlatform, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1"}
 		var sb gqlSandbox
-		s.gql(t, gqlGet, map[string]any{"id": id}, scope...).ok(t, "sandbox", &sb)
+		s.GQL(t, gqlGet, map[string]any{"id": id}, scope...).OK(t, "sandbox", &sb)
 		if sb.ID != id || sb.State != "RUNNING" || sb.TenantID != "t1" {
 			t.Errorf("got %+v, want t1's RUNNING sandbox", sb)
 		}
-		if out := s.gqlExecOK(t, id, []string{"cat", "notes.txt"}, scope...); out != "tenant1 notes\n" {
+		if out := gqlExecOK(t, s, id, []string{"cat", "notes.txt"}, scope...); out != "tenant1 notes\n" {
 			t.Errorf("platform exec: got %q, want tenant1's notes", out)
 		}
 	})
 	t.Run("platform-without-scope", func(t *testing.T) {
-		s.gql(t, gqlGet, map[string]any{"id": id}, hdrPlatform).wantCode(t, http.StatusOK, "NOT_FOUND")
+		s.GQL(t, gqlGet, map[string]any{"id": id}, e2e.HdrPlatform).WantCode(t, http.StatusOK, "NOT_FOUND")
 	})
 	t.Run("user-key-with-scope-headers", func(t *testing.T) {
-		s.gql(t, gqlGet, map[string]any{"id": id}, hdrTenant2, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1").
-			wantCode(t, http.StatusForbidden, "PERMISSION_DENIED")
+		s.GQL(t, gqlGet, map[string]any{"id": id}, e2e.HdrTenant2, "X-Sandbox-Tenant-Id: t1", "X-Sandbox-Project-Id: p1").
+			WantCode(t, http.StatusForbidden, "PERMISSION_DENIED")
 	})
 	t.Run("owner-unaffected", func(t *testing.T) {
 		var sb gqlSandbox
-		s.gql(t, gqlGet, map[string]any{"id": id}, hdrTenant1).ok(t, "sandbox", &sb)
+		s.GQL(t, gqlGet, map[string]any{"id": id}, e2e.HdrTenant1).OK(t, "sandbox", &sb)
 		if sb.State != "RUNNING" {
 			t.Errorf("got state %q, want RUNNING", sb.State)
 		}
-		s.gql(t, gqlRead, map[string]any{"id": id, "path": "intruder.txt"}, hdrTenant1).wantCode(t, http.StatusOK, "NOT_FOUND")
+		s.GQL(t, gqlRead, map[string]any{"id": id, "path": "intruder.txt"}, e2e.HdrTenant1).WantCode(t, http.StatusOK, "NOT_FOUND")
 	})
 }
 
@@ -200,20 +201,20 @@ func (e *apiEnv) testAuth(t *testing.T) {
 		{"missing-key", nil, "X-Api-Key"},
 		{"empty-key", []string{"X-Api-Key: "}, "X-Api-Key"},
 		{"unknown-key", []string{"X-Api-Key: not-a-key-of-this-server"}, "unknown"},
-		{"key-hash-as-key", []string{"X-Api-Key: " + auth.HashKey(keyTenant1)}, "unknown"},
+		{"key-hash-as-key", []string{"X-Api-Key: " + auth.HashKey(e2e.KeyTenant1)}, "unknown"},
 	}
 	for _, k := range keys {
 		t.Run("rest-"+k.name, func(t *testing.T) {
-			s.curl(t, http.MethodGet, prefix, nil, k.headers...).wantError(t, http.StatusUnauthorized, "UNAUTHENTICATED", k.mention)
-			s.curl(t, http.MethodGet, prefix+"/"+id, nil, k.headers...).wantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
-			s.curl(t, http.MethodPost, prefix, []byte(`{"profile":"sandboxes-default"}`), append([]string{hdrJSON}, k.headers...)...).
-				wantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
-			s.curl(t, http.MethodPost, prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), append([]string{hdrJSON}, k.headers...)...).
-				wantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+			s.Curl(t, http.MethodGet, e2e.Prefix, nil, k.headers...).WantError(t, http.StatusUnauthorized, "UNAUTHENTICATED", k.mention)
+			s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, k.headers...).WantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+			s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"profile":"sandboxes-default"}`), append([]string{e2e.HdrJSON}, k.headers...)...).
+				WantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+			s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), append([]string{e2e.HdrJSON}, k.headers...)...).
+				WantError(t, http.StatusUnauthorized, "UNAUTHENTICATED")
 		})
 		t.Run("graphql-"+k.name, func(t *testing.T) {
-			s.gql(t, gqlGet, map[string]any{"id": id}, k.headers...).wantCode(t, http.StatusUnauthorized, "UNAUTHENTICATED")
-			s.gql(t, `query { profiles { name } }`, nil, k.headers...).wantCode(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+			s.GQL(t, gqlGet, map[string]any{"id": id}, k.headers...).WantCode(t, http.StatusUnauthorized, "UNAUTHENTICATED")
+			s.GQL(t, `query { profiles { name } }`, nil, k.headers...).WantCode(t, http.StatusUnauthorized, "UNAUTHENTICATED")
 		})
 	}
 }

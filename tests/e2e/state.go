@@ -1,4 +1,4 @@
-package tests
+package e2e
 
 import (
 	"os"
@@ -7,18 +7,18 @@ import (
 	"testing"
 )
 
-// stateDir is a sandboxd state folder and checkpoint folder; replicas and restarts share one.
-type stateDir struct {
+// StateDir is a sandboxd state folder and checkpoint folder; replicas and restarts share one.
+type StateDir struct {
 	Dir         string
 	Checkpoints string
 }
 
-// newStateDir makes a state folder. When the test ends (after every server on it stopped) no
+// NewStateDir makes a state folder. When the test ends (after every server on it stopped) no
 // runsc container, mount or loop device may be left in it: one that is, is an error and is
 // removed.
-func newStateDir(t *testing.T) *stateDir {
+func NewStateDir(t *testing.T) *StateDir {
 	t.Helper()
-	requireComponents(t)
+	RequireComponents(t)
 	dir, err := os.MkdirTemp(suite.root, "state-")
 	if err != nil {
 		t.Fatal(err)
@@ -26,9 +26,9 @@ func newStateDir(t *testing.T) *stateDir {
 	suite.mu.Lock()
 	suite.stateDirs = append(suite.stateDirs, dir)
 	suite.mu.Unlock()
-	sd := &stateDir{Dir: dir, Checkpoints: filepath.Join(dir, "checkpoints")}
+	sd := &StateDir{Dir: dir, Checkpoints: filepath.Join(dir, "checkpoints")}
 	t.Cleanup(func() {
-		ids, err := leftoverContainers(dir)
+		ids, err := LeftoverContainers(dir)
 		if err != nil {
 			t.Errorf("checking for leftover containers: %v", err)
 			return
@@ -39,7 +39,7 @@ func newStateDir(t *testing.T) *stateDir {
 		}
 		// A stopped server's state folder can be removed: no mount (runsc's null-netns, a
 		// sandbox's disk) and no loop device is left in it.
-		if m, l := mountsUnder(dir), loopsBacking(dir); len(m) > 0 || len(l) > 0 {
+		if m, l := MountsUnder(dir), LoopsBacking(dir); len(m) > 0 || len(l) > 0 {
 			t.Errorf("got mounts %q and loop devices %q left under %s after every server on it stopped, want none (rm -rf of the folder fails with EBUSY)", m, l, dir)
 			unmountUnder(dir)
 		}
@@ -47,8 +47,8 @@ func newStateDir(t *testing.T) *stateDir {
 	return sd
 }
 
-// mountsUnder lists the mount points at or below dir (/proc/self/mountinfo).
-func mountsUnder(dir string) []string {
+// MountsUnder lists the mount points at or below dir (/proc/self/mountinfo).
+func MountsUnder(dir string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return []string{"reading mountinfo: " + err.Error()}
@@ -63,8 +63,8 @@ func mountsUnder(dir string) []string {
 	return found
 }
 
-// loopsBacking lists the loop devices whose backing file lies under dir.
-func loopsBacking(dir string) []string {
+// LoopsBacking lists the loop devices whose backing file lies under dir.
+func LoopsBacking(dir string) []string {
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var found []string
 	for _, f := range files {

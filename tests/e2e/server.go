@@ -1,4 +1,4 @@
-package tests
+package e2e
 
 import (
 	"bytes"
@@ -21,10 +21,10 @@ import (
 	"sandboxd/internal/source/sourcetest"
 )
 
-// serverOptions configure one sandboxd process.
-type serverOptions struct {
+// ServerOptions configure one sandboxd process.
+type ServerOptions struct {
 	// State is the state folder; nil makes a new one.
-	State *stateDir
+	State *StateDir
 	// RedisURL is the Redis to use; "" runs sandboxd's embedded Redis.
 	RedisURL string
 	// Limits are merged over sandboxd's default limits (config file keys).
@@ -42,7 +42,7 @@ type Server struct {
 	// URL is the server's base URL (http://127.0.0.1:port).
 	URL   string
 	Addr  string
-	State *stateDir
+	State *StateDir
 
 	name    string
 	cmd     *exec.Cmd
@@ -62,21 +62,21 @@ var serverSeq struct {
 	n int
 }
 
-// startServer starts sandboxd and waits until /readyz answers 200. The server is stopped (with
+// StartServer starts sandboxd and waits until /readyz answers 200. The server is stopped (with
 // SIGTERM, then SIGKILL) when the test ends, after the sandboxes it tracks are destroyed; its log
 // goes to the test log when the test failed.
-func startServer(t *testing.T, opts serverOptions) *Server {
+func StartServer(t *testing.T, opts ServerOptions) *Server {
 	t.Helper()
-	requireComponents(t)
+	RequireComponents(t)
 	if opts.State == nil {
-		opts.State = newStateDir(t)
+		opts.State = NewStateDir(t)
 	}
 	serverSeq.Lock()
 	serverSeq.n++
 	n := serverSeq.n
 	serverSeq.Unlock()
 	name := fmt.Sprintf("%s-%d", strings.NewReplacer("/", "_").Replace(t.Name()), n)
-	addr := freeAddr(t)
+	addr := FreeAddr(t)
 	cfgPath := filepath.Join(suite.root, name+".yaml")
 	writeConfig(t, cfgPath, opts)
 	args := []string{"--config", cfgPath, "--listen", addr, "--state-dir", opts.State.Dir,
@@ -126,17 +126,17 @@ func serverEnv() []string {
 		}
 		env = append(env, kv)
 	}
-	return append(env, "SANDBOX_API_KEY="+keyDev)
+	return append(env, "SANDBOX_API_KEY="+KeyDev)
 }
 
 // writeConfig writes the server's YAML config: the test keys, the profiles, the limits, no
 // concurrency limit (quota.default_limit 0) and opts.Extra.
-func writeConfig(t *testing.T, path string, opts serverOptions) {
+func writeConfig(t *testing.T, path string, opts ServerOptions) {
 	t.Helper()
 	cfg := map[string]any{
 		"api_keys": []map[string]any{
-			{"name": "tenant1", "sha256": auth.HashKey(keyTenant1), "tenant": "t1", "project": "p1"},
-			{"name": "tenant2", "sha256": auth.HashKey(keyTenant2), "tenant": "t2", "project": "p1"},
+			{"name": "tenant1", "sha256": auth.HashKey(KeyTenant1), "tenant": "t1", "project": "p1"},
+			{"name": "tenant2", "sha256": auth.HashKey(KeyTenant2), "tenant": "t2", "project": "p1"},
 			{"name": "platform", "sha256": auth.HashKey(keyPlatform), "tenant": "platform", "project": "ops", "platform": true},
 		},
 		"profiles": []map[string]any{
@@ -165,12 +165,12 @@ func writeConfig(t *testing.T, path string, opts serverOptions) {
 	}
 }
 
-// archiveHost starts an HTTPS server on loopback (sourcetest.Server: a certificate of its own,
+// ArchiveHost starts an HTTPS server on loopback (sourcetest.Server: a certificate of its own,
 // requests counted per path) for sandboxd to fetch source.archive_url from, and returns it with
 // the config section that lets it: sources.allow_hosts names its host:port (loopback is refused
 // otherwise) and sources.ca_file its certificate, written into the suite's folder. Add further
 // sources keys to the map before passing it as serverOptions.Extra["sources"].
-func archiveHost(t *testing.T) (*sourcetest.Server, map[string]any) {
+func ArchiveHost(t *testing.T) (*sourcetest.Server, map[string]any) {
 	t.Helper()
 	srv := sourcetest.NewServer(t)
 	return srv, map[string]any{
@@ -179,7 +179,7 @@ func archiveHost(t *testing.T) (*sourcetest.Server, map[string]any) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+func FreeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -275,6 +275,9 @@ func (s *Server) Kill(t *testing.T) {
 	}
 }
 
+// PID is the process id of the server.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
 func (s *Server) running() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -301,8 +304,8 @@ func (s *Server) dumpLog(t *testing.T) {
 	t.Logf("sandboxd %s log (%s):\n%s", s.name, s.logPath, s.logTail(400))
 }
 
-// track registers a sandbox to destroy (with these headers) when the test ends.
-func (s *Server) track(id string, headers ...string) {
+// Track registers a sandbox to destroy (with these headers) when the test ends.
+func (s *Server) Track(id string, headers ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tracked[id] = headers
@@ -321,7 +324,7 @@ func (s *Server) destroyTracked(t *testing.T) {
 	for id, headers := range tracked {
 		deadline := time.Now().Add(90 * time.Second)
 		for {
-			r, err := s.send(http.MethodDelete, prefix+"/"+id, nil, headers...)
+			r, err := s.Send(http.MethodDelete, Prefix+"/"+id, nil, headers...)
 			if err != nil {
 				t.Errorf("cleanup: destroying %s: %v", id, err)
 				break

@@ -1,4 +1,4 @@
-package tests
+package e2e
 
 import (
 	"bytes"
@@ -28,18 +28,18 @@ func (r *Response) String() string {
 	return fmt.Sprintf("%s → %d %s", r.Request, r.Status, strings.TrimSpace(body))
 }
 
-// send makes one request. Headers are "Name: value" as curl -H takes them; a nil body sends
+// Send makes one request. Headers are "Name: value" as curl -H takes them; a nil body sends
 // none (curl -X POST without -d).
-func (s *Server) send(method, path string, body io.Reader, headers ...string) (*Response, error) {
-	return s.sendContext(context.Background(), method, path, body, headers...)
+func (s *Server) Send(method, path string, body io.Reader, headers ...string) (*Response, error) {
+	return s.SendContext(context.Background(), method, path, body, headers...)
 }
 
-func (s *Server) sendContext(ctx context.Context, method, path string, body io.Reader, headers ...string) (*Response, error) {
-	return s.sendVia(ctx, s.client, method, path, body, headers...)
+func (s *Server) SendContext(ctx context.Context, method, path string, body io.Reader, headers ...string) (*Response, error) {
+	return s.SendVia(ctx, s.client, method, path, body, headers...)
 }
 
-// sendVia makes one request with HTTP client c (a client of its own, with its own connections).
-func (s *Server) sendVia(ctx context.Context, c *http.Client, method, path string, body io.Reader, headers ...string) (*Response, error) {
+// SendVia makes one request with HTTP client c (a client of its own, with its own connections).
+func (s *Server) SendVia(ctx context.Context, c *http.Client, method, path string, body io.Reader, headers ...string) (*Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, body)
 	if err != nil {
 		return nil, err
@@ -65,30 +65,30 @@ func (s *Server) sendVia(ctx context.Context, c *http.Client, method, path strin
 	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: data, Request: method + " " + path}, nil
 }
 
-// curl makes one request and fails the test when it cannot be made.
-func (s *Server) curl(t *testing.T, method, path string, body []byte, headers ...string) *Response {
+// Curl makes one request and fails the test when it cannot be made.
+func (s *Server) Curl(t *testing.T, method, path string, body []byte, headers ...string) *Response {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	r, err := s.send(method, path, rd, headers...)
+	r, err := s.Send(method, path, rd, headers...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-// want fails the test unless the status is want.
-func (r *Response) want(t *testing.T, status int) {
+// Want fails the test unless the status is want.
+func (r *Response) Want(t *testing.T, status int) {
 	t.Helper()
 	if r.Status != status {
 		t.Fatalf("%s: got status %d, want %d", r, r.Status, status)
 	}
 }
 
-// decode decodes a JSON answer into v.
-func (r *Response) decode(t *testing.T, v any) {
+// Decode decodes a JSON answer into v.
+func (r *Response) Decode(t *testing.T, v any) {
 	t.Helper()
 	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 		t.Fatalf("%s: got Content-Type %q, want application/json", r, ct)
@@ -98,8 +98,8 @@ func (r *Response) decode(t *testing.T, v any) {
 	}
 }
 
-// apiError is the REST error body.
-type apiError struct {
+// APIError is the REST error body.
+type APIError struct {
 	Error struct {
 		Code          string `json:"code"`
 		Message       string `json:"message"`
@@ -111,11 +111,11 @@ type apiError struct {
 	} `json:"error"`
 }
 
-// wantError reports (without stopping the test) unless the answer is an error with this status
+// WantError reports (without stopping the test) unless the answer is an error with this status
 // and code whose message mentions every one of mention (case-insensitively).
-func (r *Response) wantError(t *testing.T, status int, code string, mention ...string) apiError {
+func (r *Response) WantError(t *testing.T, status int, code string, mention ...string) APIError {
 	t.Helper()
-	var e apiError
+	var e APIError
 	if r.Status != status {
 		t.Errorf("%s: got status %d, want %d %s", r, r.Status, status, code)
 		return e
