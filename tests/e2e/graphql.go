@@ -7,12 +7,14 @@ import (
 	"testing"
 )
 
+// GQLError is one error of a GraphQL answer.
 type GQLError struct {
 	Message    string         `json:"message"`
 	Path       []any          `json:"path"`
 	Extensions map[string]any `json:"extensions"`
 }
 
+// Code is the error's extensions.code.
 func (e GQLError) Code() string {
 	c, _ := e.Extensions["code"].(string)
 	return c

@@ -34,6 +34,7 @@ func (s *Server) Send(method, path string, body io.Reader, headers ...string) (*
 	return s.SendContext(context.Background(), method, path, body, headers...)
 }
 
+// SendContext is Send with a context.
 func (s *Server) SendContext(ctx context.Context, method, path string, body io.Reader, headers ...string) (*Response, error) {
 	return s.SendVia(ctx, s.client, method, path, body, headers...)
 }

@@ -9,8 +9,10 @@ import (
 	"time"
 )
 
+// CreateBody is the document's create body: the default profile.
 const CreateBody = `{"profile":"sandboxes-default"}`
 
+// SandboxJSON is a sandbox as REST answers it.
 type SandboxJSON struct {
 	SandboxID        string     `json:"sandbox_id"`
 	TenantID         string     `json:"tenant_id"`
@@ -33,11 +35,13 @@ type SandboxJSON struct {
 	} `json:"resources"`
 }
 
+// ListJSON is a page of sandboxes.
 type ListJSON struct {
 	Sandboxes  []SandboxJSON `json:"sandboxes"`
 	NextCursor string        `json:"next_cursor"`
 }
 
+// ExecJSON is the result of a REST exec.
 type ExecJSON struct {
 	ExecID          string `json:"exec_id"`
 	ExitCode        int    `json:"exit_code"`
@@ -53,7 +57,8 @@ type ExecJSON struct {
 	Error           string `json:"error"`
 }
 
-type fileJSON struct {
+// FileJSON is one entry of the files API.
+type FileJSON struct {
 	Name  string `json:"name"`
 	Path  string `json:"path"`
 	Size  int64  `json:"size"`
@@ -61,12 +66,14 @@ type fileJSON struct {
 	IsDir bool   `json:"is_dir"`
 }
 
+// FilesJSON is a folder listing of the files API.
 type FilesJSON struct {
 	Path      string     `json:"path"`
-	Entries   []fileJSON `json:"entries"`
+	Entries   []FileJSON `json:"entries"`
 	Truncated bool       `json:"truncated"`
 }
 
+// SandboxIDPattern is the shape of a sandbox id: sbx_ and a ULID.
 var SandboxIDPattern = regexp.MustCompile(`^sbx_[0-9A-HJKMNP-TV-Z]{26}$`)
 
 // Create creates a sandbox through REST (201), tracks it for destruction and returns it.
@@ -106,6 +113,7 @@ func (s *Server) List(t *testing.T, headers ...string) ListJSON {
 	return l
 }
 
+// Find returns the sandbox with this id from the page.
 func (l ListJSON) Find(id string) (SandboxJSON, bool) {
 	for _, sb := range l.Sandboxes {
 		if sb.SandboxID == id {
@@ -138,11 +146,11 @@ func (s *Server) Run(t *testing.T, id string, argv []string, headers ...string) 
 }
 
 // Upload writes a file through the files API (curl -T: PUT, no Content-Type) and wants 200.
-func (s *Server) Upload(t *testing.T, id, path string, content []byte, headers ...string) fileJSON {
+func (s *Server) Upload(t *testing.T, id, path string, content []byte, headers ...string) FileJSON {
 	t.Helper()
 	r := s.Curl(t, http.MethodPut, Prefix+"/"+id+"/files?path="+path, content, headers...)
 	r.Want(t, http.StatusOK)
-	var f fileJSON
+	var f FileJSON
 	r.Decode(t, &f)
 	if f.Size != int64(len(content)) {
 		t.Fatalf("%s: got size %d, want %d", r, f.Size, len(content))
@@ -158,6 +166,7 @@ func (s *Server) Download(t *testing.T, id, path string, headers ...string) stri
 	return string(r.Body)
 }
 
+// MustJSON encodes v as JSON and fails the test when it cannot.
 func MustJSON(t testing.TB, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -167,6 +176,7 @@ func MustJSON(t testing.TB, v any) string {
 	return string(b)
 }
 
+// QuotaJSON is the answer of GET …/quota.
 type QuotaJSON struct {
 	Limit int `json:"limit"`
 	InUse int `json:"in_use"`

@@ -179,6 +179,7 @@ func ArchiveHost(t *testing.T) (*sourcetest.Server, map[string]any) {
 	}
 }
 
+// FreeAddr returns a loopback address with a port that was free a moment ago.
 func FreeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
