@@ -169,7 +169,7 @@ func writeConfig(t *testing.T, path string, opts ServerOptions) {
 // requests counted per path) for sandboxd to fetch source.archive_url from, and returns it with
 // the config section that lets it: sources.allow_hosts names its host:port (loopback is refused
 // otherwise) and sources.ca_file its certificate, written into the suite's folder. Add further
-// sources keys to the map before passing it as serverOptions.Extra["sources"].
+// sources keys to the map before passing it as ServerOptions.Extra["sources"].
 func ArchiveHost(t *testing.T) (*sourcetest.Server, map[string]any) {
 	t.Helper()
 	srv := sourcetest.NewServer(t)
