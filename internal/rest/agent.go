@@ -1,6 +1,7 @@
 package rest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -61,6 +62,10 @@ func (h *Handler) startAgentRun(w http.ResponseWriter, r *http.Request) {
 	var b agentRunBody
 	if !h.decode(w, r, &b) {
 		return
+	}
+	// "config": null is no config, as absent (and as GraphQL's null): not the text "null".
+	if bytes.Equal(bytes.TrimSpace(b.Config), []byte("null")) {
+		b.Config = nil
 	}
 	req := sandbox.AgentRunRequest{AgentID: b.AgentID, Model: b.Model, Instruction: b.Instruction, SandboxID: b.SandboxID,
 		Config: b.Config}

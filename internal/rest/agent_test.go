@@ -47,6 +47,14 @@ func TestAgentRunStartBody(t *testing.T) {
 	if got := f.CallsTo("StartAgentRun")[1].AgentRun; got.PassAtK != 1 || string(got.Config) != `{"a":[1,2]}` {
 		t.Errorf("request: got pass_at_k %d config %s, want 1 {\"a\":[1,2]}", got.PassAtK, got.Config)
 	}
+	// "config": null is no config, as GraphQL's null is.
+	rec = serve(t, h, http.MethodPost, AgentPrefix+"/runs", `{"agent_id":"opencode","model":"m","instruction":"x","sandbox_id":"`+apitest.SandboxRunning+`","config": null}`)
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("with config null: got %d %s, want 201", rec.Code, rec.Body)
+	}
+	if got := f.CallsTo("StartAgentRun")[2].AgentRun; got.Config != nil {
+		t.Errorf("config null: got config %q, want none", got.Config)
+	}
 }
 
 func TestAgentRunStartErrors(t *testing.T) {

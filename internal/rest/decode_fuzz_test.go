@@ -313,6 +313,10 @@ func fzCheckAgent(t *testing.T, c fzCall, _ map[string][]string, body []byte) {
 	if req.Config != nil && !json.Valid(req.Config) {
 		t.Fatalf("the service got config %q, which is not JSON", req.Config)
 	}
+	// The config sent, as sent; none when it is absent or null.
+	if want := o.get("config"); !bytes.Equal(bytes.TrimSpace(req.Config), bytes.TrimSpace(want)) {
+		t.Fatalf("config: the service got %q, want %q", req.Config, want)
+	}
 }
 
 // fzCheckEmpty: the verbs without a body accept nothing, or exactly an empty JSON object.
