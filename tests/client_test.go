@@ -16,10 +16,7 @@ import (
 // stop → start → destroy.
 func TestClient(t *testing.T) {
 	s := e2e.StartServer(t, e2e.ServerOptions{State: e2e.NewStateDir(t)})
-	c, err := client.New(client.WithBaseURL(s.URL), client.WithAPIKey(e2e.KeyTenant1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := s.Client(client.WithAPIKey(e2e.KeyTenant1))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 

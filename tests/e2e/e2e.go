@@ -5,12 +5,14 @@
 // (a free loopback port, its own state and checkpoint folders, a config file with the test API
 // keys) and talks to it with curl-shaped REST calls (Server.Curl, Create, Exec, …) and GraphQL
 // over HTTP (Server.GQL). The wire shapes here (SandboxJSON, ExecJSON, …) mirror the JSON the
-// product document shows, on purpose independent of the public Go client (package client).
+// product document shows, on purpose independent of the public Go client (package client); tests
+// about behaviour rather than the wire use that client instead, from Server.Client.
 //
 // By concern: the identities here; server.go starts and stops one sandboxd process; state.go
 // its state folders; replicas.go several processes on one Redis; http.go curl-shaped exchanges
-// and their checks; rest.go the REST shapes and calls; graphql.go GraphQL over HTTP; steps.go
-// Eventually and Step; suite.go the suite's setup and its checks after the tests.
+// and their checks; rest.go the REST shapes and calls; graphql.go GraphQL over HTTP; client.go
+// the public Go client on a server; steps.go Eventually and Step; suite.go the suite's setup and
+// its checks after the tests.
 //
 // SANDBOXD_E2E_KEEP=1 keeps the suite's temporary folder (server logs, configs, state folders),
 // which is otherwise removed when every test passed. SANDBOXD_E2E_RACE=0 builds sandboxd without
