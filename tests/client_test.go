@@ -2,7 +2,9 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +118,58 @@ func TestClient(t *testing.T) {
 			t.Errorf("get after destroy: got %v, want NOT_FOUND or DESTROYED", err)
 		}
 	})
+}
+
+// The helpers of the scenarios that drive the public client (e2e.Server.Client).
+
+// newSandbox creates a sandbox through c, wants the documented id and RUNNING, and tracks it for
+// destruction with hdr, the header of c's key.
+func newSandbox(ctx context.Context, t *testing.T, s *e2e.Server, c *client.Client, req client.CreateRequest, hdr string) client.Sandbox {
+	t.Helper()
+	sb, err := c.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("create %+v: %v", req, err)
+	}
+	if !e2e.SandboxIDPattern.MatchString(sb.ID) {
+		t.Fatalf("create: got sandbox id %q, want sbx_ and a ULID", sb.ID)
+	}
+	s.Track(sb.ID, hdr)
+	if sb.State != client.StateRunning {
+		t.Fatalf("create: got state %q, want RUNNING", sb.State)
+	}
+	return sb
+}
+
+// runVia runs argv (no shell, 60 s) through c and wants exit code 0; it returns stdout.
+func runVia(ctx context.Context, t *testing.T, c *client.Client, id string, argv []string) string {
+	t.Helper()
+	res, err := c.Exec(ctx, id, client.ExecRequest{Command: argv, TimeoutSec: client.Ptr[int64](60)})
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	if res.ExitCode != 0 || res.Signal != "" || res.TimedOut || res.Error != "" {
+		t.Fatalf("exec %q: got exit %d signal %q timed_out %v error %q stderr %q, want exit 0",
+			argv, res.ExitCode, res.Signal, res.TimedOut, res.Error, res.Stderr)
+	}
+	return res.Stdout
+}
+
+// wantClientError reports (without stopping the test) unless err is a *client.Error with this
+// HTTP status and code and a message.
+func wantClientError(t *testing.T, what string, err error, status int, code string) {
+	t.Helper()
+	var e *client.Error
+	switch {
+	case !errors.As(err, &e):
+		t.Errorf("%s: got %v, want %d %s", what, err, status, code)
+	case e.Status != status || e.Code != code:
+		t.Errorf("%s: got %d %s (%v), want %d %s", what, e.Status, e.Code, e, status, code)
+	case e.Message == "":
+		t.Errorf("%s: got %d %s with an empty message", what, e.Status, e.Code)
+	}
+}
+
+// inPage reports whether the page has the sandbox.
+func inPage(p client.Page, id string) bool {
+	return slices.ContainsFunc(p.Sandboxes, func(sb client.Sandbox) bool { return sb.ID == id })
 }
