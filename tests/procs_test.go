@@ -1,13 +1,12 @@
 package tests
 
 import (
-	"bytes"
-	"encoding/json"
-	"net/http"
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"sandboxd/client"
 	"sandboxd/tests/e2e"
 )
 
@@ -22,9 +21,9 @@ var escapees = []string{"sleep 1000", "sleep 1001", "x 1002"}
 
 // countProcs runs `ps -eo args` in a new exec of the sandbox and counts the lines that are
 // exactly one of want.
-func countProcs(t *testing.T, s *e2e.Server, id string, want []string) (int, string) {
+func countProcs(ctx context.Context, t *testing.T, c *client.Client, id string, want []string) (int, string) {
 	t.Helper()
-	out := s.Run(t, id, []string{"ps", "-eo", "args"}, e2e.HdrTenant1)
+	out := runVia(ctx, t, c, id, []string{"ps", "-eo", "args"})
 	n := 0
 	for _, line := range strings.Split(out, "\n") {
 		for _, w := range want {
@@ -37,10 +36,10 @@ func countProcs(t *testing.T, s *e2e.Server, id string, want []string) (int, str
 }
 
 // waitProcs waits until countProcs finds n.
-func waitProcs(t *testing.T, s *e2e.Server, id string, want []string, n int) {
+func waitProcs(ctx context.Context, t *testing.T, c *client.Client, id string, want []string, n int) {
 	t.Helper()
 	e2e.Eventually(t, 30*time.Second, "processes "+strings.Join(want, ", "), func() (bool, string) {
-		got, ps := countProcs(t, s, id, want)
+		got, ps := countProcs(ctx, t, c, id, want)
 		return got == n, ps
 	})
 }
@@ -54,68 +53,60 @@ func TestProcessesEndWithTheirExec(t *testing.T) {
 			"command": []string{"bash", "-c", escapeScript}},
 	}
 	s := e2e.StartServer(t, e2e.ServerOptions{Extra: map[string]any{"agents": agents}})
+	ctx, c := t.Context(), s.Client(client.WithAPIKey(e2e.KeyTenant1))
 
 	e2e.Step(t, "timeout-ends-escaped-processes", func(t *testing.T) {
-		id := s.Create(t, `{}`, e2e.HdrTenant1).SandboxID
-		body, err := json.Marshal(map[string]any{"command": []string{"bash", "-c", escapeScript}, "timeout_sec": 3})
-		if err != nil {
-			t.Fatal(err)
-		}
+		id := newSandbox(ctx, t, s, c, client.CreateRequest{}, e2e.HdrTenant1).ID
 		type result struct {
-			r   *e2e.Response
+			ex  client.Exec
 			err error
 		}
 		done := make(chan result, 1)
 		go func() {
-			r, err := s.Send(http.MethodPost, e2e.Prefix+"/"+id+"/exec", bytes.NewReader(body), e2e.HdrJSON, e2e.HdrTenant1)
-			done <- result{r, err}
+			ex, err := c.Exec(ctx, id, client.ExecRequest{Command: []string{"bash", "-c", escapeScript}, TimeoutSec: client.Ptr[int64](3)})
+			done <- result{ex, err}
 		}()
 		// Every escapee runs before the timeout fires.
-		waitProcs(t, s, id, escapees, len(escapees))
+		waitProcs(ctx, t, c, id, escapees, len(escapees))
 		res := <-done
 		if res.err != nil {
 			t.Fatal(res.err)
 		}
-		res.r.Want(t, http.StatusOK)
-		var ex e2e.ExecJSON
-		res.r.Decode(t, &ex)
-		if !ex.TimedOut {
-			t.Errorf("%s: got timed_out false, want true", res.r)
+		if !res.ex.TimedOut {
+			t.Errorf("got %+v: timed_out false, want true", res.ex)
 		}
-		if n, ps := countProcs(t, s, id, escapees); n != 0 {
+		if n, ps := countProcs(ctx, t, c, id, escapees); n != 0 {
 			t.Errorf("after the timeout: got %d of %q still running, want 0; ps -eo args:\n%s", n, escapees, ps)
 		}
 	})
 
 	e2e.Step(t, "cancel-ends-escaped-processes", func(t *testing.T) {
-		id := s.Create(t, `{}`, e2e.HdrTenant1).SandboxID
-		run := startRun(t, s, e2e.MustJSON(t, map[string]any{"agent_id": "escaper", "instruction": "escape", "sandbox_id": id}), e2e.HdrTenant1)
-		if run.Status != "RUNNING" {
-			t.Fatalf("start: got %+v, want RUNNING", run)
+		id := newSandbox(ctx, t, s, c, client.CreateRequest{}, e2e.HdrTenant1).ID
+		run, err := c.StartAgentRun(ctx, client.AgentRunRequest{AgentID: "escaper", Instruction: "escape", SandboxID: id})
+		if err != nil || run.Status != client.RunRunning {
+			t.Fatalf("start: got %+v (%v), want RUNNING", run, err)
 		}
-		waitProcs(t, s, id, escapees, len(escapees))
-		r := s.Curl(t, http.MethodPost, agentRuns+"/"+run.RunID+"/cancel", nil, e2e.HdrTenant1)
-		r.Want(t, http.StatusOK)
-		r.Decode(t, &run)
-		if run.Status != "CANCELLED" {
-			t.Fatalf("cancel: got %+v, want CANCELLED", run)
+		waitProcs(ctx, t, c, id, escapees, len(escapees))
+		run, err = c.CancelAgentRun(ctx, run.ID)
+		if err != nil || run.Status != client.RunCancelled {
+			t.Fatalf("cancel: got %+v (%v), want CANCELLED", run, err)
 		}
-		if n, ps := countProcs(t, s, id, escapees); n != 0 {
+		if n, ps := countProcs(ctx, t, c, id, escapees); n != 0 {
 			t.Errorf("after the cancel: got %d of %q still running, want 0; ps -eo args:\n%s", n, escapees, ps)
 		}
 	})
 
 	e2e.Step(t, "normal-exit-leaves-background-running", func(t *testing.T) {
-		id := s.Create(t, `{}`, e2e.HdrTenant1).SandboxID
-		ex := s.Exec(t, id, e2e.MustJSON(t, map[string]any{"command": []string{"bash", "-c", "sleep 1003 & (setsid sleep 1004 &); echo started"}, "timeout_sec": 30}), e2e.HdrTenant1)
-		if ex.ExitCode != 0 || ex.TimedOut || ex.Stdout != "started\n" {
-			t.Fatalf("got %+v, want exit 0 and started", ex)
+		id := newSandbox(ctx, t, s, c, client.CreateRequest{}, e2e.HdrTenant1).ID
+		ex, err := c.Exec(ctx, id, client.ExecRequest{Command: []string{"bash", "-c", "sleep 1003 & (setsid sleep 1004 &); echo started"}, TimeoutSec: client.Ptr[int64](30)})
+		if err != nil || ex.ExitCode != 0 || ex.TimedOut || ex.Stdout != "started\n" {
+			t.Fatalf("got %+v (%v), want exit 0 and started", ex, err)
 		}
 		time.Sleep(time.Second)
-		if n, ps := countProcs(t, s, id, []string{"sleep 1003"}); n != 1 {
+		if n, ps := countProcs(ctx, t, c, id, []string{"sleep 1003"}); n != 1 {
 			t.Errorf("after the exit: got %d of sleep 1003, want 1 (a server started with & must survive); ps -eo args:\n%s", n, ps)
 		}
-		if n, ps := countProcs(t, s, id, []string{"sleep 1004"}); n != 1 {
+		if n, ps := countProcs(ctx, t, c, id, []string{"sleep 1004"}); n != 1 {
 			t.Errorf("after the exit: got %d of sleep 1004, want 1; ps -eo args:\n%s", n, ps)
 		}
 		// No public API signals an ended exec (an ended agent run cannot be cancelled); the
