@@ -155,17 +155,25 @@ func runVia(ctx context.Context, t *testing.T, c *client.Client, id string, argv
 }
 
 // wantClientError reports (without stopping the test) unless err is a *client.Error with this
-// HTTP status and code and a message.
-func wantClientError(t *testing.T, what string, err error, status int, code string) {
+// HTTP status and code and a message that mentions every one of mention (case-insensitively).
+func wantClientError(t *testing.T, what string, err error, status int, code string, mention ...string) {
 	t.Helper()
-	var e *client.Error
+	e, ok := errors.AsType[*client.Error](err)
 	switch {
-	case !errors.As(err, &e):
+	case !ok:
 		t.Errorf("%s: got %v, want %d %s", what, err, status, code)
+		return
 	case e.Status != status || e.Code != code:
 		t.Errorf("%s: got %d %s (%v), want %d %s", what, e.Status, e.Code, e, status, code)
+		return
 	case e.Message == "":
 		t.Errorf("%s: got %d %s with an empty message", what, e.Status, e.Code)
+		return
+	}
+	for _, m := range mention {
+		if !strings.Contains(strings.ToLower(e.Message), strings.ToLower(m)) {
+			t.Errorf("%s: got message %q, want it to mention %q", what, e.Message, m)
+		}
 	}
 }
 

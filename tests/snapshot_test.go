@@ -3,9 +3,11 @@ package tests
 import (
 	"net/http"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
+	"sandboxd/client"
 	"sandboxd/tests/e2e"
 )
 
@@ -50,15 +52,6 @@ func listSnapshots(t *testing.T, s *e2e.Server, id string, headers ...string) sn
 	return l
 }
 
-func containsID(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // TestSnapshots: snapshot a running sandbox (it keeps running), list snapshots through REST and
 // GraphQL, destroy the sandbox, create a new one from the snapshot (the files from before the
 // snapshot are there, the later ones are not), delete snapshots; tenancy and the refusals.
@@ -68,12 +61,14 @@ func TestSnapshots(t *testing.T) {
 		"checkpoints": map[string]any{"keep_last": 5},
 	}})
 	key := e2e.HdrTenant1
-	sb := s.Create(t, `{"profile":"sandboxes-default"}`, key)
-	id := sb.SandboxID
-	s.Run(t, id, []string{"bash", "-c", "mkdir -p src && echo before > src/first.txt && ln -s src/first.txt link"}, key)
+	ctx := t.Context()
+	c, other := s.Client(client.WithAPIKey(e2e.KeyTenant1)), s.Client(client.WithAPIKey(e2e.KeyTenant2))
+	id := newSandbox(ctx, t, s, c, client.CreateRequest{Profile: "sandboxes-default"}, key).ID
+	runVia(ctx, t, c, id, []string{"bash", "-c", "mkdir -p src && echo before > src/first.txt && ln -s src/first.txt link"})
 
 	var snap snapshotJSON
 	e2e.Step(t, "snapshot-while-running", func(t *testing.T) {
+		// The document's curl, kept on the harness: its 201 is the wire's, which the client hides.
 		// curl -X POST -H "X-Api-Key: …" $URL/sandbox/sandboxes/v1/$SANDBOX_ID/snapshots
 		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, key)
 		r.Want(t, http.StatusCreated)
@@ -82,30 +77,35 @@ func TestSnapshots(t *testing.T) {
 			len(snap.SHA256) != 64 || snap.CreatedAt.IsZero() {
 			t.Fatalf("%s: got %+v, want a snapshot of %s", r, snap, id)
 		}
-		got := s.Get(t, id, key)
-		if got.State != "RUNNING" || got.LatestSnapshotID != snap.SnapshotID {
-			t.Fatalf("after snapshot: got %s latest %q, want RUNNING with latest %s", got.State, got.LatestSnapshotID, snap.SnapshotID)
+		got, err := c.Get(ctx, id)
+		if err != nil || got.State != client.StateRunning || got.LatestSnapshotID != snap.SnapshotID {
+			t.Fatalf("after snapshot: got %s latest %q (%v), want RUNNING with latest %s", got.State, got.LatestSnapshotID, err, snap.SnapshotID)
 		}
-		s.Run(t, id, []string{"bash", "-c", "echo after > later.txt"}, key)
-		if out := s.Run(t, id, []string{"cat", "link", "later.txt"}, key); out != "before\nafter\n" {
+		runVia(ctx, t, c, id, []string{"bash", "-c", "echo after > later.txt"})
+		if out := runVia(ctx, t, c, id, []string{"cat", "link", "later.txt"}); out != "before\nafter\n" {
 			t.Fatalf("exec after snapshot: got %q, want %q", out, "before\nafter\n")
 		}
 	})
 
 	e2e.Step(t, "list-rest-and-graphql", func(t *testing.T) {
-		if got := listSnapshots(t, s, id, key).ids(); len(got) != 1 || got[0] != snap.SnapshotID {
-			t.Errorf("REST list of %s: got %v, want [%s]", id, got, snap.SnapshotID)
+		if got, err := c.Snapshots(ctx, id, 0); err != nil || len(got) != 1 || got[0].ID != snap.SnapshotID {
+			t.Errorf("REST list of %s: got %v (%v), want [%s]", id, snapshotIDs(got), err, snap.SnapshotID)
 		}
-		if got := listSnapshots(t, s, "", key).ids(); !containsID(got, snap.SnapshotID) {
-			t.Errorf("REST project list: got %v, want %s in it", got, snap.SnapshotID)
+		if got, err := c.Snapshots(ctx, "", 0); err != nil || !slices.Contains(snapshotIDs(got), snap.SnapshotID) {
+			t.Errorf("REST project list: got %v (%v), want %s in it", snapshotIDs(got), err, snap.SnapshotID)
 		}
 		for _, vars := range []map[string]any{{"id": id}, {"id": nil}} {
-			var list []struct {
-				ID        string `json:"id"`
-				SandboxID string `json:"sandboxId"`
-				SHA256    string `json:"sha256"`
+			var data struct {
+				Snapshots []struct {
+					ID        string `json:"id"`
+					SandboxID string `json:"sandboxId"`
+					SHA256    string `json:"sha256"`
+				} `json:"snapshots"`
 			}
-			s.GQL(t, gqlSnapshots, vars, key).OK(t, "snapshots", &list)
+			if _, err := c.Do(ctx, gqlSnapshots, vars, &data); err != nil {
+				t.Fatalf("GraphQL snapshots(%v): %v", vars["id"], err)
+			}
+			list := data.Snapshots
 			if len(list) != 1 || list[0].ID != snap.SnapshotID || list[0].SandboxID != id || list[0].SHA256 != snap.SHA256 {
 				t.Errorf("GraphQL snapshots(%v): got %+v, want [%s]", vars["id"], list, snap.SnapshotID)
 			}
@@ -113,89 +113,108 @@ func TestSnapshots(t *testing.T) {
 	})
 
 	e2e.Step(t, "tenancy", func(t *testing.T) {
-		if got := listSnapshots(t, s, "", e2e.HdrTenant2).ids(); len(got) != 0 {
-			t.Errorf("another tenant's project list: got %v, want none", got)
+		if got, err := other.Snapshots(ctx, "", 0); err != nil || len(got) != 0 {
+			t.Errorf("another tenant's project list: got %v (%v), want none", snapshotIDs(got), err)
 		}
-		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/snapshots", nil, e2e.HdrTenant2).WantError(t, http.StatusNotFound, "NOT_FOUND")
-		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, e2e.HdrTenant2).WantError(t, http.StatusNotFound, "NOT_FOUND")
-		s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+snap.SnapshotID, nil, e2e.HdrTenant2).
-			WantError(t, http.StatusNotFound, "NOT_FOUND", snap.SnapshotID)
-		r := s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"source":{"snapshot_id":"`+snap.SnapshotID+`"}}`), e2e.HdrJSON, e2e.HdrTenant2)
-		r.WantError(t, http.StatusNotFound, "NOT_FOUND", snap.SnapshotID)
+		_, err := other.Snapshots(ctx, id, 0)
+		wantClientError(t, "another tenant's list of "+id, err, http.StatusNotFound, client.CodeNotFound)
+		_, err = other.Snapshot(ctx, id)
+		wantClientError(t, "another tenant's snapshot of "+id, err, http.StatusNotFound, client.CodeNotFound)
+		err = other.DeleteSnapshot(ctx, snap.SnapshotID)
+		wantClientError(t, "another tenant's delete of "+snap.SnapshotID, err, http.StatusNotFound, client.CodeNotFound, snap.SnapshotID)
+		_, err = other.Create(ctx, client.CreateRequest{Source: &client.Source{SnapshotID: snap.SnapshotID}})
+		wantClientError(t, "another tenant's create from "+snap.SnapshotID, err, http.StatusNotFound, client.CodeNotFound, snap.SnapshotID)
 	})
 
 	var final string
 	e2e.Step(t, "destroy", func(t *testing.T) {
-		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, key)
-		r.Want(t, http.StatusOK)
-		var destroyed e2e.SandboxJSON
-		r.Decode(t, &destroyed)
+		destroyed, err := c.Destroy(ctx, id)
+		if err != nil {
+			t.Fatalf("destroy: %v", err)
+		}
 		final = destroyed.SnapshotID
 		if final == "" || final == snap.SnapshotID {
-			t.Fatalf("%s: got final snapshot %q, want a new one", r, final)
+			t.Fatalf("destroy: got final snapshot %q, want a new one", final)
 		}
 		// The destroyed sandbox's snapshots stay, newest first, the final one descending from ours.
-		l := listSnapshots(t, s, id, key)
-		if got := l.ids(); len(got) != 2 || got[0] != final || got[1] != snap.SnapshotID || l.Snapshots[0].ParentSnapshotID != snap.SnapshotID {
-			t.Fatalf("after destroy: got %+v, want [%s %s], the final one with parent %s", l.Snapshots, final, snap.SnapshotID, snap.SnapshotID)
+		l, err := c.Snapshots(ctx, id, 0)
+		if got := snapshotIDs(l); err != nil || len(got) != 2 || got[0] != final || got[1] != snap.SnapshotID || l[0].ParentSnapshotID != snap.SnapshotID {
+			t.Fatalf("after destroy: got %+v (%v), want [%s %s], the final one with parent %s", l, err, final, snap.SnapshotID, snap.SnapshotID)
 		}
 	})
 
-	var restored e2e.SandboxJSON
+	var restored client.Sandbox
 	e2e.Step(t, "create-from-snapshot", func(t *testing.T) {
-		restored = s.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+snap.SnapshotID+`"}}`, key)
-		if restored.SandboxID == id {
+		restored = newSandbox(ctx, t, s, c, client.CreateRequest{Profile: "sandboxes-default", Source: &client.Source{SnapshotID: snap.SnapshotID}}, key)
+		if restored.ID == id {
 			t.Fatalf("got the old sandbox id %s, want a new one", id)
 		}
-		if out := s.Run(t, restored.SandboxID, []string{"cat", "link"}, key); out != "before\n" {
+		if out := runVia(ctx, t, c, restored.ID, []string{"cat", "link"}); out != "before\n" {
 			t.Errorf("file through its link: got %q, want %q", out, "before\n")
 		}
-		if out := s.Run(t, restored.SandboxID, []string{"readlink", "link"}, key); out != "src/first.txt\n" {
+		if out := runVia(ctx, t, c, restored.ID, []string{"readlink", "link"}); out != "src/first.txt\n" {
 			t.Errorf("symlink: got %q, want %q", out, "src/first.txt\n")
 		}
-		if out := s.Run(t, restored.SandboxID, []string{"bash", "-c", "test -e later.txt && echo present || echo absent"}, key); out != "absent\n" {
+		if out := runVia(ctx, t, c, restored.ID, []string{"bash", "-c", "test -e later.txt && echo present || echo absent"}); out != "absent\n" {
 			t.Errorf("a file written after the snapshot: got %q, want absent", out)
 		}
 		// Its snapshots descend from the source; this one through GraphQL.
-		var gs struct {
-			ID               string  `json:"id"`
-			ParentSnapshotID *string `json:"parentSnapshotId"`
+		var data struct {
+			SnapshotSandbox *struct {
+				ID               string  `json:"id"`
+				ParentSnapshotID *string `json:"parentSnapshotId"`
+			} `json:"snapshotSandbox"`
 		}
-		s.GQL(t, `mutation($id: ID!) { snapshotSandbox(id: $id) { id parentSnapshotId } }`,
-			map[string]any{"id": restored.SandboxID}, key).OK(t, "snapshotSandbox", &gs)
-		if gs.ParentSnapshotID == nil || *gs.ParentSnapshotID != snap.SnapshotID {
+		if _, err := c.Do(ctx, `mutation($id: ID!) { snapshotSandbox(id: $id) { id parentSnapshotId } }`,
+			map[string]any{"id": restored.ID}, &data); err != nil {
+			t.Fatalf("snapshotSandbox: %v", err)
+		}
+		if gs := data.SnapshotSandbox; gs == nil || gs.ParentSnapshotID == nil || *gs.ParentSnapshotID != snap.SnapshotID {
 			t.Errorf("snapshotSandbox: got %+v, want parent %s", gs, snap.SnapshotID)
 		}
 	})
 
 	// Archives and GCS prefixes: TestBootstrapSources (bootstrap_test.go).
 	e2e.Step(t, "source-refusals", func(t *testing.T) {
-		r := s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"source":{"archive_url":"http://storage.example/task.zip"}}`), e2e.HdrJSON, key)
-		r.WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "only https")
-		r = s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"source":{"snapshot_id":"`+snap.SnapshotID+`","gcs_prefix":"gs://b/p/"}}`), e2e.HdrJSON, key)
-		r.WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "exactly one")
-		s.GQL(t, gqlCreate, map[string]any{"in": map[string]any{"source": map[string]any{"gcsPrefix": "gs://some-bucket/p/"}}}, key).
-			WantCode(t, http.StatusOK, "INVALID_ARGUMENT", "not permitted for this project")
+		_, err := c.Create(ctx, client.CreateRequest{Source: &client.Source{ArchiveURL: "http://storage.example/task.zip"}})
+		wantClientError(t, "create from an http archive", err, http.StatusBadRequest, client.CodeInvalidArgument, "only https")
+		_, err = c.Create(ctx, client.CreateRequest{Source: &client.Source{SnapshotID: snap.SnapshotID, GCSPrefix: "gs://b/p/"}})
+		wantClientError(t, "create from two sources", err, http.StatusBadRequest, client.CodeInvalidArgument, "exactly one")
+		_, err = c.Do(ctx, gqlCreate, map[string]any{"in": map[string]any{"source": map[string]any{"gcsPrefix": "gs://some-bucket/p/"}}}, nil)
+		wantClientError(t, "GraphQL create from a GCS prefix", err, http.StatusOK, client.CodeInvalidArgument, "not permitted for this project")
 	})
 
 	e2e.Step(t, "delete", func(t *testing.T) {
-		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+snap.SnapshotID, nil, key)
-		r.Want(t, http.StatusOK)
-		s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+snap.SnapshotID, nil, key).WantError(t, http.StatusNotFound, "NOT_FOUND")
-		var ok bool
-		s.GQL(t, `mutation($id: ID!) { deleteSnapshot(id: $id) }`, map[string]any{"id": final}, key).OK(t, "deleteSnapshot", &ok)
-		if !ok {
-			t.Errorf("deleteSnapshot(%s): got false, want true", final)
+		if err := c.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
+			t.Fatalf("delete %s: %v", snap.SnapshotID, err)
 		}
-		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/snapshots", nil, key).WantError(t, http.StatusNotFound, "NOT_FOUND")
+		err := c.DeleteSnapshot(ctx, snap.SnapshotID)
+		wantClientError(t, "delete "+snap.SnapshotID+" again", err, http.StatusNotFound, client.CodeNotFound)
+		var data struct {
+			DeleteSnapshot bool `json:"deleteSnapshot"`
+		}
+		if _, err := c.Do(ctx, `mutation($id: ID!) { deleteSnapshot(id: $id) }`, map[string]any{"id": final}, &data); err != nil || !data.DeleteSnapshot {
+			t.Errorf("deleteSnapshot(%s): got %v (%v), want true", final, data.DeleteSnapshot, err)
+		}
+		_, err = c.Snapshots(ctx, id, 0)
+		wantClientError(t, "list of "+id+" without snapshots", err, http.StatusNotFound, client.CodeNotFound)
 		// A stopped sandbox's latest snapshot is the only copy of its workspace.
-		r = s.Curl(t, http.MethodPost, e2e.Prefix+"/"+restored.SandboxID+"/stop", nil, key)
-		r.Want(t, http.StatusOK)
-		var stopped e2e.SandboxJSON
-		r.Decode(t, &stopped)
-		s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+stopped.LatestSnapshotID, nil, key).
-			WantError(t, http.StatusConflict, "INVALID_STATE", "only copy", stopped.LatestSnapshotID)
-		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+restored.SandboxID+"/snapshots", nil, key).
-			WantError(t, http.StatusConflict, "INVALID_STATE", "STOPPED")
+		stopped, err := c.Stop(ctx, restored.ID)
+		if err != nil {
+			t.Fatalf("stop %s: %v", restored.ID, err)
+		}
+		err = c.DeleteSnapshot(ctx, stopped.LatestSnapshotID)
+		wantClientError(t, "delete the only copy", err, http.StatusConflict, client.CodeInvalidState, "only copy", stopped.LatestSnapshotID)
+		_, err = c.Snapshot(ctx, restored.ID)
+		wantClientError(t, "snapshot of a stopped sandbox", err, http.StatusConflict, client.CodeInvalidState, "STOPPED")
 	})
+}
+
+// snapshotIDs are the ids of the snapshots, in order.
+func snapshotIDs(l []client.Snapshot) []string {
+	out := []string{}
+	for _, s := range l {
+		out = append(out, s.ID)
+	}
+	return out
 }
