@@ -29,7 +29,7 @@ func FuzzResolvePath(f *testing.F) {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
-	parent := fzTempDir(f)
+	parent := tarsafetest.TempDir(f)
 	ws, outside := filepath.Join(parent, "ws"), filepath.Join(parent, "outside")
 	for _, d := range []string{"a/b", "c", "d/e"} {
 		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {

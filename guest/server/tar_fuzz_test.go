@@ -14,9 +14,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"sandboxd/guest/proto"
+	"sandboxd/internal/tarsafe/tarsafetest"
 )
 
 // Import flags of FuzzImportTar (its flags byte).
@@ -33,41 +33,41 @@ const (
 // hard link), leaves no staging folder behind, and, unless external symlinks are allowed,
 // creates no symlink that points lexically out of the workspace.
 func FuzzImportTar(f *testing.F) {
-	type e = fzEnt
+	type e = tarsafetest.Ent
 	seeds := []struct {
 		flags uint8
-		ents  []fzEnt
+		ents  []tarsafetest.Ent
 	}{
-		{0, []e{{name: "a/", typ: tar.TypeDir}, {name: "a/f", body: "x"}, {name: "a/l", typ: tar.TypeSymlink, link: "f"}}},
-		{fzReplace, []e{{name: "./top", body: "hi"}, {name: "d/", typ: tar.TypeDir, mode: 0o500}, {name: "d/x", body: "y"}}},
-		{0, []e{{name: "../x", body: "escape"}}},
-		{0, []e{{name: "/etc/x", body: "escape"}}},
-		{0, []e{{name: "a/../../outside/x", body: "escape"}}},
-		{0, []e{{name: "evil/x", body: "through a link to the sibling"}}},
-		{fzReplace, []e{{name: "abs/x", body: "through an absolute link"}}},
-		{0, []e{{name: "wslink/x", body: "through /workspace"}}},
-		{0, []e{{name: "evil/", typ: tar.TypeDir}, {name: "evil/canary", body: "overwrite"}}},
-		{0, []e{{name: "l", typ: tar.TypeSymlink, link: "../outside"}, {name: "l/x", body: "y"}}},
-		{fzExternalLinks, []e{{name: "l", typ: tar.TypeSymlink, link: "../outside"}, {name: "l/x", body: "y"}}},
-		{fzExternalLinks, []e{{name: "l", typ: tar.TypeSymlink, link: "/"}, {name: "l/tmp/x", body: "y"}}},
-		{fzExternalLinks | fzReplace, []e{{name: "l", typ: tar.TypeSymlink, link: "../outside"}, {name: "h", typ: tar.TypeLink, link: "l/canary"}}},
-		{0, []e{{name: "h", typ: tar.TypeLink, link: "../outside/canary"}}},
-		{0, []e{{name: "h", typ: tar.TypeLink, link: "evil/canary"}}},
-		{0, []e{{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"}, {name: "h", typ: tar.TypeLink, link: "a/b/l"}}},
-		{0, []e{{name: "a/l1", typ: tar.TypeSymlink, link: ".."}, {name: "a/l2", typ: tar.TypeSymlink, link: "l1/../outside"}, {name: "a/l2/x", body: "y"}}},
-		{0, []e{{name: "l", typ: tar.TypeSymlink, link: "a"}, {name: "a", typ: tar.TypeSymlink, link: "l"}, {name: "l/x", body: "loop"}}},
-		{0, []e{{name: "f", body: "file"}, {name: "f/x", body: "below a file"}}},
-		{0, []e{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "replaces a dir"}}},
-		{0, []e{{name: "f", body: "1"}, {name: "f", body: "22"}, {name: "f", typ: tar.TypeSymlink, link: "../outside/canary"}}},
-		{0, []e{{name: ".", typ: tar.TypeDir}, {name: "./", typ: tar.TypeDir}, {name: ".", body: "root"}}},
-		{0, []e{{name: ".sbx-import-0123456789abcdef/x", body: "reserved"}}},
-		{0, []e{{name: "a/.sbx-tmp-0123456789abcdef", body: "reserved"}}},
-		{0, []e{{name: "dev", typ: tar.TypeChar}, {name: "fifo", typ: tar.TypeFifo}}},
-		{0, []e{{name: strings.Repeat("n", 300), body: "long"}}},
-		{0, []e{{name: "big", body: strings.Repeat("z", 70000)}}},
+		{0, []e{{Name: "a/", Typ: tar.TypeDir}, {Name: "a/f", Body: "x"}, {Name: "a/l", Typ: tar.TypeSymlink, Link: "f"}}},
+		{fzReplace, []e{{Name: "./top", Body: "hi"}, {Name: "d/", Typ: tar.TypeDir, Mode: 0o500}, {Name: "d/x", Body: "y"}}},
+		{0, []e{{Name: "../x", Body: "escape"}}},
+		{0, []e{{Name: "/etc/x", Body: "escape"}}},
+		{0, []e{{Name: "a/../../outside/x", Body: "escape"}}},
+		{0, []e{{Name: "evil/x", Body: "through a link to the sibling"}}},
+		{fzReplace, []e{{Name: "abs/x", Body: "through an absolute link"}}},
+		{0, []e{{Name: "wslink/x", Body: "through /workspace"}}},
+		{0, []e{{Name: "evil/", Typ: tar.TypeDir}, {Name: "evil/canary", Body: "overwrite"}}},
+		{0, []e{{Name: "l", Typ: tar.TypeSymlink, Link: "../outside"}, {Name: "l/x", Body: "y"}}},
+		{fzExternalLinks, []e{{Name: "l", Typ: tar.TypeSymlink, Link: "../outside"}, {Name: "l/x", Body: "y"}}},
+		{fzExternalLinks, []e{{Name: "l", Typ: tar.TypeSymlink, Link: "/"}, {Name: "l/tmp/x", Body: "y"}}},
+		{fzExternalLinks | fzReplace, []e{{Name: "l", Typ: tar.TypeSymlink, Link: "../outside"}, {Name: "h", Typ: tar.TypeLink, Link: "l/canary"}}},
+		{0, []e{{Name: "h", Typ: tar.TypeLink, Link: "../outside/canary"}}},
+		{0, []e{{Name: "h", Typ: tar.TypeLink, Link: "evil/canary"}}},
+		{0, []e{{Name: "a/b/l", Typ: tar.TypeSymlink, Link: "../../x"}, {Name: "h", Typ: tar.TypeLink, Link: "a/b/l"}}},
+		{0, []e{{Name: "a/l1", Typ: tar.TypeSymlink, Link: ".."}, {Name: "a/l2", Typ: tar.TypeSymlink, Link: "l1/../outside"}, {Name: "a/l2/x", Body: "y"}}},
+		{0, []e{{Name: "l", Typ: tar.TypeSymlink, Link: "a"}, {Name: "a", Typ: tar.TypeSymlink, Link: "l"}, {Name: "l/x", Body: "loop"}}},
+		{0, []e{{Name: "f", Body: "file"}, {Name: "f/x", Body: "below a file"}}},
+		{0, []e{{Name: "d/", Typ: tar.TypeDir}, {Name: "d", Body: "replaces a dir"}}},
+		{0, []e{{Name: "f", Body: "1"}, {Name: "f", Body: "22"}, {Name: "f", Typ: tar.TypeSymlink, Link: "../outside/canary"}}},
+		{0, []e{{Name: ".", Typ: tar.TypeDir}, {Name: "./", Typ: tar.TypeDir}, {Name: ".", Body: "root"}}},
+		{0, []e{{Name: ".sbx-import-0123456789abcdef/x", Body: "reserved"}}},
+		{0, []e{{Name: "a/.sbx-tmp-0123456789abcdef", Body: "reserved"}}},
+		{0, []e{{Name: "dev", Typ: tar.TypeChar}, {Name: "fifo", Typ: tar.TypeFifo}}},
+		{0, []e{{Name: strings.Repeat("n", 300), Body: "long"}}},
+		{0, []e{{Name: "big", Body: strings.Repeat("z", 70000)}}},
 	}
 	for _, s := range seeds {
-		f.Add(s.flags, fzTar(f, s.ents))
+		f.Add(s.flags, tarsafetest.Tar(f, s.ents))
 	}
 	// Raw streams: a PAX path escape, a truncated header, garbage.
 	var pax bytes.Buffer
@@ -78,7 +78,7 @@ func FuzzImportTar(f *testing.F) {
 	_ = tw.WriteHeader(&tar.Header{Name: "after-global", Typeflag: tar.TypeReg})
 	_ = tw.Close()
 	f.Add(uint8(0), pax.Bytes())
-	f.Add(uint8(0), fzTar(f, []fzEnt{{name: "a", body: "xyz"}})[:700])
+	f.Add(uint8(0), tarsafetest.Tar(f, []tarsafetest.Ent{{Name: "a", Body: "xyz"}})[:700])
 	f.Add(uint8(0), []byte("not a tar at all"))
 
 	logger := slog.New(slog.DiscardHandler)
@@ -86,7 +86,7 @@ func FuzzImportTar(f *testing.F) {
 		if len(data) > 256<<10 {
 			return
 		}
-		parent := fzTempDir(t)
+		parent := tarsafetest.TempDir(t)
 		ws, outside := filepath.Join(parent, "ws"), filepath.Join(parent, "outside")
 		fzLayout(t, ws, outside)
 		before := fzSnapshot(t, parent, "ws")
@@ -148,55 +148,6 @@ func FuzzImportTar(f *testing.F) {
 			}
 		}
 	})
-}
-
-// fzTempDir is a fresh folder removed when t ends: on a tmpfs when there is one (an import on
-// a disk file system costs milliseconds in unlinks and renames; on tmpfs a few microseconds).
-func fzTempDir(t testing.TB) string {
-	t.Helper()
-	d, err := os.MkdirTemp("/dev/shm", "sbx-fuzz-")
-	if err != nil {
-		return t.TempDir()
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
-
-// fzEnt is an entry of a seed tar; typ 0 is a regular file.
-type fzEnt struct {
-	name, body, link string
-	typ              byte
-	mode             int64
-}
-
-func fzTar(tb testing.TB, ents []fzEnt) []byte {
-	tb.Helper()
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	for _, e := range ents {
-		h := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: e.mode, ModTime: time.Unix(1700000000, 0)}
-		if h.Typeflag == 0 {
-			h.Typeflag = tar.TypeReg
-		}
-		if h.Mode == 0 {
-			h.Mode = 0o644
-		}
-		if h.Typeflag == tar.TypeReg {
-			h.Size = int64(len(e.body))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			tb.Fatalf("tar header %q: %v", e.name, err)
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := tw.Write([]byte(e.body)); err != nil {
-				tb.Fatal(err)
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return b.Bytes()
 }
 
 // fzLayout makes a workspace ws beside a sibling folder outside, with symlinks to outside (a

@@ -10,7 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -40,37 +39,37 @@ const (
 // regular file; and every symlink, resolved like the kernel would in the extracted tree (links
 // followed, ".." from where a link sits), stays inside the root.
 func FuzzArchive(f *testing.F) {
-	type e = szEnt
-	trees := [][]szEnt{
-		{{name: "proj/", typ: tar.TypeDir}, {name: "proj/README.md", body: "hello", mode: 0o664},
-			{name: "proj/bin/run.sh", body: "#!/bin/sh\n", mode: 0o4755}, {name: "proj/src/a/b/c.go", body: "package c\n"},
-			{name: "proj/link", typ: tar.TypeSymlink, link: "src/a/b/c.go"}, {name: "proj/src/up", typ: tar.TypeSymlink, link: "../README.md"}},
-		{{name: "../evil", body: "x"}},
-		{{name: "/etc/passwd", body: "x"}},
-		{{name: "a/l", typ: tar.TypeSymlink, link: "../../x"}},
-		{{name: "l", typ: tar.TypeSymlink, link: "/etc"}},
-		{{name: "a/l1", typ: tar.TypeSymlink, link: ".."}, {name: "a/l2", typ: tar.TypeSymlink, link: "l1/../x"}},
-		{{name: "l", typ: tar.TypeSymlink, link: "d"}, {name: "d/", typ: tar.TypeDir}, {name: "l/x", body: "below a link"}},
-		{{name: "x", typ: tar.TypeSymlink, link: "y/../.."}, {name: "y", typ: tar.TypeSymlink, link: "a/b"}},
-		{{name: "f", body: "1"}, {name: "f/x", body: "below a file"}},
-		{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "replaces a dir"}},
-		{{name: "dev", typ: tar.TypeChar}, {name: "fifo", typ: tar.TypeFifo}},
-		{{name: "big", body: strings.Repeat("z", 300<<10)}},
+	type e = tarsafetest.Ent
+	trees := [][]tarsafetest.Ent{
+		{{Name: "proj/", Typ: tar.TypeDir}, {Name: "proj/README.md", Body: "hello", Mode: 0o664},
+			{Name: "proj/bin/run.sh", Body: "#!/bin/sh\n", Mode: 0o4755}, {Name: "proj/src/a/b/c.go", Body: "package c\n"},
+			{Name: "proj/link", Typ: tar.TypeSymlink, Link: "src/a/b/c.go"}, {Name: "proj/src/up", Typ: tar.TypeSymlink, Link: "../README.md"}},
+		{{Name: "../evil", Body: "x"}},
+		{{Name: "/etc/passwd", Body: "x"}},
+		{{Name: "a/l", Typ: tar.TypeSymlink, Link: "../../x"}},
+		{{Name: "l", Typ: tar.TypeSymlink, Link: "/etc"}},
+		{{Name: "a/l1", Typ: tar.TypeSymlink, Link: ".."}, {Name: "a/l2", Typ: tar.TypeSymlink, Link: "l1/../x"}},
+		{{Name: "l", Typ: tar.TypeSymlink, Link: "d"}, {Name: "d/", Typ: tar.TypeDir}, {Name: "l/x", Body: "below a link"}},
+		{{Name: "x", Typ: tar.TypeSymlink, Link: "y/../.."}, {Name: "y", Typ: tar.TypeSymlink, Link: "a/b"}},
+		{{Name: "f", Body: "1"}, {Name: "f/x", Body: "below a file"}},
+		{{Name: "d/", Typ: tar.TypeDir}, {Name: "d", Body: "replaces a dir"}},
+		{{Name: "dev", Typ: tar.TypeChar}, {Name: "fifo", Typ: tar.TypeFifo}},
+		{{Name: "big", Body: strings.Repeat("z", 300<<10)}},
 	}
-	hardlinks := [][]szEnt{
-		{{name: "./a/f", body: "data"}, {name: "a/g", typ: tar.TypeLink, link: "./a/f"}, {name: "a/f", body: "new"}},
-		{{name: "h", typ: tar.TypeLink, link: "../outside"}},
-		{{name: "h", typ: tar.TypeLink, link: "h"}},
+	hardlinks := [][]tarsafetest.Ent{
+		{{Name: "./a/f", Body: "data"}, {Name: "a/g", Typ: tar.TypeLink, Link: "./a/f"}, {Name: "a/f", Body: "new"}},
+		{{Name: "h", Typ: tar.TypeLink, Link: "../outside"}},
+		{{Name: "h", Typ: tar.TypeLink, Link: "h"}},
 	}
 	for _, tree := range trees {
-		t := szTar(f, tree)
+		t := tarsafetest.Tar(f, tree)
 		f.Add(t)
 		f.Add(szGzip(f, t))
 		f.Add(szZstd(f, t))
 		f.Add(szZip(f, tree))
 	}
 	for _, tree := range hardlinks {
-		f.Add(szTar(f, tree))
+		f.Add(tarsafetest.Tar(f, tree))
 	}
 	f.Add([]byte{})
 	f.Add([]byte("BZh91AY&SY"))
@@ -79,7 +78,7 @@ func FuzzArchive(f *testing.F) {
 
 	var served []byte
 	fetcher, err := New(Options{AllowHosts: []string{"127.0.0.1"}, MaxDownloadBytes: 1 << 20, MaxFiles: szMaxFiles,
-		MaxTotalBytes: szMaxTotal, MaxRatio: 20, TempDir: szTempDir(f), StallTimeout: 10 * time.Second, Timeout: 20 * time.Second})
+		MaxTotalBytes: szMaxTotal, MaxRatio: 20, TempDir: tarsafetest.TempDir(f), StallTimeout: 10 * time.Second, Timeout: 20 * time.Second})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -254,64 +253,19 @@ func (s *szStream) checkLinks(t *testing.T) {
 	}
 }
 
-// szTempDir is a folder for zip spools: on a tmpfs when there is one.
-func szTempDir(tb testing.TB) string {
-	d, err := os.MkdirTemp("/dev/shm", "sbx-fuzz-")
-	if err != nil {
-		return tb.TempDir()
-	}
-	tb.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
-
-// szEnt is an entry of a seed archive; typ 0 is a regular file.
-type szEnt struct {
-	name, body, link string
-	typ              byte
-	mode             int64
-}
-
-func szTar(tb testing.TB, ents []szEnt) []byte {
-	tb.Helper()
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	for _, e := range ents {
-		h := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: e.mode, ModTime: time.Unix(1700000000, 0)}
-		if h.Typeflag == 0 {
-			h.Typeflag = tar.TypeReg
-		}
-		if h.Mode == 0 {
-			h.Mode = 0o644
-		}
-		if h.Typeflag == tar.TypeReg {
-			h.Size = int64(len(e.body))
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			tb.Fatalf("tar header %q: %v", e.name, err)
-		}
-		if _, err := io.WriteString(tw, e.body); h.Typeflag == tar.TypeReg && err != nil {
-			tb.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return b.Bytes()
-}
-
-func szZip(tb testing.TB, ents []szEnt) []byte {
+func szZip(tb testing.TB, ents []tarsafetest.Ent) []byte {
 	tb.Helper()
 	var b bytes.Buffer
 	zw := zip.NewWriter(&b)
 	for _, e := range ents {
-		fh := &zip.FileHeader{Name: e.name, Method: zip.Deflate, Modified: time.Unix(1700000000, 0)}
-		body := e.body
-		switch e.typ {
+		fh := &zip.FileHeader{Name: e.Name, Method: zip.Deflate, Modified: time.Unix(1700000000, 0)}
+		body := e.Body
+		switch e.Typ {
 		case tar.TypeDir:
 			fh.SetMode(fs.ModeDir | 0o755)
 		case tar.TypeSymlink:
 			fh.SetMode(fs.ModeSymlink | 0o777)
-			body = e.link
+			body = e.Link
 		case tar.TypeChar:
 			fh.SetMode(fs.ModeDevice | fs.ModeCharDevice | 0o644)
 		case tar.TypeFifo:
@@ -319,11 +273,11 @@ func szZip(tb testing.TB, ents []szEnt) []byte {
 		case tar.TypeLink:
 			continue // zip has none
 		default:
-			fh.SetMode(fs.FileMode(e.mode&0o777) | 0o600)
+			fh.SetMode(fs.FileMode(e.Mode&0o777) | 0o600)
 		}
 		w, err := zw.CreateHeader(fh)
 		if err != nil {
-			tb.Fatalf("zip header %q: %v", e.name, err)
+			tb.Fatalf("zip header %q: %v", e.Name, err)
 		}
 		if _, err := io.WriteString(w, body); err != nil {
 			tb.Fatal(err)
