@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"archive/zip"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/source/sourcetest"
 	"sandboxd/internal/tarsafe"
 	"sandboxd/internal/tarsafe/tarsafetest"
 )
@@ -64,7 +64,7 @@ func FuzzArchive(f *testing.F) {
 	for _, tree := range trees {
 		t := tarsafetest.Tar(f, tree)
 		f.Add(t)
-		f.Add(szGzip(f, t))
+		f.Add(sourcetest.Gzip(f, t))
 		f.Add(szZstd(f, t))
 		f.Add(szZip(f, tree))
 	}
@@ -74,7 +74,7 @@ func FuzzArchive(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("BZh91AY&SY"))
 	f.Add(make([]byte, 1024))
-	f.Add(szGzip(f, make([]byte, 4<<20))) // a bomb of zero blocks
+	f.Add(sourcetest.Gzip(f, make([]byte, 4<<20))) // a bomb of zero blocks
 
 	var served []byte
 	fetcher, err := New(Options{AllowHosts: []string{"127.0.0.1"}, MaxDownloadBytes: 1 << 20, MaxFiles: szMaxFiles,
@@ -287,19 +287,6 @@ func szZip(tb testing.TB, ents []tarsafetest.Ent) []byte {
 		tb.Fatal(err)
 	}
 	return b.Bytes()
-}
-
-func szGzip(tb testing.TB, b []byte) []byte {
-	tb.Helper()
-	var out bytes.Buffer
-	zw := gzip.NewWriter(&out)
-	if _, err := zw.Write(b); err != nil {
-		tb.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return out.Bytes()
 }
 
 func szZstd(tb testing.TB, b []byte) []byte {
