@@ -125,6 +125,34 @@ func (c *Client) Signal(ctx context.Context, id, sig string) error {
 	return c.doJSON(ctx, http.MethodPost, "/v1/execs/"+url.PathEscape(id)+"/signal", nil, proto.SignalRequest{Signal: sig}, nil)
 }
 
+// WriteStdin writes data to the stdin of an exec started with StdinOpen or Tty, and closes it
+// after them when closeAfter is set. The guest takes all of data or nothing: a write larger
+// than proto.MaxStdinWrite is ErrCodeTooLarge, one that does not fit the exec's stdin buffer
+// ErrCodeUnavailable; an exec whose stdin is not open (any more) is ErrCodeState.
+func (c *Client) WriteStdin(ctx context.Context, id string, data []byte, closeAfter bool) (proto.StdinResult, error) {
+	var q url.Values
+	if closeAfter {
+		q = url.Values{"close": {"1"}}
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/execs/"+url.PathEscape(id)+"/stdin", q, bytes.NewReader(data))
+	if err != nil {
+		return proto.StdinResult{}, err
+	}
+	defer resp.Body.Close()
+	var out proto.StdinResult
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return proto.StdinResult{}, c.wrapErr(ctx, err)
+	}
+	return out, nil
+}
+
+// Resize sets the terminal size of an exec started with Tty (the command gets SIGWINCH).
+func (c *Client) Resize(ctx context.Context, id string, size proto.TtySize) (proto.ExecInfo, error) {
+	var info proto.ExecInfo
+	err := c.doJSON(ctx, http.MethodPost, "/v1/execs/"+url.PathEscape(id)+"/resize", nil, size, &info)
+	return info, err
+}
+
 // Record is one record of an exec's output log.
 type Record struct {
 	// Kind is RecordStdout, RecordStderr, RecordExit or RecordTruncated.
@@ -506,7 +534,7 @@ func codeForStatus(status int) string {
 	case http.StatusBadRequest:
 		return proto.ErrCodeInvalid
 	case http.StatusConflict:
-		return proto.ErrCodeExists
+		return proto.ErrCodeExists // ErrCodeState comes with its body
 	case http.StatusRequestEntityTooLarge:
 		return proto.ErrCodeTooLarge
 	case http.StatusInsufficientStorage:

@@ -14,6 +14,9 @@
 //	GET    /v1/execs/{id}/log?offset=N&follow=1  raw log records from a record boundary
 //	                                           (RecordTruncated first when N is no longer kept)
 //	POST   /v1/execs/{id}/signal               SignalRequest → ExecInfo (the whole tree)
+//	POST   /v1/execs/{id}/stdin?close=1        raw bytes → StdinResult (an exec started with
+//	                                           StdinOpen or Tty only; all bytes or none)
+//	POST   /v1/execs/{id}/resize               TtySize → ExecInfo (an exec started with Tty only)
 //	GET    /v1/files?path=P                    the bytes; HeaderSize, HeaderMode, HeaderModTime
 //	PUT    /v1/files?path=P&mode=0644&max=N    body → FileInfo (atomic, parents created)
 //	DELETE /v1/files?path=P&recursive=1        204
@@ -66,8 +69,18 @@ type ExecRequest struct {
 	Cwd string `json:"cwd,omitempty"`
 	// Timeout kills the whole process tree after this long; 0 means no timeout.
 	TimeoutMs int64 `json:"timeout_ms,omitempty"`
-	// Stdin is written to the command's stdin, which is then closed. Empty means /dev/null.
+	// Stdin is written to the command's stdin, which is then closed. Empty means /dev/null
+	// (unless StdinOpen or Tty is set).
 	Stdin []byte `json:"stdin,omitempty"`
+	// StdinOpen keeps the command's stdin open after Stdin (a pipe): more bytes come through
+	// POST /v1/execs/{id}/stdin, and stdin closes when a call asks for it (close=1) or the
+	// command ends.
+	StdinOpen bool `json:"stdin_open,omitempty"`
+	// Tty runs the command under a pseudo-terminal of this size, as the session leader with
+	// the terminal as its controlling one: stdin, stdout and stderr are the terminal, its
+	// output is one stream (RecordStdout records), its input comes from Stdin and then
+	// POST /v1/execs/{id}/stdin (a Tty exec's stdin is always open). Nil means pipes.
+	Tty *TtySize `json:"tty,omitempty"`
 	// MaxLogBytes bounds the output log kept inside the sandbox; 0 means the server default.
 	MaxLogBytes int64 `json:"max_log_bytes,omitempty"`
 	// MaxRunning refuses the exec with ErrCodeTooMany when this many execs (or the server's own
@@ -87,6 +100,47 @@ type ExecInfo struct {
 	LogBytes int64 `json:"log_bytes"`
 	// Exit is set once the command has ended.
 	Exit *ExitStatus `json:"exit,omitempty"`
+	// StdinOpen is true while the exec's stdin can still be written (StdinOpen or Tty, not yet
+	// closed, the command running).
+	StdinOpen bool `json:"stdin_open,omitempty"`
+	// Tty is the terminal's current size for an exec started with one.
+	Tty *TtySize `json:"tty,omitempty"`
+}
+
+// TtySize is a terminal's size in character cells.
+type TtySize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// Bounds of a terminal's size: a TtySize outside them is ErrCodeInvalid.
+const (
+	MinTtyCells = 1
+	MaxTtyCells = 1000
+)
+
+// Valid reports whether both dimensions are within MinTtyCells..MaxTtyCells.
+func (t TtySize) Valid() bool {
+	return t.Rows >= MinTtyCells && t.Rows <= MaxTtyCells && t.Cols >= MinTtyCells && t.Cols <= MaxTtyCells
+}
+
+// Stdin bounds: one POST /v1/execs/{id}/stdin carries at most MaxStdinWrite bytes (a larger
+// body is ErrCodeTooLarge, nothing written), and each exec buffers at most StdinBufferBytes
+// that the command has not read yet; a write that does not fit in what is left of the buffer
+// is refused whole with ErrCodeUnavailable (nothing written: retry after the command read).
+const (
+	MaxStdinWrite    = 1 << 20
+	StdinBufferBytes = 1 << 20
+)
+
+// StdinResult is the answer of POST /v1/execs/{id}/stdin.
+type StdinResult struct {
+	// Written is how many bytes of the body were taken (all of them).
+	Written int64 `json:"written"`
+	// Buffered is how many bytes the command has not read yet, this write's included.
+	Buffered int64 `json:"buffered"`
+	// Closed is true when stdin is closed now (this call asked for it, or the command ended).
+	Closed bool `json:"closed"`
 }
 
 // ExitStatus is the final status of an exec.
@@ -196,6 +250,9 @@ const (
 	ErrCodeNoSpace = "no_space"
 	// ErrCodeTooMany: as many execs as the request's MaxRunning allows are running already.
 	ErrCodeTooMany = "too_many"
+	// ErrCodeState: the exec is not in a state the call needs: stdin of an exec without open
+	// stdin, or already closed, or ended; resize of an exec without a terminal.
+	ErrCodeState = "invalid_state"
 )
 
 // Health is the answer of GET /v1/health.
@@ -263,7 +320,7 @@ func HTTPStatus(code string) int {
 		return http.StatusNotFound
 	case ErrCodeInvalid, ErrCodeIsDir, ErrCodeNotDir:
 		return http.StatusBadRequest
-	case ErrCodeExists:
+	case ErrCodeExists, ErrCodeState:
 		return http.StatusConflict
 	case ErrCodeTooLarge:
 		return http.StatusRequestEntityTooLarge
