@@ -125,7 +125,8 @@ func (s *copyState) left() int64 { return s.opts.MaxBytes - s.res.Bytes }
 // os.Root, so nothing outside it is read even when the tree changes during the copy. Folders
 // that hold no file are not made (the files API makes folders only as parents of files) and
 // are listed as skipped. The workspace side is the server's: a remote path that leaves the
-// workspace, through ".." or a link, is its INVALID_ARGUMENT.
+// workspace, through ".." or a link, is its INVALID_ARGUMENT, and a link where a file lands is
+// replaced by the file (the server's atomic write), its target never written.
 func (c *Client) CopyIn(ctx context.Context, sandboxID, local, remote string, opts CopyOptions) (CopyResult, error) {
 	st := &copyState{opts: opts.withDefaults()}
 	fi, err := os.Lstat(local)

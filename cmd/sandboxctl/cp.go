@@ -24,7 +24,8 @@ local path, or - for standard input or output (one file). As cp: into DST when i
 Links are never followed: a local link named as the source is refused, links and special files
 inside a folder are skipped and listed; local writes go through the destination folder only
 (an existing link there is replaced, its target untouched). The sandbox side is the server's
-to resolve: a path that leaves the workspace, through .. or a link, is its INVALID_ARGUMENT.
+to resolve: a path that leaves the workspace, through .. or a link, is its INVALID_ARGUMENT,
+and a link where a file lands there is replaced by the file, its target never written.
 A local name with a colon is written ./NAME.`,
 		Example: `  sandboxctl cp ./src $SANDBOX_ID:/workspace/
   sandboxctl cp ./test_ok.py $SANDBOX_ID:tests/test_ok.py
