@@ -167,14 +167,14 @@ func (a *app) agentCmd() *cobra.Command {
 					return err
 				}
 				if a.json() {
-					line := map[string]any{"event": ev.Kind, "cursor": ev.Cursor}
+					line := streamEvent{Event: ev.Kind, Cursor: ev.Cursor}
 					switch ev.Kind {
 					case client.KindChunk:
-						line["stream"], line["data"] = ev.Stream, string(ev.Data)
+						line = chunkEvent(ev)
 					case client.KindTruncated:
-						line["missed_bytes"] = ev.MissedBytes
+						line.MissedBytes = &ev.MissedBytes
 					case client.KindStatus:
-						line["run"] = ev.Run
+						line.Run = ev.Run
 					}
 					writeLine(a.stdout, line)
 					continue

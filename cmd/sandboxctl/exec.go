@@ -86,7 +86,8 @@ command.`,
 				return nil
 			}
 			if a.json() {
-				writeLine(a.stdout, map[string]any{"event": "started", "exec": execView(st)})
+				v := execView(st)
+				writeLine(a.stdout, streamEvent{Event: "started", Exec: &v})
 			}
 			return a.follow(cmd.Context(), c, args[0], st.ExecID, "")
 		}),
@@ -178,13 +179,7 @@ func (a *app) follow(ctx context.Context, c *client.Client, sandboxID, execID, a
 		switch ev.Kind {
 		case client.KindChunk:
 			if a.json() {
-				line := map[string]any{"event": "chunk", "cursor": ev.Cursor, "stream": ev.Stream}
-				if utf8.Valid(ev.Data) {
-					line["data"] = string(ev.Data)
-				} else {
-					line["data_base64"] = base64.StdEncoding.EncodeToString(ev.Data)
-				}
-				writeLine(a.stdout, line)
+				writeLine(a.stdout, chunkEvent(ev))
 				continue
 			}
 			w := a.stdout
@@ -196,13 +191,14 @@ func (a *app) follow(ctx context.Context, c *client.Client, sandboxID, execID, a
 			}
 		case client.KindTruncated:
 			if a.json() {
-				writeLine(a.stdout, map[string]any{"event": "truncated", "cursor": ev.Cursor, "missed_bytes": ev.MissedBytes})
+				writeLine(a.stdout, streamEvent{Event: "truncated", Cursor: ev.Cursor, MissedBytes: &ev.MissedBytes})
 				continue
 			}
 			fmt.Fprintf(a.stderr, "\nsandboxctl: %d bytes of output are no longer kept; the newest output follows\n", ev.MissedBytes)
 		case client.KindExit:
 			if a.json() {
-				writeLine(a.stdout, map[string]any{"event": "exit", "cursor": ev.Cursor, "exec": execView(*ev.Exec)})
+				v := execView(*ev.Exec)
+				writeLine(a.stdout, streamEvent{Event: "exit", Cursor: ev.Cursor, Exec: &v})
 			}
 			return a.exit(*ev.Exec)
 		}
@@ -212,7 +208,7 @@ func (a *app) follow(ctx context.Context, c *client.Client, sandboxID, execID, a
 // detached says how to follow on after Ctrl-C and ends with exitInterrupted.
 func (a *app) detached(execID, cursor string) error {
 	if a.json() {
-		writeLine(a.stdout, map[string]any{"event": "detached", "exec_id": execID, "cursor": cursor})
+		writeLine(a.stdout, streamEvent{Event: "detached", Cursor: cursor, ExecID: execID})
 	} else {
 		fmt.Fprintf(a.stderr, "\nsandboxctl: detached; %s runs on in the sandbox.\n", execID)
 	}
@@ -255,6 +251,32 @@ func (a *app) exit(e client.Exec) error {
 		return nil
 	}
 	return &exitStatus{code}
+}
+
+// streamEvent is one line of a followed stream with --output json: the REST stream's event
+// name and cursor, and its data.
+type streamEvent struct {
+	Event       string           `json:"event"` // started, chunk, truncated, exit, detached; status (agent runs)
+	Cursor      string           `json:"cursor,omitempty"`
+	Stream      string           `json:"stream,omitempty"`
+	Data        *string          `json:"data,omitempty"`
+	DataBase64  string           `json:"data_base64,omitempty"`
+	MissedBytes *int64           `json:"missed_bytes,omitempty"`
+	Exec        *execJSON        `json:"exec,omitempty"`
+	ExecID      string           `json:"exec_id,omitempty"`
+	Run         *client.AgentRun `json:"run,omitempty"`
+}
+
+// chunkEvent is an output chunk: text in data, or data_base64 when it is not UTF-8.
+func chunkEvent(ev client.Event) streamEvent {
+	out := streamEvent{Event: "chunk", Cursor: ev.Cursor, Stream: ev.Stream}
+	if utf8.Valid(ev.Data) {
+		d := string(ev.Data)
+		out.Data = &d
+	} else {
+		out.DataBase64 = base64.StdEncoding.EncodeToString(ev.Data)
+	}
+	return out
 }
 
 // execJSON is an exec as sandboxctl prints it: the REST API's field names.

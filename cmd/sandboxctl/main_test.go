@@ -228,8 +228,8 @@ func TestExecJSON(t *testing.T) {
 	var kinds []string
 	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 		var ev map[string]any
-		if err := json.Unmarshal([]byte(line), &ev); err != nil {
-			t.Fatalf("line %q: %v", line, err)
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || !strings.HasPrefix(line, `{"event":`) {
+			t.Fatalf("line %q (%v), want a JSON object that starts with its event", line, err)
 		}
 		kinds = append(kinds, fmt.Sprint(ev["event"]))
 		switch {
@@ -435,6 +435,18 @@ func TestSnapshotAndAgentCommands(t *testing.T) {
 	if r := e.run(t, "", nil, "agent", "logs", apitest.RunDone).want(t, exitOK); !strings.Contains(r.stderr, "is SUCCEEDED") {
 		t.Errorf("agent logs said %q, want the final status", r.stderr)
 	}
+	r = e.run(t, "", nil, "agent", "logs", "-o", "json", apitest.RunDone).want(t, exitOK)
+	var events []streamEvent
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var ev streamEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		events = append(events, ev)
+	}
+	if len(events) < 2 || events[0].Run == nil || last(events).Run == nil || last(events).Run.Status != client.RunSucceeded {
+		t.Errorf("agent logs -o json: got %+v, want its status first and SUCCEEDED last", events)
+	}
 }
 
 func TestCompletion(t *testing.T) {
@@ -458,6 +470,8 @@ func TestCompletion(t *testing.T) {
 		t.Errorf("completing --output printed %q, want json", r.stdout)
 	}
 }
+
+func last[T any](s []T) T { return s[len(s)-1] }
 
 func must(t *testing.T, err error) {
 	t.Helper()
