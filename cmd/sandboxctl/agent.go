@@ -18,6 +18,7 @@ func (a *app) agentCmd() *cobra.Command {
 		Aliases: []string{"agents"},
 		Short:   "Start, follow and cancel agent runs in a sandbox",
 		Args:    noArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	var (
 		req                        client.AgentRunRequest

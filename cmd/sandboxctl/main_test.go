@@ -25,6 +25,7 @@ func TestUsageErrors(t *testing.T) {
 		msg     string
 	}{
 		{"unknown-command", nil, []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown-subcommand", nil, []string{"snapshot", "bogus"}, "takes no arguments"},
 		{"unknown-flag", nil, []string{"list", "--nope"}, "unknown flag: --nope"},
 		{"missing-argument", nil, []string{"get"}, "wants 1 argument"},
 		{"extra-argument", nil, []string{"get", "a", "b"}, "wants 1 argument"},

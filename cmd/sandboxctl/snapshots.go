@@ -14,6 +14,7 @@ func (a *app) snapshotCmd() *cobra.Command {
 		Aliases: []string{"snapshots"},
 		Short:   "Take, list and delete workspace snapshots",
 		Args:    noArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	create := &cobra.Command{
 		Use:               "create SANDBOX",
