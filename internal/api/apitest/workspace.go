@@ -206,8 +206,9 @@ func (w *Workspace) ReadFile(_ context.Context, p auth.Principal, id, file strin
 	return data, fi, err
 }
 
-// WriteFile writes a file, making its parents; a folder, a special file or a path outside
-// the workspace there is INVALID_ARGUMENT.
+// WriteFile writes a file, making its parents; a link at its name is replaced, never
+// written through; a folder, a special file or a path outside the workspace there is
+// INVALID_ARGUMENT.
 func (w *Workspace) WriteFile(_ context.Context, p auth.Principal, id, file string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error) {
 	data, readErr := io.ReadAll(r)
 	w.record(Call{Method: "WriteFile", Principal: p, SandboxID: id, Path: file, Mode: mode, Data: data})
@@ -219,7 +220,9 @@ func (w *Workspace) WriteFile(_ context.Context, p auth.Principal, id, file stri
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	rel, n, ok, err := w.resolve(file, true)
+	// As the guest: the parent is resolved through links, the file replaces whatever is at its
+	// name, a link included, and is never written through.
+	rel, n, ok, err := w.resolve(file, false)
 	switch {
 	case err != nil:
 		return sandbox.FileInfo{}, err
