@@ -48,7 +48,8 @@ A local name with a colon is written ./NAME.`,
 			if verbose {
 				opts.OnFile = func(f client.CopiedFile) {
 					if f.Skipped == "" && !f.IsDir {
-						fmt.Fprintf(a.stderr, "%s -> %s (%s)\n", pick(src.sandbox != "", f.Remote, f.Local), pick(src.sandbox != "", f.Local, f.Remote), size(f.Size))
+						fmt.Fprintf(a.stderr, "%s -> %s (%s)\n", printable(pick(src.sandbox != "", f.Remote, f.Local)),
+							printable(pick(src.sandbox != "", f.Local, f.Remote)), size(f.Size))
 					}
 				}
 			}
@@ -90,7 +91,7 @@ A local name with a colon is written ./NAME.`,
 				return nil
 			}
 			for _, s := range res.Skipped {
-				fmt.Fprintf(a.stderr, "skipped %s: %s\n", pick(src.sandbox != "", s.Remote, s.Local), s.Skipped)
+				fmt.Fprintf(a.stderr, "skipped %s: %s\n", printable(pick(src.sandbox != "", s.Remote, s.Local)), printable(s.Skipped))
 			}
 			fmt.Fprintf(a.stdout, "copied %d file(s), %s, and %d folder(s) to %s%s\n", res.Files, size(res.Bytes), res.Dirs, where, res.Dest)
 			return nil

@@ -396,6 +396,13 @@ func TestCp(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(dir, "stolen")); err == nil {
 		t.Error("a refused copy left a local file, want none")
 	}
+
+	// Names the sandbox chose never reach the terminal as escape sequences.
+	e.ws.Put("esc/\x1b]0;pwned\x07", apitest.Node{Link: "\x1b[2J"})
+	r = e.run(t, "", nil, "cp", apitest.SandboxRunning+":esc", filepath.Join(dir, "esc")).want(t, exitOK)
+	if strings.ContainsRune(r.stderr, 0x1b) || !strings.Contains(r.stderr, `skipped "esc/\x1b]0;pwned\a": "a symbolic link (to \x1b[2J)`) {
+		t.Errorf("got stderr %q, want the names quoted", r.stderr)
+	}
 }
 
 func TestSnapshotAndAgentCommands(t *testing.T) {

@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 )
 
 // writeJSON writes v as indented JSON and a newline.
@@ -74,6 +76,15 @@ func size(n int64) string {
 func orDash(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return s
+}
+
+// printable quotes s when it holds control characters: names a sandbox chose (files, link
+// targets) never reach the user's terminal as escape sequences.
+func printable(s string) string {
+	if strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return strconv.Quote(s)
 	}
 	return s
 }
