@@ -425,6 +425,10 @@ func TestLabels(t *testing.T) {
 			s2.Track(id, e2e.HdrTenant2)
 		}
 		check(t, s2, "after a restart on a flushed Redis")
+		// A destroyed sandbox is gone for an update too.
+		s2.Curl(t, http.MethodDelete, e2e.Prefix+"/"+ids[1], nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+		s2.Curl(t, http.MethodPatch, e2e.Prefix+"/"+ids[1], []byte(`{"ttl_sec":100}`), e2e.HdrJSON, e2e.HdrTenant1).
+			WantError(t, http.StatusNotFound, "NOT_FOUND")
 	})
 }
 
