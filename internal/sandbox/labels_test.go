@@ -2,6 +2,8 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"sandboxd/internal/domain/domaintest"
 	. "sandboxd/internal/sandbox"
 	"sandboxd/internal/store"
+	"sandboxd/runtime"
 )
 
 func TestCheckLabels(t *testing.T) {
@@ -394,5 +397,37 @@ func TestLabelsSurviveAFlush(t *testing.T) {
 	page, err := e.Svc.List(ctx, alice, ListOptions{Labels: map[string]string{"team": "ml"}})
 	if err != nil || len(page.Sandboxes) != 1 || page.Sandboxes[0].ID != sb.ID || page.Sandboxes[0].Labels["team"] != "ml" {
 		t.Fatalf("after a flush: got %+v, %v, want the sandbox with its labels", page.Sandboxes, err)
+	}
+}
+
+// TestUpdateDriverErrors: what a failed record write means to the caller: fenced off (another
+// replica holds the sandbox now) is INVALID_STATE with Retry-After, a box gone is NOT_FOUND,
+// anything else UNAVAILABLE; none of them changes the lookup's labels.
+func TestUpdateDriverErrors(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{Labels: map[string]string{"team": "ml"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := "web"
+	for _, tt := range []struct {
+		err   error
+		code  apierror.Code
+		retry bool
+	}{
+		{fmt.Errorf("fake: %w", runtime.ErrFenced), apierror.InvalidState, true},
+		{fmt.Errorf("fake: %w", runtime.ErrNotFound), apierror.NotFound, false},
+		{errors.New("disk on fire"), apierror.Unavailable, false},
+	} {
+		e.Fake.FailNext("UpdateRecord", tt.err)
+		_, err := e.Svc.Update(ctx, alice, sb.ID, UpdateRequest{Labels: map[string]*string{"team": &web}})
+		if ae := apierror.From(err); ae.Code != tt.code || (ae.RetryAfter > 0) != tt.retry {
+			t.Errorf("%v: got %v (retry after %v), want %s", tt.err, err, ae.RetryAfter, tt.code)
+		}
+	}
+	page, err := e.Svc.List(ctx, alice, ListOptions{Labels: map[string]string{"team": "ml"}})
+	if err != nil || len(page.Sandboxes) != 1 {
+		t.Fatalf("after failed updates: got %+v, %v, want the sandbox still team=ml", page.Sandboxes, err)
 	}
 }

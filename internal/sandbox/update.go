@@ -62,6 +62,8 @@ func (s *Service) Update(ctx context.Context, p auth.Principal, id string, req U
 		updated, err = rec, nil
 	case err != nil && apierror.From(err).Code != apierror.Internal:
 		// The request's own error (a bound, the state): as it is.
+	case errors.Is(err, runtime.ErrNotFound):
+		err = notFound(id) // gone behind the lock's back (deleted outside the service)
 	case err != nil:
 		err = runtimeError(s.log, id, err, "could not update the sandbox's record")
 	}
