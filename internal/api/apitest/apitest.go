@@ -194,6 +194,8 @@ type Call struct {
 	List     sandbox.ListOptions
 	Exec     sandbox.ExecRequest
 	AgentRun sandbox.AgentRunRequest
+	// Update is the request of Update.
+	Update sandbox.UpdateRequest
 }
 
 func (f *Fake) record(c Call) {
