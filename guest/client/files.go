@@ -49,8 +49,8 @@ func (c *Client) DeleteWatch(ctx context.Context, id string) error {
 
 // WatchReader reads a watch's events.
 type WatchReader struct {
-	c    *Client
-	ctx  context.Context
+	c     *Client
+	ctx   context.Context
 	body  io.ReadCloser
 	sc    *bufio.Scanner
 	ended bool
