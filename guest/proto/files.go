@@ -101,6 +101,8 @@ const (
 	MaxWatchGrace      = time.Hour
 	// MaxWatches is the server's own bound of watches at once.
 	MaxWatches = 64
+	// MaxWatchReaders bounds the readers of one watch at once; one more is ErrCodeTooMany.
+	MaxWatchReaders = 8
 	// WatchScanEntries bounds the entries one scan of a newly watched directory reports; the
 	// rest is an EventOverflow (ReasonScan).
 	WatchScanEntries = 10000

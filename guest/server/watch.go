@@ -332,13 +332,18 @@ func (w *watch) read(after uint64, max int) (evs []proto.WatchEvent, done bool, 
 	return evs, false, w.notify
 }
 
-func (w *watch) addReader() {
+// addReader counts a reader (false when the watch has MaxWatchReaders already).
+func (w *watch) addReader() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.readers >= proto.MaxWatchReaders {
+		return false
+	}
 	w.readers++
 	if w.expiry != nil {
 		w.expiry.Stop()
 	}
+	return true
 }
 
 func (w *watch) removeReader() {
@@ -385,7 +390,10 @@ func (s *Server) handleWatchEvents(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(proto.ErrCodeInvalid, "after %d is beyond the watch's newest event %d", after, newest))
 		return
 	}
-	wt.addReader()
+	if !wt.addReader() {
+		writeError(w, errorf(proto.ErrCodeTooMany, "watch %s has %d readers, the most allowed", wt.id, proto.MaxWatchReaders))
+		return
+	}
 	defer wt.removeReader()
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)

@@ -364,3 +364,34 @@ func TestWatchExpires(t *testing.T) {
 	_, err = h.C.WatchEvents(ctx, info.ID, 0, "", false)
 	wantCode(t, err, proto.ErrCodeGone)
 }
+
+// TestWatchReaders: a watch takes at most MaxWatchReaders readers at once.
+func TestWatchReaders(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 30*time.Second)
+	info, err := h.C.Watch(ctx, proto.WatchRequest{Path: "."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var readers []*client.WatchReader
+	for range proto.MaxWatchReaders {
+		r, err := h.C.WatchEvents(ctx, info.ID, 0, "", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers = append(readers, r)
+	}
+	_, err = h.C.WatchEvents(ctx, info.ID, 0, "", false)
+	wantCode(t, err, proto.ErrCodeTooMany)
+	readers[0].Close()
+	waitFor(t, func() bool {
+		r, err := h.C.WatchEvents(ctx, info.ID, 0, "", false)
+		if err == nil {
+			readers[0] = r
+		}
+		return err == nil
+	})
+	for _, r := range readers {
+		r.Close()
+	}
+}

@@ -58,6 +58,14 @@ type Limits struct {
 	// its agent config (JSON); beyond them a start answers PAYLOAD_TOO_LARGE.
 	AgentMaxInstructionBytes int `json:"agent_max_instruction_bytes"`
 	AgentMaxConfigBytes      int `json:"agent_max_config_bytes"`
+
+	// File watches (watch.go): how many may exist in one sandbox at once, the directories one
+	// recursive watch may hold, the events each keeps for readers that resume, and how long
+	// one lives on after its last reader left.
+	WatchMaxPerSandbox int `json:"watch_max_per_sandbox"`
+	WatchMaxDirs       int `json:"watch_max_dirs"`
+	WatchMaxEvents     int `json:"watch_max_events"`
+	WatchGraceSec      int `json:"watch_grace_sec"`
 }
 
 // DefaultLimits are the limits when config says nothing.
@@ -70,6 +78,7 @@ func DefaultLimits() Limits {
 		ExecMaxStdinBytes: 4 << 20, ExecMaxEnv: 256,
 		MaxFileBytes: 100 << 20, MaxPathBytes: 4096, MaxListEntries: 10000, MaxPageSize: 500,
 		AgentMaxInstructionBytes: 256 << 10, AgentMaxConfigBytes: 64 << 10,
+		WatchMaxPerSandbox: 16, WatchMaxDirs: 4096, WatchMaxEvents: 4096, WatchGraceSec: 60,
 	}
 }
 
@@ -161,6 +170,9 @@ func (c *Config) validate() error {
 	}
 	if l.AgentMaxConfigBytes <= 0 {
 		l.AgentMaxConfigBytes = DefaultLimits().AgentMaxConfigBytes
+	}
+	if err := l.checkWatch(); err != nil {
+		return err
 	}
 	if err := validateAgents(c.Agents, l); err != nil {
 		return err
