@@ -59,9 +59,9 @@ type MkdirResult struct {
 // with it a file (or a symlink, never followed) or an empty directory there is replaced. The
 // workspace itself, a directory into itself and From == To are ErrCodeInvalid.
 //
-// gVisor has no RENAME_NOREPLACE: there the check that To does not exist and the rename are
-// two steps, so a command that creates To in between has its new entry replaced (it is never
-// followed). Kernels with the flag make it one step.
+// gVisor has no RENAME_NOREPLACE (renameat2 answers EINVAL): there the check that To does not
+// exist and the rename are two steps, so a command that creates To in between has its new
+// entry replaced (it is never followed). Kernels with the flag make it one step.
 type MoveRequest struct {
 	From      string `json:"from"`
 	To        string `json:"to"`

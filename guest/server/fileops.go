@@ -103,6 +103,9 @@ func (s *Server) resolveDir(rel, dir string) (string, *proto.Error) {
 	res, perr := s.resolve(root, dir, true)
 	root.Close()
 	if perr != nil {
+		if perr.Code == proto.ErrCodeInvalid {
+			perr = errorf(proto.ErrCodeInvalid, "%s: %s (through .. or a symlink)", absName(rel), perr.Message)
+		}
 		return "", perr
 	}
 	if own := ownNameIn(res); own != "" {
@@ -304,21 +307,17 @@ func (s *Server) handleMove(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, fi)
 }
 
-// noReplace reports whether the kernel has renameat2's RENAME_NOREPLACE (gVisor answers
-// EINVAL for any flag).
-var noReplace = sync.OnceValue(func() bool {
-	// A missing source: ENOENT when the flag is understood, EINVAL when it is not.
-	err := unix.Renameat2(unix.AT_FDCWD, "/nonexistent-sbx-probe", unix.AT_FDCWD, "/nonexistent-sbx-probe-2", unix.RENAME_NOREPLACE)
-	return !errors.Is(err, syscall.EINVAL)
-})
-
-// renameAt renames, refusing an existing target with EEXIST unless overwrite.
+// renameAt renames, refusing an existing target with EEXIST unless overwrite. Without
+// overwrite it asks for RENAME_NOREPLACE; where that answers EINVAL (gVisor has no flags for
+// renameat2, and EINVAL is also a directory moved into itself) it checks the target and
+// renames in two steps, the plain rename telling the rest.
 func renameAt(fromDir dirFD, from string, toDir dirFD, to string, overwrite bool) error {
 	if overwrite {
 		return unix.Renameat(int(fromDir), from, int(toDir), to)
 	}
-	if noReplace() {
-		return unix.Renameat2(int(fromDir), from, int(toDir), to, unix.RENAME_NOREPLACE)
+	err := unix.Renameat2(int(fromDir), from, int(toDir), to, unix.RENAME_NOREPLACE)
+	if !errors.Is(err, syscall.EINVAL) {
+		return err
 	}
 	if _, err := lstatAt(toDir, to); err == nil {
 		return syscall.EEXIST
