@@ -440,8 +440,10 @@ func (s *Server) handleWatchEvents(w http.ResponseWriter, r *http.Request) {
 
 // addTree watches dir and, when the watch is recursive, the directories below it. With scan
 // every entry found is reported as created (a directory made under a recursive watch: what
-// it held before its watch was added). With initial, a tree over maxDirs is an error;
-// otherwise a directory beyond it is an EventOverflow (ReasonDirs).
+// it held before its watch was added), at most WatchScanEntries of them (then ReasonScan).
+// With initial, a tree over maxDirs is an error; otherwise the directories beyond it are not
+// watched, and an EventOverflow (ReasonDirs) names the first one in each folder. Directories
+// are listed in batches, never held whole, whatever they hold.
 func (w *watch) addTree(dir string, scan, initial bool) *proto.Error {
 	root, err := w.set.s.openRootFD()
 	if err != nil {
@@ -450,6 +452,10 @@ func (w *watch) addTree(dir string, scan, initial bool) *proto.Error {
 	defer root.close()
 	queue := []string{dir}
 	reported := 0
+	tooMany := func() *proto.Error {
+		return errorf(proto.ErrCodeTooLarge, "%s holds more than %d directories, the most one watch may hold: watch a smaller folder, or not recursively",
+			absName(w.rel), w.maxDirs)
+	}
 	for len(queue) > 0 {
 		d := queue[0]
 		queue = queue[1:]
@@ -458,8 +464,7 @@ func (w *watch) addTree(dir string, scan, initial bool) *proto.Error {
 		}
 		if len(w.dirs) >= w.maxDirs {
 			if initial {
-				return errorf(proto.ErrCodeTooLarge, "%s holds more than %d directories, the most one watch may hold: watch a smaller folder, or not recursively",
-					absName(w.rel), w.maxDirs)
+				return tooMany()
 			}
 			w.emit(proto.WatchEvent{Kind: proto.EventOverflow, Reason: proto.ReasonDirs, Path: d, IsDir: true})
 			continue
@@ -485,15 +490,11 @@ func (w *watch) addTree(dir string, scan, initial bool) *proto.Error {
 			fd.close()
 			continue
 		}
-		entries, more, err := readDirEntries(fd, path.Join(w.set.s.ws, d))
-		fd.close()
-		if err != nil {
-			continue
-		}
-		for _, e := range entries {
+		over, full := false, false
+		err = eachDirEntry(fd, path.Join(w.set.s.ws, d), func(e fs.DirEntry) bool {
 			p := path.Join(d, e.Name())
 			if ownNameIn(p) != "" {
-				continue
+				return true
 			}
 			isDir := e.Type()&fs.ModeDir != 0
 			if scan {
@@ -506,38 +507,53 @@ func (w *watch) addTree(dir string, scan, initial bool) *proto.Error {
 				reported++
 			}
 			if isDir && w.recursive {
-				queue = append(queue, p)
+				if len(w.dirs)+len(queue) >= w.maxDirs {
+					if initial {
+						full = true
+						return false
+					}
+					if !over {
+						over = true
+						w.emit(proto.WatchEvent{Kind: proto.EventOverflow, Reason: proto.ReasonDirs, Path: p, IsDir: true})
+					}
+				} else {
+					queue = append(queue, p)
+				}
 			}
+			return true
+		})
+		fd.close()
+		if full {
+			return tooMany()
 		}
-		if more && scan {
-			w.emit(proto.WatchEvent{Kind: proto.EventOverflow, Reason: proto.ReasonScan, Path: d, IsDir: true})
-		}
+		_ = err // a folder that went away meanwhile: its parent reports what happened
 	}
 	return nil
 }
 
-// readDirEntries lists a directory (at most maxDirEntries; more reports the rest), with each
-// entry's type from the directory itself (name is the directory's path, used only when the
-// file system does not tell a type).
-func readDirEntries(dir dirFD, name string) ([]fs.DirEntry, bool, error) {
+// eachDirEntry calls f with each entry of a directory, its type from the directory itself
+// (name is the directory's path, used only when the file system does not tell a type), in
+// batches, until f answers false.
+func eachDirEntry(dir dirFD, name string, f func(fs.DirEntry) bool) error {
 	fd, err := retryEINTR(func() (int, error) {
 		return unix.Openat(int(dir), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	})
 	if err != nil {
-		return nil, false, err
+		return err
 	}
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	const maxDirEntries = 1 << 20
-	var out []fs.DirEntry
-	for len(out) < maxDirEntries {
-		batch, err := f.ReadDir(1024)
-		out = append(out, batch...)
+	d := os.NewFile(uintptr(fd), name)
+	defer d.Close()
+	for {
+		batch, err := d.ReadDir(1024)
+		for _, e := range batch {
+			if !f(e) {
+				return nil
+			}
+		}
 		if err != nil || len(batch) == 0 {
-			return out, false, nil
+			return nil
 		}
 	}
-	return out, true, nil
 }
 
 // forget stops watching dir and everything below it.
