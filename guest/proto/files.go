@@ -96,7 +96,7 @@ const (
 	MaxWatchEvents     = 65536
 	// MaxWatchEventBytes bounds the bytes of the paths a watch's ring keeps; the oldest events
 	// go first beyond it, as beyond MaxEvents.
-	MaxWatchEventBytes = 4 << 20
+	MaxWatchEventBytes = 1 << 20
 	DefaultWatchGrace  = 60 * time.Second
 	MaxWatchGrace      = time.Hour
 	// MaxWatches is the server's own bound of watches at once.

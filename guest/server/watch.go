@@ -284,14 +284,16 @@ func (w *watch) emit(ev proto.WatchEvent) {
 	w.next++
 	w.events = append(w.events, ev)
 	w.bytes += eventBytes(ev)
-	drop := 0
-	for len(w.events)-drop > w.maxEvents || (w.bytes > proto.MaxWatchEventBytes && len(w.events)-drop > 1) {
-		w.bytes -= eventBytes(w.events[drop])
-		drop++
+	for len(w.events) > w.maxEvents || (w.bytes > proto.MaxWatchEventBytes && len(w.events) > 1) {
+		w.bytes -= eventBytes(w.events[0])
+		w.events[0] = proto.WatchEvent{} // its strings go with it
+		w.events = w.events[1:]
+		w.first++
 	}
-	if drop > 0 {
-		w.first += uint64(drop)
-		w.events = append(w.events[:0:0], w.events[drop:]...)
+	if cap(w.events) > 2*w.maxEvents+64 {
+		// The slice crept forward through its array: copy the kept events to a new one
+		// (amortized: once per maxEvents evictions).
+		w.events = append(make([]proto.WatchEvent, 0, w.maxEvents+64), w.events...)
 	}
 	if ev.Kind == proto.EventEnd {
 		w.ended = true
