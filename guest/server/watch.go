@@ -139,12 +139,12 @@ func (s *Server) handleCreateWatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, perr)
 		return
 	}
-	wt, perr := s.watches.create(req)
+	_, info, perr := s.watches.create(req)
 	if perr != nil {
 		writeError(w, perr)
 		return
 	}
-	writeJSON(w, http.StatusCreated, wt.info())
+	writeJSON(w, http.StatusCreated, info)
 }
 
 func (s *Server) handleDeleteWatch(w http.ResponseWriter, r *http.Request) {
@@ -159,20 +159,20 @@ func (s *Server) handleDeleteWatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // create checks the request, watches the directory (its tree) and starts the loop.
-func (ws *watchSet) create(req proto.WatchRequest) (*watch, *proto.Error) {
+func (ws *watchSet) create(req proto.WatchRequest) (*watch, proto.WatchInfo, *proto.Error) {
 	s := ws.s
 	rel, perr := s.relPath(req.Path, true)
 	if perr != nil {
-		return nil, perr
+		return nil, proto.WatchInfo{}, perr
 	}
 	maxDirs, maxEvents, grace := req.MaxDirs, req.MaxEvents, time.Duration(req.GraceMs)*time.Millisecond
 	switch {
 	case maxDirs < 0 || maxDirs > proto.MaxWatchDirs:
-		return nil, errorf(proto.ErrCodeInvalid, "max_dirs must be 0 to %d", proto.MaxWatchDirs)
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeInvalid, "max_dirs must be 0 to %d", proto.MaxWatchDirs)
 	case maxEvents < 0 || maxEvents > proto.MaxWatchEvents:
-		return nil, errorf(proto.ErrCodeInvalid, "max_events must be 0 to %d", proto.MaxWatchEvents)
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeInvalid, "max_events must be 0 to %d", proto.MaxWatchEvents)
 	case grace < 0 || grace > proto.MaxWatchGrace:
-		return nil, errorf(proto.ErrCodeInvalid, "grace_ms must be 0 to %d", proto.MaxWatchGrace.Milliseconds())
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeInvalid, "grace_ms must be 0 to %d", proto.MaxWatchGrace.Milliseconds())
 	}
 	if maxDirs == 0 {
 		maxDirs = proto.DefaultWatchDirs
@@ -195,18 +195,18 @@ func (ws *watchSet) create(req proto.WatchRequest) (*watch, *proto.Error) {
 	closed := ws.closed
 	ws.mu.Unlock()
 	if closed {
-		return nil, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
 	}
 	if full {
-		return nil, errorf(proto.ErrCodeTooMany, "%d watches exist in this sandbox, the most allowed", limit)
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeTooMany, "%d watches exist in this sandbox, the most allowed", limit)
 	}
 	res, perr := s.resolveDir(rel, rel)
 	if perr != nil {
-		return nil, perr
+		return nil, proto.WatchInfo{}, perr
 	}
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
-		return nil, errorf(proto.ErrCodeUnavailable, "inotify: %v", err)
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeUnavailable, "inotify: %v", err)
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
 	w := &watch{id: randName("w"), fd: fd, set: ws, rel: rel, root: res, recursive: req.Recursive, maxDirs: maxDirs,
@@ -216,7 +216,7 @@ func (ws *watchSet) create(req proto.WatchRequest) (*watch, *proto.Error) {
 	if err := w.addTree(res, false, true); err != nil {
 		cancel()
 		_ = w.in.Close()
-		return nil, err
+		return nil, proto.WatchInfo{}, err
 	}
 	w.rootWD = w.wds[res]
 	ws.mu.Lock()
@@ -224,25 +224,21 @@ func (ws *watchSet) create(req proto.WatchRequest) (*watch, *proto.Error) {
 		ws.mu.Unlock()
 		cancel()
 		_ = w.in.Close()
-		return nil, errorf(proto.ErrCodeTooMany, "%d watches exist in this sandbox, the most allowed", limit)
+		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeTooMany, "%d watches exist in this sandbox, the most allowed", limit)
 	}
 	ws.m[w.id] = w
 	ws.mu.Unlock()
+	// Before the loop starts: from then on only the loop touches the directories.
+	info := proto.WatchInfo{ID: w.id, Path: w.root, Recursive: w.recursive, Dirs: len(w.dirs), Seq: 0}
 	w.mu.Lock()
 	w.expiry = time.AfterFunc(w.grace, w.expire)
 	w.mu.Unlock()
 	startWatchLoop(w)
-	return w, nil
+	return w, info, nil
 }
 
 // startWatchLoop starts a new watch's loop (a test delays it to overflow the kernel's queue).
 var startWatchLoop = func(w *watch) { go w.loop() }
-
-func (w *watch) info() proto.WatchInfo {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return proto.WatchInfo{ID: w.id, Path: w.root, Recursive: w.recursive, Dirs: len(w.dirs), Seq: w.next - 1}
-}
 
 // close stops the loop and frees the inotify instance; readers end.
 func (w *watch) close() {

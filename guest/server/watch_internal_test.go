@@ -28,7 +28,7 @@ func TestWatchQueueOverflow(t *testing.T) {
 	start := make(chan *watch, 1)
 	startWatchLoop = func(w *watch) { start <- w }
 	defer func() { startWatchLoop = func(w *watch) { go w.loop() } }()
-	w, perr := s.watches.create(proto.WatchRequest{Path: ".", MaxEvents: proto.MaxWatchEvents})
+	w, _, perr := s.watches.create(proto.WatchRequest{Path: ".", MaxEvents: proto.MaxWatchEvents})
 	if perr != nil {
 		t.Fatal(perr)
 	}
