@@ -14,11 +14,12 @@ import (
 	"sandboxd/guest/proto"
 )
 
-// Watches (proto/files.go): one inotify instance per watch, read by one goroutine that turns
-// the kernel's events into the watch's events and keeps them in a bounded ring with sequence
-// numbers. Readers (GET …/events, any number, from any replica) replay the ring after their
-// sequence and follow it; the watch lives on for its grace period after the last reader left,
-// so that a reader that reconnects resumes without a gap. A reader older than the ring gets an
+// Watches (proto/files.go): one inotify instance per watch, read by one goroutine (its loop,
+// watchloop.go) that turns the kernel's events into the watch's events and keeps them in a
+// bounded ring with sequence numbers. Readers (GET …/events, up to MaxWatchReaders at once,
+// from any replica) replay the ring after their sequence and follow it; the watch lives on for
+// its grace period after the last reader left, so that a reader that reconnects resumes
+// without a gap. A reader older than the ring gets an
 // EventOverflow (ReasonRing) with what it missed; a kernel queue overflow is one in the ring.
 //
 // Directories are watched through /proc/self/fd/N of a descriptor reached by walkDir (no link
