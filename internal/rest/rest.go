@@ -73,6 +73,14 @@ func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown 
 	route("PUT "+Prefix+"/{id}/files", h.upload)
 	route("POST "+Prefix+"/{id}/files", h.upload)
 	route("GET "+Prefix+"/{id}/files/list", h.listFiles)
+	// DELETE …/{id}/files: ServeMux refuses that pattern beside DELETE …/snapshots/{snapshot_id}
+	// (both would match …/snapshots/files), so the route takes any name and deleteFile answers
+	// NOT_FOUND for every name but "files".
+	route("DELETE "+Prefix+"/{id}/{name}", h.deleteFile)
+	route("POST "+Prefix+"/{id}/files/move", h.moveFile)
+	route("POST "+Prefix+"/{id}/files/mkdir", h.makeDir)
+	route("GET "+Prefix+"/{id}/files/stat", h.statFile)
+	route("GET "+Prefix+"/{id}/files/watch", h.watchFiles)
 	route("POST "+Prefix+"/{id}/snapshots", h.snapshot)
 	route("GET "+Prefix+"/{id}/snapshots", h.listSnapshots)
 	route("POST "+AgentPrefix+"/runs", h.startAgentRun)
@@ -387,11 +395,12 @@ type fileOut struct {
 	IsDir   bool      `json:"is_dir"`
 	Symlink string    `json:"symlink,omitempty"`
 	ModTime time.Time `json:"mod_time"`
+	Type    string    `json:"type,omitempty"`
 }
 
 func fileJSON(f sandbox.FileInfo) fileOut {
 	return fileOut{Name: f.Name, Path: f.Path, Size: f.Size, Mode: fmt.Sprintf("%04o", f.Mode&0o7777), IsDir: f.IsDir,
-		Symlink: f.Symlink, ModTime: f.ModTime}
+		Symlink: f.Symlink, ModTime: f.ModTime, Type: string(f.Type)}
 }
 
 func principal(r *http.Request) auth.Principal {
