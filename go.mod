@@ -7,6 +7,7 @@ require (
 	github.com/99designs/gqlgen v0.17.98
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/coder/websocket v1.8.15
+	github.com/creack/pty v1.1.24
 	github.com/fsouza/fake-gcs-server v1.56.1
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/klauspost/compress v1.20.4

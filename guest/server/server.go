@@ -163,6 +163,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/execs/{id}", s.handleGetExec)
 	mux.HandleFunc("GET /v1/execs/{id}/log", s.handleLog)
 	mux.HandleFunc("POST /v1/execs/{id}/signal", s.handleSignal)
+	mux.HandleFunc("POST /v1/execs/{id}/stdin", s.handleStdin)
+	mux.HandleFunc("POST /v1/execs/{id}/resize", s.handleResize)
 	mux.HandleFunc("GET /v1/files", s.handleReadFile)
 	mux.HandleFunc("PUT /v1/files", s.handleWriteFile)
 	mux.HandleFunc("DELETE /v1/files", s.handleRemove)
