@@ -228,9 +228,12 @@ func TestSignalExecReachesTheTree(t *testing.T) {
 	}
 	running := detach(t, e, sb.ID, sandbox.ExecRequest{Command: []string{"sleep", "60"}})
 	for name, call := range map[string]func() error{
-		"other-tenant":  func() error { _, err := e.Svc.SignalExec(ctx, bob, "", running.ExecID, "SIGKILL"); return err },
-		"other-sandbox": func() error { _, err := e.Svc.SignalExec(ctx, alice, "sbx_01ARZ3NDEKTSV4RRFFQ69G5FAV", running.ExecID, "SIGKILL"); return err },
-		"junk-id":       func() error { _, err := e.Svc.SignalExec(ctx, alice, "", "exec_../../x", "SIGKILL"); return err },
+		"other-tenant": func() error { _, err := e.Svc.SignalExec(ctx, bob, "", running.ExecID, "SIGKILL"); return err },
+		"other-sandbox": func() error {
+			_, err := e.Svc.SignalExec(ctx, alice, "sbx_01ARZ3NDEKTSV4RRFFQ69G5FAV", running.ExecID, "SIGKILL")
+			return err
+		},
+		"junk-id": func() error { _, err := e.Svc.SignalExec(ctx, alice, "", "exec_../../x", "SIGKILL"); return err },
 	} {
 		if code := apierror.CodeOf(call()); code != apierror.NotFound {
 			t.Errorf("%s: got %s, want NOT_FOUND", name, code)
