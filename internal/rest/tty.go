@@ -308,7 +308,16 @@ func (t *ttySession) pumpOutput(ctx context.Context) (websocket.StatusCode, stri
 				return websocket.StatusGoingAway, "the server is shutting down: reattach with the last cursor"
 			default:
 			}
-			return websocket.StatusInternalError, "the output stream broke: reattach with the last cursor"
+			// Attached at (or after) the exit: the stream has nothing more, and the exec ended.
+			if st, err := t.h.svc.GetExec(ctx, t.p, t.sandboxID, t.execID, false); err == nil && st.State == sandbox.ExecEnded {
+				cursor := t.lastCursor
+				if cursor == "" {
+					cursor = t.after
+				}
+				ev, ok = sandbox.ExecEvent{Kind: sandbox.ExecExit, Cursor: cursor, Result: &st}, true
+			} else {
+				return websocket.StatusInternalError, "the output stream broke: reattach with the last cursor"
+			}
 		}
 		switch ev.Kind {
 		case sandbox.ExecChunk:

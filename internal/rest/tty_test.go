@@ -274,19 +274,44 @@ func TestTtyInput(t *testing.T) {
 	}
 	c.Close(websocket.StatusNormalClosure, "")
 
-	// Input for an ended exec is refused once, and the socket stays for the output.
-	c, _, err = e.dial(t, apitest.ExecEnded, "", apitest.UserKey, true)
+	// Input the exec refuses is reported once, and the socket stays for the output.
+	e.f.StdinErr = apierror.New(apierror.InvalidState, "stdin is closed")
+	c, _, err = e.dial(t, apitest.ExecRunning, "", apitest.UserKey, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := readControl(t, c); m["type"] != "attached" || m["state"] != "ENDED" {
-		t.Fatalf("got %v, want attached to an ended exec", m)
+	if m := readControl(t, c); m["type"] != "attached" {
+		t.Fatalf("got %v, want attached", m)
 	}
-	if err := c.Write(ctx, websocket.MessageBinary, []byte("x")); err != nil {
-		t.Fatal(err)
+	calls := len(e.f.CallsTo("WriteStdin"))
+	for range 3 {
+		if err := c.Write(ctx, websocket.MessageBinary, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if m := readControl(t, c); m["type"] != "error" || m["code"] != "INVALID_STATE" {
-		t.Fatalf("input to an ended exec: got %v, want INVALID_STATE", m)
+		t.Fatalf("refused input: got %v, want INVALID_STATE", m)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := len(e.f.CallsTo("WriteStdin")) - calls; n != 1 {
+		t.Fatalf("input after a refusal for good: %d writes, want 1", n)
+	}
+}
+
+// TestTtyAttachAfterTheExit: attaching to an ended exec at its exit cursor answers the exit
+// and closes 1000, with no output.
+func TestTtyAttachAfterTheExit(t *testing.T) {
+	e := newTtyEnv(t, nil)
+	c, _, err := e.dial(t, apitest.ExecEnded, "?after=99-1", apitest.UserKey, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frames, code, reason := readAll(t, c)
+	if code != websocket.StatusNormalClosure || reason != "exited: code 3" || len(frames) != 2 {
+		t.Fatalf("got %d frames, close %d %q; want attached and exit, 1000", len(frames), code, reason)
+	}
+	if m := control(t, frames[1]); m["type"] != "exit" || m["exit_code"] != 3.0 || m["cursor"] != "99-1" {
+		t.Fatalf("got %v, want the exit at 99-1", m)
 	}
 }
 
