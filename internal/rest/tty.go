@@ -99,18 +99,25 @@ func isWebsocketUpgrade(r *http.Request) bool {
 
 // tty serves the terminal WebSocket.
 func (h *Handler) tty(w http.ResponseWriter, r *http.Request) {
-	if !isWebsocketUpgrade(r) {
-		h.fail(w, r, apierror.New(apierror.InvalidArgument, "this path is a WebSocket: open it with an upgrade (see the README, Terminals)"))
-		return
-	}
 	t := &ttySession{h: h, sandboxID: r.PathValue("id"), execID: r.PathValue("exec_id"), after: r.URL.Query().Get("after"),
 		log: h.log.With("sandbox", r.PathValue("id"), "exec", r.PathValue("exec_id"))}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	p, keyed := auth.FromContext(ctx)
 	if keyed {
-		// Authenticated by the header: refusals are plain REST errors, before the upgrade.
-		if err := t.open(ctx, p); err != nil {
+		// Authenticated by the header: refusals are plain REST errors, before the upgrade;
+		// another tenant's exec is NOT_FOUND whatever the request is.
+		if err := t.check(ctx, p); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	if !isWebsocketUpgrade(r) {
+		h.fail(w, r, apierror.New(apierror.InvalidArgument, "this path is a WebSocket: open it with an upgrade (see the README, Terminals)"))
+		return
+	}
+	if keyed {
+		if err := t.subscribe(ctx, p); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -155,16 +162,24 @@ type ttySession struct {
 
 // open checks that the exec is the caller's and opens its output after the cursor.
 func (t *ttySession) open(ctx context.Context, p auth.Principal) error {
+	if err := t.check(ctx, p); err != nil {
+		return err
+	}
+	return t.subscribe(ctx, p)
+}
+
+// check loads the exec's status: NOT_FOUND unless it is the caller's, in this sandbox.
+func (t *ttySession) check(ctx context.Context, p auth.Principal) error {
 	st, err := t.h.svc.GetExec(ctx, p, t.sandboxID, t.execID, false)
-	if err != nil {
-		return err
-	}
+	t.status = st
+	return err
+}
+
+// subscribe opens the exec's output after the cursor.
+func (t *ttySession) subscribe(ctx context.Context, p auth.Principal) error {
 	ch, err := t.h.svc.ExecOutput(ctx, p, t.execID, t.after)
-	if err != nil {
-		return err
-	}
-	t.status, t.out = st, ch
-	return nil
+	t.out = ch
+	return err
 }
 
 // authenticate reads the first message, which must carry a key, within ttyInitTimeout, and
