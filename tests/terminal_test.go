@@ -1,11 +1,15 @@
 package tests
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -374,4 +378,46 @@ func TestTerminal(t *testing.T) {
 		}
 		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/execs/"+sh.ExecID+"/signal", []byte(`{"signal":"SIGKILL"}`), e2e.HdrJSON, e2e.HdrTenant1).Want(t, http.StatusOK)
 	})
+}
+
+// TestExampleTerminal builds examples/terminal and runs it the way its doc comment says: input
+// piped into bash -i's terminal, the output back byte for byte, the exit code bash's own; then
+// reattached to the ended exec after a cursor.
+func TestExampleTerminal(t *testing.T) {
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	id := s.Create(t, e2e.CreateBody, e2e.HdrTenant1).SandboxID
+	bin := filepath.Join(t.TempDir(), "terminal")
+	build := exec.Command("go", "build", "-o", bin, "./examples/terminal")
+	build.Dir = e2e.ModuleRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the example: %v\n%s", err, out)
+	}
+	run := func(stdin string, args ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "SANDBOX_GATEWAY_URL="+s.URL, "SANDBOX_API_KEY="+e2e.KeyTenant1)
+		var o, e bytes.Buffer
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = strings.NewReader(stdin), &o, &e
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			code = ee.ExitCode()
+		case err != nil:
+			t.Fatalf("running the example: %v", err)
+		}
+		return o.String(), e.String(), code
+	}
+	bash := startDetached(t, s, id, `{"command":["bash","-i"],"tty":{"rows":24,"cols":80},"wait":false}`, e2e.HdrTenant1)
+	stdout, stderr, code := run("stty size; echo $((6*7)); exit 3\n", "-sandbox", id, "-exec", bash.ExecID)
+	if !strings.Contains(stdout, "24 80\r\n42\r\n") || code != 3 {
+		t.Fatalf("example: stdout %q, stderr %q, exit %d; want 24 80, 42 and exit 3", stdout, stderr, code)
+	}
+	again, _, code := run("", "-sandbox", id, "-exec", bash.ExecID)
+	if again != stdout || code != 3 {
+		t.Fatalf("reattached to the ended exec: %q, exit %d; want the same output and 3", again, code)
+	}
+	if _, stderr, code := run("", "-sandbox", id, "-exec", "exec_01ARZ3NDEKTSV4RRFFQ69G5FAV"); code != 1 || !strings.Contains(stderr, "NOT_FOUND") {
+		t.Fatalf("an unknown exec: exit %d, stderr %q", code, stderr)
+	}
 }

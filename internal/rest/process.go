@@ -87,7 +87,11 @@ func (h *Handler) writeStdin(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"written": res.Written, "buffered": res.Buffered, "closed": res.Closed})
+	writeJSON(w, http.StatusOK, struct {
+		Written  int64 `json:"written"`
+		Buffered int64 `json:"buffered"`
+		Closed   bool  `json:"closed"`
+	}{res.Written, res.Buffered, res.Closed})
 }
 
 func stdinTooLarge(n int64) error {
