@@ -154,8 +154,8 @@ type ttySession struct {
 	out                        <-chan sandbox.ExecEvent
 	inputDead                  bool // the exec refused input for good (reported once)
 	inputMu                    sync.Mutex
-	pending                    []byte
-	closeStdin                 bool
+	ops                        []ttyOp // input and resizes waiting for the exec, in order
+	queued                     int     // input bytes in ops
 	inputReady, inputRoom      chan struct{}
 	lastCursor, cursorReported string
 }
@@ -442,7 +442,7 @@ func (t *ttySession) read(ctx context.Context) {
 		if len(data) == 0 {
 			continue
 		}
-		if !t.queueInput(ctx, data, false) {
+		if !t.queue(ctx, ttyOp{data: data}) {
 			return
 		}
 	}
@@ -461,11 +461,9 @@ func (t *ttySession) controlMessage(ctx context.Context, data []byte) {
 	}
 	switch msg.Type {
 	case "resize":
-		if _, err := t.h.svc.ResizeTty(ctx, t.p, t.sandboxID, t.execID, sandbox.TtySize{Rows: msg.Rows, Cols: msg.Cols}); err != nil {
-			t.report(ctx, err)
-		}
+		t.queue(ctx, ttyOp{resize: &sandbox.TtySize{Rows: msg.Rows, Cols: msg.Cols}})
 	case "close_stdin":
-		t.queueInput(ctx, nil, true)
+		t.queue(ctx, ttyOp{closeStdin: true})
 	default:
 		t.report(ctx, apierror.New(apierror.InvalidArgument, "unknown control message type %q (resize, close_stdin)", apierror.Truncate(msg.Type, 32)))
 	}
@@ -482,14 +480,37 @@ func (t *ttySession) report(ctx context.Context, err error) {
 	}
 }
 
-// queueInput adds data (and a close request) to the input waiting for the exec, waiting while
-// there is no room; false when ctx ended.
-func (t *ttySession) queueInput(ctx context.Context, data []byte, closeStdin bool) bool {
+// ttyOp is input for the exec's stdin (data, then a close when closeStdin), or a resize.
+type ttyOp struct {
+	data       []byte
+	closeStdin bool
+	resize     *sandbox.TtySize
+}
+
+// Bounds of what waits for the exec: MaxStdinWrite bytes of input, in at most maxTtyOps runs
+// of input and resizes.
+const maxTtyOps = 64
+
+// queue adds op after what waits for the exec, merged into the last op when it is of the same
+// kind (input is appended, a resize replaces the one before it), waiting while there is no
+// room; false when ctx ended.
+func (t *ttySession) queue(ctx context.Context, op ttyOp) bool {
 	for {
 		t.inputMu.Lock()
-		if len(t.pending) == 0 || len(t.pending)+len(data) <= execs.MaxStdinWrite {
-			t.pending = append(t.pending, data...)
-			t.closeStdin = t.closeStdin || closeStdin
+		n := len(t.ops)
+		last := n - 1
+		merge := n > 0 && ((op.resize == nil) == (t.ops[last].resize == nil)) && !t.ops[last].closeStdin
+		if (t.queued == 0 || t.queued+len(op.data) <= execs.MaxStdinWrite) && (merge || n < maxTtyOps) {
+			switch {
+			case merge && op.resize != nil:
+				t.ops[last].resize = op.resize
+			case merge:
+				t.ops[last].data = append(t.ops[last].data, op.data...)
+				t.ops[last].closeStdin = op.closeStdin
+			default:
+				t.ops = append(t.ops, op)
+			}
+			t.queued += len(op.data)
 			t.inputMu.Unlock()
 			notify(t.inputReady)
 			return true
@@ -510,10 +531,14 @@ func notify(ch chan struct{}) {
 	}
 }
 
-// writeInput writes the queued input to the exec's stdin, one call at a time, all that is
-// queued in each. A full stdin buffer is waited out (the bytes are kept); an exec that takes no
-// more input is reported once, and later input is dropped.
+// minResizeInterval spaces a socket's resizes: a flood of them costs at most this rate of calls.
+const minResizeInterval = 50 * time.Millisecond
+
+// writeInput applies what waits for the exec, in order, one call at a time: input in one stdin
+// write per run (a full stdin buffer is waited out, the bytes kept; an exec that takes no more
+// input is reported once and later input dropped), resizes at most one per minResizeInterval.
 func (t *ttySession) writeInput(ctx context.Context) {
+	var lastResize time.Time
 	for {
 		select {
 		case <-t.inputReady:
@@ -521,34 +546,60 @@ func (t *ttySession) writeInput(ctx context.Context) {
 			return
 		}
 		t.inputMu.Lock()
-		data, closeStdin := t.pending, t.closeStdin
-		t.pending, t.closeStdin = nil, false
+		ops := t.ops
+		t.ops, t.queued = nil, 0
 		t.inputMu.Unlock()
 		notify(t.inputRoom)
-		if (len(data) == 0 && !closeStdin) || t.inputDead {
-			continue
-		}
-		wait := 20 * time.Millisecond
-		for attempt := 0; ; attempt++ {
-			_, err := t.h.svc.WriteStdin(ctx, t.p, t.sandboxID, t.execID, data, closeStdin)
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-			code := apierror.CodeOf(err)
-			retry := code == apierror.LimitExceeded || (code == apierror.Unavailable && attempt < 5)
-			if !retry {
-				if code == apierror.InvalidState || code == apierror.NotFound {
-					t.inputDead = true
+		for _, op := range ops {
+			if op.resize != nil {
+				if wait := minResizeInterval - time.Since(lastResize); wait > 0 {
+					select {
+					case <-time.After(wait):
+					case <-ctx.Done():
+						return
+					}
 				}
-				t.report(ctx, err)
-				break
+				lastResize = time.Now()
+				if _, err := t.h.svc.ResizeTty(ctx, t.p, t.sandboxID, t.execID, *op.resize); err != nil && ctx.Err() == nil {
+					t.report(ctx, err)
+				}
+				continue
 			}
-			select {
-			case <-time.After(wait):
-			case <-ctx.Done():
+			if t.inputDead || (len(op.data) == 0 && !op.closeStdin) {
+				continue
+			}
+			if !t.writeStdin(ctx, op) {
 				return
 			}
-			wait = min(2*wait, time.Second)
 		}
+	}
+}
+
+// writeStdin writes one run of input, retrying while the stdin buffer is full; false when ctx
+// ended.
+func (t *ttySession) writeStdin(ctx context.Context, op ttyOp) bool {
+	wait := 20 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		_, err := t.h.svc.WriteStdin(ctx, t.p, t.sandboxID, t.execID, op.data, op.closeStdin)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		code := apierror.CodeOf(err)
+		if code != apierror.LimitExceeded && (code != apierror.Unavailable || attempt >= 5) {
+			if code == apierror.InvalidState || code == apierror.NotFound {
+				t.inputDead = true
+			}
+			t.report(ctx, err)
+			return true
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return false
+		}
+		wait = min(2*wait, time.Second)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -529,4 +530,42 @@ func TestTtyBounds(t *testing.T) {
 			t.Fatalf("got close %d, want 1001", code)
 		}
 	})
+}
+
+// TestTtyOrderAndFloods: input and resizes reach the exec in the order sent; a flood of
+// resizes is coalesced (the last size wins) and spaced, not a call per message.
+func TestTtyOrderAndFloods(t *testing.T) {
+	e := newTtyEnv(t, func(f *apitest.Fake) { f.ExecEvents[apitest.ExecRunning], f.ExecHold = nil, true })
+	ctx := context.Background()
+	c, _, err := e.dial(t, apitest.ExecRunning, "", apitest.UserKey, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := readControl(t, c); m["type"] != "attached" {
+		t.Fatalf("got %v", m)
+	}
+	for i := 1; i <= 300; i++ {
+		if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"resize","rows":`+strconv.Itoa(i)+`,"cols":80}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Write(ctx, websocket.MessageBinary, []byte("stty size\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the input after the resizes", func() bool { return string(e.f.Last("WriteStdin").Data) == "stty size\n" })
+	var order []string
+	for _, call := range e.f.Calls() {
+		switch call.Method {
+		case "ResizeTty":
+			order = append(order, "resize "+strconv.Itoa(call.Tty.Rows))
+		case "WriteStdin":
+			order = append(order, "stdin "+string(call.Data))
+		}
+	}
+	if len(order) < 2 || order[len(order)-1] != "stdin stty size\n" || order[len(order)-2] != "resize 300" {
+		t.Fatalf("got %q, want the last resize (300 rows) and then the input", order)
+	}
+	if n := len(e.f.CallsTo("ResizeTty")); n > 20 {
+		t.Fatalf("300 resize messages made %d resize calls, want them coalesced", n)
+	}
 }
