@@ -1,6 +1,6 @@
 // Package server is PID 1's side of the guest init's protocol (guest/proto): the server that
 // runs as the init inside every sandbox (cmd/sandbox-init) and owns every process it starts
-// (exec, the reaper, cgroups, exec logs), serves the workspace's files and its tar export and
+// (exec, the reaper, cgroups, exec logs, open stdin, terminals), serves the workspace's files and its tar export and
 // staged import, and the init's end of the channel handshake. WriteTar, the export's
 // never-follow-a-link walker, also serves the local driver, which reads a box's workspace
 // folder on the host.

@@ -176,9 +176,11 @@ func (f *stdinFeed) run() {
 		if n > 0 {
 			stalls = 0
 			f.mu.Lock()
-			f.buf = f.buf[n:]
-			if len(f.buf) == 0 {
-				f.buf = nil
+			if !f.closed { // else shutdown dropped the buffer meanwhile
+				f.buf = f.buf[n:]
+				if len(f.buf) == 0 {
+					f.buf = nil
+				}
 			}
 			f.mu.Unlock()
 		}
