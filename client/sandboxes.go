@@ -43,6 +43,8 @@ type Sandbox struct {
 	Network          string     `json:"network"`
 	// SnapshotID is the final checkpoint Destroy took; empty elsewhere.
 	SnapshotID string `json:"snapshot_id,omitempty"`
+	// Labels are the sandbox's labels (see Update).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Resources are a sandbox's limits.
@@ -59,6 +61,9 @@ type CreateRequest struct {
 	TTLSec      *int64            `json:"ttl_sec,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
 	Source      *Source           `json:"source,omitempty"`
+	// Labels tag the sandbox: Kubernetes' label syntax, at most the server's limit (32),
+	// none under sandboxd.io/, kubernetes.io/ or k8s.io/.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Source fills a new sandbox's workspace: set exactly one field.
@@ -87,6 +92,8 @@ type ListOptions struct {
 	State  string // only sandboxes in this state
 	Limit  int    // at most this many (the server's bound is 500, its default 50)
 	Cursor string // the NextCursor of the previous page
+	// Labels keeps only sandboxes that have every one of these labels with its value.
+	Labels map[string]string
 }
 
 // Page is a page of sandboxes, newest first.
@@ -108,6 +115,7 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (Page, error) {
 	if opts.Cursor != "" {
 		q.Set("cursor", opts.Cursor)
 	}
+	addLabelFilter(q, opts.Labels)
 	var p Page
 	err := c.call(ctx, http.MethodGet, withQuery(SandboxesPath, q), nil, &p)
 	return p, err

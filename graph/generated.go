@@ -138,6 +138,11 @@ type ComplexityRoot struct {
 		Truncated func(childComplexity int) int
 	}
 
+	Label struct {
+		Key   func(childComplexity int) int
+		Value func(childComplexity int) int
+	}
+
 	Mutation struct {
 		CancelAgentRun  func(childComplexity int, id string) int
 		CreateSandbox   func(childComplexity int, input model.CreateSandboxInput) int
@@ -150,6 +155,7 @@ type ComplexityRoot struct {
 		StartAgentRun   func(childComplexity int, input model.StartAgentRunInput) int
 		StartSandbox    func(childComplexity int, id string) int
 		StopSandbox     func(childComplexity int, id string) int
+		UpdateSandbox   func(childComplexity int, id string, input model.UpdateSandboxInput) int
 		WriteExecStdin  func(childComplexity int, execID string, data *string, dataBase64 *string, close *bool) int
 		WriteFile       func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
 	}
@@ -181,7 +187,7 @@ type ComplexityRoot struct {
 		Quota     func(childComplexity int) int
 		ReadFile  func(childComplexity int, sandboxID string, path string, maxBytes *int64) int
 		Sandbox   func(childComplexity int, id string) int
-		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState) int
+		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState, labels []*model.LabelInput) int
 		Snapshots func(childComplexity int, sandboxID *string, first *int) int
 	}
 
@@ -202,6 +208,7 @@ type ComplexityRoot struct {
 		CreatedAt        func(childComplexity int) int
 		ExpiresAt        func(childComplexity int) int
 		ID               func(childComplexity int) int
+		Labels           func(childComplexity int) int
 		LatestSnapshotID func(childComplexity int) int
 		Network          func(childComplexity int) int
 		Profile          func(childComplexity int) int
@@ -275,6 +282,7 @@ type MutationResolver interface {
 	StopSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	StartSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
+	UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error)
 	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, id string) (bool, error)
 	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
@@ -286,7 +294,7 @@ type MutationResolver interface {
 }
 type QueryResolver interface {
 	Sandbox(ctx context.Context, id string) (*model.Sandbox, error)
-	Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState) (*model.SandboxConnection, error)
+	Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState, labels []*model.LabelInput) (*model.SandboxConnection, error)
 	Profiles(ctx context.Context) ([]*model.Profile, error)
 	Quota(ctx context.Context) (*model.Quota, error)
 	ReadFile(ctx context.Context, sandboxID string, path string, maxBytes *int64) (*model.FileContent, error)
@@ -751,6 +759,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.FileListing.Truncated(childComplexity), true
 
+	case "Label.key":
+		if e.ComplexityRoot.Label.Key == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Label.Key(childComplexity), true
+	case "Label.value":
+		if e.ComplexityRoot.Label.Value == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Label.Value(childComplexity), true
+
 	case "Mutation.cancelAgentRun":
 		if e.ComplexityRoot.Mutation.CancelAgentRun == nil {
 			break
@@ -872,6 +893,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.StopSandbox(childComplexity, args["id"].(string)), true
+	case "Mutation.updateSandbox":
+		if e.ComplexityRoot.Mutation.UpdateSandbox == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_updateSandbox_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.UpdateSandbox(childComplexity, args["id"].(string), args["input"].(model.UpdateSandboxInput)), true
 	case "Mutation.writeExecStdin":
 		if e.ComplexityRoot.Mutation.WriteExecStdin == nil {
 			break
@@ -1063,7 +1095,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.Sandboxes(childComplexity, args["first"].(*int), args["after"].(*string), args["state"].(*model.SandboxState)), true
+		return e.ComplexityRoot.Query.Sandboxes(childComplexity, args["first"].(*int), args["after"].(*string), args["state"].(*model.SandboxState), args["labels"].([]*model.LabelInput)), true
 	case "Query.snapshots":
 		if e.ComplexityRoot.Query.Snapshots == nil {
 			break
@@ -1138,6 +1170,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Sandbox.ID(childComplexity), true
+	case "Sandbox.labels":
+		if e.ComplexityRoot.Sandbox.Labels == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.Labels(childComplexity), true
 	case "Sandbox.latestSnapshotId":
 		if e.ComplexityRoot.Sandbox.LatestSnapshotID == nil {
 			break
@@ -1407,9 +1445,12 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			graphql.NewInputUnmarshaler("CreateSandboxInput", ec.unmarshalInputCreateSandboxInput),
 			graphql.NewInputUnmarshaler("EnvVarInput", ec.unmarshalInputEnvVarInput),
 			graphql.NewInputUnmarshaler("ExecInput", ec.unmarshalInputExecInput),
+			graphql.NewInputUnmarshaler("LabelInput", ec.unmarshalInputLabelInput),
+			graphql.NewInputUnmarshaler("LabelPatchInput", ec.unmarshalInputLabelPatchInput),
 			graphql.NewInputUnmarshaler("SandboxSourceInput", ec.unmarshalInputSandboxSourceInput),
 			graphql.NewInputUnmarshaler("StartAgentRunInput", ec.unmarshalInputStartAgentRunInput),
 			graphql.NewInputUnmarshaler("TtySizeInput", ec.unmarshalInputTtySizeInput),
+			graphql.NewInputUnmarshaler("UpdateSandboxInput", ec.unmarshalInputUpdateSandboxInput),
 		)
 	}
 	first := true
@@ -1549,6 +1590,8 @@ type Query {
     after: String
     "Only sandboxes in this state."
     state: SandboxState
+    "Only sandboxes that have every one of these labels with its value (ANDed; a key twice with different values is INVALID_ARGUMENT); at most the configured number of labels (32 by default)."
+    labels: [LabelInput!]
   ): SandboxConnection!
 
   """
@@ -1686,6 +1729,19 @@ type Mutation {
   sandbox is NOT_FOUND afterwards.
   """
   destroySandbox("The sandbox id." id: ID!): DestroySandboxPayload!
+
+  """
+  Changes a sandbox's labels, autostopSec and ttlSec (the REST PATCH of the sandbox), within the
+  bounds of createSandbox: labels is a merge patch (a label with a value is set, one with a null
+  value removed, labels not named kept; clearLabels removes them all first), autostopSec and
+  ttlSec replace the sandbox's (ttlSec still counts from createdAt, and may not end the
+  sandbox's life before now), null fields are left as they are. Returns the sandbox with its new
+  deadlines (expiresAt, and autostopAt counted from this call, which is activity); the project's
+  sandboxEvents get SANDBOX_UPDATED naming what changed. A destroyed or another tenant's sandbox
+  is NOT_FOUND; one in a transition is INVALID_STATE with extensions.retryAfter; an EXPIRED one
+  INVALID_STATE.
+  """
+  updateSandbox("The sandbox id." id: ID!, "What to change." input: UpdateSandboxInput!): Sandbox!
 
   """
   Snapshots a running sandbox's workspace without stopping it: commands keep running, and the
@@ -1861,6 +1917,52 @@ type Sandbox {
   resources: Resources!
   "The network policy (e.g. \"none\")."
   network: String!
+  "The caller's labels of the sandbox, sorted by key; empty when it has none. Each costs like an item of a list of the configured maximum (32 by default)."
+  labels: [Label!]!
+}
+
+"""
+A label of a sandbox: a key/value tag in Kubernetes' label syntax.
+"""
+type Label {
+  "The key: an optional DNS subdomain prefix and \"/\", then a name of at most 63 characters of [A-Za-z0-9._-] that starts and ends alphanumeric."
+  key: String!
+  "The value: at most 63 such characters, or empty."
+  value: String!
+}
+
+"""
+A label to set, or to filter on.
+"""
+input LabelInput {
+  "The key (see Label.key). Keys under sandboxd.io/, kubernetes.io/, k8s.io/ (and their subdomains) are reserved: INVALID_ARGUMENT."
+  key: String!
+  "The value (see Label.value)."
+  value: String!
+}
+
+"""
+One entry of a label merge patch (updateSandbox).
+"""
+input LabelPatchInput {
+  "The key (see LabelInput.key)."
+  key: String!
+  "The new value; null removes the label."
+  value: String
+}
+
+"""
+What updateSandbox changes; null fields are left as they are, and at least one must be set.
+"""
+input UpdateSandboxInput {
+  "Labels to set (with a value) or remove (value null); each key at most once. The resulting set is bounded as at create."
+  labels: [LabelPatchInput!]
+  "Removes every label before labels is applied."
+  clearLabels: Boolean
+  "Seconds of inactivity before the sandbox stops by itself, within the configured bounds."
+  autostopSec: Int
+  "Seconds after creation at which the sandbox expires, within the configured bounds; its expiry must stay after now."
+  ttlSec: Int
 }
 
 """
@@ -1932,7 +2034,7 @@ type PageInfo {
   hasPreviousPage: Boolean!
   "The cursor of the first edge; null on an empty page."
   startCursor: String
-  "Pass as after to get the next page; null on an empty page."
+  "Pass as after to get the next page; null on an empty last page. (A filtered page may hold fewer than first sandboxes, even none, and still have a next page.)"
   endCursor: String
 }
 
@@ -1980,6 +2082,8 @@ input CreateSandboxInput {
   env: [EnvVarInput!]
   "Where the workspace comes from, fetched once before the sandbox is RUNNING; null means an empty workspace."
   source: SandboxSourceInput
+  "Labels of the sandbox, each key at most once; at most the configured number (32 by default)."
+  labels: [LabelInput!]
 }
 
 """
@@ -2279,7 +2383,7 @@ from a source made progress.
 type SandboxEvent {
   "Orders events; pass the last one seen as after to resume."
   cursor: String!
-  "The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, or BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is)."
+  "The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is), or SANDBOX_UPDATED (updateSandbox changed it: reason names the fields changed, comma-separated: labels, autostop_sec, ttl_sec)."
   type: String!
   "The sandbox the event is about."
   sandboxId: ID!
@@ -2616,6 +2720,16 @@ func (ec *executionContext) childFields_FileListing(ctx context.Context, field g
 	return nil, fmt.Errorf("no field named %q was found under type FileListing", field.Name)
 }
 
+func (ec *executionContext) childFields_Label(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "key":
+		return ec.fieldContext_Label_key(ctx, field)
+	case "value":
+		return ec.fieldContext_Label_value(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Label", field.Name)
+}
+
 func (ec *executionContext) childFields_PageInfo(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "hasNextPage":
@@ -2704,6 +2818,8 @@ func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graph
 		return ec.fieldContext_Sandbox_resources(ctx, field)
 	case "network":
 		return ec.fieldContext_Sandbox_network(ctx, field)
+	case "labels":
+		return ec.fieldContext_Sandbox_labels(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Sandbox", field.Name)
 }
@@ -3106,6 +3222,28 @@ func (ec *executionContext) field_Mutation_stopSandbox_args(ctx context.Context,
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_updateSandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.UpdateSandboxInput, error) {
+			return ec.unmarshalNUpdateSandboxInput2sandboxdᚋgraphᚋmodelᚐUpdateSandboxInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_writeExecStdin_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3385,6 +3523,14 @@ func (ec *executionContext) field_Query_sandboxes_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["state"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "labels",
+		func(ctx context.Context, v any) ([]*model.LabelInput, error) {
+			return ec.unmarshalOLabelInput2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelInputᚄ(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["labels"] = arg3
 	return args, nil
 }
 
@@ -5250,6 +5396,52 @@ func (ec *executionContext) fieldContext_FileListing_truncated(_ context.Context
 	return graphql.NewScalarFieldContext("FileListing", field, false, false, "Boolean")
 }
 
+func (ec *executionContext) _Label_key(ctx context.Context, field graphql.CollectedField, obj *model.Label) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Label_key(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Key, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Label_key(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Label", field, false, false, "String")
+}
+
+func (ec *executionContext) _Label_value(ctx context.Context, field graphql.CollectedField, obj *model.Label) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Label_value(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Value, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Label_value(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Label", field, false, false, "String")
+}
+
 func (ec *executionContext) _Mutation_createSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -5464,6 +5656,50 @@ func (ec *executionContext) fieldContext_Mutation_destroySandbox(ctx context.Con
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Mutation_destroySandbox_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_updateSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_updateSandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().UpdateSandbox(ctx, fc.Args["id"].(string), fc.Args["input"].(model.UpdateSandboxInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_updateSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_updateSandbox_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -6129,7 +6365,7 @@ func (ec *executionContext) _Query_sandboxes(ctx context.Context, field graphql.
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().Sandboxes(ctx, fc.Args["first"].(*int), fc.Args["after"].(*string), fc.Args["state"].(*model.SandboxState))
+			return ec.Resolvers.Query().Sandboxes(ctx, fc.Args["first"].(*int), fc.Args["after"].(*string), fc.Args["state"].(*model.SandboxState), fc.Args["labels"].([]*model.LabelInput))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.SandboxConnection) graphql.Marshaler {
@@ -7078,6 +7314,38 @@ func (ec *executionContext) _Sandbox_network(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_Sandbox_network(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "String")
+}
+
+func (ec *executionContext) _Sandbox_labels(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_labels(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Labels, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.Label) graphql.Marshaler {
+			return ec.marshalNLabel2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_labels(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Sandbox",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Label(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _SandboxConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.SandboxConnection) (ret graphql.Marshaler) {
@@ -8939,7 +9207,7 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source"}
+	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source", "labels"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -8981,6 +9249,13 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 				return it, err
 			}
 			it.Source = data
+		case "labels":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("labels"))
+			data, err := ec.unmarshalOLabelInput2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelInputᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Labels = data
 		}
 	}
 	return it, nil
@@ -9135,6 +9410,104 @@ func (ec *executionContext) unmarshalInputExecInput(ctx context.Context, obj any
 func UnmarshalExecInput(ctx context.Context, raw any) (model.ExecInput, error) {
 	var out model.ExecInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "ExecInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputLabelInput(ctx context.Context, obj any) (model.LabelInput, error) {
+	var it model.LabelInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"key", "value"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "key":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("key"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Key = data
+		case "value":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("value"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Value = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalLabelInput unmarshals raw into the LabelInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalLabelInput(ctx context.Context, raw any) (model.LabelInput, error) {
+	var out model.LabelInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "LabelInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputLabelPatchInput(ctx context.Context, obj any) (model.LabelPatchInput, error) {
+	var it model.LabelPatchInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"key", "value"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "key":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("key"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Key = data
+		case "value":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("value"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Value = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalLabelPatchInput unmarshals raw into the LabelPatchInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalLabelPatchInput(ctx context.Context, raw any) (model.LabelPatchInput, error) {
+	var out model.LabelPatchInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "LabelPatchInput", raw, &out)
 	return out, err
 }
 
@@ -9317,6 +9690,69 @@ func (ec *executionContext) unmarshalInputTtySizeInput(ctx context.Context, obj 
 func UnmarshalTtySizeInput(ctx context.Context, raw any) (model.TtySizeInput, error) {
 	var out model.TtySizeInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "TtySizeInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputUpdateSandboxInput(ctx context.Context, obj any) (model.UpdateSandboxInput, error) {
+	var it model.UpdateSandboxInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"labels", "clearLabels", "autostopSec", "ttlSec"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "labels":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("labels"))
+			data, err := ec.unmarshalOLabelPatchInput2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelPatchInputᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Labels = data
+		case "clearLabels":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("clearLabels"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ClearLabels = data
+		case "autostopSec":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("autostopSec"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.AutostopSec = data
+		case "ttlSec":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("ttlSec"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.TTLSec = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalUpdateSandboxInput unmarshals raw into the UpdateSandboxInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalUpdateSandboxInput(ctx context.Context, raw any) (model.UpdateSandboxInput, error) {
+	var out model.UpdateSandboxInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "UpdateSandboxInput", raw, &out)
 	return out, err
 }
 
@@ -9958,6 +10394,44 @@ func (ec *executionContext) _FileListing(ctx context.Context, sel ast.SelectionS
 	return out
 }
 
+var labelImplementors = []string{"Label"}
+
+func (ec *executionContext) _Label(ctx context.Context, sel ast.SelectionSet, obj *model.Label) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, labelImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Label")
+		case "key":
+			out.Values[i] = ec._Label_key(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "value":
+			out.Values[i] = ec._Label_value(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var mutationImplementors = []string{"Mutation"}
 
 func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet) graphql.Marshaler {
@@ -10008,6 +10482,13 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 		case "destroySandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_destroySandbox(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updateSandbox":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_updateSandbox(ctx, field)
 			})
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
@@ -10476,6 +10957,11 @@ func (ec *executionContext) _Sandbox(ctx context.Context, sel ast.SelectionSet, 
 			}
 		case "network":
 			out.Values[i] = ec._Sandbox_network(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "labels":
+			out.Values[i] = ec._Sandbox_labels(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -11445,6 +11931,40 @@ func (ec *executionContext) marshalNInt642int64(ctx context.Context, sel ast.Sel
 	return res
 }
 
+func (ec *executionContext) marshalNLabel2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Label) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNLabel2ᚖsandboxdᚋgraphᚋmodelᚐLabel(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNLabel2ᚖsandboxdᚋgraphᚋmodelᚐLabel(ctx context.Context, sel ast.SelectionSet, v *model.Label) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Label!")
+		return graphql.Null
+	}
+	return ec._Label(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNLabelInput2ᚖsandboxdᚋgraphᚋmodelᚐLabelInput(ctx context.Context, v any) (*model.LabelInput, error) {
+	res, err := ec.unmarshalInputLabelInput(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) unmarshalNLabelPatchInput2ᚖsandboxdᚋgraphᚋmodelᚐLabelPatchInput(ctx context.Context, v any) (*model.LabelPatchInput, error) {
+	res, err := ec.unmarshalInputLabelPatchInput(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
 func (ec *executionContext) marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx context.Context, sel ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "PageInfo!")
@@ -11659,6 +12179,11 @@ func (ec *executionContext) marshalNTime2timeᚐTime(ctx context.Context, sel as
 		graphql.AddInvalidNullFromMarshaler(ctx, "Time!")
 	}
 	return res
+}
+
+func (ec *executionContext) unmarshalNUpdateSandboxInput2sandboxdᚋgraphᚋmodelᚐUpdateSandboxInput(ctx context.Context, v any) (model.UpdateSandboxInput, error) {
+	res, err := ec.unmarshalInputUpdateSandboxInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) marshalN__Directive2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐDirective(ctx context.Context, sel ast.SelectionSet, v introspection.Directive) graphql.Marshaler {
@@ -11948,6 +12473,40 @@ func (ec *executionContext) marshalOInt642ᚖint64(ctx context.Context, sel ast.
 	_ = ctx
 	res := graphql.MarshalInt64(*v)
 	return res
+}
+
+func (ec *executionContext) unmarshalOLabelInput2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelInputᚄ(ctx context.Context, v any) ([]*model.LabelInput, error) {
+	if v == nil {
+		return nil, nil
+	}
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]*model.LabelInput, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNLabelInput2ᚖsandboxdᚋgraphᚋmodelᚐLabelInput(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) unmarshalOLabelPatchInput2ᚕᚖsandboxdᚋgraphᚋmodelᚐLabelPatchInputᚄ(ctx context.Context, v any) ([]*model.LabelPatchInput, error) {
+	if v == nil {
+		return nil, nil
+	}
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]*model.LabelPatchInput, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNLabelPatchInput2ᚖsandboxdᚋgraphᚋmodelᚐLabelPatchInput(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
 }
 
 func (ec *executionContext) unmarshalOMap2map(ctx context.Context, v any) (map[string]any, error) {

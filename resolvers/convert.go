@@ -86,8 +86,12 @@ func createRequest(in model.CreateSandboxInput) (sandbox.CreateRequest, error) {
 	if err != nil {
 		return sandbox.CreateRequest{}, err
 	}
+	labels, err := labelMap("input.labels", in.Labels)
+	if err != nil {
+		return sandbox.CreateRequest{}, err
+	}
 	req := sandbox.CreateRequest{Profile: deref(in.Profile), AutostopSec: int64Ptr(in.AutostopSec),
-		TTLSec: int64Ptr(in.TTLSec), Env: env}
+		TTLSec: int64Ptr(in.TTLSec), Env: env, Labels: labels}
 	if src := in.Source; src != nil {
 		req.Source = &sandbox.Source{SnapshotID: deref(src.SnapshotID), ArchiveURL: deref(src.ArchiveURL), GCSPrefix: deref(src.GcsPrefix)}
 	}
@@ -191,6 +195,7 @@ func toSandbox(s sandbox.Sandbox) *model.Sandbox {
 		LatestSnapshotID: optString(s.LatestSnapshotID),
 		Resources:        &model.Resources{MilliCPU: int(s.MilliCPU), MemoryMb: mib(s.MemoryBytes), DiskMb: mib(s.DiskBytes)},
 		Network:          s.Network,
+		Labels:           toLabels(s.Labels),
 	}
 }
 
@@ -215,6 +220,10 @@ func toConnection(page sandbox.Page) *model.SandboxConnection {
 		if page.NextCursor != "" {
 			end = page.NextCursor
 		}
+		c.PageInfo.EndCursor = &end
+	} else if page.NextCursor != "" {
+		// A filtered page that found nothing before the scan's bound: go on after it.
+		end := page.NextCursor
 		c.PageInfo.EndCursor = &end
 	}
 	return c

@@ -33,7 +33,7 @@ import (
 // FuzzGraphQLInputs turns fuzz bytes, taken as the variables of one operation, into service
 // inputs twice: decoded into the gqlgen model inputs and converted (createRequest,
 // execRequest, oneOf and fileMode, agentRunRequest, listOptions, listDirArgs, pageSize,
-// readLimit), and sent through gqlgen's executable schema (its variable coercion, then the
+// readLimit, updateRequest), and sent through gqlgen's executable schema (its variable coercion, then the
 // resolvers, then the same conversions) to a recording service. Neither may panic; a refusal
 // of the conversions is INVALID_ARGUMENT; what reaches the service holds the conversions'
 // promises: env without a name lost, stdin and content from exactly one of text and base64,
@@ -62,6 +62,7 @@ func FuzzGraphQLInputs(f *testing.F) {
 		{gfWrite, `{"id":"sbx_1","path":"a.txt","content":"x","mode":-1}`},
 		{gfWrite, `{"id":"sbx_1","path":"a.txt"}`},
 		{gfWrite, `{"id":"sbx_1","path":"a.txt","content":"x","b64":"eA=="}`},
+		{gfWrite, `{"id":"","path":"","content":0}`},
 		{gfAgent, `{"input":{"agentId":"opencode","instruction":"do it","sandboxId":"sbx_1","passAtK":1,"config":{"a":[1,{"b":null}]}}}`},
 		{gfAgent, `{"input":{"agentId":"opencode","instruction":"x","sandboxId":"sbx_1","passAtK":0}}`},
 		{gfAgent, `{"input":{"agentId":"opencode","instruction":"x","sandboxId":"sbx_1","config":null}}`},
@@ -76,6 +77,11 @@ func FuzzGraphQLInputs(f *testing.F) {
 		{gfRead, `{"id":"sbx_1","path":"a","max":10485761}`},
 		{gfRead, `{"id":"sbx_1","path":"a","max":0}`},
 		{gfRead, `{"id":"sbx_1","path":"a","max":9223372036854775807}`},
+		{gfCreate, `{"input":{"labels":[{"key":"team","value":"ml"},{"key":"team","value":"x"}]}}`},
+		{gfList, `{"labels":[{"key":"team","value":"ml"},{"key":"sandboxd.io/x","value":""}]}`},
+		{gfUpdate, `{"id":"sbx_1","input":{"labels":[{"key":"team","value":"ml"},{"key":"old","value":null}],"clearLabels":true,"autostopSec":60,"ttlSec":7200}}`},
+		{gfUpdate, `{"id":"sbx_1","input":{"labels":[{"key":"a","value":"1"},{"key":"a","value":null}]}}`},
+		{gfUpdate, `{"id":"sbx_1","input":{"labels":null,"ttlSec":null}}`},
 		{gfStdin, `{"id":"exec_1","data":"ls\n"}`},
 		{gfStdin, `{"id":"exec_1","b64":"bHMK","close":true}`},
 		{gfStdin, `{"id":"exec_1","data":"a","b64":"bHMK"}`},
@@ -114,7 +120,8 @@ func FuzzGraphQLInputs(f *testing.F) {
 		vars := map[uint8]string{gfCreate: `{"input":{}}`, gfExec: `{"id":"s","input":{"command":["x"]}}`,
 			gfWrite: `{"id":"s","path":"p","content":""}`, gfAgent: `{"input":{"agentId":"a","instruction":"i","sandboxId":"s"}}`,
 			gfList: `{}`, gfListFiles: `{"id":"s"}`, gfSnapshots: `{}`, gfRead: `{"id":"s","path":"p"}`,
-			gfStdin: `{"id":"e"}`, gfExecs: `{"id":"s"}`}[uint8(op)]
+			gfUpdate: `{"id":"s","input":{"ttlSec":5}}`,
+			gfStdin:  `{"id":"e"}`, gfExecs: `{"id":"s"}`}[uint8(op)]
 		if body := gfPost(f, srv, ctx, doc, []byte(vars)); len(svc.calls) != 1 || len(problems) > 0 {
 			f.Fatalf("operation %d no longer reaches the service: %s %v", op, body, problems)
 		}
@@ -153,6 +160,7 @@ const (
 	gfListFiles
 	gfSnapshots
 	gfRead
+	gfUpdate
 	gfStdin
 	gfExecs
 )
@@ -162,10 +170,11 @@ var gfDocs = []string{
 	gfExec:      `mutation($id: ID!, $input: ExecInput!, $wait: Boolean) { exec(sandboxId: $id, input: $input, wait: $wait) { execId } }`,
 	gfWrite:     `mutation($id: ID!, $path: String!, $content: String, $b64: String, $mode: Int) { writeFile(sandboxId: $id, path: $path, content: $content, contentBase64: $b64, mode: $mode) { path } }`,
 	gfAgent:     `mutation($input: StartAgentRunInput!) { startAgentRun(input: $input) { id } }`,
-	gfList:      `query($first: Int, $after: String, $state: SandboxState) { sandboxes(first: $first, after: $after, state: $state) { pageInfo { hasNextPage } } }`,
+	gfList:      `query($first: Int, $after: String, $state: SandboxState, $labels: [LabelInput!]) { sandboxes(first: $first, after: $after, state: $state, labels: $labels) { pageInfo { hasNextPage } } }`,
 	gfListFiles: `query($id: ID!, $path: String, $first: Int) { listFiles(sandboxId: $id, path: $path, first: $first) { path } }`,
 	gfSnapshots: `query($id: ID, $first: Int) { snapshots(sandboxId: $id, first: $first) { id } }`,
 	gfRead:      `query($id: ID!, $path: String!, $max: Int64) { readFile(sandboxId: $id, path: $path, maxBytes: $max) { path } }`,
+	gfUpdate:    `mutation($id: ID!, $input: UpdateSandboxInput!) { updateSandbox(id: $id, input: $input) { id labels { key value } } }`,
 	gfStdin:     `mutation($id: ID!, $data: String, $b64: String, $close: Boolean) { writeExecStdin(execId: $id, data: $data, dataBase64: $b64, close: $close) { written } }`,
 	gfExecs:     `query($id: ID!, $state: ExecState, $first: Int, $after: String) { execs(sandboxId: $id, state: $state, first: $first, after: $after) { pageInfo { hasNextPage } } }`,
 }
@@ -304,6 +313,48 @@ func gfDirect(t *testing.T, op uint8, v map[string]json.RawMessage) {
 		if err == nil && (n < 1 || n > maxReadFileBytes) {
 			t.Fatalf("readLimit(%v) = %d, want 1 to %d", max, n, maxReadFileBytes)
 		}
+	case gfUpdate:
+		var in model.UpdateSandboxInput
+		if !dec("input", &in) || slices.Contains(in.Labels, nil) {
+			return
+		}
+		req, err := updateRequest(in)
+		gfCheckRefusal(t, err)
+		if err == nil {
+			gfCheckUpdate(t, in, req)
+		}
+	}
+}
+
+// gfCheckUpdate: every label patch entry given is in the patch (a null value a removal), none
+// lost to a duplicate key; clearLabels and the durations as given.
+func gfCheckUpdate(t *testing.T, in model.UpdateSandboxInput, req sandbox.UpdateRequest) {
+	t.Helper()
+	if len(req.Labels) != len(in.Labels) || (in.Labels == nil) != (req.Labels == nil) {
+		t.Fatalf("%d label patches became %d: %v", len(in.Labels), len(req.Labels), req.Labels)
+	}
+	for _, l := range in.Labels {
+		v, ok := req.Labels[l.Key]
+		if !ok || (v == nil) != (l.Value == nil) || (v != nil && *v != *l.Value) {
+			t.Fatalf("label patch %q=%v became %v (present %v)", l.Key, l.Value, v, ok)
+		}
+	}
+	if !gfSameInt(in.AutostopSec, req.AutostopSec) || !gfSameInt(in.TTLSec, req.TTLSec) ||
+		req.ClearLabels != (in.ClearLabels != nil && *in.ClearLabels) {
+		t.Fatalf("updateRequest(%+v) = %+v, want the durations and clearLabels given", in, req)
+	}
+}
+
+// gfCheckLabels: every label given is in the map, none lost to a duplicate key.
+func gfCheckLabels(t *testing.T, in []*model.LabelInput, labels map[string]string) {
+	t.Helper()
+	if len(labels) != len(in) || (in == nil) != (labels == nil) {
+		t.Fatalf("%d labels became %d: %v", len(in), len(labels), labels)
+	}
+	for _, l := range in {
+		if v, ok := labels[l.Key]; !ok || v != l.Value {
+			t.Fatalf("label %q=%q became %q (present %v)", l.Key, l.Value, v, ok)
+		}
 	}
 }
 
@@ -318,6 +369,7 @@ func gfCheckRefusal(t *testing.T, err error) {
 func gfCheckCreate(t *testing.T, in model.CreateSandboxInput, req sandbox.CreateRequest) {
 	t.Helper()
 	gfCheckEnv(t, in.Env, req.Env)
+	gfCheckLabels(t, in.Labels, req.Labels)
 	if !gfSameInt(in.AutostopSec, req.AutostopSec) || !gfSameInt(in.TTLSec, req.TTLSec) || req.Profile != deref(in.Profile) {
 		t.Fatalf("createRequest(%+v) = %+v, want the profile and durations given", in, req)
 	}
@@ -413,6 +465,7 @@ func gfCheckCall(t *testing.T, op uint8, v map[string]json.RawMessage, c gfCall)
 		var m model.CreateSandboxInput
 		if json.Unmarshal(in.Input, &m) == nil {
 			gfCheckEnv(t, m.Env, arg.Env)
+			gfCheckLabels(t, m.Labels, arg.Labels)
 		}
 	case sandbox.ExecRequest:
 		var m model.ExecInput
@@ -432,9 +485,13 @@ func gfCheckCall(t *testing.T, op uint8, v map[string]json.RawMessage, c gfCall)
 		}
 	case gfWriteArgs:
 		var content, b64 *string
-		_ = json.Unmarshal(v["content"], &content)
-		_ = json.Unmarshal(v["b64"], &b64)
-		gfCheckContent(t, content, b64, arg.data)
+		// A variable that is no JSON string (a number, say) was coerced by gqlgen's own String
+		// rule ("0" for 0), which this check does not repeat: it compares strings only.
+		errC := unmarshalPresent(v["content"], &content)
+		errB := unmarshalPresent(v["b64"], &b64)
+		if errC == nil && errB == nil {
+			gfCheckContent(t, content, b64, arg.data)
+		}
 		if arg.mode&^os.ModePerm != 0 {
 			t.Fatalf("mode %s became %o, not permission bits only", v["mode"], arg.mode)
 		}
@@ -446,6 +503,24 @@ func gfCheckCall(t *testing.T, op uint8, v map[string]json.RawMessage, c gfCall)
 	case sandbox.ListOptions:
 		if arg.Limit < 1 || (arg.State != "" && !model.SandboxState(arg.State).IsValid()) {
 			t.Fatalf("the service got %+v, want a positive limit and a schema state", arg)
+		}
+		var labels []*model.LabelInput
+		if json.Unmarshal(v["labels"], &labels) == nil && len(labels) > 0 && !slices.Contains(labels, nil) {
+			for _, l := range labels {
+				if got, ok := arg.Labels[l.Key]; !ok || got != l.Value {
+					t.Fatalf("label filter %q=%q became %q (present %v)", l.Key, l.Value, got, ok)
+				}
+			}
+			if err := sandbox.CheckLabelKey(labels[0].Key); err != nil {
+				t.Fatalf("the service got a filter on %q: %v", labels[0].Key, err)
+			}
+		} else if arg.Labels != nil {
+			t.Fatalf("no label filter sent, the service got %v", arg.Labels)
+		}
+	case sandbox.UpdateRequest:
+		var m model.UpdateSandboxInput
+		if json.Unmarshal(in.Input, &m) == nil {
+			gfCheckUpdate(t, m, arg)
 		}
 	case gfStdinArgs:
 		var data, b64 *string
@@ -541,6 +616,11 @@ func (s *gfService) Destroy(_ context.Context, _ auth.Principal, id string) (san
 	return sandbox.DestroyResult{Sandbox: sandbox.Sandbox{ID: id}}, nil
 }
 
+func (s *gfService) Update(_ context.Context, _ auth.Principal, id string, req sandbox.UpdateRequest) (sandbox.Sandbox, error) {
+	s.record("Update", req)
+	return sandbox.Sandbox{ID: id, State: sandbox.Running, Labels: map[string]string{"a": "1"}}, nil
+}
+
 func (s *gfService) ReadFile(_ context.Context, _ auth.Principal, _, path string, maxBytes int64) ([]byte, sandbox.FileInfo, error) {
 	s.record("ReadFile", gfLimit{path, maxBytes})
 	return nil, sandbox.FileInfo{Path: path}, nil
@@ -633,4 +713,12 @@ func (s *gfService) WriteStdin(_ context.Context, _ auth.Principal, _, _ string,
 
 func (s *gfService) ResizeTty(_ context.Context, _ auth.Principal, _, execID string, size sandbox.TtySize) (sandbox.ExecResult, error) {
 	return sandbox.ExecResult{ExecID: execID, State: sandbox.ExecRunning, Tty: &size}, nil
+}
+
+// unmarshalPresent decodes raw into v when it is present; an absent value leaves v alone.
+func unmarshalPresent(raw json.RawMessage, v any) error {
+	if raw == nil {
+		return nil
+	}
+	return json.Unmarshal(raw, v)
 }

@@ -17,8 +17,9 @@ import (
 //
 //   - Points: every selected field costs 1, times the number of objects it may be selected on.
 //     A list field multiplies its selection by the most items it may return: first for
-//     sandboxes, listFiles, snapshots and execs, the kept maximum for agentRuns. Each mutation and
-//     subscription root field costs mutationPoints more. Each byte field below adds a point
+//     sandboxes, listFiles, snapshots and execs, the kept maximum for agentRuns, limits.max_labels
+//     for a sandbox's labels. Each mutation and subscription root field costs mutationPoints
+//     more. Each byte field below adds a point
 //     per bytesPerPoint bytes.
 //   - Bytes: the most bytes the operation may read into its answer. readFile reserves its
 //     maxBytes (the file cap by default); each output field of ExecResult (stdout, stderr and
@@ -209,6 +210,9 @@ func (b *costBudget) listSize(typeName, field string, args map[string]any) int64
 		return b.listDefaults[typeName+"."+field]
 	case "Query.agentRuns":
 		return agentRunsKept
+	case "Sandbox.labels":
+		// The most labels a sandbox may have (limits.max_labels).
+		return b.listDefaults[typeName+"."+field]
 	}
 	return 1
 }

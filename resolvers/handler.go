@@ -22,6 +22,7 @@ import (
 	"sandboxd/internal/api"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
 )
 
 // HandlerOptions configure NewHandler. Zero values take the defaults.
@@ -51,6 +52,9 @@ type HandlerOptions struct {
 	// OutputFieldBytes is what one exec output field (stdout, stderr, their base64 forms) may
 	// carry: the exec output cap. Default DefaultOutputFieldBytes.
 	OutputFieldBytes int64
+	// MaxLabels is the most labels a sandbox may have (limits.max_labels): the price of a
+	// sandbox's labels as a list. Default sandbox.DefaultLimits().MaxLabels.
+	MaxLabels int
 	// MaxOperationsPerConnection bounds the operations (subscriptions, and queries and mutations
 	// while they run) open at once on one WebSocket. Default DefaultMaxOperationsPerConnection.
 	MaxOperationsPerConnection int
@@ -135,6 +139,9 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	if opts.OutputFieldBytes <= 0 {
 		opts.OutputFieldBytes = DefaultOutputFieldBytes
 	}
+	if opts.MaxLabels <= 0 {
+		opts.MaxLabels = sandbox.DefaultLimits().MaxLabels
+	}
 	if opts.InitTimeout <= 0 {
 		opts.InitTimeout = wsInitTimeout
 	}
@@ -187,7 +194,8 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	}
 	srv.Use(&costBudget{points: int64(opts.ComplexityLimit), readBytes: opts.MaxReadBytes,
 		mutations: opts.MaxMutationFields, fileBytes: maxReadFileBytes, outputBytes: opts.OutputFieldBytes,
-		listDefaults: map[string]int64{"Query.sandboxes": 50, "Query.listFiles": 1000, "Query.snapshots": 50, "Query.execs": 50}})
+		listDefaults: map[string]int64{"Query.sandboxes": 50, "Query.listFiles": 1000, "Query.snapshots": 50, "Query.execs": 50,
+			"Sandbox.labels": int64(opts.MaxLabels)}})
 	srv.AroundOperations(g.chargeWebsocketOperations)
 	srv.AroundOperations(refuseOneShotSubscriptions)
 	srv.AroundFields(codeResolverErrors)

@@ -87,6 +87,23 @@ func (r *mutationResolver) DestroySandbox(ctx context.Context, id string) (*mode
 	return toDestroyPayload(res), nil
 }
 
+// UpdateSandbox is the resolver for the updateSandbox field.
+func (r *mutationResolver) UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req, err := updateRequest(input)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := r.svc.Update(ctx, p, id, req)
+	if err != nil {
+		return nil, err
+	}
+	return toSandbox(sb), nil
+}
+
 // SnapshotSandbox is the resolver for the snapshotSandbox field.
 func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error) {
 	p, err := auth.Require(ctx)
@@ -220,13 +237,16 @@ func (r *queryResolver) Sandbox(ctx context.Context, id string) (*model.Sandbox,
 }
 
 // Sandboxes is the resolver for the sandboxes field.
-func (r *queryResolver) Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState) (*model.SandboxConnection, error) {
+func (r *queryResolver) Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState, labels []*model.LabelInput) (*model.SandboxConnection, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
 	}
 	opts, err := listOptions(first, after, state)
 	if err != nil {
+		return nil, err
+	}
+	if opts.Labels, err = labelSelector(r.svc.Limits(), labels); err != nil {
 		return nil, err
 	}
 	page, err := r.svc.List(ctx, p, opts)

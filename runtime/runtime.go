@@ -90,6 +90,11 @@ type Record struct {
 	StateChangedAt time.Time `json:"state_changed_at"`
 	// Annotations hold further domain fields; keys and values are short strings.
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// Labels are the caller's labels of the sandbox, in Kubernetes' label syntax (checked by
+	// the domain; none under the service's reserved prefixes). A driver keeps them with the
+	// record and may also put them on the box's objects (the Kubernetes driver labels the
+	// PVC and the pod with them).
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // Box is a record together with what the driver observes of its compute.

@@ -29,6 +29,7 @@ func restVerbs() []restVerb {
 		{"files-upload-put", http.MethodPut, "/files?path=intruder.txt", "intruder\n"},
 		{"files-upload-post", http.MethodPost, "/files?path=intruder.txt", "intruder\n"},
 		{"files-list", http.MethodGet, "/files/list", ""},
+		{"update", http.MethodPatch, "", `{"labels":{"intruder":"yes"},"ttl_sec":60}`},
 	}
 }
 
@@ -103,8 +104,8 @@ func (e *apiEnv) testTenancyREST(t *testing.T) {
 			WantError(t, http.StatusForbidden, "PERMISSION_DENIED")
 	})
 	t.Run("owner-unaffected", func(t *testing.T) {
-		if st := s.Get(t, id, e2e.HdrTenant1).State; st != "RUNNING" {
-			t.Errorf("got state %q, want RUNNING (tenant2's stop and delete did nothing)", st)
+		if sb := s.Get(t, id, e2e.HdrTenant1); sb.State != "RUNNING" || sb.TTLSec == 60 {
+			t.Errorf("got state %q, ttl_sec %d, want RUNNING and the ttl untouched (tenant2's stop, delete and update did nothing)", sb.State, sb.TTLSec)
 		}
 		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/files?path=intruder.txt", nil, e2e.HdrTenant1).
 			WantError(t, http.StatusNotFound, "NOT_FOUND")
@@ -129,6 +130,8 @@ func (e *apiEnv) testTenancyGraphQL(t *testing.T) {
 		{"readFile", gqlRead, map[string]any{"id": id, "path": "notes.txt"}},
 		{"writeFile", gqlWrite, map[string]any{"id": id, "path": "intruder.txt", "content": "intruder"}},
 		{"listFiles", gqlListFiles, map[string]any{"id": id}},
+		{"updateSandbox", `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "intruder", value: "yes"}], ttlSec: 60}) { id } }`,
+			map[string]any{"id": id}},
 	}
 	for _, op := range ops {
 		t.Run("tenant2-"+op.name, func(t *testing.T) {

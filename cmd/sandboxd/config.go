@@ -458,10 +458,11 @@ func (c *Config) sandboxConfig() sandbox.Config {
 }
 
 // graphqlOptions are the GraphQL handler's options from the config: the graphql section's,
-// with the exec output cap of the limits.
+// with the exec output cap and the label limit of the limits.
 func (c *Config) graphqlOptions() resolvers.HandlerOptions {
 	o := c.GraphQL.HandlerOptions()
 	o.OutputFieldBytes = int64(c.Limits.ExecMaxOutputBytes)
+	o.MaxLabels = c.Limits.MaxLabels
 	return o
 }
 

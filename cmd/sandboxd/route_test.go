@@ -41,6 +41,7 @@ func TestRouteLabels(t *testing.T) {
 		{"DELETE", v1 + "/snapshots/snap_1", v1 + "/snapshots/{snapshot_id}", true},
 		{"GET", v1 + "/sbx_1", v1 + "/{id}", true},
 		{"DELETE", v1 + "/sbx_1", v1 + "/{id}", true},
+		{"PATCH", v1 + "/sbx_1", v1 + "/{id}", true},
 		{"POST", v1 + "/sbx_1/exec", v1 + "/{id}/exec", true},
 		{"GET", v1 + "/sbx_1/execs/exec_1", v1 + "/{id}/execs/{exec_id}", true},
 		{"GET", v1 + "/sbx_1/execs/exec_1/output", v1 + "/{id}/execs/{exec_id}/output", true},
@@ -73,7 +74,7 @@ func TestRouteLabels(t *testing.T) {
 		{"GET", v1 + "//sbx_1", "other", false}, // the server's mux redirects to the clean path
 		// A method that no route of a path takes is answered by a catch-all: "other". So is
 		// a CORS preflight of a REST path (no REST route takes OPTIONS), not one of /graphql.
-		{"PATCH", v1 + "/sbx_1", "other", false},
+		{"PUT", v1 + "/sbx_1", "other", false},
 		{"POST", "/healthz", "other", false},
 		{"OPTIONS", v1 + "/sbx_1", "other", false},
 		{"OPTIONS", "/graphql", "/graphql", false},

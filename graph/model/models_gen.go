@@ -70,6 +70,8 @@ type CreateSandboxInput struct {
 	Env []*EnvVarInput `json:"env,omitempty"`
 	// Where the workspace comes from, fetched once before the sandbox is RUNNING; null means an empty workspace.
 	Source *SandboxSourceInput `json:"source,omitempty"`
+	// Labels of the sandbox, each key at most once; at most the configured number (32 by default).
+	Labels []*LabelInput `json:"labels,omitempty"`
 }
 
 // What destroySandbox did.
@@ -236,6 +238,30 @@ type FileListing struct {
 	Truncated bool `json:"truncated"`
 }
 
+// A label of a sandbox: a key/value tag in Kubernetes' label syntax.
+type Label struct {
+	// The key: an optional DNS subdomain prefix and "/", then a name of at most 63 characters of [A-Za-z0-9._-] that starts and ends alphanumeric.
+	Key string `json:"key"`
+	// The value: at most 63 such characters, or empty.
+	Value string `json:"value"`
+}
+
+// A label to set, or to filter on.
+type LabelInput struct {
+	// The key (see Label.key). Keys under sandboxd.io/, kubernetes.io/, k8s.io/ (and their subdomains) are reserved: INVALID_ARGUMENT.
+	Key string `json:"key"`
+	// The value (see Label.value).
+	Value string `json:"value"`
+}
+
+// One entry of a label merge patch (updateSandbox).
+type LabelPatchInput struct {
+	// The key (see LabelInput.key).
+	Key string `json:"key"`
+	// The new value; null removes the label.
+	Value *string `json:"value,omitempty"`
+}
+
 // Changing sandboxes: lifecycle, commands and files.
 type Mutation struct {
 }
@@ -248,7 +274,7 @@ type PageInfo struct {
 	HasPreviousPage bool `json:"hasPreviousPage"`
 	// The cursor of the first edge; null on an empty page.
 	StartCursor *string `json:"startCursor,omitempty"`
-	// Pass as after to get the next page; null on an empty page.
+	// Pass as after to get the next page; null on an empty last page. (A filtered page may hold fewer than first sandboxes, even none, and still have a next page.)
 	EndCursor *string `json:"endCursor,omitempty"`
 }
 
@@ -326,6 +352,8 @@ type Sandbox struct {
 	Resources *Resources `json:"resources"`
 	// The network policy (e.g. "none").
 	Network string `json:"network"`
+	// The caller's labels of the sandbox, sorted by key; empty when it has none. Each costs like an item of a list of the configured maximum (32 by default).
+	Labels []*Label `json:"labels"`
 }
 
 // A page of sandboxes (Relay cursor connection).
@@ -351,7 +379,7 @@ type SandboxEdge struct {
 type SandboxEvent struct {
 	// Orders events; pass the last one seen as after to resume.
 	Cursor string `json:"cursor"`
-	// The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, or BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is).
+	// The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is), or SANDBOX_UPDATED (updateSandbox changed it: reason names the fields changed, comma-separated: labels, autostop_sec, ttl_sec).
 	Type string `json:"type"`
 	// The sandbox the event is about.
 	SandboxID string `json:"sandboxId"`
@@ -442,6 +470,18 @@ type TtySizeInput struct {
 	Rows int `json:"rows"`
 	// Columns, 1 to 1000.
 	Cols int `json:"cols"`
+}
+
+// What updateSandbox changes; null fields are left as they are, and at least one must be set.
+type UpdateSandboxInput struct {
+	// Labels to set (with a value) or remove (value null); each key at most once. The resulting set is bounded as at create.
+	Labels []*LabelPatchInput `json:"labels,omitempty"`
+	// Removes every label before labels is applied.
+	ClearLabels *bool `json:"clearLabels,omitempty"`
+	// Seconds of inactivity before the sandbox stops by itself, within the configured bounds.
+	AutostopSec *int `json:"autostopSec,omitempty"`
+	// Seconds after creation at which the sandbox expires, within the configured bounds; its expiry must stay after now.
+	TTLSec *int `json:"ttlSec,omitempty"`
 }
 
 // What an AgentRunEvent carries.

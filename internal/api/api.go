@@ -26,6 +26,8 @@ type Service interface {
 	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
+	// Update changes a sandbox's labels (a merge patch), autostop_sec and ttl_sec.
+	Update(ctx context.Context, p auth.Principal, id string, req sandbox.UpdateRequest) (sandbox.Sandbox, error)
 	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
 	// project. The channel closes when ctx ends.
 	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)

@@ -72,6 +72,15 @@ func FuzzRESTDecode(f *testing.F) {
 		{fzUpload, "path=a.txt&mode=40000000000", ""},
 		{fzListSnapshots, "limit=3", ""},
 		{fzDownload, "path=../../etc/passwd", ""},
+		{fzCreate, "", `{"labels":{"team":"ml","example.com/tier":"gold"}}`},
+		{fzList, "label=team=ml&label=tier=", ""},
+		{fzList, "label=team", ""},
+		{fzUpdate, "", `{"labels":{"team":"ml","old":null},"autostop_sec":60,"ttl_sec":7200}`},
+		{fzUpdate, "", `{"labels":null}`},
+		{fzUpdate, "", `{"labels":{"a":1}}`},
+		{fzUpdate, "", `{"labels":["a"]}`},
+		{fzUpdate, "", `{"Labels":{"a":"1"},"labels":null}`},
+		{fzUpdate, "", `{"state":"RUNNING"}`},
 		{fzListExecs, "state=RUNNING&limit=2&cursor=exec_1", ""},
 		{fzListExecs, "limit=x", ""},
 		{fzSignal, "", `{"signal":"SIGTERM"}`},
@@ -131,6 +140,7 @@ const (
 	fzListSnapshots
 	fzDownload
 	fzStart
+	fzUpdate
 	fzListExecs
 	fzSignal
 	fzStdin
@@ -156,6 +166,7 @@ var fzEndpoints = []fzEndpoint{
 	fzListSnapshots: {"list-snapshots", "GET", Prefix + "/sbx_1/snapshots", "ListSnapshots", fzCheckListSnapshots},
 	fzDownload:      {"download", "GET", Prefix + "/sbx_1/files", "OpenFile", fzCheckDownload},
 	fzStart:         {"start", "POST", Prefix + "/sbx_1/start", "Start", fzCheckEmpty},
+	fzUpdate:        {"update", "PATCH", Prefix + "/sbx_1", "Update", fzCheckUpdate},
 	fzListExecs:     {"list-execs", "GET", Prefix + "/sbx_1/execs", "ListExecs", fzCheckListExecs},
 	fzSignal:        {"signal", "POST", Prefix + "/sbx_1/execs/exec_1/signal", "SignalExec", fzCheckSignal},
 	fzStdin:         {"stdin", "POST", Prefix + "/sbx_1/execs/exec_1/stdin", "WriteStdin", fzCheckStdin},
@@ -268,6 +279,7 @@ func fzCheckCreate(t *testing.T, c fzCall, _ map[string][]string, body []byte) {
 	fzWant(t, "profile", o.get("profile"), req.Profile)
 	fzWant(t, "autostop_sec", o.get("autostop_sec"), req.AutostopSec)
 	fzWant(t, "ttl_sec", o.get("ttl_sec"), req.TTLSec)
+	fzWant(t, "labels", o.get("labels"), req.Labels)
 	if (o.get("source") == nil) != (req.Source == nil) {
 		t.Fatalf("source: sent %s, the service got %+v", o.get("source"), req.Source)
 	}
@@ -387,6 +399,61 @@ func fzCheckList(t *testing.T, c fzCall, q map[string][]string, _ []byte) {
 	fzLimit(t, q, opts.Limit)
 	if want := sandbox.State(strings.ToUpper(fzFirst(q, "state"))); opts.State != want || opts.After != fzFirst(q, "cursor") {
 		t.Fatalf("got %+v for the query %v", opts, q)
+	}
+	// Every label=key=value term, and nothing else, is in the filter.
+	want := map[string]string{}
+	for _, term := range q["label"] {
+		k, v, ok := strings.Cut(term, "=")
+		if !ok {
+			t.Fatalf("accepted the label filter %q, which is not key=value", term)
+		}
+		if w, dup := want[k]; dup && w != v {
+			t.Fatalf("accepted label %q filtered on with two values", k)
+		}
+		want[k] = v
+	}
+	if len(want) == 0 {
+		want = nil
+	}
+	fzWant(t, "labels", mustJSON(t, want), opts.Labels)
+}
+
+func mustJSON(t *testing.T, v any) json.RawMessage {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fzCheckUpdate: the merge patch as sent: autostop_sec and ttl_sec, the labels object with its
+// nulls, and "labels": null as ClearLabels.
+func fzCheckUpdate(t *testing.T, c fzCall, _ map[string][]string, body []byte) {
+	o := fzBodyObject(t, body)
+	req := c.arg.(sandbox.UpdateRequest)
+	fzWant(t, "autostop_sec", o.get("autostop_sec"), req.AutostopSec)
+	fzWant(t, "ttl_sec", o.get("ttl_sec"), req.TTLSec)
+	var raw json.RawMessage
+	for _, m := range o {
+		if strings.EqualFold(m.key, "labels") {
+			raw = m.val
+		}
+	}
+	switch {
+	case raw == nil:
+		if req.Labels != nil || req.ClearLabels {
+			t.Fatalf("labels not sent: the service got %v (clear %v)", req.Labels, req.ClearLabels)
+		}
+	case string(raw) == "null":
+		if !req.ClearLabels || len(req.Labels) != 0 {
+			t.Fatalf("labels null: the service got %v (clear %v), want every label cleared", req.Labels, req.ClearLabels)
+		}
+	default:
+		if req.ClearLabels || req.Labels == nil {
+			t.Fatalf("labels %s: the service got %v (clear %v)", raw, req.Labels, req.ClearLabels)
+		}
+		fzWant(t, "labels", raw, req.Labels)
 	}
 }
 
@@ -523,6 +590,11 @@ func (s *fzService) Start(_ context.Context, _ auth.Principal, id string) (sandb
 func (s *fzService) Destroy(_ context.Context, _ auth.Principal, id string) (sandbox.DestroyResult, error) {
 	s.record("Destroy", id)
 	return sandbox.DestroyResult{}, nil
+}
+
+func (s *fzService) Update(_ context.Context, _ auth.Principal, id string, req sandbox.UpdateRequest) (sandbox.Sandbox, error) {
+	s.record("Update", req)
+	return sandbox.Sandbox{ID: id}, nil
 }
 
 func (s *fzService) Exec(_ context.Context, _ auth.Principal, _ string, req sandbox.ExecRequest) (sandbox.ExecResult, error) {

@@ -67,6 +67,7 @@ func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown 
 	route("DELETE "+Prefix+"/snapshots/{snapshot_id}", h.deleteSnapshot)
 	route("GET "+Prefix+"/{id}", h.get)
 	route("DELETE "+Prefix+"/{id}", h.destroy)
+	route("PATCH "+Prefix+"/{id}", h.update)
 	route("POST "+Prefix+"/{id}/exec", h.exec)
 	route("GET "+Prefix+"/{id}/execs/{exec_id}", h.execStatus)
 	route("GET "+Prefix+"/{id}/execs/{exec_id}/output", h.execOutput)
@@ -155,6 +156,7 @@ type createBody struct {
 	TTLSec      *int64            `json:"ttl_sec"`
 	Env         map[string]string `json:"env"`
 	Source      *sourceBody       `json:"source"`
+	Labels      map[string]string `json:"labels"`
 }
 
 // sourceBody is where a new sandbox's workspace comes from: exactly one field.
@@ -165,7 +167,7 @@ type sourceBody struct {
 }
 
 func (b createBody) request() sandbox.CreateRequest {
-	req := sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env}
+	req := sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env, Labels: b.Labels}
 	if b.Source != nil {
 		req.Source = &sandbox.Source{SnapshotID: b.Source.SnapshotID, ArchiveURL: b.Source.ArchiveURL, GCSPrefix: b.Source.GCSPrefix}
 	}
@@ -195,6 +197,14 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		opts.Limit = n
+	}
+	if terms := q["label"]; len(terms) > 0 {
+		sel, err := labelSelector(h.svc.Limits(), terms)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		opts.Labels = sel
 	}
 	page, err := h.svc.List(r.Context(), principal(r), opts)
 	if err != nil {
@@ -360,13 +370,19 @@ type sandboxOut struct {
 	LatestSnapshotID string       `json:"latest_snapshot_id,omitempty"`
 	Resources        resourcesOut `json:"resources"`
 	Network          string       `json:"network"`
+	// Labels is always an object ({} for none).
+	Labels map[string]string `json:"labels"`
 }
 
 func sandboxJSON(sb sandbox.Sandbox) sandboxOut {
 	out := sandboxOut{SandboxID: sb.ID, TenantID: sb.Tenant, ProjectID: sb.Project, Profile: sb.Profile,
 		State: string(sb.State), StateReason: sb.StateReason, CreatedAt: sb.CreatedAt, StateChangedAt: sb.StateChangedAt,
 		AutostopSec: sb.AutostopSec, TTLSec: sb.TTLSec, LatestSnapshotID: sb.LatestSnapshotID,
-		Resources: resourcesOut{MilliCPU: sb.MilliCPU, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, Network: sb.Network}
+		Resources: resourcesOut{MilliCPU: sb.MilliCPU, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, Network: sb.Network,
+		Labels: sb.Labels}
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
 	if t := sb.ExpiresAt(); !t.IsZero() {
 		out.ExpiresAt = &t
 	}

@@ -41,7 +41,7 @@ func TestRecordRoute(t *testing.T) {
 	for _, tt := range []struct{ method, path string }{
 		{http.MethodGet, Prefix + "/id_123/nothing"},
 		{http.MethodGet, Prefix + "/snapshots/snap_1/x"},
-		{http.MethodPatch, Prefix + "/id_123"},
+		{http.MethodPatch, Prefix + "/id_123/stop"},
 		{http.MethodPut, Prefix},
 		{http.MethodGet, Prefix + "/"},
 		{http.MethodGet, AgentPrefix + "/runsx"},

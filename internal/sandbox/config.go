@@ -58,6 +58,10 @@ type Limits struct {
 	// its agent config (JSON); beyond them a start answers PAYLOAD_TOO_LARGE.
 	AgentMaxInstructionBytes int `json:"agent_max_instruction_bytes"`
 	AgentMaxConfigBytes      int `json:"agent_max_config_bytes"`
+
+	// MaxLabels bounds the labels of one sandbox (and the terms of one label filter); each
+	// label's size is Kubernetes' (labels.go).
+	MaxLabels int `json:"max_labels"`
 }
 
 // DefaultLimits are the limits when config says nothing.
@@ -70,6 +74,7 @@ func DefaultLimits() Limits {
 		ExecMaxStdinBytes: 4 << 20, ExecMaxEnv: 256,
 		MaxFileBytes: 100 << 20, MaxPathBytes: 4096, MaxListEntries: 10000, MaxPageSize: 500,
 		AgentMaxInstructionBytes: 256 << 10, AgentMaxConfigBytes: 64 << 10,
+		MaxLabels: 32,
 	}
 }
 
@@ -161,6 +166,12 @@ func (c *Config) validate() error {
 	}
 	if l.AgentMaxConfigBytes <= 0 {
 		l.AgentMaxConfigBytes = DefaultLimits().AgentMaxConfigBytes
+	}
+	if l.MaxLabels <= 0 {
+		l.MaxLabels = DefaultLimits().MaxLabels
+	}
+	if l.MaxLabels > maxLabelsCap {
+		return fmt.Errorf("sandbox config: max labels must be at most %d (a sandbox's labels must fit its Kubernetes objects' metadata), got %d", maxLabelsCap, l.MaxLabels)
 	}
 	if err := validateAgents(c.Agents, l); err != nil {
 		return err

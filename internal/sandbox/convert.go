@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"maps"
+
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/store"
 	"sandboxd/runtime"
@@ -8,7 +10,7 @@ import (
 
 func entryOf(rec runtime.Record) store.Entry {
 	return store.Entry{ID: rec.ID, Tenant: rec.Tenant, Project: rec.Project, State: rec.State,
-		Profile: rec.Spec.Profile, CreatedAt: rec.CreatedAt}
+		Profile: rec.Spec.Profile, CreatedAt: rec.CreatedAt, Labels: rec.Labels}
 }
 
 // EntryOf converts a runtime box to its lookup entry (the store's rebuild source).
@@ -22,5 +24,6 @@ func toSandbox(rec runtime.Record) Sandbox {
 	return Sandbox{ID: rec.ID, Tenant: rec.Tenant, Project: rec.Project, Profile: rec.Spec.Profile,
 		State: State(rec.State), StateReason: rec.StateReason, CreatedAt: rec.CreatedAt, StateChangedAt: rec.StateChangedAt,
 		AutostopSec: rec.AutostopSec, TTLSec: rec.TTLSec, LatestSnapshotID: rec.LatestCheckpoint,
-		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network)}
+		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network),
+		Labels: maps.Clone(rec.Labels)}
 }

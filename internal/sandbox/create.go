@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"time"
 
@@ -50,7 +51,10 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		Spec: runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
 			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: network(prof.Network), Env: env},
 		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
-		CreatedAt: now, StateChangedAt: now,
+		CreatedAt: now, StateChangedAt: now, Labels: maps.Clone(req.Labels),
+	}
+	if len(rec.Labels) == 0 {
+		rec.Labels = nil
 	}
 	if src.key != "" {
 		// Recorded before the box exists, so that a reconciler finishing this create fills
@@ -128,6 +132,9 @@ func (s *Service) validateCreate(req CreateRequest) (ProfileConfig, int64, int64
 		return prof, 0, 0, err
 	}
 	if err := s.cfg.Limits.CheckEnv(req.Env); err != nil {
+		return prof, 0, 0, err
+	}
+	if err := s.cfg.Limits.CheckLabels(req.Labels); err != nil {
 		return prof, 0, 0, err
 	}
 	return prof, autostop, ttl, nil

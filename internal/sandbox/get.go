@@ -6,6 +6,7 @@ import (
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/store"
 	"sandboxd/runtime"
 )
 
@@ -35,11 +36,24 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 			return Page{}, err
 		}
 	}
+	if len(opts.Labels) > 0 {
+		if err := s.checkSelector(opts.Labels); err != nil {
+			return Page{}, err
+		}
+	}
+	// hinted reports whether the lookup's cached state and labels may match the filters; the
+	// record (read only for those) decides.
+	hinted := func(e store.Entry) bool {
+		return State(e.State) != Destroyed && (opts.State == "" || State(e.State) == opts.State) && matchLabels(e.Labels, opts.Labels)
+	}
 	var page Page
 	after := opts.After
-	// Read the index in batches until the page is full; with a state filter this may take
-	// several batches, bounded so one call never scans a whole huge project.
-	for scanned := 0; len(page.Sandboxes) < limit && scanned < 20*limit+1000; {
+	// Read the index in batches until the page is full and one more entry may match (then
+	// another page follows), or the index ends (then none does). With filters this may take
+	// several batches, bounded so one call never scans a whole huge project: a call that stops
+	// early answers what it found and a cursor after the last entry it scanned, which may be
+	// short of a full page (even empty), never the last page by mistake.
+	for scanned, budget := 0, 20*limit+1000; ; {
 		batch := limit + 1
 		entries, err := s.store.List(ctx, p.Tenant, p.Project, after, batch)
 		if err != nil {
@@ -47,35 +61,48 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 		}
 		scanned += len(entries)
 		for _, e := range entries {
-			after = e.ID
-			if State(e.State) == Destroyed || (opts.State != "" && State(e.State) != opts.State) {
+			if !hinted(e) {
+				after = e.ID
 				continue
 			}
 			if len(page.Sandboxes) == limit {
-				page.NextCursor = page.Sandboxes[limit-1].ID
+				// The page is full and this entry may be on the next one.
+				page.NextCursor = after
 				s.withActivities(ctx, page.Sandboxes)
 				return page, nil
 			}
-			rec, err := s.driver.Get(ctx, e.ID)
+			after = e.ID
+			box, err := s.driver.Get(ctx, e.ID)
 			if errors.Is(err, runtime.ErrNotFound) {
 				continue
 			}
 			if err != nil {
 				return Page{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
 			}
-			sb := toSandbox(s.Observe(ctx, rec))
-			if opts.State != "" && sb.State != opts.State {
+			sb := toSandbox(s.Observe(ctx, box))
+			if sb.State == Destroyed || (opts.State != "" && sb.State != opts.State) || !matchLabels(sb.Labels, opts.Labels) {
 				continue
 			}
 			page.Sandboxes = append(page.Sandboxes, sb)
 		}
 		if len(entries) < batch {
+			break // the index ends here: this is the last page
+		}
+		if scanned >= budget {
+			page.NextCursor = after
 			break
 		}
 	}
-	if len(page.Sandboxes) == limit && after != page.Sandboxes[limit-1].ID {
-		page.NextCursor = page.Sandboxes[limit-1].ID
-	}
 	s.withActivities(ctx, page.Sandboxes)
 	return page, nil
+}
+
+// checkSelector checks a label filter that did not come through Limits.Selector.
+func (s *Service) checkSelector(sel map[string]string) error {
+	terms := make([]Label, 0, len(sel))
+	for k, v := range sel {
+		terms = append(terms, Label{Key: k, Value: v})
+	}
+	_, err := s.cfg.Limits.Selector(terms)
+	return err
 }

@@ -49,10 +49,13 @@ const (
 	VerbDestroy Verb = "destroy"
 	// VerbSnapshot checkpoints a running sandbox's workspace without stopping it.
 	VerbSnapshot Verb = "snapshot"
+	// VerbUpdate changes a sandbox's labels, autostop_sec or ttl_sec; it keeps the state and
+	// holds the sandbox's operation lock while it writes the record.
+	VerbUpdate Verb = "update"
 )
 
 // Verbs lists every verb.
-var Verbs = []Verb{VerbGet, VerbExec, VerbFiles, VerbStop, VerbStart, VerbDestroy, VerbSnapshot}
+var Verbs = []Verb{VerbGet, VerbExec, VerbFiles, VerbStop, VerbStart, VerbDestroy, VerbSnapshot, VerbUpdate}
 
 // rule is what one verb does in one state.
 type rule int
@@ -71,17 +74,18 @@ const (
 // transitions is the one table of what each verb may do in each state. Stateful verbs move
 // through a transient state to their target: stop RUNNING|FAILED → STOPPING → STOPPED,
 // start STOPPED|FAILED → STARTING → RUNNING, destroy → DESTROYING → DESTROYED. Snapshot keeps
-// the state (RUNNING) and holds the sandbox's operation lock while it checkpoints.
+// the state (RUNNING) and holds the sandbox's operation lock while it checkpoints; so does
+// update, in any state that is not in flight or final (EXPIRED is only destroyed).
 var transitions = map[State]map[Verb]rule{
-	Creating:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-	Running:    {VerbGet: allow, VerbExec: allow, VerbFiles: allow, VerbStop: allow, VerbStart: reject, VerbDestroy: allow, VerbSnapshot: allow},
-	Stopping:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-	Stopped:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: allow, VerbDestroy: allow, VerbSnapshot: reject},
-	Starting:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-	Destroying: {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-	Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone},
-	Failed:     {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: allow, VerbStart: allow, VerbDestroy: allow, VerbSnapshot: reject},
-	Expired:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: reject, VerbDestroy: allow, VerbSnapshot: reject},
+	Creating:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+	Running:    {VerbGet: allow, VerbExec: allow, VerbFiles: allow, VerbStop: allow, VerbStart: reject, VerbDestroy: allow, VerbSnapshot: allow, VerbUpdate: allow},
+	Stopping:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+	Stopped:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: allow, VerbDestroy: allow, VerbSnapshot: reject, VerbUpdate: allow},
+	Starting:   {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+	Destroying: {VerbGet: allow, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+	Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone, VerbUpdate: gone},
+	Failed:     {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: allow, VerbStart: allow, VerbDestroy: allow, VerbSnapshot: reject, VerbUpdate: allow},
+	Expired:    {VerbGet: allow, VerbExec: reject, VerbFiles: reject, VerbStop: reject, VerbStart: reject, VerbDestroy: allow, VerbSnapshot: reject, VerbUpdate: reject},
 }
 
 // busyRetryAfter is the Retry-After of a verb refused because a transition is in flight.
@@ -126,6 +130,8 @@ func hint(state State, verb Verb) string {
 		return " (start it again, or destroy it)"
 	case state == Stopped && verb == VerbSnapshot:
 		return " (its latest snapshot already holds the workspace)"
+	case state == Expired && verb == VerbUpdate:
+		return " (its TTL ended: it can only be destroyed)"
 	}
 	return ""
 }

@@ -22,15 +22,15 @@ func TestCheckEveryStateAndVerb(t *testing.T) {
 	yes := want{ok, false}
 	gone := want{nf, false}
 	table := map[State]map[Verb]want{
-		Creating:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-		Running:    {VerbGet: yes, VerbExec: yes, VerbFiles: yes, VerbStop: yes, VerbStart: no, VerbDestroy: yes, VerbSnapshot: yes},
-		Stopping:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-		Stopped:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no},
-		Starting:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-		Destroying: {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy},
-		Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone},
-		Failed:     {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: yes, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no},
-		Expired:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: no, VerbDestroy: yes, VerbSnapshot: no},
+		Creating:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+		Running:    {VerbGet: yes, VerbExec: yes, VerbFiles: yes, VerbStop: yes, VerbStart: no, VerbDestroy: yes, VerbSnapshot: yes, VerbUpdate: yes},
+		Stopping:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+		Stopped:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes},
+		Starting:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+		Destroying: {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
+		Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone, VerbUpdate: gone},
+		Failed:     {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: yes, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes},
+		Expired:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: no, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: no},
 	}
 	if len(table) != len(States) {
 		t.Fatalf("the test covers %d states, the service has %d", len(table), len(States))
@@ -77,6 +77,7 @@ func TestTransientStates(t *testing.T) {
 		{VerbFiles, "", "", false},
 		{VerbGet, "", "", false},
 		{VerbSnapshot, "", "", false},
+		{VerbUpdate, "", "", false},
 	}
 	for _, tt := range tests {
 		tr, tg, ok := tt.verb.transient()

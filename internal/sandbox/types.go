@@ -24,6 +24,8 @@ type Sandbox struct {
 	MemoryBytes      int64
 	DiskBytes        int64
 	Network          string
+	// Labels are the caller's labels (labels.go); nil when it has none.
+	Labels map[string]string
 }
 
 // ExpiresAt is when the sandbox's TTL ends (zero when it has none).
@@ -37,6 +39,23 @@ type CreateRequest struct {
 	Env         map[string]string
 	// Source, when set, bootstraps the workspace once, before the sandbox is RUNNING.
 	Source *Source
+	// Labels tag the sandbox (labels.go): at most Limits.MaxLabels, none reserved.
+	Labels map[string]string
+}
+
+// UpdateRequest changes an existing sandbox. Nil fields are left as they are; at least one
+// must be set.
+type UpdateRequest struct {
+	// Labels is a JSON merge patch of the sandbox's labels: a key with a value sets that
+	// label, a key with nil removes it, labels it does not name are kept.
+	Labels map[string]*string
+	// ClearLabels removes every label before Labels is applied (the merge patch's
+	// "labels": null).
+	ClearLabels bool
+	// AutostopSec and TTLSec replace the sandbox's, within the same bounds as at create;
+	// ttl_sec still counts from the creation, and may not end the sandbox's life before now.
+	AutostopSec *int64
+	TTLSec      *int64
 }
 
 // Source is where a new sandbox's workspace comes from. Exactly one field is set.
@@ -210,6 +229,9 @@ type ListOptions struct {
 	After string
 	// Limit is the page size (default 50, at most 500).
 	Limit int
+	// Labels, when not empty, keeps only sandboxes that have every one of these labels with
+	// its value (Limits.Selector builds it).
+	Labels map[string]string
 }
 
 // Page is one page of sandboxes.
@@ -277,4 +299,7 @@ const (
 	// prefix (at most about once a second, and once when it begins): Reason is its
 	// state_reason, BytesRead how far it is.
 	EventBootstrapProgress = "BOOTSTRAP_PROGRESS"
+	// EventUpdated says that an Update changed the sandbox: Reason names the fields it
+	// changed ("labels", "autostop_sec", "ttl_sec", comma-separated); State is its state.
+	EventUpdated = "SANDBOX_UPDATED"
 )

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -34,6 +35,8 @@ type Entry struct {
 	State     string
 	Profile   string
 	CreatedAt time.Time
+	// Labels are the sandbox's labels, a hint for filtering lists (the record has the truth).
+	Labels map[string]string
 }
 
 // Source lists the runtime truth the lookup is rebuilt from.
@@ -66,8 +69,17 @@ func indexKey(tenant, project string) string { return "sbx:{" + tenant + ":" + p
 func (e Entry) fields() map[string]any {
 	return map[string]any{
 		"tenant": e.Tenant, "project": e.Project, "state": e.State, "profile": e.Profile,
-		"created_at": strconv.FormatInt(e.CreatedAt.UnixMilli(), 10),
+		"created_at": strconv.FormatInt(e.CreatedAt.UnixMilli(), 10), "labels": encodeLabels(e.Labels),
 	}
+}
+
+// encodeLabels is the entry's labels field: a JSON object, "" for none.
+func encodeLabels(labels map[string]string) string {
+	if len(labels) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(labels) // a map of strings always encodes
+	return string(b)
 }
 
 func parseEntry(id string, m map[string]string) (Entry, bool) {
@@ -75,8 +87,13 @@ func parseEntry(id string, m map[string]string) (Entry, bool) {
 		return Entry{}, false
 	}
 	ms, _ := strconv.ParseInt(m["created_at"], 10, 64)
-	return Entry{ID: id, Tenant: m["tenant"], Project: m["project"], State: m["state"], Profile: m["profile"],
-		CreatedAt: time.UnixMilli(ms).UTC()}, true
+	e := Entry{ID: id, Tenant: m["tenant"], Project: m["project"], State: m["state"], Profile: m["profile"],
+		CreatedAt: time.UnixMilli(ms).UTC()}
+	if v := m["labels"]; v != "" {
+		// A hint: one that does not decode is none, and the record decides.
+		_ = json.Unmarshal([]byte(v), &e.Labels)
+	}
+	return e, true
 }
 
 // Put stores or replaces an entry and indexes it under its project.
@@ -107,6 +124,26 @@ func (s *Store) SetState(ctx context.Context, id, state string) error {
 	}
 	return nil
 }
+
+// SetLabels updates the labels hint of an existing entry.
+func (s *Store) SetLabels(ctx context.Context, id string, labels map[string]string) error {
+	n, err := setFieldScript.Run(ctx, s.rdb, []string{entryKey(id)}, "labels", encodeLabels(labels)).Int()
+	if err != nil {
+		return fmt.Errorf("store set labels %s: %w", id, err)
+	}
+	if n == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// setFieldScript sets one field of an existing hash.
+// KEYS[1] entry hash; ARGV[1] the field; ARGV[2] its value. Returns 1 when set, 0 when the
+// entry is missing.
+var setFieldScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1`)
 
 // setStateScript sets field state of an existing hash.
 // KEYS[1] entry hash; ARGV[1] the state. Returns 1 when set, 0 when the entry is missing.

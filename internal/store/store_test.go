@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -42,7 +43,7 @@ func TestPutGetListDelete(t *testing.T) {
 			}
 		}
 		got, err := s.Get(ctx, es[3].ID)
-		if err != nil || got != es[3] {
+		if err != nil || !reflect.DeepEqual(got, es[3]) {
 			t.Fatalf("Get: got %+v, %v, want %+v", got, err, es[3])
 		}
 		// Pages of 3, newest first, no overlap, nothing of the other tenant.
@@ -88,6 +89,46 @@ func TestPutGetListDelete(t *testing.T) {
 }
 
 // TestRebuildAfterFlushAll: the lookup comes back from the runtime's truth after FLUSHALL.
+// TestLabelsHint: an entry keeps its labels (the list filter's hint); SetLabels replaces them
+// on an existing entry only, and a hint that does not decode is none.
+func TestLabelsHint(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		s := New(srv.Client, func(context.Context) ([]Entry, error) { return nil, nil })
+		if err := s.EnsureBuilt(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e := newEntries(1, "t1", "p1")[0]
+		e.Labels = map[string]string{"team": "ml", "example.com/tier": ""}
+		if err := s.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Get(ctx, e.ID); err != nil || !reflect.DeepEqual(got.Labels, e.Labels) {
+			t.Fatalf("Get: got %v, %v, want %v", got.Labels, err, e.Labels)
+		}
+		if err := s.SetLabels(ctx, e.ID, map[string]string{"team": "web"}); err != nil {
+			t.Fatal(err)
+		}
+		page, err := s.List(ctx, "t1", "p1", "", 10)
+		if err != nil || len(page) != 1 || !reflect.DeepEqual(page[0].Labels, map[string]string{"team": "web"}) {
+			t.Fatalf("List after SetLabels: got %+v, %v", page, err)
+		}
+		if err := s.SetLabels(ctx, e.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Get(ctx, e.ID); got.Labels != nil {
+			t.Fatalf("cleared: got %v, want none", got.Labels)
+		}
+		if err := s.SetLabels(ctx, "sbx_"+ulid.Make().String(), map[string]string{"a": "b"}); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("SetLabels of a missing entry: got %v, want ErrNotFound", err)
+		}
+		srv.Client.HSet(ctx, entryKey(e.ID), "labels", "{broken")
+		if got, err := s.Get(ctx, e.ID); err != nil || got.Labels != nil {
+			t.Fatalf("a broken hint: got %v, %v, want no labels", got.Labels, err)
+		}
+	})
+}
+
 func TestRebuildAfterFlushAll(t *testing.T) {
 	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
 		ctx := context.Background()

@@ -48,7 +48,10 @@ const (
 	AnnCreatedAt      = annPrefix + "created-at"
 	AnnStateChangedAt = annPrefix + "state-changed-at"
 	AnnRecordExtra    = annPrefix + "annotations" // JSON of Record.Annotations
-	AnnCompute        = annPrefix + "compute"     // driver-owned: "running" while a pod should exist
+	// AnnLabels is the JSON of Record.Labels, the record's copy of the sandbox's labels (the
+	// truth: the PVC's and pod's labels mirror it, beside the driver's own).
+	AnnLabels  = annPrefix + "labels"
+	AnnCompute = annPrefix + "compute" // driver-owned: "running" while a pod should exist
 	// AnnTampered (driver-owned) says why the box's pod was deleted after its attach channel
 	// was found tampered with: the box is failed (not lost) until it is started again.
 	AnnTampered = annPrefix + "channel-tampered"
@@ -103,15 +106,60 @@ func labelValue(v string) string {
 	return strings.TrimFunc(string(b), func(r rune) bool { return !isAlnum(r) })
 }
 
-// boxLabels are the labels of a box's PVC and pod.
+// boxLabels are the labels of a box's PVC and pod: the record's labels (the caller's, which
+// the domain keeps out of the driver's keys) and the driver's own, which win.
 func boxLabels(rec runtime.Record) map[string]string {
-	return map[string]string{
+	l := make(map[string]string, len(rec.Labels)+5)
+	for k, v := range rec.Labels {
+		if !ownLabel(k) {
+			l[k] = v
+		}
+	}
+	maps.Copy(l, map[string]string{
 		LabelManagedBy: managedBy,
 		LabelSandboxID: rec.ID,
 		LabelTenant:    labelValue(rec.Tenant),
 		LabelProject:   labelValue(rec.Project),
 		LabelProfile:   labelValue(rec.Spec.Profile),
+	})
+	return l
+}
+
+// ownLabel reports a label key that is the driver's own (or Kubernetes'): a record's label
+// with such a key is never put on an object, nor removed from one.
+func ownLabel(k string) bool {
+	prefix, _, ok := strings.Cut(k, "/")
+	if !ok {
+		return false
 	}
+	for _, d := range []string{"sandboxd.io", "kubernetes.io", "k8s.io"} {
+		if prefix == d || strings.HasSuffix(prefix, "."+d) {
+			return true
+		}
+	}
+	return false
+}
+
+// mirrorLabels makes an object's labels (meta) carry the record's labels next: keys of prev
+// (the record's labels before) that next no longer has are removed; the driver's own keys
+// are never touched. It reports whether meta changed.
+func mirrorLabels(meta, prev, next map[string]string) bool {
+	changed := false
+	for k := range prev {
+		if _, keep := next[k]; !keep && !ownLabel(k) {
+			if _, ok := meta[k]; ok {
+				delete(meta, k)
+				changed = true
+			}
+		}
+	}
+	for k, v := range next {
+		if old, ok := meta[k]; !ownLabel(k) && (!ok || old != v) {
+			meta[k] = v
+			changed = true
+		}
+	}
+	return changed
 }
 
 // encodeRecord writes rec into annotations (replacing the record's own keys, keeping others).
@@ -147,6 +195,15 @@ func encodeRecord(ann map[string]string, rec runtime.Record) error {
 		extra = string(b)
 	}
 	set(AnnRecordExtra, extra)
+	labels := ""
+	if len(rec.Labels) > 0 {
+		b, err := json.Marshal(rec.Labels)
+		if err != nil {
+			return err
+		}
+		labels = string(b)
+	}
+	set(AnnLabels, labels)
 	return nil
 }
 
@@ -183,6 +240,11 @@ func decodeRecord(labels, ann map[string]string) (runtime.Record, error) {
 	if v := ann[AnnRecordExtra]; v != "" {
 		if err := json.Unmarshal([]byte(v), &rec.Annotations); err != nil {
 			return rec, fmt.Errorf("annotation %s: %w", AnnRecordExtra, err)
+		}
+	}
+	if v := ann[AnnLabels]; v != "" {
+		if err := json.Unmarshal([]byte(v), &rec.Labels); err != nil {
+			return rec, fmt.Errorf("annotation %s: %w", AnnLabels, err)
 		}
 	}
 	return rec, nil

@@ -24,6 +24,7 @@ func testRecord() runtime.Record {
 		State: "RUNNING", StateReason: "because", DesiredState: "RUNNING", LatestCheckpoint: "ckpt_1",
 		AutostopSec: 1800, TTLSec: 86400, CreatedAt: now, StateChangedAt: now.Add(time.Second),
 		Annotations: map[string]string{"source": "gs://b/p", "odd key/ü": "v"},
+		Labels:      map[string]string{"team": "ml", "example.com/tier": "gold", "empty": ""},
 	}
 }
 
@@ -55,10 +56,13 @@ func TestRecordRoundTrip(t *testing.T) {
 	ann := map[string]string{}
 	rec := testRecord()
 	_ = encodeRecord(ann, rec)
-	rec.StateReason, rec.Annotations = "", nil
+	rec.StateReason, rec.Annotations, rec.Labels = "", nil, nil
 	_ = encodeRecord(ann, rec)
 	if _, ok := ann[AnnStateReason]; ok {
 		t.Errorf("a cleared state reason stayed")
+	}
+	if _, ok := ann[AnnLabels]; ok {
+		t.Errorf("cleared labels stayed")
 	}
 	if _, ok := ann[AnnRecordExtra]; ok {
 		t.Errorf("cleared annotations stayed")
@@ -111,6 +115,52 @@ func TestObjectNameAndLabels(t *testing.T) {
 			t.Errorf("labelValue(%q) = %q is invalid: %v", in, got, errs)
 		}
 	}
+}
+
+// TestBoxLabelsAndMirror: a record's labels go on its objects beside the driver's own, which
+// they never replace or remove; an update mirrors the record's new labels onto an object's,
+// leaving labels it does not own (an operator's) alone.
+func TestBoxLabelsAndMirror(t *testing.T) {
+	rec := testRecord()
+	rec.Labels[LabelSandboxID] = "sbx_forged"
+	rec.Labels["app.kubernetes.io/managed-by"] = "someone"
+	l := boxLabels(rec)
+	if l["team"] != "ml" || l["example.com/tier"] != "gold" || l["empty"] != "" {
+		t.Errorf("the record's labels are missing: %v", l)
+	}
+	if l[LabelSandboxID] != rec.ID || l[LabelManagedBy] != managedBy {
+		t.Errorf("a record's label replaced the driver's: %v", l)
+	}
+	for k, v := range l {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			t.Errorf("label key %q is invalid: %v", k, errs)
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			t.Errorf("label %q=%q is invalid: %v", k, v, errs)
+		}
+	}
+
+	meta := boxLabels(testRecord())
+	meta["operator"] = "kept"
+	prev := testRecord().Labels
+	next := map[string]string{"team": "infra", "new": "1", LabelSandboxID: "x"}
+	if !mirrorLabels(meta, prev, next) {
+		t.Fatal("mirrorLabels reported no change")
+	}
+	want := boxLabels(runtime.Record{ID: rec.ID, Tenant: rec.Tenant, Project: rec.Project, Spec: rec.Spec,
+		Labels: map[string]string{"team": "infra", "new": "1"}})
+	want["operator"] = "kept"
+	if g, w := fmtLabels(meta), fmtLabels(want); g != w {
+		t.Errorf("mirrored:\n got %s\nwant %s", g, w)
+	}
+	if mirrorLabels(meta, next, next) {
+		t.Error("mirroring the same labels again reported a change")
+	}
+}
+
+func fmtLabels(m map[string]string) string {
+	b, _ := json.Marshal(m)
+	return string(b)
 }
 
 func TestPodShape(t *testing.T) {

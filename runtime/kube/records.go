@@ -2,8 +2,10 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"sandboxd/runtime"
 )
@@ -106,7 +109,7 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	if err != nil {
 		return runtime.Record{}, err
 	}
-	var rec runtime.Record
+	var rec, prev runtime.Record
 	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
 		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
 		if err != nil {
@@ -115,6 +118,8 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 		if _, err := admitFence(ctx, pvc); err != nil {
 			return fmt.Errorf("kube: box %s: %w", id, err)
 		}
+		prev = r
+		prev.Labels = maps.Clone(r.Labels)
 		if err := fn(&r); err != nil {
 			return err
 		}
@@ -122,12 +127,49 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 			return fmt.Errorf("kube: box %s: an update may not change the id", id)
 		}
 		rec = r
+		if pvc.Labels == nil {
+			pvc.Labels = map[string]string{}
+		}
+		mirrorLabels(pvc.Labels, prev.Labels, r.Labels)
 		return encodeRecord(pvc.Annotations, r)
 	})
 	if err != nil {
 		return runtime.Record{}, err
 	}
+	if !maps.Equal(prev.Labels, rec.Labels) {
+		d.labelPod(ctx, id, name, prev.Labels, rec.Labels)
+	}
 	return rec, nil
+}
+
+// labelPod mirrors a record's changed labels onto the box's pod, if it has one, with a merge
+// patch (a removed label is null). The record is the truth and a new pod is made from it, so
+// a pod that cannot be patched keeps its old labels until the box starts again: logged, not
+// an error of the update.
+func (d *Driver) labelPod(ctx context.Context, id, name string, prev, next map[string]string) {
+	set := map[string]any{}
+	for k := range prev {
+		if _, keep := next[k]; !keep && !ownLabel(k) {
+			set[k] = nil
+		}
+	}
+	for k, v := range next {
+		if !ownLabel(k) {
+			set[k] = v
+		}
+	}
+	if len(set) == 0 {
+		return
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": set}})
+	if err != nil {
+		d.log.Warn("could not encode a pod's labels", "sandbox", id, "err", err)
+		return
+	}
+	_, err = d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		d.log.Warn("could not label the sandbox's pod; it gets the labels when it starts again", "sandbox", id, "err", err)
+	}
 }
 
 // Get implements runtime.Driver: the record from the API server, the phase from the pod watch.

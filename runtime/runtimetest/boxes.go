@@ -26,6 +26,7 @@ func NewRecord(spec runtime.BoxSpec) runtime.Record {
 		CreatedAt:      now,
 		StateChangedAt: now,
 		Annotations:    map[string]string{"created-by": "runtimetest"},
+		Labels:         map[string]string{"suite": "conformance", "example.com/tier": "gold", "empty": ""},
 	}
 }
 

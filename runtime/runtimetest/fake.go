@@ -371,6 +371,7 @@ func (f *Fake) Check(ctx context.Context) error {
 
 func cloneRecord(r runtime.Record) runtime.Record {
 	r.Annotations = maps.Clone(r.Annotations)
+	r.Labels = maps.Clone(r.Labels)
 	r.Spec.Env = maps.Clone(r.Spec.Env)
 	return r
 }

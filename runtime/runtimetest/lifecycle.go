@@ -2,6 +2,7 @@ package runtimetest
 
 import (
 	"errors"
+	"maps"
 	"sync"
 	"testing"
 
@@ -105,6 +106,33 @@ func testLifecycle(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 			t.Errorf("a failed update was stored: state %q", b.Record.State)
 		}
 	})
+	// The labels are part of the record: an update replaces them (here: one changed, one
+	// removed, one added), Get and List report them, and a restart keeps them (below).
+	labels := map[string]string{"suite": "conformance-2", "example.com/tier": "gold", "added": "yes"}
+	step("UpdateLabels", func(t *testing.T) {
+		got, err := d.UpdateRecord(ctxT(t), id, func(r *runtime.Record) error {
+			r.Labels = maps.Clone(labels)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("UpdateRecord: %v", err)
+		}
+		if !maps.Equal(got.Labels, labels) {
+			t.Errorf("got labels %v returned, want %v", got.Labels, labels)
+		}
+		if b := mustGet(t, d, id); !maps.Equal(b.Record.Labels, labels) {
+			t.Errorf("got labels %v stored, want %v", b.Record.Labels, labels)
+		}
+		boxes, err := d.List(ctxT(t))
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		for _, b := range boxes {
+			if b.Record.ID == id && !maps.Equal(b.Record.Labels, labels) {
+				t.Errorf("got labels %v listed, want %v", b.Record.Labels, labels)
+			}
+		}
+	})
 	step("ConcurrentUpdates", func(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := 0; i < 8; i++ {
@@ -154,6 +182,9 @@ func testLifecycle(t *testing.T, d runtime.Driver, spec runtime.BoxSpec) {
 		res := MustRun(t, c, proto.ExecRequest{Argv: []string{"cat", "f"}})
 		if string(res.Stdout) != "hi\n" {
 			t.Errorf("after restart got %q, want %q", res.Stdout, "hi\n")
+		}
+		if b := mustGet(t, d, id); !maps.Equal(b.Record.Labels, labels) {
+			t.Errorf("after restart got labels %v, want %v", b.Record.Labels, labels)
 		}
 	})
 	step("StartRunning", func(t *testing.T) {

@@ -198,6 +198,8 @@ type Call struct {
 	List     sandbox.ListOptions
 	Exec     sandbox.ExecRequest
 	AgentRun sandbox.AgentRunRequest
+	// Update is the request of Update.
+	Update sandbox.UpdateRequest
 	// ExecList is ListExecs' options; Signal SignalExec's signal; Close WriteStdin's
 	// closeAfter (its bytes are Data); Tty ResizeTty's size.
 	ExecList sandbox.ExecListOptions

@@ -20,6 +20,34 @@ func (f *Fake) Create(_ context.Context, p auth.Principal, req sandbox.CreateReq
 	if req.Profile != "" {
 		s.Profile = req.Profile
 	}
+	s.Labels = req.Labels
+	return s, nil
+}
+
+// Update answers the sandbox with the request applied: its labels patched (a key with nil
+// removed), autostop_sec and ttl_sec replaced. It checks nothing else (the domain does).
+func (f *Fake) Update(_ context.Context, p auth.Principal, id string, req sandbox.UpdateRequest) (sandbox.Sandbox, error) {
+	f.record(Call{Method: "Update", Principal: p, SandboxID: id, Update: req})
+	s, err := lookup(p, id)
+	if err != nil {
+		return s, err
+	}
+	for k, v := range req.Labels {
+		if s.Labels == nil {
+			s.Labels = map[string]string{}
+		}
+		if v == nil {
+			delete(s.Labels, k)
+		} else {
+			s.Labels[k] = *v
+		}
+	}
+	if req.AutostopSec != nil {
+		s.AutostopSec = *req.AutostopSec
+	}
+	if req.TTLSec != nil {
+		s.TTLSec = *req.TTLSec
+	}
 	return s, nil
 }
 

@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+)
+
+// sandboxctlBuild is the sandboxctl binary, built on first use.
+var sandboxctlBuild struct {
+	sync.Once
+	path string
+	err  error
+}
+
+// Sandboxctl builds cmd/sandboxctl once per go test run (with -race when the tests run with
+// it, like sandboxd) and answers its path.
+func Sandboxctl(t testing.TB) string {
+	t.Helper()
+	sandboxctlBuild.Do(func() {
+		p := filepath.Join(suite.root, "bin", "sandboxctl")
+		args := []string{"build", "-o", p}
+		if suite.race && os.Getenv("SANDBOXD_E2E_RACE") != "0" {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/sandboxctl")...)
+		cmd.Dir = suite.modRoot
+		if out, err := cmd.CombinedOutput(); err != nil {
+			sandboxctlBuild.err = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+			return
+		}
+		sandboxctlBuild.path = p
+	})
+	if sandboxctlBuild.err != nil {
+		t.Fatal(sandboxctlBuild.err)
+	}
+	return sandboxctlBuild.path
+}
+
+// CtlEnv is the environment of a sandboxctl run against s with key: the gateway and key
+// variables, PATH and HOME, nothing else of the test's.
+func (s *Server) CtlEnv(key string) []string {
+	return []string{"SANDBOX_GATEWAY_URL=" + s.URL, "SANDBOX_API_KEY=" + key, "PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
+}
+
+// PTY is a program running on a pseudo-terminal of 24 rows and 80 columns, as a user's shell
+// runs it: its session leader and the terminal's foreground process group, so Ctrl-C written
+// to the terminal is its SIGINT. Everything it writes (stdout and stderr both) is kept, with
+// the terminal's "\r\n" turned into "\n".
+type PTY struct {
+	cmd  *exec.Cmd
+	tty  *os.File
+	mu   sync.Mutex
+	out  bytes.Buffer
+	read chan struct{} // closed when the terminal has nothing more to read
+	done chan struct{} // closed when the program ended
+	err  error
+}
+
+// StartPTY starts bin with args and env on a new pseudo-terminal. The program is killed when
+// the test ends, if it still runs.
+func StartPTY(t testing.TB, env []string, bin string, args ...string) *PTY {
+	t.Helper()
+	p := &PTY{cmd: exec.Command(bin, args...), read: make(chan struct{}), done: make(chan struct{})}
+	p.cmd.Env = env
+	tty, err := pty.StartWithSize(p.cmd, &pty.Winsize{Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.tty = tty
+	go func() {
+		defer close(p.read)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := tty.Read(buf)
+			p.mu.Lock()
+			p.out.Write(bytes.ReplaceAll(buf[:n], []byte("\r\n"), []byte("\n")))
+			p.mu.Unlock()
+			if err != nil { // EIO once the program and its children closed the terminal
+				return
+			}
+		}
+	}()
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		tty.Close()
+	})
+	return p
+}
+
+// Output is what the program wrote so far.
+func (p *PTY) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// WaitFor waits until the output holds s, failing t after timeout.
+func (p *PTY) WaitFor(t testing.TB, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(p.Output(), s) {
+		select {
+		case <-p.done:
+			<-p.read
+			if !strings.Contains(p.Output(), s) {
+				t.Fatalf("the program ended (%v) without writing %q; it wrote:\n%s", p.err, s, p.Output())
+			}
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q within %s; the program wrote:\n%s", s, timeout, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Type writes s to the terminal, as typed keys (Ctrl-C is "\x03").
+func (p *PTY) Type(t testing.TB, s string) {
+	t.Helper()
+	if _, err := io.WriteString(p.tty, s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Wait waits for the program to end (failing t after timeout) and answers all it wrote and its
+// exit code (128+N when signal N ended it).
+func (p *PTY) Wait(t testing.TB, timeout time.Duration) (string, int) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("the program still runs after %s; it wrote:\n%s", timeout, p.Output())
+	}
+	select {
+	case <-p.read:
+	case <-time.After(5 * time.Second): // a child left holding the terminal: answer what came
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	} else if p.err != nil {
+		t.Fatal(p.err)
+	}
+	return p.Output(), code
+}
