@@ -258,13 +258,17 @@ func TestStdinStreamedInSeveralWrites(t *testing.T) {
 		t.Fatalf("detached exec with stdin_open: got %+v, want StdinOpen", res)
 	}
 	data := []byte("first ")
+	// Any replica writes: every other write goes through a second one, with its own attach.
+	replicas := []interface {
+		WriteStdin(context.Context, auth.Principal, string, string, []byte, bool) (sandbox.StdinResult, error)
+	}{e.Svc, e.Replica(t)}
 	for i := range 5 {
 		part := make([]byte, 100<<10+i)
 		_, _ = rand.Read(part)
 		var got sandbox.StdinResult
 		var err error
 		for range 100 { // the command reads as we go; a full buffer is retried
-			got, err = e.Svc.WriteStdin(ctx, alice, sb.ID, res.ExecID, part, false)
+			got, err = replicas[i%2].WriteStdin(ctx, alice, sb.ID, res.ExecID, part, false)
 			if apierror.CodeOf(err) != apierror.LimitExceeded {
 				break
 			}
