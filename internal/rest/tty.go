@@ -61,6 +61,9 @@ const (
 	ttyCloseInitTimeout = 4408
 	// maxCloseReason is the longest reason a close frame carries.
 	maxCloseReason = 123
+	// maxTtyKeyMessage bounds the first message of a socket opened without a key (its key
+	// message); a longer one closes the socket with 1009.
+	maxTtyKeyMessage = 8 << 10
 )
 
 // WithAllowedOrigins sets the Origin host patterns, besides the server's own host, from which
@@ -130,9 +133,13 @@ func (h *Handler) tty(w http.ResponseWriter, r *http.Request) {
 	conn.SetReadLimit(execs.MaxStdinWrite)
 	t.conn, t.control = conn, conn.Subprotocol() == TtySubprotocol
 	if !keyed {
+		// Nobody is known yet: the key message is small, so a stranger cannot make the
+		// server read a whole input frame's worth before being refused.
+		conn.SetReadLimit(maxTtyKeyMessage)
 		if p, err = t.authenticate(ctx); err != nil {
 			return
 		}
+		conn.SetReadLimit(execs.MaxStdinWrite)
 		if err := t.open(ctx, p); err != nil {
 			t.closeWith(err)
 			return

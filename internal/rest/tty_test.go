@@ -390,6 +390,18 @@ func TestTtyFirstMessageAuth(t *testing.T) {
 			}
 		})
 	}
+	t.Run("oversize-key-message", func(t *testing.T) {
+		// Before a key is known, the server reads at most maxTtyKeyMessage of the first message.
+		c, _, err := e.dial(t, apitest.ExecRunning, "", "", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := `{"X-Api-Key":"` + apitest.UserKey + `","pad":"` + strings.Repeat("x", maxTtyKeyMessage) + `"}`
+		_ = c.Write(ctx, websocket.MessageText, []byte(big))
+		if frames, code, _ := readAll(t, c); code != websocket.StatusMessageTooBig || len(frames) != 0 {
+			t.Fatalf("got close %d after %d frames, want 1009 and nothing", code, len(frames))
+		}
+	})
 	t.Run("timeout", func(t *testing.T) {
 		c, _, err := e.dial(t, apitest.ExecRunning, "", "", false)
 		if err != nil {
