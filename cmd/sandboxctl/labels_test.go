@@ -129,3 +129,19 @@ func field(out, name string) string {
 	}
 	return ""
 }
+
+// A server error's message that carries control characters (a name a sandbox chose) is shown
+// quoted, never as escape sequences.
+func TestServerErrorQuoted(t *testing.T) {
+	e := newEnv(t)
+	e.cut.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"code":"NOT_FOUND","message":"path \u001b[2Jgone not found"}}`))
+		return true
+	})
+	r := e.run(t, "", nil, "get", apitest.SandboxRunning).want(t, exitServer)
+	if want := "sandboxctl: NOT_FOUND: \"path \\x1b[2Jgone not found\"\n"; r.stderr != want {
+		t.Errorf("got stderr %q, want %q", r.stderr, want)
+	}
+}

@@ -258,7 +258,9 @@ func (a *app) printServerError(e *client.Error) int {
 	if code == "" {
 		code = fmt.Sprintf("HTTP %d", e.Status)
 	}
-	fmt.Fprintf(a.stderr, "sandboxctl: %s: %s", code, e.Message)
+	// The message may name what a sandbox chose (a file, a label): quoted when it holds
+	// control characters, as every name sandboxctl prints outside a terminal session.
+	fmt.Fprintf(a.stderr, "sandboxctl: %s: %s", printable(code), printable(e.Message))
 	if e.RetryAfter > 0 {
 		fmt.Fprintf(a.stderr, " (retry after %s)", e.RetryAfter)
 	}
