@@ -70,16 +70,26 @@ type ExecRequest struct {
 	// Timeout kills the whole process tree after this long; 0 means no timeout.
 	TimeoutMs int64 `json:"timeout_ms,omitempty"`
 	// Stdin is written to the command's stdin, which is then closed. Empty means /dev/null
-	// (unless StdinOpen or Tty is set).
+	// (unless StdinOpen or Tty is set). With StdinOpen or Tty it is the first content of the
+	// exec's stdin buffer (it may fill it past StdinBufferBytes: later writes then wait for
+	// room).
 	Stdin []byte `json:"stdin,omitempty"`
 	// StdinOpen keeps the command's stdin open after Stdin (a pipe): more bytes come through
-	// POST /v1/execs/{id}/stdin, and stdin closes when a call asks for it (close=1) or the
-	// command ends.
+	// POST /v1/execs/{id}/stdin, and stdin closes when a call asks for it (close=1: the
+	// command reads EOF once the buffer drained), when the command closed its end, or when it
+	// ends (its main process exited; bytes it left unread are dropped).
 	StdinOpen bool `json:"stdin_open,omitempty"`
 	// Tty runs the command under a pseudo-terminal of this size, as the session leader with
 	// the terminal as its controlling one: stdin, stdout and stderr are the terminal, its
-	// output is one stream (RecordStdout records), its input comes from Stdin and then
-	// POST /v1/execs/{id}/stdin (a Tty exec's stdin is always open). Nil means pipes.
+	// output is one stream (RecordStdout records, counted in StdoutBytes), its input comes
+	// from Stdin and then POST /v1/execs/{id}/stdin (a Tty exec's stdin is always open).
+	// Closing a terminal's stdin types its end-of-file character (VEOF) when it is in
+	// canonical mode (twice when the last byte typed left a line open) and nothing in raw
+	// mode; no bytes are taken afterwards. The exec ends when the session leader exits, as a
+	// pipe exec ends with its main process: the output is read until nothing holds the
+	// terminal open or for a second at most, then the terminal is hung up (what the command
+	// left running gets SIGHUP, and EIO on the terminal); a signal to the ended exec still
+	// reaches those processes. Nil means pipes.
 	Tty *TtySize `json:"tty,omitempty"`
 	// MaxLogBytes bounds the output log kept inside the sandbox; 0 means the server default.
 	MaxLogBytes int64 `json:"max_log_bytes,omitempty"`
@@ -101,7 +111,7 @@ type ExecInfo struct {
 	// Exit is set once the command has ended.
 	Exit *ExitStatus `json:"exit,omitempty"`
 	// StdinOpen is true while the exec's stdin can still be written (StdinOpen or Tty, not yet
-	// closed, the command running).
+	// closed by a call or by the command, the command running).
 	StdinOpen bool `json:"stdin_open,omitempty"`
 	// Tty is the terminal's current size for an exec started with one.
 	Tty *TtySize `json:"tty,omitempty"`
@@ -137,7 +147,8 @@ const (
 type StdinResult struct {
 	// Written is how many bytes of the body were taken (all of them).
 	Written int64 `json:"written"`
-	// Buffered is how many bytes the command has not read yet, this write's included.
+	// Buffered is how many bytes wait in the exec's stdin buffer, this write's included: not
+	// yet passed into the pipe or terminal (which hold some more the command has not read).
 	Buffered int64 `json:"buffered"`
 	// Closed is true when stdin is closed now (this call asked for it, or the command ended).
 	Closed bool `json:"closed"`

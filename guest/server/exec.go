@@ -42,14 +42,18 @@ type execState struct {
 	pid      int
 	reaped   bool // the main process was waited for: its pid may be reused
 	timedOut bool
+	// in feeds the command's stdin (nil: /dev/null); term is its terminal (nil: pipes).
+	// Both are set once, before startExec answers.
+	in   *stdinFeed
+	term *terminal
 }
 
 func (e *execState) info() proto.ExecInfo {
 	size, exit := e.log.status()
 	e.mu.Lock()
-	pid := e.pid
+	pid, in, term := e.pid, e.in, e.term
 	e.mu.Unlock()
-	return proto.ExecInfo{
+	info := proto.ExecInfo{
 		ID:        e.id,
 		Argv:      e.argv,
 		Pid:       pid,
@@ -57,7 +61,13 @@ func (e *execState) info() proto.ExecInfo {
 		Running:   exit == nil,
 		LogBytes:  size,
 		Exit:      exit,
+		StdinOpen: in != nil && in.writable(),
 	}
+	if term != nil {
+		sz := term.currentSize()
+		info.Tty = &sz
+	}
+	return info
 }
 
 // kill signals every process the exec started that is still alive, whether the exec runs or
@@ -73,13 +83,10 @@ func (e *execState) kill(sig syscall.Signal) {
 	killTree(pid, running, sig)
 }
 
-// proc is a started exec's process and pipes.
+// proc is a started exec's process and its stdio.
 type proc struct {
 	status <-chan syscall.WaitStatus
-	// out are the read ends of the stdout and stderr pipes: raw non-blocking descriptors,
-	// kept out of Go's poller (see collector).
-	out   [2]int
-	stdin *os.File // write end, nil without stdin data
+	io     *stdio
 }
 
 // startError is a command that could not start, reported the way a shell does.
@@ -102,6 +109,10 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 	}
 	if req.TimeoutMs < 0 || req.MaxLogBytes < 0 || req.MaxRunning < 0 {
 		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "timeout_ms, max_log_bytes and max_running must not be negative")
+	}
+	if req.Tty != nil && !req.Tty.Valid() {
+		return proto.ExecInfo{}, errorf(proto.ErrCodeInvalid, "tty size %dx%d: rows and cols must be within %d..%d",
+			req.Tty.Rows, req.Tty.Cols, proto.MinTtyCells, proto.MaxTtyCells)
 	}
 	maxLog := req.MaxLogBytes
 	if maxLog == 0 {
@@ -193,46 +204,22 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 		return nil, serr
 	}
 
-	stdinR, stdinW := s.devNull, (*os.File)(nil)
-	if len(req.Stdin) > 0 {
-		var err error
-		if stdinR, stdinW, err = os.Pipe(); err != nil {
-			return nil, &startError{127, "stdin: " + err.Error()}
-		}
-	}
-	outR, outW, err := outputPipe()
+	sio, err := s.openStdio(req)
 	if err != nil {
-		closeAll(stdinW)
-		if stdinW != nil {
-			closeAll(stdinR)
-		}
-		return nil, &startError{127, "pipe: " + err.Error()}
-	}
-	errR, errW, err := outputPipe()
-	if err != nil {
-		closeAll(stdinW, outW)
-		_ = syscall.Close(outR)
-		if stdinW != nil {
-			closeAll(stdinR)
-		}
-		return nil, &startError{127, "pipe: " + err.Error()}
+		return nil, &startError{127, err.Error()}
 	}
 	attr := &os.ProcAttr{
 		Dir:   cwd,
 		Env:   env,
-		Files: []*os.File{stdinR, outW, errW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Files: sio.child[:],
+		Sys:   sio.sys,
 	}
 	fork := func() (*os.Process, error) { return os.StartProcess(argv0, req.Argv, attr) }
 	if s.opts.Cgroups != nil {
 		name, err := s.opts.Cgroups.create(e.id)
 		if err != nil {
-			closeAll(stdinW, outW, errW)
-			_ = syscall.Close(outR)
-			_ = syscall.Close(errR)
-			if stdinW != nil {
-				closeAll(stdinR)
-			}
+			sio.closeChild()
+			sio.closeOurs()
 			s.log.Error("exec cgroup", "exec", e.id, "err", err)
 			return nil, &startError{126, "tracking the command's processes: " + err.Error()}
 		}
@@ -243,14 +230,9 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 		fork = func() (*os.Process, error) { return s.opts.Cgroups.start(name, inner) }
 	}
 	pid, status, err := s.waiter.start(fork)
-	closeAll(outW, errW) // the child holds its own copies
-	if stdinW != nil {
-		closeAll(stdinR)
-	}
+	sio.closeChild() // the child holds its own copies
 	if err != nil {
-		closeAll(stdinW)
-		_ = syscall.Close(outR)
-		_ = syscall.Close(errR)
+		sio.closeOurs()
 		code := 126
 		if errors.Is(err, fs.ErrNotExist) {
 			code = 127
@@ -264,27 +246,27 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 
 	e.mu.Lock()
 	e.pid = pid
+	e.in, e.term = sio.in, sio.term
 	e.mu.Unlock()
 	if s.isClosed() {
 		// Close ran while we were starting and could not see the pid.
 		e.kill(syscall.SIGKILL)
 	}
-	if stdinW != nil {
+	if sio.in != nil {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			_, _ = stdinW.Write(req.Stdin)
-			_ = stdinW.Close()
+			sio.in.run()
 		}()
 	}
-	return &proc{status: status, out: [2]int{outR, errR}, stdin: stdinW}, nil
+	return &proc{status: status, io: sio}, nil
 }
 
 // supervise owns a running exec: it collects the pipes into the log, enforces the timeout,
 // drains after exit and writes the exit record.
 func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
 	defer s.wg.Done()
-	col := newCollector(e.log, p.out)
+	col := newCollector(e.log, p.io.out, p.io.kinds)
 	collected := make(chan struct{})
 	go func() {
 		defer close(collected)
@@ -315,12 +297,14 @@ wait:
 	e.mu.Lock()
 	e.reaped = true
 	e.mu.Unlock()
+	// The command ended: its stdin takes no more bytes (what it left unread is dropped).
+	if p.io.in != nil {
+		p.io.in.shutdown()
+	}
 
 	col.stopAt.Store(exited.Add(drainAfterExit).UnixNano())
 	<-collected
-	_ = syscall.Close(p.out[0])
-	_ = syscall.Close(p.out[1])
-	closeAll(p.stdin)
+	p.io.closeOutput()
 
 	code, sig := exitStatus(ws)
 	e.mu.Lock()
@@ -373,28 +357,40 @@ const (
 	quietPoll = 100 * time.Millisecond
 )
 
-// collector reads an exec's stdout and stderr pipes into its log, stdout first in each round,
-// so records keep the order in which output arrived as far as two pipes can tell it.
+// collector reads an exec's output into its log: the stdout and stderr pipes, stdout first in
+// each round, so records keep the order in which output arrived as far as two pipes can tell
+// it; or a terminal's master, one stream. A terminal's master answers EIO once no process
+// holds the terminal open any more: that is its end of output, like a pipe's EOF.
 type collector struct {
 	log   *execLog
-	fds   [2]int
-	kinds [2]byte
+	fds   []int
+	kinds []byte
 	// stopAt (unix nanoseconds, 0 for none) ends collecting even while a background process
 	// keeps the pipes open: the supervisor sets it a little after the command exited.
 	stopAt atomic.Int64
 
-	eof [2]bool
+	eof []bool
 	buf []byte
 	// pend is output read but not yet in the log, all of kind pendKind.
 	pend     []byte
 	pendKind byte
 }
 
-func newCollector(log *execLog, fds [2]int) *collector {
-	return &collector{log: log, fds: fds, kinds: [2]byte{proto.RecordStdout, proto.RecordStderr}, buf: make([]byte, maxCollect)}
+func newCollector(log *execLog, fds []int, kinds []byte) *collector {
+	return &collector{log: log, fds: fds, kinds: kinds, eof: make([]bool, len(fds)), buf: make([]byte, maxCollect)}
 }
 
-// run collects until both pipes reach EOF or stopAt passes, then flushes.
+// allEOF reports whether every descriptor reached its end.
+func (c *collector) allEOF() bool {
+	for _, e := range c.eof {
+		if !e {
+			return false
+		}
+	}
+	return true
+}
+
+// run collects until every descriptor reaches its end or stopAt passes, then flushes.
 func (c *collector) run() {
 	defer c.flush()
 	for {
@@ -402,7 +398,7 @@ func (c *collector) run() {
 			return
 		}
 		progress := c.readRound()
-		if c.eof[0] && c.eof[1] {
+		if c.allEOF() {
 			return
 		}
 		if progress {
@@ -438,7 +434,7 @@ func (c *collector) readRound() bool {
 		case err == syscall.EINTR:
 			progress = true
 		case err == syscall.EAGAIN:
-		default: // EOF or a broken pipe
+		default: // EOF, a broken pipe, or EIO from a terminal's master
 			c.eof[j] = true
 		}
 	}
@@ -454,7 +450,7 @@ func (c *collector) poll() {
 	if timeout <= 0 {
 		return
 	}
-	fds := make([]unix.PollFd, 0, 2)
+	fds := make([]unix.PollFd, 0, len(c.fds))
 	for j, fd := range c.fds {
 		if !c.eof[j] {
 			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})

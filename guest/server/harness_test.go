@@ -13,7 +13,29 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if h := os.Getenv(helperEnv); h != "" {
+		// The test binary started as a command by a test (see helpers).
+		os.Exit(helpers[h]())
+	}
 	goleak.VerifyTestMain(m)
+}
+
+// helperEnv names the helper the test binary runs as when a test starts it as a command.
+const helperEnv = "GUEST_SERVER_TEST_HELPER"
+
+// helpers are commands the tests need that no shell tool does, run by the test binary itself.
+var helpers = map[string]func() int{
+	"tty-hostile": ttyHostile,
+}
+
+// helperCommand is the argv and env of an exec that runs helper name.
+func helperCommand(t testing.TB, name string) ([]string, []string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{self}, []string{helperEnv + "=" + name}
 }
 
 // modes runs f once per process-waiting strategy.

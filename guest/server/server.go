@@ -1,6 +1,6 @@
 // Package server is PID 1's side of the guest init's protocol (guest/proto): the server that
 // runs as the init inside every sandbox (cmd/sandbox-init) and owns every process it starts
-// (exec, the reaper, cgroups, exec logs), serves the workspace's files and its tar export and
+// (exec, the reaper, cgroups, exec logs, open stdin, terminals), serves the workspace's files and its tar export and
 // staged import, and the init's end of the channel handshake. WriteTar, the export's
 // never-follow-a-link walker, also serves the local driver, which reads a box's workspace
 // folder on the host.
@@ -163,6 +163,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/execs/{id}", s.handleGetExec)
 	mux.HandleFunc("GET /v1/execs/{id}/log", s.handleLog)
 	mux.HandleFunc("POST /v1/execs/{id}/signal", s.handleSignal)
+	mux.HandleFunc("POST /v1/execs/{id}/stdin", s.handleStdin)
+	mux.HandleFunc("POST /v1/execs/{id}/resize", s.handleResize)
 	mux.HandleFunc("GET /v1/files", s.handleReadFile)
 	mux.HandleFunc("PUT /v1/files", s.handleWriteFile)
 	mux.HandleFunc("DELETE /v1/files", s.handleRemove)

@@ -213,6 +213,8 @@ sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 &
 		}
 		waitMarked(t, c, m, 0)
 	})
+	t.Run("Terminal", func(t *testing.T) { testTerminal(t, d, spec) })
+	t.Run("StdinStream", func(t *testing.T) { testStdin(t, d, spec) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, d, spec, !cfg.skipHost) })
 	t.Run("ChannelAttacks", func(t *testing.T) {
 		if cfg.skipHost {
