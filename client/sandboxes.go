@@ -166,6 +166,9 @@ type FileInfo struct {
 	IsDir   bool      `json:"is_dir"`
 	Symlink string    `json:"symlink,omitempty"`
 	ModTime time.Time `json:"mod_time"`
+	// Type is FILE, DIRECTORY, SYMLINK, SOCKET, FIFO, CHAR_DEVICE, BLOCK_DEVICE or OTHER
+	// ("" from a server that does not say).
+	Type string `json:"type,omitempty"`
 }
 
 // FileList is a folder's listing.

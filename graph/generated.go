@@ -109,6 +109,19 @@ type ComplexityRoot struct {
 		Truncated     func(childComplexity int) int
 	}
 
+	FileEvent struct {
+		At           func(childComplexity int) int
+		Code         func(childComplexity int) int
+		Cursor       func(childComplexity int) int
+		From         func(childComplexity int) int
+		IsDir        func(childComplexity int) int
+		Kind         func(childComplexity int) int
+		Message      func(childComplexity int) int
+		MissedEvents func(childComplexity int) int
+		Path         func(childComplexity int) int
+		Reason       func(childComplexity int) int
+	}
+
 	FileInfo struct {
 		IsDir   func(childComplexity int) int
 		ModTime func(childComplexity int) int
@@ -117,6 +130,7 @@ type ComplexityRoot struct {
 		Path    func(childComplexity int) int
 		Size    func(childComplexity int) int
 		Symlink func(childComplexity int) int
+		Type    func(childComplexity int) int
 	}
 
 	FileListing struct {
@@ -130,12 +144,20 @@ type ComplexityRoot struct {
 		Value func(childComplexity int) int
 	}
 
+	MakeDirectoryPayload struct {
+		Created   func(childComplexity int) int
+		Directory func(childComplexity int) int
+	}
+
 	Mutation struct {
 		CancelAgentRun  func(childComplexity int, id string) int
 		CreateSandbox   func(childComplexity int, input model.CreateSandboxInput) int
+		DeleteFile      func(childComplexity int, sandboxID string, path string, recursive *bool) int
 		DeleteSnapshot  func(childComplexity int, id string) int
 		DestroySandbox  func(childComplexity int, id string) int
 		Exec            func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
+		MakeDirectory   func(childComplexity int, sandboxID string, path string) int
+		MoveFile        func(childComplexity int, sandboxID string, from string, to string, overwrite *bool) int
 		SnapshotSandbox func(childComplexity int, id string) int
 		StartAgentRun   func(childComplexity int, input model.StartAgentRunInput) int
 		StartSandbox    func(childComplexity int, id string) int
@@ -172,6 +194,7 @@ type ComplexityRoot struct {
 		Sandbox   func(childComplexity int, id string) int
 		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState, labels []*model.LabelInput) int
 		Snapshots func(childComplexity int, sandboxID *string, first *int) int
+		Stat      func(childComplexity int, sandboxID string, path string) int
 	}
 
 	Quota struct {
@@ -241,6 +264,7 @@ type ComplexityRoot struct {
 		AgentRunEvents func(childComplexity int, runID string, after *string) int
 		ExecOutput     func(childComplexity int, execID string, after *string) int
 		SandboxEvents  func(childComplexity int, sandboxID *string, after *string) int
+		WatchFiles     func(childComplexity int, sandboxID string, path string, recursive *bool, after *string) int
 	}
 }
 
@@ -258,6 +282,9 @@ type MutationResolver interface {
 	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, id string) (bool, error)
 	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
+	DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (bool, error)
+	MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.FileInfo, error)
+	MakeDirectory(ctx context.Context, sandboxID string, path string) (*model.MakeDirectoryPayload, error)
 	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error)
 	CancelAgentRun(ctx context.Context, id string) (*model.AgentRun, error)
 }
@@ -268,6 +295,7 @@ type QueryResolver interface {
 	Quota(ctx context.Context) (*model.Quota, error)
 	ReadFile(ctx context.Context, sandboxID string, path string, maxBytes *int64) (*model.FileContent, error)
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
+	Stat(ctx context.Context, sandboxID string, path string) (*model.FileInfo, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
 	AgentRun(ctx context.Context, id string) (*model.AgentRun, error)
@@ -277,6 +305,7 @@ type SubscriptionResolver interface {
 	SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error)
 	ExecOutput(ctx context.Context, execID string, after *string) (<-chan *model.ExecOutputEvent, error)
 	AgentRunEvents(ctx context.Context, runID string, after *string) (<-chan *model.AgentRunEvent, error)
+	WatchFiles(ctx context.Context, sandboxID string, path string, recursive *bool, after *string) (<-chan *model.FileEvent, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -621,6 +650,67 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.FileContent.Truncated(childComplexity), true
 
+	case "FileEvent.at":
+		if e.ComplexityRoot.FileEvent.At == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.At(childComplexity), true
+	case "FileEvent.code":
+		if e.ComplexityRoot.FileEvent.Code == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.Code(childComplexity), true
+	case "FileEvent.cursor":
+		if e.ComplexityRoot.FileEvent.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.Cursor(childComplexity), true
+	case "FileEvent.from":
+		if e.ComplexityRoot.FileEvent.From == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.From(childComplexity), true
+	case "FileEvent.isDir":
+		if e.ComplexityRoot.FileEvent.IsDir == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.IsDir(childComplexity), true
+	case "FileEvent.kind":
+		if e.ComplexityRoot.FileEvent.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.Kind(childComplexity), true
+	case "FileEvent.message":
+		if e.ComplexityRoot.FileEvent.Message == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.Message(childComplexity), true
+	case "FileEvent.missedEvents":
+		if e.ComplexityRoot.FileEvent.MissedEvents == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.MissedEvents(childComplexity), true
+	case "FileEvent.path":
+		if e.ComplexityRoot.FileEvent.Path == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.Path(childComplexity), true
+	case "FileEvent.reason":
+		if e.ComplexityRoot.FileEvent.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEvent.Reason(childComplexity), true
+
 	case "FileInfo.isDir":
 		if e.ComplexityRoot.FileInfo.IsDir == nil {
 			break
@@ -663,6 +753,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.FileInfo.Symlink(childComplexity), true
+	case "FileInfo.type":
+		if e.ComplexityRoot.FileInfo.Type == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileInfo.Type(childComplexity), true
 
 	case "FileListing.entries":
 		if e.ComplexityRoot.FileListing.Entries == nil {
@@ -696,6 +792,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Label.Value(childComplexity), true
 
+	case "MakeDirectoryPayload.created":
+		if e.ComplexityRoot.MakeDirectoryPayload.Created == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MakeDirectoryPayload.Created(childComplexity), true
+	case "MakeDirectoryPayload.directory":
+		if e.ComplexityRoot.MakeDirectoryPayload.Directory == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MakeDirectoryPayload.Directory(childComplexity), true
+
 	case "Mutation.cancelAgentRun":
 		if e.ComplexityRoot.Mutation.CancelAgentRun == nil {
 			break
@@ -718,6 +827,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateSandbox(childComplexity, args["input"].(model.CreateSandboxInput)), true
+	case "Mutation.deleteFile":
+		if e.ComplexityRoot.Mutation.DeleteFile == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteFile_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteFile(childComplexity, args["sandboxId"].(string), args["path"].(string), args["recursive"].(*bool)), true
 	case "Mutation.deleteSnapshot":
 		if e.ComplexityRoot.Mutation.DeleteSnapshot == nil {
 			break
@@ -751,6 +871,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.Exec(childComplexity, args["sandboxId"].(string), args["input"].(model.ExecInput), args["wait"].(*bool)), true
+	case "Mutation.makeDirectory":
+		if e.ComplexityRoot.Mutation.MakeDirectory == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_makeDirectory_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.MakeDirectory(childComplexity, args["sandboxId"].(string), args["path"].(string)), true
+	case "Mutation.moveFile":
+		if e.ComplexityRoot.Mutation.MoveFile == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_moveFile_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.MoveFile(childComplexity, args["sandboxId"].(string), args["from"].(string), args["to"].(string), args["overwrite"].(*bool)), true
 	case "Mutation.snapshotSandbox":
 		if e.ComplexityRoot.Mutation.SnapshotSandbox == nil {
 			break
@@ -987,6 +1129,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Snapshots(childComplexity, args["sandboxId"].(*string), args["first"].(*int)), true
+	case "Query.stat":
+		if e.ComplexityRoot.Query.Stat == nil {
+			break
+		}
+
+		args, err := ec.field_Query_stat_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Stat(childComplexity, args["sandboxId"].(string), args["path"].(string)), true
 
 	case "Quota.inUse":
 		if e.ComplexityRoot.Quota.InUse == nil {
@@ -1280,6 +1433,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Subscription.SandboxEvents(childComplexity, args["sandboxId"].(*string), args["after"].(*string)), true
+	case "Subscription.watchFiles":
+		if e.ComplexityRoot.Subscription.WatchFiles == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_watchFiles_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.WatchFiles(childComplexity, args["sandboxId"].(string), args["path"].(string), args["recursive"].(*bool), args["after"].(*string)), true
 
 	}
 	return 0, false
@@ -1397,7 +1561,8 @@ var sources = []*ast.Source{
 # connection_init payload). Another tenant's sandbox does not exist for you: NOT_FOUND, never a
 # permission error. Errors carry extensions.code (INVALID_ARGUMENT, UNAUTHENTICATED,
 # PERMISSION_DENIED, NOT_FOUND, INVALID_STATE, ALREADY_EXISTS, PAYLOAD_TOO_LARGE, QUOTA_EXCEEDED,
-# UNAVAILABLE, SANDBOX_FAILED, CHECKPOINT_CORRUPT, INTERNAL, plus gqlgen's GRAPHQL_PARSE_FAILED,
+# UNAVAILABLE, SANDBOX_FAILED, CHECKPOINT_CORRUPT, DIRECTORY_NOT_EMPTY, CURSOR_EXPIRED, INTERNAL,
+# plus gqlgen's GRAPHQL_PARSE_FAILED,
 # GRAPHQL_VALIDATION_FAILED and COMPLEXITY_LIMIT_EXCEEDED), extensions.retryAfter (seconds) when
 # retrying later may succeed, and any public details of the error (e.g. extensions.state).
 
@@ -1477,6 +1642,19 @@ type Query {
     "The most entries to return, 1 to the configured maximum (10000 by default); truncated says when there were more."
     first: Int = 1000
   ): FileListing!
+
+  """
+  Describes one path of a running sandbox's workspace without following a symbolic link at its
+  end: a link is reported as one (type SYMLINK, symlink its target). "." is the workspace itself.
+  A missing path is NOT_FOUND; a path that leads out of the workspace (through .. or a link) is
+  INVALID_ARGUMENT.
+  """
+  stat(
+    "The sandbox id."
+    sandboxId: ID!
+    "The path inside the sandbox; a relative path is relative to /workspace."
+    path: String!
+  ): FileInfo!
 
   """
   One command of the caller's tenant:project, answered by any replica: its state and, once it
@@ -1607,6 +1785,53 @@ type Mutation {
   ): FileInfo!
 
   """
+  Deletes a file, a symbolic link (never what it points to) or an empty folder of a running
+  sandbox's workspace; a folder that is not empty only with recursive: true (else
+  DIRECTORY_NOT_EMPTY). A recursive delete moves the tree aside at once (the name is free when
+  this answers) and removes it in the background, so a tree of a million entries answers as
+  fast as one file. True when it was deleted; a missing path is NOT_FOUND, the workspace itself
+  INVALID_ARGUMENT.
+  """
+  deleteFile(
+    "The sandbox id."
+    sandboxId: ID!
+    "The path inside the sandbox; a relative path is relative to /workspace."
+    path: String!
+    "Whether to delete a folder with everything below it."
+    recursive: Boolean = false
+  ): Boolean!
+
+  """
+  Moves or renames a file or folder of a running sandbox's workspace: to is the new name
+  itself, never a folder to move into. An existing to is ALREADY_EXISTS unless overwrite:
+  true, which replaces a file, a symbolic link (never followed) or an empty folder (a full one
+  is DIRECTORY_NOT_EMPTY). The workspace itself, a folder into itself and from equal to to are
+  INVALID_ARGUMENT; a missing from, or a missing parent of to, NOT_FOUND.
+  """
+  moveFile(
+    "The sandbox id."
+    sandboxId: ID!
+    "The path to move; a relative path is relative to /workspace."
+    from: String!
+    "The new path; a relative path is relative to /workspace."
+    to: String!
+    "Whether to replace what is at to."
+    overwrite: Boolean = false
+  ): FileInfo!
+
+  """
+  Makes a folder of a running sandbox's workspace, with its missing parents (mode 0755). An
+  existing folder is no error (created: false); a file or link in its place is ALREADY_EXISTS,
+  a file in place of a parent INVALID_ARGUMENT.
+  """
+  makeDirectory(
+    "The sandbox id."
+    sandboxId: ID!
+    "The folder's path inside the sandbox; a relative path is relative to /workspace."
+    path: String!
+  ): MakeDirectoryPayload!
+
+  """
   Attaches a catalog agent to a running sandbox (the REST POST /sandbox/agent/v1/runs): the
   instruction and config are uploaded into /workspace/.agent-runs/<run id>/, the agent runs there
   as a detached command (it goes on after the client has gone) and the sandbox stays alive
@@ -1671,6 +1896,32 @@ type Subscription {
     "The cursor of the last event seen; null to start at the beginning of the agent's output."
     after: String
   ): AgentRunEvent!
+
+  """
+  Changes below a folder of a running sandbox's workspace (its whole tree with recursive:
+  true), driven by inotify in the sandbox: CREATED, MODIFIED (a file's writes in a burst are
+  coalesced), DELETED and MOVED (from and path, when both are in the watched tree; a move out
+  of it is DELETED, into it CREATED) events, then OVERFLOW wherever events were lost (reason
+  and missedEvents: never a silent gap; rescan what you mirror). Folders made later under a
+  recursive watch are watched too, and what they hold by then is reported as CREATED. The
+  watch lives in the sandbox and outlives the subscription for limits.watch_grace_sec (60 s):
+  subscribe again with after set to the last cursor seen, on any replica, and the stream goes
+  on right after it. A cursor whose watch is gone (it expired, or the sandbox restarted) is
+  CURSOR_EXPIRED; a watch that cannot go on (its folder was deleted, the sandbox stopped) ends
+  with an ERROR event (code, message), after which the stream ends. A tree of more folders
+  than limits.watch_max_dirs is INVALID_ARGUMENT; more watches in one sandbox than
+  limits.watch_max_per_sandbox LIMIT_EXCEEDED.
+  """
+  watchFiles(
+    "The sandbox id."
+    sandboxId: ID!
+    "The folder to watch; \".\" or a relative path is relative to /workspace."
+    path: String!
+    "Whether to watch the whole tree below the folder."
+    recursive: Boolean = false
+    "The cursor of the last event seen; null to start a new watch, from now on."
+    after: String
+  ): FileEvent!
 }
 
 """
@@ -2052,6 +2303,84 @@ type FileInfo {
   symlink: String
   "When the file was last modified; null when unknown."
   modTime: Time
+  "What kind of file it is; null when the sandbox's init does not say (an older one)."
+  type: FileType
+}
+
+"""
+The kind of a file.
+"""
+enum FileType {
+  "A regular file."
+  FILE
+  "A folder."
+  DIRECTORY
+  "A symbolic link (symlink holds its target)."
+  SYMLINK
+  "A Unix socket."
+  SOCKET
+  "A named pipe."
+  FIFO
+  "A character device."
+  CHAR_DEVICE
+  "A block device."
+  BLOCK_DEVICE
+  "Anything else."
+  OTHER
+}
+
+"""
+What makeDirectory did.
+"""
+type MakeDirectoryPayload {
+  "The folder."
+  directory: FileInfo!
+  "Whether it was made now (false: it existed already)."
+  created: Boolean!
+}
+
+"""
+One event of a file watch (watchFiles).
+"""
+type FileEvent {
+  "The position after this event; pass the last one seen as after to resume right after it, on any replica."
+  cursor: String!
+  "What happened."
+  kind: FileEventKind!
+  "The path, relative to /workspace (for MOVED, the new one); null for OVERFLOW without one and for ERROR."
+  path: String
+  "For MOVED, the old path, relative to /workspace; null otherwise."
+  from: String
+  "Whether the path is a folder."
+  isDir: Boolean!
+  "When the sandbox saw it."
+  at: Time!
+  "For OVERFLOW, how many events were lost (0 when unknown); null otherwise."
+  missedEvents: Int64
+  "For OVERFLOW, why: RING (the cursor is older than the events the watch keeps), QUEUE (the kernel's event queue overflowed), DIRS (path is a folder the watch does not hold: limits.watch_max_dirs), SCAN (a new folder held more entries than its scan reports); null otherwise."
+  reason: String
+  "For ERROR, the error code (e.g. NOT_FOUND: the watched folder was deleted; INVALID_STATE: the sandbox stopped; CURSOR_EXPIRED); null otherwise."
+  code: String
+  "For ERROR, what happened; null otherwise."
+  message: String
+}
+
+"""
+What a FileEvent reports.
+"""
+enum FileEventKind {
+  "A file or folder was made (or moved into the watched tree)."
+  CREATED
+  "A file's content or attributes changed."
+  MODIFIED
+  "A file or folder was deleted (or moved out of the watched tree)."
+  DELETED
+  "A file or folder was renamed within the watched tree: from is the old path."
+  MOVED
+  "Events were lost: reason and missedEvents. Rescan what you mirror."
+  OVERFLOW
+  "The watch cannot go on: code and message. Always the last event; the stream ends after it."
+  ERROR
 }
 
 """
@@ -2370,6 +2699,32 @@ func (ec *executionContext) childFields_FileContent(ctx context.Context, field g
 	return nil, fmt.Errorf("no field named %q was found under type FileContent", field.Name)
 }
 
+func (ec *executionContext) childFields_FileEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_FileEvent_cursor(ctx, field)
+	case "kind":
+		return ec.fieldContext_FileEvent_kind(ctx, field)
+	case "path":
+		return ec.fieldContext_FileEvent_path(ctx, field)
+	case "from":
+		return ec.fieldContext_FileEvent_from(ctx, field)
+	case "isDir":
+		return ec.fieldContext_FileEvent_isDir(ctx, field)
+	case "at":
+		return ec.fieldContext_FileEvent_at(ctx, field)
+	case "missedEvents":
+		return ec.fieldContext_FileEvent_missedEvents(ctx, field)
+	case "reason":
+		return ec.fieldContext_FileEvent_reason(ctx, field)
+	case "code":
+		return ec.fieldContext_FileEvent_code(ctx, field)
+	case "message":
+		return ec.fieldContext_FileEvent_message(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type FileEvent", field.Name)
+}
+
 func (ec *executionContext) childFields_FileInfo(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "name":
@@ -2386,6 +2741,8 @@ func (ec *executionContext) childFields_FileInfo(ctx context.Context, field grap
 		return ec.fieldContext_FileInfo_symlink(ctx, field)
 	case "modTime":
 		return ec.fieldContext_FileInfo_modTime(ctx, field)
+	case "type":
+		return ec.fieldContext_FileInfo_type(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type FileInfo", field.Name)
 }
@@ -2410,6 +2767,16 @@ func (ec *executionContext) childFields_Label(ctx context.Context, field graphql
 		return ec.fieldContext_Label_value(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Label", field.Name)
+}
+
+func (ec *executionContext) childFields_MakeDirectoryPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "directory":
+		return ec.fieldContext_MakeDirectoryPayload_directory(ctx, field)
+	case "created":
+		return ec.fieldContext_MakeDirectoryPayload_created(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type MakeDirectoryPayload", field.Name)
 }
 
 func (ec *executionContext) childFields_PageInfo(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2716,6 +3083,36 @@ func (ec *executionContext) field_Mutation_createSandbox_args(ctx context.Contex
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_deleteFile_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "path",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["path"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "recursive",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["recursive"] = arg2
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_deleteSnapshot_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2771,6 +3168,66 @@ func (ec *executionContext) field_Mutation_exec_args(ctx context.Context, rawArg
 		return nil, err
 	}
 	args["wait"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_makeDirectory_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "path",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["path"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_moveFile_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "overwrite",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["overwrite"] = arg3
 	return args, nil
 }
 
@@ -3088,6 +3545,28 @@ func (ec *executionContext) field_Query_snapshots_args(ctx context.Context, rawA
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_stat_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "path",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["path"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Subscription_agentRunEvents_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3151,6 +3630,44 @@ func (ec *executionContext) field_Subscription_sandboxEvents_args(ctx context.Co
 		return nil, err
 	}
 	args["after"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_watchFiles_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "path",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["path"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "recursive",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["recursive"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg3
 	return args, nil
 }
 
@@ -4483,6 +5000,236 @@ func (ec *executionContext) fieldContext_FileContent_file(_ context.Context, fie
 	return fc, nil
 }
 
+func (ec *executionContext) _FileEvent_cursor(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEvent_kind(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.FileEventKind) graphql.Marshaler {
+			return ec.marshalNFileEventKind2sandboxdᚋgraphᚋmodelᚐFileEventKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "FileEventKind")
+}
+
+func (ec *executionContext) _FileEvent_path(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_path(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Path, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_path(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEvent_from(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_from(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.From, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_from(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEvent_isDir(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_isDir(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.IsDir, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_isDir(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _FileEvent_at(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_at(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.At, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_at(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "Time")
+}
+
+func (ec *executionContext) _FileEvent_missedEvents(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_missedEvents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MissedEvents, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_missedEvents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _FileEvent_reason(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEvent_code(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_code(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Code, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_code(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEvent_message(ctx context.Context, field graphql.CollectedField, obj *model.FileEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEvent_message(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Message, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileEvent_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEvent", field, false, false, "String")
+}
+
 func (ec *executionContext) _FileInfo_name(ctx context.Context, field graphql.CollectedField, obj *model.FileInfo) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4644,6 +5391,29 @@ func (ec *executionContext) fieldContext_FileInfo_modTime(_ context.Context, fie
 	return graphql.NewScalarFieldContext("FileInfo", field, false, false, "Time")
 }
 
+func (ec *executionContext) _FileInfo_type(ctx context.Context, field graphql.CollectedField, obj *model.FileInfo) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileInfo_type(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Type, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileType) graphql.Marshaler {
+			return ec.marshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_FileInfo_type(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileInfo", field, false, false, "FileType")
+}
+
 func (ec *executionContext) _FileListing_path(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4766,6 +5536,61 @@ func (ec *executionContext) _Label_value(ctx context.Context, field graphql.Coll
 }
 func (ec *executionContext) fieldContext_Label_value(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Label", field, false, false, "String")
+}
+
+func (ec *executionContext) _MakeDirectoryPayload_directory(ctx context.Context, field graphql.CollectedField, obj *model.MakeDirectoryPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MakeDirectoryPayload_directory(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Directory, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MakeDirectoryPayload_directory(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "MakeDirectoryPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _MakeDirectoryPayload_created(ctx context.Context, field graphql.CollectedField, obj *model.MakeDirectoryPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MakeDirectoryPayload_created(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Created, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MakeDirectoryPayload_created(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("MakeDirectoryPayload", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Mutation_createSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
@@ -5158,6 +5983,138 @@ func (ec *executionContext) fieldContext_Mutation_writeFile(ctx context.Context,
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Mutation_writeFile_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteFile(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteFile(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteFile(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string), fc.Args["recursive"].(*bool))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type Boolean does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteFile_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_moveFile(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_moveFile(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().MoveFile(ctx, fc.Args["sandboxId"].(string), fc.Args["from"].(string), fc.Args["to"].(string), fc.Args["overwrite"].(*bool))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_moveFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_moveFile_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_makeDirectory(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_makeDirectory(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().MakeDirectory(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.MakeDirectoryPayload) graphql.Marshaler {
+			return ec.marshalNMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋmodelᚐMakeDirectoryPayload(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_makeDirectory(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_MakeDirectoryPayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_makeDirectory_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -5739,6 +6696,50 @@ func (ec *executionContext) fieldContext_Query_listFiles(ctx context.Context, fi
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_listFiles_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_stat(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_stat(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Stat(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_stat(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_stat_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -7152,6 +8153,50 @@ func (ec *executionContext) fieldContext_Subscription_agentRunEvents(ctx context
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Subscription_agentRunEvents_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_watchFiles(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_watchFiles(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().WatchFiles(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string), fc.Args["recursive"].(*bool), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileEvent) graphql.Marshaler {
+			return ec.marshalNFileEvent2ᚖsandboxdᚋgraphᚋmodelᚐFileEvent(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_watchFiles(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileEvent(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_watchFiles_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -9169,6 +10214,84 @@ func (ec *executionContext) _FileContent(ctx context.Context, sel ast.SelectionS
 	return out
 }
 
+var fileEventImplementors = []string{"FileEvent"}
+
+func (ec *executionContext) _FileEvent(ctx context.Context, sel ast.SelectionSet, obj *model.FileEvent) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, fileEventImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("FileEvent")
+		case "cursor":
+			out.Values[i] = ec._FileEvent_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "kind":
+			out.Values[i] = ec._FileEvent_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "path":
+			out.Values[i] = ec._FileEvent_path(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "from":
+			out.Values[i] = ec._FileEvent_from(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "isDir":
+			out.Values[i] = ec._FileEvent_isDir(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "at":
+			out.Values[i] = ec._FileEvent_at(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "missedEvents":
+			out.Values[i] = ec._FileEvent_missedEvents(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "reason":
+			out.Values[i] = ec._FileEvent_reason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "code":
+			out.Values[i] = ec._FileEvent_code(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "message":
+			out.Values[i] = ec._FileEvent_message(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var fileInfoImplementors = []string{"FileInfo"}
 
 func (ec *executionContext) _FileInfo(ctx context.Context, sel ast.SelectionSet, obj *model.FileInfo) graphql.Marshaler {
@@ -9212,6 +10335,11 @@ func (ec *executionContext) _FileInfo(ctx context.Context, sel ast.SelectionSet,
 			}
 		case "modTime":
 			out.Values[i] = ec._FileInfo_modTime(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "type":
+			out.Values[i] = ec._FileInfo_type(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
@@ -9313,6 +10441,44 @@ func (ec *executionContext) _Label(ctx context.Context, sel ast.SelectionSet, ob
 	return out
 }
 
+var makeDirectoryPayloadImplementors = []string{"MakeDirectoryPayload"}
+
+func (ec *executionContext) _MakeDirectoryPayload(ctx context.Context, sel ast.SelectionSet, obj *model.MakeDirectoryPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, makeDirectoryPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("MakeDirectoryPayload")
+		case "directory":
+			out.Values[i] = ec._MakeDirectoryPayload_directory(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "created":
+			out.Values[i] = ec._MakeDirectoryPayload_created(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var mutationImplementors = []string{"Mutation"}
 
 func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet) graphql.Marshaler {
@@ -9391,6 +10557,27 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 		case "writeFile":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_writeFile(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteFile":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteFile(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "moveFile":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_moveFile(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "makeDirectory":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_makeDirectory(ctx, field)
 			})
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
@@ -9591,6 +10778,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_listFiles(ctx, field)
+				})
+		case "stat":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_stat(ctx, field)
 				})
 		case "exec":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -10072,6 +11265,8 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 		return ec._Subscription_execOutput(ctx, fields[0])
 	case "agentRunEvents":
 		return ec._Subscription_agentRunEvents(ctx, fields[0])
+	case "watchFiles":
+		return ec._Subscription_watchFiles(ctx, fields[0])
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
@@ -10572,6 +11767,24 @@ func (ec *executionContext) marshalNFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFi
 	return ec._FileContent(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNFileEvent2ᚖsandboxdᚋgraphᚋmodelᚐFileEvent(ctx context.Context, sel ast.SelectionSet, v *model.FileEvent) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "FileEvent!")
+		return graphql.Null
+	}
+	return ec._FileEvent(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNFileEventKind2sandboxdᚋgraphᚋmodelᚐFileEventKind(ctx context.Context, v any) (model.FileEventKind, error) {
+	var res model.FileEventKind
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNFileEventKind2sandboxdᚋgraphᚋmodelᚐFileEventKind(ctx context.Context, sel ast.SelectionSet, v model.FileEventKind) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) marshalNFileInfo2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileInfoᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.FileInfo) graphql.Marshaler {
 	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
 		fc := graphql.GetFieldContext(ctx)
@@ -10678,6 +11891,14 @@ func (ec *executionContext) unmarshalNLabelInput2ᚖsandboxdᚋgraphᚋmodelᚐL
 func (ec *executionContext) unmarshalNLabelPatchInput2ᚖsandboxdᚋgraphᚋmodelᚐLabelPatchInput(ctx context.Context, v any) (*model.LabelPatchInput, error) {
 	res, err := ec.unmarshalInputLabelPatchInput(ctx, v)
 	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋmodelᚐMakeDirectoryPayload(ctx context.Context, sel ast.SelectionSet, v *model.MakeDirectoryPayload) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "MakeDirectoryPayload!")
+		return graphql.Null
+	}
+	return ec._MakeDirectoryPayload(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx context.Context, sel ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
@@ -11110,6 +12331,22 @@ func (ec *executionContext) marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExe
 		return graphql.Null
 	}
 	return ec._ExecResult(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx context.Context, v any) (*model.FileType, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.FileType)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx context.Context, sel ast.SelectionSet, v *model.FileType) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
 }
 
 func (ec *executionContext) unmarshalOID2ᚖstring(ctx context.Context, v any) (*string, error) {

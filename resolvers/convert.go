@@ -273,7 +273,7 @@ func toExecResult(r sandbox.ExecResult, sel fieldSet) *model.ExecResult {
 
 func toFileInfo(f sandbox.FileInfo) *model.FileInfo {
 	return &model.FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: int(f.Mode), IsDir: f.IsDir,
-		Symlink: optString(f.Symlink), ModTime: optTime(f.ModTime)}
+		Symlink: optString(f.Symlink), ModTime: optTime(f.ModTime), Type: fileType(f.Type)}
 }
 
 // toFileContent converts a file read; only the encodings in sel are built.

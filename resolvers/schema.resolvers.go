@@ -149,6 +149,44 @@ func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path
 	return toFileInfo(fi), nil
 }
 
+// DeleteFile is the resolver for the deleteFile field.
+func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (bool, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return false, err
+	}
+	if err := r.svc.DeleteFile(ctx, p, sandboxID, path, recursive != nil && *recursive); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// MoveFile is the resolver for the moveFile field.
+func (r *mutationResolver) MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.FileInfo, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := r.svc.MoveFile(ctx, p, sandboxID, from, to, overwrite != nil && *overwrite)
+	if err != nil {
+		return nil, err
+	}
+	return toFileInfo(fi), nil
+}
+
+// MakeDirectory is the resolver for the makeDirectory field.
+func (r *mutationResolver) MakeDirectory(ctx context.Context, sandboxID string, path string) (*model.MakeDirectoryPayload, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fi, created, err := r.svc.MakeDir(ctx, p, sandboxID, path)
+	if err != nil {
+		return nil, err
+	}
+	return &model.MakeDirectoryPayload{Directory: toFileInfo(fi), Created: created}, nil
+}
+
 // StartAgentRun is the resolver for the startAgentRun field.
 func (r *mutationResolver) StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error) {
 	p, err := auth.Require(ctx)
@@ -267,6 +305,19 @@ func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *s
 	return toFileListing(dir, entries, truncated), nil
 }
 
+// Stat is the resolver for the stat field.
+func (r *queryResolver) Stat(ctx context.Context, sandboxID string, path string) (*model.FileInfo, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := r.svc.StatFile(ctx, p, sandboxID, path)
+	if err != nil {
+		return nil, err
+	}
+	return toFileInfo(fi), nil
+}
+
 // Exec is the resolver for the exec field.
 func (r *queryResolver) Exec(ctx context.Context, id string) (*model.ExecResult, error) {
 	p, err := auth.Require(ctx)
@@ -360,6 +411,19 @@ func (r *subscriptionResolver) AgentRunEvents(ctx context.Context, runID string,
 		return nil, err
 	}
 	return forwardAgentRunEvents(ctx, in), nil
+}
+
+// WatchFiles is the resolver for the watchFiles field.
+func (r *subscriptionResolver) WatchFiles(ctx context.Context, sandboxID string, path string, recursive *bool, after *string) (<-chan *model.FileEvent, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	in, err := r.svc.WatchFiles(ctx, p, sandboxID, watchRequest(path, recursive, after))
+	if err != nil {
+		return nil, err
+	}
+	return forwardFileEvents(ctx, in), nil
 }
 
 // Mutation returns graph.MutationResolver implementation.

@@ -184,6 +184,30 @@ type FileContent struct {
 	File *FileInfo `json:"file"`
 }
 
+// One event of a file watch (watchFiles).
+type FileEvent struct {
+	// The position after this event; pass the last one seen as after to resume right after it, on any replica.
+	Cursor string `json:"cursor"`
+	// What happened.
+	Kind FileEventKind `json:"kind"`
+	// The path, relative to /workspace (for MOVED, the new one); null for OVERFLOW without one and for ERROR.
+	Path *string `json:"path,omitempty"`
+	// For MOVED, the old path, relative to /workspace; null otherwise.
+	From *string `json:"from,omitempty"`
+	// Whether the path is a folder.
+	IsDir bool `json:"isDir"`
+	// When the sandbox saw it.
+	At time.Time `json:"at"`
+	// For OVERFLOW, how many events were lost (0 when unknown); null otherwise.
+	MissedEvents *int64 `json:"missedEvents,omitempty"`
+	// For OVERFLOW, why: RING (the cursor is older than the events the watch keeps), QUEUE (the kernel's event queue overflowed), DIRS (path is a folder the watch does not hold: limits.watch_max_dirs), SCAN (a new folder held more entries than its scan reports); null otherwise.
+	Reason *string `json:"reason,omitempty"`
+	// For ERROR, the error code (e.g. NOT_FOUND: the watched folder was deleted; INVALID_STATE: the sandbox stopped; CURSOR_EXPIRED); null otherwise.
+	Code *string `json:"code,omitempty"`
+	// For ERROR, what happened; null otherwise.
+	Message *string `json:"message,omitempty"`
+}
+
 // A file or folder in a sandbox's workspace.
 type FileInfo struct {
 	// The last element of the path.
@@ -200,6 +224,8 @@ type FileInfo struct {
 	Symlink *string `json:"symlink,omitempty"`
 	// When the file was last modified; null when unknown.
 	ModTime *time.Time `json:"modTime,omitempty"`
+	// What kind of file it is; null when the sandbox's init does not say (an older one).
+	Type *FileType `json:"type,omitempty"`
 }
 
 // The entries of one folder.
@@ -234,6 +260,14 @@ type LabelPatchInput struct {
 	Key string `json:"key"`
 	// The new value; null removes the label.
 	Value *string `json:"value,omitempty"`
+}
+
+// What makeDirectory did.
+type MakeDirectoryPayload struct {
+	// The folder.
+	Directory *FileInfo `json:"directory"`
+	// Whether it was made now (false: it existed already).
+	Created bool `json:"created"`
 }
 
 // Changing sandboxes: lifecycle, commands and files.
@@ -735,6 +769,152 @@ func (e *ExecState) UnmarshalJSON(b []byte) error {
 }
 
 func (e ExecState) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// What a FileEvent reports.
+type FileEventKind string
+
+const (
+	// A file or folder was made (or moved into the watched tree).
+	FileEventKindCreated FileEventKind = "CREATED"
+	// A file's content or attributes changed.
+	FileEventKindModified FileEventKind = "MODIFIED"
+	// A file or folder was deleted (or moved out of the watched tree).
+	FileEventKindDeleted FileEventKind = "DELETED"
+	// A file or folder was renamed within the watched tree: from is the old path.
+	FileEventKindMoved FileEventKind = "MOVED"
+	// Events were lost: reason and missedEvents. Rescan what you mirror.
+	FileEventKindOverflow FileEventKind = "OVERFLOW"
+	// The watch cannot go on: code and message. Always the last event; the stream ends after it.
+	FileEventKindError FileEventKind = "ERROR"
+)
+
+var AllFileEventKind = []FileEventKind{
+	FileEventKindCreated,
+	FileEventKindModified,
+	FileEventKindDeleted,
+	FileEventKindMoved,
+	FileEventKindOverflow,
+	FileEventKindError,
+}
+
+func (e FileEventKind) IsValid() bool {
+	switch e {
+	case FileEventKindCreated, FileEventKindModified, FileEventKindDeleted, FileEventKindMoved, FileEventKindOverflow, FileEventKindError:
+		return true
+	}
+	return false
+}
+
+func (e FileEventKind) String() string {
+	return string(e)
+}
+
+func (e *FileEventKind) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = FileEventKind(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid FileEventKind", str)
+	}
+	return nil
+}
+
+func (e FileEventKind) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *FileEventKind) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e FileEventKind) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// The kind of a file.
+type FileType string
+
+const (
+	// A regular file.
+	FileTypeFile FileType = "FILE"
+	// A folder.
+	FileTypeDirectory FileType = "DIRECTORY"
+	// A symbolic link (symlink holds its target).
+	FileTypeSymlink FileType = "SYMLINK"
+	// A Unix socket.
+	FileTypeSocket FileType = "SOCKET"
+	// A named pipe.
+	FileTypeFifo FileType = "FIFO"
+	// A character device.
+	FileTypeCharDevice FileType = "CHAR_DEVICE"
+	// A block device.
+	FileTypeBlockDevice FileType = "BLOCK_DEVICE"
+	// Anything else.
+	FileTypeOther FileType = "OTHER"
+)
+
+var AllFileType = []FileType{
+	FileTypeFile,
+	FileTypeDirectory,
+	FileTypeSymlink,
+	FileTypeSocket,
+	FileTypeFifo,
+	FileTypeCharDevice,
+	FileTypeBlockDevice,
+	FileTypeOther,
+}
+
+func (e FileType) IsValid() bool {
+	switch e {
+	case FileTypeFile, FileTypeDirectory, FileTypeSymlink, FileTypeSocket, FileTypeFifo, FileTypeCharDevice, FileTypeBlockDevice, FileTypeOther:
+		return true
+	}
+	return false
+}
+
+func (e FileType) String() string {
+	return string(e)
+}
+
+func (e *FileType) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = FileType(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid FileType", str)
+	}
+	return nil
+}
+
+func (e FileType) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *FileType) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e FileType) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

@@ -20,6 +20,7 @@
 //	GET    /v1/files?path=P                    the bytes; HeaderSize, HeaderMode, HeaderModTime
 //	PUT    /v1/files?path=P&mode=0644&max=N    body → FileInfo (atomic, parents created)
 //	DELETE /v1/files?path=P&recursive=1        204
+//	… stat, mkdir, move and watches: files.go
 //	GET    /v1/dirs?path=P&limit=N             DirListing
 //	GET    /v1/workspace/tar                   the workspace as tar; trailer HeaderFiles
 //	PUT    /v1/workspace/tar?replace=1&max_bytes=N&max_files=N&external_symlinks=1
@@ -238,6 +239,8 @@ type FileInfo struct {
 	IsDir   bool      `json:"is_dir"`
 	Symlink string    `json:"symlink,omitempty"`
 	ModTime time.Time `json:"mod_time"`
+	// Type is the kind of file (FileType…, files.go); empty from an older init.
+	Type string `json:"type,omitempty"`
 }
 
 // Error is the JSON body of every non-2xx answer from the guest init.
@@ -333,6 +336,10 @@ func HTTPStatus(code string) int {
 		return http.StatusBadRequest
 	case ErrCodeExists, ErrCodeState:
 		return http.StatusConflict
+	case ErrCodeNotEmpty:
+		return http.StatusConflict
+	case ErrCodeGone:
+		return http.StatusGone
 	case ErrCodeTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case ErrCodeNoSpace:

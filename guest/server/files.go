@@ -33,7 +33,7 @@ const (
 )
 
 // reservedPrefixes are the prefixes the files API refuses in a path.
-var reservedPrefixes = []string{tmpPrefix, importPrefix}
+var reservedPrefixes = []string{tmpPrefix, importPrefix, trashPrefix}
 
 const (
 	defaultMaxFileBytes = 1 << 30
@@ -179,6 +179,7 @@ func fileInfo(name, p string, fi fs.FileInfo) proto.FileInfo {
 		Mode:    proto.UnixMode(fi.Mode()),
 		IsDir:   fi.IsDir(),
 		ModTime: fi.ModTime().UTC(),
+		Type:    fileTypeOfMode(fi.Mode()),
 	}
 }
 
@@ -380,44 +381,6 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, fileInfo(path.Base(rel), absName(rel), fi))
 }
 
-func (s *Server) handleRemove(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	rel, perr := s.relPath(q.Get("path"), false)
-	if perr != nil {
-		writeError(w, perr)
-		return
-	}
-	root, err := os.OpenRoot(s.ws)
-	if err != nil {
-		writeError(w, fsError(err))
-		return
-	}
-	defer root.Close()
-	name, perr := s.resolve(root, rel, false)
-	if perr != nil {
-		writeError(w, perr)
-		return
-	}
-	if name == "." {
-		writeError(w, errorf(proto.ErrCodeInvalid, "path %s is the workspace itself", absName(rel)))
-		return
-	}
-	if _, err := root.Lstat(name); err != nil {
-		writeError(w, fsError(err))
-		return
-	}
-	if isTrue(q.Get("recursive")) {
-		err = root.RemoveAll(name)
-	} else {
-		err = root.Remove(name)
-	}
-	if err != nil {
-		writeError(w, fsError(err))
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
 func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	rel, perr := s.relPath(q.Get("path"), true)
@@ -490,7 +453,7 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 }
 
 // hiddenName reports the server's own transient files (temp files anywhere, import staging
-// folders at the top): names of exactly the form randName makes, nothing else.
+// and trash folders at the top): names of exactly the form randName makes, nothing else.
 func hiddenName(dir, name string) bool {
-	return isOwnName(name, tmpPrefix) || (dir == "." && isOwnName(name, importPrefix))
+	return isOwnName(name, tmpPrefix) || (dir == "." && (isOwnName(name, importPrefix) || isOwnName(name, trashPrefix)))
 }

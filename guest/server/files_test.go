@@ -110,7 +110,7 @@ func TestFiles(t *testing.T) {
 			return err
 		}, proto.ErrCodeNotDir},
 		{"remove-missing", func() error { return h.C.Remove(ctx, "nope", false) }, proto.ErrCodeNotFound},
-		{"remove-nonempty", func() error { return h.C.Remove(ctx, "a", false) }, proto.ErrCodeInvalid},
+		{"remove-nonempty", func() error { return h.C.Remove(ctx, "a", false) }, proto.ErrCodeNotEmpty},
 		{"remove-workspace", func() error { return h.C.Remove(ctx, "/workspace", true) }, proto.ErrCodeInvalid},
 	}
 	for _, tt := range errTests {

@@ -90,6 +90,9 @@ type Server struct {
 	connsWG   sync.WaitGroup
 	importMu  sync.Mutex
 	closeOnce sync.Once
+
+	watches *watchSet // file watches (watch.go)
+	trash   *trashBin // trees a recursive delete removes in the background (fileops.go)
 }
 
 // New creates the server; with Reap it starts reaping at once.
@@ -144,7 +147,9 @@ func New(opts Options) (*Server, error) {
 		},
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.watches, s.trash = newWatchSet(s), newTrashBin(s.ctx, s)
 	s.removeStaleImports()
+	s.removeStaleTrash()
 	if opts.Reap {
 		s.waiter = startReaper()
 	} else {
@@ -169,6 +174,12 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/files", s.handleWriteFile)
 	mux.HandleFunc("DELETE /v1/files", s.handleRemove)
 	mux.HandleFunc("GET /v1/dirs", s.handleListDir)
+	mux.HandleFunc("GET /v1/stat", s.handleStat)
+	mux.HandleFunc("POST /v1/mkdir", s.handleMkdir)
+	mux.HandleFunc("POST /v1/move", s.handleMove)
+	mux.HandleFunc("POST /v1/watches", s.handleCreateWatch)
+	mux.HandleFunc("GET /v1/watches/{id}/events", s.handleWatchEvents)
+	mux.HandleFunc("DELETE /v1/watches/{id}", s.handleDeleteWatch)
 	mux.HandleFunc("GET /v1/workspace/tar", s.handleExport)
 	mux.HandleFunc("PUT /v1/workspace/tar", s.handleImport)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -234,6 +245,7 @@ func (s *Server) Close() {
 		s.mu.Unlock()
 
 		s.cancel()
+		s.watches.closeAll()
 		var kills sync.WaitGroup
 		for _, e := range running {
 			kills.Add(1)
@@ -249,6 +261,7 @@ func (s *Server) Close() {
 		s.wg.Wait()
 		s.connsWG.Wait()
 		s.handlers.Wait()
+		s.trash.wait()
 		s.waiter.stop()
 		_ = s.devNull.Close()
 	})

@@ -58,6 +58,17 @@ type Service interface {
 	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
 	// ListDir returns at most limit entries and whether there were more.
 	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
+	// StatFile describes a path; a symlink is reported as one, never followed.
+	StatFile(ctx context.Context, p auth.Principal, id, path string) (sandbox.FileInfo, error)
+	// MakeDir makes a directory and its parents; created is false when it existed already.
+	MakeDir(ctx context.Context, p auth.Principal, id, path string) (info sandbox.FileInfo, created bool, err error)
+	// MoveFile renames from to to; an existing to is ALREADY_EXISTS unless overwrite.
+	MoveFile(ctx context.Context, p auth.Principal, id, from, to string, overwrite bool) (sandbox.FileInfo, error)
+	// DeleteFile deletes a path; a directory that is not empty only with recursive.
+	DeleteFile(ctx context.Context, p auth.Principal, id, path string, recursive bool) error
+	// WatchFiles follows changes below a directory, from now on or after req.After; the
+	// channel closes when ctx ends or after an ERROR event.
+	WatchFiles(ctx context.Context, p auth.Principal, id string, req sandbox.WatchRequest) (<-chan sandbox.FileEvent, error)
 
 	// ---- snapshots ----
 

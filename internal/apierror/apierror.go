@@ -37,6 +37,12 @@ const (
 	// retrying cannot help, an earlier snapshot can (the error names the last good one).
 	CheckpointCorrupt Code = "CHECKPOINT_CORRUPT"
 	Internal          Code = "INTERNAL"
+	// DirectoryNotEmpty: a directory that is not empty was deleted without recursive (or a
+	// move with overwrite named one as its target).
+	DirectoryNotEmpty Code = "DIRECTORY_NOT_EMPTY"
+	// CursorExpired: a stream's cursor names something that no longer exists (a file watch
+	// that expired, or whose sandbox restarted): start again without the cursor, and rescan.
+	CursorExpired Code = "CURSOR_EXPIRED"
 )
 
 // table maps each code to its HTTP status.
@@ -56,12 +62,16 @@ var table = map[Code]int{
 	SandboxFailed:     http.StatusConflict,
 	CheckpointCorrupt: http.StatusConflict,
 	Internal:          http.StatusInternalServerError,
+	DirectoryNotEmpty: http.StatusConflict,
+	CursorExpired:     http.StatusGone,
 }
 
 // Codes lists every code, for documentation and tests.
 func Codes() []Code {
-	return []Code{InvalidArgument, Unauthenticated, PermissionDenied, NotFound, InvalidState,
+	codes := []Code{InvalidArgument, Unauthenticated, PermissionDenied, NotFound, InvalidState,
 		AlreadyExists, PayloadTooLarge, QuotaExceeded, RateLimited, LimitExceeded, CostExceeded, Unavailable, SandboxFailed, CheckpointCorrupt, Internal}
+	codes = append(codes, DirectoryNotEmpty, CursorExpired)
+	return codes
 }
 
 // HTTPStatus is the HTTP status of a code (500 for an unknown one).

@@ -43,6 +43,12 @@ type Handler struct {
 // Prefix is the root of the sandbox REST paths.
 const Prefix = "/sandbox/sandboxes/v1"
 
+// The route DELETE …/{id}/files, and the wider pattern ServeMux serves it under (see New).
+const (
+	deleteFileRoute   = "DELETE " + Prefix + "/{id}/files"
+	deleteFilePattern = "DELETE " + Prefix + "/{id}/{name}"
+)
+
 // maxJSONBody bounds JSON request bodies (an exec's stdin travels inside, base64-encoded).
 const maxJSONBody = 8 << 20
 
@@ -73,6 +79,15 @@ func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown 
 	route("PUT "+Prefix+"/{id}/files", h.upload)
 	route("POST "+Prefix+"/{id}/files", h.upload)
 	route("GET "+Prefix+"/{id}/files/list", h.listFiles)
+	// DELETE …/{id}/files: ServeMux refuses that pattern beside DELETE …/snapshots/{snapshot_id}
+	// (both would match …/snapshots/files), so the mux's pattern takes any name, deleteFile
+	// answers NOT_FOUND for every name but "files", and the route is labelled by its real path.
+	h.mux.HandleFunc(deleteFilePattern, h.deleteFile)
+	h.routes[deleteFileRoute] = true
+	route("POST "+Prefix+"/{id}/files/move", h.moveFile)
+	route("POST "+Prefix+"/{id}/files/mkdir", h.makeDir)
+	route("GET "+Prefix+"/{id}/files/stat", h.statFile)
+	route("GET "+Prefix+"/{id}/files/watch", h.watchFiles)
 	route("POST "+Prefix+"/{id}/snapshots", h.snapshot)
 	route("GET "+Prefix+"/{id}/snapshots", h.listSnapshots)
 	route("POST "+AgentPrefix+"/runs", h.startAgentRun)
@@ -99,7 +114,11 @@ func (h *Handler) WithRateLimit(limit func(context.Context, auth.Principal) erro
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if slot, ok := r.Context().Value(routeKey{}).(*string); ok {
 		// Before authentication: a refused request is labelled by its route too.
-		if _, pattern := h.mux.Handler(r); h.routes[pattern] {
+		_, pattern := h.mux.Handler(r)
+		if pattern == deleteFilePattern && strings.HasSuffix(r.URL.Path, "/files") {
+			pattern = deleteFileRoute
+		}
+		if h.routes[pattern] {
 			*slot = pattern
 		}
 	}
@@ -387,11 +406,12 @@ type fileOut struct {
 	IsDir   bool      `json:"is_dir"`
 	Symlink string    `json:"symlink,omitempty"`
 	ModTime time.Time `json:"mod_time"`
+	Type    string    `json:"type,omitempty"`
 }
 
 func fileJSON(f sandbox.FileInfo) fileOut {
 	return fileOut{Name: f.Name, Path: f.Path, Size: f.Size, Mode: fmt.Sprintf("%04o", f.Mode&0o7777), IsDir: f.IsDir,
-		Symlink: f.Symlink, ModTime: f.ModTime}
+		Symlink: f.Symlink, ModTime: f.ModTime, Type: string(f.Type)}
 }
 
 func principal(r *http.Request) auth.Principal {

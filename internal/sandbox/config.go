@@ -62,6 +62,13 @@ type Limits struct {
 	// MaxLabels bounds the labels of one sandbox (and the terms of one label filter); each
 	// label's size is Kubernetes' (labels.go).
 	MaxLabels int `json:"max_labels"`
+	// File watches (watch.go): how many may exist in one sandbox at once, the directories one
+	// recursive watch may hold, the events each keeps for readers that resume, and how long
+	// one lives on after its last reader left.
+	WatchMaxPerSandbox int `json:"watch_max_per_sandbox"`
+	WatchMaxDirs       int `json:"watch_max_dirs"`
+	WatchMaxEvents     int `json:"watch_max_events"`
+	WatchGraceSec      int `json:"watch_grace_sec"`
 }
 
 // DefaultLimits are the limits when config says nothing.
@@ -74,7 +81,8 @@ func DefaultLimits() Limits {
 		ExecMaxStdinBytes: 4 << 20, ExecMaxEnv: 256,
 		MaxFileBytes: 100 << 20, MaxPathBytes: 4096, MaxListEntries: 10000, MaxPageSize: 500,
 		AgentMaxInstructionBytes: 256 << 10, AgentMaxConfigBytes: 64 << 10,
-		MaxLabels: 32,
+		MaxLabels:          32,
+		WatchMaxPerSandbox: 16, WatchMaxDirs: 4096, WatchMaxEvents: 4096, WatchGraceSec: 60,
 	}
 }
 
@@ -172,6 +180,9 @@ func (c *Config) validate() error {
 	}
 	if l.MaxLabels > maxLabelsCap {
 		return fmt.Errorf("sandbox config: max labels must be at most %d (a sandbox's labels must fit its Kubernetes objects' metadata), got %d", maxLabelsCap, l.MaxLabels)
+	}
+	if err := l.checkWatch(); err != nil {
+		return err
 	}
 	if err := validateAgents(c.Agents, l); err != nil {
 		return err

@@ -153,5 +153,6 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 }
 
 func fileInfo(f proto.FileInfo) FileInfo {
-	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime}
+	return FileInfo{Name: f.Name, Path: f.Path, Size: f.Size, Mode: f.Mode, IsDir: f.IsDir, Symlink: f.Symlink, ModTime: f.ModTime,
+		Type: fileType(f.Type)}
 }

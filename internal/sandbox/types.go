@@ -211,6 +211,8 @@ type FileInfo struct {
 	IsDir   bool
 	Symlink string
 	ModTime time.Time
+	// Type is the kind of file (FileType…); empty when the sandbox's init is older.
+	Type FileType
 }
 
 // Profile is a kind of sandbox a caller may create.

@@ -112,6 +112,10 @@ type Fake struct {
 
 	// File is what ReadFile and OpenFile answer.
 	File []byte
+	// FileEvents are what WatchFiles sends after its cursor (New sets FileEventFixtures); then
+	// the stream stays open until the subscriber goes away, unless FileEventsEnd is set.
+	FileEvents    []sandbox.FileEvent
+	FileEventsEnd bool
 
 	// SandboxEvents are what Events sends, after SandboxEventsDelay; then the stream stays
 	// open until the subscriber goes away, unless SandboxEventsEnd is set.
@@ -158,6 +162,7 @@ func New() *Fake {
 		},
 		ExecEvents: map[string][]sandbox.ExecEvent{},
 		Snapshots:  snapshots(),
+		FileEvents: FileEventFixtures(),
 		Runs:       map[string]sandbox.AgentRun{RunRunning: agentRun(RunRunning), RunDone: agentRun(RunDone)},
 		subscribed: make(chan struct{}, signalBuffer),
 		execDone:   make(chan ExecStreamEnd, signalBuffer),
@@ -189,6 +194,12 @@ type Call struct {
 	Mode     os.FileMode
 	Data     []byte
 	Limit    int
+	// Target, Recursive and Overwrite are MoveFile's to and flags and DeleteFile's; Watch is
+	// WatchFiles' request.
+	Target    string
+	Recursive bool
+	Overwrite bool
+	Watch     sandbox.WatchRequest
 	// The request of Create, List, Exec and StartAgentRun.
 	Create   sandbox.CreateRequest
 	List     sandbox.ListOptions
@@ -276,7 +287,7 @@ func (f *Fake) WaitSubscribed(t testing.TB, d time.Duration) {
 }
 
 // WaitStreams fails t unless every stream the fake started (Events, ExecOutput,
-// AgentRunEvents) has ended within d: its subscriber went away or it ran out.
+// AgentRunEvents, WatchFiles) has ended within d: its subscriber went away or it ran out.
 func (f *Fake) WaitStreams(t testing.TB, d time.Duration) {
 	t.Helper()
 	done := make(chan struct{})
