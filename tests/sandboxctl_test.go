@@ -61,6 +61,17 @@ func ctlFails(t *testing.T, env []string, code int, want string, args ...string)
 	return errOut
 }
 
+// ctlCreate creates a sandbox of env's tenant through sandboxctl and tracks it.
+func ctlCreate(t *testing.T, s *e2e.Server, env []string, hdr string) string {
+	t.Helper()
+	id := strings.TrimSpace(ctlOK(t, env, "create", "-q"))
+	if !strings.HasPrefix(id, "sbx_") {
+		t.Fatalf("create -q printed %q, want an id", id)
+	}
+	s.Track(id, hdr)
+	return id
+}
+
 // TestSandboxctl drives the built sandboxctl, on a pseudo-terminal where a user would see it,
 // against the built server on real runsc: create, get and list as JSON, exec with live output
 // and its exit code, Ctrl-C that detaches and logs --follow that follows on from the cursor,

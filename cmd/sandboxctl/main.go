@@ -130,7 +130,7 @@ message.
 		c.GroupID = "sandboxes"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.execCmd(), a.logsCmd(), a.cpCmd()} {
+	for _, c := range []*cobra.Command{a.execCmd(), a.logsCmd(), a.cpCmd(), a.rmCmd(), a.mvCmd(), a.mkdirCmd(), a.statCmd(), a.watchCmd()} {
 		c.GroupID = "work"
 		root.AddCommand(c)
 	}

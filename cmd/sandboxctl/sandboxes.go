@@ -176,7 +176,7 @@ func (a *app) destroyCmd() *cobra.Command {
 		func(c *client.Client, cmd *cobra.Command, id string) (client.Sandbox, error) {
 			return c.Destroy(cmd.Context(), id)
 		})
-	cmd.Aliases = []string{"rm", "delete"}
+	cmd.Aliases = []string{"delete"} // not rm: that deletes files
 	return cmd
 }
 

@@ -169,3 +169,18 @@ func (p *PTY) Wait(t testing.TB, timeout time.Duration) (string, int) {
 	}
 	return p.Output(), code
 }
+
+// Resize sets the terminal's size, as a user resizing the window: the program (the terminal's
+// foreground process group) gets SIGWINCH.
+func (p *PTY) Resize(t testing.TB, rows, cols int) {
+	t.Helper()
+	if err := pty.Setsize(p.tty, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Since is what the program wrote after the first n bytes of Output.
+func (p *PTY) Since(n int) string {
+	out := p.Output()
+	return out[min(n, len(out)):]
+}
