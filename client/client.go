@@ -18,6 +18,12 @@
 // SubscribeExecOutput) redial the WebSocket with backoff and subscribe again with `after` set to
 // the last cursor seen. The server replays exactly what follows that cursor, so the caller sees
 // no gap and no event twice.
+//
+// Process control (process.go): ListExecs, SignalExec, WriteStdin and ResizeTty; an exec
+// started with ExecRequest.Tty (or StdinOpen) takes input. Terminal (terminal.go) attaches to
+// an exec over the terminal WebSocket: an io.ReadWriter of its output and stdin with Resize,
+// which reattaches after a dropped connection from the cursor of the output it received, and
+// whose Cursor lets a later Terminal go on where this one was closed.
 package client
 
 import (

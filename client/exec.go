@@ -23,6 +23,18 @@ type ExecRequest struct {
 	Env        map[string]string // added to the profile's environment
 	Cwd        string            // "": /workspace
 	Stdin      []byte            // sent as text when UTF-8, else base64
+	// StdinOpen keeps stdin open after Stdin: write more with WriteStdin (or a Terminal),
+	// which also closes it.
+	StdinOpen bool
+	// Tty runs the command under a terminal of this size (its output is one stream, its
+	// stdin open); attach to it with Terminal.
+	Tty *TtySize
+}
+
+// TtySize is a terminal's size in character cells (1 to 1000 each).
+type TtySize struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
 }
 
 func (r ExecRequest) body(wait bool) map[string]any {
@@ -45,6 +57,12 @@ func (r ExecRequest) body(wait bool) map[string]any {
 	}
 	if !wait {
 		b["wait"] = false
+	}
+	if r.StdinOpen {
+		b["stdin_open"] = true
+	}
+	if r.Tty != nil {
+		b["tty"] = *r.Tty
 	}
 	return b
 }
@@ -70,6 +88,10 @@ type Exec struct {
 	EndedAt         time.Time
 	// OutputURL and StatusURL are the exec's paths (statuses only).
 	OutputURL, StatusURL string
+	// StdinOpen says whether WriteStdin takes bytes (statuses only); Tty is the terminal's
+	// size of an exec run under one.
+	StdinOpen bool
+	Tty       *TtySize
 }
 
 type execJSON struct {
@@ -93,6 +115,8 @@ type execJSON struct {
 	OutputBytes     int64      `json:"output_bytes"`
 	OutputURL       string     `json:"output_url"`
 	StatusURL       string     `json:"status_url"`
+	StdinOpen       bool       `json:"stdin_open"`
+	Tty             *TtySize   `json:"tty"`
 }
 
 // UnmarshalJSON reads the REST exec JSON.
@@ -104,7 +128,8 @@ func (e *Exec) UnmarshalJSON(b []byte) error {
 	*e = Exec{ExecID: j.ExecID, SandboxID: j.SandboxID, State: j.State, Command: j.Command, Signal: j.Signal,
 		TimedOut: j.TimedOut, Duration: time.Duration(j.DurationMs) * time.Millisecond, Error: j.Error,
 		Stdout: j.Stdout, Stderr: j.Stderr, StdoutTruncated: j.StdoutTruncated, StderrTruncated: j.StderrTruncated,
-		OutputBytes: j.OutputBytes, StartedAt: j.StartedAt, OutputURL: j.OutputURL, StatusURL: j.StatusURL}
+		OutputBytes: j.OutputBytes, StartedAt: j.StartedAt, OutputURL: j.OutputURL, StatusURL: j.StatusURL,
+		StdinOpen: j.StdinOpen, Tty: j.Tty}
 	if j.ExitCode != nil {
 		e.ExitCode = *j.ExitCode
 	}

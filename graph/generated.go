@@ -69,6 +69,17 @@ type ComplexityRoot struct {
 		SnapshotID func(childComplexity int) int
 	}
 
+	ExecConnection struct {
+		Edges    func(childComplexity int) int
+		Nodes    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	ExecEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
 	ExecOutputEvent struct {
 		Cursor      func(childComplexity int) int
 		Data        func(childComplexity int) int
@@ -94,10 +105,12 @@ type ComplexityRoot struct {
 		Stderr          func(childComplexity int) int
 		StderrBase64    func(childComplexity int) int
 		StderrTruncated func(childComplexity int) int
+		StdinOpen       func(childComplexity int) int
 		Stdout          func(childComplexity int) int
 		StdoutBase64    func(childComplexity int) int
 		StdoutTruncated func(childComplexity int) int
 		TimedOut        func(childComplexity int) int
+		Tty             func(childComplexity int) int
 	}
 
 	FileContent struct {
@@ -158,11 +171,14 @@ type ComplexityRoot struct {
 		Exec            func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
 		MakeDirectory   func(childComplexity int, sandboxID string, path string) int
 		MoveFile        func(childComplexity int, sandboxID string, from string, to string, overwrite *bool) int
+		ResizeExecTty   func(childComplexity int, execID string, rows int, cols int) int
+		SignalExec      func(childComplexity int, execID string, signal model.ExecSignal) int
 		SnapshotSandbox func(childComplexity int, id string) int
 		StartAgentRun   func(childComplexity int, input model.StartAgentRunInput) int
 		StartSandbox    func(childComplexity int, id string) int
 		StopSandbox     func(childComplexity int, id string) int
 		UpdateSandbox   func(childComplexity int, id string, input model.UpdateSandboxInput) int
+		WriteExecStdin  func(childComplexity int, execID string, data *string, dataBase64 *string, close *bool) int
 		WriteFile       func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
 	}
 
@@ -187,6 +203,7 @@ type ComplexityRoot struct {
 		AgentRun  func(childComplexity int, id string) int
 		AgentRuns func(childComplexity int, sandboxID string) int
 		Exec      func(childComplexity int, id string) int
+		Execs     func(childComplexity int, sandboxID string, state *model.ExecState, first *int, after *string) int
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
 		Profiles  func(childComplexity int) int
 		Quota     func(childComplexity int) int
@@ -260,11 +277,22 @@ type ComplexityRoot struct {
 		SizeBytes        func(childComplexity int) int
 	}
 
+	StdinWriteResult struct {
+		Buffered func(childComplexity int) int
+		Closed   func(childComplexity int) int
+		Written  func(childComplexity int) int
+	}
+
 	Subscription struct {
 		AgentRunEvents func(childComplexity int, runID string, after *string) int
 		ExecOutput     func(childComplexity int, execID string, after *string) int
 		SandboxEvents  func(childComplexity int, sandboxID *string, after *string) int
 		WatchFiles     func(childComplexity int, sandboxID string, path string, recursive *bool, after *string) int
+	}
+
+	TtySize struct {
+		Cols func(childComplexity int) int
+		Rows func(childComplexity int) int
 	}
 }
 
@@ -287,6 +315,9 @@ type MutationResolver interface {
 	MakeDirectory(ctx context.Context, sandboxID string, path string) (*model.MakeDirectoryPayload, error)
 	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error)
 	CancelAgentRun(ctx context.Context, id string) (*model.AgentRun, error)
+	SignalExec(ctx context.Context, execID string, signal model.ExecSignal) (*model.ExecResult, error)
+	WriteExecStdin(ctx context.Context, execID string, data *string, dataBase64 *string, close *bool) (*model.StdinWriteResult, error)
+	ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ExecResult, error)
 }
 type QueryResolver interface {
 	Sandbox(ctx context.Context, id string) (*model.Sandbox, error)
@@ -297,6 +328,7 @@ type QueryResolver interface {
 	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
 	Stat(ctx context.Context, sandboxID string, path string) (*model.FileInfo, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
+	Execs(ctx context.Context, sandboxID string, state *model.ExecState, first *int, after *string) (*model.ExecConnection, error)
 	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
 	AgentRun(ctx context.Context, id string) (*model.AgentRun, error)
 	AgentRuns(ctx context.Context, sandboxID string) ([]*model.AgentRun, error)
@@ -461,6 +493,38 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.DestroySandboxPayload.SnapshotID(childComplexity), true
 
+	case "ExecConnection.edges":
+		if e.ComplexityRoot.ExecConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecConnection.Edges(childComplexity), true
+	case "ExecConnection.nodes":
+		if e.ComplexityRoot.ExecConnection.Nodes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecConnection.Nodes(childComplexity), true
+	case "ExecConnection.pageInfo":
+		if e.ComplexityRoot.ExecConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecConnection.PageInfo(childComplexity), true
+
+	case "ExecEdge.cursor":
+		if e.ComplexityRoot.ExecEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecEdge.Cursor(childComplexity), true
+	case "ExecEdge.node":
+		if e.ComplexityRoot.ExecEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecEdge.Node(childComplexity), true
+
 	case "ExecOutputEvent.cursor":
 		if e.ComplexityRoot.ExecOutputEvent.Cursor == nil {
 			break
@@ -588,6 +652,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ExecResult.StderrTruncated(childComplexity), true
+	case "ExecResult.stdinOpen":
+		if e.ComplexityRoot.ExecResult.StdinOpen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.StdinOpen(childComplexity), true
 	case "ExecResult.stdout":
 		if e.ComplexityRoot.ExecResult.Stdout == nil {
 			break
@@ -612,6 +682,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ExecResult.TimedOut(childComplexity), true
+	case "ExecResult.tty":
+		if e.ComplexityRoot.ExecResult.Tty == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.Tty(childComplexity), true
 
 	case "FileContent.content":
 		if e.ComplexityRoot.FileContent.Content == nil {
@@ -893,6 +969,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.MoveFile(childComplexity, args["sandboxId"].(string), args["from"].(string), args["to"].(string), args["overwrite"].(*bool)), true
+	case "Mutation.resizeExecTty":
+		if e.ComplexityRoot.Mutation.ResizeExecTty == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resizeExecTty_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResizeExecTty(childComplexity, args["execId"].(string), args["rows"].(int), args["cols"].(int)), true
+	case "Mutation.signalExec":
+		if e.ComplexityRoot.Mutation.SignalExec == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_signalExec_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.SignalExec(childComplexity, args["execId"].(string), args["signal"].(model.ExecSignal)), true
 	case "Mutation.snapshotSandbox":
 		if e.ComplexityRoot.Mutation.SnapshotSandbox == nil {
 			break
@@ -948,6 +1046,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.UpdateSandbox(childComplexity, args["id"].(string), args["input"].(model.UpdateSandboxInput)), true
+	case "Mutation.writeExecStdin":
+		if e.ComplexityRoot.Mutation.WriteExecStdin == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_writeExecStdin_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.WriteExecStdin(childComplexity, args["execId"].(string), args["data"].(*string), args["dataBase64"].(*string), args["close"].(*bool)), true
 	case "Mutation.writeFile":
 		if e.ComplexityRoot.Mutation.WriteFile == nil {
 			break
@@ -1061,6 +1170,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Exec(childComplexity, args["id"].(string)), true
+	case "Query.execs":
+		if e.ComplexityRoot.Query.Execs == nil {
+			break
+		}
+
+		args, err := ec.field_Query_execs_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Execs(childComplexity, args["sandboxId"].(string), args["state"].(*model.ExecState), args["first"].(*int), args["after"].(*string)), true
 
 	case "Query.listFiles":
 		if e.ComplexityRoot.Query.ListFiles == nil {
@@ -1400,6 +1520,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Snapshot.SizeBytes(childComplexity), true
 
+	case "StdinWriteResult.buffered":
+		if e.ComplexityRoot.StdinWriteResult.Buffered == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StdinWriteResult.Buffered(childComplexity), true
+	case "StdinWriteResult.closed":
+		if e.ComplexityRoot.StdinWriteResult.Closed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StdinWriteResult.Closed(childComplexity), true
+	case "StdinWriteResult.written":
+		if e.ComplexityRoot.StdinWriteResult.Written == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StdinWriteResult.Written(childComplexity), true
+
 	case "Subscription.agentRunEvents":
 		if e.ComplexityRoot.Subscription.AgentRunEvents == nil {
 			break
@@ -1445,6 +1584,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Subscription.WatchFiles(childComplexity, args["sandboxId"].(string), args["path"].(string), args["recursive"].(*bool), args["after"].(*string)), true
 
+	case "TtySize.cols":
+		if e.ComplexityRoot.TtySize.Cols == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TtySize.Cols(childComplexity), true
+	case "TtySize.rows":
+		if e.ComplexityRoot.TtySize.Rows == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TtySize.Rows(childComplexity), true
+
 	}
 	return 0, false
 }
@@ -1461,6 +1613,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			graphql.NewInputUnmarshaler("LabelPatchInput", ec.unmarshalInputLabelPatchInput),
 			graphql.NewInputUnmarshaler("SandboxSourceInput", ec.unmarshalInputSandboxSourceInput),
 			graphql.NewInputUnmarshaler("StartAgentRunInput", ec.unmarshalInputStartAgentRunInput),
+			graphql.NewInputUnmarshaler("TtySizeInput", ec.unmarshalInputTtySizeInput),
 			graphql.NewInputUnmarshaler("UpdateSandboxInput", ec.unmarshalInputUpdateSandboxInput),
 		)
 	}
@@ -1666,6 +1819,23 @@ type Query {
   exec("The exec id (exec_…), from the exec mutation." id: ID!): ExecResult
 
   """
+  The commands of one of the caller's sandboxes, newest first, one page at a time (Relay-style
+  connection), without their output (read it with exec or execOutput): every running one, and
+  ended ones as long as their output is kept. Works whatever the sandbox's state. A missing or
+  another tenant's sandbox is NOT_FOUND.
+  """
+  execs(
+    "The sandbox id."
+    sandboxId: ID!
+    "Only commands in this state."
+    state: ExecState
+    "Page size, 1 to the configured maximum (500 by default)."
+    first: Int = 50
+    "The endCursor of the previous page; omit for the first page."
+    after: String
+  ): ExecConnection!
+
+  """
   Workspace snapshots of the caller's tenant:project, newest first: those of one sandbox, or of
   every sandbox (destroyed ones included, as long as their snapshots are kept). Stop and destroy
   take one each, snapshotSandbox takes one of a running sandbox; the configured number of the
@@ -1848,6 +2018,46 @@ type Mutation {
   (CANCELLED). A run that is already final is INVALID_STATE. The sandbox stays RUNNING.
   """
   cancelAgentRun("The run id (run_…)." id: ID!): AgentRun!
+
+  """
+  Sends a signal to a running command and to every process it started (its whole process
+  tree), and answers its status as it is then (the command may take a moment to end; follow it
+  with execOutput). A command that ENDED is INVALID_STATE (extensions.state ENDED): nothing is
+  signalled. A missing or another tenant's exec is NOT_FOUND.
+  """
+  signalExec("The exec id (exec_…)." execId: ID!, "The signal." signal: ExecSignal!): ExecResult!
+
+  """
+  Writes to the standard input of a running command started with stdinOpen or tty, and closes it
+  after the bytes when close is true. Send at most one of data (UTF-8 text) and dataBase64 (any
+  bytes); neither writes nothing (use it with close). A write is taken whole or refused: more
+  than 1 MiB is PAYLOAD_TOO_LARGE; bytes that do not fit in the command's stdin buffer (1 MiB
+  it has not read yet) are LIMIT_EXCEEDED with extensions.retryAfter; a command whose stdin is
+  not open (any more) is INVALID_STATE. Any replica can write.
+  """
+  writeExecStdin(
+    "The exec id (exec_…)."
+    execId: ID!
+    "The bytes as text."
+    data: String
+    "The bytes, base64-encoded (standard alphabet, padded)."
+    dataBase64: String
+    "Whether to close standard input after the bytes (the command then reads end of file)."
+    close: Boolean = false
+  ): StdinWriteResult!
+
+  """
+  Sets the terminal size of a running command started with tty (it gets SIGWINCH), and answers
+  its status with the new size. A command without a terminal, or that ENDED, is INVALID_STATE.
+  """
+  resizeExecTty(
+    "The exec id (exec_…)."
+    execId: ID!
+    "Rows, 1 to 1000."
+    rows: Int!
+    "Columns, 1 to 1000."
+    cols: Int!
+  ): ExecResult!
 }
 
 """
@@ -2175,6 +2385,84 @@ input ExecInput {
   stdin: String
   "Standard input, base64-encoded (standard alphabet, padded). At most one of stdin and stdinBase64."
   stdinBase64: String
+  "Keep standard input open after stdin: more comes with writeExecStdin, which also closes it. Null means false."
+  stdinOpen: Boolean
+  "Run the command under a pseudo-terminal of this size: its output is one stream (STDOUT), its standard input stays open, and the REST terminal WebSocket can attach to it. Null means pipes."
+  tty: TtySizeInput
+}
+
+"""
+A terminal's size in character cells.
+"""
+input TtySizeInput {
+  "Rows, 1 to 1000."
+  rows: Int!
+  "Columns, 1 to 1000."
+  cols: Int!
+}
+
+"""
+A terminal's size in character cells.
+"""
+type TtySize {
+  "Rows."
+  rows: Int!
+  "Columns."
+  cols: Int!
+}
+
+"""
+A signal for signalExec; it reaches the command's whole process tree.
+"""
+enum ExecSignal {
+  "Asks the command to end."
+  SIGTERM
+  "Ends the command at once; it cannot be caught."
+  SIGKILL
+  "An interrupt, as Ctrl-C in a terminal."
+  SIGINT
+  "The terminal hung up."
+  SIGHUP
+  "Quit, as Ctrl-\\ in a terminal."
+  SIGQUIT
+  "User-defined signal 1."
+  SIGUSR1
+  "User-defined signal 2."
+  SIGUSR2
+}
+
+"""
+What writeExecStdin did.
+"""
+type StdinWriteResult {
+  "The bytes taken: all of them (a write is taken whole or refused)."
+  written: Int64!
+  "The bytes the command has not read yet, this write's included."
+  buffered: Int64!
+  "Whether standard input is closed now (this call closed it, or the command ended)."
+  closed: Boolean!
+}
+
+"""
+A page of a sandbox's commands (Relay cursor connection).
+"""
+type ExecConnection {
+  "The commands of this page, each with its cursor."
+  edges: [ExecEdge!]!
+  "The commands of this page, without cursors."
+  nodes: [ExecResult!]!
+  "Where this page is in the whole list."
+  pageInfo: PageInfo!
+}
+
+"""
+One command in a page.
+"""
+type ExecEdge {
+  "Pass as after to get the commands that follow this one."
+  cursor: String!
+  "The command, without output."
+  node: ExecResult!
 }
 
 """
@@ -2182,7 +2470,7 @@ A command run in a sandbox: its status while it runs, its result once it ended. 
 (exitCode, signal, durationMs, endedAt, error) are null, and timedOut is false, while it is
 RUNNING. The output fields hold the output collected by exec (waiting) and read by the exec
 query; they are empty in the answer of exec with wait: false and in the results carried by
-execOutput and sandboxEvents, which come without output.
+execOutput and sandboxEvents and in execs listings, which come without output.
 """
 type ExecResult {
   "The exec id (exec_…)."
@@ -2221,6 +2509,10 @@ type ExecResult {
   stderrTruncated: Boolean!
   "Why the command could not start, or could not be followed to its end; null otherwise and while RUNNING."
   error: String
+  "Whether writeExecStdin takes bytes: the command was started with stdinOpen or tty, its standard input was not closed, and it runs."
+  stdinOpen: Boolean!
+  "The terminal's current size for a command run under one (tty); null otherwise."
+  tty: TtySize
 }
 
 """
@@ -2619,6 +2911,28 @@ func (ec *executionContext) childFields_DestroySandboxPayload(ctx context.Contex
 	return nil, fmt.Errorf("no field named %q was found under type DestroySandboxPayload", field.Name)
 }
 
+func (ec *executionContext) childFields_ExecConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_ExecConnection_edges(ctx, field)
+	case "nodes":
+		return ec.fieldContext_ExecConnection_nodes(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_ExecConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ExecConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_ExecEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_ExecEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_ExecEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ExecEdge", field.Name)
+}
+
 func (ec *executionContext) childFields_ExecOutputEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "cursor":
@@ -2677,6 +2991,10 @@ func (ec *executionContext) childFields_ExecResult(ctx context.Context, field gr
 		return ec.fieldContext_ExecResult_stderrTruncated(ctx, field)
 	case "error":
 		return ec.fieldContext_ExecResult_error(ctx, field)
+	case "stdinOpen":
+		return ec.fieldContext_ExecResult_stdinOpen(ctx, field)
+	case "tty":
+		return ec.fieldContext_ExecResult_tty(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ExecResult", field.Name)
 }
@@ -2937,6 +3255,28 @@ func (ec *executionContext) childFields_Snapshot(ctx context.Context, field grap
 		return ec.fieldContext_Snapshot_parentSnapshotId(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Snapshot", field.Name)
+}
+
+func (ec *executionContext) childFields_StdinWriteResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "written":
+		return ec.fieldContext_StdinWriteResult_written(ctx, field)
+	case "buffered":
+		return ec.fieldContext_StdinWriteResult_buffered(ctx, field)
+	case "closed":
+		return ec.fieldContext_StdinWriteResult_closed(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StdinWriteResult", field.Name)
+}
+
+func (ec *executionContext) childFields_TtySize(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "rows":
+		return ec.fieldContext_TtySize_rows(ctx, field)
+	case "cols":
+		return ec.fieldContext_TtySize_cols(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type TtySize", field.Name)
 }
 
 func (ec *executionContext) childFields___Directive(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3231,6 +3571,58 @@ func (ec *executionContext) field_Mutation_moveFile_args(ctx context.Context, ra
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_resizeExecTty_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "execId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["execId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "rows",
+		func(ctx context.Context, v any) (int, error) {
+			return ec.unmarshalNInt2int(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["rows"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "cols",
+		func(ctx context.Context, v any) (int, error) {
+			return ec.unmarshalNInt2int(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["cols"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_signalExec_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "execId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["execId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "signal",
+		func(ctx context.Context, v any) (model.ExecSignal, error) {
+			return ec.unmarshalNExecSignal2sandboxdᚋgraphᚋmodelᚐExecSignal(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["signal"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_snapshotSandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3306,6 +3698,44 @@ func (ec *executionContext) field_Mutation_updateSandbox_args(ctx context.Contex
 		return nil, err
 	}
 	args["input"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_writeExecStdin_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "execId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["execId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "data",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["data"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "dataBase64",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["dataBase64"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "close",
+		func(ctx context.Context, v any) (*bool, error) {
+			return ec.unmarshalOBoolean2ᚖbool(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["close"] = arg3
 	return args, nil
 }
 
@@ -3408,6 +3838,44 @@ func (ec *executionContext) field_Query_exec_args(ctx context.Context, rawArgs m
 		return nil, err
 	}
 	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_execs_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "sandboxId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "state",
+		func(ctx context.Context, v any) (*model.ExecState, error) {
+			return ec.unmarshalOExecState2ᚖsandboxdᚋgraphᚋmodelᚐExecState(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["state"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg3
 	return args, nil
 }
 
@@ -4269,6 +4737,157 @@ func (ec *executionContext) fieldContext_DestroySandboxPayload_snapshotId(_ cont
 	return graphql.NewScalarFieldContext("DestroySandboxPayload", field, false, false, "String")
 }
 
+func (ec *executionContext) _ExecConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.ExecConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.ExecEdge) graphql.Marshaler {
+			return ec.marshalNExecEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐExecEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ExecConnection_nodes(ctx context.Context, field graphql.CollectedField, obj *model.ExecConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecConnection_nodes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Nodes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚕᚖsandboxdᚋgraphᚋmodelᚐExecResultᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecConnection_nodes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ExecConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.ExecConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ExecEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.ExecEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _ExecEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.ExecEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _ExecOutputEvent_cursor(ctx context.Context, field graphql.CollectedField, obj *model.ExecOutputEvent) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4851,6 +5470,61 @@ func (ec *executionContext) _ExecResult_error(ctx context.Context, field graphql
 }
 func (ec *executionContext) fieldContext_ExecResult_error(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "String")
+}
+
+func (ec *executionContext) _ExecResult_stdinOpen(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_stdinOpen(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StdinOpen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_stdinOpen(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _ExecResult_tty(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_tty(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tty, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.TtySize) graphql.Marshaler {
+			return ec.marshalOTtySize2ᚖsandboxdᚋgraphᚋmodelᚐTtySize(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_tty(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecResult",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_TtySize(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _FileContent_path(ctx context.Context, field graphql.CollectedField, obj *model.FileContent) (ret graphql.Marshaler) {
@@ -6209,6 +6883,138 @@ func (ec *executionContext) fieldContext_Mutation_cancelAgentRun(ctx context.Con
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_signalExec(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_signalExec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().SignalExec(ctx, fc.Args["execId"].(string), fc.Args["signal"].(model.ExecSignal))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_signalExec(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_signalExec_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_writeExecStdin(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_writeExecStdin(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().WriteExecStdin(ctx, fc.Args["execId"].(string), fc.Args["data"].(*string), fc.Args["dataBase64"].(*string), fc.Args["close"].(*bool))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
+			return ec.marshalNStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_writeExecStdin(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_StdinWriteResult(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_writeExecStdin_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resizeExecTty(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resizeExecTty(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResizeExecTty(ctx, fc.Args["execId"].(string), fc.Args["rows"].(int), fc.Args["cols"].(int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resizeExecTty(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resizeExecTty_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _PageInfo_hasNextPage(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -6784,6 +7590,50 @@ func (ec *executionContext) fieldContext_Query_exec(ctx context.Context, field g
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_exec_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_execs(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_execs(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Execs(ctx, fc.Args["sandboxId"].(string), fc.Args["state"].(*model.ExecState), fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecConnection) graphql.Marshaler {
+			return ec.marshalNExecConnection2ᚖsandboxdᚋgraphᚋmodelᚐExecConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_execs(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_execs_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -8027,6 +8877,75 @@ func (ec *executionContext) fieldContext_Snapshot_parentSnapshotId(_ context.Con
 	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "ID")
 }
 
+func (ec *executionContext) _StdinWriteResult_written(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StdinWriteResult_written(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Written, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StdinWriteResult_written(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StdinWriteResult", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _StdinWriteResult_buffered(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StdinWriteResult_buffered(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Buffered, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StdinWriteResult_buffered(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StdinWriteResult", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _StdinWriteResult_closed(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StdinWriteResult_closed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Closed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StdinWriteResult_closed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("StdinWriteResult", field, false, false, "Boolean")
+}
+
 func (ec *executionContext) _Subscription_sandboxEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
 	return graphql.ResolveFieldStream(
 		ctx,
@@ -8201,6 +9120,52 @@ func (ec *executionContext) fieldContext_Subscription_watchFiles(ctx context.Con
 		return fc, err
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _TtySize_rows(ctx context.Context, field graphql.CollectedField, obj *model.TtySize) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TtySize_rows(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Rows, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TtySize_rows(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TtySize", field, false, false, "Int")
+}
+
+func (ec *executionContext) _TtySize_cols(ctx context.Context, field graphql.CollectedField, obj *model.TtySize) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TtySize_cols(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cols, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TtySize_cols(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TtySize", field, false, false, "Int")
 }
 
 func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -9413,7 +10378,7 @@ func (ec *executionContext) unmarshalInputExecInput(ctx context.Context, obj any
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"command", "timeoutSec", "env", "cwd", "stdin", "stdinBase64"}
+	fieldsInOrder := [...]string{"command", "timeoutSec", "env", "cwd", "stdin", "stdinBase64", "stdinOpen", "tty"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -9462,6 +10427,20 @@ func (ec *executionContext) unmarshalInputExecInput(ctx context.Context, obj any
 				return it, err
 			}
 			it.StdinBase64 = data
+		case "stdinOpen":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("stdinOpen"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.StdinOpen = data
+		case "tty":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("tty"))
+			data, err := ec.unmarshalOTtySizeInput2ᚖsandboxdᚋgraphᚋmodelᚐTtySizeInput(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Tty = data
 		}
 	}
 	return it, nil
@@ -9707,6 +10686,55 @@ func (ec *executionContext) unmarshalInputStartAgentRunInput(ctx context.Context
 func UnmarshalStartAgentRunInput(ctx context.Context, raw any) (model.StartAgentRunInput, error) {
 	var out model.StartAgentRunInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "StartAgentRunInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputTtySizeInput(ctx context.Context, obj any) (model.TtySizeInput, error) {
+	var it model.TtySizeInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"rows", "cols"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "rows":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("rows"))
+			data, err := ec.unmarshalNInt2int(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Rows = data
+		case "cols":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("cols"))
+			data, err := ec.unmarshalNInt2int(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Cols = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalTtySizeInput unmarshals raw into the TtySizeInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalTtySizeInput(ctx context.Context, raw any) (model.TtySizeInput, error) {
+	var out model.TtySizeInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "TtySizeInput", raw, &out)
 	return out, err
 }
 
@@ -9975,6 +11003,87 @@ func (ec *executionContext) _DestroySandboxPayload(ctx context.Context, sel ast.
 	return out
 }
 
+var execConnectionImplementors = []string{"ExecConnection"}
+
+func (ec *executionContext) _ExecConnection(ctx context.Context, sel ast.SelectionSet, obj *model.ExecConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, execConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ExecConnection")
+		case "edges":
+			out.Values[i] = ec._ExecConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "nodes":
+			out.Values[i] = ec._ExecConnection_nodes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._ExecConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var execEdgeImplementors = []string{"ExecEdge"}
+
+func (ec *executionContext) _ExecEdge(ctx context.Context, sel ast.SelectionSet, obj *model.ExecEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, execEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ExecEdge")
+		case "cursor":
+			out.Values[i] = ec._ExecEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._ExecEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var execOutputEventImplementors = []string{"ExecOutputEvent"}
 
 func (ec *executionContext) _ExecOutputEvent(ctx context.Context, sel ast.SelectionSet, obj *model.ExecOutputEvent) graphql.Marshaler {
@@ -10136,6 +11245,16 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 			}
 		case "error":
 			out.Values[i] = ec._ExecResult_error(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "stdinOpen":
+			out.Values[i] = ec._ExecResult_stdinOpen(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tty":
+			out.Values[i] = ec._ExecResult_tty(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
@@ -10596,6 +11715,27 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "signalExec":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_signalExec(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "writeExecStdin":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_writeExecStdin(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resizeExecTty":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resizeExecTty(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -10790,6 +11930,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_exec(ctx, field)
+				})
+		case "execs":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_execs(ctx, field)
 				})
 		case "snapshots":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -11246,6 +12392,49 @@ func (ec *executionContext) _Snapshot(ctx context.Context, sel ast.SelectionSet,
 	return out
 }
 
+var stdinWriteResultImplementors = []string{"StdinWriteResult"}
+
+func (ec *executionContext) _StdinWriteResult(ctx context.Context, sel ast.SelectionSet, obj *model.StdinWriteResult) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, stdinWriteResultImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StdinWriteResult")
+		case "written":
+			out.Values[i] = ec._StdinWriteResult_written(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "buffered":
+			out.Values[i] = ec._StdinWriteResult_buffered(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "closed":
+			out.Values[i] = ec._StdinWriteResult_closed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var subscriptionImplementors = []string{"Subscription"}
 
 func (ec *executionContext) _Subscription(ctx context.Context, sel ast.SelectionSet) func(ctx context.Context) graphql.Marshaler {
@@ -11270,6 +12459,44 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
+}
+
+var ttySizeImplementors = []string{"TtySize"}
+
+func (ec *executionContext) _TtySize(ctx context.Context, sel ast.SelectionSet, obj *model.TtySize) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, ttySizeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("TtySize")
+		case "rows":
+			out.Values[i] = ec._TtySize_rows(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cols":
+			out.Values[i] = ec._TtySize_cols(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
 }
 
 var __DirectiveImplementors = []string{"__Directive"}
@@ -11718,6 +12945,38 @@ func (ec *executionContext) unmarshalNEnvVarInput2ᚖsandboxdᚋgraphᚋmodelᚐ
 	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
+func (ec *executionContext) marshalNExecConnection2ᚖsandboxdᚋgraphᚋmodelᚐExecConnection(ctx context.Context, sel ast.SelectionSet, v *model.ExecConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ExecConnection!")
+		return graphql.Null
+	}
+	return ec._ExecConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNExecEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐExecEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.ExecEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNExecEdge2ᚖsandboxdᚋgraphᚋmodelᚐExecEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNExecEdge2ᚖsandboxdᚋgraphᚋmodelᚐExecEdge(ctx context.Context, sel ast.SelectionSet, v *model.ExecEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ExecEdge!")
+		return graphql.Null
+	}
+	return ec._ExecEdge(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNExecInput2sandboxdᚋgraphᚋmodelᚐExecInput(ctx context.Context, v any) (model.ExecInput, error) {
 	res, err := ec.unmarshalInputExecInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -11741,12 +13000,38 @@ func (ec *executionContext) marshalNExecOutputKind2sandboxdᚋgraphᚋmodelᚐEx
 	return v
 }
 
+func (ec *executionContext) marshalNExecResult2ᚕᚖsandboxdᚋgraphᚋmodelᚐExecResultᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.ExecResult) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx context.Context, sel ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "ExecResult!")
 		return graphql.Null
 	}
 	return ec._ExecResult(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNExecSignal2sandboxdᚋgraphᚋmodelᚐExecSignal(ctx context.Context, v any) (model.ExecSignal, error) {
+	var res model.ExecSignal
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNExecSignal2sandboxdᚋgraphᚋmodelᚐExecSignal(ctx context.Context, sel ast.SelectionSet, v model.ExecSignal) graphql.Marshaler {
+	return v
 }
 
 func (ec *executionContext) unmarshalNExecState2sandboxdᚋgraphᚋmodelᚐExecState(ctx context.Context, v any) (model.ExecState, error) {
@@ -12052,6 +13337,14 @@ func (ec *executionContext) unmarshalNStartAgentRunInput2sandboxdᚋgraphᚋmode
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
+func (ec *executionContext) marshalNStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx context.Context, sel ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "StdinWriteResult!")
+		return graphql.Null
+	}
+	return ec._StdinWriteResult(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {
 	res, err := graphql.UnmarshalString(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -12333,6 +13626,22 @@ func (ec *executionContext) marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExe
 	return ec._ExecResult(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalOExecState2ᚖsandboxdᚋgraphᚋmodelᚐExecState(ctx context.Context, v any) (*model.ExecState, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.ExecState)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOExecState2ᚖsandboxdᚋgraphᚋmodelᚐExecState(ctx context.Context, sel ast.SelectionSet, v *model.ExecState) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
+}
+
 func (ec *executionContext) unmarshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx context.Context, v any) (*model.FileType, error) {
 	if v == nil {
 		return nil, nil
@@ -12520,6 +13829,21 @@ func (ec *executionContext) marshalOTime2ᚖtimeᚐTime(ctx context.Context, sel
 	_ = ctx
 	res := graphql.MarshalTime(*v)
 	return res
+}
+
+func (ec *executionContext) marshalOTtySize2ᚖsandboxdᚋgraphᚋmodelᚐTtySize(ctx context.Context, sel ast.SelectionSet, v *model.TtySize) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._TtySize(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalOTtySizeInput2ᚖsandboxdᚋgraphᚋmodelᚐTtySizeInput(ctx context.Context, v any) (*model.TtySizeInput, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := ec.unmarshalInputTtySizeInput(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) marshalO__EnumValue2ᚕgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐEnumValueᚄ(ctx context.Context, sel ast.SelectionSet, v []introspection.EnumValue) graphql.Marshaler {

@@ -9,7 +9,8 @@ import (
 type Config struct {
 	// AllowedOrigins are the Origin host patterns ("dashboard.example.com", "*.example.com")
 	// whose pages may call the API from a browser, besides the server's own host: the
-	// GraphQL WebSocket's Origin check, and CORS for /graphql and the REST paths.
+	// GraphQL WebSocket's and the REST terminal WebSocket's Origin check, and CORS for
+	// /graphql and the REST paths.
 	AllowedOrigins []string `json:"allowed_origins"`
 	// KeepAliveSec is how often an idle stream gets a keepalive (default 15; 0 or less takes
 	// the default).

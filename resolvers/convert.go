@@ -108,8 +108,25 @@ func execRequest(in model.ExecInput, wait *bool) (sandbox.ExecRequest, error) {
 	if err != nil {
 		return sandbox.ExecRequest{}, err
 	}
-	return sandbox.ExecRequest{Command: in.Command, TimeoutSec: int64Ptr(in.TimeoutSec), Env: env,
-		Cwd: deref(in.Cwd), Stdin: stdin, Detach: wait != nil && !*wait}, nil
+	req := sandbox.ExecRequest{Command: in.Command, TimeoutSec: int64Ptr(in.TimeoutSec), Env: env,
+		Cwd: deref(in.Cwd), Stdin: stdin, Detach: wait != nil && !*wait, StdinOpen: in.StdinOpen != nil && *in.StdinOpen}
+	if in.Tty != nil {
+		req.Tty = &sandbox.TtySize{Rows: in.Tty.Rows, Cols: in.Tty.Cols}
+	}
+	return req, nil
+}
+
+// execListOptions converts execs' arguments.
+func execListOptions(state *model.ExecState, first *int, after *string) (sandbox.ExecListOptions, error) {
+	limit, err := pageSize(first)
+	if err != nil {
+		return sandbox.ExecListOptions{}, err
+	}
+	opts := sandbox.ExecListOptions{Limit: limit, After: deref(after)}
+	if state != nil {
+		opts.State = sandbox.ExecState(*state)
+	}
+	return opts, nil
 }
 
 // oneOf returns the bytes of a text argument or of its base64 twin. Both set is
@@ -212,6 +229,29 @@ func toConnection(page sandbox.Page) *model.SandboxConnection {
 	return c
 }
 
+// toExecConnection converts a page of execs; the cursor of an exec is its id.
+func toExecConnection(page sandbox.ExecPage) *model.ExecConnection {
+	c := &model.ExecConnection{
+		Edges:    make([]*model.ExecEdge, len(page.Execs)),
+		Nodes:    make([]*model.ExecResult, len(page.Execs)),
+		PageInfo: &model.PageInfo{HasNextPage: page.NextCursor != ""},
+	}
+	for i, e := range page.Execs {
+		n := toExecResult(e, nil)
+		c.Nodes[i] = n
+		c.Edges[i] = &model.ExecEdge{Cursor: e.ExecID, Node: n}
+	}
+	if len(c.Edges) > 0 {
+		c.PageInfo.StartCursor = &c.Edges[0].Cursor
+		end := c.Edges[len(c.Edges)-1].Cursor
+		if page.NextCursor != "" {
+			end = page.NextCursor
+		}
+		c.PageInfo.EndCursor = &end
+	}
+	return c
+}
+
 func toDestroyPayload(r sandbox.DestroyResult) *model.DestroySandboxPayload {
 	return &model.DestroySandboxPayload{Sandbox: toSandbox(r.Sandbox), SnapshotID: optString(r.SnapshotID)}
 }
@@ -261,8 +301,12 @@ func toExecResult(r sandbox.ExecResult, sel fieldSet) *model.ExecResult {
 	if sel.has("stderr") {
 		res.Stderr = validUTF8(r.Stderr)
 	}
+	if r.Tty != nil {
+		res.Tty = &model.TtySize{Rows: r.Tty.Rows, Cols: r.Tty.Cols}
+	}
 	if r.State == sandbox.ExecRunning {
 		res.State = model.ExecStateRunning
+		res.StdinOpen = r.StdinOpen
 		return res
 	}
 	exitCode, durationMs := r.ExitCode, r.Duration.Milliseconds()

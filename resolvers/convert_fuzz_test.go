@@ -82,6 +82,12 @@ func FuzzGraphQLInputs(f *testing.F) {
 		{gfUpdate, `{"id":"sbx_1","input":{"labels":[{"key":"team","value":"ml"},{"key":"old","value":null}],"clearLabels":true,"autostopSec":60,"ttlSec":7200}}`},
 		{gfUpdate, `{"id":"sbx_1","input":{"labels":[{"key":"a","value":"1"},{"key":"a","value":null}]}}`},
 		{gfUpdate, `{"id":"sbx_1","input":{"labels":null,"ttlSec":null}}`},
+		{gfStdin, `{"id":"exec_1","data":"ls\n"}`},
+		{gfStdin, `{"id":"exec_1","b64":"bHMK","close":true}`},
+		{gfStdin, `{"id":"exec_1","data":"a","b64":"bHMK"}`},
+		{gfStdin, `{"id":"exec_1","close":null}`},
+		{gfExecs, `{"id":"sbx_1","state":"RUNNING","first":2,"after":"exec_1"}`},
+		{gfExecs, `{"id":"sbx_1","state":"DONE","first":0}`},
 	} {
 		f.Add(s.op, []byte(s.vars))
 	}
@@ -114,7 +120,8 @@ func FuzzGraphQLInputs(f *testing.F) {
 		vars := map[uint8]string{gfCreate: `{"input":{}}`, gfExec: `{"id":"s","input":{"command":["x"]}}`,
 			gfWrite: `{"id":"s","path":"p","content":""}`, gfAgent: `{"input":{"agentId":"a","instruction":"i","sandboxId":"s"}}`,
 			gfList: `{}`, gfListFiles: `{"id":"s"}`, gfSnapshots: `{}`, gfRead: `{"id":"s","path":"p"}`,
-			gfUpdate: `{"id":"s","input":{"ttlSec":5}}`}[uint8(op)]
+			gfUpdate: `{"id":"s","input":{"ttlSec":5}}`,
+			gfStdin:  `{"id":"e"}`, gfExecs: `{"id":"s"}`}[uint8(op)]
 		if body := gfPost(f, srv, ctx, doc, []byte(vars)); len(svc.calls) != 1 || len(problems) > 0 {
 			f.Fatalf("operation %d no longer reaches the service: %s %v", op, body, problems)
 		}
@@ -154,6 +161,8 @@ const (
 	gfSnapshots
 	gfRead
 	gfUpdate
+	gfStdin
+	gfExecs
 )
 
 var gfDocs = []string{
@@ -166,6 +175,8 @@ var gfDocs = []string{
 	gfSnapshots: `query($id: ID, $first: Int) { snapshots(sandboxId: $id, first: $first) { id } }`,
 	gfRead:      `query($id: ID!, $path: String!, $max: Int64) { readFile(sandboxId: $id, path: $path, maxBytes: $max) { path } }`,
 	gfUpdate:    `mutation($id: ID!, $input: UpdateSandboxInput!) { updateSandbox(id: $id, input: $input) { id labels { key value } } }`,
+	gfStdin:     `mutation($id: ID!, $data: String, $b64: String, $close: Boolean) { writeExecStdin(execId: $id, data: $data, dataBase64: $b64, close: $close) { written } }`,
+	gfExecs:     `query($id: ID!, $state: ExecState, $first: Int, $after: String) { execs(sandboxId: $id, state: $state, first: $first, after: $after) { pageInfo { hasNextPage } } }`,
 }
 
 func gfPost(tb testing.TB, srv http.Handler, ctx context.Context, doc string, vars []byte) []byte {
@@ -269,6 +280,28 @@ func gfDirect(t *testing.T, op uint8, v map[string]json.RawMessage) {
 		gfCheckRefusal(t, err)
 		if err == nil && n < 1 {
 			t.Fatalf("pageSize(%v) = %d, want a positive size", first, n)
+		}
+	case gfStdin:
+		var data, b64 *string
+		if !dec("data", &data) || !dec("b64", &b64) {
+			return
+		}
+		got, err := oneOf("data", data, "dataBase64", b64, false)
+		gfCheckRefusal(t, err)
+		if err == nil && (data != nil || b64 != nil) {
+			gfCheckContent(t, data, b64, got)
+		}
+	case gfExecs:
+		var first *int
+		var after *string
+		var state *model.ExecState
+		if !dec("first", &first) || !dec("after", &after) || !dec("state", &state) {
+			return
+		}
+		opts, err := execListOptions(state, first, after)
+		gfCheckRefusal(t, err)
+		if err == nil && (opts.Limit < 1 || opts.After != deref(after)) {
+			t.Fatalf("execListOptions(%v, %v): got %+v, want a positive limit and the cursor", first, after, opts)
 		}
 	case gfRead:
 		var max *int64
@@ -489,6 +522,24 @@ func gfCheckCall(t *testing.T, op uint8, v map[string]json.RawMessage, c gfCall)
 		if json.Unmarshal(in.Input, &m) == nil {
 			gfCheckUpdate(t, m, arg)
 		}
+	case gfStdinArgs:
+		var data, b64 *string
+		var closeAfter *bool
+		_ = json.Unmarshal(v["data"], &data)
+		_ = json.Unmarshal(v["b64"], &b64)
+		_ = json.Unmarshal(v["close"], &closeAfter)
+		if data != nil || b64 != nil {
+			gfCheckContent(t, data, b64, arg.data)
+		} else if len(arg.data) != 0 {
+			t.Fatalf("no data sent, the service got %q", arg.data)
+		}
+		if want := closeAfter != nil && *closeAfter; arg.close != want {
+			t.Fatalf("close %s: the service got %v", v["close"], arg.close)
+		}
+	case sandbox.ExecListOptions:
+		if arg.Limit < 1 || (arg.State != "" && !model.ExecState(arg.State).IsValid()) {
+			t.Fatalf("the service got %+v, want a positive limit and a schema state", arg)
+		}
 	case gfLimit:
 		if arg.limit < 1 || (op == gfRead && arg.limit > maxReadFileBytes) || (op == gfListFiles && arg.path == "") {
 			t.Fatalf("op %d: the service got %+v for %v", op, arg, v)
@@ -640,6 +691,29 @@ func (s *gfService) OpenFile(_ context.Context, _ auth.Principal, _, path string
 }
 
 func (s *gfService) Limits() sandbox.Limits { return sandbox.DefaultLimits() }
+
+type gfStdinArgs struct {
+	data  []byte
+	close bool
+}
+
+func (s *gfService) ListExecs(_ context.Context, _ auth.Principal, _ string, opts sandbox.ExecListOptions) (sandbox.ExecPage, error) {
+	s.record("ListExecs", opts)
+	return sandbox.ExecPage{}, nil
+}
+
+func (s *gfService) SignalExec(_ context.Context, _ auth.Principal, _, execID, _ string) (sandbox.ExecResult, error) {
+	return sandbox.ExecResult{ExecID: execID, State: sandbox.ExecRunning}, nil
+}
+
+func (s *gfService) WriteStdin(_ context.Context, _ auth.Principal, _, _ string, data []byte, closeAfter bool) (sandbox.StdinResult, error) {
+	s.record("WriteStdin", gfStdinArgs{append([]byte(nil), data...), closeAfter})
+	return sandbox.StdinResult{Written: int64(len(data)), Closed: closeAfter}, nil
+}
+
+func (s *gfService) ResizeTty(_ context.Context, _ auth.Principal, _, execID string, size sandbox.TtySize) (sandbox.ExecResult, error) {
+	return sandbox.ExecResult{ExecID: execID, State: sandbox.ExecRunning, Tty: &size}, nil
+}
 
 // unmarshalPresent decodes raw into v when it is present; an absent value leaves v alone.
 func unmarshalPresent(raw json.RawMessage, v any) error {

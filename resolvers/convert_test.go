@@ -187,7 +187,7 @@ func TestToExecOutputEvent(t *testing.T) {
 			State: sandbox.ExecEnded, ExitCode: 1}},
 			want: `{"cursor":"9-1","kind":"EXIT","result":{"execId":"exec_1","sandboxId":"","command":"","state":"ENDED","exitCode":1,` +
 				`"timedOut":false,"durationMs":0,"outputBytes":0,"stdout":"","stderr":"","stdoutBase64":"","stderrBase64":"",` +
-				`"stdoutTruncated":false,"stderrTruncated":false}}`},
+				`"stdoutTruncated":false,"stderrTruncated":false,"stdinOpen":false}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 //
 //   - Points: every selected field costs 1, times the number of objects it may be selected on.
 //     A list field multiplies its selection by the most items it may return: first for
-//     sandboxes, listFiles and snapshots, the kept maximum for agentRuns, limits.max_labels
+//     sandboxes, listFiles, snapshots and execs, the kept maximum for agentRuns, limits.max_labels
 //     for a sandbox's labels. Each mutation and subscription root field costs mutationPoints
 //     more. Each byte field below adds a point
 //     per bytesPerPoint bytes.
@@ -203,7 +203,7 @@ func (b *costBudget) walk(c *cost, set ast.SelectionSet, vars map[string]any, mu
 // listSize is how many items a field's selection may be resolved on.
 func (b *costBudget) listSize(typeName, field string, args map[string]any) int64 {
 	switch typeName + "." + field {
-	case "Query.sandboxes", "Query.listFiles", "Query.snapshots":
+	case "Query.sandboxes", "Query.listFiles", "Query.snapshots", "Query.execs":
 		if n, ok := intArg(args, "first"); ok && n > 0 {
 			return n
 		}

@@ -11,6 +11,7 @@ import (
 	"sandboxd/graph"
 	"sandboxd/graph/model"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
 )
 
 // CreateSandbox is the resolver for the createSandbox field.
@@ -217,6 +218,49 @@ func (r *mutationResolver) CancelAgentRun(ctx context.Context, id string) (*mode
 	return toAgentRun(run), nil
 }
 
+// SignalExec is the resolver for the signalExec field.
+func (r *mutationResolver) SignalExec(ctx context.Context, execID string, signal model.ExecSignal) (*model.ExecResult, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.svc.SignalExec(ctx, p, "", execID, string(signal))
+	if err != nil {
+		return nil, err
+	}
+	return toExecResult(res, nil), nil
+}
+
+// WriteExecStdin is the resolver for the writeExecStdin field.
+func (r *mutationResolver) WriteExecStdin(ctx context.Context, execID string, data *string, dataBase64 *string, close *bool) (*model.StdinWriteResult, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	input, err := oneOf("data", data, "dataBase64", dataBase64, false)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.svc.WriteStdin(ctx, p, "", execID, input, close != nil && *close)
+	if err != nil {
+		return nil, err
+	}
+	return &model.StdinWriteResult{Written: res.Written, Buffered: res.Buffered, Closed: res.Closed}, nil
+}
+
+// ResizeExecTty is the resolver for the resizeExecTty field.
+func (r *mutationResolver) ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ExecResult, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.svc.ResizeTty(ctx, p, "", execID, sandbox.TtySize{Rows: rows, Cols: cols})
+	if err != nil {
+		return nil, err
+	}
+	return toExecResult(res, nil), nil
+}
+
 // Sandbox is the resolver for the sandbox field.
 func (r *queryResolver) Sandbox(ctx context.Context, id string) (*model.Sandbox, error) {
 	p, err := auth.Require(ctx)
@@ -329,6 +373,23 @@ func (r *queryResolver) Exec(ctx context.Context, id string) (*model.ExecResult,
 		return nil, err
 	}
 	return toExecResult(res, selectedFields(ctx, "ExecResult")), nil
+}
+
+// Execs is the resolver for the execs field.
+func (r *queryResolver) Execs(ctx context.Context, sandboxID string, state *model.ExecState, first *int, after *string) (*model.ExecConnection, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := execListOptions(state, first, after)
+	if err != nil {
+		return nil, err
+	}
+	page, err := r.svc.ListExecs(ctx, p, sandboxID, opts)
+	if err != nil {
+		return nil, err
+	}
+	return toExecConnection(page), nil
 }
 
 // Snapshots is the resolver for the snapshots field.

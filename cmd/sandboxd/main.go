@@ -144,7 +144,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		metrics:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		graphql:  cors(resolvers.NewHandler(svc, authn, gqlOpts)),
 		graphiql: resolvers.GraphiQLHandler(),
-		rest:     cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit)),
+		rest:     cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
 	})
 
 	// The reconciler runs in every replica until shutdown.

@@ -90,6 +90,24 @@ type EnvVarInput struct {
 	Value string `json:"value"`
 }
 
+// A page of a sandbox's commands (Relay cursor connection).
+type ExecConnection struct {
+	// The commands of this page, each with its cursor.
+	Edges []*ExecEdge `json:"edges"`
+	// The commands of this page, without cursors.
+	Nodes []*ExecResult `json:"nodes"`
+	// Where this page is in the whole list.
+	PageInfo *PageInfo `json:"pageInfo"`
+}
+
+// One command in a page.
+type ExecEdge struct {
+	// Pass as after to get the commands that follow this one.
+	Cursor string `json:"cursor"`
+	// The command, without output.
+	Node *ExecResult `json:"node"`
+}
+
 // One command to run.
 type ExecInput struct {
 	// The program and its arguments (no shell: use ["bash", "-lc", "…"] for one).
@@ -104,6 +122,10 @@ type ExecInput struct {
 	Stdin *string `json:"stdin,omitempty"`
 	// Standard input, base64-encoded (standard alphabet, padded). At most one of stdin and stdinBase64.
 	StdinBase64 *string `json:"stdinBase64,omitempty"`
+	// Keep standard input open after stdin: more comes with writeExecStdin, which also closes it. Null means false.
+	StdinOpen *bool `json:"stdinOpen,omitempty"`
+	// Run the command under a pseudo-terminal of this size: its output is one stream (STDOUT), its standard input stays open, and the REST terminal WebSocket can attach to it. Null means pipes.
+	Tty *TtySizeInput `json:"tty,omitempty"`
 }
 
 // One event of a command's output stream (execOutput).
@@ -128,7 +150,7 @@ type ExecOutputEvent struct {
 // (exitCode, signal, durationMs, endedAt, error) are null, and timedOut is false, while it is
 // RUNNING. The output fields hold the output collected by exec (waiting) and read by the exec
 // query; they are empty in the answer of exec with wait: false and in the results carried by
-// execOutput and sandboxEvents, which come without output.
+// execOutput and sandboxEvents and in execs listings, which come without output.
 type ExecResult struct {
 	// The exec id (exec_…).
 	ExecID string `json:"execId"`
@@ -166,6 +188,10 @@ type ExecResult struct {
 	StderrTruncated bool `json:"stderrTruncated"`
 	// Why the command could not start, or could not be followed to its end; null otherwise and while RUNNING.
 	Error *string `json:"error,omitempty"`
+	// Whether writeExecStdin takes bytes: the command was started with stdinOpen or tty, its standard input was not closed, and it runs.
+	StdinOpen bool `json:"stdinOpen"`
+	// The terminal's current size for a command run under one (tty); null otherwise.
+	Tty *TtySize `json:"tty,omitempty"`
 }
 
 // The content of one file.
@@ -449,9 +475,35 @@ type StartAgentRunInput struct {
 	Config map[string]any `json:"config,omitempty"`
 }
 
+// What writeExecStdin did.
+type StdinWriteResult struct {
+	// The bytes taken: all of them (a write is taken whole or refused).
+	Written int64 `json:"written"`
+	// The bytes the command has not read yet, this write's included.
+	Buffered int64 `json:"buffered"`
+	// Whether standard input is closed now (this call closed it, or the command ended).
+	Closed bool `json:"closed"`
+}
+
 // Live streams. Use WebSocket (graphql-transport-ws or graphql-ws) or SSE (POST with
 // Accept: text/event-stream); a plain POST of a subscription is refused.
 type Subscription struct {
+}
+
+// A terminal's size in character cells.
+type TtySize struct {
+	// Rows.
+	Rows int `json:"rows"`
+	// Columns.
+	Cols int `json:"cols"`
+}
+
+// A terminal's size in character cells.
+type TtySizeInput struct {
+	// Rows, 1 to 1000.
+	Rows int `json:"rows"`
+	// Columns, 1 to 1000.
+	Cols int `json:"cols"`
 }
 
 // What updateSandbox changes; null fields are left as they are, and at least one must be set.
@@ -711,6 +763,79 @@ func (e *ExecOutputStream) UnmarshalJSON(b []byte) error {
 }
 
 func (e ExecOutputStream) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// A signal for signalExec; it reaches the command's whole process tree.
+type ExecSignal string
+
+const (
+	// Asks the command to end.
+	ExecSignalSigterm ExecSignal = "SIGTERM"
+	// Ends the command at once; it cannot be caught.
+	ExecSignalSigkill ExecSignal = "SIGKILL"
+	// An interrupt, as Ctrl-C in a terminal.
+	ExecSignalSigint ExecSignal = "SIGINT"
+	// The terminal hung up.
+	ExecSignalSighup ExecSignal = "SIGHUP"
+	// Quit, as Ctrl-\ in a terminal.
+	ExecSignalSigquit ExecSignal = "SIGQUIT"
+	// User-defined signal 1.
+	ExecSignalSigusr1 ExecSignal = "SIGUSR1"
+	// User-defined signal 2.
+	ExecSignalSigusr2 ExecSignal = "SIGUSR2"
+)
+
+var AllExecSignal = []ExecSignal{
+	ExecSignalSigterm,
+	ExecSignalSigkill,
+	ExecSignalSigint,
+	ExecSignalSighup,
+	ExecSignalSigquit,
+	ExecSignalSigusr1,
+	ExecSignalSigusr2,
+}
+
+func (e ExecSignal) IsValid() bool {
+	switch e {
+	case ExecSignalSigterm, ExecSignalSigkill, ExecSignalSigint, ExecSignalSighup, ExecSignalSigquit, ExecSignalSigusr1, ExecSignalSigusr2:
+		return true
+	}
+	return false
+}
+
+func (e ExecSignal) String() string {
+	return string(e)
+}
+
+func (e *ExecSignal) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = ExecSignal(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid ExecSignal", str)
+	}
+	return nil
+}
+
+func (e ExecSignal) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *ExecSignal) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e ExecSignal) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

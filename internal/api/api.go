@@ -47,6 +47,15 @@ type Service interface {
 	// ExecOutput replays an exec's output after the cursor and follows it; the channel closes
 	// after the EXIT event or when ctx ends.
 	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
+	// ListExecs lists a sandbox's execs, newest first, without output.
+	ListExecs(ctx context.Context, p auth.Principal, sandboxID string, opts sandbox.ExecListOptions) (sandbox.ExecPage, error)
+	// SignalExec signals a running exec's whole process tree and answers its status;
+	// sandboxID "" means any sandbox of the caller's project (as for the three below).
+	SignalExec(ctx context.Context, p auth.Principal, sandboxID, execID, signal string) (sandbox.ExecResult, error)
+	// WriteStdin writes to an open stdin, and closes it after the bytes when closeAfter is set.
+	WriteStdin(ctx context.Context, p auth.Principal, sandboxID, execID string, data []byte, closeAfter bool) (sandbox.StdinResult, error)
+	// ResizeTty sets the terminal size of an exec run under a terminal.
+	ResizeTty(ctx context.Context, p auth.Principal, sandboxID, execID string, size sandbox.TtySize) (sandbox.ExecResult, error)
 
 	// ---- files ----
 

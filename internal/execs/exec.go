@@ -35,7 +35,13 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 		env = append(env, k+"="+v)
 	}
 	meta := execstream.Meta{ID: sandbox.NewID(execPrefix), Tenant: rec.Tenant, Project: rec.Project, Sandbox: id,
-		Argv: execstream.Summarize(req.Command), StartedAt: start}
+		Argv: execstream.Summarize(req.Command), StartedAt: start, State: execstream.Running,
+		StdinOpen: req.StdinOpen || req.Tty != nil}
+	var tty *proto.TtySize
+	if req.Tty != nil {
+		tty = &proto.TtySize{Rows: req.Tty.Rows, Cols: req.Tty.Cols}
+		meta.TtyRows, meta.TtyCols = req.Tty.Rows, req.Tty.Cols
+	}
 	if err := s.store.Create(ctx, meta, s.token, start, s.cfg.ExecLease); err != nil {
 		s.metrics.observe("error", s.now().Sub(start))
 		return sandbox.ExecResult{}, apierror.Wrap(err, apierror.Unavailable, "could not record the exec; retry").WithRetryAfter(time.Second)
@@ -44,7 +50,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 	f.fresh = true
 	// The log is read on the service's context: the command and its follower outlive the request.
 	lr, err := g.StartLog(s.bg, proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
-		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, MaxRunning: s.cfg.MaxRunningExecs})
+		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, StdinOpen: req.StdinOpen, Tty: tty, MaxRunning: s.cfg.MaxRunningExecs})
 	if err != nil {
 		gerr := s.sandboxes.GuestError(ctx, id, err)
 		// The command never started: end its stream so that no subscriber waits for it.
@@ -55,7 +61,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 	f.start(lr)
 	if req.Detach {
 		s.metrics.observe("detached", s.now().Sub(start))
-		return sandbox.ExecResult{ExecID: meta.ID, SandboxID: id, Command: meta.Argv, State: sandbox.ExecRunning, StartedAt: start}, nil
+		return execResultOf(meta), nil
 	}
 	select {
 	case out := <-f.result:
@@ -106,6 +112,10 @@ func (s *Service) validate(req sandbox.ExecRequest) (time.Duration, error) {
 	}
 	if err := l.CheckEnv(req.Env); err != nil {
 		return 0, err
+	}
+	if t := req.Tty; t != nil && !(proto.TtySize{Rows: t.Rows, Cols: t.Cols}).Valid() {
+		return 0, apierror.New(apierror.InvalidArgument, "tty rows and cols must each be between %d and %d, got %dx%d",
+			proto.MinTtyCells, proto.MaxTtyCells, t.Rows, t.Cols).WithDetail("field", "tty")
 	}
 	t, err := sandbox.Bound("timeout_sec", req.TimeoutSec, l.ExecTimeoutDefaultSec, 1, l.ExecTimeoutMaxSec)
 	if err != nil {

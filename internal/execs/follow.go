@@ -408,6 +408,9 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 		f.append(nil, exit)
 	}
 	r := sandbox.ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
+	if f.meta.TtyRows > 0 && f.meta.TtyCols > 0 {
+		r.Tty = &sandbox.TtySize{Rows: f.meta.TtyRows, Cols: f.meta.TtyCols}
+	}
 	c := f.wait
 	if c != nil {
 		r.OutputBytes = outputBytes(c.written, exit)

@@ -165,7 +165,10 @@ func cursorOffset(cursor string) int64 {
 
 func execResultOf(m execstream.Meta) sandbox.ExecResult {
 	r := sandbox.ExecResult{ExecID: m.ID, SandboxID: m.Sandbox, Command: m.Argv, State: sandbox.ExecRunning,
-		StartedAt: m.StartedAt, OutputBytes: m.Bytes}
+		StartedAt: m.StartedAt, OutputBytes: m.Bytes, StdinOpen: m.StdinOpen && m.State == execstream.Running}
+	if m.TtyRows > 0 && m.TtyCols > 0 {
+		r.Tty = &sandbox.TtySize{Rows: m.TtyRows, Cols: m.TtyCols}
+	}
 	if m.State == execstream.Ended {
 		r.State = sandbox.ExecEnded
 		r.EndedAt = m.EndedAt
@@ -181,6 +184,7 @@ func applyExit(r *sandbox.ExecResult, e *execstream.Exit) {
 		return
 	}
 	r.State = sandbox.ExecEnded
+	r.StdinOpen = false
 	r.ExitCode, r.Signal, r.TimedOut, r.Error = e.ExitCode, e.Signal, e.TimedOut, e.Error
 	r.Duration = time.Duration(e.DurationMs) * time.Millisecond
 	if counted(e) {

@@ -122,6 +122,12 @@ type Meta struct {
 	// LeaseUntil is when that lease ends (zero: nobody follows).
 	Follower   string
 	LeaseUntil time.Time
+	// StdinOpen: the exec was started with its stdin open (or a terminal) and no call has
+	// closed it yet. (Once ended, its stdin is closed whatever this says.)
+	StdinOpen bool
+	// TtyRows and TtyCols are the terminal's last size set for an exec run under one (0 for
+	// none).
+	TtyRows, TtyCols int
 }
 
 // Options bound the streams and tune reading. Zero values take the defaults.
@@ -151,6 +157,9 @@ type Options struct {
 	// Blocking, when set, is the client for the blocking XREADs of Read and Subscribe, so that
 	// many waiting subscribers cannot take every connection of the pool Append uses.
 	Blocking redis.UniversalClient
+	// MaxPerSandbox bounds the members of one sandbox's exec index, the newest kept (default
+	// DefaultMaxPerSandbox): List sees at most that many of a sandbox's execs.
+	MaxPerSandbox int64
 }
 
 // Store keeps exec output streams and status in Redis.
@@ -205,6 +214,9 @@ const (
 
 func metaKey(id string) string { return "exec:{" + id + "}:meta" }
 func outKey(id string) string  { return "exec:{" + id + "}:out" }
+
+// sandboxKey is the index of one sandbox's execs (list.go).
+func sandboxKey(sandboxID string) string { return "execs:sandbox:{" + sandboxID + "}" }
 
 // validID reports whether id can be used inside a hash tag.
 func validID(id string) bool {
@@ -278,8 +290,19 @@ func (s *Store) Create(ctx context.Context, m Meta, token string, now time.Time,
 	if err := s.rdb.ZAddNX(ctx, runningKey, redis.Z{Score: float64(now.UnixMilli()), Member: m.ID}).Err(); err != nil {
 		return fmt.Errorf("execstream create %s: %w", m.ID, err)
 	}
+	// Likewise the sandbox's index (a listing drops members whose meta hash is gone).
+	if err := s.indexSandbox(ctx, m); err != nil {
+		return fmt.Errorf("execstream create %s: %w", m.ID, err)
+	}
+	stdin, tty := "0", ""
+	if m.StdinOpen {
+		stdin = "1"
+	}
+	if m.TtyRows > 0 && m.TtyCols > 0 {
+		tty = ttyValue(m.TtyRows, m.TtyCols)
+	}
 	n, err := createScript.Run(ctx, s.rdb, []string{metaKey(m.ID)},
-		m.Tenant, m.Project, m.Sandbox, apierror.Truncate(m.Argv, maxArgv), now.UnixMilli(), token, leaseUntil).Int()
+		m.Tenant, m.Project, m.Sandbox, apierror.Truncate(m.Argv, maxArgv), now.UnixMilli(), token, leaseUntil, stdin, tty).Int()
 	if err != nil {
 		return fmt.Errorf("execstream create %s: %w", m.ID, err)
 	}
@@ -292,12 +315,13 @@ func (s *Store) Create(ctx context.Context, m Meta, token string, now time.Time,
 // createScript creates the meta hash of a new exec.
 // KEYS[1] meta hash. ARGV[1] tenant, ARGV[2] project, ARGV[3] sandbox, ARGV[4] argv summary,
 // ARGV[5] started_at (unix ms), ARGV[6] follower token ("" for none), ARGV[7] lease_until
-// (unix ms, 0 for none). Returns 1 when created, 0 when the exec already exists (unchanged).
+// (unix ms, 0 for none), ARGV[8] stdin ("1" open, "0" not), ARGV[9] tty ("<rows>x<cols>",
+// "" for none). Returns 1 when created, 0 when the exec already exists (unchanged).
 var createScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'project', ARGV[2], 'sandbox', ARGV[3],
   'argv', ARGV[4], 'state', 'running', 'started_at', ARGV[5], 'offset', '0', 'bytes', '0',
-  'follower', ARGV[6], 'lease_until', ARGV[7])
+  'follower', ARGV[6], 'lease_until', ARGV[7], 'stdin', ARGV[8], 'tty', ARGV[9])
 return 1`)
 
 // Get returns the state of an exec; ErrNotFound when it does not exist (or was swept).
@@ -327,6 +351,8 @@ func parseMeta(id string, v map[string]string) (Meta, bool) {
 	}
 	m.Offset, _ = strconv.ParseInt(v["offset"], 10, 64)
 	m.Bytes, _ = strconv.ParseInt(v["bytes"], 10, 64)
+	m.StdinOpen = v["stdin"] == "1"
+	m.TtyRows, m.TtyCols = parseTty(v["tty"])
 	if m.State == Ended {
 		code, _ := strconv.Atoi(v["exit_code"])
 		dur, _ := strconv.ParseInt(v["duration_ms"], 10, 64)

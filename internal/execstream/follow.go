@@ -292,7 +292,7 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 		}
 		var drop []any
 		for _, id := range ids {
-			n, err := sweepScript.Run(ctx, s.rdb, []string{metaKey(id), outKey(id)}, cutoff).Int()
+			n, err := s.sweepOne(ctx, id, cutoff)
 			if err != nil {
 				return removed, fmt.Errorf("execstream sweep %s: %w", id, err)
 			}
@@ -344,7 +344,7 @@ func (s *Store) sweepOverBudget(ctx context.Context) (int, error) {
 		if total <= s.opts.MaxEndedBytes {
 			continue
 		}
-		n, err := sweepScript.Run(ctx, s.rdb, []string{metaKey(id), outKey(id)}, math.MaxInt64).Int()
+		n, err := s.sweepOne(ctx, id, math.MaxInt64)
 		if err != nil {
 			return removed, fmt.Errorf("execstream sweep %s: %w", id, err)
 		}
@@ -363,15 +363,32 @@ func (s *Store) sweepOverBudget(ctx context.Context) (int, error) {
 	return removed, nil
 }
 
+// sweepOne runs sweepScript on one exec and, when it deleted the exec, takes it off its
+// sandbox's index (a separate command: another hash slot).
+func (s *Store) sweepOne(ctx context.Context, id string, cutoff int64) (int, error) {
+	res, err := sweepScript.Run(ctx, s.rdb, []string{metaKey(id), outKey(id)}, cutoff).Slice()
+	if err != nil || len(res) != 2 {
+		return 0, fmt.Errorf("execstream sweep: %v %w", res, err)
+	}
+	n, _ := res[0].(int64)
+	if sbx, _ := res[1].(string); n == 1 && sbx != "" {
+		if err := s.rdb.ZRem(ctx, sandboxKey(sbx), id).Err(); err != nil {
+			return int(n), err
+		}
+	}
+	return int(n), nil
+}
+
 // sweepScript deletes one ended exec whose retention is over.
-// KEYS[1] meta hash, KEYS[2] output stream. ARGV[1] cutoff (unix ms). Returns 1 when the exec
-// ended at or before the cutoff and both keys were deleted; 0 when the meta hash is missing
-// (a leftover stream is deleted); -1 when the exec is still running (kept); -2 when it ended
-// after the cutoff (kept).
+// KEYS[1] meta hash, KEYS[2] output stream. ARGV[1] cutoff (unix ms). Returns {status,
+// sandbox}: status 1 when the exec ended at or before the cutoff and both keys were deleted
+// (sandbox: the exec's sandbox id, for its index); 0 when the meta hash is missing (a leftover
+// stream is deleted); -1 when the exec is still running (kept); -2 when it ended after the
+// cutoff (kept); sandbox is "" but for 1.
 var sweepScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[1], 'state', 'ended_at')
-if not m[1] then redis.call('DEL', KEYS[2]) return 0 end
-if m[1] ~= 'ended' then return -1 end
-if (tonumber(m[2]) or 0) > tonumber(ARGV[1]) then return -2 end
+local m = redis.call('HMGET', KEYS[1], 'state', 'ended_at', 'sandbox')
+if not m[1] then redis.call('DEL', KEYS[2]) return {0, ''} end
+if m[1] ~= 'ended' then return {-1, ''} end
+if (tonumber(m[2]) or 0) > tonumber(ARGV[1]) then return {-2, ''} end
 redis.call('DEL', KEYS[1], KEYS[2])
-return 1`)
+return {1, m[3] or ''}`)

@@ -49,6 +49,8 @@ func FuzzRESTDecode(f *testing.F) {
 		{fzExec, "", `{"command":["cat"],"stdin":"a","stdin":null}`},
 		{fzExec, "", `{"command":["cat"],"STDIN":"a","stdin_Base64":"aGk="}`},
 		{fzExec, "", `{"command":"ls"}`},
+		{fzExec, "", `{"command":["bash","-i"],"stdin_open":true,"tty":{"rows":24,"cols":80}}`},
+		{fzExec, "", `{"command":["bash"],"tty":{"rows":24,"cols":80,"x":1}}`},
 		{fzAgent, "", `{"agent_id":"opencode","instruction":"do it","sandbox_id":"sbx_1","pass_at_k":1,"config":{"a":1}}`},
 		{fzAgent, "", `{"agent_id":"opencode","pass_at_k":0}`},
 		{fzAgent, "", `{"agent_id":"opencode","config":null}`},
@@ -79,6 +81,14 @@ func FuzzRESTDecode(f *testing.F) {
 		{fzUpdate, "", `{"labels":["a"]}`},
 		{fzUpdate, "", `{"Labels":{"a":"1"},"labels":null}`},
 		{fzUpdate, "", `{"state":"RUNNING"}`},
+		{fzListExecs, "state=RUNNING&limit=2&cursor=exec_1", ""},
+		{fzListExecs, "limit=x", ""},
+		{fzSignal, "", `{"signal":"SIGTERM"}`},
+		{fzSignal, "", `{"signal":9}`},
+		{fzStdin, "close=true", "echo hi\n"},
+		{fzStdin, "close=maybe", ""},
+		{fzResize, "", `{"rows":24,"cols":80}`},
+		{fzResize, "", `{"rows":"24"}`},
 	} {
 		f.Add(s.op, s.query, []byte(s.body))
 	}
@@ -131,6 +141,10 @@ const (
 	fzDownload
 	fzStart
 	fzUpdate
+	fzListExecs
+	fzSignal
+	fzStdin
+	fzResize
 )
 
 type fzEndpoint struct {
@@ -153,6 +167,10 @@ var fzEndpoints = []fzEndpoint{
 	fzDownload:      {"download", "GET", Prefix + "/sbx_1/files", "OpenFile", fzCheckDownload},
 	fzStart:         {"start", "POST", Prefix + "/sbx_1/start", "Start", fzCheckEmpty},
 	fzUpdate:        {"update", "PATCH", Prefix + "/sbx_1", "Update", fzCheckUpdate},
+	fzListExecs:     {"list-execs", "GET", Prefix + "/sbx_1/execs", "ListExecs", fzCheckListExecs},
+	fzSignal:        {"signal", "POST", Prefix + "/sbx_1/execs/exec_1/signal", "SignalExec", fzCheckSignal},
+	fzStdin:         {"stdin", "POST", Prefix + "/sbx_1/execs/exec_1/stdin", "WriteStdin", fzCheckStdin},
+	fzResize:        {"resize", "POST", Prefix + "/sbx_1/execs/exec_1/resize", "ResizeTty", fzCheckResize},
 }
 
 // fzCheckRefusal: a request that did not reach the service was refused with a coded error
@@ -273,6 +291,18 @@ func fzCheckExec(t *testing.T, c fzCall, _ map[string][]string, body []byte) {
 	fzWant(t, "command", o.get("command"), req.Command)
 	fzWant(t, "cwd", o.get("cwd"), req.Cwd)
 	fzWant(t, "timeout_sec", o.get("timeout_sec"), req.TimeoutSec)
+	fzWant(t, "stdin_open", o.get("stdin_open"), req.StdinOpen)
+	var tty *struct {
+		Rows int `json:"rows"`
+		Cols int `json:"cols"`
+	}
+	if req.Tty != nil {
+		tty = &struct {
+			Rows int `json:"rows"`
+			Cols int `json:"cols"`
+		}{req.Tty.Rows, req.Tty.Cols}
+	}
+	fzWant(t, "tty", o.get("tty"), tty)
 	var wait *bool
 	if raw := o.get("wait"); raw != nil {
 		if err := json.Unmarshal(raw, &wait); err != nil {
@@ -464,6 +494,42 @@ func fzCheckDownload(t *testing.T, c fzCall, q map[string][]string, _ []byte) {
 	}
 }
 
+func fzCheckListExecs(t *testing.T, c fzCall, q map[string][]string, _ []byte) {
+	opts := c.arg.(sandbox.ExecListOptions)
+	fzLimit(t, q, opts.Limit)
+	if string(opts.State) != fzFirst(q, "state") || opts.After != fzFirst(q, "cursor") {
+		t.Fatalf("got %+v for the query %v", opts, q)
+	}
+}
+
+func fzCheckSignal(t *testing.T, c fzCall, _ map[string][]string, body []byte) {
+	o := fzBodyObject(t, body)
+	fzWant(t, "signal", o.get("signal"), c.arg.(string))
+}
+
+func fzCheckStdin(t *testing.T, c fzCall, q map[string][]string, body []byte) {
+	a := c.arg.(fzStdinArgs)
+	closeAfter, err := strconv.ParseBool(fzFirst(q, "close"))
+	if fzFirst(q, "close") == "" {
+		closeAfter, err = false, nil
+	}
+	if err != nil || a.close != closeAfter || !bytes.Equal(a.data, body) {
+		t.Fatalf("close %q and %d bytes: the service got close %v and %d bytes", fzFirst(q, "close"), len(body), a.close, len(a.data))
+	}
+}
+
+func fzCheckResize(t *testing.T, c fzCall, _ map[string][]string, body []byte) {
+	o := fzBodyObject(t, body)
+	size := c.arg.(sandbox.TtySize)
+	fzWant(t, "rows", o.get("rows"), size.Rows)
+	fzWant(t, "cols", o.get("cols"), size.Cols)
+}
+
+type fzStdinArgs struct {
+	data  []byte
+	close bool
+}
+
 // fzCall is one call the service got: its verb and its arguments.
 type fzCall struct {
 	verb string
@@ -625,4 +691,24 @@ func (s *fzService) Events(context.Context, auth.Principal, string, string) (<-c
 	ch := make(chan sandbox.Event)
 	close(ch)
 	return ch, nil
+}
+
+func (s *fzService) ListExecs(_ context.Context, _ auth.Principal, _ string, opts sandbox.ExecListOptions) (sandbox.ExecPage, error) {
+	s.record("ListExecs", opts)
+	return sandbox.ExecPage{}, nil
+}
+
+func (s *fzService) SignalExec(_ context.Context, _ auth.Principal, _, execID, signal string) (sandbox.ExecResult, error) {
+	s.record("SignalExec", signal)
+	return sandbox.ExecResult{ExecID: execID}, nil
+}
+
+func (s *fzService) WriteStdin(_ context.Context, _ auth.Principal, _, _ string, data []byte, closeAfter bool) (sandbox.StdinResult, error) {
+	s.record("WriteStdin", fzStdinArgs{append([]byte(nil), data...), closeAfter})
+	return sandbox.StdinResult{Written: int64(len(data))}, nil
+}
+
+func (s *fzService) ResizeTty(_ context.Context, _ auth.Principal, _, execID string, size sandbox.TtySize) (sandbox.ExecResult, error) {
+	s.record("ResizeTty", size)
+	return sandbox.ExecResult{ExecID: execID}, nil
 }

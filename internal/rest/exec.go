@@ -22,11 +22,24 @@ type execBody struct {
 	StdinBase64 *string           `json:"stdin_base64"`
 	// Wait false answers 202 at once with the exec's status; the command runs on.
 	Wait *bool `json:"wait"`
+	// StdinOpen keeps stdin open for POST …/execs/{exec_id}/stdin; Tty runs the command
+	// under a terminal of that size.
+	StdinOpen bool     `json:"stdin_open"`
+	Tty       *ttyBody `json:"tty"`
+}
+
+// ttyBody is a terminal's size: the "tty" of an exec body, and the body of a resize.
+type ttyBody struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
 }
 
 func (b execBody) request() (sandbox.ExecRequest, error) {
 	req := sandbox.ExecRequest{Command: b.Command, TimeoutSec: b.TimeoutSec, Env: b.Env, Cwd: b.Cwd,
-		Detach: b.Wait != nil && !*b.Wait}
+		Detach: b.Wait != nil && !*b.Wait, StdinOpen: b.StdinOpen}
+	if b.Tty != nil {
+		req.Tty = &sandbox.TtySize{Rows: b.Tty.Rows, Cols: b.Tty.Cols}
+	}
 	switch {
 	case b.Stdin != nil && b.StdinBase64 != nil:
 		return req, apierror.New(apierror.InvalidArgument, "send stdin or stdin_base64, not both")
@@ -121,6 +134,10 @@ type execOut struct {
 	OutputBytes     *int64     `json:"output_bytes,omitempty"`
 	OutputURL       string     `json:"output_url,omitempty"`
 	StatusURL       string     `json:"status_url,omitempty"`
+	// StdinOpen (statuses) says whether POST …/stdin takes bytes; Tty is the terminal's
+	// size of an exec run under one.
+	StdinOpen *bool    `json:"stdin_open,omitempty"`
+	Tty       *ttyBody `json:"tty,omitempty"`
 }
 
 // execJSON encodes res in view v. sandboxID (the request's) stands in when res has none.
@@ -149,7 +166,11 @@ func execJSON(sandboxID string, res sandbox.ExecResult, v execView) execOut {
 			out.StderrBase64 = base64.StdEncoding.EncodeToString(res.Stderr)
 		}
 	}
+	if res.Tty != nil {
+		out.Tty = &ttyBody{Rows: res.Tty.Rows, Cols: res.Tty.Cols}
+	}
 	if v != viewResult {
+		out.StdinOpen = &res.StdinOpen
 		out.Command, out.OutputBytes = res.Command, &res.OutputBytes
 		out.StatusURL = Prefix + "/" + url.PathEscape(sandboxID) + "/execs/" + url.PathEscape(res.ExecID)
 		out.OutputURL = out.StatusURL + "/output"

@@ -579,7 +579,7 @@ func TestExecBadInputs(t *testing.T) {
 		{name: "output-post", method: http.MethodPost, path: status + "/output", body: `{}`, status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "output-put", method: http.MethodPut, path: status + "/output", body: `{}`, status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "exec-get", method: http.MethodGet, path: execURL, status: http.StatusNotFound, code: "NOT_FOUND"},
-		{name: "execs-without-id", method: http.MethodGet, path: Prefix + "/" + apitest.SandboxRunning + "/execs", status: http.StatusNotFound, code: "NOT_FOUND"},
+		{name: "execs-post", method: http.MethodPost, path: Prefix + "/" + apitest.SandboxRunning + "/execs", body: `{}`, status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "execs-trailing-slash", method: http.MethodGet, path: Prefix + "/" + apitest.SandboxRunning + "/execs/", status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "output-sub-path", method: http.MethodGet, path: status + "/output/more", status: http.StatusNotFound, code: "NOT_FOUND"},
 		{name: "status-no-key", method: http.MethodGet, path: status, headers: []string{"X-Api-Key", ""}, status: http.StatusUnauthorized, code: "UNAUTHENTICATED"},

@@ -38,6 +38,10 @@ type Handler struct {
 	writeTimeout, keepAlive time.Duration
 	// limit charges one request to its principal's rate limit; nil means none.
 	limit func(context.Context, auth.Principal) error
+	// wsOrigins are the Origin patterns the terminal WebSocket accepts besides its own host;
+	// ttyInitTimeout bounds its wait for a first (authentication) message (tty.go).
+	wsOrigins      []string
+	ttyInitTimeout time.Duration
 }
 
 // Prefix is the root of the sandbox REST paths.
@@ -73,6 +77,11 @@ func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown 
 	route("POST "+Prefix+"/{id}/exec", h.exec)
 	route("GET "+Prefix+"/{id}/execs/{exec_id}", h.execStatus)
 	route("GET "+Prefix+"/{id}/execs/{exec_id}/output", h.execOutput)
+	route("GET "+Prefix+"/{id}/execs", h.listExecs)
+	route("POST "+Prefix+"/{id}/execs/{exec_id}/signal", h.signalExec)
+	route("POST "+Prefix+"/{id}/execs/{exec_id}/stdin", h.writeStdin)
+	route("POST "+Prefix+"/{id}/execs/{exec_id}/resize", h.resizeTty)
+	route(ttyRoute, h.tty)
 	route("POST "+Prefix+"/{id}/stop", h.stop)
 	route("POST "+Prefix+"/{id}/start", h.start)
 	route("GET "+Prefix+"/{id}/files", h.download)
@@ -121,6 +130,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h.routes[pattern] {
 			*slot = pattern
 		}
+	}
+	if h.keylessTty(r) {
+		h.mux.ServeHTTP(w, r) // the terminal's WebSocket authenticates in its first message
+		return
 	}
 	p, err := h.auth.Authenticate(r.Header.Get(auth.HeaderAPIKey), r.Header.Get(auth.HeaderTenant), r.Header.Get(auth.HeaderProject))
 	if err != nil {

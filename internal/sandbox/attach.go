@@ -154,6 +154,8 @@ func (c *attachments) guestError(ctx context.Context, id string, err error) erro
 			return apierror.Wrap(err, apierror.PayloadTooLarge, "%s", ge.Message)
 		case proto.ErrCodeExists:
 			return apierror.Wrap(err, apierror.AlreadyExists, "%s", ge.Message)
+		case proto.ErrCodeState:
+			return apierror.Wrap(err, apierror.InvalidState, "%s", ge.Message)
 		case proto.ErrCodeUnavailable:
 			return apierror.Wrap(err, apierror.Unavailable, "%s", ge.Message).WithRetryAfter(time.Second)
 		case proto.ErrCodeTooMany:

@@ -100,6 +100,18 @@ type ExecRequest struct {
 	// end (GraphQL wait: false, REST "wait": false); the command runs on after the caller has
 	// gone. Its output and status are then read with ExecOutput and GetExec, from any replica.
 	Detach bool
+	// StdinOpen keeps the command's stdin open after Stdin: more bytes come with WriteStdin,
+	// which also closes it.
+	StdinOpen bool
+	// Tty runs the command under a pseudo-terminal of this size (its output is one stream,
+	// stdout; its stdin is open); nil means pipes.
+	Tty *TtySize
+}
+
+// TtySize is a terminal's size in character cells (1 to 1000 each).
+type TtySize struct {
+	Rows int
+	Cols int
 }
 
 // ExecState is where an exec is.
@@ -142,6 +154,41 @@ type ExecResult struct {
 	OutputBytes int64
 	// Error says why the command could not start, or could not be followed to its end.
 	Error string
+	// StdinOpen says that the command's stdin takes bytes (WriteStdin): it was started with
+	// StdinOpen or a Tty, stdin was not closed yet, and it runs.
+	StdinOpen bool
+	// Tty is the terminal's current size for a command run under one, nil otherwise.
+	Tty *TtySize
+}
+
+// The signals SignalExec delivers (to the exec's whole process tree).
+var ExecSignals = []string{"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"}
+
+// StdinResult answers WriteStdin.
+type StdinResult struct {
+	// Written is how many bytes were taken: all of them (a write is taken whole or refused).
+	Written int64
+	// Buffered is how many bytes the command has not read yet, this write's included.
+	Buffered int64
+	// Closed says that stdin is closed now (the call asked for it, or the command ended).
+	Closed bool
+}
+
+// ExecListOptions selects a page of one sandbox's execs, newest first.
+type ExecListOptions struct {
+	// State filters by state when not empty.
+	State ExecState
+	// After is the cursor of the last exec of the previous page (its id).
+	After string
+	// Limit is the page size (default 50, at most the configured page maximum).
+	Limit int
+}
+
+// ExecPage is one page of a sandbox's execs (without output).
+type ExecPage struct {
+	Execs []ExecResult
+	// NextCursor is the cursor of the next page, "" on the last page.
+	NextCursor string
 }
 
 // ExecEventKind says what an ExecEvent carries.

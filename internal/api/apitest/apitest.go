@@ -110,6 +110,10 @@ type Fake struct {
 	ExecEndless []byte
 	ExecHold    bool
 
+	// StdinErr, when set, is what WriteStdin answers for ExecRunning instead of taking the
+	// bytes (e.g. the LIMIT_EXCEEDED of a full stdin buffer).
+	StdinErr error
+
 	// File is what ReadFile and OpenFile answer.
 	File []byte
 	// FileEvents are what WatchFiles sends after its cursor (New sets FileEventFixtures); then
@@ -207,6 +211,12 @@ type Call struct {
 	AgentRun sandbox.AgentRunRequest
 	// Update is the request of Update.
 	Update sandbox.UpdateRequest
+	// ExecList is ListExecs' options; Signal SignalExec's signal; Close WriteStdin's
+	// closeAfter (its bytes are Data); Tty ResizeTty's size.
+	ExecList sandbox.ExecListOptions
+	Signal   string
+	Close    bool
+	Tty      sandbox.TtySize
 }
 
 func (f *Fake) record(c Call) {
