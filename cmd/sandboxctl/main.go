@@ -31,7 +31,7 @@ const (
 	exitUsage       = 64  // a bad command line (EX_USAGE)
 	exitServer      = 69  // the server answered an error, or could not be reached (EX_UNAVAILABLE)
 	exitLocal       = 74  // a local file could not be read or written, or cp refused an entry (EX_IOERR)
-	exitInterrupted = 130 // interrupted (Ctrl-C, SIGTERM); exec detaches and says how to follow on
+	exitInterrupted = 130 // interrupted (Ctrl-C, SIGTERM) or detached (terminal's detach key); says how to go on
 )
 
 const exitHelp = `Exit codes:
@@ -39,8 +39,10 @@ const exitHelp = `Exit codes:
   64    usage error: unknown command or flag, wrong arguments, no API key
   69    the server answered an error (its code and message are printed) or could not be reached
   74    a local file could not be read or written, or cp refused an entry
-  130   interrupted (Ctrl-C); exec detaches, the command runs on, and sandboxctl prints how to follow it
-  exec and logs --follow exit with the command's own exit code, 128+N when signal N killed it.`
+  130   interrupted (Ctrl-C) or detached: exec and terminal detach, the command runs on, and
+        sandboxctl prints how to follow or reattach; watch stops and prints how to resume
+  exec, logs --follow and terminal exit with the command's own exit code, 128+N when signal N
+  killed it.`
 
 // Environment variables besides the client's SANDBOX_GATEWAY_URL and SANDBOX_API_KEY.
 const (
@@ -130,7 +132,8 @@ message.
 		c.GroupID = "sandboxes"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.execCmd(), a.logsCmd(), a.cpCmd(), a.rmCmd(), a.mvCmd(), a.mkdirCmd(), a.statCmd(), a.watchCmd()} {
+	for _, c := range []*cobra.Command{a.execCmd(), a.logsCmd(), a.execsCmd(), a.signalCmd(), a.terminalCmd(), a.cpCmd(),
+		a.rmCmd(), a.mvCmd(), a.mkdirCmd(), a.statCmd(), a.watchCmd()} {
 		c.GroupID = "work"
 		root.AddCommand(c)
 	}
