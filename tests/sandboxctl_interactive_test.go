@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -96,6 +97,26 @@ func TestSandboxctlTerminal(t *testing.T) {
 		// An ended terminal replays and answers its exit code again.
 		if _, _, code := ctl(t, env, "", "terminal", "--attach", execID); code != 7 {
 			t.Errorf("attaching to the ended terminal: exit %d, want 7", code)
+		}
+	})
+
+	e2e.Step(t, "hostile-flood", func(t *testing.T) {
+		// 20 MB of output as fast as the sandbox can make it: the terminal keeps up or says
+		// nothing breaks; sandboxctl's memory stays bounded (its output buffer is 4 MiB).
+		const n = 20_000_000
+		p := e2e.StartPTY(t, env, bin, "terminal", id, "--", "bash", "-c", fmt.Sprintf(`head -c %d /dev/zero | tr '\0' x; printf '\033[2J\033]0;owned\007\n'; exit 5`, n))
+		start := time.Now()
+		out, code := p.Wait(t, 3*time.Minute)
+		got := 0
+		if i, j := strings.Index(out, "detaches\n"), strings.Index(out, "\x1b[2J"); i >= 0 && j > i {
+			got = strings.Count(out[i+len("detaches\n"):j], "x")
+		}
+		t.Logf("terminal flood: %d of %d bytes shown in %s, sandboxctl max RSS %d MiB", got, n, time.Since(start).Round(time.Millisecond), p.MaxRSS()>>10)
+		if code != 5 || got == 0 || got > n || !strings.Contains(out, "\x1b[2J\x1b]0;owned\x07") {
+			t.Errorf("flood: exit %d with %d bytes, want 5 and the output, escapes as they are", code, got)
+		}
+		if rss := p.MaxRSS() >> 10; rss > 512 {
+			t.Errorf("sandboxctl used %d MiB, want its memory bounded", rss)
 		}
 	})
 

@@ -184,3 +184,16 @@ func (p *PTY) Since(n int) string {
 	out := p.Output()
 	return out[min(n, len(out)):]
 }
+
+// MaxRSS is the program's peak resident memory in KiB, once it ended (0 before).
+func (p *PTY) MaxRSS() int64 {
+	select {
+	case <-p.done:
+	default:
+		return 0
+	}
+	if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		return ru.Maxrss
+	}
+	return 0
+}
