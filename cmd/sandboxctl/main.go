@@ -220,6 +220,7 @@ func (a *app) fail(ctx context.Context, err error) int {
 	var le *os.LinkError
 	var ue2 *url.Error
 	var ne net.Error
+	var se *stdinError
 	switch {
 	case errors.As(err, &ue) || !a.ran:
 		code, kind = exitUsage, "USAGE"
@@ -230,7 +231,7 @@ func (a *app) fail(ctx context.Context, err error) int {
 		return a.printServerError(ce)
 	case errors.As(err, &ue2) || errors.As(err, &ne):
 		kind = "UNREACHABLE"
-	case errors.As(err, &cpe) || errors.As(err, &pe) || errors.As(err, &le):
+	case errors.As(err, &cpe) || errors.As(err, &pe) || errors.As(err, &le) || errors.As(err, &se):
 		code, kind = exitLocal, "LOCAL"
 	}
 	if a.json() {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"regexp"
@@ -208,5 +209,54 @@ func TestExecStdinEnds(t *testing.T) {
 	r = e.run(t, "all of it", nil, "exec", "-d", "-i", apitest.SandboxRunning, "cat").want(t, exitOK)
 	if data, closed := stdinWrites(e); string(data) != "all of it" || !closed || r.stdout != apitest.ExecRunning+"\n" {
 		t.Errorf("exec -d -i: the server took %q (closed %v), printed %q, want the input, closed, and the id", data, closed, r.stdout)
+	}
+}
+
+func TestCompletionOfNewCommands(t *testing.T) {
+	e := newEnv(t)
+	for _, tt := range []struct {
+		args []string
+		want string
+		not  string
+	}{
+		{[]string{"__complete", "signal", "exec_"}, apitest.ExecRunning + "\t" + apitest.SandboxRunning + " RUNNING 'sleep' '60'", apitest.ExecEnded + "\t"},
+		{[]string{"__complete", "signal", apitest.ExecRunning, ""}, "SIGKILL", ""},
+		{[]string{"__complete", "logs", ""}, apitest.ExecEnded + "\t", ""},
+		{[]string{"__complete", "terminal", "--attach", ""}, apitest.ExecRunning + "\t", apitest.ExecEnded + "\t"},
+		{[]string{"__complete", "execs", "--state", ""}, "ENDED", ""},
+		{[]string{"__complete", "rm", "sbx"}, apitest.SandboxRunning + ":\t", ""},
+		{[]string{"__complete", "watch", ""}, apitest.SandboxRunning + ":\t", ""},
+		{[]string{"__complete", "update", ""}, apitest.SandboxRunning + "\t", ""},
+	} {
+		r := e.run(t, "", nil, tt.args...).want(t, exitOK)
+		if !strings.Contains(r.stdout, tt.want) || (tt.not != "" && strings.Contains(r.stdout, tt.not)) {
+			t.Errorf("%v: got %q, want %q in it (and not %q)", tt.args, r.stdout, tt.want, tt.not)
+		}
+	}
+	if calls := e.ws.CallsTo("List"); len(calls) == 0 || calls[0].List.State != sandbox.Running {
+		t.Errorf("exec completion listed %+v, want the running sandboxes", calls)
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("input/output error") }
+
+// A local stdin that cannot be read ends exec -i as a local failure (74); the command runs on.
+func TestExecStdinLocalError(t *testing.T) {
+	e := newEnv(t)
+	e.ws.ExecEvents[apitest.ExecRunning] = execEvents(sandbox.ExecResult{})[:1]
+	e.ws.ExecHold = true
+	var out, errOut bytes.Buffer
+	a := &app{stdin: failingReader{}, stdout: &out, stderr: &errOut, getenv: func(k string) string {
+		return map[string]string{"SANDBOX_GATEWAY_URL": e.srv.URL, "SANDBOX_API_KEY": apitest.UserKey}[k]
+	}, httpClient: e.srv.Client()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if code := run(ctx, []string{"exec", "-i", apitest.SandboxRunning, "cat"}, a); code != exitLocal {
+		t.Fatalf("got exit code %d, want 74; stderr %q", code, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "sandboxctl: stdin: input/output error") || !strings.Contains(errOut.String(), "follow it on: sandboxctl logs "+apitest.ExecRunning) {
+		t.Errorf("got stderr %q, want the stdin error and how to follow on", errOut.String())
 	}
 }
