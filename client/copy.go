@@ -123,8 +123,8 @@ func (s *copyState) left() int64 { return s.opts.MaxBytes - s.res.Bytes }
 // It never follows a link: a link named as the source is refused, links and special files
 // inside a folder are skipped (CopyResult.Skipped), and the folder is read through an
 // os.Root, so nothing outside it is read even when the tree changes during the copy. Folders
-// that hold no file are not made (the files API makes folders only as parents of files) and
-// are listed as skipped. The workspace side is the server's: a remote path that leaves the
+// are made as the parents of their files, and those that hold no file with MakeDir. The
+// workspace side is the server's: a remote path that leaves the
 // workspace, through ".." or a link, is its INVALID_ARGUMENT, and a link where a file lands is
 // replaced by the file (the server's atomic write), its target never written.
 func (c *Client) CopyIn(ctx context.Context, sandboxID, local, remote string, opts CopyOptions) (CopyResult, error) {
@@ -217,11 +217,16 @@ func (c *Client) CopyIn(ctx context.Context, sandboxID, local, remote string, op
 	}
 	for _, p := range dirs {
 		rp, lp := joinRemote(dest, p), filepath.Join(local, filepath.FromSlash(p))
-		if filled[p] {
-			st.copied(CopiedFile{Remote: rp, Local: lp, IsDir: true})
-		} else {
-			st.skip(CopiedFile{Remote: rp, Local: lp, IsDir: true, Skipped: "an empty folder: the files API makes folders only as parents of files"})
+		if !filled[p] {
+			// No file made it as a parent: make it (and its missing parents) alone.
+			if err := ctx.Err(); err != nil {
+				return st.res, err
+			}
+			if _, _, err := c.MakeDir(ctx, sandboxID, rp); err != nil {
+				return st.res, err
+			}
 		}
+		st.copied(CopiedFile{Remote: rp, Local: lp, IsDir: true})
 	}
 	return st.res, nil
 }
@@ -306,26 +311,53 @@ func joinRemote(dir, name string) string {
 // Every write goes through an os.Root of the destination's folder and lands by a rename, so
 // nothing is written outside it: not through a link already there (the link is replaced, its
 // target untouched), not through a name the server answered (a name with a slash, "." or ".."
-// is refused). Links inside a workspace folder are skipped, never followed; a file the server
-// refuses to read (a special file, a link swapped in meanwhile) is skipped with its reason. A
-// link named as the source is the server's to resolve: one that leaves the workspace is its
-// INVALID_ARGUMENT, and nothing is written.
+// is refused). Stat tells the source's kind first: a special file named as the source is
+// refused without a read. Links inside a workspace folder are skipped, never followed; a file
+// the server refuses to read (a special file, a link swapped in meanwhile) is skipped with its
+// reason. A link named as the source is the server's to resolve: one that leaves the workspace
+// is its INVALID_ARGUMENT, and nothing is written.
 func (c *Client) CopyOut(ctx context.Context, sandboxID, remote, local string, opts CopyOptions) (CopyResult, error) {
 	st := &copyState{opts: opts.withDefaults()}
-	rc, info, openErr := c.openFileInfo(ctx, sandboxID, remote)
-	var listing FileList
-	isDir := false
-	if openErr != nil {
-		if !IsCode(openErr, CodeInvalidArgument) {
-			return st.res, openErr
+	var (
+		rc      io.ReadCloser
+		info    FileInfo
+		listing FileList
+		isDir   bool
+	)
+	// Stat tells a file from a folder; a link (reported as itself) is the server's to resolve
+	// when it is read or listed, as is anything from a server that does not say the type.
+	fi, err := c.Stat(ctx, sandboxID, remote)
+	if err != nil {
+		return st.res, err
+	}
+	switch fi.Type {
+	case "DIRECTORY":
+		if listing, err = c.listAll(ctx, sandboxID, remote); err != nil {
+			return st.res, err
 		}
-		l, err := c.listAll(ctx, sandboxID, remote)
-		if err != nil {
-			return st.res, openErr // not a folder either: the read's answer says why
+		isDir = true
+	case "FILE":
+		if rc, info, err = c.openFileInfo(ctx, sandboxID, remote); err != nil {
+			return st.res, err
 		}
-		listing, isDir = l, true
-	} else {
 		defer rc.Close()
+	case "SYMLINK", "":
+		var openErr error
+		rc, info, openErr = c.openFileInfo(ctx, sandboxID, remote)
+		if openErr != nil {
+			if !IsCode(openErr, CodeInvalidArgument) {
+				return st.res, openErr
+			}
+			l, err := c.listAll(ctx, sandboxID, remote)
+			if err != nil {
+				return st.res, openErr // not a folder either: the read's answer says why
+			}
+			listing, isDir = l, true
+		} else {
+			defer rc.Close()
+		}
+	default:
+		return st.res, &CopyError{Path: remote, Reason: "is a " + strings.ToLower(strings.ReplaceAll(fi.Type, "_", " ")) + "; cp copies files and folders"}
 	}
 	name := path.Base(path.Clean("/" + strings.TrimRight(remote, "/")))
 	if name == "/" || (isDir && strings.Trim(remote, "/.") == "") {

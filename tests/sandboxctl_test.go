@@ -8,14 +8,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -60,6 +58,17 @@ func ctlFails(t *testing.T, env []string, code int, want string, args ...string)
 		t.Fatalf("sandboxctl %s: got exit %d and stderr %q (stdout %q), want exit %d and %q", strings.Join(args, " "), got, errOut, out, code, want)
 	}
 	return errOut
+}
+
+// ctlCreate creates a sandbox of env's tenant through sandboxctl and tracks it.
+func ctlCreate(t *testing.T, s *e2e.Server, env []string, hdr string) string {
+	t.Helper()
+	id := strings.TrimSpace(ctlOK(t, env, "create", "-q"))
+	if !strings.HasPrefix(id, "sbx_") {
+		t.Fatalf("create -q printed %q, want an id", id)
+	}
+	s.Track(id, hdr)
+	return id
 }
 
 // TestSandboxctl drives the built sandboxctl, on a pseudo-terminal where a user would see it,
@@ -281,7 +290,7 @@ ln -s /etc /workspace/etc`)
 		// The peak is read from /proc while it runs: wait4's ru_maxrss is no measure here, since
 		// the kernel starts it at the RSS of the memory the child was forked from (this test
 		// binary's, over a GiB with the whole suite running in it).
-		peak := watchPeakRSS(cmd.Process.Pid)
+		peak := e2e.PeakRSS(cmd.Process.Pid)
 		sc := bufio.NewScanner(stdout)
 		last, gaps, total := 0, 0, 0
 		for sc.Scan() {
@@ -358,47 +367,122 @@ func sha256hex(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// watchPeakRSS samples the high-water mark of pid's resident memory (VmHWM in
-// /proc/<pid>/status, in KiB) every 10 ms; the function it returns stops sampling and answers
-// the largest value seen, read once more at that moment.
-func watchPeakRSS(pid int) func() int64 {
-	var mu sync.Mutex
-	var peak int64
-	sample := func() {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			return
+// TestSandboxctlLabels drives labels and update through the built sandboxctl against the built
+// server on real runsc: create with labels, list filtered by them (ANDed), update (set, remove,
+// clear, the deadlines), and what another tenant or a bad label gets.
+func TestSandboxctlLabels(t *testing.T) {
+	s := e2e.StartServer(t, e2e.ServerOptions{State: e2e.NewStateDir(t)})
+	bin := e2e.Sandboxctl(t)
+	env, other := s.CtlEnv(e2e.KeyTenant1), s.CtlEnv(e2e.KeyTenant2)
+
+	var prod, dev string
+	e2e.Step(t, "create-with-labels", func(t *testing.T) {
+		p := e2e.StartPTY(t, env, bin, "create", "-q", "--label", "team=ml", "--label", "env=prod", "--label", "example.com/ticket=T-42")
+		out, code := p.Wait(t, 3*time.Minute)
+		prod = strings.TrimSpace(out)
+		if code != 0 || !strings.HasPrefix(prod, "sbx_") {
+			t.Fatalf("create: exit %d, %q", code, out)
 		}
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-				mu.Lock()
-				peak = max(peak, kb)
-				mu.Unlock()
+		s.Track(prod, e2e.HdrTenant1)
+		dev = strings.TrimSpace(ctlOK(t, env, "create", "-q", "--label", "team=ml", "--label", "env=dev"))
+		s.Track(dev, e2e.HdrTenant1)
+		if out := ctlOK(t, env, "get", prod); field(out, "labels") != "env=prod, example.com/ticket=T-42, team=ml" {
+			t.Errorf("get: got %q, want its labels", out)
+		}
+	})
+
+	ids := func(t *testing.T, env []string, args ...string) []string {
+		t.Helper()
+		var page client.Page
+		mustT(t, json.Unmarshal([]byte(ctlOK(t, env, append([]string{"list", "-o", "json"}, args...)...)), &page))
+		var out []string
+		for _, sb := range page.Sandboxes {
+			out = append(out, sb.ID)
+		}
+		return out
+	}
+	e2e.Step(t, "list-by-labels", func(t *testing.T) {
+		if got := ids(t, env, "--label", "team=ml"); len(got) != 2 {
+			t.Errorf("list --label team=ml: got %v, want both", got)
+		}
+		if got := ids(t, env, "--label", "team=ml", "--label", "env=prod"); len(got) != 1 || got[0] != prod {
+			t.Errorf("list --label team=ml --label env=prod: got %v, want %s alone", got, prod)
+		}
+		if got := ids(t, env, "--label", "team=nobody"); len(got) != 0 {
+			t.Errorf("list --label team=nobody: got %v, want none", got)
+		}
+		if got := ids(t, other, "--label", "team=ml"); len(got) != 0 {
+			t.Errorf("another tenant's list --label team=ml: got %v, want none", got)
+		}
+		p := e2e.StartPTY(t, env, bin, "list", "--label", "env=prod")
+		out, code := p.Wait(t, time.Minute)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if code != 0 || len(lines) != 2 || !strings.HasSuffix(lines[0], "LABELS") || !strings.HasPrefix(lines[1], prod) ||
+			!strings.HasSuffix(lines[1], "env=prod,example.com/ticket=T-42,team=ml") {
+			t.Errorf("list --label env=prod on a terminal: exit %d, %q, want one row with its labels", code, out)
+		}
+		ctlFails(t, env, 69, "INVALID_ARGUMENT", "list", "--label", "sandboxd.io/tenant=t2")
+	})
+
+	e2e.Step(t, "update", func(t *testing.T) {
+		var before client.Sandbox
+		mustT(t, json.Unmarshal([]byte(ctlOK(t, env, "get", prod, "-o", "json")), &before))
+		out := ctlOK(t, env, "update", prod, "--label", "env=staging", "--remove-label", "example.com/ticket", "--autostop-sec", "600", "--ttl-sec", "28800")
+		wantExpiry := before.CreatedAt.Add(28800 * time.Second).UTC().Format(time.RFC3339)
+		for name, want := range map[string]string{"labels": "env=staging, team=ml", "autostop_sec": "600", "ttl_sec": "28800", "expires_at": wantExpiry} {
+			if got := field(out, name); got != want {
+				t.Errorf("update printed %s %q, want %q (all: %q)", name, got, want, out)
 			}
 		}
-	}
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				sample()
-			}
+		at, err := time.Parse(time.RFC3339, field(out, "autostop_at"))
+		if err != nil || at.Sub(time.Now().Add(600*time.Second)).Abs() > time.Minute {
+			t.Errorf("autostop_at %q (%v), want about 600 s from now", field(out, "autostop_at"), err)
 		}
-	}()
-	return func() int64 {
-		close(done)
-		<-stopped
-		sample()
-		mu.Lock()
-		defer mu.Unlock()
-		return peak
+		if got := ids(t, env, "--label", "env=staging"); len(got) != 1 || got[0] != prod {
+			t.Errorf("list --label env=staging after the update: got %v, want %s", got, prod)
+		}
+		var sb client.Sandbox
+		mustT(t, json.Unmarshal([]byte(ctlOK(t, env, "update", prod, "--clear-labels", "--label", "owner=alice", "-o", "json")), &sb))
+		if len(sb.Labels) != 1 || sb.Labels["owner"] != "alice" {
+			t.Errorf("update --clear-labels --label owner=alice: got %v, want owner=alice alone", sb.Labels)
+		}
+		var cleared client.Sandbox
+		mustT(t, json.Unmarshal([]byte(ctlOK(t, env, "update", dev, "--clear-labels", "-o", "json")), &cleared))
+		if cleared.ID != dev || len(cleared.Labels) != 0 {
+			t.Errorf("update --clear-labels: got %s with %v, want %s with none", cleared.ID, cleared.Labels, dev)
+		}
+	})
+
+	e2e.Step(t, "hostile", func(t *testing.T) {
+		ctlFails(t, other, 69, "NOT_FOUND", "update", prod, "--label", "owner=mallory")
+		ctlFails(t, other, 69, "NOT_FOUND", "update", prod, "--clear-labels", "--label", "owner=mallory")
+		ctlFails(t, env, 69, "INVALID_ARGUMENT", "update", prod, "--label", "sandboxd.io/tenant=t2")
+		ctlFails(t, env, 69, "INVALID_ARGUMENT", "update", prod, "--label", "bad key=x")
+		ctlFails(t, env, 69, "INVALID_ARGUMENT", "update", prod, "--ttl-sec", "1")
+		many := []string{"update", prod}
+		for i := range 33 {
+			many = append(many, "--label", "k"+strconv.Itoa(i)+"=v")
+		}
+		ctlFails(t, env, 69, "INVALID_ARGUMENT", many...)
+		// An escape sequence as a label value is refused, and what is printed carries no escape.
+		errOut := ctlFails(t, env, 69, "INVALID_ARGUMENT", "update", prod, "--label", "k=\x1b]0;pwned\x07")
+		if strings.ContainsRune(errOut, 0x1b) {
+			t.Errorf("the error printed %q, want no raw escape", errOut)
+		}
+		var sb client.Sandbox
+		mustT(t, json.Unmarshal([]byte(ctlOK(t, env, "get", prod, "-o", "json")), &sb))
+		if len(sb.Labels) != 1 || sb.Labels["owner"] != "alice" || sb.TTLSec != 28800 {
+			t.Errorf("after the refused updates: got labels %v and ttl %d, want owner=alice and 28800", sb.Labels, sb.TTLSec)
+		}
+	})
+}
+
+// field is the value of a "name:  value" line of sandboxctl's text output, "" when there is none.
+func field(out, name string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return strings.TrimSpace(v)
+		}
 	}
+	return ""
 }

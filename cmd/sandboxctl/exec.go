@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -13,10 +14,6 @@ import (
 
 	"sandboxd/client"
 )
-
-// maxStdin bounds what exec --stdin reads: the REST body's own bound (the server's stdin bound,
-// 4 MiB by default, is lower and answers PAYLOAD_TOO_LARGE).
-const maxStdin = 8 << 20
 
 func (a *app) execCmd() *cobra.Command {
 	var (
@@ -34,12 +31,17 @@ stderr to stderr, and sandboxctl exits with the command's exit code (128+N when 
 it). The command is started detached and its output followed: a dropped connection is resumed
 after the last output seen, nothing lost or repeated.
 
+With -i, sandboxctl's standard input streams to the command as it is read (no bound on its
+size: the command's stdin stays open and is closed at the end of the input); the server keeps
+what the command has not read yet in a bounded buffer, and sandboxctl waits while it is full.
+
 Ctrl-C detaches: the command runs on in the sandbox, and sandboxctl prints the logs command
 that follows it on from where it stopped. Flags go before SANDBOX; everything after it is the
 command.`,
 		Example: `  sandboxctl exec $SANDBOX_ID -- bash -lc 'python -m pytest -q'
   sandboxctl exec --timeout-sec 3600 --env CI=1 $SANDBOX_ID -- make test
   echo hello | sandboxctl exec --stdin $SANDBOX_ID -- cat
+  sandboxctl exec -i $SANDBOX_ID -- sha256sum < big.tar
   sandboxctl exec --detach $SANDBOX_ID -- bash -lc 'sleep 600'`,
 		Args:              minArgs(2),
 		ValidArgsFunction: a.completeSandboxes(1),
@@ -62,19 +64,17 @@ command.`,
 			if cmd.Flags().Changed("timeout-sec") {
 				req.TimeoutSec = &timeout
 			}
-			if stdin {
-				data, err := io.ReadAll(io.LimitReader(a.stdin, maxStdin+1))
-				if err != nil {
-					return err
-				}
-				if len(data) > maxStdin {
-					return usagef("--stdin sends at most %d bytes in one request; copy larger input in with sandboxctl cp", maxStdin)
-				}
-				req.Stdin = data
-			}
+			req.StdinOpen = stdin
 			st, err := c.ExecDetached(cmd.Context(), args[0], req)
 			if err != nil {
 				return err
+			}
+			if detached && stdin {
+				// All the input first, then the exec id: the command runs on without us.
+				if err := a.feedStdin(cmd.Context(), c, args[0], st.ExecID); err != nil {
+					a.followHint(st.ExecID, "")
+					return err
+				}
 			}
 			if detached {
 				if a.json() {
@@ -89,7 +89,19 @@ command.`,
 				v := execView(st)
 				writeLine(a.stdout, streamEvent{Event: "started", Exec: &v})
 			}
-			return a.follow(cmd.Context(), c, args[0], st.ExecID, "")
+			if !stdin {
+				return a.follow(cmd.Context(), c, args[0], st.ExecID, "")
+			}
+			// The input streams while the output is followed; a failure to send it ends the
+			// following (the command runs on), the end of the command ends the input.
+			ctx, cancel := context.WithCancelCause(cmd.Context())
+			defer cancel(nil)
+			go func() {
+				if err := a.feedStdin(ctx, c, args[0], st.ExecID); err != nil && ctx.Err() == nil {
+					cancel(err)
+				}
+			}()
+			return a.follow(ctx, c, args[0], st.ExecID, "")
 		}),
 	}
 	f := cmd.Flags()
@@ -97,7 +109,7 @@ command.`,
 	f.Int64Var(&timeout, "timeout-sec", 0, "kill the command's whole process tree after this many seconds (default: the server's, 600)")
 	f.StringArrayVar(&env, "env", nil, "an environment variable, NAME=VALUE (repeatable)")
 	f.StringVar(&cwd, "cwd", "", "the working folder (default /workspace)")
-	f.BoolVarP(&stdin, "stdin", "i", false, "send sandboxctl's standard input to the command (read whole first, at most 8 MiB)")
+	f.BoolVarP(&stdin, "stdin", "i", false, "stream sandboxctl's standard input to the command's (closed at its end)")
 	f.BoolVarP(&detached, "detach", "d", false, "start the command, print its exec id and return")
 	return cmd
 }
@@ -118,7 +130,8 @@ printed) and follow it live until it ends; sandboxctl then exits with the comman
 		Example: `  sandboxctl logs exec_01J…
   sandboxctl logs exec_01J… --follow
   sandboxctl logs exec_01J… --follow --after 1757000000000-3`,
-		Args: exactArgs(1),
+		Args:              exactArgs(1),
+		ValidArgsFunction: a.completeExecs(""),
 		RunE: a.runE(func(cmd *cobra.Command, args []string) error {
 			if after != "" && !follow {
 				return usagef("--after goes with --follow")
@@ -156,6 +169,10 @@ printed) and follow it live until it ends; sandboxctl then exits with the comman
 func (a *app) follow(ctx context.Context, c *client.Client, sandboxID, execID, after string) error {
 	s, err := c.ExecOutput(ctx, sandboxID, execID, after)
 	if err != nil {
+		if cause := stopCause(ctx); cause != nil {
+			a.followHint(execID, after)
+			return cause
+		}
 		return err
 	}
 	defer s.Close()
@@ -170,6 +187,10 @@ func (a *app) follow(ctx context.Context, c *client.Client, sandboxID, execID, a
 			return a.exit(st)
 		}
 		if err != nil {
+			if cause := stopCause(ctx); cause != nil {
+				a.followHint(execID, s.Cursor())
+				return cause
+			}
 			if ctx.Err() != nil {
 				return a.detached(execID, s.Cursor())
 			}
@@ -203,6 +224,15 @@ func (a *app) follow(ctx context.Context, c *client.Client, sandboxID, execID, a
 			return a.exit(*ev.Exec)
 		}
 	}
+}
+
+// stopCause is what stopped the following other than an interrupt (exec -i's input failing),
+// nil otherwise.
+func stopCause(ctx context.Context) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
 }
 
 // detached says how to follow on after Ctrl-C and ends with exitInterrupted.
@@ -281,30 +311,32 @@ func chunkEvent(ev client.Event) streamEvent {
 
 // execJSON is an exec as sandboxctl prints it: the REST API's field names.
 type execJSON struct {
-	ExecID          string     `json:"exec_id"`
-	SandboxID       string     `json:"sandbox_id"`
-	Command         string     `json:"command,omitempty"`
-	State           string     `json:"state"`
-	ExitCode        *int       `json:"exit_code,omitempty"`
-	Signal          string     `json:"signal,omitempty"`
-	TimedOut        bool       `json:"timed_out"`
-	DurationMs      *int64     `json:"duration_ms,omitempty"`
-	Error           string     `json:"error,omitempty"`
-	StartedAt       *time.Time `json:"started_at,omitempty"`
-	EndedAt         *time.Time `json:"ended_at,omitempty"`
-	OutputBytes     int64      `json:"output_bytes"`
-	Stdout          *string    `json:"stdout,omitempty"`
-	Stderr          *string    `json:"stderr,omitempty"`
-	StdoutBase64    string     `json:"stdout_base64,omitempty"`
-	StderrBase64    string     `json:"stderr_base64,omitempty"`
-	StdoutTruncated bool       `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool       `json:"stderr_truncated,omitempty"`
+	ExecID          string          `json:"exec_id"`
+	SandboxID       string          `json:"sandbox_id"`
+	Command         string          `json:"command,omitempty"`
+	State           string          `json:"state"`
+	ExitCode        *int            `json:"exit_code,omitempty"`
+	Signal          string          `json:"signal,omitempty"`
+	TimedOut        bool            `json:"timed_out"`
+	DurationMs      *int64          `json:"duration_ms,omitempty"`
+	Error           string          `json:"error,omitempty"`
+	StartedAt       *time.Time      `json:"started_at,omitempty"`
+	EndedAt         *time.Time      `json:"ended_at,omitempty"`
+	OutputBytes     int64           `json:"output_bytes"`
+	Stdout          *string         `json:"stdout,omitempty"`
+	Stderr          *string         `json:"stderr,omitempty"`
+	StdoutBase64    string          `json:"stdout_base64,omitempty"`
+	StderrBase64    string          `json:"stderr_base64,omitempty"`
+	StdoutTruncated bool            `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool            `json:"stderr_truncated,omitempty"`
+	StdinOpen       bool            `json:"stdin_open,omitempty"`
+	Tty             *client.TtySize `json:"tty,omitempty"`
 }
 
 func execView(e client.Exec) execJSON {
 	j := execJSON{ExecID: e.ExecID, SandboxID: e.SandboxID, Command: e.Command, State: e.State, Signal: e.Signal,
 		TimedOut: e.TimedOut, Error: e.Error, OutputBytes: e.OutputBytes, StdoutTruncated: e.StdoutTruncated,
-		StderrTruncated: e.StderrTruncated}
+		StderrTruncated: e.StderrTruncated, StdinOpen: e.StdinOpen, Tty: e.Tty}
 	if !e.StartedAt.IsZero() {
 		j.StartedAt = &e.StartedAt
 	}

@@ -114,6 +114,7 @@ type cutter struct {
 	after int
 	seen  int
 	cuts  int
+	hook  func(http.ResponseWriter, *http.Request) bool
 }
 
 func (c *cutter) arm(n int) {
@@ -145,8 +146,22 @@ func (c *cutter) due(p []byte) bool {
 
 func (c *cutter) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.mu.Lock()
+		hook := c.hook
+		c.mu.Unlock()
+		if hook != nil && hook(w, r) {
+			return
+		}
 		h.ServeHTTP(&cutWriter{ResponseWriter: w, c: c}, r)
 	})
+}
+
+// intercept answers the requests hook takes (it answers true) in place of the handlers: a
+// server that answers what the fake does not.
+func (c *cutter) intercept(hook func(w http.ResponseWriter, r *http.Request) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hook = hook
 }
 
 type cutWriter struct {

@@ -31,7 +31,7 @@ const (
 	exitUsage       = 64  // a bad command line (EX_USAGE)
 	exitServer      = 69  // the server answered an error, or could not be reached (EX_UNAVAILABLE)
 	exitLocal       = 74  // a local file could not be read or written, or cp refused an entry (EX_IOERR)
-	exitInterrupted = 130 // interrupted (Ctrl-C, SIGTERM); exec detaches and says how to follow on
+	exitInterrupted = 130 // interrupted (Ctrl-C, SIGTERM) or detached (terminal's detach key); says how to go on
 )
 
 const exitHelp = `Exit codes:
@@ -39,8 +39,10 @@ const exitHelp = `Exit codes:
   64    usage error: unknown command or flag, wrong arguments, no API key
   69    the server answered an error (its code and message are printed) or could not be reached
   74    a local file could not be read or written, or cp refused an entry
-  130   interrupted (Ctrl-C); exec detaches, the command runs on, and sandboxctl prints how to follow it
-  exec and logs --follow exit with the command's own exit code, 128+N when signal N killed it.`
+  130   interrupted (Ctrl-C) or detached: exec and terminal detach, the command runs on, and
+        sandboxctl prints how to follow or reattach; watch stops and prints how to resume
+  exec, logs --follow and terminal exit with the command's own exit code, 128+N when signal N
+  killed it.`
 
 // Environment variables besides the client's SANDBOX_GATEWAY_URL and SANDBOX_API_KEY.
 const (
@@ -126,11 +128,12 @@ message.
 
 	root.AddGroup(&cobra.Group{ID: "sandboxes", Title: "Sandboxes:"}, &cobra.Group{ID: "work", Title: "Commands and files:"},
 		&cobra.Group{ID: "more", Title: "Snapshots and agent runs:"})
-	for _, c := range []*cobra.Command{a.createCmd(), a.listCmd(), a.getCmd(), a.stopCmd(), a.startCmd(), a.destroyCmd(), a.quotaCmd()} {
+	for _, c := range []*cobra.Command{a.createCmd(), a.listCmd(), a.getCmd(), a.stopCmd(), a.startCmd(), a.destroyCmd(), a.quotaCmd(), a.updateCmd()} {
 		c.GroupID = "sandboxes"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.execCmd(), a.logsCmd(), a.cpCmd()} {
+	for _, c := range []*cobra.Command{a.execCmd(), a.logsCmd(), a.execsCmd(), a.signalCmd(), a.terminalCmd(), a.cpCmd(),
+		a.rmCmd(), a.mvCmd(), a.mkdirCmd(), a.statCmd(), a.watchCmd()} {
 		c.GroupID = "work"
 		root.AddCommand(c)
 	}
@@ -217,6 +220,7 @@ func (a *app) fail(ctx context.Context, err error) int {
 	var le *os.LinkError
 	var ue2 *url.Error
 	var ne net.Error
+	var se *stdinError
 	switch {
 	case errors.As(err, &ue) || !a.ran:
 		code, kind = exitUsage, "USAGE"
@@ -227,7 +231,7 @@ func (a *app) fail(ctx context.Context, err error) int {
 		return a.printServerError(ce)
 	case errors.As(err, &ue2) || errors.As(err, &ne):
 		kind = "UNREACHABLE"
-	case errors.As(err, &cpe) || errors.As(err, &pe) || errors.As(err, &le):
+	case errors.As(err, &cpe) || errors.As(err, &pe) || errors.As(err, &le) || errors.As(err, &se):
 		code, kind = exitLocal, "LOCAL"
 	}
 	if a.json() {
@@ -258,7 +262,9 @@ func (a *app) printServerError(e *client.Error) int {
 	if code == "" {
 		code = fmt.Sprintf("HTTP %d", e.Status)
 	}
-	fmt.Fprintf(a.stderr, "sandboxctl: %s: %s", code, e.Message)
+	// The message may name what a sandbox chose (a file, a label): quoted when it holds
+	// control characters, as every name sandboxctl prints outside a terminal session.
+	fmt.Fprintf(a.stderr, "sandboxctl: %s: %s", printable(code), printable(e.Message))
 	if e.RetryAfter > 0 {
 		fmt.Fprintf(a.stderr, " (retry after %s)", e.RetryAfter)
 	}

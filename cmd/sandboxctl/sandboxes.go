@@ -14,7 +14,7 @@ func (a *app) createCmd() *cobra.Command {
 	var (
 		req                        client.CreateRequest
 		autostop, ttl              int64
-		env                        []string
+		env, labels                []string
 		snapshot, archive, gcsPref string
 		quiet                      bool
 	)
@@ -26,6 +26,7 @@ workspace is filled). It takes one concurrency slot of the tenant:project.`,
 		Example: `  sandboxctl create
   sandboxctl create --profile sandboxes-default --autostop-sec 1800 --ttl-sec 14400 --env LANG=C.UTF-8
   sandboxctl create --snapshot snap_01J…_0000000002
+  sandboxctl create --label team=ml --label example.com/ticket=T-42
   export SANDBOX_ID=$(sandboxctl create -q)`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
@@ -34,6 +35,9 @@ workspace is filled). It takes one concurrency slot of the tenant:project.`,
 				return err
 			}
 			if req.Env, err = splitKV("env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseLabels("label", labels); err != nil {
 				return err
 			}
 			if cmd.Flags().Changed("autostop-sec") {
@@ -62,6 +66,7 @@ workspace is filled). It takes one concurrency slot of the tenant:project.`,
 	f.Int64Var(&autostop, "autostop-sec", 0, "stop after this many seconds without activity (default: the server's, 1800)")
 	f.Int64Var(&ttl, "ttl-sec", 0, "destroy this many seconds after creation (default: the server's, 86400)")
 	f.StringArrayVar(&env, "env", nil, "an environment variable of every command, NAME=VALUE (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "a label, KEY=VALUE (repeatable; Kubernetes' label syntax, at most 32)")
 	f.StringVar(&snapshot, "snapshot", "", "fill the workspace from this snapshot of the tenant:project")
 	f.StringVar(&archive, "archive-url", "", "fill the workspace from this HTTPS archive (zip, tar, tar.gz, tar.zst)")
 	f.StringVar(&gcsPref, "gcs-prefix", "", "fill the workspace from the objects under gs://bucket/prefix/")
@@ -73,9 +78,10 @@ workspace is filled). It takes one concurrency slot of the tenant:project.`,
 
 func (a *app) listCmd() *cobra.Command {
 	var (
-		opts  client.ListOptions
-		all   bool
-		quiet bool
+		opts   client.ListOptions
+		all    bool
+		quiet  bool
+		labels []string
 	)
 	cmd := &cobra.Command{
 		Use:     "list",
@@ -83,6 +89,7 @@ func (a *app) listCmd() *cobra.Command {
 		Short:   "List sandboxes, newest first",
 		Example: `  sandboxctl list
   sandboxctl list --state RUNNING --output json
+  sandboxctl list --label team=ml --label env=prod
   sandboxctl list --all -q`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
@@ -91,6 +98,9 @@ func (a *app) listCmd() *cobra.Command {
 				return err
 			}
 			opts.State = strings.ToUpper(opts.State)
+			if opts.Labels, err = parseLabels("label", labels); err != nil {
+				return err
+			}
 			var out client.Page
 			for {
 				page, err := c.List(cmd.Context(), opts)
@@ -117,9 +127,10 @@ func (a *app) listCmd() *cobra.Command {
 			default:
 				rows := make([][]string, 0, len(out.Sandboxes))
 				for _, sb := range out.Sandboxes {
-					rows = append(rows, []string{sb.ID, sb.State, sb.Profile, when(sb.CreatedAt), orDash(whenPtr(sb.AutostopAt)), orDash(whenPtr(sb.ExpiresAt))})
+					rows = append(rows, []string{sb.ID, sb.State, sb.Profile, when(sb.CreatedAt), orDash(whenPtr(sb.AutostopAt)), orDash(whenPtr(sb.ExpiresAt)),
+						labelColumn(sb.Labels)})
 				}
-				table(a.stdout, []string{"SANDBOX ID", "STATE", "PROFILE", "CREATED", "AUTOSTOP AT", "EXPIRES AT"}, rows)
+				table(a.stdout, []string{"SANDBOX ID", "STATE", "PROFILE", "CREATED", "AUTOSTOP AT", "EXPIRES AT", "LABELS"}, rows)
 			}
 			if out.NextCursor != "" && !a.json() {
 				fmt.Fprintf(a.stderr, "more: sandboxctl list --cursor %s (or --all)\n", out.NextCursor)
@@ -131,6 +142,7 @@ func (a *app) listCmd() *cobra.Command {
 	f.StringVar(&opts.State, "state", "", "only sandboxes in this state (RUNNING, STOPPED, …)")
 	f.IntVar(&opts.Limit, "limit", 0, "sandboxes per page (default: the server's, 50; at most 500)")
 	f.StringVar(&opts.Cursor, "cursor", "", "the page after this cursor (next_cursor of the previous page)")
+	f.StringArrayVar(&labels, "label", nil, "only sandboxes with this label, KEY=VALUE (repeatable, ANDed)")
 	f.BoolVar(&all, "all", false, "every page")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
 	_ = cmd.RegisterFlagCompletionFunc("state", cobra.FixedCompletions([]string{client.StateCreating, client.StateRunning,
@@ -164,7 +176,7 @@ func (a *app) destroyCmd() *cobra.Command {
 		func(c *client.Client, cmd *cobra.Command, id string) (client.Sandbox, error) {
 			return c.Destroy(cmd.Context(), id)
 		})
-	cmd.Aliases = []string{"rm", "delete"}
+	cmd.Aliases = []string{"delete"} // not rm: that deletes files
 	return cmd
 }
 
@@ -237,6 +249,7 @@ func (a *app) printSandbox(sb client.Sandbox) {
 		"expires_at", whenPtr(sb.ExpiresAt),
 		"resources", fmt.Sprintf("%d milli-CPU, %s memory, %s disk", sb.Resources.MilliCPU, size(sb.Resources.MemoryBytes), size(sb.Resources.DiskBytes)),
 		"network", sb.Network,
+		"labels", labelList(sb.Labels, ", "),
 		"latest_snapshot_id", sb.LatestSnapshotID,
 		"snapshot_id", sb.SnapshotID,
 	)

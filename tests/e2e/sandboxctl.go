@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,6 +67,7 @@ type PTY struct {
 	read chan struct{} // closed when the terminal has nothing more to read
 	done chan struct{} // closed when the program ended
 	err  error
+	peak func() int64 // PeakRSS of the program
 }
 
 // StartPTY starts bin with args and env on a new pseudo-terminal. The program is killed when
@@ -78,7 +80,7 @@ func StartPTY(t testing.TB, env []string, bin string, args ...string) *PTY {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.tty = tty
+	p.tty, p.peak = tty, PeakRSS(p.cmd.Process.Pid)
 	go func() {
 		defer close(p.read)
 		buf := make([]byte, 32<<10)
@@ -168,4 +170,79 @@ func (p *PTY) Wait(t testing.TB, timeout time.Duration) (string, int) {
 		t.Fatal(p.err)
 	}
 	return p.Output(), code
+}
+
+// Resize sets the terminal's size, as a user resizing the window: the program (the terminal's
+// foreground process group) gets SIGWINCH.
+func (p *PTY) Resize(t testing.TB, rows, cols int) {
+	t.Helper()
+	if err := pty.Setsize(p.tty, &pty.Winsize{Rows: uint16(rows), Cols: uint16(cols)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Since is what the program wrote after the first n bytes of Output.
+func (p *PTY) Since(n int) string {
+	out := p.Output()
+	return out[min(n, len(out)):]
+}
+
+// MaxRSS is the program's peak resident memory in KiB, once it ended (0 before), as PeakRSS
+// sampled it while it ran.
+func (p *PTY) MaxRSS() int64 {
+	select {
+	case <-p.done:
+	default:
+		return 0
+	}
+	return p.peak()
+}
+
+// PeakRSS samples the high-water mark of pid's resident memory (VmHWM in /proc/<pid>/status,
+// in KiB) every 10 ms until the function it returns is called, which answers the largest value
+// seen (reading once more if the process is still there). wait4's ru_maxrss is no measure of a
+// program a test started: the kernel starts it at the RSS of the memory the child was forked
+// from, the test binary's, which is over a GiB when the whole suite runs in it.
+func PeakRSS(pid int) func() int64 {
+	var mu sync.Mutex
+	var peak int64
+	sample := func() {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			return
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				mu.Lock()
+				peak = max(peak, kb)
+				mu.Unlock()
+			}
+		}
+	}
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				sample()
+			}
+		}
+	}()
+	var once sync.Once
+	return func() int64 {
+		once.Do(func() {
+			close(done)
+			<-stopped
+			sample()
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
 }

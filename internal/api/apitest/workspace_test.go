@@ -10,6 +10,7 @@ import (
 	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
 )
 
 func TestWorkspaceResolvesLikeTheGuest(t *testing.T) {
@@ -91,5 +92,51 @@ func TestWorkspaceResolvesLikeTheGuest(t *testing.T) {
 	}
 	if _, _, err := ws.ListDir(ctx, p, apitest.SandboxRunning, "d/a.txt", 0); apierror.CodeOf(err) != apierror.InvalidArgument {
 		t.Errorf("list a file: got %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+func TestWorkspaceStatAndMakeDir(t *testing.T) {
+	ws := apitest.NewWorkspace()
+	ctx, p := context.Background(), auth.Principal{Tenant: "acme", Project: "web"}
+	ws.Put("d/a.txt", apitest.Node{Data: []byte("alpha")})
+	ws.Put("out", apitest.Node{Link: "/etc"})
+	ws.Put("fifo", apitest.Node{Special: true})
+	for _, tt := range []struct {
+		path string
+		want sandbox.FileType
+		code apierror.Code
+	}{
+		{"d", sandbox.FileDirectory, ""},
+		{"d/a.txt", sandbox.FileRegular, ""},
+		{"out", sandbox.FileSymlink, ""}, // the link itself, not followed
+		{"fifo", sandbox.FileFIFO, ""},
+		{"out/passwd", "", apierror.InvalidArgument},
+		{"../etc", "", apierror.InvalidArgument},
+		{"nope", "", apierror.NotFound},
+	} {
+		fi, err := ws.StatFile(ctx, p, apitest.SandboxRunning, tt.path)
+		if got := apierror.From(err).Code; (err != nil || tt.code != "") && got != tt.code {
+			t.Errorf("StatFile(%s): got %v, want %s", tt.path, err, tt.code)
+		}
+		if err == nil && fi.Type != tt.want {
+			t.Errorf("StatFile(%s): got %s, want %s", tt.path, fi.Type, tt.want)
+		}
+	}
+	if _, created, err := ws.MakeDir(ctx, p, apitest.SandboxRunning, "x/y"); err != nil || !created {
+		t.Errorf("MakeDir(x/y): got created %v, %v", created, err)
+	}
+	if n, ok := ws.Entry("x"); !ok || !n.Dir {
+		t.Errorf("MakeDir made no parent x: %+v", n)
+	}
+	if _, created, err := ws.MakeDir(ctx, p, apitest.SandboxRunning, "d"); err != nil || created {
+		t.Errorf("MakeDir of an existing folder: got created %v, %v", created, err)
+	}
+	for _, path := range []string{"d/a.txt/sub", "d/a.txt", "out/x", "../x"} {
+		if _, _, err := ws.MakeDir(ctx, p, apitest.SandboxRunning, path); apierror.From(err).Code != apierror.InvalidArgument {
+			t.Errorf("MakeDir(%s): got %v, want INVALID_ARGUMENT", path, err)
+		}
+	}
+	if _, _, err := ws.MakeDir(ctx, p, "sbx_other", "z"); apierror.From(err).Code != apierror.NotFound {
+		t.Errorf("another tenant's sandbox: got %v, want NOT_FOUND", err)
 	}
 }
