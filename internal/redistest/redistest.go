@@ -66,7 +66,8 @@ func Start(t testing.TB) *Server {
 	return &Server{URL: "redis://" + addr + "/0", Addr: addr, Client: rdb}
 }
 
-// Embedded starts an in-process miniredis (the server's embedded default) for the duration of t.
+// Embedded starts an in-process miniredis for the duration of t: for unit tests only (the
+// server itself runs a real redis-server, internal/localredis).
 func Embedded(t testing.TB) *Server {
 	t.Helper()
 	mr := miniredis.NewMiniRedis()
