@@ -167,6 +167,9 @@ func (s *Server) supervise(ctx context.Context, args []string, ready chan<- erro
 	first := true
 	for {
 		cmd, exited, err := s.spawn(ctx, args)
+		if err == nil {
+			s.up.Store(true)
+		}
 		if first {
 			ready <- err
 			if err != nil {
@@ -175,7 +178,6 @@ func (s *Server) supervise(ctx context.Context, args []string, ready chan<- erro
 			first = false
 		}
 		if err == nil {
-			s.up.Store(true)
 			started := time.Now()
 			select {
 			case <-s.stop:
