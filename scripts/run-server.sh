@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Starts sandboxd on its embedded defaults: 127.0.0.1:8780, an embedded Redis, the local gVisor
+# Starts sandboxd on its embedded defaults: 127.0.0.1:8780, its own redis-server (Debian's
+# package, supervised by sandboxd under the state folder), the local gVisor
 # runtime and a local checkpoint folder. The first run installs what it needs (Debian packages,
 # the pinned runsc, the base rootfs): a few minutes, once per machine. Extra arguments go to
 # sandboxd (see `sandboxd -h`).
@@ -7,7 +8,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 need_root
-apt_install debootstrap ca-certificates zstd e2fsprogs
+apt_install redis-server debootstrap ca-certificates zstd e2fsprogs
 runsc=$(scripts/ensure-runsc.sh)
 rootfs=$(scripts/ensure-rootfs.sh sandboxes-default)
 bin=$(scripts/build.sh)

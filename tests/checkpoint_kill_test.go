@@ -52,8 +52,17 @@ func TestKillDuringCheckpointUpload(t *testing.T) {
 	if out := b.Run(t, id, []string{"cat", "kept.txt"}, key); out != "v2\n" {
 		t.Fatalf("the sandbox after the kill: kept.txt is %q, want v2", out)
 	}
-	r = b.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, key)
-	r.Want(t, http.StatusCreated)
+	// The killed replica's operation lock is still in the embedded Redis, which outlives it
+	// (as a shared Redis would): the snapshot answers 409 with Retry-After until its lease
+	// (lock_ttl_sec) lapses, then succeeds.
+	e2e.Eventually(t, 60*time.Second, "a snapshot through the new replica", func() (bool, string) {
+		r = b.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/snapshots", nil, key)
+		if r.Status == http.StatusConflict && r.Header.Get("Retry-After") != "" {
+			return false, r.String()
+		}
+		r.Want(t, http.StatusCreated)
+		return true, ""
+	})
 	// The earlier snapshot is whole: a new sandbox restores it.
 	c := b.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+first.SnapshotID+`"}}`, key).SandboxID
 	if out := b.Run(t, c, []string{"sh", "-c", "cat kept.txt; ls big 2>/dev/null || echo no-big"}, key); out != "v1\nno-big\n" {

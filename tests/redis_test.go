@@ -14,8 +14,9 @@ import (
 )
 
 // TestRedisRebuild: Redis is a lookup, not the truth. After FLUSHALL of a real redis-server,
-// and after a restart of sandboxd on its embedded Redis (a new, empty one), sandboxes are found
-// again from the runtime.
+// and after a restart of sandboxd on its embedded Redis, sandboxes are found
+// again from the runtime (since the embedded Redis keeps its data across restarts, the second
+// case is a restart that loses nothing; TestRestartKeepsRedis checks what it keeps).
 func TestRedisRebuild(t *testing.T) {
 	t.Run("redis-server-flushall", func(t *testing.T) {
 		e2e.RequireComponents(t)

@@ -16,6 +16,7 @@ import (
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
 	"sandboxd/internal/execstream"
+	"sandboxd/internal/localredis"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/ratelimit"
 	"sandboxd/internal/sandbox"
@@ -31,8 +32,11 @@ import (
 type Config struct {
 	// Listen is the HTTP address.
 	Listen string `json:"listen"`
-	// RedisURL is a redis:// URL; empty runs an embedded in-process Redis.
+	// RedisURL is a redis:// URL; empty runs the embedded Redis (Redis).
 	RedisURL string `json:"redis_url"`
+	// Redis is the embedded Redis: a redis-server sandboxd runs and supervises under the state
+	// folder when RedisURL is empty.
+	Redis localredis.Config `json:"redis"`
 	// StateDir holds the local runtime's boxes and workspaces.
 	StateDir string `json:"state_dir"`
 	// CheckpointDir is the local checkpoint store (default StateDir/checkpoint-store).
@@ -125,6 +129,7 @@ func defaultConfig() Config {
 		Sources:     source.DefaultConfig(),
 		GraphQL:     resolvers.DefaultConfig(),
 		Quota:       quota.DefaultConfig(),
+		Redis:       localredis.DefaultConfig(),
 		Execs:       ExecsConfig{Config: execstream.DefaultConfig(), MaxRunningPerSandbox: 64},
 	}
 	if os.Geteuid() != 0 {
@@ -158,6 +163,12 @@ func (c *Config) settings() []setting {
 		{flag: "config", env: "SANDBOXD_CONFIG", help: "config file (YAML or JSON)", val: &c.file},
 		{flag: "listen", env: "SANDBOXD_LISTEN", key: "listen", help: "listen address", val: &c.Listen},
 		{flag: "redis-url", env: "REDIS_URL", key: "redis_url", help: "Redis URL; empty runs an embedded Redis", val: &c.RedisURL},
+		{flag: "redis-server", env: "SANDBOXD_REDIS_SERVER", key: "redis.binary",
+			help: "redis-server binary of the embedded Redis", val: &c.Redis.Binary},
+		{flag: "redis-maxmemory", env: "SANDBOXD_REDIS_MAXMEMORY", key: "redis.maxmemory",
+			help: "maxmemory of the embedded Redis (noeviction: writes beyond it fail)", val: &c.Redis.MaxMemory},
+		{flag: "redis-appendfsync", env: "SANDBOXD_REDIS_APPENDFSYNC", key: "redis.appendfsync",
+			help: "fsync policy of the embedded Redis's append-only file: everysec or always", val: &c.Redis.AppendFsync},
 		{flag: "state-dir", env: "SANDBOXD_STATE_DIR", key: "state_dir", help: "local runtime state folder", val: &c.StateDir},
 		{flag: "checkpoint-dir", env: "SANDBOXD_CHECKPOINT_DIR", key: "checkpoint_dir",
 			help: "local checkpoint folder (empty: <state dir>/checkpoint-store)", val: &c.CheckpointDir},
@@ -399,6 +410,7 @@ func (c *Config) validate() error {
 		errs = append(errs, devKey+" must be at least 8 characters")
 	}
 	errs = problems(errs, c.Quota.Validate())
+	errs = problems(errs, c.Redis.Validate(c.RedisURL != ""))
 	if c.LockTTLSec <= 0 || c.LockTTLSec > c.Quota.LeaseSec {
 		errs = append(errs, fmt.Sprintf("lock_ttl_sec must be between 1 and quota.lease_sec (%d), got %d", c.Quota.LeaseSec, c.LockTTLSec))
 	}

@@ -1,7 +1,8 @@
 // Command sandboxd is the sandbox control plane: REST at /sandbox/sandboxes/v1 (agent runs at
 // /sandbox/agent/v1/runs), GraphQL at /graphql, health at /healthz and /readyz, Prometheus
-// metrics at /metrics. With no REDIS_URL it runs an embedded Redis; its default runtime runs
-// gVisor sandboxes on this host with runsc.
+// metrics at /metrics. With no REDIS_URL it runs and supervises its own redis-server under the
+// state folder (internal/localredis); its default runtime runs gVisor sandboxes on this host
+// with runsc.
 //
 //	sandboxd [flags]             serve (see -h)
 //	sandboxd hash-key KEY        print the sha256 of an API key, for api_keys in the config
@@ -18,11 +19,11 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,6 +38,7 @@ import (
 	"sandboxd/internal/events"
 	"sandboxd/internal/execs"
 	"sandboxd/internal/execstream"
+	"sandboxd/internal/localredis"
 	"sandboxd/internal/quota"
 	"sandboxd/internal/ratelimit"
 	"sandboxd/internal/rest"
@@ -74,7 +76,17 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	log := newLogger(cfg)
 	slog.SetDefault(log)
 
-	rdb, blocking, limiterRedis, closeRedis, err := openRedis(ctx, cfg.RedisURL, cfg.MaxSubscriptions, log)
+	// The embedded Redis is closed last (defers run in reverse): after the HTTP server, the
+	// reconciler and the service have stopped using it.
+	var local *localredis.Server
+	if cfg.Redis.On(cfg.RedisURL != "") {
+		local, err = localredis.Start(ctx, localredis.Options{Config: cfg.Redis, Dir: filepath.Join(cfg.StateDir, "redis"), Logger: log})
+		if err != nil {
+			return err
+		}
+		defer local.Close()
+	}
+	rdb, blocking, limiterRedis, closeRedis, err := openRedis(ctx, cfg.RedisURL, local, cfg.MaxSubscriptions)
 	if err != nil {
 		return err
 	}
@@ -102,6 +114,9 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	defer gcsSources.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if local != nil {
+		reg.MustRegister(local.Collector())
+	}
 	execOpts := cfg.Execs.Options()
 	execOpts.Blocking = blocking
 	execStore := execstream.New(rdb, execOpts)
@@ -171,7 +186,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("sandboxd listening", "addr", ln.Addr().String(), "runtime", driver.Name(), "state_dir", cfg.StateDir,
-		"checkpoints", checkpointLocation(cfg), "redis", cmp.Or(source.RedactURL(cfg.RedisURL), "embedded"), "profiles", len(cfg.Profiles), "keys", authn.Len())
+		"checkpoints", checkpointLocation(cfg), "redis", cmp.Or(source.RedactURL(cfg.RedisURL), "embedded: "+redisSocket(local)), "profiles", len(cfg.Profiles), "keys", authn.Len())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -238,21 +253,15 @@ func newLogger(cfg Config) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
-// openRedis connects to REDIS_URL, or starts the embedded Redis when it is empty. It returns
+// openRedis connects to REDIS_URL, or to the embedded Redis (local) when it is empty. It returns
 // three clients on the same server: one for everything; one whose pool holds a connection per
 // subscription for the subscribers' blocking reads, so that waiting subscribers never starve
 // the rest; and one for the rate limiter, whose calls end at their context's deadline (the
 // limiter gives each a short one and fails open) rather than at the client's read timeout.
-func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (rdb, blocking, limiter redis.UniversalClient, closeAll func(), err error) {
+func openRedis(ctx context.Context, url string, local *localredis.Server, maxSubs int) (rdb, blocking, limiter redis.UniversalClient, closeAll func(), err error) {
 	var opts *redis.Options
-	var mr *miniredis.Miniredis
-	if url == "" {
-		mr = miniredis.NewMiniRedis()
-		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("embedded redis: %w", err)
-		}
-		log.Info("embedded Redis started (set REDIS_URL to use a real one)", "addr", mr.Addr())
-		opts = &redis.Options{Addr: mr.Addr()}
+	if local != nil {
+		opts = local.ClientOptions()
 	} else {
 		opts, err = redis.ParseURL(url)
 		if err != nil {
@@ -278,17 +287,22 @@ func openRedis(ctx context.Context, url string, maxSubs int, log *slog.Logger) (
 		limit.Close()
 		block.Close()
 		main.Close()
-		if mr != nil {
-			mr.Close()
-		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := main.Ping(pctx).Err(); err != nil {
 		closeAll()
-		return nil, nil, nil, nil, fmt.Errorf("redis at %s: %w", cmp.Or(source.RedactURL(url), "embedded"), err)
+		return nil, nil, nil, nil, fmt.Errorf("redis at %s: %w", cmp.Or(source.RedactURL(url), "embedded: "+redisSocket(local)), err)
 	}
 	return main, block, limit, closeAll, nil
+}
+
+// redisSocket is the embedded Redis's socket, for logs.
+func redisSocket(local *localredis.Server) string {
+	if local == nil {
+		return ""
+	}
+	return local.Socket()
 }
 
 func checkpointLocation(cfg Config) string {

@@ -6,6 +6,7 @@ package apierror
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 )
@@ -128,11 +129,18 @@ func (e *Error) WithDetail(key string, value any) *Error {
 	return e
 }
 
-// From returns the *Error in err's chain, or an Internal error with the generic message.
+// From returns the *Error in err's chain; else, for a network error without a code (a backing
+// service such as Redis that did not answer: restarting, or unreachable for a moment), an
+// Unavailable error with a Retry-After of a second; else an Internal error with the generic
+// message.
 func From(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return &Error{Code: Unavailable, Message: "a backing service did not answer; retry shortly", RetryAfter: time.Second, Err: err}
 	}
 	return &Error{Code: Internal, Message: "internal error", Err: err}
 }

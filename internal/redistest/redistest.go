@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,12 @@ type Server struct {
 	URL    string
 	Addr   string
 	Client *redis.Client
+
+	stop func()
 }
+
+// Stop stops the server before the test ends (to test what happens without Redis).
+func (s *Server) Stop() { s.stop() }
 
 // Start runs a real redis-server for the duration of t.
 func Start(t testing.TB) *Server {
@@ -42,10 +48,14 @@ func Start(t testing.TB) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting redis-server: %v", err)
 	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { rdb.Close() })
@@ -63,10 +73,11 @@ func Start(t testing.TB) *Server {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return &Server{URL: "redis://" + addr + "/0", Addr: addr, Client: rdb}
+	return &Server{URL: "redis://" + addr + "/0", Addr: addr, Client: rdb, stop: stop}
 }
 
-// Embedded starts an in-process miniredis (the server's embedded default) for the duration of t.
+// Embedded starts an in-process miniredis for the duration of t: for unit tests only (the
+// server itself runs a real redis-server, internal/localredis).
 func Embedded(t testing.TB) *Server {
 	t.Helper()
 	mr := miniredis.NewMiniRedis()
@@ -76,7 +87,7 @@ func Embedded(t testing.TB) *Server {
 	t.Cleanup(mr.Close)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	return &Server{URL: "redis://" + mr.Addr() + "/0", Addr: mr.Addr(), Client: rdb}
+	return &Server{URL: "redis://" + mr.Addr() + "/0", Addr: mr.Addr(), Client: rdb, stop: mr.Close}
 }
 
 // Both runs f against a real redis-server and against the embedded one.

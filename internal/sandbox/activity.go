@@ -14,8 +14,10 @@ func (s *Service) Touch(ctx context.Context, id string) {
 	}
 }
 
-// lastActivity is the later of the recorded activity and the last state change (which stands
-// in when Redis lost the activity).
+// lastActivity is the later of the activity Redis reports and the last state change. After a
+// loss of Redis's data the store reports the time of its rebuild instead of the lost activity
+// (store.Activity), so an idle clock then restarts from the rebuild, never from an earlier
+// state change.
 func lastActivity(recorded time.Time, rec runtime.Record) time.Time {
 	if recorded.After(rec.StateChangedAt) {
 		return recorded

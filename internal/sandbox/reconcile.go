@@ -74,14 +74,15 @@ func (r *reconciler) pass(ctx context.Context) error {
 	}
 	acts, err := s.store.Activity(ctx, running...)
 	if err != nil {
-		s.log.Debug("reading activity failed; using state changes", "err", err)
+		s.log.Warn("reading activity failed; no auto-stop in this pass", "err", err)
 	}
+	activityKnown := err == nil
 	holders := map[[2]string][]string{}
 	for _, b := range boxes {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		st := r.box(ctx, b, acts[b.Record.ID])
+		st := r.box(ctx, b, acts[b.Record.ID], activityKnown)
 		if holdsSlot(st) {
 			k := [2]string{b.Record.Tenant, b.Record.Project}
 			holders[k] = append(holders[k], b.Record.ID)
@@ -95,8 +96,9 @@ func (r *reconciler) pass(ctx context.Context) error {
 }
 
 // box acts on one sandbox if something is due, and returns the state it leaves it in (as far
-// as this pass knows).
-func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time) State {
+// as this pass knows). activityKnown is false when Redis could not say when the sandbox was
+// last used: then it is not auto-stopped in this pass (its TTL still applies).
+func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time, activityKnown bool) State {
 	s := r.s
 	rec := b.Record
 	st := State(rec.State)
@@ -116,6 +118,9 @@ func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time)
 	}
 	facts := ClockFacts{State: st, CreatedAt: rec.CreatedAt, TTLSec: rec.TTLSec, AutostopSec: rec.AutostopSec,
 		LastActivity: lastActivity(activity, rec)}
+	if !activityKnown {
+		facts.AutostopSec = 0
+	}
 	switch DueAt(facts, now) {
 	case DueExpire:
 		why := fmt.Sprintf("expired: its ttl_sec of %d ended", rec.TTLSec)

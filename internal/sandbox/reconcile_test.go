@@ -233,3 +233,80 @@ func TestReconcilerRenewsAndRebuildsSlots(t *testing.T) {
 		t.Fatalf("after renewal and 100 s: got %d in use, want 2", u.InUse)
 	}
 }
+
+// After a loss of Redis (FLUSHALL), the idle clock restarts from the lookup's rebuild, not from
+// the sandbox's last state change: a sandbox used after its create is not stopped early.
+func TestReconcilerIdleClockRestartsAfterFlushAll(t *testing.T) {
+	for _, real := range []bool{false, true} {
+		t.Run(map[bool]string{false: "embedded", true: "redis-server"}[real], func(t *testing.T) {
+			e := domaintest.New(t, domaintest.Options{RealRedis: real})
+			ctx := context.Background()
+			sb, err := e.Svc.Create(ctx, alice, CreateRequest{AutostopSec: domaintest.Ptr[int64](60)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Used 50 s after its create (its last state change), then Redis loses everything.
+			e.Clock.Advance(50 * time.Second)
+			if _, err := e.Svc.Get(ctx, alice, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Redis.Client.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// 70 s after the create, 20 s after the flush: the state change is older than
+			// autostop_sec, but the clock restarted at the rebuild this pass makes.
+			e.Clock.Advance(20 * time.Second)
+			if err := e.Svc.Reconcile(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.Svc.Get(ctx, alice, sb.ID)
+			if err != nil || got.State != Running {
+				t.Fatalf("20 s after the flush: got %s, %v; want RUNNING (the idle clock restarts at the rebuild)", got.State, err)
+			}
+			// Get touched it just now. FLUSHALL again, and let the next pass rebuild at once (as
+			// the reconciler does within its interval): only the rebuild's time holds it up.
+			if err := e.Redis.Client.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			rebuilt := e.Clock.Now()
+			if err := e.Svc.Reconcile(ctx); err != nil {
+				t.Fatal(err)
+			}
+			e.Clock.Advance(59 * time.Second)
+			if err := e.Svc.Reconcile(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if box, _ := e.Fake.Get(ctx, sb.ID); box.Record.State != string(Running) {
+				t.Fatalf("59 s after the second flush: got %s, want RUNNING", box.Record.State)
+			}
+			acts, err := e.Store.Activity(ctx, sb.ID)
+			if err != nil || acts[sb.ID].Before(rebuilt.Truncate(time.Millisecond)) {
+				t.Fatalf("activity after the rebuild: got %v, %v; want at or after the rebuild at %v", acts[sb.ID], err, rebuilt)
+			}
+			// Past autostop_sec after the rebuild: stopped.
+			e.Clock.Advance(2 * time.Second)
+			if err := e.Svc.Reconcile(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if box, _ := e.Fake.Get(ctx, sb.ID); box.Record.State != string(Stopped) {
+				t.Fatalf("61 s after the rebuild: got %s, want STOPPED", box.Record.State)
+			}
+		})
+	}
+}
+
+// When Redis cannot say when a sandbox was last used, the reconciler does not auto-stop it.
+func TestReconcilerNoAutostopWithoutRedis(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{AutostopSec: domaintest.Ptr[int64](60)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Clock.Advance(10 * time.Minute)
+	e.Redis.Stop()
+	_ = e.Svc.Reconcile(ctx)
+	if box, _ := e.Fake.Get(ctx, sb.ID); box.Record.State != string(Running) {
+		t.Fatalf("with Redis down: got %s, want RUNNING", box.Record.State)
+	}
+}

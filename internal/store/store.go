@@ -46,15 +46,24 @@ type Source func(ctx context.Context) ([]Entry, error)
 type Store struct {
 	rdb    redis.UniversalClient
 	source Source
+	now    func() time.Time
 }
 
 // New returns a Store on rdb that rebuilds itself from source when Redis has lost the lookup.
 func New(rdb redis.UniversalClient, source Source) *Store {
-	return &Store{rdb: rdb, source: source}
+	return &Store{rdb: rdb, source: source, now: time.Now}
+}
+
+// WithClock sets the clock that stamps a rebuild (the time idle clocks restart from after a
+// loss of Redis, see Activity), for tests that move time; it returns s.
+func (s *Store) WithClock(now func() time.Time) *Store {
+	s.now = now
+	return s
 }
 
 const (
 	// builtKey exists while the lookup is complete; FLUSHALL removes it and so triggers a rebuild.
+	// Its value is the time of the rebuild (RFC 3339), which Activity never reports earlier than.
 	builtKey   = "sbx:lookup:built"
 	rebuildKey = "sbx:lookup:rebuild-lock"
 	// fenceKey is the counter the fences of all operation locks are drawn from.
@@ -266,7 +275,7 @@ func (s *Store) Rebuild(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.rdb.Set(ctx, builtKey, time.Now().UTC().Format(time.RFC3339Nano), 0).Err(); err != nil {
+	if err := s.rdb.Set(ctx, builtKey, s.now().UTC().Format(time.RFC3339Nano), 0).Err(); err != nil {
 		return fmt.Errorf("store rebuild: %w", err)
 	}
 	return nil
@@ -416,8 +425,8 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
-// Touch records activity on sandbox id at the time at (unix ms). Activity is ephemeral: after a
-// flush the reconciler falls back to the record's last state change.
+// Touch records activity on sandbox id at the time at (unix ms). Activity lives in Redis: after
+// a loss of Redis's data Activity reports the time of the lookup's rebuild instead.
 func (s *Store) Touch(ctx context.Context, id string, at time.Time) error {
 	if err := s.rdb.Set(ctx, activityKey(id), at.UnixMilli(), 0).Err(); err != nil {
 		return fmt.Errorf("store touch %s: %w", id, err)
@@ -425,10 +434,19 @@ func (s *Store) Touch(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
-// Activity returns the last recorded activity of each id (absent ids have none).
+// Activity returns, for each id, when its idle clock started as far as Redis knows: its last
+// recorded activity, or the time the lookup was last rebuilt when that is later. A rebuild
+// happens only when Redis lost its data (a FLUSHALL, a new or emptied Redis), which loses the
+// recorded activity too; reporting the rebuild then means an idle clock restarts from the
+// rebuild, never from an earlier moment (such as the sandbox's last state change, which the
+// caller also takes the later of). When Redis holds no lookup, Activity rebuilds it first, so a
+// caller that reads activity before anything else after a flush (the reconciler) still gets
+// the rebuild's time; if another replica's rebuild does not finish in time, it reports now.
 func (s *Store) Activity(ctx context.Context, ids ...string) (map[string]time.Time, error) {
 	cmds := make([]*redis.StringCmd, len(ids))
+	var built *redis.StringCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		built = p.Get(ctx, builtKey)
 		for i, id := range ids {
 			cmds[i] = p.Get(ctx, activityKey(id))
 		}
@@ -437,13 +455,41 @@ func (s *Store) Activity(ctx context.Context, ids ...string) (map[string]time.Ti
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("store activity: %w", err)
 	}
+	rebuilt, err := s.rebuiltAt(ctx, built)
+	if err != nil {
+		return nil, err
+	}
 	out := make(map[string]time.Time, len(ids))
 	for i, id := range ids {
-		if ms, err := cmds[i].Int64(); err == nil {
+		out[id] = rebuilt
+		if ms, err := cmds[i].Int64(); err == nil && time.UnixMilli(ms).After(rebuilt) {
 			out[id] = time.UnixMilli(ms).UTC()
 		}
 	}
 	return out, nil
+}
+
+// rebuiltAt is the time of the lookup's last rebuild (built: the pipelined GET of builtKey),
+// rebuilding it first when it is missing.
+func (s *Store) rebuiltAt(ctx context.Context, built *redis.StringCmd) (time.Time, error) {
+	v, err := built.Result()
+	if errors.Is(err, redis.Nil) {
+		if err := s.Rebuild(ctx); err != nil {
+			return time.Time{}, fmt.Errorf("store activity: %w", err)
+		}
+		v, err = s.rdb.Get(ctx, builtKey).Result()
+		if errors.Is(err, redis.Nil) {
+			return s.now().UTC(), nil // another replica's rebuild is still under way: it is now at the earliest
+		}
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("store activity: %w", err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return s.now().UTC(), nil // not ours to read: the safe side is now
+	}
+	return t.UTC(), nil
 }
 
 // ForgetActivity drops the activity of a destroyed sandbox.

@@ -443,3 +443,44 @@ func (h beforeFence) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return next(ctx, cmd)
 	}
 }
+
+// Activity is never earlier than the lookup's last rebuild: after FLUSHALL the first read
+// rebuilds and reports the rebuild's time for every sandbox; a later touch wins over it.
+func TestActivityAfterFlushAll(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		now := time.Now().Add(-time.Hour).UTC().Truncate(time.Millisecond)
+		clock := func() time.Time { return now }
+		truth := newEntries(2, "t1", "p1")
+		s := New(srv.Client, func(context.Context) ([]Entry, error) { return truth, nil }).WithClock(clock)
+		a, b := truth[0].ID, truth[1].ID
+		if err := s.Touch(ctx, a, now); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Client.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		now = now.Add(10 * time.Minute)
+		acts, err := s.Activity(ctx, a, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{a, b} {
+			if !acts[id].Equal(now) {
+				t.Errorf("activity of %s after FLUSHALL: got %v, want the rebuild at %v", id, acts[id], now)
+			}
+		}
+		if _, err := s.Get(ctx, a); err != nil {
+			t.Fatalf("the activity read rebuilt the lookup: Get: %v", err)
+		}
+		rebuilt := now
+		now = now.Add(time.Minute)
+		if err := s.Touch(ctx, a, now); err != nil {
+			t.Fatal(err)
+		}
+		acts, err = s.Activity(ctx, a, b)
+		if err != nil || !acts[a].Equal(now) || !acts[b].Equal(rebuilt) {
+			t.Errorf("after a touch: got %v, %v; want %s at %v and %s at the rebuild %v", acts, err, a, now, b, rebuilt)
+		}
+	})
+}

@@ -90,6 +90,7 @@ func New(t *testing.T, opts Options) *Env {
 		t.Fatal(err)
 	}
 	ck := checkpoint.New(objs, checkpoint.Options{})
+	clock := &Clock{}
 	st := store.New(rs.Client, func(ctx context.Context) ([]store.Entry, error) {
 		boxes, err := fake.List(ctx)
 		if err != nil {
@@ -100,10 +101,9 @@ func New(t *testing.T, opts Options) *Env {
 			out = append(out, sandbox.EntryOf(b))
 		}
 		return out, nil
-	})
+	}).WithClock(clock.Now)
 	cfg := sandbox.Config{Profiles: []sandbox.ProfileConfig{{Name: "p", MemoryMB: 64}}, Limits: sandbox.DefaultLimits(),
 		LockTTL: 3 * time.Second}
-	clock := &Clock{}
 	q := quota.New(rs.Client, sandbox.SlotSource(fake), quota.Options{Limits: quota.Limits{Default: opts.Limit}, Lease: time.Minute,
 		Settle: -1, Now: clock.Now})
 	e := &Env{Fake: fake, Ckpt: ck, Objs: objs, Redis: rs, Clock: clock, Store: st}
