@@ -138,38 +138,17 @@ func (h *Handler) agentRunEvents(w http.ResponseWriter, r *http.Request) {
 	if s.flush() != nil {
 		return
 	}
-	idle := time.NewTimer(h.keepAlive)
-	defer idle.Stop()
-	for {
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				return
-			}
-			var err error
-			switch ev.Kind {
-			case sandbox.AgentRunStatusEvent:
-				err = s.event(ev.Cursor, "status", agentRunJSON(*ev.Run))
-			case sandbox.AgentRunChunk:
-				_, err = s.execEvent("", sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: ev.Cursor, Stream: ev.Stream, Data: ev.Data})
-			case sandbox.AgentRunTruncated:
-				_, err = s.execEvent("", sandbox.ExecEvent{Kind: sandbox.ExecTruncated, Cursor: ev.Cursor, MissedBytes: ev.MissedBytes})
-			}
-			if err == nil {
-				err = s.flush()
-			}
-			if err != nil {
-				return
-			}
-		case <-idle.C:
-			if err := s.comment("keepalive"); err != nil || s.flush() != nil {
-				return
-			}
-		case <-ctx.Done():
-			return
-		case <-h.shutdown:
-			return
+	pump(h, ctx, s, ch, nil, func(ev sandbox.AgentRunEvent) (bool, error) {
+		switch ev.Kind {
+		case sandbox.AgentRunStatusEvent:
+			return false, s.event(ev.Cursor, "status", agentRunJSON(*ev.Run))
+		case sandbox.AgentRunChunk:
+			_, err := s.execEvent("", sandbox.ExecEvent{Kind: sandbox.ExecChunk, Cursor: ev.Cursor, Stream: ev.Stream, Data: ev.Data})
+			return false, err
+		case sandbox.AgentRunTruncated:
+			_, err := s.execEvent("", sandbox.ExecEvent{Kind: sandbox.ExecTruncated, Cursor: ev.Cursor, MissedBytes: ev.MissedBytes})
+			return false, err
 		}
-		idle.Reset(h.keepAlive)
-	}
+		return false, nil
+	})
 }

@@ -139,52 +139,7 @@ func (h *Handler) watchFiles(w http.ResponseWriter, r *http.Request) {
 	if s.flush() != nil {
 		return
 	}
-	idle := time.NewTimer(h.keepAlive)
-	defer idle.Stop()
-	for {
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				return
-			}
-			end, err := s.fileEvent(ev)
-			// Events that are ready together go out in one burst and one flush.
-		burst:
-			for n := 1; n < sseMaxBurst && err == nil && !end; n++ {
-				select {
-				case ev, ok := <-ch:
-					if !ok {
-						end = true
-						break burst
-					}
-					end, err = s.fileEvent(ev)
-				default:
-					break burst
-				}
-			}
-			if err == nil {
-				err = s.flush()
-			}
-			if err != nil || end {
-				return
-			}
-		case <-idle.C:
-			if err := s.comment("keepalive"); err != nil || s.flush() != nil {
-				return
-			}
-		case <-ctx.Done():
-			return
-		case <-h.shutdown:
-			return
-		}
-		if !idle.Stop() {
-			select {
-			case <-idle.C:
-			default:
-			}
-		}
-		idle.Reset(h.keepAlive)
-	}
+	pump(h, ctx, s, ch, nil, s.fileEvent)
 }
 
 // fileEvent writes one watch event; end is true for the error that ends the stream.

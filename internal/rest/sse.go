@@ -39,7 +39,7 @@ func (h *Handler) streamExec(w http.ResponseWriter, r *http.Request, sandboxID s
 		h.streamError(s, r, err)
 		return
 	}
-	h.pump(ctx, s, sandboxID, ch, nil)
+	pump(h, ctx, s, ch, nil, func(ev sandbox.ExecEvent) (bool, error) { return s.execEvent(sandboxID, ev) })
 }
 
 // execOutput reattaches to an exec's output after the cursor `after` (else Last-Event-ID, else
@@ -84,13 +84,15 @@ func (h *Handler) execOutput(w http.ResponseWriter, r *http.Request) {
 	if first == nil && s.flush() != nil {
 		return
 	}
-	h.pump(ctx, s, id, ch, first)
+	pump(h, ctx, s, ch, first, func(ev sandbox.ExecEvent) (bool, error) { return s.execEvent(id, ev) })
 }
 
-// pump writes ch's events (first, when not nil, was already taken from it) until the exit
-// event, the end of ch, a failed write, the end of ctx or shutdown. Events that are ready
-// together are written in one burst and flushed once; an idle stream gets a keepalive comment.
-func (h *Handler) pump(ctx context.Context, s *sse, sandboxID string, ch <-chan sandbox.ExecEvent, first *sandbox.ExecEvent) {
+// pump writes ch's events (first, when not nil, was already taken from it) with write until
+// write says the stream ended, ch closes, a write fails, ctx ends or the server shuts down.
+// Events that are ready together are written in one burst and flushed once; an idle stream
+// gets a keepalive comment. Every REST event stream (exec output, agent runs, file watches)
+// is served by it.
+func pump[T any](h *Handler, ctx context.Context, s *sse, ch <-chan T, first *T, write func(T) (end bool, err error)) {
 	idle := time.NewTimer(h.keepAlive)
 	defer idle.Stop()
 	for {
@@ -113,17 +115,17 @@ func (h *Handler) pump(ctx context.Context, s *sse, sandboxID string, ch <-chan 
 				return
 			}
 		}
-		exited, err := s.execEvent(sandboxID, *first)
+		end, err := write(*first)
 		first = nil
 	burst:
-		for n := 1; n < sseMaxBurst && err == nil && !exited; n++ {
+		for n := 1; n < sseMaxBurst && err == nil && !end; n++ {
 			select {
 			case ev, ok := <-ch:
 				if !ok {
-					exited = true // nothing more comes: flush and end
+					end = true // nothing more comes: flush and end
 					break burst
 				}
-				exited, err = s.execEvent(sandboxID, ev)
+				end, err = write(ev)
 			default:
 				break burst
 			}
@@ -132,10 +134,10 @@ func (h *Handler) pump(ctx context.Context, s *sse, sandboxID string, ch <-chan 
 			err = s.flush()
 		}
 		if err != nil {
-			h.log.Debug("exec stream ended early", "sandbox", sandboxID, "err", err)
+			h.log.Debug("event stream ended early", "err", err)
 			return
 		}
-		if exited {
+		if end {
 			return
 		}
 		idle.Reset(h.keepAlive)
