@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -48,7 +47,7 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
-		ws := isWebsocketUpgrade(r)
+		ws := auth.IsWebSocketUpgrade(r)
 		if !ws {
 			r.Header.Del("Upgrade")
 		}
@@ -130,22 +129,6 @@ func (g *gate) charge(ctx context.Context, p auth.Principal) *apierror.Error {
 		return apierror.From(err)
 	}
 	return nil
-}
-
-// isWebsocketUpgrade reports whether r is a WebSocket opening handshake: a GET whose Upgrade
-// is websocket and whose Connection lists upgrade (RFC 6455 section 4.1).
-func isWebsocketUpgrade(r *http.Request) bool {
-	if r.Method != http.MethodGet || !strings.EqualFold(strings.TrimSpace(r.Header.Get("Upgrade")), "websocket") {
-		return false
-	}
-	for _, v := range r.Header.Values("Connection") {
-		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // websocketInit authenticates a WebSocket from its connection_init payload, and charges the

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -77,27 +76,11 @@ func (h *Handler) WithAllowedOrigins(patterns []string) *Handler {
 // keylessTty reports whether r may reach the mux without a key: only the terminal route's
 // WebSocket upgrade, which authenticates in its first message.
 func (h *Handler) keylessTty(r *http.Request) bool {
-	if r.Header.Get(auth.HeaderAPIKey) != "" || !isWebsocketUpgrade(r) {
+	if r.Header.Get(auth.HeaderAPIKey) != "" || !auth.IsWebSocketUpgrade(r) {
 		return false
 	}
 	_, pattern := h.mux.Handler(r)
 	return pattern == ttyRoute
-}
-
-// isWebsocketUpgrade reports whether r is a WebSocket opening handshake: a GET whose Upgrade is
-// websocket and whose Connection lists upgrade (RFC 6455 section 4.1).
-func isWebsocketUpgrade(r *http.Request) bool {
-	if r.Method != http.MethodGet || !strings.EqualFold(strings.TrimSpace(r.Header.Get("Upgrade")), "websocket") {
-		return false
-	}
-	for _, v := range r.Header.Values("Connection") {
-		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // tty serves the terminal WebSocket.
@@ -115,7 +98,7 @@ func (h *Handler) tty(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if !isWebsocketUpgrade(r) {
+	if !auth.IsWebSocketUpgrade(r) {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "this path is a WebSocket: open it with an upgrade (see the README, Terminals)"))
 		return
 	}
