@@ -106,6 +106,11 @@ const (
 	// WatchScanEntries bounds the entries one scan of a newly watched directory reports; the
 	// rest is an EventOverflow (ReasonScan).
 	WatchScanEntries = 10000
+	// MaxWatchPath bounds the path (relative to the workspace) of a directory a recursive watch
+	// adds: a deeper one is not watched (an EventOverflow, ReasonDirs), so that no event's path
+	// is longer than MaxWatchPath plus one name, and one line of the event stream stays far
+	// below what a reader takes, however deep a tree the workload makes.
+	MaxWatchPath = 4096
 	// WatchCoalesce is the window in which a file's modifications are one EventModified: the
 	// first is reported at once, later ones in the window once at its end.
 	WatchCoalesce = 200 * time.Millisecond
@@ -145,7 +150,8 @@ const (
 	ReasonRing = "ring"
 	// ReasonQueue: the kernel's inotify queue overflowed (IN_Q_OVERFLOW).
 	ReasonQueue = "queue"
-	// ReasonDirs: a directory (Path) is not watched: the watch holds MaxDirs directories.
+	// ReasonDirs: a directory (Path) is not watched: the watch holds MaxDirs directories, or
+	// the directory's path is longer than MaxWatchPath.
 	ReasonDirs = "dirs"
 	// ReasonScan: a newly watched directory (Path) holds more than WatchScanEntries entries;
 	// only those were reported.

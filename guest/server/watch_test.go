@@ -15,6 +15,8 @@ import (
 	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
 	"sandboxd/guest/server"
+
+	"golang.org/x/sys/unix"
 )
 
 // events reads a watch's events until want says it has what it waits for (or d passes).
@@ -394,4 +396,64 @@ func TestWatchReaders(t *testing.T) {
 	for _, r := range readers {
 		r.Close()
 	}
+}
+
+// TestWatchDeepTree: a workload that nests folders deeper than a path may name (each level
+// made relative to the one above, as only *at calls can) gets the folders past
+// proto.MaxWatchPath reported as not watched, and no event longer than the bound and one name:
+// a reader's line limit is never reached, however deep the tree.
+func TestWatchDeepTree(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 30*time.Second)
+	must(t, os.Mkdir(filepath.Join(h.WS, "deep"), 0o755))
+	info, err := h.C.Watch(ctx, proto.WatchRequest{Path: "deep", Recursive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := h.C.WatchEvents(ctx, info.ID, 0, "deep", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+
+	name := strings.Repeat("d", 250)
+	fd, err := unix.Open(filepath.Join(h.WS, "deep"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const levels = 24 // 24 × 251 bytes: past proto.MaxWatchPath
+	for range levels {
+		if err := unix.Mkdirat(fd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd = next
+	}
+	f, err := unix.Openat(fd, "leaf", unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(f)
+	unix.Close(fd)
+
+	got := events(t, r, 15*time.Second, func(evs []proto.WatchEvent) bool {
+		for _, e := range evs {
+			if e.Kind == proto.EventOverflow && e.Reason == proto.ReasonDirs {
+				return true
+			}
+		}
+		return false
+	})
+	for _, e := range got {
+		if len(e.Path) > proto.MaxWatchPath+256 || len(e.From) > proto.MaxWatchPath+256 {
+			t.Fatalf("an event of %d bytes of path: longer than the bound and one name", len(e.Path))
+		}
+	}
+	// The stream goes on after the deep folders: a change near the top is still reported.
+	must(t, os.WriteFile(filepath.Join(h.WS, "deep", "top"), nil, 0o644))
+	events(t, r, 10*time.Second, func(evs []proto.WatchEvent) bool { return has(evs, proto.EventCreated, "deep/top", "") })
 }

@@ -46,6 +46,12 @@ func (w *watch) addTree(dir string, scan, initial bool) *proto.Error {
 		if _, ok := w.wds[d]; ok {
 			continue
 		}
+		if len(d) > proto.MaxWatchPath {
+			// Deeper than a path may name: not watched, so no event's path grows past the
+			// bound (d itself is at most a bound and one name long).
+			w.emit(proto.WatchEvent{Kind: proto.EventOverflow, Reason: proto.ReasonDirs, Path: d, IsDir: true})
+			continue
+		}
 		if len(w.dirs) >= w.maxDirs {
 			if initial {
 				return tooMany()

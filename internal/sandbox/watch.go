@@ -132,6 +132,10 @@ func (s *Service) WatchFiles(ctx context.Context, p auth.Principal, id string, r
 	return out, nil
 }
 
+// watchMaxStalls is how many reattaches in a row may read nothing before a watch's stream
+// ends with an error.
+const watchMaxStalls = 3
+
 // watchFollower copies one watch's events to a subscriber.
 type watchFollower struct {
 	s       *Service
@@ -144,9 +148,11 @@ type watchFollower struct {
 }
 
 func (f *watchFollower) follow(ctx context.Context, r *client.WatchReader) {
+	stalled := 0 // reopens in a row after which nothing could be read
 	for {
 		ev, err := r.Next()
 		if err == nil {
+			stalled = 0
 			if !f.send(ctx, f.event(ev)) || ev.Kind == proto.EventEnd {
 				r.Close()
 				return
@@ -160,6 +166,22 @@ func (f *watchFollower) follow(ctx context.Context, r *client.WatchReader) {
 		}
 		if errors.Is(err, io.EOF) {
 			return // after the end event, passed on already
+		}
+		// A stream that breaks again and again at the same place (an event this side cannot
+		// read) must not turn into a loop of reattaches: back off, and after a few give up
+		// with an error the subscriber sees.
+		if stalled++; stalled > watchMaxStalls {
+			f.send(ctx, FileEvent{Cursor: f.cursor(f.seq), Kind: FileWatchError, Code: apierror.Unavailable,
+				Message: "the watch's events cannot be read after " + apierror.Truncate(f.cursor(f.seq), 64) + ": " + apierror.Truncate(err.Error(), 200),
+				At:      time.Now().UTC()})
+			return
+		}
+		if stalled > 1 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(stalled) * 200 * time.Millisecond):
+			}
 		}
 		r, err = f.reopen(ctx)
 		if err != nil {
