@@ -307,6 +307,27 @@ type Lock struct {
 // the fences of one sandbox's holders rise with every take; a take overtaken by another before
 // its renewal is told ErrLocked. Renewals draw nothing.
 func (s *Store) Lock(ctx context.Context, id string, ttl time.Duration) (*Lock, error) {
+	for attempt := 1; ; attempt++ {
+		l, err := s.tryLock(ctx, id, ttl)
+		if errors.Is(err, errLockVanished) && attempt < lockAttempts {
+			continue // Redis lost it between take and renewal (a flush): nobody holds it, take it again
+		}
+		if errors.Is(err, errLockVanished) {
+			return nil, ErrLocked
+		}
+		return l, err
+	}
+}
+
+// lockAttempts bounds the takes of one Lock whose lock vanished before its renewal.
+const lockAttempts = 3
+
+// errLockVanished: the lock's key was gone at the renewal that confirms a take (Redis lost its
+// data meanwhile), so the take is not confirmed, but nobody else holds the lock either.
+var errLockVanished = errors.New("store: the lock vanished before its renewal")
+
+// tryLock is one take of Lock: take, draw the fence, renew.
+func (s *Store) tryLock(ctx context.Context, id string, ttl time.Duration) (*Lock, error) {
 	l := &Lock{s: s, key: lockKey(id), token: newToken(), ttl: ttl, stop: make(chan struct{}), done: make(chan struct{})}
 	ok, err := lockScript.Run(ctx, s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), ttl.Milliseconds(), 0).Int()
 	if err != nil {
@@ -320,6 +341,9 @@ func (s *Store) Lock(ctx context.Context, id string, ttl time.Duration) (*Lock, 
 		ok, err = lockScript.Run(ctx, s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), ttl.Milliseconds(), 1).Int()
 		if err == nil && ok == 0 {
 			return nil, ErrLocked // another holder took it meanwhile: it is not ours to release
+		}
+		if err == nil && ok == -1 {
+			return nil, errLockVanished
 		}
 	}
 	if err != nil {
@@ -396,7 +420,8 @@ func (l *Lock) Unlock(ctx context.Context) {
 // lockScript takes or renews a lock whose value is "token|expiry_ms".
 // KEYS[1] lock key; ARGV[1] token; ARGV[2] now (ms); ARGV[3] ttl (ms); ARGV[4] 1 to renew only.
 // Returns 1 when the lock is ours until now+ttl, 0 when another holder's lease is still valid
-// (or, renewing, when we no longer hold it).
+// (or, renewing, when another holds it), -1 when renewing a lock that no longer exists (Redis
+// lost it: nobody holds it).
 var lockScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 local now = tonumber(ARGV[2])
@@ -407,7 +432,7 @@ if v then
   if holder ~= ARGV[1] and expiry > now then return 0 end
   if ARGV[4] == '1' and holder ~= ARGV[1] then return 0 end
 elseif ARGV[4] == '1' then
-  return 0
+  return -1
 end
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. (now + tonumber(ARGV[3])))
 return 1`)

@@ -484,3 +484,37 @@ func TestActivityAfterFlushAll(t *testing.T) {
 		}
 	})
 }
+
+// TestLockAfterAFlushBeforeItsFence: Redis losing the lock between its take and the renewal
+// that confirms it (a FLUSHALL) leaves nobody holding it, so Lock takes it again instead of
+// answering ErrLocked; the new take's fence still rises.
+func TestLockAfterAFlushBeforeItsFence(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		var flushed atomic.Int32
+		rdb.AddHook(beforeFence(func() {
+			if flushed.Add(1) == 1 {
+				if err := srv.Client.FlushAll(ctx).Err(); err != nil {
+					t.Errorf("flushall: %v", err)
+				}
+			}
+		}))
+		s := New(rdb, nil)
+		l, err := s.Lock(ctx, "sbx_a", time.Minute)
+		if err != nil {
+			t.Fatalf("a lock Redis lost before its renewal: got %v, want it taken again", err)
+		}
+		defer l.Unlock(ctx)
+		if flushed.Load() < 2 {
+			t.Fatalf("one fence drawn, want the lost take's and the second take's")
+		}
+		if v, err := srv.Client.Get(ctx, lockKey("sbx_a")).Result(); err != nil || !strings.HasPrefix(v, l.token+"|") {
+			t.Fatalf("lock value: got %q, %v, want the second take's", v, err)
+		}
+		if _, err := s.Lock(ctx, "sbx_a", time.Minute); !errors.Is(err, ErrLocked) {
+			t.Fatalf("a second Lock while the first holds it: got %v, want ErrLocked", err)
+		}
+	})
+}
