@@ -248,6 +248,9 @@ func toExecConnection(page sandbox.ExecPage) *model.ExecConnection {
 			end = page.NextCursor
 		}
 		c.PageInfo.EndCursor = &end
+	} else if page.NextCursor != "" {
+		// A page a filter left empty (the scan's budget ran out first) still goes on.
+		c.PageInfo.EndCursor = &page.NextCursor
 	}
 	return c
 }

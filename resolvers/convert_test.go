@@ -56,6 +56,18 @@ func TestEmptyConnection(t *testing.T) {
 	}
 }
 
+// TestEmptyExecPageWithACursor: a page of execs a filter left empty, whose scan ran out of
+// budget, says there is more and where it goes on.
+func TestEmptyExecPageWithACursor(t *testing.T) {
+	c := toExecConnection(sandbox.ExecPage{NextCursor: "exec_next"})
+	if len(c.Edges) != 0 || !c.PageInfo.HasNextPage || c.PageInfo.EndCursor == nil || *c.PageInfo.EndCursor != "exec_next" {
+		t.Errorf("got %+v %+v, want no edges, a next page and the cursor", c, c.PageInfo)
+	}
+	if c := toExecConnection(sandbox.ExecPage{}); c.PageInfo.HasNextPage || c.PageInfo.EndCursor != nil {
+		t.Errorf("the last, empty page: got %+v, want no next page and no cursor", c.PageInfo)
+	}
+}
+
 // forwardEvents stops, and closes its channel, when the subscriber's ctx ends even while it
 // is blocked sending to a subscriber that does not read.
 func TestForwardEventsStopsOnCancel(t *testing.T) {

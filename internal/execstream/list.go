@@ -43,7 +43,9 @@ func (s *Store) maxPerSandbox() int64 {
 
 // List returns a page of one sandbox's execs, newest first: at most limit of them after the
 // exec id after ("" for the first page), only those in state when it is not "", and the
-// cursor of the next page ("" on the last one). It reads at most the index's bound of members.
+// cursor of the next page ("" on the last one). It reads at most listScanBudget(limit) members
+// of the index (and never more than its bound): a filtered page that has not filled by then is
+// short, even empty, and has a cursor all the same.
 func (s *Store) List(ctx context.Context, sandboxID string, state State, after string, limit int) ([]Meta, string, error) {
 	if !validID(sandboxID) || limit <= 0 || (after != "" && !validID(after)) {
 		return nil, "", nil
@@ -54,6 +56,7 @@ func (s *Store) List(ctx context.Context, sandboxID string, state State, after s
 		start = "(" + after
 	}
 	batch := int64(min(max(limit+1, 64), 256))
+	budget, scanned := listScanBudget(limit), 0
 	var out []Meta
 	for {
 		ids, err := s.rdb.ZRevRangeByLex(ctx, key, &redis.ZRangeBy{Min: "-", Max: start, Count: batch}).Result()
@@ -98,9 +101,18 @@ func (s *Store) List(ctx context.Context, sandboxID string, state State, after s
 		if int64(len(ids)) < batch {
 			return out, "", nil
 		}
+		if scanned += len(ids); scanned >= budget {
+			// A filter that matches little must not read the whole index in one call: the
+			// page ends here, short or even empty, with the cursor of the last member read.
+			return out, ids[len(ids)-1], nil
+		}
 		start = "(" + ids[len(ids)-1]
 	}
 }
+
+// listScanBudget is how many index members one List reads at most for a page of limit: a
+// filtered page that has not filled by then ends early with a cursor.
+func listScanBudget(limit int) int { return 20*limit + 1000 }
 
 // createdBefore reports whether an exec id's ULID was made before t (true for an id that is
 // not "<prefix>_<ULID>": no exec of ours).

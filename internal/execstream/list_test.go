@@ -213,3 +213,33 @@ func TestTerminalFields(t *testing.T) {
 }
 
 func lexMember(member string) redis.Z { return redis.Z{Score: 0, Member: member} }
+
+// TestListScanBudget: a filter that matches little reads at most listScanBudget members in one
+// call: the page ends early, empty here, with a cursor, and the next call goes on from it and
+// finds the match.
+func TestListScanBudget(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{})
+		ctx := context.Background()
+		c.Add(time.Millisecond)
+		old := execID(c.Now())
+		createIn(t, s, c, "sbx_a", old, Meta{})
+		mustAppend(t, s, old, "A", nil, &Exit{ExitCode: 0})
+		n := listScanBudget(1) + 100
+		for range n {
+			c.Add(time.Millisecond)
+			createIn(t, s, c, "sbx_a", execID(c.Now()), Meta{})
+		}
+		ms, next, err := s.List(ctx, "sbx_a", Ended, "", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) != 0 || next == "" {
+			t.Fatalf("first page over %d running execs: got %v and next %q, want an empty page with a cursor", n, ids(ms), next)
+		}
+		ms, next, err = s.List(ctx, "sbx_a", Ended, next, 1)
+		if err != nil || !slices.Equal(ids(ms), []string{old}) || next != "" {
+			t.Fatalf("second page: got %v (next %q, %v), want [%s] and the end", ids(ms), next, err, old)
+		}
+	})
+}
