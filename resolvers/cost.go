@@ -19,7 +19,8 @@ import (
 //     A list field multiplies its selection by the most items it may return: first for
 //     sandboxes, listFiles, snapshots and execs, the kept maximum for agentRuns, limits.max_labels
 //     for a sandbox's labels. Each mutation and subscription root field costs mutationPoints
-//     more. Each byte field below adds a point
+//     more, and each Query field that calls a guest init or scans an index of execs (readFile,
+//     listFiles, stat, execs) backendPoints more. Each byte field below adds a point
 //     per bytesPerPoint bytes.
 //   - Bytes: the most bytes the operation may read into its answer. readFile reserves its
 //     maxBytes (the file cap by default); each output field of ExecResult (stdout, stderr and
@@ -32,11 +33,19 @@ const (
 	// mutationPoints is what each mutation and subscription root field costs besides its
 	// selection: each starts work or a stream.
 	mutationPoints = 10
+	// backendPoints is what each Query field that calls a sandbox's guest init or scans an
+	// index (backendQueryFields) costs besides its selection, so that aliases cannot turn one
+	// cheap-looking operation into thousands of guest calls.
+	backendPoints = 25
 	// bytesPerPoint prices byte fields in points.
 	bytesPerPoint = 64 << 10
 	// agentRunsKept is the most runs agentRuns returns (the service keeps the newest 100).
 	agentRunsKept = 100
 )
+
+// backendQueryFields are the Query fields that reach a sandbox's guest init (files) or scan
+// an index of execs; each costs backendPoints more.
+var backendQueryFields = map[string]bool{"readFile": true, "listFiles": true, "stat": true, "execs": true}
 
 // Defaults of the cost budgets.
 const (
@@ -180,6 +189,9 @@ func (b *costBudget) walk(c *cost, set ast.SelectionSet, vars map[string]any, mu
 			c.Points = satAdd(c.Points, mult)
 			if s.Definition == nil || s.ObjectDefinition == nil {
 				continue
+			}
+			if s.ObjectDefinition.Name == "Query" && backendQueryFields[s.Name] {
+				c.Points = satAdd(c.Points, satMul(backendPoints, mult))
 			}
 			args := s.ArgumentMap(vars)
 			if n := b.fieldBytes(s.ObjectDefinition.Name, s.Name, args); n > 0 {

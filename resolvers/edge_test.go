@@ -153,6 +153,11 @@ func TestCostModel(t *testing.T) {
 		{"big-page", `{sandboxes(first: 500){edges{node{id state profile tenantId projectId createdAt resources{milliCpu memoryMb diskMb}}}}}`, ""},
 		{"big-page-many-aliases", aliases(3, `sandboxes(first: 500){edges{node{id state profile tenantId projectId createdAt}}}`), "COST_EXCEEDED"},
 		{"exec-output-fields", aliases(20, `exec(id:"exec_x"){stdout stderr stdoutBase64 stderrBase64}`), "COST_EXCEEDED"},
+		// Each field that calls a guest init or scans an index of execs costs backendPoints
+		// more: a few hundred are fine, a few thousand aliases are not one cheap operation.
+		{"some-stats", aliases(100, `stat(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){size}`), ""},
+		{"stat-storm", aliases(500, `stat(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){size}`), "COST_EXCEEDED"},
+		{"execs-storm", aliases(500, `execs(sandboxId:"`+apitest.SandboxRunning+`", first: 1){__typename}`), "COST_EXCEEDED"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
