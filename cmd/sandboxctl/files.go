@@ -22,6 +22,19 @@ func remoteArg(cmd *cobra.Command, s string) (cpArg, error) {
 	return r, nil
 }
 
+// remoteArgs parses every argument with remoteArg, all before anything is sent.
+func remoteArgs(cmd *cobra.Command, args []string) ([]cpArg, error) {
+	targets := make([]cpArg, 0, len(args))
+	for _, s := range args {
+		r, err := remoteArg(cmd, s)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, r)
+	}
+	return targets, nil
+}
+
 // completeRemote offers SANDBOX: for every argument.
 func (a *app) completeRemote(max int) cobra.CompletionFunc {
 	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
@@ -49,13 +62,9 @@ path that leaves the workspace, through .. or a link, is the server's INVALID_AR
 		Args:              minArgs(1),
 		ValidArgsFunction: a.completeRemote(0),
 		RunE: a.runE(func(cmd *cobra.Command, args []string) error {
-			targets := make([]cpArg, 0, len(args))
-			for _, s := range args {
-				r, err := remoteArg(cmd, s)
-				if err != nil {
-					return err
-				}
-				targets = append(targets, r)
+			targets, err := remoteArgs(cmd, args)
+			if err != nil {
+				return err
 			}
 			c, err := a.client()
 			if err != nil {
@@ -128,13 +137,9 @@ fine (as mkdir -p).`,
 		Args:              minArgs(1),
 		ValidArgsFunction: a.completeRemote(0),
 		RunE: a.runE(func(cmd *cobra.Command, args []string) error {
-			targets := make([]cpArg, 0, len(args))
-			for _, s := range args {
-				r, err := remoteArg(cmd, s)
-				if err != nil {
-					return err
-				}
-				targets = append(targets, r)
+			targets, err := remoteArgs(cmd, args)
+			if err != nil {
+				return err
 			}
 			c, err := a.client()
 			if err != nil {
