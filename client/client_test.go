@@ -266,7 +266,7 @@ func TestExecOutputResumesAfterCut(t *testing.T) {
 			c := e.client(t)
 			evs := outputEvents(6)
 			e.fake.ExecEvents[apitest.ExecEnded] = evs
-			e.cut.arm(cut)
+			e.cut.Arm(cut)
 			s, err := c.ExecOutput(ctxT(t), apitest.SandboxRunning, apitest.ExecEnded, "")
 			if err != nil {
 				t.Fatal(err)
@@ -293,7 +293,7 @@ func TestExecOutputResumesAfterCut(t *testing.T) {
 			if cut > 0 {
 				wantCuts = 1
 			}
-			if n := e.cut.count(); n != wantCuts {
+			if n := e.cut.Count(); n != wantCuts {
 				t.Errorf("got %d cuts, want %d", n, wantCuts)
 			}
 			if cut > 0 {
@@ -310,7 +310,7 @@ func TestExecStream(t *testing.T) {
 	c := e.client(t)
 	evs := outputEvents(4)
 	e.fake.ExecEvents[apitest.ExecRunning] = evs
-	e.cut.arm(2)
+	e.cut.Arm(2)
 	s, err := c.ExecStream(ctxT(t), apitest.SandboxRunning, client.ExecRequest{Command: []string{"sleep", "60"}})
 	if err != nil {
 		t.Fatal(err)
@@ -338,8 +338,8 @@ func TestExecStream(t *testing.T) {
 	if w := want(evs); !reflect.DeepEqual(got, w) {
 		t.Errorf("got events\n%v\nwant\n%v", got, w)
 	}
-	if s.ExecID() != apitest.ExecRunning || e.cut.count() != 1 {
-		t.Errorf("got exec %q and %d cuts, want %s and 1", s.ExecID(), e.cut.count(), apitest.ExecRunning)
+	if s.ExecID() != apitest.ExecRunning || e.cut.Count() != 1 {
+		t.Errorf("got exec %q and %d cuts, want %s and 1", s.ExecID(), e.cut.Count(), apitest.ExecRunning)
 	}
 }
 

@@ -59,7 +59,7 @@ func TestWatchFilesResumes(t *testing.T) {
 	defer cancel()
 	want := apitest.FileEventFixtures()
 
-	e.cut.arm(2)
+	e.cut.Arm(2)
 	w, err := c.WatchFiles(ctx, apitest.SandboxRunning, "src", client.WatchOptions{Recursive: true})
 	if err != nil {
 		t.Fatal(err)
@@ -74,8 +74,8 @@ func TestWatchFilesResumes(t *testing.T) {
 		}
 	}
 	w.Close()
-	if e.cut.count() != 1 {
-		t.Errorf("got %d cuts, want the one armed", e.cut.count())
+	if e.cut.Count() != 1 {
+		t.Errorf("got %d cuts, want the one armed", e.cut.Count())
 	}
 	calls := e.fake.CallsTo("WatchFiles")
 	if len(calls) != 2 || calls[1].Watch.After != want[1].Cursor || !calls[1].Watch.Recursive || calls[1].Watch.Path != "src" {

@@ -52,7 +52,7 @@ func TestSubscribeExecOutputResumesAfterCut(t *testing.T) {
 			c := e.client(t)
 			evs := outputEvents(6)
 			e.fake.ExecEvents[apitest.ExecEnded] = evs
-			e.cut.arm(cut)
+			e.cut.Arm(cut)
 			sub, err := c.SubscribeExecOutput(ctxT(t), apitest.ExecEnded, "")
 			if err != nil {
 				t.Fatal(err)
@@ -79,8 +79,8 @@ func TestSubscribeExecOutputResumesAfterCut(t *testing.T) {
 			if cut > 0 {
 				wantCuts = 1
 			}
-			if e.cut.count() != wantCuts || sub.Reconnects != wantCuts {
-				t.Errorf("got %d cuts and %d reconnects, want %d", e.cut.count(), sub.Reconnects, wantCuts)
+			if e.cut.Count() != wantCuts || sub.Reconnects != wantCuts {
+				t.Errorf("got %d cuts and %d reconnects, want %d", e.cut.Count(), sub.Reconnects, wantCuts)
 			}
 			if cut > 0 {
 				calls := e.fake.CallsTo("ExecOutput")

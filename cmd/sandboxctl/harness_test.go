@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -17,8 +14,7 @@ import (
 
 	"sandboxd/client"
 	"sandboxd/internal/api/apitest"
-	"sandboxd/internal/rest"
-	"sandboxd/resolvers"
+	"sandboxd/internal/api/apitest/skintest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,22 +24,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type env struct {
 	ws  *apitest.Workspace
 	srv *httptest.Server
-	cut *cutter
+	cut *skintest.Cutter
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{ws: apitest.NewWorkspace(), cut: &cutter{}}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	authn := apitest.Authenticator(t)
-	mux := http.NewServeMux()
-	mux.Handle("/graphql", resolvers.NewHandler(e.ws, authn, resolvers.HandlerOptions{Logger: log}))
-	mux.Handle("/", rest.New(e.ws, authn, log, nil))
-	e.srv = httptest.NewServer(e.cut.wrap(mux))
-	t.Cleanup(func() {
-		e.srv.Close()
-		e.ws.WaitStreams(t, 5*time.Second)
-	})
+	e := &env{ws: apitest.NewWorkspace()}
+	e.srv, e.cut = skintest.Start(t, e.ws)
 	return e
 }
 
@@ -106,90 +93,3 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
-
-// cutter drops the connection of the next SSE stream once it has written `after` events
-// (counted by their "id: " lines), once.
-type cutter struct {
-	mu    sync.Mutex
-	after int
-	seen  int
-	cuts  int
-	hook  func(http.ResponseWriter, *http.Request) bool
-}
-
-func (c *cutter) arm(n int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.after, c.seen = n, 0
-}
-
-func (c *cutter) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cuts
-}
-
-func (c *cutter) due(p []byte) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.after == 0 {
-		return false
-	}
-	c.seen += bytes.Count(p, []byte("id: "))
-	if c.seen > c.after {
-		c.after = 0
-		c.cuts++
-		return true
-	}
-	return false
-}
-
-func (c *cutter) wrap(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c.mu.Lock()
-		hook := c.hook
-		c.mu.Unlock()
-		if hook != nil && hook(w, r) {
-			return
-		}
-		h.ServeHTTP(&cutWriter{ResponseWriter: w, c: c}, r)
-	})
-}
-
-// intercept answers the requests hook takes (it answers true) in place of the handlers: a
-// server that answers what the fake does not.
-func (c *cutter) intercept(hook func(w http.ResponseWriter, r *http.Request) bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.hook = hook
-}
-
-type cutWriter struct {
-	http.ResponseWriter
-	c    *cutter
-	dead bool
-}
-
-func (w *cutWriter) Write(p []byte) (int, error) {
-	if w.dead {
-		return 0, net.ErrClosed
-	}
-	if w.c.due(p) {
-		// Out with what came before, then close the connection under the stream.
-		_ = http.NewResponseController(w.ResponseWriter).Flush()
-		if conn, _, err := http.NewResponseController(w.ResponseWriter).Hijack(); err == nil {
-			conn.Close()
-		}
-		w.dead = true
-		return 0, net.ErrClosed
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-func (w *cutWriter) Flush() {
-	if !w.dead {
-		_ = http.NewResponseController(w.ResponseWriter).Flush()
-	}
-}
-
-func (w *cutWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

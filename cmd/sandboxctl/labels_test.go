@@ -56,7 +56,7 @@ func TestLabels(t *testing.T) {
 	}
 
 	// --clear-labels with --label: every label but those, removed by name, in one patch.
-	e.cut.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	e.cut.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		if r.Method != http.MethodGet || !strings.HasSuffix(r.URL.Path, "/"+apitest.SandboxRunning) {
 			return false
 		}
@@ -76,16 +76,16 @@ func TestLabels(t *testing.T) {
 	if req.ClearLabels || !slices.Equal(removed, []string{"env"}) || *req.Labels["team"] != "ai" || *req.Labels["owner"] != "bob" {
 		t.Errorf("--clear-labels --label: the server got %+v (removed %v), want env removed, team and owner set", req, removed)
 	}
-	e.cut.intercept(nil)
+	e.cut.Intercept(nil)
 
 	// A sandbox's label with control characters (a hostile server) is shown quoted.
-	e.cut.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	e.cut.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(client.Page{Sandboxes: []client.Sandbox{{ID: "sbx_x", Labels: map[string]string{"k": "\x1b]0;pwned\x07"}}}})
 		return true
 	})
 	r = e.run(t, "", nil, "list").want(t, exitOK)
-	e.cut.intercept(nil)
+	e.cut.Intercept(nil)
 	if strings.ContainsRune(r.stdout, 0x1b) || !strings.Contains(r.stdout, `"k=\x1b]0;pwned\a"`) {
 		t.Errorf("list printed %q, want the label quoted", r.stdout)
 	}
@@ -134,7 +134,7 @@ func field(out, name string) string {
 // quoted, never as escape sequences.
 func TestServerErrorQuoted(t *testing.T) {
 	e := newEnv(t)
-	e.cut.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	e.cut.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		_, _ = w.Write([]byte(`{"error":{"code":"NOT_FOUND","message":"path \u001b[2Jgone not found"}}`))

@@ -252,13 +252,13 @@ func TestExecJSON(t *testing.T) {
 func TestExecResumesAfterADrop(t *testing.T) {
 	e := newEnv(t)
 	e.ws.ExecEvents[apitest.ExecRunning] = execEvents(sandbox.ExecResult{ExitCode: 4})
-	e.cut.arm(2)
+	e.cut.Arm(2)
 	r := e.run(t, "", nil, "exec", apitest.SandboxRunning, "make").want(t, 4)
 	if want := "out 1\n\x00\xff\nout 2\n"; r.stdout != want {
 		t.Errorf("got stdout %q, want %q", r.stdout, want)
 	}
-	if e.cut.count() != 1 {
-		t.Fatalf("the stream was cut %d times, want 1", e.cut.count())
+	if e.cut.Count() != 1 {
+		t.Fatalf("the stream was cut %d times, want 1", e.cut.Count())
 	}
 	calls := e.ws.CallsTo("ExecOutput")
 	if len(calls) != 2 || calls[1].After != "2-0" {

@@ -161,7 +161,7 @@ func TestExecStdinStreams(t *testing.T) {
 func TestExecStdinWaitsForRoom(t *testing.T) {
 	e := newEnv(t)
 	var refused atomic.Int32
-	e.cut.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	e.cut.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		if !strings.HasSuffix(r.URL.Path, "/stdin") || refused.Load() >= 3 {
 			return false
 		}

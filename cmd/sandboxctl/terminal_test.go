@@ -127,7 +127,7 @@ func TestTerminalUsageAndTimeoutFallback(t *testing.T) {
 	// A server whose timeout bound is under a day: its default instead.
 	e.ws.ExecEvents[apitest.ExecRunning] = ttyEvents(0)
 	refused := 0
-	e.cut.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+	e.cut.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
 		if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/exec") || refused > 0 {
 			return false
 		}
