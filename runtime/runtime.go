@@ -60,10 +60,35 @@ type BoxSpec struct {
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
 	// PidsLimit is a generous backstop on host tasks; 0 means the driver default.
 	PidsLimit int64 `json:"pids_limit,omitempty"`
-	// Network is "none" (only the sandbox's own loopback) unless a profile allows more.
+	// Network is "none" (only the sandbox's own loopback) unless a profile allows more:
+	// "egress", whose rules are NetworkPolicy.
 	Network string `json:"network,omitempty"`
+	// NetworkPolicy is the box's effective network policy when Network is "egress" (nil for
+	// "none"): the domain resolves it at create (internal/netpolicy); a driver renders it.
+	NetworkPolicy *NetworkPolicy `json:"network_policy,omitempty"`
 	// Env is added to the environment of every process in the box.
 	Env map[string]string `json:"env,omitempty"`
+}
+
+// NetworkPolicy is a box's effective egress policy. A new outbound connection's destination is
+// decided by the most specific entry of Allow, Deny and AlwaysDeny that holds it (the longest
+// prefix; deny wins a tie); no entry: denied. internal/netpolicy owns the rules over it
+// (Rules); drivers render those rules and nothing else.
+type NetworkPolicy struct {
+	// Mode is "none" or "egress".
+	Mode string `json:"mode"`
+	// Allow are IPv4 CIDRs and host names; a host name allows the addresses in Pinned.
+	Allow []string `json:"allow,omitempty"`
+	// Deny are IPv4 CIDRs.
+	Deny []string `json:"deny,omitempty"`
+	// AlwaysDeny are the ranges denied unless an entry of Allow inside them opens them
+	// (link-local and metadata, loopback, private and the cluster's ranges).
+	AlwaysDeny []string `json:"always_deny,omitempty"`
+	// DNS are the only resolvers the box may query (UDP and TCP port 53), whatever the rules
+	// say; port 53 of any other address is denied.
+	DNS []string `json:"dns,omitempty"`
+	// Pinned are the IPv4 addresses each host name of Allow resolved to at create.
+	Pinned map[string][]string `json:"pinned,omitempty"`
 }
 
 // Record is the sandbox's own record, kept by the driver beside the box (a JSON file locally,
