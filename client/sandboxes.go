@@ -41,6 +41,8 @@ type Sandbox struct {
 	LatestSnapshotID string     `json:"latest_snapshot_id,omitempty"`
 	Resources        Resources  `json:"resources"`
 	Network          string     `json:"network"`
+	// NetworkPolicy is the effective network policy Network names.
+	NetworkPolicy NetworkPolicy `json:"network_policy"`
 	// SnapshotID is the final checkpoint Destroy took; empty elsewhere.
 	SnapshotID string `json:"snapshot_id,omitempty"`
 	// Labels are the sandbox's labels (see Update).
@@ -64,6 +66,30 @@ type CreateRequest struct {
 	// Labels tag the sandbox: Kubernetes' label syntax, at most the server's limit (32),
 	// none under sandboxd.io/, kubernetes.io/ or k8s.io/.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Network narrows the profile's network policy (nil keeps it); widening it is refused
+	// with PERMISSION_DENIED.
+	Network *NetworkRequest `json:"network,omitempty"`
+}
+
+// NetworkRequest narrows a profile's network policy at create: mode "none" always; "egress"
+// on an egress profile, with allow entries (IPv4 CIDRs, host names) the profile allows whole
+// (none: the profile's) and deny entries added to the profile's.
+type NetworkRequest struct {
+	Mode        string   `json:"mode"`
+	EgressAllow []string `json:"egress_allow,omitempty"`
+	EgressDeny  []string `json:"egress_deny,omitempty"`
+}
+
+// NetworkPolicy is a sandbox's effective network policy: the most specific entry of
+// EgressAllow, EgressDeny and AlwaysDeny holding a destination decides (deny wins a tie), none
+// holding it denies; DNS only to DNSServers; host names allow the addresses in Pinned.
+type NetworkPolicy struct {
+	Mode        string              `json:"mode"`
+	EgressAllow []string            `json:"egress_allow"`
+	EgressDeny  []string            `json:"egress_deny"`
+	AlwaysDeny  []string            `json:"always_deny"`
+	DNSServers  []string            `json:"dns_servers"`
+	Pinned      map[string][]string `json:"pinned"`
 }
 
 // Source fills a new sandbox's workspace: set exactly one field.

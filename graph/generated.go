@@ -182,6 +182,15 @@ type ComplexityRoot struct {
 		WriteFile       func(childComplexity int, sandboxID string, path string, content *string, contentBase64 *string, mode *int) int
 	}
 
+	NetworkPolicy struct {
+		AlwaysDeny  func(childComplexity int) int
+		DNSServers  func(childComplexity int) int
+		EgressAllow func(childComplexity int) int
+		EgressDeny  func(childComplexity int) int
+		Mode        func(childComplexity int) int
+		Pinned      func(childComplexity int) int
+	}
+
 	PageInfo struct {
 		EndCursor       func(childComplexity int) int
 		HasNextPage     func(childComplexity int) int
@@ -189,14 +198,20 @@ type ComplexityRoot struct {
 		StartCursor     func(childComplexity int) int
 	}
 
+	PinnedHost struct {
+		Addresses func(childComplexity int) int
+		Host      func(childComplexity int) int
+	}
+
 	Profile struct {
-		Default     func(childComplexity int) int
-		Description func(childComplexity int) int
-		DiskMb      func(childComplexity int) int
-		MemoryMb    func(childComplexity int) int
-		MilliCPU    func(childComplexity int) int
-		Name        func(childComplexity int) int
-		Network     func(childComplexity int) int
+		Default       func(childComplexity int) int
+		Description   func(childComplexity int) int
+		DiskMb        func(childComplexity int) int
+		MemoryMb      func(childComplexity int) int
+		MilliCPU      func(childComplexity int) int
+		Name          func(childComplexity int) int
+		Network       func(childComplexity int) int
+		NetworkPolicy func(childComplexity int) int
 	}
 
 	Query struct {
@@ -234,6 +249,7 @@ type ComplexityRoot struct {
 		Labels           func(childComplexity int) int
 		LatestSnapshotID func(childComplexity int) int
 		Network          func(childComplexity int) int
+		NetworkPolicy    func(childComplexity int) int
 		Profile          func(childComplexity int) int
 		ProjectID        func(childComplexity int) int
 		Resources        func(childComplexity int) int
@@ -1069,6 +1085,43 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Mutation.WriteFile(childComplexity, args["sandboxId"].(string), args["path"].(string), args["content"].(*string), args["contentBase64"].(*string), args["mode"].(*int)), true
 
+	case "NetworkPolicy.alwaysDeny":
+		if e.ComplexityRoot.NetworkPolicy.AlwaysDeny == nil {
+			break
+		}
+
+		return e.ComplexityRoot.NetworkPolicy.AlwaysDeny(childComplexity), true
+	case "NetworkPolicy.dnsServers":
+		if e.ComplexityRoot.NetworkPolicy.DNSServers == nil {
+			break
+		}
+
+		return e.ComplexityRoot.NetworkPolicy.DNSServers(childComplexity), true
+	case "NetworkPolicy.egressAllow":
+		if e.ComplexityRoot.NetworkPolicy.EgressAllow == nil {
+			break
+		}
+
+		return e.ComplexityRoot.NetworkPolicy.EgressAllow(childComplexity), true
+	case "NetworkPolicy.egressDeny":
+		if e.ComplexityRoot.NetworkPolicy.EgressDeny == nil {
+			break
+		}
+
+		return e.ComplexityRoot.NetworkPolicy.EgressDeny(childComplexity), true
+	case "NetworkPolicy.mode":
+		if e.ComplexityRoot.NetworkPolicy.Mode == nil {
+			break
+		}
+
+		return e.ComplexityRoot.NetworkPolicy.Mode(childComplexity), true
+	case "NetworkPolicy.pinned":
+		if e.ComplexityRoot.NetworkPolicy.Pinned == nil {
+			break
+		}
+
+		return e.ComplexityRoot.NetworkPolicy.Pinned(childComplexity), true
+
 	case "PageInfo.endCursor":
 		if e.ComplexityRoot.PageInfo.EndCursor == nil {
 			break
@@ -1093,6 +1146,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.PageInfo.StartCursor(childComplexity), true
+
+	case "PinnedHost.addresses":
+		if e.ComplexityRoot.PinnedHost.Addresses == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PinnedHost.Addresses(childComplexity), true
+	case "PinnedHost.host":
+		if e.ComplexityRoot.PinnedHost.Host == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PinnedHost.Host(childComplexity), true
 
 	case "Profile.default":
 		if e.ComplexityRoot.Profile.Default == nil {
@@ -1136,6 +1202,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Profile.Network(childComplexity), true
+	case "Profile.networkPolicy":
+		if e.ComplexityRoot.Profile.NetworkPolicy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Profile.NetworkPolicy(childComplexity), true
 
 	case "Query.agentRun":
 		if e.ComplexityRoot.Query.AgentRun == nil {
@@ -1341,6 +1413,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Sandbox.Network(childComplexity), true
+	case "Sandbox.networkPolicy":
+		if e.ComplexityRoot.Sandbox.NetworkPolicy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.NetworkPolicy(childComplexity), true
 	case "Sandbox.profile":
 		if e.ComplexityRoot.Sandbox.Profile == nil {
 			break
@@ -1611,6 +1689,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			graphql.NewInputUnmarshaler("ExecInput", ec.unmarshalInputExecInput),
 			graphql.NewInputUnmarshaler("LabelInput", ec.unmarshalInputLabelInput),
 			graphql.NewInputUnmarshaler("LabelPatchInput", ec.unmarshalInputLabelPatchInput),
+			graphql.NewInputUnmarshaler("NetworkPolicyInput", ec.unmarshalInputNetworkPolicyInput),
 			graphql.NewInputUnmarshaler("SandboxSourceInput", ec.unmarshalInputSandboxSourceInput),
 			graphql.NewInputUnmarshaler("StartAgentRunInput", ec.unmarshalInputStartAgentRunInput),
 			graphql.NewInputUnmarshaler("TtySizeInput", ec.unmarshalInputTtySizeInput),
@@ -2166,8 +2245,10 @@ type Sandbox {
   latestSnapshotId: String
   "The compute and disk the sandbox may use."
   resources: Resources!
-  "The network policy (e.g. \"none\")."
+  "The network policy's mode: \"none\" or \"egress\" (networkPolicy has the rules)."
   network: String!
+  "The effective network policy: the profile's, narrowed by the create, with the host names it pinned."
+  networkPolicy: NetworkPolicy!
   "The caller's labels of the sandbox, sorted by key; empty when it has none. Each costs like an item of a list of the configured maximum (32 by default)."
   labels: [Label!]!
 }
@@ -2303,8 +2384,10 @@ type Profile {
   memoryMb: Int!
   "Workspace size in MiB; 0 means no limit."
   diskMb: Int!
-  "The network policy of its sandboxes."
+  "The network policy's mode of its sandboxes: \"none\" or \"egress\"."
   network: String!
+  "The network policy a create that does not narrow it gets (host names are resolved at create; pinned is empty here)."
+  networkPolicy: NetworkPolicy!
   "Whether this profile is used when createSandbox names none."
   default: Boolean!
 }
@@ -2335,6 +2418,57 @@ input CreateSandboxInput {
   source: SandboxSourceInput
   "Labels of the sandbox, each key at most once; at most the configured number (32 by default)."
   labels: [LabelInput!]
+  "Narrows the profile's network policy; null keeps it. Widening it (a mode, CIDR or host name the profile does not allow whole) is PERMISSION_DENIED."
+  network: NetworkPolicyInput
+}
+
+"How a sandbox may use the network."
+enum NetworkMode {
+  "Only the sandbox's own loopback."
+  NONE
+  "Outbound connections its rules allow, to the configured resolvers for DNS; nothing inbound."
+  EGRESS
+}
+
+"""
+A sandbox's network policy. A new outbound connection is decided by the most specific entry of
+egressAllow, egressDeny and alwaysDeny holding its address (the longest prefix; deny wins a
+tie); an address no entry holds is denied. So alwaysDeny (metadata, link-local, loopback,
+private ranges) stays closed under an allow of 0.0.0.0/0, and opens only for an allow entry
+inside it. DNS goes to dnsServers only. Only IPv4.
+"""
+type NetworkPolicy {
+  "NONE (only loopback) or EGRESS."
+  mode: NetworkMode!
+  "Allowed IPv4 CIDRs and host names (a host name allows the addresses it was pinned to)."
+  egressAllow: [String!]!
+  "Denied IPv4 CIDRs."
+  egressDeny: [String!]!
+  "Ranges denied unless an egressAllow entry inside them opens them."
+  alwaysDeny: [String!]!
+  "The only resolvers the sandbox may query (UDP and TCP port 53)."
+  dnsServers: [String!]!
+  "The addresses each host name of egressAllow resolved to at create, the only ones it allows (an address inside a denied range is left out)."
+  pinned: [PinnedHost!]!
+}
+
+"A host name of an egress allow list and the IPv4 addresses it was pinned to."
+type PinnedHost {
+  host: String!
+  addresses: [String!]!
+}
+
+"""
+A create's narrowing of its profile's network policy: mode NONE always; EGRESS only on an
+EGRESS profile, with egressAllow entries the profile allows whole (null: the profile's) and
+egressDeny entries added to the profile's. At most 64 entries each.
+"""
+input NetworkPolicyInput {
+  mode: NetworkMode!
+  "IPv4 CIDRs (an address alone is its /32) and host names the profile allows."
+  egressAllow: [String!]
+  "IPv4 CIDRs to deny besides the profile's."
+  egressDeny: [String!]
 }
 
 """
@@ -3097,6 +3231,24 @@ func (ec *executionContext) childFields_MakeDirectoryPayload(ctx context.Context
 	return nil, fmt.Errorf("no field named %q was found under type MakeDirectoryPayload", field.Name)
 }
 
+func (ec *executionContext) childFields_NetworkPolicy(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "mode":
+		return ec.fieldContext_NetworkPolicy_mode(ctx, field)
+	case "egressAllow":
+		return ec.fieldContext_NetworkPolicy_egressAllow(ctx, field)
+	case "egressDeny":
+		return ec.fieldContext_NetworkPolicy_egressDeny(ctx, field)
+	case "alwaysDeny":
+		return ec.fieldContext_NetworkPolicy_alwaysDeny(ctx, field)
+	case "dnsServers":
+		return ec.fieldContext_NetworkPolicy_dnsServers(ctx, field)
+	case "pinned":
+		return ec.fieldContext_NetworkPolicy_pinned(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type NetworkPolicy", field.Name)
+}
+
 func (ec *executionContext) childFields_PageInfo(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "hasNextPage":
@@ -3109,6 +3261,16 @@ func (ec *executionContext) childFields_PageInfo(ctx context.Context, field grap
 		return ec.fieldContext_PageInfo_endCursor(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type PageInfo", field.Name)
+}
+
+func (ec *executionContext) childFields_PinnedHost(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "host":
+		return ec.fieldContext_PinnedHost_host(ctx, field)
+	case "addresses":
+		return ec.fieldContext_PinnedHost_addresses(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PinnedHost", field.Name)
 }
 
 func (ec *executionContext) childFields_Profile(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3125,6 +3287,8 @@ func (ec *executionContext) childFields_Profile(ctx context.Context, field graph
 		return ec.fieldContext_Profile_diskMb(ctx, field)
 	case "network":
 		return ec.fieldContext_Profile_network(ctx, field)
+	case "networkPolicy":
+		return ec.fieldContext_Profile_networkPolicy(ctx, field)
 	case "default":
 		return ec.fieldContext_Profile_default(ctx, field)
 	}
@@ -3185,6 +3349,8 @@ func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graph
 		return ec.fieldContext_Sandbox_resources(ctx, field)
 	case "network":
 		return ec.fieldContext_Sandbox_network(ctx, field)
+	case "networkPolicy":
+		return ec.fieldContext_Sandbox_networkPolicy(ctx, field)
 	case "labels":
 		return ec.fieldContext_Sandbox_labels(ctx, field)
 	}
@@ -7015,6 +7181,153 @@ func (ec *executionContext) fieldContext_Mutation_resizeExecTty(ctx context.Cont
 	return fc, nil
 }
 
+func (ec *executionContext) _NetworkPolicy_mode(ctx context.Context, field graphql.CollectedField, obj *model.NetworkPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_NetworkPolicy_mode(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Mode, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.NetworkMode) graphql.Marshaler {
+			return ec.marshalNNetworkMode2sandboxdᚋgraphᚋmodelᚐNetworkMode(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_NetworkPolicy_mode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("NetworkPolicy", field, false, false, "NetworkMode")
+}
+
+func (ec *executionContext) _NetworkPolicy_egressAllow(ctx context.Context, field graphql.CollectedField, obj *model.NetworkPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_NetworkPolicy_egressAllow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EgressAllow, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_NetworkPolicy_egressAllow(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("NetworkPolicy", field, false, false, "String")
+}
+
+func (ec *executionContext) _NetworkPolicy_egressDeny(ctx context.Context, field graphql.CollectedField, obj *model.NetworkPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_NetworkPolicy_egressDeny(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EgressDeny, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_NetworkPolicy_egressDeny(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("NetworkPolicy", field, false, false, "String")
+}
+
+func (ec *executionContext) _NetworkPolicy_alwaysDeny(ctx context.Context, field graphql.CollectedField, obj *model.NetworkPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_NetworkPolicy_alwaysDeny(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AlwaysDeny, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_NetworkPolicy_alwaysDeny(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("NetworkPolicy", field, false, false, "String")
+}
+
+func (ec *executionContext) _NetworkPolicy_dnsServers(ctx context.Context, field graphql.CollectedField, obj *model.NetworkPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_NetworkPolicy_dnsServers(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DNSServers, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_NetworkPolicy_dnsServers(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("NetworkPolicy", field, false, false, "String")
+}
+
+func (ec *executionContext) _NetworkPolicy_pinned(ctx context.Context, field graphql.CollectedField, obj *model.NetworkPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_NetworkPolicy_pinned(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Pinned, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.PinnedHost) graphql.Marshaler {
+			return ec.marshalNPinnedHost2ᚕᚖsandboxdᚋgraphᚋmodelᚐPinnedHostᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_NetworkPolicy_pinned(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "NetworkPolicy",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PinnedHost(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _PageInfo_hasNextPage(ctx context.Context, field graphql.CollectedField, obj *model.PageInfo) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7105,6 +7418,52 @@ func (ec *executionContext) _PageInfo_endCursor(ctx context.Context, field graph
 }
 func (ec *executionContext) fieldContext_PageInfo_endCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "String")
+}
+
+func (ec *executionContext) _PinnedHost_host(ctx context.Context, field graphql.CollectedField, obj *model.PinnedHost) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PinnedHost_host(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Host, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PinnedHost_host(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PinnedHost", field, false, false, "String")
+}
+
+func (ec *executionContext) _PinnedHost_addresses(ctx context.Context, field graphql.CollectedField, obj *model.PinnedHost) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PinnedHost_addresses(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Addresses, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PinnedHost_addresses(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PinnedHost", field, false, false, "String")
 }
 
 func (ec *executionContext) _Profile_name(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
@@ -7243,6 +7602,38 @@ func (ec *executionContext) _Profile_network(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_Profile_network(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Profile", field, false, false, "String")
+}
+
+func (ec *executionContext) _Profile_networkPolicy(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Profile_networkPolicy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NetworkPolicy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.NetworkPolicy) graphql.Marshaler {
+			return ec.marshalNNetworkPolicy2ᚖsandboxdᚋgraphᚋmodelᚐNetworkPolicy(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Profile_networkPolicy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Profile",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_NetworkPolicy(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Profile_default(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
@@ -8315,6 +8706,38 @@ func (ec *executionContext) _Sandbox_network(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_Sandbox_network(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "String")
+}
+
+func (ec *executionContext) _Sandbox_networkPolicy(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_networkPolicy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NetworkPolicy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.NetworkPolicy) graphql.Marshaler {
+			return ec.marshalNNetworkPolicy2ᚖsandboxdᚋgraphᚋmodelᚐNetworkPolicy(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_networkPolicy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Sandbox",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_NetworkPolicy(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Sandbox_labels(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
@@ -10252,7 +10675,7 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source", "labels"}
+	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source", "labels", "network"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10301,6 +10724,13 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 				return it, err
 			}
 			it.Labels = data
+		case "network":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("network"))
+			data, err := ec.unmarshalONetworkPolicyInput2ᚖsandboxdᚋgraphᚋmodelᚐNetworkPolicyInput(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Network = data
 		}
 	}
 	return it, nil
@@ -10553,6 +10983,62 @@ func (ec *executionContext) unmarshalInputLabelPatchInput(ctx context.Context, o
 func UnmarshalLabelPatchInput(ctx context.Context, raw any) (model.LabelPatchInput, error) {
 	var out model.LabelPatchInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "LabelPatchInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputNetworkPolicyInput(ctx context.Context, obj any) (model.NetworkPolicyInput, error) {
+	var it model.NetworkPolicyInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"mode", "egressAllow", "egressDeny"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "mode":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("mode"))
+			data, err := ec.unmarshalNNetworkMode2sandboxdᚋgraphᚋmodelᚐNetworkMode(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Mode = data
+		case "egressAllow":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("egressAllow"))
+			data, err := ec.unmarshalOString2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.EgressAllow = data
+		case "egressDeny":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("egressDeny"))
+			data, err := ec.unmarshalOString2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.EgressDeny = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalNetworkPolicyInput unmarshals raw into the NetworkPolicyInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalNetworkPolicyInput(ctx context.Context, raw any) (model.NetworkPolicyInput, error) {
+	var out model.NetworkPolicyInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "NetworkPolicyInput", raw, &out)
 	return out, err
 }
 
@@ -11753,6 +12239,64 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 	return out
 }
 
+var networkPolicyImplementors = []string{"NetworkPolicy"}
+
+func (ec *executionContext) _NetworkPolicy(ctx context.Context, sel ast.SelectionSet, obj *model.NetworkPolicy) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, networkPolicyImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("NetworkPolicy")
+		case "mode":
+			out.Values[i] = ec._NetworkPolicy_mode(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "egressAllow":
+			out.Values[i] = ec._NetworkPolicy_egressAllow(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "egressDeny":
+			out.Values[i] = ec._NetworkPolicy_egressDeny(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "alwaysDeny":
+			out.Values[i] = ec._NetworkPolicy_alwaysDeny(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "dnsServers":
+			out.Values[i] = ec._NetworkPolicy_dnsServers(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pinned":
+			out.Values[i] = ec._NetworkPolicy_pinned(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var pageInfoImplementors = []string{"PageInfo"}
 
 func (ec *executionContext) _PageInfo(ctx context.Context, sel ast.SelectionSet, obj *model.PageInfo) graphql.Marshaler {
@@ -11782,6 +12326,44 @@ func (ec *executionContext) _PageInfo(ctx context.Context, sel ast.SelectionSet,
 		case "endCursor":
 			out.Values[i] = ec._PageInfo_endCursor(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var pinnedHostImplementors = []string{"PinnedHost"}
+
+func (ec *executionContext) _PinnedHost(ctx context.Context, sel ast.SelectionSet, obj *model.PinnedHost) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, pinnedHostImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PinnedHost")
+		case "host":
+			out.Values[i] = ec._PinnedHost_host(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "addresses":
+			out.Values[i] = ec._PinnedHost_addresses(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -11839,6 +12421,11 @@ func (ec *executionContext) _Profile(ctx context.Context, sel ast.SelectionSet, 
 			}
 		case "network":
 			out.Values[i] = ec._Profile_network(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "networkPolicy":
+			out.Values[i] = ec._Profile_networkPolicy(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -12150,6 +12737,11 @@ func (ec *executionContext) _Sandbox(ctx context.Context, sel ast.SelectionSet, 
 			}
 		case "network":
 			out.Values[i] = ec._Sandbox_network(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "networkPolicy":
+			out.Values[i] = ec._Sandbox_networkPolicy(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -13186,12 +13778,54 @@ func (ec *executionContext) marshalNMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋm
 	return ec._MakeDirectoryPayload(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNNetworkMode2sandboxdᚋgraphᚋmodelᚐNetworkMode(ctx context.Context, v any) (model.NetworkMode, error) {
+	var res model.NetworkMode
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNNetworkMode2sandboxdᚋgraphᚋmodelᚐNetworkMode(ctx context.Context, sel ast.SelectionSet, v model.NetworkMode) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) marshalNNetworkPolicy2ᚖsandboxdᚋgraphᚋmodelᚐNetworkPolicy(ctx context.Context, sel ast.SelectionSet, v *model.NetworkPolicy) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "NetworkPolicy!")
+		return graphql.Null
+	}
+	return ec._NetworkPolicy(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx context.Context, sel ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "PageInfo!")
 		return graphql.Null
 	}
 	return ec._PageInfo(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNPinnedHost2ᚕᚖsandboxdᚋgraphᚋmodelᚐPinnedHostᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.PinnedHost) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNPinnedHost2ᚖsandboxdᚋgraphᚋmodelᚐPinnedHost(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNPinnedHost2ᚖsandboxdᚋgraphᚋmodelᚐPinnedHost(ctx context.Context, sel ast.SelectionSet, v *model.PinnedHost) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "PinnedHost!")
+		return graphql.Null
+	}
+	return ec._PinnedHost(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNProfile2ᚕᚖsandboxdᚋgraphᚋmodelᚐProfileᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Profile) graphql.Marshaler {
@@ -13764,6 +14398,14 @@ func (ec *executionContext) marshalOMap2map(ctx context.Context, sel ast.Selecti
 	return res
 }
 
+func (ec *executionContext) unmarshalONetworkPolicyInput2ᚖsandboxdᚋgraphᚋmodelᚐNetworkPolicyInput(ctx context.Context, v any) (*model.NetworkPolicyInput, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := ec.unmarshalInputNetworkPolicyInput(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
 func (ec *executionContext) marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx context.Context, sel ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -13793,6 +14435,41 @@ func (ec *executionContext) marshalOSandboxState2ᚖsandboxdᚋgraphᚋmodelᚐS
 		return graphql.Null
 	}
 	return v
+}
+
+func (ec *executionContext) unmarshalOString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
+	if v == nil {
+		return nil, nil
+	}
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]string, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNString2string(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalOString2ᚕstringᚄ(ctx context.Context, sel ast.SelectionSet, v []string) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNString2string(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) unmarshalOString2ᚖstring(ctx context.Context, v any) (*string, error) {

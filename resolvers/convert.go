@@ -95,7 +95,31 @@ func createRequest(in model.CreateSandboxInput) (sandbox.CreateRequest, error) {
 	if src := in.Source; src != nil {
 		req.Source = &sandbox.Source{SnapshotID: deref(src.SnapshotID), ArchiveURL: deref(src.ArchiveURL), GCSPrefix: deref(src.GcsPrefix)}
 	}
+	if n := in.Network; n != nil {
+		req.Network = &sandbox.NetworkRequest{Mode: strings.ToLower(string(n.Mode)), EgressAllow: n.EgressAllow, EgressDeny: n.EgressDeny}
+	}
 	return req, nil
+}
+
+// toNetworkPolicy converts a sandbox's or a profile's network policy; lists are never null.
+func toNetworkPolicy(p sandbox.NetworkPolicy) *model.NetworkPolicy {
+	out := &model.NetworkPolicy{Mode: model.NetworkMode(strings.ToUpper(p.Mode)), EgressAllow: nonNilStrings(p.EgressAllow),
+		EgressDeny: nonNilStrings(p.EgressDeny), AlwaysDeny: nonNilStrings(p.AlwaysDeny), DNSServers: nonNilStrings(p.DNSServers),
+		Pinned: []*model.PinnedHost{}}
+	if !out.Mode.IsValid() {
+		out.Mode = model.NetworkModeNone
+	}
+	for _, h := range p.Pinned {
+		out.Pinned = append(out.Pinned, &model.PinnedHost{Host: h.Host, Addresses: nonNilStrings(h.Addresses)})
+	}
+	return out
+}
+
+func nonNilStrings(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // execRequest converts exec's arguments; wait false (not null) detaches.
@@ -195,6 +219,7 @@ func toSandbox(s sandbox.Sandbox) *model.Sandbox {
 		LatestSnapshotID: optString(s.LatestSnapshotID),
 		Resources:        &model.Resources{MilliCPU: int(s.MilliCPU), MemoryMb: mib(s.MemoryBytes), DiskMb: mib(s.DiskBytes)},
 		Network:          s.Network,
+		NetworkPolicy:    toNetworkPolicy(s.NetworkPolicy),
 		Labels:           toLabels(s.Labels),
 	}
 }
@@ -276,7 +301,8 @@ func toProfiles(ps []sandbox.Profile) []*model.Profile {
 	out := make([]*model.Profile, len(ps))
 	for i, p := range ps {
 		out[i] = &model.Profile{Name: p.Name, Description: p.Description, MilliCPU: int(p.MilliCPU),
-			MemoryMb: mib(p.MemoryBytes), DiskMb: mib(p.DiskBytes), Network: p.Network, Default: p.Default}
+			MemoryMb: mib(p.MemoryBytes), DiskMb: mib(p.DiskBytes), Network: p.Network,
+			NetworkPolicy: toNetworkPolicy(p.NetworkPolicy), Default: p.Default}
 	}
 	return out
 }

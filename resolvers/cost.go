@@ -9,6 +9,7 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/netpolicy"
 )
 
 // The price of a GraphQL operation, computed from its document and variables after validation
@@ -225,6 +226,9 @@ func (b *costBudget) listSize(typeName, field string, args map[string]any) int64
 	case "Sandbox.labels":
 		// The most labels a sandbox may have (limits.max_labels).
 		return b.listDefaults[typeName+"."+field]
+	case "NetworkPolicy.pinned":
+		// One per host name an allow list may hold.
+		return netpolicy.MaxEntries
 	}
 	return 1
 }

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -69,6 +71,9 @@ type Config struct {
 	Profiles       []sandbox.ProfileConfig `json:"profiles"`
 	DefaultProfile string                  `json:"default_profile"`
 	Limits         *sandbox.Limits         `json:"limits"`
+	// Network holds what every egress policy shares (resolvers, always-denied ranges) and the
+	// local runtime's address range for sandboxes with egress.
+	Network NetworkConfig `json:"network"`
 	// Agents is the agent catalog (agent runs); the default has opencode. A config file's
 	// list replaces it.
 	Agents []sandbox.AgentConfig `json:"agents"`
@@ -348,6 +353,9 @@ func loadConfig(args []string, getenv func(string) string) (Config, error) {
 	if c.Agents == nil {
 		c.Agents = DefaultAgents()
 	}
+	if c.Network.DNSServers == nil {
+		c.Network.DNSServers = hostNameservers("/etc/resolv.conf")
+	}
 	for i := range c.Profiles {
 		if c.Profiles[i].Rootfs == "" && c.Profiles[i].Image == "" {
 			c.Profiles[i].Rootfs, c.Profiles[i].Image = c.Rootfs, c.Image
@@ -460,13 +468,43 @@ func (c *Config) keys() []auth.Key {
 	return keys
 }
 
+// NetworkConfig is the `network` section.
+type NetworkConfig struct {
+	sandbox.NetworkConfig
+	// LocalSubnet is the IPv4 range the local runtime gives sandboxes with egress a /30 of
+	// each from (default 10.213.0.0/16).
+	LocalSubnet string `json:"local_subnet"`
+}
+
+// hostNameservers are the IPv4 nameservers of the host's resolv.conf that a sandbox could
+// reach: none on loopback (a sandbox's own loopback is not the host's).
+func hostNameservers(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		a, err := netip.ParseAddr(f[1])
+		if err != nil || !a.Is4() || a.IsLoopback() || slices.Contains(out, a.String()) {
+			continue
+		}
+		out = append(out, a.String())
+	}
+	return out
+}
+
 // sandboxConfig is the domain's config: the server's settings and what the sections hand it.
 func (c *Config) sandboxConfig() sandbox.Config {
 	return sandbox.Config{Profiles: c.Profiles, DefaultProfile: c.DefaultProfile, Limits: *c.Limits,
 		LockTTL: time.Duration(c.LockTTLSec) * time.Second, ExecLease: c.Execs.FollowLease(),
 		MaxExecSubscriptions: c.MaxSubscriptions, KeepCheckpoints: c.Checkpoints.KeepLast,
 		MaxStreamsPerProject: c.MaxStreamsPerProject, MaxRunningExecs: c.Execs.MaxRunningPerSandbox,
-		SourcePrefixes: c.Sources.GCSPrefixes, Agents: c.Agents}
+		SourcePrefixes: c.Sources.GCSPrefixes, Agents: c.Agents, Network: c.Network.NetworkConfig}
 }
 
 // graphqlOptions are the GraphQL handler's options from the config: the graphql section's,

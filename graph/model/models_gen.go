@@ -72,6 +72,8 @@ type CreateSandboxInput struct {
 	Source *SandboxSourceInput `json:"source,omitempty"`
 	// Labels of the sandbox, each key at most once; at most the configured number (32 by default).
 	Labels []*LabelInput `json:"labels,omitempty"`
+	// Narrows the profile's network policy; null keeps it. Widening it (a mode, CIDR or host name the profile does not allow whole) is PERMISSION_DENIED.
+	Network *NetworkPolicyInput `json:"network,omitempty"`
 }
 
 // What destroySandbox did.
@@ -300,6 +302,37 @@ type MakeDirectoryPayload struct {
 type Mutation struct {
 }
 
+// A sandbox's network policy. A new outbound connection is decided by the most specific entry of
+// egressAllow, egressDeny and alwaysDeny holding its address (the longest prefix; deny wins a
+// tie); an address no entry holds is denied. So alwaysDeny (metadata, link-local, loopback,
+// private ranges) stays closed under an allow of 0.0.0.0/0, and opens only for an allow entry
+// inside it. DNS goes to dnsServers only. Only IPv4.
+type NetworkPolicy struct {
+	// NONE (only loopback) or EGRESS.
+	Mode NetworkMode `json:"mode"`
+	// Allowed IPv4 CIDRs and host names (a host name allows the addresses it was pinned to).
+	EgressAllow []string `json:"egressAllow"`
+	// Denied IPv4 CIDRs.
+	EgressDeny []string `json:"egressDeny"`
+	// Ranges denied unless an egressAllow entry inside them opens them.
+	AlwaysDeny []string `json:"alwaysDeny"`
+	// The only resolvers the sandbox may query (UDP and TCP port 53).
+	DNSServers []string `json:"dnsServers"`
+	// The addresses each host name of egressAllow resolved to at create, the only ones it allows (an address inside a denied range is left out).
+	Pinned []*PinnedHost `json:"pinned"`
+}
+
+// A create's narrowing of its profile's network policy: mode NONE always; EGRESS only on an
+// EGRESS profile, with egressAllow entries the profile allows whole (null: the profile's) and
+// egressDeny entries added to the profile's. At most 64 entries each.
+type NetworkPolicyInput struct {
+	Mode NetworkMode `json:"mode"`
+	// IPv4 CIDRs (an address alone is its /32) and host names the profile allows.
+	EgressAllow []string `json:"egressAllow,omitempty"`
+	// IPv4 CIDRs to deny besides the profile's.
+	EgressDeny []string `json:"egressDeny,omitempty"`
+}
+
 // Pagination state of a connection. Paging is forward only.
 type PageInfo struct {
 	// Whether another page follows.
@@ -310,6 +343,12 @@ type PageInfo struct {
 	StartCursor *string `json:"startCursor,omitempty"`
 	// Pass as after to get the next page; null on an empty last page. (A filtered page may hold fewer than first sandboxes, even none, and still have a next page.)
 	EndCursor *string `json:"endCursor,omitempty"`
+}
+
+// A host name of an egress allow list and the IPv4 addresses it was pinned to.
+type PinnedHost struct {
+	Host      string   `json:"host"`
+	Addresses []string `json:"addresses"`
 }
 
 // A kind of sandbox the caller may create.
@@ -324,8 +363,10 @@ type Profile struct {
 	MemoryMb int `json:"memoryMb"`
 	// Workspace size in MiB; 0 means no limit.
 	DiskMb int `json:"diskMb"`
-	// The network policy of its sandboxes.
+	// The network policy's mode of its sandboxes: "none" or "egress".
 	Network string `json:"network"`
+	// The network policy a create that does not narrow it gets (host names are resolved at create; pinned is empty here).
+	NetworkPolicy *NetworkPolicy `json:"networkPolicy"`
 	// Whether this profile is used when createSandbox names none.
 	Default bool `json:"default"`
 }
@@ -384,8 +425,10 @@ type Sandbox struct {
 	LatestSnapshotID *string `json:"latestSnapshotId,omitempty"`
 	// The compute and disk the sandbox may use.
 	Resources *Resources `json:"resources"`
-	// The network policy (e.g. "none").
+	// The network policy's mode: "none" or "egress" (networkPolicy has the rules).
 	Network string `json:"network"`
+	// The effective network policy: the profile's, narrowed by the create, with the host names it pinned.
+	NetworkPolicy *NetworkPolicy `json:"networkPolicy"`
 	// The caller's labels of the sandbox, sorted by key; empty when it has none. Each costs like an item of a list of the configured maximum (32 by default).
 	Labels []*Label `json:"labels"`
 }
@@ -1040,6 +1083,64 @@ func (e *FileType) UnmarshalJSON(b []byte) error {
 }
 
 func (e FileType) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// How a sandbox may use the network.
+type NetworkMode string
+
+const (
+	// Only the sandbox's own loopback.
+	NetworkModeNone NetworkMode = "NONE"
+	// Outbound connections its rules allow, to the configured resolvers for DNS; nothing inbound.
+	NetworkModeEgress NetworkMode = "EGRESS"
+)
+
+var AllNetworkMode = []NetworkMode{
+	NetworkModeNone,
+	NetworkModeEgress,
+}
+
+func (e NetworkMode) IsValid() bool {
+	switch e {
+	case NetworkModeNone, NetworkModeEgress:
+		return true
+	}
+	return false
+}
+
+func (e NetworkMode) String() string {
+	return string(e)
+}
+
+func (e *NetworkMode) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = NetworkMode(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid NetworkMode", str)
+	}
+	return nil
+}
+
+func (e NetworkMode) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *NetworkMode) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e NetworkMode) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

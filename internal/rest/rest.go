@@ -176,6 +176,59 @@ type createBody struct {
 	Env         map[string]string `json:"env"`
 	Source      *sourceBody       `json:"source"`
 	Labels      map[string]string `json:"labels"`
+	// Network narrows the profile's network policy: "none", or an object.
+	Network *networkBody `json:"network"`
+}
+
+// networkBody is a create's network: the string "none" (no network), or
+// {"mode": "none"|"egress", "egress_allow": [...], "egress_deny": [...]}.
+type networkBody struct {
+	Mode        string   `json:"mode"`
+	EgressAllow []string `json:"egress_allow"`
+	EgressDeny  []string `json:"egress_deny"`
+}
+
+func (n *networkBody) UnmarshalJSON(b []byte) error {
+	var mode string
+	if err := json.Unmarshal(b, &mode); err == nil {
+		*n = networkBody{Mode: mode}
+		return nil
+	}
+	type plain networkBody
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var p plain
+	if err := dec.Decode(&p); err != nil {
+		return fmt.Errorf("network must be \"none\" or an object of mode, egress_allow and egress_deny: %w", err)
+	}
+	*n = networkBody(p)
+	return nil
+}
+
+// networkPolicyOut is a sandbox's effective network policy.
+type networkPolicyOut struct {
+	Mode        string              `json:"mode"`
+	EgressAllow []string            `json:"egress_allow"`
+	EgressDeny  []string            `json:"egress_deny"`
+	AlwaysDeny  []string            `json:"always_deny"`
+	DNSServers  []string            `json:"dns_servers"`
+	Pinned      map[string][]string `json:"pinned"`
+}
+
+func networkPolicyJSON(p sandbox.NetworkPolicy) networkPolicyOut {
+	out := networkPolicyOut{Mode: p.Mode, EgressAllow: nonNil(p.EgressAllow), EgressDeny: nonNil(p.EgressDeny),
+		AlwaysDeny: nonNil(p.AlwaysDeny), DNSServers: nonNil(p.DNSServers), Pinned: map[string][]string{}}
+	for _, h := range p.Pinned {
+		out.Pinned[h.Host] = nonNil(h.Addresses)
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // sourceBody is where a new sandbox's workspace comes from: exactly one field.
@@ -189,6 +242,9 @@ func (b createBody) request() sandbox.CreateRequest {
 	req := sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env, Labels: b.Labels}
 	if b.Source != nil {
 		req.Source = &sandbox.Source{SnapshotID: b.Source.SnapshotID, ArchiveURL: b.Source.ArchiveURL, GCSPrefix: b.Source.GCSPrefix}
+	}
+	if b.Network != nil {
+		req.Network = &sandbox.NetworkRequest{Mode: b.Network.Mode, EgressAllow: b.Network.EgressAllow, EgressDeny: b.Network.EgressDeny}
 	}
 	return req
 }
@@ -389,6 +445,8 @@ type sandboxOut struct {
 	LatestSnapshotID string       `json:"latest_snapshot_id,omitempty"`
 	Resources        resourcesOut `json:"resources"`
 	Network          string       `json:"network"`
+	// NetworkPolicy is the effective policy Network names.
+	NetworkPolicy networkPolicyOut `json:"network_policy"`
 	// Labels is always an object ({} for none).
 	Labels map[string]string `json:"labels"`
 }
@@ -398,7 +456,7 @@ func sandboxJSON(sb sandbox.Sandbox) sandboxOut {
 		State: string(sb.State), StateReason: sb.StateReason, CreatedAt: sb.CreatedAt, StateChangedAt: sb.StateChangedAt,
 		AutostopSec: sb.AutostopSec, TTLSec: sb.TTLSec, LatestSnapshotID: sb.LatestSnapshotID,
 		Resources: resourcesOut{MilliCPU: sb.MilliCPU, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, Network: sb.Network,
-		Labels: sb.Labels}
+		NetworkPolicy: networkPolicyJSON(sb.NetworkPolicy), Labels: sb.Labels}
 	if out.Labels == nil {
 		out.Labels = map[string]string{}
 	}

@@ -17,12 +17,17 @@ type ProfileConfig struct {
 	// Rootfs is the read-only base root filesystem folder (local gVisor driver).
 	Rootfs string `json:"rootfs,omitempty"`
 	// Image is the container image (Kubernetes driver).
-	Image    string            `json:"image,omitempty"`
-	MilliCPU int64             `json:"milli_cpu,omitempty"`
-	MemoryMB int64             `json:"memory_mb,omitempty"`
-	DiskMB   int64             `json:"disk_mb,omitempty"`
-	Network  string            `json:"network,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
+	Image    string `json:"image,omitempty"`
+	MilliCPU int64  `json:"milli_cpu,omitempty"`
+	MemoryMB int64  `json:"memory_mb,omitempty"`
+	DiskMB   int64  `json:"disk_mb,omitempty"`
+	// Network is "none" (the default: only the box's own loopback) or "egress", with
+	// EgressAllow (IPv4 CIDRs and host names) and EgressDeny (CIDRs) deciding where a
+	// sandbox may connect (internal/netpolicy). A create may narrow it, never widen it.
+	Network     string            `json:"network,omitempty"`
+	EgressAllow []string          `json:"egress_allow,omitempty"`
+	EgressDeny  []string          `json:"egress_deny,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
 }
 
 // Limits bound everything a client controls.
@@ -93,6 +98,8 @@ type Config struct {
 	// DefaultProfile is used when a create names none.
 	DefaultProfile string `json:"default_profile"`
 	Limits         Limits `json:"limits"`
+	// Network is what every egress policy shares: resolvers and always-denied ranges.
+	Network NetworkConfig `json:"network"`
 	// LockTTL is the lease of a per-sandbox operation lock (renewed while held).
 	LockTTL time.Duration `json:"-"`
 	// ExecLease is the follower lease of an exec (renewed every third of it): how long a dead
@@ -131,9 +138,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("sandbox config: profile %q twice", p.Name)
 		}
 		seen[p.Name] = true
-		if p.Network != "" && p.Network != "none" {
-			return fmt.Errorf("sandbox config: profile %q: network %q is not supported (only none)", p.Name, p.Network)
-		}
+	}
+	if err := c.checkNetwork(); err != nil {
+		return err
 	}
 	if c.DefaultProfile == "" {
 		c.DefaultProfile = c.Profiles[0].Name

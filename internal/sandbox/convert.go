@@ -25,5 +25,5 @@ func toSandbox(rec runtime.Record) Sandbox {
 		State: State(rec.State), StateReason: rec.StateReason, CreatedAt: rec.CreatedAt, StateChangedAt: rec.StateChangedAt,
 		AutostopSec: rec.AutostopSec, TTLSec: rec.TTLSec, LatestSnapshotID: rec.LatestCheckpoint,
 		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network),
-		Labels: maps.Clone(rec.Labels)}
+		NetworkPolicy: policyOf(rec.Spec.Network, rec.Spec.NetworkPolicy), Labels: maps.Clone(rec.Labels)}
 }

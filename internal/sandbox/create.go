@@ -25,6 +25,10 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	if err != nil {
 		return Sandbox{}, err
 	}
+	mode, policy, err := s.networkFor(ctx, prof, req.Network)
+	if err != nil {
+		return Sandbox{}, err
+	}
 	env := map[string]string{}
 	for k, v := range prof.Env {
 		env[k] = v
@@ -49,7 +53,7 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	rec := runtime.Record{
 		ID: id, Tenant: p.Tenant, Project: p.Project,
 		Spec: runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
-			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: network(prof.Network), Env: env},
+			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: mode, NetworkPolicy: policy, Env: env},
 		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
 		CreatedAt: now, StateChangedAt: now, Labels: maps.Clone(req.Labels),
 	}

@@ -40,6 +40,10 @@ type Deps struct {
 	// Config.SourcePrefixes permits any. It may make its client lazily, on first use.
 	SourceObjects source.ObjectLister
 
+	// Resolve resolves host names of egress allow lists (default: NewResolver of
+	// Config.Network.DNSServers).
+	Resolve Resolver
+
 	Metrics *Metrics
 	Logger  *slog.Logger
 	// Now is the clock (time.Now when nil).
@@ -52,6 +56,7 @@ type Deps struct {
 type Service struct {
 	cfg      Config
 	profiles map[string]ProfileConfig
+	resolve  Resolver
 	driver   runtime.Driver
 	store    *store.Store
 	events   *events.Bus
@@ -103,6 +108,10 @@ func New(cfg Config, d Deps) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store, events: d.Events,
 		metrics: d.Metrics, log: d.Logger, now: d.Now, streams: fairshare.New(cfg.MaxStreamsPerProject)}
+	s.resolve = d.Resolve
+	if s.resolve == nil {
+		s.resolve = NewResolver(cfg.Network.DNSServers)
+	}
 	s.attachs = newAttachments(d.Driver, s.Observe)
 	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger}
 	s.ckpts = &checkpoints{store: d.Checkpoints, driver: d.Driver, attachs: s.attachs, metrics: d.Metrics, log: d.Logger,
@@ -139,7 +148,7 @@ func (s *Service) Profiles() []Profile {
 	for _, p := range s.cfg.Profiles {
 		out = append(out, Profile{Name: p.Name, Description: p.Description, MilliCPU: p.MilliCPU,
 			MemoryBytes: p.MemoryMB << 20, DiskBytes: p.DiskMB << 20, Network: network(p.Network),
-			Default: p.Name == s.cfg.DefaultProfile})
+			NetworkPolicy: s.profilePolicy(p), Default: p.Name == s.cfg.DefaultProfile})
 	}
 	return out
 }

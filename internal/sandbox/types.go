@@ -23,7 +23,9 @@ type Sandbox struct {
 	MilliCPU         int64
 	MemoryBytes      int64
 	DiskBytes        int64
-	Network          string
+	// Network is the mode of NetworkPolicy: "none" or "egress".
+	Network       string
+	NetworkPolicy NetworkPolicy
 	// Labels are the caller's labels (labels.go); nil when it has none.
 	Labels map[string]string
 }
@@ -41,6 +43,8 @@ type CreateRequest struct {
 	Source *Source
 	// Labels tag the sandbox (labels.go): at most Limits.MaxLabels, none reserved.
 	Labels map[string]string
+	// Network narrows the profile's network policy (nil: the profile's).
+	Network *NetworkRequest
 }
 
 // UpdateRequest changes an existing sandbox. Nil fields are left as they are; at least one
@@ -270,7 +274,9 @@ type Profile struct {
 	MemoryBytes int64
 	DiskBytes   int64
 	Network     string
-	Default     bool
+	// NetworkPolicy is the policy a create that does not narrow it gets (host names unresolved).
+	NetworkPolicy NetworkPolicy
+	Default       bool
 }
 
 // Event is a status change of a sandbox.

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"sandboxd/guest/proto"
+	"sandboxd/internal/netpolicy"
 	"sandboxd/runtime"
 )
 
@@ -71,6 +72,29 @@ type ociLinux struct {
 
 type ociNamespace struct {
 	Type string `json:"type"`
+	Path string `json:"path,omitempty"`
+}
+
+// boxNetwork is what a box with egress runs in: the network namespace the driver made and the
+// resolv.conf naming its policy's resolvers (network.go). Zero for a box without network.
+type boxNetwork struct {
+	netns      string
+	resolvConf string
+}
+
+// resolvConfFile is a box with egress's resolv.conf in its folder, mounted read-only over the
+// base's /etc/resolv.conf.
+const resolvConfFile = "resolv.conf"
+
+// resolvConf lists a policy's resolvers, the only ones the box may query.
+func resolvConf(p *runtime.NetworkPolicy) []byte {
+	var b strings.Builder
+	b.WriteString("# the sandbox's network policy allows DNS to these resolvers only\n")
+	for _, a := range netpolicy.DNSAddrs(p) {
+		b.WriteString("nameserver " + a.String() + "\n")
+	}
+	b.WriteString("options timeout:2 attempts:2\n")
+	return []byte(b.String())
 }
 
 type ociResources struct {
@@ -127,7 +151,7 @@ var initCaps = append(slices.Clone(dockerCaps), "CAP_SYS_ADMIN")
 // finds its channel key (proto.ChannelKeyFileEnv, deleted once read) and creates its host
 // socket (proto.HostSocketEnv); it then covers the folder with an empty read-only tmpfs, so no
 // command of the box ever reaches it.
-func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string) (*ociSpec, error) {
+func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string, nw boxNetwork) (*ociSpec, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
@@ -186,6 +210,14 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 			// the memory cgroup's OOM counter and which stale cgroup to remove.
 			CgroupsPath: cgroupPath(id),
 		},
+	}
+	for i := range oci.Linux.Namespaces {
+		if oci.Linux.Namespaces[i].Type == "network" {
+			oci.Linux.Namespaces[i].Path = nw.netns
+		}
+	}
+	if nw.resolvConf != "" {
+		oci.Mounts = append(oci.Mounts, ociMount{Destination: "/etc/resolv.conf", Type: "bind", Source: nw.resolvConf, Options: []string{"rbind", "ro"}})
 	}
 	if hostDir != "" {
 		// After /run/sbx's tmpfs, so the mount point is made in the tmpfs, never in the rootfs.
@@ -250,13 +282,16 @@ func validateSpec(spec runtime.BoxSpec) error {
 	return nil
 }
 
-// networkFlag maps a spec's network mode to runsc's --network value. Only "none" is supported
-// locally: "sandbox" needs a prepared network namespace and "host" would share the host's.
+// networkFlag maps a spec's network mode to runsc's --network value: "none", or for egress
+// "sandbox" in the namespace the driver prepared; never "host", which would share the host's.
 func networkFlag(spec runtime.BoxSpec) (string, error) {
 	switch spec.Network {
-	case "", "none":
+	case "", netpolicy.ModeNone:
 		return "none", nil
+	case netpolicy.ModeEgress:
+		// runsc's own network stack, in the namespace the driver made (network.go).
+		return "sandbox", nil
 	default:
-		return "", fmt.Errorf("gvisor: network mode %q is not supported by the local driver (only \"none\")", spec.Network)
+		return "", fmt.Errorf("gvisor: network mode %q is not supported by the local driver (none or egress)", spec.Network)
 	}
 }

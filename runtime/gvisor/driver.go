@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"sandboxd/guest/proto"
+	"sandboxd/internal/netpolicy"
 	"sandboxd/runtime"
 )
 
@@ -61,6 +62,9 @@ type Options struct {
 	DefaultDiskBytes int64
 	// Mkfs is the mkfs.ext4 binary; default: looked up in PATH and the sbin folders.
 	Mkfs string
+	// LocalSubnet is the IPv4 range boxes with egress get a /30 each from (default
+	// DefaultLocalSubnet).
+	LocalSubnet string
 }
 
 // Driver is the local gVisor runtime driver. It implements runtime.Driver.
@@ -73,6 +77,8 @@ type Driver struct {
 	// boxes is the boxes' folders and their records; disks their workspace disks.
 	boxes *boxStore
 	disks *disks
+	// net makes and removes the networks of boxes with egress.
+	net *netState
 
 	// spares holds, per box, the ready attach of its last create or start.
 	spares runtime.Spares
@@ -163,6 +169,14 @@ func New(opts Options) (*Driver, error) {
 		return nil, fmt.Errorf("gvisor: disk pool: %w", err)
 	}
 	d.disks = &disks{boxes: d.boxes, mkfs: opts.Mkfs, defaultBytes: opts.DefaultDiskBytes, log: d.log, pool: pool}
+	if d.net, err = newNetState(opts.StateDir, opts.LocalSubnet, d.log); err != nil {
+		return nil, err
+	}
+	// What a killed server left of boxes' networks: a box whose container is gone has none.
+	d.net.reconcile(context.Background(), func(ctx context.Context, id string) bool {
+		phase, _, err := d.observe(ctx, id)
+		return err == nil && phase == runtime.PhaseRunning
+	})
 	// An earlier server on this folder may have stopped (or died) with runsc's shared mount
 	// still there and no container left.
 	d.cleanSharedMounts()
@@ -174,6 +188,7 @@ func New(opts Options) (*Driver, error) {
 // (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
 	d.disks.pool.close()
+	d.net.removeTableIfIdle()
 	d.cleanSharedMounts()
 	return nil
 }
@@ -466,7 +481,17 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 	if err := os.Remove(d.boxes.boxPath(id, tamperedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("gvisor: %w", err)
 	}
-	oci, err := buildSpec(id, spec, d.disks.workspacePath(id), d.initDir, hostDir)
+	var nw boxNetwork
+	if spec.Network == netpolicy.ModeEgress {
+		if nw.netns, err = d.net.up(id, spec.NetworkPolicy); err != nil {
+			return err
+		}
+		nw.resolvConf = d.boxes.boxPath(id, resolvConfFile)
+		if err := os.WriteFile(nw.resolvConf, resolvConf(spec.NetworkPolicy), 0o644); err != nil {
+			return fmt.Errorf("gvisor: resolv.conf: %w", err)
+		}
+	}
+	oci, err := buildSpec(id, spec, d.disks.workspacePath(id), d.initDir, hostDir, nw)
 	if err != nil {
 		return err
 	}

@@ -406,7 +406,7 @@ func (d *Driver) destroyContainer(ctx context.Context, id string) error {
 	}
 	removeCgroups(cgroup)
 	d.cleanSharedMounts()
-	return nil
+	return d.net.down(id)
 }
 
 // removeCgroups removes a box's cgroup folders in every hierarchy where runsc left them (it
