@@ -7,7 +7,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 need_root
-apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs
+apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs iproute2
 
 export SANDBOXD_RUNSC; SANDBOXD_RUNSC=$(scripts/ensure-runsc.sh)
 export SANDBOXD_ROOTFS; SANDBOXD_ROOTFS=$(scripts/ensure-rootfs.sh sandboxes-default)

@@ -71,7 +71,7 @@ func Parse(mode string, allow, deny []string) (Spec, error) {
 		return Spec{}, apierror.New(apierror.InvalidArgument, "network mode %q: one of %q, %q", mode, ModeNone, ModeEgress)
 	}
 	if len(allow) > MaxEntries || len(deny) > MaxEntries {
-		return Spec{}, apierror.New(apierror.LimitExceeded, "at most %d entries each in egress_allow and egress_deny", MaxEntries)
+		return Spec{}, apierror.New(apierror.InvalidArgument, "at most %d entries each in egress_allow and egress_deny", MaxEntries)
 	}
 	out := Spec{Mode: ModeEgress}
 	for _, e := range allow {
@@ -224,7 +224,7 @@ func Narrow(profileName string, profile Spec, req *Spec, alwaysDeny []string) (S
 		out.Deny = appendNew(out.Deny, e)
 	}
 	if len(out.Deny) > 2*MaxEntries {
-		return Spec{}, apierror.New(apierror.LimitExceeded, "at most %d egress_deny entries with the profile's", 2*MaxEntries)
+		return Spec{}, apierror.New(apierror.InvalidArgument, "at most %d egress_deny entries with the profile's", 2*MaxEntries)
 	}
 	return out, nil
 }

@@ -36,7 +36,7 @@ func TestParse(t *testing.T) {
 		{"egress", []string{"1.2.3"}, nil, apierror.InvalidArgument},
 		{"egress", []string{""}, nil, apierror.InvalidArgument},
 		{"egress", nil, []string{"example.com"}, apierror.InvalidArgument},
-		{"egress", make([]string, MaxEntries+1), nil, apierror.LimitExceeded},
+		{"egress", make([]string, MaxEntries+1), nil, apierror.InvalidArgument},
 	}
 	for _, c := range bad {
 		if _, err := Parse(c.mode, c.allow, c.deny); apierror.CodeOf(err) != c.code {

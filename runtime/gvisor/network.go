@@ -174,11 +174,19 @@ func (n *netState) ensureTable(c *nftables.Conn) error {
 	if err != nil {
 		return err
 	}
+	if guard {
+		if _, err := c.ListTableOfFamily(guardTable.Name, guardTable.Family); err != nil {
+			guardRuleset(c)
+			if err := c.Flush(); err != nil {
+				return fmt.Errorf("gvisor: nftables table %s: %w", guardTable.Name, err)
+			}
+		}
+	}
 	if _, err := c.ListTableOfFamily(n.table.Name, n.table.Family); err == nil {
 		n.tableDone = true
 		return nil
 	}
-	baseRuleset(c, n.table, n.prefix, guard)
+	baseRuleset(c, n.table, n.prefix)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("gvisor: nftables table %s: %w", n.table.Name, err)
 	}

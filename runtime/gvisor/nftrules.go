@@ -114,9 +114,8 @@ func join(parts ...[]expr.Any) []expr.Any {
 }
 
 // baseRuleset adds the table, its base chains and their rules to the batch of c. prefix is the
-// interface name prefix of this driver's boxes; guardForward adds the rule that forwards
-// nothing but boxes' traffic (sandboxd turned forwarding on, so the host forwarded nothing).
-func baseRuleset(c *nftables.Conn, table *nftables.Table, prefix string, guardForward bool) {
+// interface name prefix of this driver's boxes.
+func baseRuleset(c *nftables.Conn, table *nftables.Table, prefix string) {
 	c.AddTable(table)
 	accept := nftables.ChainPolicyAccept
 	deny := c.AddChain(&nftables.Chain{Name: chainDeny, Table: table})
@@ -139,14 +138,26 @@ func baseRuleset(c *nftables.Conn, table *nftables.Table, prefix string, guardFo
 	c.AddRule(&nftables.Rule{Table: table, Chain: fwd, Exprs: join(metaOIF(prefix, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictDrop)})})
 	c.AddRule(&nftables.Rule{Table: table, Chain: fwd, Exprs: join(metaIIF(prefix, false), []expr.Any{jumpTo(chainBoxes)})})
 	c.AddRule(&nftables.Rule{Table: table, Chain: fwd, Exprs: join(metaIIF(prefix, false), []expr.Any{verdict(expr.VerdictDrop)})})
-	if guardForward {
-		c.AddRule(&nftables.Rule{Table: table, Chain: fwd, Exprs: join(
-			[]expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(ifPrefixAll)}},
-			metaOIF(ifPrefixAll, expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictDrop)})})
-	}
 	post := c.AddChain(&nftables.Chain{Name: chainPost, Table: table, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: table, Chain: post, Exprs: join(metaIIF(prefix, false), []expr.Any{&expr.Masq{}})})
+}
+
+// guardTable is the host-wide table that keeps the host from forwarding anything but boxes'
+// traffic once sandboxd turned forwarding on (it was off): made with the sysctl and, like it,
+// kept until the host restarts.
+var guardTable = &nftables.Table{Name: "sandboxd-forward-guard", Family: nftables.TableFamilyINet}
+
+// guardRuleset adds the guard table: forwarded traffic that neither comes from nor goes to a
+// box's interface is dropped.
+func guardRuleset(c *nftables.Conn) {
+	c.AddTable(guardTable)
+	accept := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Name: chainForward, Table: guardTable, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: guardTable, Chain: fwd, Exprs: join(
+		[]expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte(ifPrefixAll)}},
+		metaOIF(ifPrefixAll, expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictDrop)})})
 }
 
 func boxChainName(tag string) string { return "box-" + tag }

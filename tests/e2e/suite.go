@@ -50,6 +50,10 @@ type SuiteOptions struct {
 //
 //	os.Exit(e2e.RunSuite(m, e2e.SuiteOptions{Race: raceEnabled}))
 func RunSuite(m *testing.M, opts SuiteOptions) int {
+	if spec := os.Getenv(netHostEnv); spec != "" {
+		// This process is a test host's servers, inside its namespace (nethost.go).
+		return serveNetHost(spec)
+	}
 	suite.race = opts.Race
 	root, err := os.MkdirTemp("", "sandboxd-e2e-")
 	if err != nil {
