@@ -59,6 +59,9 @@ type Deps struct {
 	// SourceObjects lists and reads the objects of a source.gcs_prefix; it is required when
 	// Config.SourcePrefixes permits any. It may make its client lazily, on first use.
 	SourceObjects source.ObjectLister
+	// Resolve resolves the host names of egress allow lists (nil: through the configured
+	// resolvers).
+	Resolve sandbox.Resolver
 
 	Metrics *sandbox.Metrics
 	// ExecMetrics are exec's (sandboxd_exec_duration_seconds); nil: not registered.
@@ -72,7 +75,7 @@ type Deps struct {
 func New(cfg sandbox.Config, d Deps) (*Service, error) {
 	core, err := sandbox.New(cfg, sandbox.Deps{Driver: d.Driver, Store: d.Store, Events: d.Events,
 		Checkpoints: d.Checkpoints, Quota: d.Quota, Sources: d.Sources, SourceObjects: d.SourceObjects,
-		Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
+		Resolve: d.Resolve, Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err
 	}

@@ -137,13 +137,23 @@ func (s *Service) networkFor(ctx context.Context, prof ProfileConfig, req *Netwo
 			pinned = map[string][]string{}
 		}
 		for _, a := range addrs {
-			if a = a.Unmap(); a.Is4() && len(pinned[h]) < netpolicy.MaxPinned && !slices.Contains(pinned[h], a.String()) {
+			// An address the policy denies is left out: a name never opens what it closes.
+			if a = a.Unmap(); a.Is4() && !denied(spec.Deny, a) && !denied(s.cfg.Network.AlwaysDeny, a) &&
+				len(pinned[h]) < netpolicy.MaxPinned && !slices.Contains(pinned[h], a.String()) {
 				pinned[h] = append(pinned[h], a.String())
 			}
 		}
 		sort.Strings(pinned[h])
 	}
 	return netpolicy.ModeEgress, netpolicy.Effective(spec, s.cfg.Network.AlwaysDeny, s.cfg.Network.DNSServers, pinned), nil
+}
+
+// denied tells whether a CIDR of list holds a.
+func denied(list []string, a netip.Addr) bool {
+	return slices.ContainsFunc(list, func(e string) bool {
+		p, err := netip.ParsePrefix(e)
+		return err == nil && p.Contains(a)
+	})
 }
 
 // policyOf reports a box's effective policy.
