@@ -102,7 +102,7 @@ func TestNarrow(t *testing.T) {
 		}
 	}
 	widen := []Spec{
-		{Mode: ModeEgress, Allow: []string{"198.18.0.0/16"}},     // holds the profile's deny
+		{Mode: ModeEgress, Allow: []string{"198.18.0.0/16"}},      // holds the profile's deny
 		{Mode: ModeEgress, Allow: []string{"169.254.169.254/32"}}, // always denied
 		{Mode: ModeEgress, Allow: []string{"10.0.0.0/8"}},
 		{Mode: ModeEgress, Allow: []string{"example.com"}}, // a name the profile does not list
