@@ -63,6 +63,7 @@ type suite struct {
 var suites = []suite{
 	{"exec", benchExec},
 	{"create", benchCreate},
+	{"network", benchNetwork},
 	{"stopstart", benchStopStart},
 	{"stream", benchStream},
 	{"reads", benchReads},

@@ -214,6 +214,11 @@ func startServer(ctx context.Context, o *options, dir string) (*server, error) {
 	// the project's share are raised to hold them (and the warm-up's).
 	subs := max(1000, o.subs+100)
 	cfg := fmt.Sprintf("execs:\n  stream_max_bytes: 67108864\nmax_subscriptions: %d\nmax_streams_per_project: %d\n", subs, subs)
+	// The default profile as sandboxd defines it, and the same with egress (the network suite).
+	cfg += fmt.Sprintf("profiles:\n"+
+		"  - {name: %s, milli_cpu: 1000, memory_mb: 1024, disk_mb: 10240}\n"+
+		"  - {name: %s, milli_cpu: 1000, memory_mb: 1024, disk_mb: 10240, network: egress, egress_allow: [198.18.0.0/15]}\n",
+		benchProfile, benchEgressProfile)
 	cfgPath := filepath.Join(dir, "sandboxd.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
