@@ -196,6 +196,16 @@ func TestNetworkPolicyLocal(t *testing.T) {
 		}
 	})
 
+	t.Run("stop and start keep the policy", func(t *testing.T) {
+		srv.Curl(t, http.MethodPost, e2e.Prefix+"/"+listed.SandboxID+"/stop", nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+		if left := networkLeftovers(t, srv.State.Dir); slices.ContainsFunc(left, func(s string) bool { return strings.Contains(s, listed.SandboxID) }) {
+			t.Errorf("a stopped sandbox keeps its network: %v", left)
+		}
+		srv.Curl(t, http.MethodPost, e2e.Prefix+"/"+listed.SandboxID+"/start", nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+		wantProbes(t, "listed after a start", probe(t, srv, listed.SandboxID, A2+":80", A5+":80", "svc.sandboxd.test:80"),
+			map[string]string{A2 + ":80": "nethost " + A2, A5 + ":80": "denied", "svc.sandboxd.test:80": "nethost " + B2})
+	})
+
 	t.Run("no sandbox reaches another", func(t *testing.T) {
 		// open2 listens; its own address is the source of its connection to a test host.
 		ip := strings.TrimSpace(srv.Run(t, open2.SandboxID, []string{"python3", "-c",
