@@ -179,3 +179,25 @@ type Driver interface {
 type WorkspaceExporter interface {
 	ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error)
 }
+
+// Seed opens the workspace tar a seeded create or start extracts (a checkpoint, hashed as it is
+// read: an error from its reader fails the extraction before anything is installed).
+type Seed func(ctx context.Context) (io.ReadCloser, error)
+
+// WorkspaceSeeder is implemented by drivers that can fill a box's workspace from a tar before
+// its compute starts, on the host at disk speed, instead of through the running guest (the
+// local driver). The extraction follows the guest import's rules (guest/server.ImportTar).
+type WorkspaceSeeder interface {
+	// CreateSeeded is Create with the workspace extracted from seed before the box starts.
+	CreateSeeded(ctx context.Context, rec Record, seed Seed) error
+	// StartSeeded is Start; when the box's workspace is fresh (the runtime lost it), it is
+	// extracted from seed before the box starts, and fresh is false: nothing is left to restore.
+	StartSeeded(ctx context.Context, id string, seed Seed) (fresh bool, err error)
+}
+
+// SeedError is a seeded create's or start's failure to extract its seed: Err is the seed's
+// own error (a corrupt checkpoint) or the extraction's (*proto.Error of guest/proto).
+type SeedError struct{ Err error }
+
+func (e *SeedError) Error() string { return "extracting the workspace: " + e.Err.Error() }
+func (e *SeedError) Unwrap() error { return e.Err }

@@ -59,36 +59,73 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 
 	s.importMu.Lock()
 	defer s.importMu.Unlock()
-	root, err := os.OpenRoot(s.ws)
-	if err != nil {
-		writeError(w, fsError(err))
+	res, perr := importTar(s.ws, r.Body, opts)
+	if perr != nil {
+		if perr.Code == proto.ErrCodeInternal {
+			s.log.Error("guest: importing a workspace failed", "err", perr.Message)
+		}
+		writeError(w, perr)
 		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// ImportTarOptions are ImportTar's options.
+type ImportTarOptions struct {
+	// Replace removes the folder's old top-level entries before the new ones move in;
+	// otherwise the tar is merged over it.
+	Replace bool
+	// MaxBytes and MaxFiles bound the content (0: 10 GiB and 1,000,000 files).
+	MaxBytes, MaxFiles int64
+	// AllowExternalSymlinks keeps symlinks whose target lies outside the folder.
+	AllowExternalSymlinks bool
+}
+
+// ImportTar extracts a workspace tar into dir with the rules of the guest's import (a staging
+// folder inside dir, tarsafe's name and type rules, nothing written below or in the place of a
+// symlink, hard links to regular files only), and moves the staged entries into place only when
+// the whole stream was read without error. The local runtime extracts a new box's workspace on
+// the host with it, before the box starts. Errors are *proto.Error.
+func ImportTar(dir string, body io.Reader, o ImportTarOptions) (proto.ImportResult, error) {
+	opts := importOptions{replace: o.Replace, maxBytes: o.MaxBytes, maxFiles: o.MaxFiles, externalLinks: o.AllowExternalSymlinks}
+	if opts.maxBytes <= 0 {
+		opts.maxBytes = defaultImportMaxBytes
+	}
+	if opts.maxFiles <= 0 {
+		opts.maxFiles = defaultImportMaxFiles
+	}
+	res, perr := importTar(dir, body, opts)
+	if perr != nil {
+		return res, perr
+	}
+	return res, nil
+}
+
+// importTar stages, extracts and installs a tar into the folder ws.
+func importTar(ws string, body io.Reader, opts importOptions) (proto.ImportResult, *proto.Error) {
+	root, err := os.OpenRoot(ws)
+	if err != nil {
+		return proto.ImportResult{}, fsError(err)
 	}
 	defer root.Close()
 	staging := randName(importPrefix)
 	if err := root.Mkdir(staging, 0o700); err != nil {
-		writeError(w, fsError(err))
-		return
+		return proto.ImportResult{}, fsError(err)
 	}
 	defer func() { _ = root.RemoveAll(staging) }()
 	sroot, err := root.OpenRoot(staging)
 	if err != nil {
-		writeError(w, fsError(err))
-		return
+		return proto.ImportResult{}, fsError(err)
 	}
 	defer sroot.Close()
-
-	res, perr := s.extract(sroot, r.Body, opts)
+	res, perr := extract(ws, sroot, body, opts)
 	if perr != nil {
-		writeError(w, perr)
-		return
+		return res, perr
 	}
 	if err := install(root, staging, opts.replace); err != nil {
-		s.log.Error("guest: installing an imported workspace failed", "err", err)
-		writeError(w, errorf(proto.ErrCodeInternal, "installing the imported workspace: %v", err))
-		return
+		return res, errorf(proto.ErrCodeInternal, "installing the imported workspace: %v", err)
 	}
-	writeJSON(w, http.StatusOK, res)
+	return res, nil
 }
 
 // bodyReader counts the raw body and remembers a transport error, so that a body that broke
@@ -123,7 +160,8 @@ type dirMeta struct {
 }
 
 // extract unpacks the tar into sroot (the staging folder) with every check applied.
-func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (proto.ImportResult, *proto.Error) {
+// ws is the workspace's path (what an absolute symlink target may point into).
+func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (proto.ImportResult, *proto.Error) {
 	// Headers cost at least 512 bytes; allow generous room for them beyond the content.
 	rawMax := opts.maxBytes + min(opts.maxFiles, 1<<40)*4096 + 1<<20
 	if rawMax < 0 {
@@ -258,7 +296,7 @@ func (s *Server) extract(sroot *os.Root, body io.Reader, opts importOptions) (pr
 			if hdr.Linkname == "" {
 				return res, errorf(proto.ErrCodeInvalid, "symlink %q has no target", hdr.Name)
 			}
-			if !opts.externalLinks && s.linkEscapes(name, hdr.Linkname) {
+			if !opts.externalLinks && linkEscapes(ws, name, hdr.Linkname) {
 				return res, errorf(proto.ErrCodeInvalid, "symlink %q -> %q points outside the workspace", hdr.Name, hdr.Linkname)
 			}
 			if err := parent.Symlink(hdr.Linkname, base); err != nil {
@@ -356,12 +394,12 @@ func typeError(hdr *tar.Header) *proto.Error {
 // linkEscapes reports whether a symlink at name with this target resolves (lexically, from
 // the link's final place) outside the workspace: a relative target by tarsafe's rule, an
 // absolute one unless it lies under the workspace.
-func (s *Server) linkEscapes(name, target string) bool {
+func linkEscapes(ws, name, target string) bool {
 	if path.IsAbs(target) {
 		c := path.Clean(target)
 		_, in := underDir(c, proto.Workspace)
 		if !in {
-			_, in = underDir(c, s.ws)
+			_, in = underDir(c, ws)
 		}
 		return !in
 	}

@@ -99,7 +99,7 @@ func TestLinkEscapes(t *testing.T) {
 		{"a", "..", true},
 	}
 	for _, tt := range tests {
-		if got := s.linkEscapes(tt.name, tt.target); got != tt.want {
+		if got := linkEscapes(s.ws, tt.name, tt.target); got != tt.want {
 			t.Errorf("linkEscapes(%q, %q): got %v, want %v", tt.name, tt.target, got, tt.want)
 		}
 	}

@@ -334,15 +334,34 @@ func (b *bootstrapper) restoreSnapshot(ctx context.Context, rec runtime.Record, 
 		}
 	}
 	if err := b.ckpts.restore(ctx, rec.ID, sc, src); err != nil {
-		if proto.IsNoSpace(err) {
-			return apierror.Wrap(err, apierror.InvalidArgument,
-				"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
-				src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")
-		}
-		e := apierror.From(err)
-		return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
+		return b.snapshotError(rec, src, err)
 	}
 	return nil
+}
+
+// snapshotSeed is restoreSnapshot's check and the seed a runtime.WorkspaceSeeder extracts.
+func (b *bootstrapper) snapshotSeed(ctx context.Context, rec runtime.Record, src string) (runtime.Seed, checkpoint.Scope, error) {
+	sc, err := snapshotScope(rec.Tenant, rec.Project, src)
+	if err != nil {
+		return nil, sc, err
+	}
+	if m, err := b.ckpts.store.Get(ctx, sc, src); err == nil {
+		if err := snapshotFits(m, rec.Spec.DiskBytes); err != nil {
+			return nil, sc, err
+		}
+	}
+	return b.ckpts.seed(sc, src), sc, nil
+}
+
+// snapshotError words a failed restore of the source snapshot src for the create's caller.
+func (b *bootstrapper) snapshotError(rec runtime.Record, src string, err error) error {
+	if proto.IsNoSpace(err) {
+		return apierror.Wrap(err, apierror.InvalidArgument,
+			"source snapshot %s does not fit the sandbox's disk (%s): the disk filled up while it was restored; use a profile with a larger disk",
+			src, diskLabel(rec.Spec.DiskBytes)).WithDetail("field", "source.snapshot_id")
+	}
+	e := apierror.From(err)
+	return apierror.Wrap(err, e.Code, "source snapshot %s: %s", src, e.Message)
 }
 
 // snapshotManifest returns the manifest of snapshot id of the caller's tenant:project (another

@@ -97,18 +97,45 @@ func (c *checkpoints) restore(ctx context.Context, id string, sc checkpoint.Scop
 		return err
 	}
 	if _, err := g.ImportWorkspace(ctx, r, client.ImportOptions{Replace: true, AllowExternalSymlinks: true}); err != nil {
-		if errors.Is(err, checkpoint.ErrCorrupt) {
-			return c.corrupt(ctx, sc, snapID, err)
-		}
-		if proto.IsNoSpace(err) {
-			return apierror.Wrap(err, apierror.PayloadTooLarge,
-				"checkpoint %s does not fit the sandbox's disk: the disk filled up while it was restored", snapID).WithDetail("snapshot_id", snapID)
-		}
-		return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", snapID)
+		return c.restoreError(ctx, sc, snapID, err)
 	}
 	c.metrics.lifecycle("restore", "ok", c.now().Sub(start))
 	c.log.Info("workspace restored", "sandbox", id, "snapshot", snapID, "ms", c.now().Sub(start).Milliseconds())
 	return nil
+}
+
+// restoreError is the error of a restore of checkpoint snapID that failed with err (through
+// the guest, or on the host by a runtime.WorkspaceSeeder).
+func (c *checkpoints) restoreError(ctx context.Context, sc checkpoint.Scope, snapID string, err error) error {
+	switch {
+	case errors.Is(err, checkpoint.ErrCorrupt):
+		return c.corrupt(ctx, sc, snapID, err)
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return apierror.Wrap(err, apierror.Unavailable, "could not open checkpoint %s: it no longer exists", snapID)
+	case proto.IsNoSpace(err):
+		return apierror.Wrap(err, apierror.PayloadTooLarge,
+			"checkpoint %s does not fit the sandbox's disk: the disk filled up while it was restored", snapID).WithDetail("snapshot_id", snapID)
+	}
+	return apierror.Wrap(err, apierror.Unavailable, "could not restore checkpoint %s", snapID)
+}
+
+// seed opens checkpoint snapID for a runtime.WorkspaceSeeder, which extracts it on the host
+// before the box starts; the reader checks the hash as restore's does.
+func (c *checkpoints) seed(sc checkpoint.Scope, snapID string) runtime.Seed {
+	return func(ctx context.Context) (io.ReadCloser, error) {
+		r, _, err := c.store.Open(ctx, sc, snapID)
+		return r, err
+	}
+}
+
+// seeded reports, for a seeded create or start that failed with err, the restore error of its
+// seed, or nil when the failure was not the seed's.
+func (c *checkpoints) seeded(ctx context.Context, sc checkpoint.Scope, snapID string, err error) error {
+	var se *runtime.SeedError
+	if !errors.As(err, &se) {
+		return nil
+	}
+	return c.restoreError(ctx, sc, snapID, se.Err)
 }
 
 // corrupt is the error for a checkpoint whose data does not match its manifest: it

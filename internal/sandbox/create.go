@@ -73,11 +73,12 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	}
 	s.Touch(ctx, id)
 	s.publish(ctx, rec, "")
-	if err := s.driver.Create(ctx, rec); err != nil {
+	seeded, err := s.createBox(ctx, rec)
+	if err != nil {
 		s.abortCreate(ctx, rec, start)
-		return Sandbox{}, runtimeFailed(s.log, rec.ID, err, "could not create the sandbox: the runtime failed to start it")
+		return Sandbox{}, err
 	}
-	if src.key != "" {
+	if src.key != "" && !seeded {
 		// Fetched once, streamed into the workspace before the sandbox is RUNNING.
 		if err := s.boot.restore(ctx, rec); err != nil {
 			s.abortCreate(ctx, rec, start)
@@ -92,6 +93,33 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	s.log.Info("sandbox created", "sandbox", rec.ID, "tenant", p.Tenant, "project", p.Project, "profile", prof.Name,
 		"ms", s.now().Sub(start).Milliseconds())
 	return toSandbox(rec), nil
+}
+
+// createBox makes the box. A sandbox created from a snapshot on a runtime that can extract a
+// workspace before the box starts (runtime.WorkspaceSeeder) gets it so, at disk speed, and
+// seeded is true; otherwise the caller restores its source through the guest.
+func (s *Service) createBox(ctx context.Context, rec runtime.Record) (seeded bool, err error) {
+	seeder, ok := s.driver.(runtime.WorkspaceSeeder)
+	snap := sourceOf(rec)
+	if !ok || snap == "" || rec.Annotations[annSourceArchive] != "" || rec.Annotations[annSourceGCS] != "" {
+		if err := s.driver.Create(ctx, rec); err != nil {
+			return false, runtimeFailed(s.log, rec.ID, err, "could not create the sandbox: the runtime failed to start it")
+		}
+		return false, nil
+	}
+	seed, sc, err := s.boot.snapshotSeed(ctx, rec, snap)
+	if err != nil {
+		return false, err
+	}
+	t0 := s.now()
+	if err := seeder.CreateSeeded(ctx, rec, seed); err != nil {
+		if serr := s.ckpts.seeded(ctx, sc, snap, err); serr != nil {
+			return false, s.boot.snapshotError(rec, snap, serr)
+		}
+		return false, runtimeFailed(s.log, rec.ID, err, "could not create the sandbox: the runtime failed to start it")
+	}
+	s.metrics.lifecycle("restore", "ok", s.now().Sub(t0))
+	return true, nil
 }
 
 // abortCreate removes what a failed create made: the box, the lookup and the slot. A box

@@ -71,7 +71,17 @@ func (s *Service) Start(ctx context.Context, p auth.Principal, id string) (Sandb
 // startWork starts the box and restores its workspace when the runtime lost it.
 func (s *Service) startWork(ctx context.Context, rec runtime.Record) error {
 	s.attachs.drop(rec.ID)
-	fresh, err := s.driver.Start(ctx, rec.ID)
+	var fresh bool
+	var err error
+	if seeder, ok := s.driver.(runtime.WorkspaceSeeder); ok && rec.LatestCheckpoint != "" {
+		// A lost workspace is extracted by the runtime before the box starts, at disk speed.
+		fresh, err = seeder.StartSeeded(ctx, rec.ID, s.ckpts.seed(scopeOf(rec), rec.LatestCheckpoint))
+		if serr := s.ckpts.seeded(ctx, scopeOf(rec), rec.LatestCheckpoint, err); serr != nil {
+			return serr
+		}
+	} else {
+		fresh, err = s.driver.Start(ctx, rec.ID)
+	}
 	if err != nil {
 		return runtimeFailed(s.log, rec.ID, err, "could not start the sandbox's runtime")
 	}

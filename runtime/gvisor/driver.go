@@ -203,6 +203,12 @@ func (d *Driver) RootDir() string { return d.rootDir }
 // creates and starts the container and returns once the guest init answers. On failure it
 // leaves nothing behind.
 func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
+	return d.CreateSeeded(ctx, rec, nil)
+}
+
+// CreateSeeded implements runtime.WorkspaceSeeder: Create, with the workspace extracted from
+// seed (when not nil) on the host before the box starts.
+func (d *Driver) CreateSeeded(ctx context.Context, rec runtime.Record, seed runtime.Seed) (err error) {
 	id := rec.ID
 	if !ValidID(id) {
 		return fmt.Errorf("gvisor: invalid box id %q", id)
@@ -252,6 +258,11 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 	if _, err := d.disks.ensureDisk(ctx, id, rec.Spec); err != nil {
 		return err
 	}
+	if seed != nil {
+		if err := d.seed(ctx, id, rec.Spec, seed); err != nil {
+			return err
+		}
+	}
 	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
 		return err
 	}
@@ -279,6 +290,13 @@ func (d *Driver) checkPrefixes(id string) error {
 
 // Start implements runtime.Driver. A running box is left alone (fresh = false).
 func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
+	return d.StartSeeded(ctx, id, nil)
+}
+
+// StartSeeded implements runtime.WorkspaceSeeder: Start, and when the workspace is fresh and
+// seed is not nil, the workspace extracted from seed on the host before the box starts (fresh
+// is then false).
+func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) (fresh bool, err error) {
 	if err := checkID(id); err != nil {
 		return false, err
 	}
@@ -308,6 +326,16 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	seeded := false
+	if fresh && seed != nil {
+		if err := d.seed(ctx, id, rec.Spec, seed); err != nil {
+			if uerr := d.disks.unmountDisk(id); uerr != nil {
+				d.log.Error("cleanup after a failed seed", "box", id, "err", uerr)
+			}
+			return fresh, err
+		}
+		seeded = true
+	}
 	if err := d.startContainer(ctx, id, rec.Spec); err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
 		defer cancel()
@@ -321,8 +349,8 @@ func (d *Driver) Start(ctx context.Context, id string) (fresh bool, err error) {
 	if fresh {
 		d.disks.refillDiskPool(d.disks.diskBytes(rec.Spec)) // it may have taken the pool's image
 	}
-	d.log.Info("box started", "box", id, "fresh", fresh, "ms", time.Since(start).Milliseconds())
-	return fresh, nil
+	d.log.Info("box started", "box", id, "fresh", fresh, "seeded", seeded, "ms", time.Since(start).Milliseconds())
+	return fresh && !seeded, nil
 }
 
 // Stop implements runtime.Driver: kill and delete the container, unmount the disk, keep the
