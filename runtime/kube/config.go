@@ -27,6 +27,10 @@ type Config struct {
 	// UnschedulableTimeoutSec is how long a pod may stay unschedulable before a create or
 	// start fails with the scheduler's reason (default 30).
 	UnschedulableTimeoutSec int `json:"unschedulable_timeout_sec"`
+	// DNSPeer names the cluster DNS's pods (namespace, pod_labels), where an egress sandbox's
+	// DNS may go when its network policy names no resolver addresses (default kube-system,
+	// k8s-app: kube-dns).
+	DNSPeer DNSPeer `json:"dns_peer"`
 }
 
 // Validate reports the problems of c's own values. (That the kube runtime needs InitImage is
@@ -35,7 +39,7 @@ func (c Config) Validate() error {
 	if c.ReadyTimeoutSec < 0 || c.UnschedulableTimeoutSec < 0 {
 		return errors.New("kube: ready_timeout_sec and unschedulable_timeout_sec must not be negative")
 	}
-	return nil
+	return c.DNSPeer.Validate()
 }
 
 // Options are the driver's options from c, reaching the API server through rc.
@@ -48,6 +52,7 @@ func (c Config) Options(rc *rest.Config, log *slog.Logger) Options {
 		StorageClass:         c.StorageClass,
 		ReadyTimeout:         time.Duration(c.ReadyTimeoutSec) * time.Second,
 		UnschedulableTimeout: time.Duration(c.UnschedulableTimeoutSec) * time.Second,
+		DNSPeer:              c.DNSPeer,
 		Logger:               log,
 	}
 }

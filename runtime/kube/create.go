@@ -12,8 +12,9 @@ import (
 	"sandboxd/runtime"
 )
 
-// Create implements runtime.Driver: the PVC (with the record), then the pod; it returns once
-// the guest init answers an attach. On failure it deletes what it made.
+// Create implements runtime.Driver: the PVC (with the record), the NetworkPolicy (owned by the
+// PVC), then the pod; it returns once the guest init answers an attach. On failure it deletes
+// what it made.
 func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 	name, err := ObjectName(rec.ID)
 	if err != nil {
@@ -31,7 +32,8 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 		return err
 	}
 	start := time.Now()
-	if _, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
+	created, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Create(ctx, pvc, metav1.CreateOptions{})
+	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("kube: box %s: %w", rec.ID, runtime.ErrExists)
 		}
@@ -46,6 +48,10 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 			}
 		}
 	}()
+	// The policy before the pod: the pod never runs under another.
+	if err := d.ensureNetworkPolicy(ctx, name, rec, created); err != nil {
+		return err
+	}
 	if err := d.runPod(ctx, rec.ID, name, pod); err != nil {
 		return err
 	}

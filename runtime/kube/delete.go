@@ -11,8 +11,9 @@ import (
 	"sandboxd/runtime"
 )
 
-// Delete implements runtime.Driver: the pod (at once) and the PVC. It returns once the watch
-// shows the PVC gone or terminating (Get and List then no longer see the box).
+// Delete implements runtime.Driver: the pod (at once), its NetworkPolicy and the PVC. It
+// returns once the watch shows the PVC gone or terminating (Get and List then no longer see
+// the box).
 func (d *Driver) Delete(ctx context.Context, id string) error {
 	name, err := ObjectName(id)
 	if err != nil {
@@ -26,6 +27,11 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	err = d.cs.CoreV1().Pods(d.opts.Namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("kube: delete pod %s: %w", name, err)
+	}
+	// The PVC owns the policy (the garbage collector would delete it too); deleted here so
+	// that nothing of the box is left once Delete returns.
+	if err := d.deleteNetworkPolicy(ctx, name); err != nil {
+		return err
 	}
 	err = d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {

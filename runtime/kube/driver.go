@@ -56,6 +56,9 @@ type Options struct {
 	// gives up with the scheduler's reason; default 30 s (a cluster autoscaler may add a node
 	// meanwhile).
 	UnschedulableTimeout time.Duration
+	// DNSPeer is where an egress sandbox's DNS queries may go when its network policy names
+	// no resolver addresses; its empty fields take kube-system and k8s-app=kube-dns.
+	DNSPeer DNSPeer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -108,6 +111,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if err := opts.DNSPeer.Validate(); err != nil {
+		return nil, err
+	}
 	cfg := rest.CopyConfig(opts.Config)
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "sandboxd"
@@ -129,6 +135,7 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 			initImage:    opts.InitImage,
 			runtimeClass: opts.RuntimeClass,
 			storageClass: opts.StorageClass,
+			dnsPeer:      opts.DNSPeer.withDefaults(),
 		},
 		cs:      cs,
 		log:     opts.Logger.With("driver", "kube"),
@@ -191,6 +198,12 @@ func (d *Driver) Check(ctx context.Context) error {
 	_, err := d.cs.CoreV1().Pods(d.opts.Namespace).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: LabelManagedBy + "=" + managedBy})
 	if err != nil {
 		return fmt.Errorf("kube: list pods in %s: %w", d.opts.Namespace, err)
+	}
+	// Every create and start writes the box's NetworkPolicy first: a Role without it would
+	// fail them all.
+	_, err = d.cs.NetworkingV1().NetworkPolicies(d.opts.Namespace).List(ctx, metav1.ListOptions{Limit: 1, LabelSelector: LabelManagedBy + "=" + managedBy})
+	if err != nil {
+		return fmt.Errorf("kube: list NetworkPolicies in %s: %w", d.opts.Namespace, err)
 	}
 	return nil
 }

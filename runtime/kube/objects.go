@@ -284,6 +284,8 @@ type podSettings struct {
 	initImage    string
 	runtimeClass string
 	storageClass string
+	// dnsPeer is where an egress box's DNS may go when its policy names no resolver.
+	dnsPeer DNSPeer
 }
 
 // fenceOf is the fence a box's PVC records (0: none, or one that does not parse, which any
@@ -408,6 +410,11 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 				{Name: runVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
 			},
 		},
+	}
+	if dns := podDNS(spec); dns != nil {
+		// The policy allows DNS to its own resolvers only: the pod asks those, not the
+		// cluster DNS.
+		pod.Spec.DNSPolicy, pod.Spec.DNSConfig = corev1.DNSNone, dns
 	}
 	return pod, nil
 }

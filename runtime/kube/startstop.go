@@ -8,8 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Start implements runtime.Driver: a new pod on the kept PVC. fresh is always false: the
-// workspace is the PVC, which lives as long as the box.
+// Start implements runtime.Driver: the box's NetworkPolicy made what its record says, then a
+// new pod on the kept PVC. fresh is always false: the workspace is the PVC, which lives as
+// long as the box.
 func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 	name, err := ObjectName(id)
 	if err != nil {
@@ -25,6 +26,11 @@ func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 	rec, err := decodeRecord(pvc.Labels, pvc.Annotations)
 	if err != nil {
 		return false, fmt.Errorf("kube: box %s: %w", id, err)
+	}
+	// The policy before any pod, and also under a pod that runs already (made before this
+	// sandboxd wrote policies, or its policy deleted behind our back).
+	if err := d.ensureNetworkPolicy(ctx, name, rec, pvc); err != nil {
+		return false, err
 	}
 	if pod, err := d.pods.Get(name); err == nil {
 		_, keyErr := podChannelKey(pod)
