@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -21,6 +22,8 @@ import (
 
 	"sandboxd/guest/proto"
 	"sandboxd/internal/kubetest"
+	"sandboxd/runtime"
+	"sandboxd/runtime/kube"
 	"sandboxd/runtime/runtimetest"
 )
 
@@ -54,7 +57,14 @@ func BenchmarkAttachExec(b *testing.B) {
 	}
 }
 
-func BenchmarkCreateToFirstExec(b *testing.B) {
+func BenchmarkCreateToFirstExec(b *testing.B) { createToFirstExec(b, spec) }
+
+// BenchmarkCreateToFirstExecEgress is the same with an egress policy: the sandbox's
+// NetworkPolicy, written before the pod either way, carries ipBlocks and the DNS rule instead of
+// no rule. (The test node enforces no policy: this is the control plane's cost alone.)
+func BenchmarkCreateToFirstExecEgress(b *testing.B) { createToFirstExec(b, egressSpec) }
+
+func createToFirstExec(b *testing.B, spec runtime.BoxSpec) {
 	c := kubetest.Require(b)
 	cfg, _ := c.Gateway(b)
 	d := newDriver(b, cfg)
@@ -157,5 +167,30 @@ func bareExec(b *testing.B, cfg *rest.Config, cs kubernetes.Interface, pod strin
 	var out bytes.Buffer
 	if err := ex.StreamWithContext(benchCtx(b), remotecommand.StreamOptions{Stdout: &out, Stderr: &out}); err != nil {
 		b.Fatalf("exec %v: %v (%s)", argv, err, out.String())
+	}
+}
+
+// BenchmarkNetworkPolicyWrite is what a create adds for its sandbox's NetworkPolicy: one
+// create of the egress policy through the API server (deleted again off the clock).
+func BenchmarkNetworkPolicyWrite(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = 200, 400 // the driver's (client-go's default of 5/s would be the measure)
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{UID: "00000000-0000-0000-0000-000000000002"}}
+	for b.Loop() {
+		rec := runtimetest.NewRecord(egressSpec)
+		pvc.Name, _ = kube.ObjectName(rec.ID)
+		np := kube.RenderNetworkPolicy(kubetest.Namespace, rec, pvc)
+		if _, err := cs.NetworkingV1().NetworkPolicies(kubetest.Namespace).Create(benchCtx(b), np, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		// (The garbage collector may have deleted it already: its owner does not exist.)
+		if err := cs.NetworkingV1().NetworkPolicies(kubetest.Namespace).Delete(benchCtx(b), np.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			b.Fatal(err)
+		}
+		b.StartTimer()
 	}
 }

@@ -49,7 +49,7 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 		}
 	}()
 	// The policy before the pod: the pod never runs under another.
-	if err := d.ensureNetworkPolicy(ctx, name, rec, created); err != nil {
+	if err := d.ensureNetworkPolicy(ctx, name, rec, created, true); err != nil {
 		return err
 	}
 	if err := d.runPod(ctx, rec.ID, name, pod); err != nil {

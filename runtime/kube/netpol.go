@@ -186,10 +186,20 @@ func podDNS(spec runtime.BoxSpec) *corev1.PodDNSConfig {
 // ensureNetworkPolicy makes box rec's NetworkPolicy what its record says: created, or updated
 // on the resourceVersion it was read with (again on a conflict) when its spec, labels or owner
 // differ. It runs before every pod of the box is created, so a pod never runs under a policy
-// older than its record; an error fails the create or start before the pod exists.
-func (d *Driver) ensureNetworkPolicy(ctx context.Context, name string, rec runtime.Record, pvc *corev1.PersistentVolumeClaim) error {
+// older than its record; an error fails the create or start before the pod exists. fresh (a
+// box just created) tries the create first: there is no policy to read yet.
+func (d *Driver) ensureNetworkPolicy(ctx context.Context, name string, rec runtime.Record, pvc *corev1.PersistentVolumeClaim, fresh bool) error {
 	want := d.set.newNetworkPolicy(name, rec, pvc)
 	api := d.cs.NetworkingV1().NetworkPolicies(d.opts.Namespace)
+	if fresh {
+		_, err := api.Create(ctx, want, metav1.CreateOptions{})
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("kube: create NetworkPolicy %s: %w", name, err)
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		cur, err := api.Get(ctx, name, metav1.GetOptions{})
 		switch {

@@ -5,18 +5,22 @@ import (
 	"net/netip"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/kubetest"
@@ -384,4 +388,78 @@ func TestDeployRendersDefaultDeny(t *testing.T) {
 			kube.CheckDefaultDeny(t, strings.NewReader(out))
 		})
 	}
+}
+
+// TestCheckNeedsNetworkPolicies: an identity whose Role has everything but NetworkPolicies (a
+// gateway upgraded before its Role) fails the driver's check, naming them, instead of failing
+// every create later.
+func TestCheckNeedsNetworkPolicies(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	cs := c.Clientset(t)
+	const account = "sandbox-gateway-without-netpol"
+	role, err := cs.RbacV1().Roles(kubetest.Namespace).Get(ctx(t), kubetest.GatewayAccount, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []rbacv1.PolicyRule
+	for _, r := range role.Rules {
+		if !slices.Contains(r.Resources, "networkpolicies") {
+			rules = append(rules, r)
+		}
+	}
+	if len(rules) == len(role.Rules) {
+		t.Fatal("deploy/base's Role has no networkpolicies rule")
+	}
+	objs := []struct {
+		create func() error
+		del    func() error
+	}{
+		{func() error {
+			_, err := cs.CoreV1().ServiceAccounts(kubetest.GatewayNamespace).Create(ctx(t), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: account}}, metav1.CreateOptions{})
+			return err
+		}, func() error {
+			return cs.CoreV1().ServiceAccounts(kubetest.GatewayNamespace).Delete(ctx(t), account, metav1.DeleteOptions{})
+		}},
+		{func() error {
+			_, err := cs.RbacV1().Roles(kubetest.Namespace).Create(ctx(t), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: account}, Rules: rules}, metav1.CreateOptions{})
+			return err
+		}, func() error {
+			return cs.RbacV1().Roles(kubetest.Namespace).Delete(ctx(t), account, metav1.DeleteOptions{})
+		}},
+		{func() error {
+			_, err := cs.RbacV1().RoleBindings(kubetest.Namespace).Create(ctx(t), &rbacv1.RoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: account},
+				RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: account},
+				Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: account, Namespace: kubetest.GatewayNamespace}},
+			}, metav1.CreateOptions{})
+			return err
+		}, func() error {
+			return cs.RbacV1().RoleBindings(kubetest.Namespace).Delete(ctx(t), account, metav1.DeleteOptions{})
+		}},
+	}
+	for _, o := range objs {
+		if err := o.create(); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = o.del() })
+	}
+	secs := int64(600)
+	tok, err := cs.CoreV1().ServiceAccounts(kubetest.GatewayNamespace).CreateToken(ctx(t), account,
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited := rest.CopyConfig(cfg)
+	limited.BearerToken = tok.Status.Token
+	d, err := kube.New(ctx(t), kube.Options{Config: limited, InitImage: kubetest.InitImage})
+	if err != nil {
+		t.Fatalf("kube.New: %v (the pod and PVC watches need no NetworkPolicy permission)", err)
+	}
+	defer d.Close()
+	checkErr := d.Check(ctx(t))
+	if checkErr == nil || !strings.Contains(checkErr.Error(), "NetworkPolicies") || !apierrors.IsForbidden(errors.Unwrap(checkErr)) {
+		t.Fatalf("Check without NetworkPolicy permissions: %v, want a forbidden list of NetworkPolicies", checkErr)
+	}
+	t.Logf("Check: %v", checkErr)
 }

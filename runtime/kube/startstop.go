@@ -29,7 +29,7 @@ func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 	}
 	// The policy before any pod, and also under a pod that runs already (made before this
 	// sandboxd wrote policies, or its policy deleted behind our back).
-	if err := d.ensureNetworkPolicy(ctx, name, rec, pvc); err != nil {
+	if err := d.ensureNetworkPolicy(ctx, name, rec, pvc, false); err != nil {
 		return false, err
 	}
 	if pod, err := d.pods.Get(name); err == nil {
