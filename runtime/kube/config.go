@@ -27,9 +27,9 @@ type Config struct {
 	// UnschedulableTimeoutSec is how long a pod may stay unschedulable before a create or
 	// start fails with the scheduler's reason (default 30).
 	UnschedulableTimeoutSec int `json:"unschedulable_timeout_sec"`
-	// DNSPeer names the cluster DNS's pods (namespace, pod_labels), where an egress sandbox's
-	// DNS may go when its network policy names no resolver addresses (default kube-system,
-	// k8s-app: kube-dns).
+	// DNSPeer names the cluster DNS's pods (namespace, pod_labels; default kube-system,
+	// k8s-app: kube-dns), where an egress sandbox's DNS may go besides network.dns_servers'
+	// addresses; disabled: true leaves them out.
 	DNSPeer DNSPeer `json:"dns_peer"`
 }
 

@@ -56,8 +56,8 @@ type Options struct {
 	// gives up with the scheduler's reason; default 30 s (a cluster autoscaler may add a node
 	// meanwhile).
 	UnschedulableTimeout time.Duration
-	// DNSPeer is where an egress sandbox's DNS queries may go when its network policy names
-	// no resolver addresses; its empty fields take kube-system and k8s-app=kube-dns.
+	// DNSPeer is the cluster DNS's pods, where an egress sandbox's DNS queries may go besides
+	// its policy's resolver addresses; its empty fields take kube-system and k8s-app=kube-dns.
 	DNSPeer DNSPeer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger

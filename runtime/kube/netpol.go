@@ -32,21 +32,27 @@ import (
 //   - egress: one rule to the ipBlocks of netpolicy.IPBlocks (every allowed CIDR with the denied
 //     ranges inside it as exceptions: the union decides every address as the local runtime's
 //     nftables rules do), all ports; and one rule to the resolvers on UDP and TCP 53: the
-//     policy's DNS addresses as /32 ipBlocks when it names any, else the configured DNS peer
-//     (kube-dns's pods, which a policy must name by pod labels: most CNIs apply policies
-//     after a Service's ClusterIP was translated to a pod's address).
+//     policy's DNS addresses as /32 ipBlocks, and the configured DNS peer, the cluster DNS's
+//     pods (unless the peer is disabled). The peer is needed because the resolver a
+//     gateway in a cluster finds in its resolv.conf (the domain's default) is the cluster
+//     DNS's Service address, and most CNIs apply policies after that address was translated
+//     to a pod's: an ipBlock of the Service address alone would match nothing.
 //
 // NetworkPolicy is allow-only: it cannot say "all ports but 53", so an allowed CIDR allows its
 // port 53 too. The namespace's default deny (deploy/base) closes everything these policies do
 // not open, so a pod whose policy is missing has no network at all: it fails closed.
 
-// DNSPeer names the pods a box's DNS queries may go to when its policy names no resolver
-// addresses: the cluster DNS's pods, by their namespace and labels.
+// DNSPeer names the cluster DNS's pods, by their namespace and labels: an egress box's DNS
+// queries may go to them besides the policy's resolver addresses (which, on a cluster, are
+// usually their Service's address).
 type DNSPeer struct {
 	// Namespace is the DNS pods' namespace (default kube-system).
 	Namespace string `json:"namespace"`
 	// PodLabels select the DNS pods (default k8s-app: kube-dns).
 	PodLabels map[string]string `json:"pod_labels"`
+	// Disabled leaves the peer out: DNS goes to the policy's resolver addresses only (for
+	// resolvers outside the cluster, which then never answer cluster names).
+	Disabled bool `json:"disabled"`
 }
 
 // The cluster DNS of kubeadm, GKE, EKS and kind.
@@ -73,6 +79,9 @@ func (p DNSPeer) withDefaults() DNSPeer {
 
 // Validate checks a configured peer: a namespace name and a few valid labels.
 func (p DNSPeer) Validate() error {
+	if p.Disabled && (p.Namespace != "" || len(p.PodLabels) > 0) {
+		return fmt.Errorf("kube.dns_peer: disabled, and yet a namespace or pod_labels: say one")
+	}
 	if p.Namespace != "" {
 		if errs := validation.IsDNS1123Label(p.Namespace); len(errs) > 0 {
 			return fmt.Errorf("kube.dns_peer.namespace %q: %v", p.Namespace, errs)
@@ -153,12 +162,14 @@ func (s podSettings) egressRules(p *runtime.NetworkPolicy) []networkingv1.Networ
 	for _, a := range netpolicy.DNSAddrs(p) {
 		dns = append(dns, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: a.String() + "/32"}})
 	}
-	if len(dns) == 0 {
-		peer := s.dnsPeer.withDefaults()
-		dns = []networkingv1.NetworkPolicyPeer{{
+	if peer := s.dnsPeer.withDefaults(); !peer.Disabled {
+		dns = append(dns, networkingv1.NetworkPolicyPeer{
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: peer.Namespace}},
 			PodSelector:       &metav1.LabelSelector{MatchLabels: maps.Clone(peer.PodLabels)},
-		}}
+		})
+	}
+	if len(dns) == 0 {
+		return rules // no resolver: no DNS
 	}
 	udp, tcp, port := corev1.ProtocolUDP, corev1.ProtocolTCP, intstr.FromInt32(53)
 	rules = append(rules, networkingv1.NetworkPolicyEgressRule{
@@ -169,8 +180,8 @@ func (s podSettings) egressRules(p *runtime.NetworkPolicy) []networkingv1.Networ
 }
 
 // podDNS is the DNS setting of an egress box's pod whose policy names its resolvers: those
-// (Kubernetes takes at most three), instead of the cluster DNS the policy does not allow. nil
-// keeps the pod's default (the cluster DNS, which the DNS peer allows).
+// (Kubernetes takes at most three), and no cluster search domains. nil keeps the pod's
+// default (the cluster DNS, which the DNS peer allows).
 func podDNS(spec runtime.BoxSpec) *corev1.PodDNSConfig {
 	addrs := netpolicy.DNSAddrs(egressPolicy(spec))
 	if len(addrs) == 0 {

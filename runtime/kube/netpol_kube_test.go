@@ -179,7 +179,7 @@ func TestNetworkPolicyObjects(t *testing.T) {
 	}
 
 	// A policy naming its resolvers: the pod asks them (dnsPolicy None), which the API server
-	// accepts and the node runs, and the DNS rule is their /32 blocks.
+	// accepts and the node runs, and the DNS rule is their /32 blocks and the DNS peer.
 	dnsSpec := egressSpec
 	dnsSpec.NetworkPolicy = &runtime.NetworkPolicy{Mode: "egress", Allow: []string{"198.51.100.0/24"},
 		AlwaysDeny: netpolicy.DefaultAlwaysDeny, DNS: []string{"192.0.2.53"}}
@@ -193,8 +193,9 @@ func TestNetworkPolicyObjects(t *testing.T) {
 		dpod.Spec.DNSConfig.Nameservers[0] != "192.0.2.53" {
 		t.Errorf("the pod's DNS: %q %+v, want None with 192.0.2.53", dpod.Spec.DNSPolicy, dpod.Spec.DNSConfig)
 	}
-	if dnp := mustPolicy(t, cs, withDNS); len(dnp.Spec.Egress) != 2 || len(dnp.Spec.Egress[1].To) != 1 ||
-		dnp.Spec.Egress[1].To[0].IPBlock == nil || dnp.Spec.Egress[1].To[0].IPBlock.CIDR != "192.0.2.53/32" {
+	if dnp := mustPolicy(t, cs, withDNS); len(dnp.Spec.Egress) != 2 || len(dnp.Spec.Egress[1].To) != 2 ||
+		dnp.Spec.Egress[1].To[0].IPBlock == nil || dnp.Spec.Egress[1].To[0].IPBlock.CIDR != "192.0.2.53/32" ||
+		dnp.Spec.Egress[1].To[1].PodSelector == nil {
 		t.Errorf("the policy naming a resolver:\n%s", specYAML(t, dnp.Spec))
 	}
 

@@ -257,16 +257,22 @@ func TestNetworkPolicyMoreSpecificAllowWins(t *testing.T) {
 	}
 }
 
-// TestNetworkPolicyDNS: resolvers named by the policy are /32 blocks on 53 only, and the pod
-// asks them (dnsPolicy None, at most three, Kubernetes' bound); otherwise the DNS peer, the
-// configured one when set.
+// TestNetworkPolicyDNS: resolvers named by the policy are /32 blocks on 53 only, next to the
+// cluster DNS's pods (the Service address a gateway finds in its resolv.conf leads there, and
+// most CNIs see the translated address), and the pod asks them (dnsPolicy None, at most
+// three, Kubernetes' bound). A configured peer replaces the default; a disabled one leaves the
+// addresses alone, and with no address either, no DNS rule at all.
 func TestNetworkPolicyDNS(t *testing.T) {
 	rec := egressRecord(runtime.NetworkPolicy{Allow: []string{"198.51.100.0/24"}, AlwaysDeny: netpolicy.DefaultAlwaysDeny,
 		DNS: []string{"10.0.0.53", "192.0.2.53", "198.18.0.53", "203.0.113.53", "::1", "bad"}})
 	np := render(rec)
 	checkShape(t, np, rec)
 	sameBlocks(t, "the DNS rule", blocks(np, 1), []networkingv1.IPBlock{
-		{CIDR: "10.0.0.53/32"}, {CIDR: "192.0.2.53/32"}, {CIDR: "198.18.0.53/32"}, {CIDR: "203.0.113.53/32"}})
+		{CIDR: "10.0.0.53/32"}, {CIDR: "192.0.2.53/32"}, {CIDR: "198.18.0.53/32"}, {CIDR: "203.0.113.53/32"}, {CIDR: "<selector>"}})
+	if peer := np.Spec.Egress[1].To[4]; peer.NamespaceSelector.MatchLabels[corev1.LabelMetadataName] != "kube-system" ||
+		peer.PodSelector.MatchLabels["k8s-app"] != "kube-dns" {
+		t.Errorf("DNS peer %+v, want kube-system's k8s-app=kube-dns pods", peer)
+	}
 	for addr, want := range map[string]bool{"10.0.0.53": true, "203.0.113.53": true, "10.96.0.10": false, "1.1.1.1": false, "198.51.100.9": true} {
 		if got := npAllows(np, netip.MustParseAddr(addr), corev1.ProtocolUDP, 53); got != want {
 			t.Errorf("%s udp/53 allowed = %v, want %v", addr, got, want)
@@ -281,16 +287,18 @@ func TestNetworkPolicyDNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	if pod.Spec.DNSPolicy != corev1.DNSNone || pod.Spec.DNSConfig == nil ||
-		!slices.Equal(pod.Spec.DNSConfig.Nameservers, []string{"10.0.0.53", "192.0.2.53", "198.18.0.53"}) {
-		t.Errorf("pod DNS %q %+v, want None with the first three resolvers", pod.Spec.DNSPolicy, pod.Spec.DNSConfig)
+		!slices.Equal(pod.Spec.DNSConfig.Nameservers, []string{"10.0.0.53", "192.0.2.53", "198.18.0.53"}) ||
+		len(pod.Spec.DNSConfig.Searches) != 0 {
+		t.Errorf("pod DNS %q %+v, want None with the first three resolvers and no search domain", pod.Spec.DNSPolicy, pod.Spec.DNSConfig)
 	}
 
-	// No resolver addresses: the configured peer.
+	// No resolver addresses: the configured peer alone, and the pod keeps the cluster's DNS.
 	s := testSettings
 	s.dnsPeer = DNSPeer{Namespace: "dns", PodLabels: map[string]string{"app": "coredns", "tier": "node"}}
 	rec = egressRecord(runtime.NetworkPolicy{Allow: []string{"198.51.100.0/24"}})
 	name, _ := ObjectName(rec.ID)
-	np = s.newNetworkPolicy(name, rec, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, UID: "pvc-uid"}})
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, UID: "pvc-uid"}}
+	np = s.newNetworkPolicy(name, rec, pvc)
 	checkShape(t, np, rec)
 	peer := np.Spec.Egress[1].To
 	if len(peer) != 1 || peer[0].NamespaceSelector.MatchLabels[corev1.LabelMetadataName] != "dns" ||
@@ -299,6 +307,19 @@ func TestNetworkPolicyDNS(t *testing.T) {
 	}
 	if pod, _ := s.newPod("x", rec); pod.Spec.DNSConfig != nil {
 		t.Errorf("pod DNS %+v, want the cluster's (the peer allows it)", pod.Spec.DNSConfig)
+	}
+
+	// Disabled: the addresses alone; with none, no DNS rule.
+	s.dnsPeer = DNSPeer{Disabled: true}
+	rec = egressRecord(runtime.NetworkPolicy{Allow: []string{"198.51.100.0/24"}, DNS: []string{"198.51.100.53"}})
+	np = s.newNetworkPolicy(name, rec, pvc)
+	checkShape(t, np, rec)
+	sameBlocks(t, "the DNS rule, peer disabled", blocks(np, 1), []networkingv1.IPBlock{{CIDR: "198.51.100.53/32"}})
+	rec = egressRecord(runtime.NetworkPolicy{Allow: []string{"198.51.100.0/24"}})
+	np = s.newNetworkPolicy(name, rec, pvc)
+	checkShape(t, np, rec)
+	if len(np.Spec.Egress) != 1 || len(np.Spec.Egress[0].Ports) != 0 {
+		t.Errorf("no resolver and no peer: egress %+v, want the CIDR rule alone", np.Spec.Egress)
 	}
 }
 
@@ -376,6 +397,9 @@ func TestDNSPeerConfig(t *testing.T) {
 	if err := (DNSPeer{}).Validate(); err != nil {
 		t.Errorf("the zero peer: %v", err)
 	}
+	if err := (DNSPeer{Disabled: true}).Validate(); err != nil {
+		t.Errorf("a disabled peer: %v", err)
+	}
 	if got := (DNSPeer{}).withDefaults(); got.Namespace != "kube-system" || got.PodLabels["k8s-app"] != "kube-dns" {
 		t.Errorf("defaults %+v", got)
 	}
@@ -389,7 +413,7 @@ func TestDNSPeerConfig(t *testing.T) {
 	for _, bad := range []DNSPeer{
 		{Namespace: "Kube_System"}, {Namespace: strings.Repeat("a", 64)},
 		{PodLabels: map[string]string{"bad key!": "x"}}, {PodLabels: map[string]string{"k": "bad value!"}},
-		{PodLabels: many},
+		{PodLabels: many}, {Disabled: true, Namespace: "kube-system"},
 	} {
 		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "kube.dns_peer") {
 			t.Errorf("Validate(%+v) = %v, want an error naming kube.dns_peer", bad, err)

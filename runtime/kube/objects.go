@@ -284,7 +284,7 @@ type podSettings struct {
 	initImage    string
 	runtimeClass string
 	storageClass string
-	// dnsPeer is where an egress box's DNS may go when its policy names no resolver.
+	// dnsPeer is the cluster DNS's pods, where an egress box's DNS may go.
 	dnsPeer DNSPeer
 }
 
@@ -412,8 +412,8 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 		},
 	}
 	if dns := podDNS(spec); dns != nil {
-		// The policy allows DNS to its own resolvers only: the pod asks those, not the
-		// cluster DNS.
+		// The pod asks the policy's resolvers (on a cluster, usually the cluster DNS's
+		// Service address), without the cluster's search domains.
 		pod.Spec.DNSPolicy, pod.Spec.DNSConfig = corev1.DNSNone, dns
 	}
 	return pod, nil
