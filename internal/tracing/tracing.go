@@ -53,7 +53,8 @@ const (
 type Options struct {
 	// Version is the service.version of the spans ("" leaves it out).
 	Version string
-	// Logger receives the exporter's errors, at most one a minute. Default slog.Default().
+	// Logger gets a line when tracing is on, and the exporter's errors, at most one a
+	// minute. Default slog.Default().
 	Logger *slog.Logger
 }
 
@@ -92,6 +93,7 @@ func Setup(ctx context.Context, c Config, o Options) (shutdown func(context.Cont
 		sdktrace.WithRawSpanLimits(Limits()),
 	)
 	Install(tp)
+	log.Info("tracing: exporting spans over OTLP/HTTP", "endpoint", c.Endpoint, "sample_ratio", c.SampleRatio, "service_name", c.ServiceName)
 	return tp.Shutdown, nil
 }
 
