@@ -75,6 +75,8 @@ type Config struct {
 	Agents []sandbox.AgentConfig `json:"agents"`
 
 	GraphQL resolvers.Config `json:"graphql"`
+	// Tracing sends OpenTelemetry traces to an OTLP/HTTP collector; off unless its endpoint is set.
+	Tracing tracing.Config `json:"tracing"`
 
 	// RateLimit limits the requests of each API key, across replicas (Redis token buckets):
 	// every HTTP request, WebSocket connection and WebSocket operation counts one. Unlimited
@@ -102,8 +104,6 @@ type Config struct {
 
 	// Execs bounds the exec output streams in Redis, and the commands of a sandbox.
 	Execs ExecsConfig `json:"execs"`
-	// Tracing sends OpenTelemetry traces to an OTLP/HTTP collector; off unless its endpoint is set.
-	Tracing tracing.Config `json:"tracing"`
 	// ShutdownSec bounds graceful shutdown.
 	ShutdownSec int    `json:"shutdown_sec"`
 	LogLevel    string `json:"log_level"`
@@ -444,6 +444,7 @@ func (c *Config) validate() error {
 		errs = append(errs, "execs.max_running_per_sandbox must be between 1 and 1024 (the sandbox init's own bound)")
 	}
 	errs = problems(errs, c.GraphQL.Validate())
+	errs = problems(errs, c.Tracing.Validate())
 	// rate_limit's problems stay one entry, a line each, as ratelimit.Config.Validate words them.
 	if err := c.RateLimit.Validate(); err != nil {
 		errs = append(errs, err.Error())
@@ -456,7 +457,6 @@ func (c *Config) validate() error {
 		errs = append(errs, err.Error())
 	}
 	errs = problems(errs, c.Execs.Config.Validate())
-	errs = problems(errs, c.Tracing.Validate())
 	if c.ReconcileIntervalMs < 100 {
 		errs = append(errs, "reconcile_interval_ms must be at least 100")
 	}
