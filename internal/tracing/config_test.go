@@ -3,6 +3,8 @@ package tracing
 import (
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +59,14 @@ func TestSetupOffInstallsNothing(t *testing.T) {
 	}
 	if _, ok := tracer("x").Start(t.Context(), "s"); ok.IsRecording() {
 		t.Error("tracing off: got a recording span, want the no-op provider's")
+	}
+	// A request passes untouched: its traceparent is not parsed, its context not wrapped.
+	r := httptest.NewRequest(http.MethodGet, "/sandbox/sandboxes/v1", nil)
+	r.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	ctx, end := StartServer(r)
+	end("/sandbox/sandboxes/v1", 200)
+	if ctx != r.Context() || installed.Load() {
+		t.Error("tracing off: StartServer made a span context")
 	}
 }
 

@@ -31,10 +31,11 @@ const maxIDLength = 64
 // which names the span after the route that served r (a ServeMux pattern's path,
 // "/sandbox/sandboxes/v1/{id}/exec", never the request's own path; "" or "other" for none),
 // records the status, and ends it. The span's ids are the path's sandbox and exec ids.
-// Probes (/healthz, /readyz) and /metrics get no span.
+// Probes (/healthz, /readyz) and /metrics get no span, nor does anything before Install
+// (tracing off).
 func StartServer(r *http.Request) (ctx context.Context, end func(route string, status int)) {
 	ctx = r.Context()
-	if untraced[r.URL.Path] {
+	if !installed.Load() || untraced[r.URL.Path] {
 		return ctx, func(string, int) {}
 	}
 	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.HeaderCarrier(r.Header))
@@ -46,6 +47,10 @@ func StartServer(r *http.Request) (ctx context.Context, end func(route string, s
 		trace.WithAttributes(semconv.HTTPRequestMethodKey.String(m), semconv.URLScheme(scheme(r))))
 	u := r.URL
 	return ctx, func(route string, status int) {
+		if !span.IsRecording() { // not sampled
+			span.End()
+			return
+		}
 		if route != "" && route != "other" {
 			span.SetName(spanMethod(m) + " " + route)
 			span.SetAttributes(semconv.HTTPRoute(route))

@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace/noop"
-
 	"sandboxd/internal/tracing"
 	"sandboxd/internal/tracing/tracingtest"
 	"sandboxd/runtime/runtimetest"
@@ -38,10 +34,7 @@ func TestSetupExportsToACollector(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			recv := tracingtest.Start(t)
-			t.Cleanup(func() {
-				otel.SetTracerProvider(noop.NewTracerProvider())
-				otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
-			})
+			t.Cleanup(tracing.Uninstall)
 			stop, err := tracing.Setup(t.Context(), tc.cfg(recv.URL), tracing.Options{Version: "v9.9.9"})
 			if err != nil {
 				t.Fatal(err)
@@ -97,10 +90,7 @@ func TestSetupCollectorDown(t *testing.T) {
 	dead := httptest.NewServer(http.NotFoundHandler())
 	url := dead.URL
 	dead.Close()
-	t.Cleanup(func() {
-		otel.SetTracerProvider(noop.NewTracerProvider())
-		otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
-	})
+	t.Cleanup(tracing.Uninstall)
 	c := tracing.DefaultConfig()
 	c.Endpoint = url
 	stop, err := tracing.Setup(t.Context(), c, tracing.Options{})

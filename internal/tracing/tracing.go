@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -26,6 +27,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"sandboxd/internal/apierror"
 )
@@ -110,11 +112,24 @@ func Limits() sdktrace.SpanLimits {
 }
 
 // Install makes tp the global tracer provider, with the W3C traceparent propagator (no
-// baggage: nothing a client sends is carried on besides the trace context).
+// baggage: nothing a client sends is carried on besides the trace context), and turns the
+// server spans on.
 func Install(tp trace.TracerProvider) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})
+	installed.Store(true)
 }
+
+// Uninstall undoes Install: the no-op provider and propagator, no server spans (tests).
+func Uninstall() {
+	installed.Store(false)
+	otel.SetTracerProvider(noop.NewTracerProvider())
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
+}
+
+// installed reports whether a tracer provider was installed: until then a request costs
+// nothing (StartServer hands it on untouched).
+var installed atomic.Bool
 
 // tracer is the named tracer of a layer, from the global provider as it is now (a test may
 // install another one).

@@ -4,11 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"sandboxd/internal/tracing"
 )
@@ -22,8 +19,7 @@ func Record(t testing.TB) *tracetest.SpanRecorder {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithRawSpanLimits(tracing.Limits()))
 	tracing.Install(tp)
 	t.Cleanup(func() {
-		otel.SetTracerProvider(noop.NewTracerProvider())
-		otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
+		tracing.Uninstall()
 		_ = tp.Shutdown(context.Background())
 	})
 	return rec
