@@ -187,6 +187,7 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	srv.AddTransport(httpGET{})
 	srv.AddTransport(transport.Options{})
 
+	srv.Use(tracingExtension{}) // first: its spans enclose the other extensions' work
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.SetParserTokenLimit(maxQueryTokens)
 	if !opts.DisableIntrospection {

@@ -23,6 +23,7 @@ import (
 	"sandboxd/internal/ratelimit"
 	"sandboxd/internal/sandbox"
 	"sandboxd/internal/source"
+	"sandboxd/internal/tracing"
 	"sandboxd/resolvers"
 	"sandboxd/runtime/kube"
 )
@@ -79,6 +80,8 @@ type Config struct {
 	Agents []sandbox.AgentConfig `json:"agents"`
 
 	GraphQL resolvers.Config `json:"graphql"`
+	// Tracing sends OpenTelemetry traces to an OTLP/HTTP collector; off unless its endpoint is set.
+	Tracing tracing.Config `json:"tracing"`
 
 	// RateLimit limits the requests of each API key, across replicas (Redis token buckets):
 	// every HTTP request, WebSocket connection and WebSocket operation counts one. Unlimited
@@ -136,6 +139,7 @@ func defaultConfig() Config {
 		Quota:       quota.DefaultConfig(),
 		Redis:       localredis.DefaultConfig(),
 		Execs:       ExecsConfig{Config: execstream.DefaultConfig(), MaxRunningPerSandbox: 64},
+		Tracing:     tracing.DefaultConfig(),
 	}
 	if os.Geteuid() != 0 {
 		if home, err := os.UserHomeDir(); err == nil {
@@ -159,7 +163,7 @@ type setting struct {
 	envUnderFile string
 	key          string // the config file's key ("kube.init_image"); "" when the file has none
 	help         string
-	val          any // *string or *int into the Config
+	val          any // *string, *int or *float64 into the Config
 }
 
 // settings is the table of c's settings; each val points into c.
@@ -189,6 +193,11 @@ func (c *Config) settings() []setting {
 		{env: "SANDBOX_API_KEY", help: "development key (at least 8 characters) of dev_tenant:dev_project", val: &c.devKey},
 		{env: "SANDBOX_CONCURRENCY_LIMIT", key: "quota.default_limit",
 			help: "each tenant:project's concurrency limit; 0 means unlimited", val: &c.Quota.DefaultLimit},
+		{flag: "otlp-endpoint", env: "SANDBOXD_OTLP_ENDPOINT", envUnderFile: "OTEL_EXPORTER_OTLP_ENDPOINT", key: "tracing.endpoint",
+			help: "OTLP/HTTP collector that traces go to (http://host:4318); empty: tracing off", val: &c.Tracing.Endpoint},
+		{env: "OTEL_TRACES_SAMPLER_ARG", key: "tracing.sample_ratio",
+			help: "share of new traces recorded, 0 to 1 (a request's traceparent decides for its own)", val: &c.Tracing.SampleRatio},
+		{env: "OTEL_SERVICE_NAME", key: "tracing.service_name", help: "service.name of the traces", val: &c.Tracing.ServiceName},
 	}
 }
 
@@ -240,6 +249,8 @@ func (s setting) String() string {
 		return *p
 	case *int:
 		return strconv.Itoa(*p)
+	case *float64:
+		return strconv.FormatFloat(*p, 'g', -1, 64)
 	}
 	panic(fmt.Sprintf("config: setting of unsupported type %T", s.val))
 }
@@ -255,6 +266,12 @@ func (s setting) set(v, from string) error {
 			return fmt.Errorf("%s must be a non-negative integer, got %q", from, v)
 		}
 		*p = n
+	case *float64:
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f >= 0) {
+			return fmt.Errorf("%s must be a non-negative number, got %q", from, v)
+		}
+		*p = f
 	default:
 		panic(fmt.Sprintf("config: setting of unsupported type %T", s.val))
 	}
@@ -435,6 +452,7 @@ func (c *Config) validate() error {
 		errs = append(errs, "execs.max_running_per_sandbox must be between 1 and 1024 (the sandbox init's own bound)")
 	}
 	errs = problems(errs, c.GraphQL.Validate())
+	errs = problems(errs, c.Tracing.Validate())
 	// rate_limit's problems stay one entry, a line each, as ratelimit.Config.Validate words them.
 	if err := c.RateLimit.Validate(); err != nil {
 		errs = append(errs, err.Error())

@@ -311,6 +311,10 @@ func TestSettingsPrecedence(t *testing.T) {
 				vals = map[string]string{"file": "3", "under": "4", "env": "5", "flag": "6"}
 				fileVal = 3
 			}
+			if _, ok := s.val.(*float64); ok {
+				vals = map[string]string{"file": "0.3", "under": "0.4", "env": "0.5", "flag": "0.6"}
+				fileVal = 0.3
+			}
 			type layers struct{ file, under, env, flag bool }
 			load := func(l layers) string {
 				t.Helper()

@@ -45,6 +45,7 @@ import (
 	"sandboxd/internal/sandbox"
 	"sandboxd/internal/source"
 	"sandboxd/internal/store"
+	"sandboxd/internal/tracing"
 	"sandboxd/resolvers"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
@@ -75,6 +76,11 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}
 	log := newLogger(cfg)
 	slog.SetDefault(log)
+	stopTracing, err := tracing.Setup(ctx, cfg.Tracing, tracing.Options{Logger: log})
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer flushTraces(stopTracing, log) // last: after the server and the service have ended their spans
 
 	// The embedded Redis is closed last (defers run in reverse): after the HTTP server, the
 	// reconciler and the service have stopped using it.
@@ -91,12 +97,14 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 	defer closeRedis()
+	tracing.Redis(rdb, blocking, limiterRedis)
 
 	driver, closeDriver, err := openDriver(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	defer closeDriver()
+	traced := tracing.Driver(driver) // the domain's calls are spans; /readyz's checks are not
 	objs, closeObjs, err := openCheckpointStore(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("checkpoint store: %w", err)
@@ -121,13 +129,13 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	execOpts.Blocking = blocking
 	execStore := execstream.New(rdb, execOpts)
 	svc, err := domain.New(cfg.sandboxConfig(), domain.Deps{
-		Driver:        driver,
-		Store:         store.New(rdb, lookupSource(driver)),
+		Driver:        traced,
+		Store:         store.New(rdb, lookupSource(traced)),
 		Events:        events.New(rdb, events.Options{MaxLen: cfg.EventsMaxLen, Blocking: blocking, MaxSubscribers: cfg.MaxSubscriptions}),
 		Checkpoints:   checkpoint.New(objs, checkpoint.Options{}),
 		Execs:         execStore,
 		AgentRuns:     agentrun.New(rdb, agentrun.Options{}),
-		Quota:         quota.New(rdb, sandbox.SlotSource(driver), cfg.Quota.Options()),
+		Quota:         quota.New(rdb, sandbox.SlotSource(traced), cfg.Quota.Options()),
 		Sources:       sources,
 		SourceObjects: gcsSources,
 		Metrics:       sandbox.NewMetrics(reg),
@@ -203,6 +211,15 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		log.Warn("graceful shutdown cut short", "err", err)
 	}
 	return nil
+}
+
+// flushTraces exports the spans still queued and stops the tracer provider, within 5 s.
+func flushTraces(stop func(context.Context) error, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := stop(ctx); err != nil {
+		log.Warn("tracing: flushing spans at shutdown failed", "err", err)
+	}
 }
 
 // handlers are what the server's mux serves, besides /healthz.
@@ -409,7 +426,8 @@ func readyz(rdb redis.UniversalClient, d runtime.Driver) http.HandlerFunc {
 // instrument records request latency by route: the pattern of the route that served the
 // request (a bounded set, never an id). next is the server's mux, which sets the request's
 // Pattern; the REST handler behind its "/" has routes of its own and notes the one it
-// matched (rest.RecordRoute).
+// matched (rest.RecordRoute). Each request is also a server span named by that route
+// (tracing.StartServer), in the trace of its traceparent header when it has one.
 func instrument(next http.Handler, reg prometheus.Registerer) http.Handler {
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "sandboxd_http_request_duration_seconds",
@@ -420,7 +438,8 @@ func instrument(next http.Handler, reg prometheus.Registerer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
-		ctx, restRoute := rest.RecordRoute(r.Context())
+		ctx, endSpan := tracing.StartServer(r)
+		ctx, restRoute := rest.RecordRoute(ctx)
 		r = r.WithContext(ctx)
 		next.ServeHTTP(sw, r)
 		pattern := restRoute()
@@ -428,6 +447,7 @@ func instrument(next http.Handler, reg prometheus.Registerer) http.Handler {
 			pattern = r.Pattern
 		}
 		hist.WithLabelValues(route(pattern), method(r.Method), fmt.Sprint(sw.code)).Observe(time.Since(start).Seconds())
+		endSpan(route(pattern), sw.code)
 	})
 }
 

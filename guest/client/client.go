@@ -101,7 +101,7 @@ func (c *Client) Health(ctx context.Context) (proto.Health, error) {
 // exit code 127 or 126 and ExitStatus.Error.
 func (c *Client) StartExec(ctx context.Context, req proto.ExecRequest) (proto.ExecInfo, error) {
 	var info proto.ExecInfo
-	err := c.doJSON(ctx, http.MethodPost, "/v1/execs", nil, req, &info)
+	err := c.doJSON(withExecID(ctx, req.ID), http.MethodPost, "/v1/execs", nil, req, &info)
 	return info, err
 }
 
@@ -251,7 +251,7 @@ func (c *Client) StartLog(ctx context.Context, req proto.ExecRequest) (*LogReade
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.do(ctx, http.MethodPost, "/v1/execs", url.Values{"follow": {"1"}}, bytes.NewReader(b))
+	resp, err := c.do(withExecID(ctx, req.ID), http.MethodPost, "/v1/execs", url.Values{"follow": {"1"}}, bytes.NewReader(b))
 	if err != nil {
 		return nil, err
 	}
@@ -501,29 +501,41 @@ func (c *Client) doJSON(ctx context.Context, method, p string, q url.Values, in,
 }
 
 // do sends one request; a non-2xx answer becomes a *Error.
+// Inside a trace the call is a span (trace.go) that ends with the answer's body.
 func (c *Client) do(ctx context.Context, method, p string, q url.Values, body io.Reader) (*http.Response, error) {
+	ctx, span := startCall(ctx, method, p)
 	u := url.URL{Scheme: "http", Host: "sandbox-init", Path: p, RawQuery: q.Encode()}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
+		endCall(span, err)
 		return nil, err
 	}
 	resp, err := c.cc.RoundTrip(req)
 	if err != nil {
-		return nil, c.wrapErr(ctx, err)
+		err = c.wrapErr(ctx, err)
+		endCall(span, err)
+		return nil, err
 	}
+	span.SetAttributes(keyStatus.Int(resp.StatusCode))
 	if resp.StatusCode/100 == 2 {
+		if span.IsRecording() {
+			resp.Body = &spanBody{rc: resp.Body, ctx: ctx, c: c, span: span}
+		}
 		return resp, nil
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if err != nil {
-		return nil, c.wrapErr(ctx, err)
+		err = c.wrapErr(ctx, err)
+		endCall(span, err)
+		return nil, err
 	}
 	e := &proto.Error{}
 	if json.Unmarshal(b, e) != nil || e.Code == "" {
 		e.Code = codeForStatus(resp.StatusCode)
 		e.Message = strings.TrimSpace(string(b))
 	}
+	endCall(span, e)
 	return nil, e
 }
 

@@ -176,7 +176,9 @@ func parseName(name string) (n int64, kind string, ok bool) {
 // tarStream to EOF (it does not close it) while compressing and uploading it; when Save fails
 // or ctx ends it leaves no manifest and no data object. Save returns only after it has stopped
 // reading tarStream, so tarStream should unblock when ctx ends (as a request body does).
-func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent string) (Manifest, error) {
+func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent string) (saved Manifest, err error) {
+	ctx, span := startSpan(ctx, "checkpoint.save", sc, "")
+	defer func() { endSpan(span, saved, err) }()
 	if err := sc.check(); err != nil {
 		return Manifest{}, fmt.Errorf("save checkpoint: %w", err)
 	}
@@ -417,12 +419,15 @@ func (s *Store) readManifest(ctx context.Context, sc Scope, n int64) (Manifest, 
 // rest) before it trusts what it read. Open itself fails with ErrCorrupt when the stored size
 // is already wrong or the data object is missing. The caller closes the stream.
 func (s *Store) Open(ctx context.Context, sc Scope, id string) (io.ReadCloser, Manifest, error) {
+	ctx, span := startSpan(ctx, "checkpoint.restore", sc, id)
 	m, err := s.Get(ctx, sc, id)
 	if err != nil {
+		endSpan(span, Manifest{}, err)
 		return nil, Manifest{}, err
 	}
 	obj, err := s.openObject(ctx, m)
 	if err != nil {
+		endSpan(span, Manifest{}, err)
 		return nil, Manifest{}, err
 	}
 	// Synchronous decoding: no goroutines, and reads of the object happen inside Read.
@@ -430,9 +435,11 @@ func (s *Store) Open(ctx context.Context, sc Scope, id string) (io.ReadCloser, M
 	dec, err := zstd.NewReader(v, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(64<<20))
 	if err != nil {
 		obj.Close()
-		return nil, Manifest{}, fmt.Errorf("open checkpoint %s: zstd: %w", id, err)
+		err = fmt.Errorf("open checkpoint %s: zstd: %w", id, err)
+		endSpan(span, Manifest{}, err)
+		return nil, Manifest{}, err
 	}
-	return &snapshotReader{dec: dec, v: v, obj: obj, m: m}, m, nil
+	return &snapshotReader{dec: dec, v: v, obj: obj, m: m, span: span}, m, nil
 }
 
 // openObject opens the data object of m, checking its size.
@@ -453,7 +460,9 @@ func (s *Store) openObject(ctx context.Context, m Manifest) (io.ReadCloser, erro
 
 // Verify reads the checkpoint's data object in full and checks its size and sha256 against
 // the manifest (without decompressing it). A mismatch is an error wrapping ErrCorrupt.
-func (s *Store) Verify(ctx context.Context, sc Scope, id string) (Manifest, error) {
+func (s *Store) Verify(ctx context.Context, sc Scope, id string) (verified Manifest, err error) {
+	ctx, span := startSpan(ctx, "checkpoint.verify", sc, id)
+	defer func() { endSpan(span, verified, err) }()
 	m, err := s.Get(ctx, sc, id)
 	if err != nil {
 		return Manifest{}, err

@@ -10,6 +10,7 @@ import (
 	"io"
 
 	"github.com/klauspost/compress/zstd"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ctxReader fails its reads once ctx is done.
@@ -130,6 +131,24 @@ type snapshotReader struct {
 	m   Manifest
 	raw int64
 	err error
+	// span is the restore's span: it ends at the stream's end (with its error) or Close.
+	span  trace.Span
+	ended bool
+}
+
+// endSpan ends the restore's span once: with the manifest's sizes after a clean end, with
+// the error that ended the stream, or (closed early) with the bytes read so far.
+func (r *snapshotReader) endSpan(err error) {
+	if r.ended || r.span == nil {
+		return
+	}
+	r.ended = true
+	m := r.m
+	if err != nil || r.raw != m.RawSize {
+		m = Manifest{}
+		r.span.SetAttributes(keyRawBytes.Int64(r.raw))
+	}
+	endSpan(r.span, m, err)
 }
 
 func (r *snapshotReader) Read(p []byte) (int, error) {
@@ -153,10 +172,16 @@ func (r *snapshotReader) Read(p []byte) (int, error) {
 		err = r.v.classify(err)
 	}
 	r.err = err
+	if err == io.EOF {
+		r.endSpan(nil)
+	} else if err != nil {
+		r.endSpan(err)
+	}
 	return n, err
 }
 
 func (r *snapshotReader) Close() error {
+	r.endSpan(nil)
 	r.dec.Close()
 	if r.err == nil {
 		r.err = errors.New("read of closed checkpoint")

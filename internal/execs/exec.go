@@ -5,6 +5,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -48,8 +51,10 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 	}
 	f := s.newFollower(meta, 0, !req.Detach)
 	f.fresh = true
-	// The log is read on the service's context: the command and its follower outlive the request.
-	lr, err := g.StartLog(s.bg, proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+	trace.SpanFromContext(ctx).SetAttributes(keyExecID.String(meta.ID))
+	// The log is read on the service's context: the command and its follower outlive the
+	// request. Its guest call is still a span of the request's trace.
+	lr, err := g.StartLog(trace.ContextWithSpanContext(s.bg, trace.SpanContextFromContext(ctx)), proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
 		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, StdinOpen: req.StdinOpen, Tty: tty, MaxRunning: s.cfg.MaxRunningExecs})
 	if err != nil {
 		gerr := s.sandboxes.GuestError(ctx, id, err)
@@ -83,6 +88,10 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 			WithDetail("exec_id", meta.ID).WithRetryAfter(time.Second)
 	}
 }
+
+// keyExecID is internal/tracing's attribute of an exec's id: the request's span gets the id
+// of the exec it started.
+const keyExecID = attribute.Key("sandboxd.exec.id")
 
 // validate checks an exec request against the limits and returns its timeout.
 func (s *Service) validate(req sandbox.ExecRequest) (time.Duration, error) {

@@ -22,6 +22,7 @@ import (
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/sandbox"
+	"sandboxd/internal/tracing"
 )
 
 // Handler serves the REST API.
@@ -567,6 +568,7 @@ func WriteError(w http.ResponseWriter, log *slog.Logger, r *http.Request, err er
 	if e.Code == apierror.Internal || e.Code == apierror.Unavailable {
 		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "code", e.Code, "err", err)
 	}
+	tracing.SetErrorCode(r.Context(), string(e.Code))
 	body := map[string]any{"code": string(e.Code), "message": e.Message}
 	for k, v := range e.Details {
 		if k != "code" && k != "message" {

@@ -1,0 +1,145 @@
+package tracing
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"sandboxd/runtime"
+)
+
+// Driver wraps d so that every call of the runtime.Driver interface made inside a trace is a span
+// ("driver.Create", "driver.Attach", …) with the sandbox id and the driver's name; a
+// failed call records the runtime error's code (NOT_FOUND, EXISTS, NOT_RUNNING, FENCED,
+// CANNOT_RUN, …). The wrapper keeps d's optional runtime.WorkspaceExporter.
+func Driver(d runtime.Driver) runtime.Driver {
+	t := &tracedDriver{d: d, name: KeyRuntime.String(d.Name())}
+	if ex, ok := d.(runtime.WorkspaceExporter); ok {
+		return &tracedExporter{tracedDriver: t, ex: ex}
+	}
+	return t
+}
+
+type tracedDriver struct {
+	d    runtime.Driver
+	name attribute.KeyValue
+}
+
+// start starts the span of one call (inside a trace only); id is "" for calls on no one box.
+func (t *tracedDriver) start(ctx context.Context, call, id string) (context.Context, trace.Span) {
+	attrs := []attribute.KeyValue{t.name}
+	if id != "" {
+		attrs = append(attrs, KeySandboxID.String(id))
+	}
+	return startChild(ctx, "sandboxd/runtime", "driver."+call, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+// end ends span with err's code.
+func end(span trace.Span, err error) {
+	if err != nil {
+		Fail(span, runtimeCode(err))
+	}
+	span.End()
+}
+
+// runtimeCode is a driver error's code.
+func runtimeCode(err error) string {
+	var se *runtime.StartError
+	switch {
+	case errors.Is(err, runtime.ErrNotFound):
+		return "NOT_FOUND"
+	case errors.Is(err, runtime.ErrExists):
+		return "EXISTS"
+	case errors.Is(err, runtime.ErrNotRunning):
+		return "NOT_RUNNING"
+	case errors.Is(err, runtime.ErrFenced):
+		return "FENCED"
+	case errors.As(err, &se):
+		return "CANNOT_RUN"
+	}
+	return CodeOf(err)
+}
+
+func (t *tracedDriver) Name() string { return t.d.Name() }
+
+func (t *tracedDriver) Create(ctx context.Context, rec runtime.Record) error {
+	ctx, span := t.start(ctx, "Create", rec.ID)
+	err := t.d.Create(ctx, rec)
+	end(span, err)
+	return err
+}
+
+func (t *tracedDriver) Start(ctx context.Context, id string) (bool, error) {
+	ctx, span := t.start(ctx, "Start", id)
+	fresh, err := t.d.Start(ctx, id)
+	span.SetAttributes(attribute.Bool("sandboxd.runtime.fresh_workspace", fresh))
+	end(span, err)
+	return fresh, err
+}
+
+func (t *tracedDriver) Stop(ctx context.Context, id string) error {
+	ctx, span := t.start(ctx, "Stop", id)
+	err := t.d.Stop(ctx, id)
+	end(span, err)
+	return err
+}
+
+func (t *tracedDriver) Delete(ctx context.Context, id string) error {
+	ctx, span := t.start(ctx, "Delete", id)
+	err := t.d.Delete(ctx, id)
+	end(span, err)
+	return err
+}
+
+func (t *tracedDriver) Get(ctx context.Context, id string) (runtime.Box, error) {
+	ctx, span := t.start(ctx, "Get", id)
+	b, err := t.d.Get(ctx, id)
+	end(span, err)
+	return b, err
+}
+
+func (t *tracedDriver) List(ctx context.Context) ([]runtime.Box, error) {
+	ctx, span := t.start(ctx, "List", "")
+	boxes, err := t.d.List(ctx)
+	span.SetAttributes(attribute.Int("sandboxd.runtime.boxes", len(boxes)))
+	end(span, err)
+	return boxes, err
+}
+
+func (t *tracedDriver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
+	ctx, span := t.start(ctx, "UpdateRecord", id)
+	rec, err := t.d.UpdateRecord(ctx, id, fn)
+	end(span, err)
+	return rec, err
+}
+
+func (t *tracedDriver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	ctx, span := t.start(ctx, "Attach", id)
+	rwc, err := t.d.Attach(ctx, id)
+	end(span, err)
+	return rwc, err
+}
+
+func (t *tracedDriver) Check(ctx context.Context) error {
+	ctx, span := t.start(ctx, "Check", "")
+	err := t.d.Check(ctx)
+	end(span, err)
+	return err
+}
+
+// tracedExporter is the wrapper of a driver that reads workspaces itself.
+type tracedExporter struct {
+	*tracedDriver
+	ex runtime.WorkspaceExporter
+}
+
+// ExportWorkspace's span covers opening the stream; the checkpoint's own span covers reading it.
+func (t *tracedExporter) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
+	ctx, span := t.start(ctx, "ExportWorkspace", id)
+	rc, err := t.ex.ExportWorkspace(ctx, id)
+	end(span, err)
+	return rc, err
+}
