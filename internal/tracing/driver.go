@@ -14,11 +14,30 @@ import (
 // Driver wraps d so that every call of the runtime.Driver interface made inside a trace is a span
 // ("driver.Create", "driver.Attach", …) with the sandbox id and the driver's name; a
 // failed call records the runtime error's code (NOT_FOUND, EXISTS, NOT_RUNNING, FENCED,
-// CANNOT_RUN, …). The wrapper keeps d's optional runtime.WorkspaceExporter.
+// CANNOT_RUN, …). The wrapper keeps d's optional runtime.WorkspaceExporter and
+// runtime.WorkspaceSeeder: it implements one exactly when d does.
 func Driver(d runtime.Driver) runtime.Driver {
 	t := &tracedDriver{d: d, name: KeyRuntime.String(d.Name())}
-	if ex, ok := d.(runtime.WorkspaceExporter); ok {
-		return &tracedExporter{tracedDriver: t, ex: ex}
+	ex, isEx := d.(runtime.WorkspaceExporter)
+	sd, isSd := d.(runtime.WorkspaceSeeder)
+	exp, seed := tracedExporter{t: t, ex: ex}, tracedSeeder{t: t, sd: sd}
+	switch {
+	case isEx && isSd:
+		return struct {
+			*tracedDriver
+			tracedExporter
+			tracedSeeder
+		}{t, exp, seed}
+	case isEx:
+		return struct {
+			*tracedDriver
+			tracedExporter
+		}{t, exp}
+	case isSd:
+		return struct {
+			*tracedDriver
+			tracedSeeder
+		}{t, seed}
 	}
 	return t
 }
@@ -130,16 +149,37 @@ func (t *tracedDriver) Check(ctx context.Context) error {
 	return err
 }
 
-// tracedExporter is the wrapper of a driver that reads workspaces itself.
+// tracedExporter is the part of the wrapper of a driver that reads workspaces itself.
 type tracedExporter struct {
-	*tracedDriver
+	t  *tracedDriver
 	ex runtime.WorkspaceExporter
 }
 
 // ExportWorkspace's span covers opening the stream; the checkpoint's own span covers reading it.
-func (t *tracedExporter) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
-	ctx, span := t.start(ctx, "ExportWorkspace", id)
-	rc, err := t.ex.ExportWorkspace(ctx, id)
+func (p tracedExporter) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
+	ctx, span := p.t.start(ctx, "ExportWorkspace", id)
+	rc, err := p.ex.ExportWorkspace(ctx, id)
 	end(span, err)
 	return rc, err
+}
+
+// tracedSeeder is the part of the wrapper of a driver that extracts workspaces itself.
+type tracedSeeder struct {
+	t  *tracedDriver
+	sd runtime.WorkspaceSeeder
+}
+
+// CreateSeeded's span covers the extraction of its seed (whose checkpoint span covers the read).
+func (p tracedSeeder) CreateSeeded(ctx context.Context, rec runtime.Record, seed runtime.Seed) error {
+	ctx, span := p.t.start(ctx, "CreateSeeded", rec.ID)
+	err := p.sd.CreateSeeded(ctx, rec, seed)
+	end(span, err)
+	return err
+}
+
+func (p tracedSeeder) StartSeeded(ctx context.Context, id string, seed runtime.Seed) (bool, error) {
+	ctx, span := p.t.start(ctx, "StartSeeded", id)
+	fresh, err := p.sd.StartSeeded(ctx, id, seed)
+	end(span, err)
+	return fresh, err
 }

@@ -129,3 +129,40 @@ func spanNames[S interface{ Name() string }](spans []S) string {
 	}
 	return "[" + strings.Join(names, ", ") + "]"
 }
+
+// seeding is a driver that extracts workspaces itself, and exports them too.
+type seeding struct {
+	exporting
+	seeded int
+}
+
+func (s *seeding) CreateSeeded(ctx context.Context, rec runtime.Record, seed runtime.Seed) error {
+	s.seeded++
+	return s.Create(ctx, rec)
+}
+
+func (s *seeding) StartSeeded(ctx context.Context, id string, seed runtime.Seed) (bool, error) {
+	s.seeded++
+	return s.Start(ctx, id)
+}
+
+func TestTracedDriverKeepsWorkspaceSeeder(t *testing.T) {
+	if _, ok := tracing.Driver(runtimetest.NewFakeT(t)).(runtime.WorkspaceSeeder); ok {
+		t.Error("the wrapper of a driver without CreateSeeded has one")
+	}
+	inner := &seeding{exporting: exporting{Fake: runtimetest.NewFakeT(t)}}
+	d := tracing.Driver(inner)
+	sd, ok := d.(runtime.WorkspaceSeeder)
+	if !ok {
+		t.Fatal("the wrapper lost the driver's WorkspaceSeeder")
+	}
+	if _, ok := d.(runtime.WorkspaceExporter); !ok {
+		t.Fatal("the wrapper of an exporting seeder lost ExportWorkspace")
+	}
+	if _, err := sd.StartSeeded(context.Background(), "sbx_missing", nil); err == nil {
+		t.Error("StartSeeded of a missing box: no error")
+	}
+	if inner.seeded != 1 {
+		t.Errorf("StartSeeded reached the driver %d times, want 1", inner.seeded)
+	}
+}
