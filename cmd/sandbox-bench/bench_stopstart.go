@@ -179,9 +179,16 @@ func benchStopStart(ctx context.Context, b *bench) (groups []*Group, err error) 
 	if skip != "" {
 		bareTar.Skipped, bareUntar.Skipped, bareRestore.Skipped = skip, skip, skip
 	} else {
-		ws := b.boxPath(id, "workspace")
-		if _, err := os.Stat(ws); err != nil {
+		// The box's own ext4 disk is mounted at disk/, the workspace its workspace/ folder.
+		// It is unmounted while the sandbox is stopped: the bare rows read a copy of it, made
+		// once here, on the file system the benchmark's temporary files are on.
+		box := b.boxPath(id, filepath.Join("disk", "workspace"))
+		if _, err := os.Stat(box); err != nil {
 			return groups, fmt.Errorf("the workspace host folder: %w", err)
+		}
+		ws := filepath.Join(b.tmp, "workspace-copy")
+		if out, err := exec.CommandContext(ctx, "cp", "-a", box, ws).CombinedOutput(); err != nil {
+			return groups, fmt.Errorf("copying the workspace for the bare rows: %v: %s", err, out)
 		}
 		steps = append(steps,
 			step{bareTar, func(ctx context.Context) (time.Duration, error) {
@@ -273,11 +280,12 @@ func (b *bench) createStep(snapID string, want wsCount) func(ctx context.Context
 // create measured in the same rounds.
 func restoreNote(ours, empty, bare *Result, want wsCount) string {
 	note := fmt.Sprintf("ours: REST create of the %s profile with `source.snapshot_id` = the latest_snapshot_id the last "+
-		"stop above answered (its checkpoint object), timed until the answer (RUNNING): record, slot, box (runsc create + "+
-		"start, guest init ready), then sandboxd reads the object from the local checkpoint store, checks its hash and "+
-		"decompresses it (Go zstd) while it streams the tar to the guest init, which extracts it into a staging folder "+
-		"and moves it into /workspace. So ours includes a box create: the reference row is a plain create of the same "+
-		"profile in the same rounds", benchProfile)
+		"stop above answered (its checkpoint object), timed until the answer (RUNNING): record, slot, the box's disk, "+
+		"then the local runtime reads the object from the local checkpoint store, checks its hash and decompresses it "+
+		"(Go zstd) while it extracts the tar on the host into a staging folder of the new disk and moves it into place, "+
+		"before runsc create + start and the guest init ready (a runtime that cannot extract on the host streams the tar "+
+		"to the running box's guest init instead). So ours includes a box create: the reference row is a plain create "+
+		"of the same profile in the same rounds", benchProfile)
 	o, e, bs := summarize(ours.Samples), summarize(empty.Samples), summarize(bare.Samples)
 	if e.N > 0 {
 		note += fmt.Sprintf(" (median %s)", fmtDuration(e.Median))
