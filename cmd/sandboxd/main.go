@@ -6,6 +6,7 @@
 //
 //	sandboxd [flags]             serve (see -h)
 //	sandboxd hash-key KEY        print the sha256 of an API key, for api_keys in the config
+//	sandboxd version             print the version, revision and Go version (also --version)
 package main
 
 import (
@@ -45,6 +46,7 @@ import (
 	"sandboxd/internal/sandbox"
 	"sandboxd/internal/source"
 	"sandboxd/internal/store"
+	"sandboxd/internal/version"
 	"sandboxd/resolvers"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
@@ -58,6 +60,10 @@ func main() {
 			os.Exit(2)
 		}
 		fmt.Println(auth.HashKey(os.Args[2]))
+		return
+	}
+	if len(os.Args) == 2 && isVersionArg(os.Args[1]) {
+		fmt.Println(version.String("sandboxd"))
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -117,6 +123,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if local != nil {
 		reg.MustRegister(local.Collector())
 	}
+	reg.MustRegister(buildInfo())
 	execOpts := cfg.Execs.Options()
 	execOpts.Blocking = blocking
 	execStore := execstream.New(rdb, execOpts)
@@ -177,6 +184,14 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
+	}
+	if cfg.PprofAddr != "" {
+		stopPprof, err := startPprof(cfg.PprofAddr, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopPprof()
 	}
 	srv := &http.Server{
 		Handler:           instrument(mux, reg),
@@ -399,9 +414,11 @@ func readyz(rdb redis.UniversalClient, d runtime.Driver) http.HandlerFunc {
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, strings.Join(problems, "\n"))
+			fmt.Fprintln(w, versionDetail())
 			return
 		}
 		fmt.Fprintln(w, "ready")
+		fmt.Fprintln(w, versionDetail())
 	}
 }
 
