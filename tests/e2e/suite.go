@@ -273,3 +273,6 @@ func unmountUnder(dir string) {
 		}
 	}
 }
+
+// Sandboxd is the sandboxd binary the suite built.
+func Sandboxd() string { return suite.sandboxd }
