@@ -56,7 +56,7 @@ func main() {
 	fs.StringVar(&o.push, "push", "", "also push every image to this registry (REGISTRY/sandboxd:TAG, …); credentials from the docker config")
 	fs.StringVar(&o.tag, "tag", version.Version, "the images' tag (default: the version in internal/version/VERSION)")
 	fs.StringVar(&o.revision, "revision", "", "source revision in the binaries and labels (default: git HEAD, -dirty when the tree has changes)")
-	fs.StringVar(&o.source, "source", "", "org.opencontainers.image.source (default: the origin remote's URL, else \"unknown\")")
+	fs.StringVar(&o.source, "source", "", "org.opencontainers.image.source (default: the origin remote's URL when it is one, else \"unknown\")")
 	fs.StringVar(&o.epoch, "epoch", "", "every timestamp in the images, in Unix seconds (default: SOURCE_DATE_EPOCH, else HEAD's commit time)")
 	fs.StringVar(&o.cache, "cache", "", "where compressed layers are kept between builds (default $SANDBOXD_CACHE/images, ~/.cache/sandboxd/images)")
 	fs.StringVar(&o.caBundle, "ca-certificates", "/etc/ssl/certs/ca-certificates.crt", "CA bundle put into the gateway image (GCS, HTTPS archives)")
@@ -269,7 +269,9 @@ func (o options) meta() (meta, error) {
 	}
 	if m.source == "" {
 		m.source = "unknown"
-		if url, err := git("remote", "get-url", "origin"); err == nil && url != "" {
+		// A URL only: a clone of a local folder names a path, which says nothing to a reader
+		// of the image and differs between machines.
+		if url, err := git("remote", "get-url", "origin"); err == nil && (strings.Contains(url, "://") && !strings.HasPrefix(url, "file://") || strings.HasPrefix(url, "git@")) {
 			m.source = url
 		}
 	}
