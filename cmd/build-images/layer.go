@@ -193,6 +193,11 @@ func (c layerCache) layer(write func(*layerWriter) error, epoch time.Time) (v1.L
 		if err := compress(tmp, blob); err != nil {
 			return nil, err
 		}
+	} else {
+		now := time.Now() // used now: the newest to keep (prune)
+		if err := os.Chtimes(blob, now, now); err != nil {
+			return nil, err
+		}
 	}
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(blob) },
 		tarball.WithMediaType(types.OCILayer))
@@ -231,4 +236,36 @@ func compress(src *os.File, dst string) error {
 func countBytes(rc io.ReadCloser) (int64, error) {
 	defer rc.Close()
 	return io.Copy(io.Discard, rc)
+}
+
+// prune removes cached blobs beyond the keep most recently used ones (every build marks the
+// blobs it uses as used now), so that a cache that gets new layers with every commit stays
+// a few builds' size.
+func (c layerCache) prune(keep int) error {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		return err
+	}
+	type blob struct {
+		name string
+		used time.Time
+	}
+	var blobs []blob
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".tar.gz") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		blobs = append(blobs, blob{e.Name(), fi.ModTime()})
+	}
+	slices.SortFunc(blobs, func(a, b blob) int { return b.used.Compare(a.used) })
+	for _, b := range blobs[min(keep, len(blobs)):] {
+		if err := os.Remove(filepath.Join(c.dir, b.name)); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
+	return nil
 }

@@ -164,3 +164,29 @@ func TestLayerReproducible(t *testing.T) {
 		t.Errorf("two layers of the same files: got %s and %s, want one digest", digests[0], digests[1])
 	}
 }
+
+// prune keeps the most recently used blobs, whatever their age on disk.
+func TestPrune(t *testing.T) {
+	c := layerCache{dir: t.TempDir()}
+	old := time.Now().Add(-time.Hour)
+	for i, n := range []string{"a", "b", "c", "d"} {
+		p := filepath.Join(c.dir, n+".tar.gz")
+		if err := os.WriteFile(p, []byte(n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ts := old.Add(time.Duration(i) * time.Minute) // d is the newest
+		os.Chtimes(p, ts, ts)
+	}
+	os.WriteFile(filepath.Join(c.dir, ".tar-123"), nil, 0o644) // a build's temporary file: not a blob
+	if err := c.prune(2); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(c.dir)
+	var got []string
+	for _, e := range ents {
+		got = append(got, e.Name())
+	}
+	if want := ".tar-123 c.tar.gz d.tar.gz"; strings.Join(got, " ") != want {
+		t.Errorf("after prune(2): got %q, want %q", got, want)
+	}
+}
