@@ -34,11 +34,12 @@ kube_bin=$(scripts/ensure-kubeenv.sh)
 log "tests/kubeenv (its own module): vet, and its smoke test of a cluster of its own"
 (cd tests/kubeenv && go vet ./... && KUBEENV_BIN="$kube_bin" go test -count=1 -timeout 10m ./...)
 kube_dir=$(mktemp -d /tmp/sandboxd-kubeenv.XXXXXX)
-mkdir -p "$kube_dir/images/init"
-CGO_ENABLED=0 go build -o "$kube_dir/images/init/sandbox-init" ./cmd/sandbox-init
+# The node runs the images deploy/ ships: scripts/build-images.sh's OCI layouts of the guest init
+# and the default sandbox base, which the node unpacks as a kubelet would pull them.
+scripts/build-images.sh "$kube_dir/images" >&2
 log "starting the Kubernetes test cluster in $kube_dir"
 "$kube_bin/kubeenv" up --dir "$kube_dir/cluster" --bin "$kube_bin" --runsc "$SANDBOXD_RUNSC" \
-	--image "sandboxd/sandbox-init:test=$kube_dir/images/init" --image "sandboxd/base:test=$SANDBOXD_ROOTFS" \
+	--oci-layout "$kube_dir/images/sandbox-init" --oci-layout "$kube_dir/images/sandbox-default" \
 	>"$kube_dir/kubeenv.log" 2>&1 &
 kube_pid=$!
 stop_cluster() {

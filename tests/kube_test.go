@@ -4,15 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/kubetest"
 	"sandboxd/internal/redistest"
+	"sandboxd/internal/version"
 	"sandboxd/runtime/kube"
 	"sandboxd/tests/e2e"
 )
@@ -226,17 +230,147 @@ func TestKubeUnschedulable(t *testing.T) {
 	}
 }
 
-// TestDeployApplies: every object of deploy/ (base and the dev overlay) passes a server-side
-// dry run against the real API server.
+// TestDeployApplies: every object of deploy/ (the base, each overlay, and an overlay with the
+// monitoring component, after the Prometheus Operator's two kinds are registered) passes a
+// server-side dry run against the real API server.
 func TestDeployApplies(t *testing.T) {
 	c := kubetest.Require(t)
 	c.ApplyRBAC(t) // the namespaces must exist for a dry run of what goes into them
-	for _, dir := range []string{"deploy/base", "deploy/overlays/dev"} {
-		out, err := c.Run(nil, "apply", "--dry-run=server", "-k", e2e.ModuleRoot()+"/"+dir)
+	if out, err := c.Run(strings.NewReader(monitoringCRDs), "apply", "--server-side", "--field-manager=kubetest", "-f", "-"); err != nil {
+		t.Fatalf("registering PrometheusRule and ServiceMonitor: %v\n%s", err, out)
+	}
+	if out, err := c.Run(nil, "wait", "--for=condition=Established", "--timeout=30s",
+		"crd/prometheusrules.monitoring.coreos.com", "crd/servicemonitors.monitoring.coreos.com"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	withMonitoring := monitoringOverlay(t)
+	for _, dir := range []string{"deploy/base", "deploy/overlays/dev", "deploy/overlays/gke", withMonitoring} {
+		if !filepath.IsAbs(dir) {
+			dir = e2e.ModuleRoot() + "/" + dir
+		}
+		out, err := c.Run(nil, "apply", "--dry-run=server", "-k", dir)
 		if err != nil {
 			t.Errorf("%s: %v\n%s", dir, err, out)
 			continue
 		}
 		t.Logf("%s:\n%s", dir, out)
+	}
+}
+
+// monitoringCRDs register the Prometheus Operator's PrometheusRule and ServiceMonitor kinds
+// with an open schema, as far as a dry run of deploy/components/monitoring needs them (the
+// real CRDs come with the operator; tests/monitoring_test.go checks the rules' contents).
+const monitoringCRDs = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: prometheusrules.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PrometheusRule, listKind: PrometheusRuleList, plural: prometheusrules, singular: prometheusrule}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: servicemonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+`
+
+// monitoringOverlay writes an overlay of deploy/overlays/dev with the monitoring component
+// (kustomize wants relative paths to both) and returns its folder.
+func monitoringOverlay(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, e2e.ModuleRoot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "resources:\n  - " + rel + "/deploy/overlays/dev\ncomponents:\n  - " + rel + "/deploy/components/monitoring\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestDeployImages: in every overlay, kustomize's images: moves the gateway's image and the
+// sandboxes' images (the gateway's SANDBOXD_INIT_IMAGE and SANDBOXD_IMAGE) together, the base
+// runs the images of this version (internal/version), the gateway runs as non-root, and the
+// GKE overlay leaves the RuntimeClass to GKE.
+func TestDeployImages(t *testing.T) {
+	c := kubetest.Require(t)
+	type container struct {
+		Name, Image string
+		Env         []struct{ Name, Value string }
+	}
+	type object struct {
+		Kind     string
+		Metadata struct{ Name string }
+		Spec     struct {
+			Template struct {
+				Spec struct {
+					SecurityContext struct{ RunAsNonRoot *bool }
+					Containers      []container
+				}
+			}
+		}
+	}
+	for _, tt := range []struct{ dir, registry, tag string }{
+		{"deploy/base", "sandboxd/", version.Version},
+		{"deploy/overlays/dev", "sandboxd/", "dev"},
+		{"deploy/overlays/gke", "replace-with-your-registry/", version.Version},
+	} {
+		t.Run(filepath.Base(tt.dir), func(t *testing.T) {
+			out, err := c.Run(nil, "kustomize", filepath.Join(e2e.ModuleRoot(), tt.dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var gw *container
+			var nonRoot *bool
+			runtimeClasses := 0
+			for _, doc := range strings.Split(out, "\n---\n") {
+				var o object
+				if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+					t.Fatal(err)
+				}
+				if o.Kind == "RuntimeClass" {
+					runtimeClasses++
+				}
+				if o.Kind == "Deployment" && o.Metadata.Name == "sandbox-gateway" {
+					gw = &o.Spec.Template.Spec.Containers[0]
+					nonRoot = o.Spec.Template.Spec.SecurityContext.RunAsNonRoot
+				}
+			}
+			if gw == nil {
+				t.Fatal("no sandbox-gateway Deployment")
+			}
+			env := map[string]string{}
+			for _, e := range gw.Env {
+				env[e.Name] = e.Value
+			}
+			for what, got := range map[string]string{"image": gw.Image, "SANDBOXD_INIT_IMAGE": env["SANDBOXD_INIT_IMAGE"], "SANDBOXD_IMAGE": env["SANDBOXD_IMAGE"]} {
+				name := map[string]string{"image": "sandboxd", "SANDBOXD_INIT_IMAGE": "sandbox-init", "SANDBOXD_IMAGE": "sandbox-default"}[what]
+				if want := tt.registry + name + ":" + tt.tag; got != want {
+					t.Errorf("%s: got %q, want %q", what, got, want)
+				}
+			}
+			if nonRoot == nil || !*nonRoot {
+				t.Errorf("the gateway's pod: got runAsNonRoot %v, want true", nonRoot)
+			}
+			if wantRC := map[bool]int{true: 0, false: 1}[strings.HasSuffix(tt.dir, "gke")]; runtimeClasses != wantRC {
+				t.Errorf("RuntimeClasses: got %d, want %d", runtimeClasses, wantRC)
+			}
+		})
 	}
 }

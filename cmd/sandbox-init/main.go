@@ -4,7 +4,7 @@
 //	sandbox-init [serve]   PID-1 mode: reap orphans, serve the guest protocol on the socket
 //	sandbox-init connect   bridge stdin/stdout to the socket (what `runsc exec <id> /.sbx/init
 //	                       connect` runs: the host speaks HTTP/2 over that stdio)
-//	sandbox-init version   print the version
+//	sandbox-init version   print the version, revision and Go version (also --version)
 //	sandbox-init install DEST
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
 //	                       init container runs to put the init into the pod's shared folder;
@@ -44,6 +44,7 @@ import (
 
 	"sandboxd/guest/proto"
 	"sandboxd/guest/server"
+	"sandboxd/internal/version"
 )
 
 // connectWait is how long `connect` retries while PID 1 is not listening yet.
@@ -60,7 +61,7 @@ func main() {
 	case "connect":
 		os.Exit(connect())
 	case "version", "-version", "--version":
-		fmt.Println(server.Version)
+		fmt.Println(version.String("sandbox-init"))
 	case "install":
 		if len(os.Args) != 3 {
 			fmt.Fprintf(os.Stderr, "usage: %s install DEST\n", filepath.Base(os.Args[0]))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -134,9 +135,12 @@ func TestBinary(t *testing.T) {
 	})
 
 	t.Run("version", func(t *testing.T) {
-		out, err := exec.Command(bin, "version").Output()
-		if err != nil || strings.TrimSpace(string(out)) != server.Version {
-			t.Errorf("version: got %q %v, want %q", out, err, server.Version)
+		for _, arg := range []string{"version", "--version"} {
+			out, err := exec.Command(bin, arg).Output()
+			want := "sandbox-init " + server.Version + " ("
+			if err != nil || !strings.HasPrefix(string(out), want) || !strings.Contains(string(out), goruntime.Version()) {
+				t.Errorf("%s: got %q %v, want %q… with the Go version", arg, out, err, want)
+			}
 		}
 	})
 

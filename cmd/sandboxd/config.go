@@ -109,6 +109,9 @@ type Config struct {
 
 	// Execs bounds the exec output streams in Redis, and the commands of a sandbox.
 	Execs ExecsConfig `json:"execs"`
+	// PprofAddr serves Go's profiles (net/http/pprof) on a listener of their own; empty (the
+	// default) serves none. It must be a loopback address: profiles show the process's memory.
+	PprofAddr string `json:"pprof_addr"`
 	// ShutdownSec bounds graceful shutdown.
 	ShutdownSec int    `json:"shutdown_sec"`
 	LogLevel    string `json:"log_level"`
@@ -189,6 +192,8 @@ func (c *Config) settings() []setting {
 			help: "kubeconfig of the kube runtime (empty: in-cluster)", val: &c.Kube.Kubeconfig},
 		{flag: "image", env: "SANDBOXD_IMAGE", key: "image", help: "container image of the default profile (kube runtime)", val: &c.Image},
 		{env: "SANDBOXD_INIT_IMAGE", key: "kube.init_image", help: "image holding /sandbox-init (kube runtime)", val: &c.Kube.InitImage},
+		{flag: "pprof-addr", env: "SANDBOXD_PPROF_ADDR", key: "pprof_addr",
+			help: "serve Go's profiles (/debug/pprof/) on this loopback address; empty: off", val: &c.PprofAddr},
 		{flag: "log-level", env: "SANDBOXD_LOG_LEVEL", key: "log_level", help: "debug, info, warn or error", val: &c.LogLevel},
 		{env: "SANDBOX_API_KEY", help: "development key (at least 8 characters) of dev_tenant:dev_project", val: &c.devKey},
 		{env: "SANDBOX_CONCURRENCY_LIMIT", key: "quota.default_limit",
@@ -301,7 +306,7 @@ func newFlagSet(settings []setting) *flag.FlagSet {
 	}
 	fs.Usage = func() {
 		out := fs.Output()
-		fmt.Fprintf(out, "Usage: sandboxd [flags]\n       sandboxd hash-key KEY\n\n"+
+		fmt.Fprintf(out, "Usage: sandboxd [flags]\n       sandboxd hash-key KEY\n       sandboxd version\n\n"+
 			"Precedence: flags > environment > config file (--config) > defaults.\n\nFlags:\n")
 		fs.PrintDefaults()
 		fmt.Fprintf(out, "\nEnvironment only:\n")
@@ -465,6 +470,9 @@ func (c *Config) validate() error {
 		errs = append(errs, err.Error())
 	}
 	errs = problems(errs, c.Execs.Config.Validate())
+	if err := checkPprofAddr(c.PprofAddr); err != nil {
+		errs = append(errs, fmt.Sprintf("%v (%s, or pprof_addr)", err, c.setting(&c.PprofAddr).hint()))
+	}
 	if c.ReconcileIntervalMs < 100 {
 		errs = append(errs, "reconcile_interval_ms must be at least 100")
 	}

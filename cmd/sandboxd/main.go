@@ -6,6 +6,7 @@
 //
 //	sandboxd [flags]             serve (see -h)
 //	sandboxd hash-key KEY        print the sha256 of an API key, for api_keys in the config
+//	sandboxd version             print the version, revision and Go version (also --version)
 package main
 
 import (
@@ -46,6 +47,7 @@ import (
 	"sandboxd/internal/source"
 	"sandboxd/internal/store"
 	"sandboxd/internal/tracing"
+	"sandboxd/internal/version"
 	"sandboxd/resolvers"
 	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
@@ -59,6 +61,10 @@ func main() {
 			os.Exit(2)
 		}
 		fmt.Println(auth.HashKey(os.Args[2]))
+		return
+	}
+	if len(os.Args) == 2 && isVersionArg(os.Args[1]) {
+		fmt.Println(version.String("sandboxd"))
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -76,7 +82,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}
 	log := newLogger(cfg)
 	slog.SetDefault(log)
-	stopTracing, err := tracing.Setup(ctx, cfg.Tracing, tracing.Options{Logger: log})
+	stopTracing, err := tracing.Setup(ctx, cfg.Tracing, tracing.Options{Logger: log, Version: version.Version})
 	if err != nil {
 		return fmt.Errorf("tracing: %w", err)
 	}
@@ -125,6 +131,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	if local != nil {
 		reg.MustRegister(local.Collector())
 	}
+	reg.MustRegister(buildInfo())
 	execOpts := cfg.Execs.Options()
 	execOpts.Blocking = blocking
 	execStore := execstream.New(rdb, execOpts)
@@ -185,6 +192,14 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
+	}
+	if cfg.PprofAddr != "" {
+		stopPprof, err := startPprof(cfg.PprofAddr, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopPprof()
 	}
 	srv := &http.Server{
 		Handler:           instrument(mux, reg),
@@ -417,9 +432,11 @@ func readyz(rdb redis.UniversalClient, d runtime.Driver) http.HandlerFunc {
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, strings.Join(problems, "\n"))
+			fmt.Fprintln(w, versionDetail())
 			return
 		}
 		fmt.Fprintln(w, "ready")
+		fmt.Fprintln(w, versionDetail())
 	}
 }
 

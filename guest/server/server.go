@@ -26,11 +26,12 @@ import (
 	"golang.org/x/net/http2"
 
 	"sandboxd/guest/proto"
+	"sandboxd/internal/version"
 )
 
-// Version is the guest init's version, reported by /v1/health and `sandbox-init version`. Set it
-// at build time with -ldflags "-X sandboxd/guest/server.Version=…".
-var Version = "dev"
+// Version is the guest init's version, reported by /v1/health and `sandbox-init version`:
+// sandboxd's release version (internal/version), since both are built from one tree.
+var Version = version.Version
 
 // Options configures a guest init server. Zero values take the defaults.
 type Options struct {

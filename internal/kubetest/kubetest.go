@@ -30,12 +30,18 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"sandboxd/internal/version"
 )
 
-// Images the cluster's node knows (scripts/test.sh maps them to local folders).
+// Images the cluster's node runs: scripts/test.sh builds them with scripts/build-images.sh and
+// the node unpacks their OCI layouts (tagged with this version, as deploy/base runs them).
+var (
+	InitImage = "sandboxd/sandbox-init:" + version.Version
+	BaseImage = "sandboxd/sandbox-default:" + version.Version
+)
+
 const (
-	InitImage = "sandboxd/sandbox-init:test"
-	BaseImage = "sandboxd/base:test"
 	// Namespace is where the driver's pods and PVCs go (deploy/base creates it).
 	Namespace = "sandbox-jobs"
 	// GatewayNamespace and GatewayAccount are deploy/base's ServiceAccount of the control plane.

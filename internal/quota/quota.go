@@ -93,6 +93,9 @@ func New(rdb redis.UniversalClient, source Source, opts Options) *Quota {
 	return &Quota{rdb: rdb, source: source, opts: opts}
 }
 
+// Limit is tenant:project's concurrency limit (0: unlimited), from the configuration alone.
+func (q *Quota) Limit(tenant, project string) int { return q.opts.Limits.For(tenant, project) }
+
 // Usage is the limit of a project and the slots in use. Limit 0 means unlimited.
 type Usage struct{ Limit, InUse int }
 

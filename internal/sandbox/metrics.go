@@ -11,6 +11,14 @@ import (
 // bounded: never a sandbox id.
 type Metrics struct {
 	lifecycleSeconds *prometheus.HistogramVec
+	// The reconciler's passes: how long each took, and when one last completed (its lag).
+	reconcileSeconds *prometheus.HistogramVec
+	reconcileLast    prometheus.Gauge
+	// Quota: creates and starts refused for a full tenant:project, and how full the fullest
+	// one and how many are at their limit, by runtime truth as of the last pass.
+	quotaRejections prometheus.Counter
+	quotaMaxRatio   prometheus.Gauge
+	quotaSaturated  prometheus.Gauge
 }
 
 // NewMetrics registers the domain metrics on reg (nil: not registered, for tests).
@@ -21,12 +29,60 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of sandbox lifecycle operations (create, stop, start, destroy, snapshot, checkpoint, restore).",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"operation", "outcome"}),
+		reconcileSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandboxd_reconcile_duration_seconds",
+			Help:    "Duration of reconcile passes over every sandbox, by outcome (ok or error).",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"outcome"}),
+		reconcileLast: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandboxd_reconcile_last_success_timestamp_seconds",
+			Help: "Unix time at which this replica's last reconcile pass completed without error.",
+		}),
+		quotaRejections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandboxd_quota_rejections_total",
+			Help: "Creates and starts refused because their tenant:project had no free concurrency slot (429).",
+		}),
+		quotaMaxRatio: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandboxd_quota_max_utilization_ratio",
+			Help: "Slots held over the limit of the fullest limited tenant:project, at the last reconcile pass (1 = full).",
+		}),
+		quotaSaturated: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandboxd_quota_saturated_projects",
+			Help: "Limited tenant:projects holding all their concurrency slots, at the last reconcile pass.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lifecycleSeconds)
+		reg.MustRegister(m.lifecycleSeconds, m.reconcileSeconds, m.reconcileLast, m.quotaRejections, m.quotaMaxRatio, m.quotaSaturated)
 	}
 	return m
 }
+
+// reconciled records a pass that ended at end after d, with err.
+func (m *Metrics) reconciled(end time.Time, d time.Duration, err error) {
+	m.reconcileSeconds.WithLabelValues(outcome(err)).Observe(d.Seconds())
+	if err == nil {
+		m.reconcileLast.Set(float64(end.UnixNano()) / 1e9)
+	}
+}
+
+// quotaUse records how full the limited tenant:projects are: each one's slots held and limit.
+func (m *Metrics) quotaUse(use []quotaUse) {
+	ratio, saturated := 0.0, 0
+	for _, u := range use {
+		if u.limit <= 0 {
+			continue
+		}
+		ratio = max(ratio, float64(u.held)/float64(u.limit))
+		if u.held >= u.limit {
+			saturated++
+		}
+	}
+	m.quotaMaxRatio.Set(ratio)
+	m.quotaSaturated.Set(float64(saturated))
+}
+
+// quotaUse is one tenant:project's slots held and limit (0: unlimited).
+type quotaUse struct{ held, limit int }
 
 func (m *Metrics) lifecycle(op, outcome string, d time.Duration) {
 	m.lifecycleSeconds.WithLabelValues(op, outcome).Observe(d.Seconds())

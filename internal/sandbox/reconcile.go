@@ -45,7 +45,13 @@ func (s *Service) RunReconciler(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+		start := s.now()
+		err := s.Reconcile(ctx)
+		if ctx.Err() == nil {
+			end := s.now()
+			s.metrics.reconciled(end, end.Sub(start), err)
+		}
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("reconcile pass failed", "err", err)
 		}
 		select {
@@ -89,6 +95,7 @@ func (r *reconciler) pass(ctx context.Context) error {
 		}
 	}
 	s.slots.renew(ctx, holders)
+	s.metrics.quotaUse(s.slots.use(holders))
 	if r.execs != nil {
 		r.execs.ReconcileExecs(ctx)
 	}

@@ -113,7 +113,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		s.resolve = NewResolver(cfg.Network.DNSServers)
 	}
 	s.attachs = newAttachments(d.Driver, s.Observe)
-	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger}
+	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger, metrics: d.Metrics}
 	s.ckpts = &checkpoints{store: d.Checkpoints, driver: d.Driver, attachs: s.attachs, metrics: d.Metrics, log: d.Logger,
 		now: d.Now, keep: cfg.KeepCheckpoints}
 	s.boot = &bootstrapper{sources: d.Sources, objects: d.SourceObjects, prefixes: cfg.SourcePrefixes, ckpts: s.ckpts,

@@ -18,9 +18,10 @@ const systemKey = "system:reconciler"
 // slots are the concurrency slots of the tenant:projects, as leases in internal/quota (a nil
 // quota: no limits).
 type slots struct {
-	quota  *quota.Quota
-	driver runtime.Driver
-	log    *slog.Logger
+	quota   *quota.Quota
+	driver  runtime.Driver
+	log     *slog.Logger
+	metrics *Metrics
 }
 
 // acquire takes a concurrency slot for sandbox id of tenant:project.
@@ -30,6 +31,7 @@ func (s slots) acquire(ctx context.Context, tenant, project, id string) error {
 	}
 	if _, err := s.quota.Acquire(ctx, tenant, project, id); err != nil {
 		if apierror.Is(err, apierror.QuotaExceeded) {
+			s.metrics.quotaRejections.Inc()
 			return err
 		}
 		return apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable").WithRetryAfter(time.Second)
@@ -89,4 +91,17 @@ func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 			}
 		}
 	}
+}
+
+// use is each tenant:project's slots held (holders, by runtime truth) against its limit, for
+// the quota metrics; nil without a quota.
+func (s slots) use(holders map[[2]string][]string) []quotaUse {
+	if s.quota == nil {
+		return nil
+	}
+	out := make([]quotaUse, 0, len(holders))
+	for k, ids := range holders {
+		out = append(out, quotaUse{held: len(ids), limit: s.quota.Limit(k[0], k[1])})
+	}
+	return out
 }

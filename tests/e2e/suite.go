@@ -277,3 +277,6 @@ func unmountUnder(dir string) {
 		}
 	}
 }
+
+// Sandboxd is the sandboxd binary the suite built.
+func Sandboxd() string { return suite.sandboxd }

@@ -215,6 +215,9 @@ func (s *supervisor) startNodeAndControllers(ctx context.Context, f *files) erro
 	for _, img := range c.images {
 		nodeArgs = append(nodeArgs, "--image="+img)
 	}
+	for _, l := range c.layouts {
+		nodeArgs = append(nodeArgs, "--oci-layout="+l)
+	}
 	// SIGTERM, not SIGKILL, when the supervisor dies: the node then still deletes its runsc
 	// containers (sandboxes are not its children: killing it would leave them running).
 	node, err := s.spawn("vknode", syscall.SIGTERM, nodeArgs...)

@@ -2,7 +2,7 @@
 // embedded etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a
 // virtual-kubelet node (vknode) whose pods are real gVisor containers, all on 127.0.0.1.
 //
-//	kubeenv up --dir DIR --runsc PATH [--bin BINDIR] --image NAME=ROOTFS [--image ...] [flags]
+//	kubeenv up --dir DIR --runsc PATH [--bin BINDIR] [--image NAME=ROOTFS ...] [--oci-layout DIR ...] [flags]
 //	kubeenv down --dir DIR
 //
 // `up` makes a fresh cluster in DIR (it replaces what an earlier `up` left there):
@@ -68,7 +68,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage:\n  kubeenv up --dir DIR --runsc PATH [--bin BINDIR] --image NAME=ROOTFS ... [flags]\n  kubeenv down --dir DIR\nrun `kubeenv up -h` for the flags\n")
+	fmt.Fprintf(os.Stderr, "usage:\n  kubeenv up --dir DIR --runsc PATH [--bin BINDIR] [--image NAME=ROOTFS ...] [--oci-layout DIR ...] [flags]\n  kubeenv down --dir DIR\nrun `kubeenv up -h` for the flags\n")
 	os.Exit(2)
 }
 
@@ -85,7 +85,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 // config is what `up` was asked for.
 type config struct {
 	dir, bin, runscPath, platform string
-	images                        multiFlag
+	images, layouts               multiFlag
 	nodeName, storageClass        string
 	runtimeClass                  string
 	apiserverPort, etcdPort       int
@@ -106,6 +106,7 @@ func up(args []string) error {
 	fs.StringVar(&c.runscPath, "runsc", "", "runsc binary (required)")
 	fs.StringVar(&c.platform, "platform", "systrap", "runsc --platform")
 	fs.Var(&c.images, "image", "NAME=ROOTFS: the node runs image NAME from the rootfs folder ROOTFS (repeatable)")
+	fs.Var(&c.layouts, "oci-layout", "DIR: the node unpacks the images of this OCI image layout (named by org.opencontainers.image.ref.name) and runs them (repeatable)")
 	fs.StringVar(&c.nodeName, "node-name", "sandbox-node", "name of the node")
 	fs.StringVar(&c.storageClass, "storage-class", "sandbox-local", "StorageClass created as the default class, served by the node's hostPath provisioner")
 	fs.StringVar(&c.runtimeClass, "runtime-class", "", "also create a RuntimeClass of this name with handler runsc (default: none)")
@@ -150,6 +151,14 @@ func up(args []string) error {
 		}
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			return fmt.Errorf("--image %s: %s is not a folder", name, dir)
+		}
+	}
+	for i, l := range c.layouts {
+		if _, err := os.Stat(filepath.Join(l, "index.json")); err != nil {
+			return fmt.Errorf("--oci-layout %s: not an OCI image layout: %w", l, err)
+		}
+		if c.layouts[i], err = filepath.Abs(l); err != nil {
+			return err
 		}
 	}
 	for _, port := range []int{c.apiserverPort, c.etcdPort, c.etcdPeerPort, c.kubeletPort, c.cmPort, c.schedulerPort} {

@@ -3,7 +3,7 @@
 // a small hostPath volume provisioner for one StorageClass (package provisioner).
 //
 //	vknode --kubeconfig FILE --ca-cert CA --tls-cert CRT --tls-key KEY \
-//	       --runsc PATH --data-dir DIR --image NAME=DIR [--image NAME=DIR ...]
+//	       --runsc PATH --data-dir DIR [--image NAME=DIR ...] [--oci-layout DIR ...]
 //
 // The node registers Ready, with no taints, InternalIP 127.0.0.1 and a large allocatable
 // (cpu 64, memory 256Gi, pods 500). Its kubelet API (exec, logs) is served over TLS with the
@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"sandboxd/tests/kubeenv/internal/ocilayout"
 	"sandboxd/tests/kubeenv/internal/provider"
 	"sandboxd/tests/kubeenv/internal/provisioner"
 	"sandboxd/tests/kubeenv/internal/runsc"
@@ -62,7 +63,7 @@ type options struct {
 	port                          int
 	caCert, tlsCert, tlsKey       string
 	runscPath, platform, dataDir  string
-	runscFlags, images            multiFlag
+	runscFlags, images, layouts   multiFlag
 	storageClass, logLevel        string
 	allowedClient                 string
 	readyTimeout, shutdownTimeout time.Duration
@@ -86,6 +87,7 @@ func main() {
 	flag.Var(&o.runscFlags, "runsc-flag", "extra runsc global flag (repeatable), e.g. --runsc-flag=--debug")
 	flag.StringVar(&o.dataDir, "data-dir", "", "folder of the node's state: runsc root, pod folders, volumes (required)")
 	flag.Var(&o.images, "image", "NAME=DIR: run image NAME from the rootfs folder DIR (repeatable)")
+	flag.Var(&o.layouts, "oci-layout", "DIR: an OCI image layout whose images (by their org.opencontainers.image.ref.name) the node unpacks into its data dir and runs (repeatable)")
 	flag.StringVar(&o.storageClass, "storage-class", "sandbox-local", "StorageClass whose claims the built-in provisioner serves (empty: no provisioner)")
 	flag.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for the API server and the node's registration")
@@ -131,6 +133,17 @@ func run(o options, logger *slog.Logger) error {
 	}
 	if err := os.MkdirAll(dataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
+	}
+	for _, l := range o.layouts {
+		start := time.Now()
+		refs, err := ocilayout.Unpack(l, filepath.Join(dataDir, "images"))
+		if err != nil {
+			return fmt.Errorf("--oci-layout %s: %w", l, err)
+		}
+		for ref, dir := range refs {
+			images[ref] = dir
+			logger.Info("image unpacked", "image", ref, "layout", l, "ms", time.Since(start).Milliseconds())
+		}
 	}
 	cli := &runsc.CLI{
 		Path:  o.runscPath,
