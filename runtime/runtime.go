@@ -22,7 +22,26 @@ var (
 	// already: a newer holder of the sandbox's operation lock has acted on it since the
 	// caller's lock lapsed. The driver changed nothing.
 	ErrFenced = errors.New("runtime: fenced off: a newer holder of the sandbox's operation lock has written to the box")
+	// ErrUnsupported means the driver cannot do what was asked at all (the Kubernetes driver
+	// cannot keep a box's memory: Pause).
+	ErrUnsupported = errors.New("runtime: not supported by this runtime")
 )
+
+// ImageError means a memory image (Pause, Resume) cannot bring a box's processes back here:
+// it is malformed or does not match its manifest, it was made by another runsc build or on
+// another host, or the box's workspace is not the one it was made with. The box is left as it
+// was (no compute); its workspace is intact. Reason is meant for the sandbox's owner.
+type ImageError struct {
+	Reason string
+	// Corrupt marks an image whose bytes do not match what was stored (a hash mismatch, a
+	// malformed archive).
+	Corrupt bool
+	Err     error
+}
+
+func (e *ImageError) Error() string { return "runtime: memory image not restored: " + e.Reason }
+
+func (e *ImageError) Unwrap() error { return e.Err }
 
 // StartError means a box's compute cannot run as specified: its pod cannot be scheduled, its
 // image cannot run, its container ended at once. Reason is meant for the sandbox's owner.
@@ -139,10 +158,10 @@ type Box struct {
 // Driver owns boxes. Every method is safe for concurrent use; methods on one box are serialized by
 // the caller. Implementations: runtime/gvisor (local runsc) and runtime/kube (pods + PVCs).
 //
-// The writes (Create, Start, Stop, Delete, UpdateRecord) honour a fence in ctx (WithFence):
+// The writes (Create, Start, Stop, Delete, UpdateRecord, Pause, DropMemoryImage, Resume) honour a fence in ctx (WithFence):
 // before it changes anything, a write whose fence is lower than the box's Fence fails with
 // ErrFenced; a higher one becomes the box's Fence, kept with the box's record. A write without
-// a fence is not checked. Get, List, Attach and Check are reads and ignore it.
+// a fence is not checked. Get, List, Attach, Check and MemoryImage are reads and ignore it.
 type Driver interface {
 	// Name is a short name for logs and metrics ("gvisor", "kube").
 	Name() string
@@ -170,6 +189,25 @@ type Driver interface {
 	Attach(ctx context.Context, id string) (io.ReadWriteCloser, error)
 	// Check reports whether the driver can create boxes (for /readyz).
 	Check(ctx context.Context) error
+
+	// Pause saves a running box's memory and processes as an image the driver keeps beside the
+	// box and ends its compute, as a crash would: the box is no longer PhaseRunning, its
+	// workspace is still readable (ExportWorkspace), and Stop releases the rest. A box whose
+	// compute is gone and that has a kept image was paused already: no error. A driver that
+	// cannot keep a box's memory returns an error wrapping ErrUnsupported; a box whose state
+	// cannot be saved (a guest that refuses, with its reason) keeps running.
+	Pause(ctx context.Context, id string) error
+	// MemoryImage opens the image the last Pause kept, as an uncompressed tar stream, for the
+	// caller to store elsewhere; ErrNotFound when none is kept.
+	MemoryImage(ctx context.Context, id string) (io.ReadCloser, error)
+	// DropMemoryImage deletes the kept image. Dropping none is not an error.
+	DropMemoryImage(ctx context.Context, id string) error
+	// Resume starts a box's compute from a memory image (a tar stream as MemoryImage gave it)
+	// on the box's kept workspace: its processes go on from where Pause saved them. The
+	// stream is read to its end before anything runs, so a reader that fails at its end (a
+	// checkpoint whose hash does not match) stops it. An image that cannot be restored here is
+	// an *ImageError, and the box is left without compute; a running box is left alone.
+	Resume(ctx context.Context, id string, image io.Reader) error
 }
 
 // WorkspaceExporter is implemented by drivers that can read a box's workspace without its

@@ -189,13 +189,25 @@ func serve() int {
 			cgroups = cg
 		}
 	}
-	srv, err := server.New(server.Options{
+	// host is the listener on the host socket, made below once the server exists; the
+	// server's quiesce (a pause) closes it.
+	var host *hostSocket
+	opts := server.Options{
 		Workspace: env("SBX_WORKSPACE", proto.Workspace),
 		StateDir:  env("SBX_STATE_DIR", proto.StateDir),
 		Reap:      reap,
 		Cgroups:   cgroups,
 		Logger:    log,
-	})
+	}
+	if os.Getenv(proto.HostSocketEnv) != "" {
+		opts.Quiesce = func() (bool, error) {
+			if host == nil {
+				return false, nil // it never listened: nothing of the host's to close
+			}
+			return host.quiesce()
+		}
+	}
+	srv, err := server.New(opts)
 	if err != nil {
 		log.Error("starting", "err", err)
 		return 1
@@ -216,17 +228,15 @@ func serve() int {
 	}
 	chmodSocket(sock)
 
-	// The host socket: the runtime dials it from the host (no `runsc exec` per attach).
-	var hostLn net.Listener
+	// The host socket: the runtime dials it from the host (no `runsc exec` per attach). A
+	// pause closes it and a restore opens it again (hostsock.go).
 	if hostSock := os.Getenv(proto.HostSocketEnv); hostSock != "" {
-		_ = os.Remove(hostSock)
-		hostLn, err = net.Listen("unix", hostSock)
+		h, err := listenHost(log, srv, key, hostSock)
 		if err != nil {
 			// Not fatal: attaches fall back to `init connect`.
 			log.Warn("listen on the host socket", "socket", hostSock, "err", err)
-		} else {
-			chmodSocket(hostSock)
 		}
+		host = h
 		// Listening or not, the folder leaves the box's sight.
 		if privileged {
 			if err := hideDir(filepath.Dir(hostSock)); err != nil {
@@ -273,21 +283,26 @@ func serve() int {
 		defer close(accepted)
 		acceptLoop(log, ln, srv, key, false)
 	}()
-	hostAccepted := make(chan struct{})
-	if hostLn != nil {
-		go func() {
-			defer close(hostAccepted)
-			acceptLoop(log, hostLn, srv, key, true)
-		}()
-	}
 
-	sig := <-stop
+	// After a restore the runtime asks for the host socket again (proto.ReopenSignal, which
+	// is SIGUSR2; hostSocket.reopen checks the runtime's marker).
+	reopen := make(chan os.Signal, 1)
+	if host != nil {
+		signal.Notify(reopen, syscall.SIGUSR2)
+	}
+	var sig os.Signal
+	for sig == nil {
+		select {
+		case sig = <-stop:
+		case <-reopen:
+			host.reopen()
+		}
+	}
 	log.Info("stopping", "signal", sig.String())
 	_ = ln.Close()
 	<-accepted
-	if hostLn != nil {
-		_ = hostLn.Close()
-		<-hostAccepted
+	if host != nil {
+		host.close()
 	}
 	srv.Close()
 	if !isAbstract(sock) {

@@ -97,6 +97,14 @@ func (c *Client) Health(ctx context.Context) (proto.Health, error) {
 	return h, err
 }
 
+// Quiesce asks the guest init to close its host socket before the box is saved for a pause
+// (proto/pause.go). This stream stays usable.
+func (c *Client) Quiesce(ctx context.Context) (proto.QuiesceResult, error) {
+	var res proto.QuiesceResult
+	err := c.doJSON(ctx, http.MethodPost, proto.QuiescePath, nil, nil, &res)
+	return res, err
+}
+
 // StartExec starts a command. One that cannot start is not an error: it ends at once with
 // exit code 127 or 126 and ExitStatus.Error.
 func (c *Client) StartExec(ctx context.Context, req proto.ExecRequest) (proto.ExecInfo, error) {

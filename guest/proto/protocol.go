@@ -25,6 +25,7 @@
 //	GET    /v1/workspace/tar                   the workspace as tar; trailer HeaderFiles
 //	PUT    /v1/workspace/tar?replace=1&max_bytes=N&max_files=N&external_symlinks=1
 //	                                           tar body → ImportResult
+//	POST   /v1/quiesce                         QuiesceResult (pause.go)
 //
 // Paths are relative to the workspace or absolute under /workspace; anything that resolves
 // outside it (.., symlinks) is ErrCodeInvalid.

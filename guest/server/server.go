@@ -60,6 +60,9 @@ type Options struct {
 	// are tracked by process group and parentage, which misses processes that left the group
 	// and were re-parented (see killTree). The server does not close it.
 	Cgroups *Cgroups
+	// Quiesce, when set, closes the init's host socket for a pause (POST /v1/quiesce, see
+	// proto/pause.go) and reports whether it was open. Without it the endpoint refuses.
+	Quiesce func() (closed bool, err error)
 	// Logger receives the few things worth logging (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -183,6 +186,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/watches/{id}", s.handleDeleteWatch)
 	mux.HandleFunc("GET /v1/workspace/tar", s.handleExport)
 	mux.HandleFunc("PUT /v1/workspace/tar", s.handleImport)
+	mux.HandleFunc("POST "+proto.QuiescePath, s.handleQuiesce)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(proto.ErrCodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
 	})

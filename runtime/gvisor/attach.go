@@ -50,6 +50,10 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 		}
 		return nil, fmt.Errorf("gvisor: box %s is %s: %w", id, phase, runtime.ErrNotRunning)
 	}
+	if _, err := os.Stat(d.boxes.boxPath(id, pausingFile)); err == nil {
+		// No attach starts while the box is saved (a `runsc exec` in it would be saved too).
+		return nil, fmt.Errorf("gvisor: box %s is being paused: %w", id, runtime.ErrNotRunning)
+	}
 	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}

@@ -90,6 +90,9 @@ type Driver struct {
 	// is not pinned: see lockForCreate) and exclusively while that mount is removed.
 	createMu sync.RWMutex
 	initMu   sync.Mutex
+
+	// identCache is what memory images made here record of their maker (pause.go).
+	identCache
 }
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -348,6 +351,10 @@ func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) 
 	}
 	if fresh {
 		d.disks.refillDiskPool(d.disks.diskBytes(rec.Spec)) // it may have taken the pool's image
+	}
+	// A memory image kept from a pause is stale once the box runs anew.
+	if err := d.dropImages(id); err != nil {
+		d.log.Warn("removing a started box's memory image", "box", id, "err", err)
 	}
 	d.log.Info("box started", "box", id, "fresh", fresh, "seeded", seeded, "ms", time.Since(start).Milliseconds())
 	return fresh && !seeded, nil

@@ -45,6 +45,15 @@ type fakeBox struct {
 	srv    *server.Server // while running
 	key    []byte         // the channel key of the running server
 	fence  uint64         // the highest fence a write carried (runtime.WithFence)
+	// conns are the guest ends of the box's attaches: a pause breaks them, as runsc's save
+	// does.
+	conns map[net.Conn]struct{}
+	// paused is the guest server a Pause kept (its commands run on: the fake does not freeze
+	// them) until a Resume with the image of that pause brings it back; image is that image
+	// while the Fake keeps it (pause.go).
+	paused   *server.Server
+	pauseGen int
+	image    []byte
 }
 
 var _ runtime.Driver = (*Fake)(nil)
@@ -71,6 +80,10 @@ func (f *Fake) Close() {
 			srvs = append(srvs, b.srv)
 			b.srv = nil
 			b.phase = runtime.PhaseStopped
+		}
+		if b.paused != nil {
+			srvs = append(srvs, b.paused)
+			b.paused = nil
 		}
 	}
 	f.mu.Unlock()
@@ -107,7 +120,7 @@ func (f *Fake) takeDown(id, reason string, lost bool) error {
 }
 
 // FailNext makes the next call of the named method ("Create", "Start", "Stop", "Delete",
-// "Get", "List", "UpdateRecord", "Attach", "Check") return err.
+// "Get", "List", "UpdateRecord", "Attach", "Check", "Pause", "Resume") return err.
 func (f *Fake) FailNext(method string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -191,6 +204,11 @@ func (f *Fake) Start(ctx context.Context, id string) (bool, error) {
 	if b.phase == runtime.PhaseRunning {
 		return false, nil
 	}
+	if b.paused != nil {
+		// A start discards the memory a pause kept.
+		go b.paused.Close()
+		b.paused, b.image = nil, nil
+	}
 	fresh := false
 	if _, err := os.Stat(f.Workspace(id)); errors.Is(err, os.ErrNotExist) {
 		if err := os.MkdirAll(f.Workspace(id), 0o755); err != nil {
@@ -246,6 +264,9 @@ func (f *Fake) Delete(ctx context.Context, id string) error {
 	f.mu.Unlock()
 	if b.srv != nil {
 		b.srv.Close()
+	}
+	if b.paused != nil {
+		b.paused.Close()
 	}
 	return os.RemoveAll(filepath.Join(f.dir, "boxes", id))
 }
@@ -336,7 +357,16 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	// (what `connect` writes), the handshake with the box's key, then the protocol.
 	hostEnd, initEnd := net.Pipe()
 	srv, key := b.srv, b.key
+	if b.conns == nil {
+		b.conns = map[net.Conn]struct{}{}
+	}
+	b.conns[initEnd] = struct{}{}
 	go func() {
+		defer func() {
+			f.mu.Lock()
+			delete(b.conns, initEnd)
+			f.mu.Unlock()
+		}()
 		_ = initEnd.SetDeadline(time.Now().Add(10 * time.Second))
 		if _, err := initEnd.Write([]byte{proto.ConnectReady}); err != nil {
 			_ = initEnd.Close()

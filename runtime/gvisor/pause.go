@@ -1,0 +1,577 @@
+package gvisor
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
+	"sandboxd/internal/netpolicy"
+	"sandboxd/runtime"
+)
+
+// Pause and resume (runtime.Driver's Pause, MemoryImage, DropMemoryImage, Resume).
+//
+// A pause asks the box's guest init to close its host socket (runsc cannot save a socket bound
+// on a host folder; proto/pause.go), then `runsc checkpoint` saves the box's memory and
+// processes into StateDir/boxes/<id>/memory.new/ and ends the sandbox; the folder is renamed
+// to memory/ once complete, with meta.json beside runsc's files (what made the image: the runsc
+// binary's hash and the host). Stop then releases the container's leftovers and the disk, as
+// for a crashed box. While a pause runs, the file `pausing` in the box's folder makes Attach
+// refuse: no `runsc exec` attach may start in the box while it is saved.
+//
+// A resume extracts an image (the tar stream MemoryImage makes) into memory.restore/, checks
+// meta.json against this host and runsc, mounts the disk again at the same path, and runs
+// `runsc restore` of the box's last bundle (the box's processes go on, PID 1 with the channel
+// key it had, so the driver keeps channel.key), then asks the init to listen on its host socket
+// again (proto.ReopenMarker, proto.ReopenSignal) and waits until it answers.
+//
+// A checkpoint that fails ends the sandbox (runsc kills a box whose save failed): the guest
+// init's quiesce refuses first what it knows would fail (a socket bound in the workspace).
+
+// Files of a paused box in its folder.
+const (
+	memoryDn        = "memory"
+	memoryNewDn     = "memory.new"
+	memoryRestoreDn = "memory.restore"
+	pausingFile     = "pausing"
+	imageMetaFile   = "meta.json"
+)
+
+// imageFormat is the version of the image archive this driver writes (meta.json's format).
+const imageFormat = 1
+
+// imageMeta is meta.json: what made a memory image. A resume refuses an image made by another
+// runsc build or on another host (runsc cannot restore it reliably), or by another box.
+type imageMeta struct {
+	Format    int       `json:"format"`
+	Box       string    `json:"box"`
+	Runsc     string    `json:"runsc_sha256"`
+	Host      string    `json:"host"`
+	Network   string    `json:"network"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// imageName is the rule for the files of an image: runsc's (checkpoint.img, pages.img,
+// pages_meta.img, …) and meta.json, flat in one folder.
+var imageName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}\.(img|json)$`)
+
+// maxImageFiles bounds the files of an image archive.
+const maxImageFiles = 32
+
+// maxImageBytes bounds the bytes of an image archive extracted for a box: its memory can
+// hold at most its memory limit (twice that, for runsc's own state and metadata), or 16 GiB
+// for a box without one.
+func maxImageBytes(spec runtime.BoxSpec) int64 {
+	if spec.MemoryBytes > 0 {
+		return 2*spec.MemoryBytes + 512<<20
+	}
+	return 16 << 30
+}
+
+// identity is what a memory image made here records of its maker: the runsc binary's sha256
+// and the host's machine id. It is computed once per driver (hashing runsc reads ~100 MB).
+type identity struct{ runsc, host string }
+
+func (d *Driver) identity() (identity, error) {
+	d.identOnce.Do(func() {
+		f, err := os.Open(d.opts.Runsc)
+		if err != nil {
+			d.identErr = fmt.Errorf("gvisor: hashing runsc: %w", err)
+			return
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			d.identErr = fmt.Errorf("gvisor: hashing runsc: %w", err)
+			return
+		}
+		d.ident = identity{runsc: hex.EncodeToString(h.Sum(nil)), host: hostID()}
+	})
+	return d.ident, d.identErr
+}
+
+// hostID names this host: its machine id, else its host name.
+func hostID() string {
+	for _, p := range []string{"/etc/machine-id", "/var/lib/dbus/machine-id"} {
+		if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			return "machine-id:" + strings.TrimSpace(string(b))
+		}
+	}
+	name, _ := os.Hostname()
+	return "hostname:" + name
+}
+
+// identCache is the Driver's identity, computed on first use.
+type identCache struct {
+	identOnce sync.Once
+	ident     identity
+	identErr  error
+}
+
+// Pause implements runtime.Driver.
+func (d *Driver) Pause(ctx context.Context, id string) (err error) {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	if err := d.boxes.admitFence(ctx, id); err != nil {
+		return err
+	}
+	rec, err := d.boxes.readRecord(id)
+	if err != nil {
+		return err
+	}
+	ident, err := d.identity()
+	if err != nil {
+		return err
+	}
+	phase, reason, err := d.observe(ctx, id)
+	if err != nil {
+		return err
+	}
+	if phase != runtime.PhaseRunning {
+		if d.hasImage(id) {
+			return nil // paused before
+		}
+		if reason != "" {
+			return fmt.Errorf("gvisor: box %s is %s (%s): nothing to pause: %w", id, phase, reason, runtime.ErrNotRunning)
+		}
+		return fmt.Errorf("gvisor: box %s is %s: nothing to pause: %w", id, phase, runtime.ErrNotRunning)
+	}
+	start := time.Now()
+	if err := writeFileAtomic(d.boxes.boxPath(id, pausingFile), []byte(start.UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	defer os.Remove(d.boxes.boxPath(id, pausingFile))
+	d.spares.Drop(id)
+
+	if err := d.quiesce(ctx, id); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	flags, err := d.containerFlags(id)
+	if err != nil {
+		d.reopen(ctx, id, flags)
+		return err
+	}
+	newDir := d.boxes.boxPath(id, memoryNewDn)
+	if err := os.RemoveAll(newDir); err != nil {
+		d.reopen(ctx, id, flags)
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	if err := os.Mkdir(newDir, 0o700); err != nil {
+		d.reopen(ctx, id, flags)
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	if _, err := d.runsc(ctx, flags, "checkpoint", "--image-path="+newDir, id); err != nil {
+		_ = os.RemoveAll(newDir)
+		if phase, _, oerr := d.observe(ctx, id); oerr == nil && phase == runtime.PhaseRunning {
+			d.reopen(ctx, id, flags)
+			return fmt.Errorf("gvisor: pause %s: %w", id, err)
+		}
+		return fmt.Errorf("gvisor: pause %s: the checkpoint failed and ended the sandbox (its workspace is intact): %w", id, err)
+	}
+	t2 := time.Now()
+	meta := imageMeta{Format: imageFormat, Box: id, Runsc: ident.runsc, Host: ident.host,
+		Network: rec.Spec.Network, CreatedAt: time.Now().UTC()}
+	if err := writeJSONAtomic(filepath.Join(newDir, imageMetaFile), meta); err != nil {
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	keep := d.boxes.boxPath(id, memoryDn)
+	if err := os.RemoveAll(keep); err != nil {
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	if err := os.Rename(newDir, keep); err != nil {
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	d.log.Info("box paused", "box", id, "quiesce_ms", t1.Sub(start).Milliseconds(),
+		"checkpoint_ms", t2.Sub(t1).Milliseconds(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// quiesce asks the box's guest init to close its host socket, over that socket. A box whose
+// socket does not answer may have been quiesced by a pause that was cut short: it is asked to
+// listen again first.
+func (d *Driver) quiesce(ctx context.Context, id string) error {
+	key, err := d.channelKey(id)
+	if err != nil {
+		return err
+	}
+	conn, err := d.dialHost(ctx, id, key)
+	if err != nil && !errors.Is(err, errTampered) {
+		flags, ferr := d.containerFlags(id)
+		if ferr != nil {
+			return ferr
+		}
+		d.reopen(ctx, id, flags)
+		conn, err = d.dialHostWithin(ctx, id, key, 2*time.Second)
+	}
+	if err != nil {
+		return fmt.Errorf("gvisor: pause %s: reaching its guest init: %w", id, err)
+	}
+	c, err := client.Dial(conn)
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	defer c.Close()
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := c.Quiesce(qctx); err != nil {
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	return nil
+}
+
+// dialHostWithin dials the box's host socket until it answers or within passes.
+func (d *Driver) dialHostWithin(ctx context.Context, id string, key []byte, within time.Duration) (io.ReadWriteCloser, error) {
+	deadline := time.Now().Add(within)
+	for {
+		c, err := d.dialHost(ctx, id, key)
+		if err == nil || errors.Is(err, errTampered) || time.Now().After(deadline) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// reopen asks the box's guest init to listen on its host socket again: the marker in the host
+// folder, then the signal (proto/pause.go). Best effort: a box that does not listen is then
+// reached through `runsc exec … connect`.
+func (d *Driver) reopen(ctx context.Context, id string, flags []string) {
+	if err := d.askReopen(ctx, id, flags); err != nil {
+		d.log.Warn("asking a box's init to listen on its host socket again", "box", id, "err", err)
+	}
+}
+
+func (d *Driver) askReopen(ctx context.Context, id string, flags []string) error {
+	if flags == nil {
+		var err error
+		if flags, err = d.containerFlags(id); err != nil {
+			return err
+		}
+	}
+	marker := filepath.Join(d.boxes.boxPath(id, hostDn), proto.ReopenMarker)
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		return fmt.Errorf("gvisor: reopen marker: %w", err)
+	}
+	if _, err := d.runsc(ctx, flags, "kill", id, proto.ReopenSignal); err != nil {
+		return fmt.Errorf("gvisor: reopen signal: %w", err)
+	}
+	return nil
+}
+
+// hasImage reports whether the box has a complete kept image.
+func (d *Driver) hasImage(id string) bool {
+	_, err := os.Stat(filepath.Join(d.boxes.boxPath(id, memoryDn), imageMetaFile))
+	return err == nil
+}
+
+// MemoryImage implements runtime.Driver: the kept image as a tar stream, meta.json first.
+func (d *Driver) MemoryImage(ctx context.Context, id string) (io.ReadCloser, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	dir := d.boxes.boxPath(id, memoryDn)
+	if !d.hasImage(id) {
+		return nil, fmt.Errorf("gvisor: box %s has no kept memory image: %w", id, runtime.ErrNotFound)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: memory image of %s: %w", id, err)
+	}
+	names := []string{imageMetaFile}
+	for _, e := range entries {
+		if e.Name() != imageMetaFile && e.Type().IsRegular() && imageName.MatchString(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	// Open them all now: a drop racing the read then cannot cut the archive short.
+	files := make([]*os.File, 0, len(names))
+	closeAll := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for _, n := range names {
+		f, err := os.Open(filepath.Join(dir, n))
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("gvisor: memory image of %s: %w", id, err)
+		}
+		files = append(files, f)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		defer closeAll()
+		pw.CloseWithError(writeImageTar(pw, names, files))
+	}()
+	return pr, nil
+}
+
+func writeImageTar(w io.Writer, names []string, files []*os.File) error {
+	tw := tar.NewWriter(w)
+	for i, f := range files {
+		fi, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: names[i], Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime(),
+			Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
+			return err
+		}
+		if n, err := io.Copy(tw, f); err != nil {
+			return err
+		} else if n != fi.Size() {
+			return fmt.Errorf("%s changed while it was read", names[i])
+		}
+	}
+	return tw.Close()
+}
+
+// DropMemoryImage implements runtime.Driver.
+func (d *Driver) DropMemoryImage(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	if err := d.boxes.admitFence(ctx, id); err != nil {
+		if errors.Is(err, runtime.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	return d.dropImages(id)
+}
+
+// dropImages removes every memory image folder of the box.
+func (d *Driver) dropImages(id string) error {
+	var errs []error
+	for _, dn := range []string{memoryDn, memoryNewDn, memoryRestoreDn} {
+		if err := os.RemoveAll(d.boxes.boxPath(id, dn)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gvisor: memory images of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume implements runtime.Driver.
+func (d *Driver) Resume(ctx context.Context, id string, image io.Reader) (err error) {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	if err := d.boxes.admitFence(ctx, id); err != nil {
+		return err
+	}
+	rec, err := d.boxes.readRecord(id)
+	if err != nil {
+		return err
+	}
+	phase, _, err := d.observe(ctx, id)
+	if err != nil {
+		return err
+	}
+	if phase == runtime.PhaseRunning {
+		// Restored already (a resume cut short after `runsc restore`): make sure it listens.
+		if err := d.askReopen(ctx, id, nil); err != nil {
+			return err
+		}
+		return d.waitReady(ctx, id)
+	}
+	start := time.Now()
+	ident, err := d.identity()
+	if err != nil {
+		return err
+	}
+	dir := d.boxes.boxPath(id, memoryRestoreDn)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("gvisor: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	meta, err := extractImage(image, dir, maxImageBytes(rec.Spec))
+	if err != nil {
+		return err
+	}
+	switch {
+	case meta.Format != imageFormat:
+		return &runtime.ImageError{Reason: fmt.Sprintf("the image's format %d is not this driver's (%d)", meta.Format, imageFormat)}
+	case meta.Box != id:
+		return &runtime.ImageError{Reason: "the image is another sandbox's", Corrupt: true}
+	case meta.Host != ident.host:
+		return &runtime.ImageError{Reason: "the image was made on another host"}
+	case meta.Runsc != ident.runsc:
+		return &runtime.ImageError{Reason: "the image was made by another runsc build (runsc was upgraded since the pause)"}
+	case meta.Network != rec.Spec.Network:
+		return &runtime.ImageError{Reason: "the image was made with another network mode"}
+	}
+	t1 := time.Now()
+	flags, err := d.containerFlags(id)
+	if err != nil {
+		return err
+	}
+	bundle := d.boxes.boxPath(id, bundleDn)
+	if _, err := os.Stat(filepath.Join(bundle, "config.json")); err != nil {
+		return &runtime.ImageError{Reason: "the box's container bundle is gone", Err: err}
+	}
+	if err := d.destroyContainer(ctx, id); err != nil {
+		return err
+	}
+	// The workspace the image's open files refer to: the same disk, at the same path.
+	fresh, err := d.disks.ensureDisk(ctx, id, rec.Spec)
+	if err != nil {
+		return err
+	}
+	fail := func(cause error) error {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cliTimeout)
+		defer cancel()
+		if cerr := d.destroyContainer(cctx, id); cerr != nil {
+			d.log.Error("cleanup after a failed resume", "box", id, "err", cerr)
+		} else if uerr := d.disks.unmountDisk(id); uerr != nil {
+			d.log.Error("cleanup after a failed resume", "box", id, "err", uerr)
+		}
+		return cause
+	}
+	if fresh {
+		return fail(&runtime.ImageError{Reason: "the sandbox's workspace disk is gone, and the image's processes need it"})
+	}
+	if rec.Spec.Network == netpolicy.ModeEgress {
+		if _, err := d.net.up(id, rec.Spec.NetworkPolicy); err != nil {
+			return fail(err)
+		}
+	}
+	hostDir := d.boxes.boxPath(id, hostDn)
+	for _, name := range []string{proto.ReopenMarker, hostSocketName} {
+		if err := os.Remove(filepath.Join(hostDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fail(fmt.Errorf("gvisor: host socket folder: %w", err))
+		}
+	}
+	if err := os.Remove(d.boxes.boxPath(id, tamperedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fail(fmt.Errorf("gvisor: %w", err))
+	}
+	d.rotateLog(id)
+	unlockCreate := d.lockForCreate()
+	err = d.runscLogged(ctx, id, flags, "restore", "--image-path="+dir, "--bundle="+bundle, "--detach", id)
+	unlockCreate()
+	if err != nil {
+		return fail(&runtime.ImageError{Reason: "runsc could not restore the image: " + strings.TrimPrefix(err.Error(), "runsc "), Err: err})
+	}
+	t2 := time.Now()
+	if err := d.askReopen(ctx, id, flags); err != nil {
+		return fail(err)
+	}
+	if err := d.waitReady(ctx, id); err != nil {
+		return fail(&runtime.ImageError{Reason: "the restored sandbox's init does not answer", Err: err})
+	}
+	if err := d.dropImages(id); err != nil {
+		d.log.Warn("removing a resumed box's image", "box", id, "err", err)
+	}
+	d.log.Info("box resumed", "box", id, "extract_ms", t1.Sub(start).Milliseconds(),
+		"restore_ms", t2.Sub(t1).Milliseconds(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// extractImage writes the files of an image archive into dir (flat, regular files with
+// runsc's names, at most max bytes in all) and reads the stream to its end, so that a reader
+// that checks a hash at its end has checked it. It returns meta.json's content.
+func extractImage(r io.Reader, dir string, max int64) (imageMeta, error) {
+	var meta imageMeta
+	tr := tar.NewReader(r)
+	var total int64
+	seen := map[string]bool{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return meta, readError(err)
+		}
+		if h.Typeflag != tar.TypeReg || !imageName.MatchString(h.Name) || seen[h.Name] {
+			return meta, &runtime.ImageError{Reason: fmt.Sprintf("the image holds an unexpected entry %q", h.Name), Corrupt: true}
+		}
+		seen[h.Name] = true
+		if len(seen) > maxImageFiles {
+			return meta, &runtime.ImageError{Reason: "the image holds too many files", Corrupt: true}
+		}
+		total += h.Size
+		if h.Size < 0 || total > max {
+			return meta, &runtime.ImageError{Reason: fmt.Sprintf("the image is larger than the %d MiB a box of this size can have", max>>20), Corrupt: true}
+		}
+		if h.Name == imageMetaFile {
+			if h.Size > 64<<10 {
+				return meta, &runtime.ImageError{Reason: "the image's meta.json is too large", Corrupt: true}
+			}
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				return meta, readError(err)
+			}
+			if err := json.Unmarshal(b, &meta); err != nil {
+				return meta, &runtime.ImageError{Reason: "the image's meta.json is unreadable", Corrupt: true, Err: err}
+			}
+		}
+		f, err := os.OpenFile(filepath.Join(dir, h.Name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return meta, fmt.Errorf("gvisor: extracting the image: %w", err)
+		}
+		if h.Name == imageMetaFile {
+			b, _ := json.Marshal(meta)
+			_, err = f.Write(b)
+		} else {
+			_, err = io.Copy(f, tr)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return meta, readError(err)
+		}
+	}
+	// The rest of the stream (a tar's padding): a hashing reader reports a mismatch at its end.
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return meta, readError(err)
+	}
+	if !seen[imageMetaFile] || !seen["checkpoint.img"] {
+		return meta, &runtime.ImageError{Reason: "the image is incomplete (no meta.json or checkpoint.img)", Corrupt: true}
+	}
+	return meta, nil
+}
+
+// readError is the error of an image stream that could not be read: an *ImageError that wraps
+// the reader's error (a hash mismatch at the end of a checkpoint stream, or a store that
+// failed), which the caller can tell apart; an archive that is not one is Corrupt.
+func readError(err error) error {
+	var ie *runtime.ImageError
+	if errors.As(err, &ie) {
+		return err
+	}
+	corrupt := errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrFieldTooLong)
+	return &runtime.ImageError{Reason: "the image could not be read: " + err.Error(), Corrupt: corrupt, Err: err}
+}

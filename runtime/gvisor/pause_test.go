@@ -1,0 +1,285 @@
+package gvisor_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/guest/client"
+	"sandboxd/guest/proto"
+	"sandboxd/runtime"
+	"sandboxd/runtime/gvisor"
+	"sandboxd/runtime/runtimetest"
+)
+
+// counterLoop runs in the background of a box: it writes its pid and a rising counter to
+// /tmp/counter every 20 ms.
+const counterLoop = `i=0; while :; do i=$((i+1)); echo "$$ $i" > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.02; done`
+
+// readCounter reads the loop's pid and count.
+func readCounter(t *testing.T, c *client.Client) (pid, n int) {
+	t.Helper()
+	res := runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"cat", "/tmp/counter"}})
+	f := strings.Fields(string(res.Stdout))
+	if len(f) != 2 {
+		t.Fatalf("counter file holds %q", res.Stdout)
+	}
+	pid, _ = strconv.Atoi(f[0])
+	n, _ = strconv.Atoi(f[1])
+	return pid, n
+}
+
+// pauseBox pauses a box and returns its kept image, then releases the rest (Stop), as the
+// domain does.
+func pauseBox(t *testing.T, d *gvisor.Driver, id string) []byte {
+	t.Helper()
+	start := time.Now()
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	t.Logf("pause took %v", time.Since(start))
+	rc, err := d.MemoryImage(ctxT(t), id)
+	if err != nil {
+		t.Fatalf("MemoryImage: %v", err)
+	}
+	img, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatalf("reading the image: %v", err)
+	}
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatalf("Stop after Pause: %v", err)
+	}
+	if b, _ := d.Get(ctxT(t), id); b.Phase != runtime.PhaseStopped {
+		t.Fatalf("after pause and stop the box is %s, want stopped", b.Phase)
+	}
+	if err := d.DropMemoryImage(ctxT(t), id); err != nil {
+		t.Fatalf("DropMemoryImage: %v", err)
+	}
+	return img
+}
+
+func TestPauseResumeKeepsProcesses(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", "echo kept > /workspace/file; echo tmp > /tmp/file"}})
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	pid1, n1 := readCounter(t, c)
+
+	img := pauseBox(t, d, id)
+	names := imageNames(t, img)
+	t.Logf("image: %d bytes, files %v", len(img), names)
+	if names[0] != "meta.json" || !containsName(names, "checkpoint.img") {
+		t.Fatalf("image files %v, want meta.json first and checkpoint.img", names)
+	}
+	if _, err := d.Attach(ctxT(t), id); !errors.Is(err, runtime.ErrNotRunning) {
+		t.Fatalf("Attach to a paused box: got %v, want ErrNotRunning", err)
+	}
+
+	start := time.Now()
+	if err := d.Resume(ctxT(t), id, bytes.NewReader(img)); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	t.Logf("resume took %v", time.Since(start))
+	c = runtimetest.Client(t, d, id)
+	pid2, n2 := readCounter(t, c)
+	if pid2 != pid1 || n2 < n1 {
+		t.Fatalf("after resume the loop is pid %d at %d, want pid %d at %d or more", pid2, n2, pid1, n1)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if pid3, n3 := readCounter(t, c); pid3 != pid1 || n3 <= n2 {
+		t.Fatalf("the loop does not go on counting after resume: pid %d at %d, then %d", pid3, n2, n3)
+	}
+	res := runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"cat", "/workspace/file", "/tmp/file"}})
+	if string(res.Stdout) != "kept\ntmp\n" {
+		t.Fatalf("files after resume: %q", res.Stdout)
+	}
+
+	// A second pause and resume of the same box.
+	img = pauseBox(t, d, id)
+	if err := d.Resume(ctxT(t), id, bytes.NewReader(img)); err != nil {
+		t.Fatalf("second Resume: %v", err)
+	}
+	c = runtimetest.Client(t, d, id)
+	if pid4, _ := readCounter(t, c); pid4 != pid1 {
+		t.Fatalf("after a second pause the loop is pid %d, want %d", pid4, pid1)
+	}
+}
+
+func imageNames(t *testing.T, img []byte) []string {
+	t.Helper()
+	var names []string
+	tr := tar.NewReader(bytes.NewReader(img))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return names
+		}
+		if err != nil {
+			t.Fatalf("image archive: %v", err)
+		}
+		names = append(names, h.Name)
+	}
+}
+
+func containsName(names []string, n string) bool {
+	for _, x := range names {
+		if x == n {
+			return true
+		}
+	}
+	return false
+}
+
+func TestPauseRefusesWorkspaceSocket(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	// A process holding a unix socket bound in the workspace (a host folder) cannot be saved.
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"python3", "-c",
+		"import socket,time; s=socket.socket(socket.AF_UNIX); s.bind('/workspace/app.sock'); s.listen(); open('/tmp/ready','w').close(); time.sleep(600)"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, c, "/tmp/ready")
+	err := d.Pause(ctxT(t), id)
+	var pe *proto.Error
+	if !errors.As(err, &pe) || pe.Code != proto.ErrCodeState || !strings.Contains(pe.Message, "/workspace/app.sock") {
+		t.Fatalf("Pause with a socket bound in the workspace: got %v, want the guest's invalid_state naming it", err)
+	}
+	// The box runs on, reachable as before.
+	if b, _ := d.Get(ctxT(t), id); b.Phase != runtime.PhaseRunning {
+		t.Fatalf("after the refused pause the box is %s", b.Phase)
+	}
+	c = runtimetest.Client(t, d, id)
+	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
+	if _, err := d.MemoryImage(ctxT(t), id); !errors.Is(err, runtime.ErrNotFound) {
+		t.Fatalf("MemoryImage after a refused pause: got %v, want ErrNotFound", err)
+	}
+}
+
+func waitFile(t *testing.T, c *client.Client, path string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res := runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"test", "-e", path}})
+		if res.Exit.ExitCode == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear", path)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestResumeRefusesBadImages(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", "echo kept > /workspace/file"}})
+	img := pauseBox(t, d, id)
+
+	for _, tc := range []struct {
+		name    string
+		image   []byte
+		corrupt bool
+		want    string
+	}{
+		{"NotTar", []byte("not an archive at all, but long enough to be read as a header? no"), true, "could not be read"},
+		{"Truncated", img[:len(img)/2], true, "could not be read"},
+		{"Traversal", tarOf(t, map[string]string{"../escape.img": "x"}), true, "unexpected entry"},
+		{"Symlink", symlinkTar(t), true, "unexpected entry"},
+		{"NoMeta", tarOf(t, map[string]string{"checkpoint.img": "x"}), true, "incomplete"},
+		{"OtherBox", withMeta(t, img, `"box": "`+id+`"`, `"box": "sbx_someoneelse"`), true, "another sandbox"},
+		{"OtherRunsc", withMeta(t, img, `"runsc_sha256": "`, `"runsc_sha256": "00`), false, "another runsc"},
+		{"OtherHost", withMeta(t, img, `"host": "`, `"host": "elsewhere-`), false, "another host"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := d.Resume(ctxT(t), id, bytes.NewReader(tc.image))
+			var ie *runtime.ImageError
+			if !errors.As(err, &ie) || ie.Corrupt != tc.corrupt || !strings.Contains(ie.Reason, tc.want) {
+				t.Fatalf("got %v (%+v), want an ImageError (corrupt %v) saying %q", err, ie, tc.corrupt, tc.want)
+			}
+			if b, _ := d.Get(ctxT(t), id); b.Phase != runtime.PhaseStopped {
+				t.Fatalf("after a refused image the box is %s, want stopped", b.Phase)
+			}
+			if _, err := os.Stat(filepath.Join(stateDirOf(t, d), "boxes", id, "memory.restore")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a refused image left its folder: %v", err)
+			}
+		})
+	}
+	// The workspace is intact: a plain start brings it back (the processes are lost).
+	if fresh, err := d.Start(ctxT(t), id); err != nil || fresh {
+		t.Fatalf("Start after refused images: (%v, %v)", fresh, err)
+	}
+	c = runtimetest.Client(t, d, id)
+	res := runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"cat", "/workspace/file"}})
+	if string(res.Stdout) != "kept\n" {
+		t.Fatalf("workspace after refused images: %q", res.Stdout)
+	}
+}
+
+func tarOf(t *testing.T, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for name, data := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o600, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(data))
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+func symlinkTar(t *testing.T) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Name: "checkpoint.img", Linkname: "/etc/shadow", Typeflag: tar.TypeSymlink}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// withMeta rewrites the image's meta.json, replacing old with new.
+func withMeta(t *testing.T, img []byte, old, new string) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	tr := tar.NewReader(bytes.NewReader(img))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(tr)
+		if h.Name == "meta.json" {
+			if !bytes.Contains(data, []byte(old)) {
+				t.Fatalf("meta.json %s holds no %s", data, old)
+			}
+			data = bytes.Replace(data, []byte(old), []byte(new), 1)
+			h.Size = int64(len(data))
+		}
+		tw.WriteHeader(h)
+		tw.Write(data)
+	}
+	tw.Close()
+	return out.Bytes()
+}
