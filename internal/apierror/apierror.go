@@ -44,6 +44,9 @@ const (
 	// CursorExpired: a stream's cursor names something that no longer exists (a file watch
 	// that expired, or whose sandbox restarted): start again without the cursor, and rescan.
 	CursorExpired Code = "CURSOR_EXPIRED"
+	// Unsupported: the runtime cannot do this at all (pause and resume on the Kubernetes
+	// runtime); retrying cannot help.
+	Unsupported Code = "UNSUPPORTED"
 )
 
 // table maps each code to its HTTP status.
@@ -65,6 +68,7 @@ var table = map[Code]int{
 	Internal:          http.StatusInternalServerError,
 	DirectoryNotEmpty: http.StatusConflict,
 	CursorExpired:     http.StatusGone,
+	Unsupported:       http.StatusNotImplemented,
 }
 
 // Codes lists every code, for documentation and tests.

@@ -132,6 +132,16 @@ func New(objs ObjectStore, opts Options) *Store {
 	return s
 }
 
+// Derive returns a Store over the same object store, with the same options, whose keys start
+// with prefix instead: another kind of object kept with the same guarantees (atomic saves,
+// sha256-checked reads) beside the checkpoints, as the memory images of paused sandboxes are.
+// Its objects never show in this Store's lists.
+func (s *Store) Derive(prefix string) *Store {
+	d := *s
+	d.prefix = strings.Trim(prefix, "/")
+	return &d
+}
+
 // Object kinds, by key suffix.
 const (
 	kindData     = ".tar.zst"

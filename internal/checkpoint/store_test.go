@@ -274,3 +274,48 @@ func TestGetRefusesMalformedID(t *testing.T) {
 		t.Errorf("Get: got %v, want ErrInvalidID", err)
 	}
 }
+
+func TestDerive(t *testing.T) {
+	st, objs := newStore(t, checkpoint.Options{})
+	mem := st.Derive("memory/")
+	tarball, _ := smallTar(t, 5)
+	sc := newScope()
+	ws := save(t, st, sc, tarball, "")
+	img := save(t, mem, sc, tarball, "")
+	// The derived store's objects live under its prefix, beside the checkpoints, and each
+	// store lists only its own.
+	if !strings.HasPrefix(img.Object, "memory/acme/web/"+sc.Sandbox+"/") {
+		t.Errorf("derived object %q, want it under memory/", img.Object)
+	}
+	for _, tc := range []struct {
+		st   *checkpoint.Store
+		want string
+	}{{st, ws.ID}, {mem, img.ID}} {
+		list, err := tc.st.List(t.Context(), sc)
+		if err != nil || len(list) != 1 || list[0].ID != tc.want || list[0].Object == "" {
+			t.Errorf("List: got %+v, %v, want only %s", list, err, tc.want)
+		}
+	}
+	if list, err := st.ListProject(t.Context(), "acme", "web"); err != nil || len(list) != 1 {
+		t.Errorf("ListProject of the checkpoints: got %d, %v, want only the checkpoint", len(list), err)
+	}
+	// Reads are checked as the checkpoints' are: a flipped byte is ErrCorrupt at the end.
+	if sum, err := readBack(t, mem, sc, img.ID); err != nil || sum != sha256.Sum256(tarball) {
+		t.Errorf("read back: %x, %v", sum, err)
+	}
+	path := filepath.Join(objs.Dir(), filepath.FromSlash(img.Object))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readBack(t, mem, sc, img.ID); !errors.Is(err, checkpoint.ErrCorrupt) {
+		t.Errorf("read of a flipped byte: got %v, want ErrCorrupt", err)
+	}
+	if _, err := readBack(t, st, sc, ws.ID); err != nil {
+		t.Errorf("the checkpoint beside it: %v", err)
+	}
+}

@@ -339,6 +339,7 @@ func (f *follower) renew() {
 func (f *follower) reopen() (*client.LogReader, error) {
 	s := f.s
 	for attempt := 0; ; attempt++ {
+		paused := false
 		f.renew()
 		if s.bg.Err() != nil || !f.writing && f.wait == nil {
 			return nil, nil
@@ -349,6 +350,10 @@ func (f *follower) reopen() (*client.LogReader, error) {
 		switch {
 		case errors.Is(err, runtime.ErrNotFound):
 			return nil, errors.New("the sandbox was destroyed while the command ran")
+		case err == nil && sandbox.State(box.Record.State).KeepsProcesses():
+			// Paused (or on the way there or back): the command is kept with the sandbox's
+			// memory and goes on after the resume, its log from the stored offset. Wait.
+			paused = true
 		case err == nil && box.Phase == runtime.PhaseFailed:
 			// The sandbox died under the command (out of memory, crashed): it is FAILED now,
 			// and a waiting caller gets SANDBOX_FAILED with its reason, not a result.
@@ -386,8 +391,13 @@ func (f *follower) reopen() (*client.LogReader, error) {
 		default:
 			s.log.Debug("looking up the sandbox of an exec failed", "exec", f.meta.ID, "err", err)
 		}
+		wait := min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)
+		if paused {
+			// A resume may come any time, or in days: look often at first, then every 2 s.
+			wait = min(time.Duration(attempt+1)*50*time.Millisecond, 2*time.Second)
+		}
 		select {
-		case <-time.After(min(time.Duration(attempt+1)*200*time.Millisecond, 2*time.Second)):
+		case <-time.After(wait):
 		case <-s.bg.Done():
 			return nil, nil
 		}

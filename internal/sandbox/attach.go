@@ -105,6 +105,10 @@ func (c *attachments) attach(ctx context.Context, id string) (*client.Client, er
 	if err != nil {
 		if errors.Is(err, runtime.ErrNotRunning) {
 			box, gerr := c.driver.Get(actx, id)
+			if gerr == nil && State(box.Record.State).KeepsProcesses() {
+				return nil, apierror.Wrap(err, apierror.InvalidState, "sandbox %s is %s", id, box.Record.State).
+					WithDetail("state", box.Record.State).WithRetryAfter(busyRetryAfter)
+			}
 			if gerr == nil && box.Phase == runtime.PhaseFailed {
 				rec := c.observe(actx, box)
 				return nil, apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason)
@@ -169,6 +173,11 @@ func (c *attachments) guestError(ctx context.Context, id string, err error) erro
 	}
 	c.drop(id)
 	box, gerr := c.driver.Get(context.WithoutCancel(ctx), id)
+	if gerr == nil && State(box.Record.State).KeepsProcesses() {
+		// A pause broke the stream: the sandbox did not fail, its processes are kept.
+		return apierror.Wrap(err, apierror.InvalidState, "sandbox %s is %s: the call was cut by its pause", id, box.Record.State).
+			WithDetail("state", box.Record.State).WithRetryAfter(busyRetryAfter)
+	}
 	if gerr == nil && box.Phase == runtime.PhaseFailed {
 		rec := c.observe(context.WithoutCancel(ctx), box)
 		return apierror.Wrap(err, apierror.SandboxFailed, "the sandbox failed: %s", rec.StateReason).WithDetail("state", rec.State)

@@ -25,5 +25,14 @@ func toSandbox(rec runtime.Record) Sandbox {
 		State: State(rec.State), StateReason: rec.StateReason, CreatedAt: rec.CreatedAt, StateChangedAt: rec.StateChangedAt,
 		AutostopSec: rec.AutostopSec, TTLSec: rec.TTLSec, LatestSnapshotID: rec.LatestCheckpoint,
 		MilliCPU: rec.Spec.MilliCPU, MemoryBytes: rec.Spec.MemoryBytes, DiskBytes: rec.Spec.DiskBytes, Network: network(rec.Spec.Network),
-		NetworkPolicy: policyOf(rec.Spec.Network, rec.Spec.NetworkPolicy), Labels: maps.Clone(rec.Labels)}
+		NetworkPolicy: policyOf(rec.Spec.Network, rec.Spec.NetworkPolicy), Labels: maps.Clone(rec.Labels),
+		AutostopAction: autostopAction(rec), AutoResume: rec.Annotations[annAutoResume] == "true"}
+}
+
+// autostopAction is the record's auto-stop action, "stop" unless it says "pause".
+func autostopAction(rec runtime.Record) string {
+	if rec.Annotations[annAutostopAction] == AutostopPause {
+		return AutostopPause
+	}
+	return AutostopStop
 }

@@ -65,6 +65,12 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 		// the workspace from it too (and a snapshot is the first checkpoint's parent).
 		rec.Annotations = map[string]string{src.key: src.value}
 	}
+	if req.AutostopAction == AutostopPause {
+		rec.Annotations = withAnnotation(rec.Annotations, annAutostopAction, AutostopPause)
+	}
+	if req.AutoResume {
+		rec.Annotations = withAnnotation(rec.Annotations, annAutoResume, "true")
+	}
 	// The lookup first: a replica that dies after this leaves an entry whose box may not
 	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
 	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
@@ -169,7 +175,22 @@ func (s *Service) validateCreate(req CreateRequest) (ProfileConfig, int64, int64
 	if err := s.cfg.Limits.CheckLabels(req.Labels); err != nil {
 		return prof, 0, 0, err
 	}
+	switch req.AutostopAction {
+	case "", AutostopStop, AutostopPause:
+	default:
+		return prof, 0, 0, apierror.New(apierror.InvalidArgument, "autostop_action must be %q or %q, got %q",
+			AutostopStop, AutostopPause, apierror.Truncate(req.AutostopAction, 32)).WithDetail("field", "autostop_action")
+	}
 	return prof, autostop, ttl, nil
+}
+
+// withAnnotation sets key in annotations, making the map when there is none.
+func withAnnotation(annotations map[string]string, key, value string) map[string]string {
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[key] = value
+	return annotations
 }
 
 // Bound is a caller's optional value of field name: def when not given, INVALID_ARGUMENT

@@ -53,6 +53,10 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	if err := s.driver.Delete(ctx, id); err != nil {
 		return "", runtimeError(s.log, id, err, "could not remove the sandbox's runtime")
 	}
+	// A paused sandbox's memory goes with it (its workspace snapshots stay).
+	if rec.Annotations[annMemoryImage] != "" {
+		s.mem.discard(ctx, rec, "")
+	}
 	if err := s.store.Delete(ctx, entryOf(rec)); err != nil {
 		s.log.Warn("removing the lookup failed; the next read cleans it", "sandbox", id, "err", err)
 	}

@@ -12,7 +12,17 @@ import (
 
 // Load finds the caller's sandbox id and checks verb against its state. Another project's
 // sandbox, a malformed id and a missing one are all NOT_FOUND. A caller's load is activity.
+// An exec or file call on a PAUSED sandbox created with auto_resume resumes it first.
 func (s *Service) Load(ctx context.Context, p auth.Principal, id string, verb Verb) (runtime.Record, error) {
+	rec, err := s.load(ctx, p, id, verb)
+	if err != nil && autoResumes(rec, verb) {
+		return s.autoResume(ctx, p, id, verb)
+	}
+	return rec, err
+}
+
+// load is Load without the auto-resume.
+func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Verb) (runtime.Record, error) {
 	if !ValidID(id, idPrefix) {
 		return runtime.Record{}, notFound(id)
 	}

@@ -112,7 +112,7 @@ func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time,
 	now := s.now()
 	p := auth.Principal{Key: systemKey, Tenant: rec.Tenant, Project: rec.Project}
 	switch st {
-	case Creating, Starting, Stopping, Destroying:
+	case Creating, Starting, Stopping, Destroying, Pausing, Resuming:
 		// In flight, or left half done by a replica that died: its lock tells which.
 		if now.Sub(rec.StateChangedAt) < s.cfg.LockTTL/3 {
 			return st
@@ -144,6 +144,20 @@ func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time,
 			return st
 		}
 		why := fmt.Sprintf("auto-stopped after %d s without activity", rec.AutostopSec)
+		if rec.Annotations[annAutostopAction] == AutostopPause {
+			sb, err := s.pause(ctx, p, rec.ID, fmt.Sprintf("auto-paused after %d s without activity", rec.AutostopSec))
+			if err == nil {
+				s.log.Info("sandbox auto-paused", "sandbox", rec.ID, "autostop_sec", rec.AutostopSec, "state", sb.State)
+				return sb.State
+			}
+			if !pauseRefused(err) {
+				r.actionFailed(rec.ID, "auto-pause", err)
+				return st
+			}
+			// It cannot be paused (its runtime cannot, or its guest refused): idle compute is
+			// released all the same.
+			why = fmt.Sprintf("auto-stopped after %d s without activity (it could not be paused: %s)", rec.AutostopSec, apierror.From(err).Message)
+		}
 		if _, err := s.stop(ctx, p, rec.ID, why); err != nil {
 			r.actionFailed(rec.ID, "auto-stop", err)
 			return st
@@ -231,6 +245,27 @@ func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
 			return from
 		}
 		to, reason = Stopped, why
+	case Pausing:
+		st, why, err := s.pauseWork(ctx, rec)
+		switch {
+		case err == nil:
+			to, reason = st, why
+		case !s.boxDead(ctx, id):
+			to = Running // the pause cannot be done; the box runs on as before
+		default:
+			r.actionFailed(id, "finish pause", err)
+			return from
+		}
+	case Resuming:
+		why, kept, err := s.resumeWork(ctx, rec)
+		switch {
+		case err == nil:
+			to, reason = Running, why
+		case kept:
+			to = Paused // the image is intact; a caller resumes again
+		default:
+			to, reason = Failed, "resume failed: "+apierror.From(err).Message
+		}
 	case Destroying:
 		if _, err := s.destroyWork(ctx, rec, Destroyed, ""); err != nil {
 			r.actionFailed(id, "finish destroy", err)

@@ -67,6 +67,7 @@ type Service struct {
 	attachs *attachments
 	slots   slots
 	ckpts   *checkpoints
+	mem     *memories
 	boot    *bootstrapper
 	recon   *reconciler
 	// streams caps the event and output streams each tenant:project holds on this replica.
@@ -116,6 +117,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger, metrics: d.Metrics}
 	s.ckpts = &checkpoints{store: d.Checkpoints, driver: d.Driver, attachs: s.attachs, metrics: d.Metrics, log: d.Logger,
 		now: d.Now, keep: cfg.KeepCheckpoints}
+	s.mem = &memories{store: d.Checkpoints.Derive(MemoryPrefix), driver: d.Driver, log: d.Logger}
 	s.boot = &bootstrapper{sources: d.Sources, objects: d.SourceObjects, prefixes: cfg.SourcePrefixes, ckpts: s.ckpts,
 		attachs: s.attachs, driver: d.Driver, events: d.Events, metrics: d.Metrics, log: d.Logger, now: d.Now,
 		every: defaultProgressEvery}

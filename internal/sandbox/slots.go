@@ -58,8 +58,11 @@ func (s slots) releaseUnlessHolding(ctx context.Context, tenant, project, id str
 	s.release(ctx, tenant, project, id)
 }
 
-// holdsSlot reports whether a sandbox in state st holds a concurrency slot.
-func holdsSlot(st State) bool { return st == Creating || st == Starting || st == Running }
+// holdsSlot reports whether a sandbox in state st holds a concurrency slot. A PAUSING one
+// still runs; a RESUMING one took its slot before it began; a PAUSED one holds none.
+func holdsSlot(st State) bool {
+	return st == Creating || st == Starting || st == Running || st == Pausing || st == Resuming
+}
 
 // Quota reports the caller's concurrency limit and use.
 func (s *Service) Quota(ctx context.Context, p auth.Principal) (quota.Usage, error) {

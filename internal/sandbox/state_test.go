@@ -22,15 +22,18 @@ func TestCheckEveryStateAndVerb(t *testing.T) {
 	yes := want{ok, false}
 	gone := want{nf, false}
 	table := map[State]map[Verb]want{
-		Creating:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
-		Running:    {VerbGet: yes, VerbExec: yes, VerbFiles: yes, VerbStop: yes, VerbStart: no, VerbDestroy: yes, VerbSnapshot: yes, VerbUpdate: yes},
-		Stopping:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
-		Stopped:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes},
-		Starting:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
-		Destroying: {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy},
-		Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone, VerbUpdate: gone},
-		Failed:     {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: yes, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes},
-		Expired:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: no, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: no},
+		Creating:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy, VerbPause: busy, VerbResume: busy},
+		Running:    {VerbGet: yes, VerbExec: yes, VerbFiles: yes, VerbStop: yes, VerbStart: no, VerbDestroy: yes, VerbSnapshot: yes, VerbUpdate: yes, VerbPause: yes, VerbResume: no},
+		Stopping:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy, VerbPause: busy, VerbResume: busy},
+		Stopped:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes, VerbPause: no, VerbResume: no},
+		Starting:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy, VerbPause: busy, VerbResume: busy},
+		Destroying: {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy, VerbPause: busy, VerbResume: busy},
+		Destroyed:  {VerbGet: gone, VerbExec: gone, VerbFiles: gone, VerbStop: gone, VerbStart: gone, VerbDestroy: gone, VerbSnapshot: gone, VerbUpdate: gone, VerbPause: gone, VerbResume: gone},
+		Failed:     {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: yes, VerbStart: yes, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes, VerbPause: no, VerbResume: no},
+		Expired:    {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: no, VerbStart: no, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: no, VerbPause: no, VerbResume: no},
+		Pausing:    {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy, VerbPause: busy, VerbResume: busy},
+		Paused:     {VerbGet: yes, VerbExec: no, VerbFiles: no, VerbStop: yes, VerbStart: no, VerbDestroy: yes, VerbSnapshot: no, VerbUpdate: yes, VerbPause: no, VerbResume: yes},
+		Resuming:   {VerbGet: yes, VerbExec: busy, VerbFiles: busy, VerbStop: busy, VerbStart: busy, VerbDestroy: busy, VerbSnapshot: busy, VerbUpdate: busy, VerbPause: busy, VerbResume: busy},
 	}
 	if len(table) != len(States) {
 		t.Fatalf("the test covers %d states, the service has %d", len(table), len(States))
@@ -73,6 +76,8 @@ func TestTransientStates(t *testing.T) {
 		{VerbStop, Stopping, Stopped, true},
 		{VerbStart, Starting, Running, true},
 		{VerbDestroy, Destroying, Destroyed, true},
+		{VerbPause, Pausing, Paused, true},
+		{VerbResume, Resuming, Running, true},
 		{VerbExec, "", "", false},
 		{VerbFiles, "", "", false},
 		{VerbGet, "", "", false},

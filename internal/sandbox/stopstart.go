@@ -31,8 +31,17 @@ func (s *Service) stop(ctx context.Context, p auth.Principal, id, why string) (S
 	return toSandbox(rec), nil
 }
 
-// stopWork checkpoints the workspace and stops the box.
+// stopWork checkpoints the workspace and stops the box. A paused sandbox's workspace was
+// checkpointed by its pause: its memory image is discarded.
 func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, error) {
+	if rec.Annotations[annMemoryImage] != "" && s.boxDead(ctx, rec.ID) {
+		s.attachs.drop(rec.ID)
+		if err := s.driver.Stop(ctx, rec.ID); err != nil {
+			return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
+		}
+		s.forgetMemory(ctx, rec)
+		return "", nil
+	}
 	reason := ""
 	if _, err := s.ckpts.save(ctx, rec); err != nil {
 		if !s.boxDead(ctx, rec.ID) {

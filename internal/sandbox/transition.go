@@ -24,10 +24,12 @@ func (s *Service) setState(ctx context.Context, id string, from, to State, reaso
 		r.StateReason = reason
 		r.StateChangedAt = s.now().UTC()
 		switch to {
-		case Running, Stopped, Destroyed:
+		case Running, Stopped, Destroyed, Paused:
 			r.DesiredState = string(to)
-		case Starting:
+		case Starting, Resuming:
 			r.DesiredState = string(Running)
+		case Pausing:
+			r.DesiredState = string(Paused)
 		case Stopping:
 			r.DesiredState = string(Stopped)
 		case Destroying:

@@ -28,6 +28,10 @@ type Sandbox struct {
 	NetworkPolicy NetworkPolicy
 	// Labels are the caller's labels (labels.go); nil when it has none.
 	Labels map[string]string
+	// AutostopAction is what idle auto-stop does: "stop", or "pause" (pause.go).
+	AutostopAction string
+	// AutoResume: exec and file calls on the PAUSED sandbox resume it first.
+	AutoResume bool
 }
 
 // ExpiresAt is when the sandbox's TTL ends (zero when it has none).
@@ -45,6 +49,12 @@ type CreateRequest struct {
 	Labels map[string]string
 	// Network narrows the profile's network policy (nil: the profile's).
 	Network *NetworkRequest
+	// AutostopAction is what idle auto-stop does: AutostopStop ("stop", the default when
+	// empty) or AutostopPause ("pause": keep the processes, pause.go).
+	AutostopAction string
+	// AutoResume makes exec and file calls on the PAUSED sandbox resume it first, instead of
+	// answering INVALID_STATE.
+	AutoResume bool
 }
 
 // UpdateRequest changes an existing sandbox. Nil fields are left as they are; at least one
