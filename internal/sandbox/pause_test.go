@@ -52,7 +52,10 @@ func TestPauseAndResume(t *testing.T) {
 		t.Fatalf("memory images: got %d, %v, want 1", len(list), err)
 	}
 	for name, call := range map[string]func() error{
-		"exec":  func() error { _, err := e.Svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"true"}}); return err },
+		"exec": func() error {
+			_, err := e.Svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"true"}})
+			return err
+		},
 		"files": func() error { _, _, err := e.Svc.ReadFile(ctx, alice, sb.ID, "file", 100); return err },
 		"pause": func() error { _, err := e.Svc.Pause(ctx, alice, sb.ID); return err },
 		"start": func() error { _, err := e.Svc.Start(ctx, alice, sb.ID); return err },
