@@ -22,6 +22,9 @@ const (
 	StateDestroyed  = "DESTROYED"
 	StateFailed     = "FAILED"
 	StateExpired    = "EXPIRED"
+	StatePausing    = "PAUSING"
+	StatePaused     = "PAUSED"
+	StateResuming   = "RESUMING"
 )
 
 // Sandbox is a sandbox as the REST API answers it.
@@ -47,6 +50,10 @@ type Sandbox struct {
 	SnapshotID string `json:"snapshot_id,omitempty"`
 	// Labels are the sandbox's labels (see Update).
 	Labels map[string]string `json:"labels,omitempty"`
+	// AutostopAction is what idle auto-stop does: "stop" or "pause"; AutoResume whether exec
+	// and file calls resume the sandbox when it is PAUSED.
+	AutostopAction string `json:"autostop_action,omitempty"`
+	AutoResume     bool   `json:"auto_resume,omitempty"`
 }
 
 // Resources are a sandbox's limits.
@@ -69,6 +76,11 @@ type CreateRequest struct {
 	// Network narrows the profile's network policy (nil keeps it); widening it is refused
 	// with PERMISSION_DENIED.
 	Network *NetworkRequest `json:"network,omitempty"`
+	// AutostopAction is what idle auto-stop does: "stop" (the default) or "pause" (keep the
+	// processes: Pause).
+	AutostopAction string `json:"autostop_action,omitempty"`
+	// AutoResume makes exec and file calls on the sandbox, PAUSED, resume it first.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // NetworkRequest narrows a profile's network policy at create: mode "none" always; "egress"
@@ -171,6 +183,23 @@ func (c *Client) Stop(ctx context.Context, id string) (Sandbox, error) {
 func (c *Client) Start(ctx context.Context, id string) (Sandbox, error) {
 	var sb Sandbox
 	err := c.call(ctx, http.MethodPost, sandboxPath(id, "start"), nil, &sb)
+	return sb, err
+}
+
+// Pause keeps a running sandbox's memory, processes and workspace and releases its compute
+// and concurrency slot (PAUSED).
+func (c *Client) Pause(ctx context.Context, id string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "pause"), nil, &sb)
+	return sb, err
+}
+
+// Resume brings a paused sandbox back with its processes (RUNNING); when they cannot come
+// back, it starts it on its workspace and StateReason says "memory not restored: …". It takes
+// a concurrency slot (a *Error with code QUOTA_EXCEEDED and RetryAfter when none is free).
+func (c *Client) Resume(ctx context.Context, id string) (Sandbox, error) {
+	var sb Sandbox
+	err := c.call(ctx, http.MethodPost, sandboxPath(id, "resume"), nil, &sb)
 	return sb, err
 }
 

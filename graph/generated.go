@@ -171,7 +171,9 @@ type ComplexityRoot struct {
 		Exec            func(childComplexity int, sandboxID string, input model.ExecInput, wait *bool) int
 		MakeDirectory   func(childComplexity int, sandboxID string, path string) int
 		MoveFile        func(childComplexity int, sandboxID string, from string, to string, overwrite *bool) int
+		PauseSandbox    func(childComplexity int, id string) int
 		ResizeExecTty   func(childComplexity int, execID string, rows int, cols int) int
+		ResumeSandbox   func(childComplexity int, id string) int
 		SignalExec      func(childComplexity int, execID string, signal model.ExecSignal) int
 		SnapshotSandbox func(childComplexity int, id string) int
 		StartAgentRun   func(childComplexity int, input model.StartAgentRunInput) int
@@ -241,6 +243,8 @@ type ComplexityRoot struct {
 	}
 
 	Sandbox struct {
+		AutoResume       func(childComplexity int) int
+		AutostopAction   func(childComplexity int) int
 		AutostopAt       func(childComplexity int) int
 		AutostopSec      func(childComplexity int) int
 		CreatedAt        func(childComplexity int) int
@@ -321,6 +325,8 @@ type MutationResolver interface {
 	Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecResult, error)
 	StopSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	StartSandbox(ctx context.Context, id string) (*model.Sandbox, error)
+	PauseSandbox(ctx context.Context, id string) (*model.Sandbox, error)
+	ResumeSandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
 	UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error)
 	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
@@ -985,6 +991,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.MoveFile(childComplexity, args["sandboxId"].(string), args["from"].(string), args["to"].(string), args["overwrite"].(*bool)), true
+	case "Mutation.pauseSandbox":
+		if e.ComplexityRoot.Mutation.PauseSandbox == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_pauseSandbox_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.PauseSandbox(childComplexity, args["id"].(string)), true
 	case "Mutation.resizeExecTty":
 		if e.ComplexityRoot.Mutation.ResizeExecTty == nil {
 			break
@@ -996,6 +1013,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.ResizeExecTty(childComplexity, args["execId"].(string), args["rows"].(int), args["cols"].(int)), true
+	case "Mutation.resumeSandbox":
+		if e.ComplexityRoot.Mutation.ResumeSandbox == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resumeSandbox_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResumeSandbox(childComplexity, args["id"].(string)), true
 	case "Mutation.signalExec":
 		if e.ComplexityRoot.Mutation.SignalExec == nil {
 			break
@@ -1365,6 +1393,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Resources.MilliCPU(childComplexity), true
 
+	case "Sandbox.autoResume":
+		if e.ComplexityRoot.Sandbox.AutoResume == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.AutoResume(childComplexity), true
+	case "Sandbox.autostopAction":
+		if e.ComplexityRoot.Sandbox.AutostopAction == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.AutostopAction(childComplexity), true
 	case "Sandbox.autostopAt":
 		if e.ComplexityRoot.Sandbox.AutostopAt == nil {
 			break
@@ -1793,7 +1833,7 @@ var sources = []*ast.Source{
 # connection_init payload). Another tenant's sandbox does not exist for you: NOT_FOUND, never a
 # permission error. Errors carry extensions.code (INVALID_ARGUMENT, UNAUTHENTICATED,
 # PERMISSION_DENIED, NOT_FOUND, INVALID_STATE, ALREADY_EXISTS, PAYLOAD_TOO_LARGE, QUOTA_EXCEEDED,
-# UNAVAILABLE, SANDBOX_FAILED, CHECKPOINT_CORRUPT, DIRECTORY_NOT_EMPTY, CURSOR_EXPIRED, INTERNAL,
+# UNAVAILABLE, SANDBOX_FAILED, CHECKPOINT_CORRUPT, DIRECTORY_NOT_EMPTY, CURSOR_EXPIRED, UNSUPPORTED, INTERNAL,
 # plus gqlgen's GRAPHQL_PARSE_FAILED,
 # GRAPHQL_VALIDATION_FAILED and COMPLEXITY_LIMIT_EXCEEDED), extensions.retryAfter (seconds) when
 # retrying later may succeed, and any public details of the error (e.g. extensions.state).
@@ -1980,6 +2020,27 @@ type Mutation {
   Returns the sandbox as the call left it.
   """
   startSandbox("The sandbox id." id: ID!): Sandbox!
+
+  """
+  Pauses a running sandbox: keeps its memory and processes (the runtime's image of them,
+  stored sha256-checked beside the workspace snapshots) and a workspace snapshot, and releases
+  its compute and concurrency slot: PAUSED. Commands running in it go on after resumeSandbox,
+  their output streams with nothing lost. UNSUPPORTED on a runtime that cannot keep a
+  sandbox's memory (Kubernetes); INVALID_STATE when the sandbox's state cannot be saved (a
+  process holds a unix socket bound in /workspace: the message names it).
+  Returns the sandbox as the call left it.
+  """
+  pauseSandbox("The sandbox id." id: ID!): Sandbox!
+
+  """
+  Resumes a paused sandbox: takes a concurrency slot again (QUOTA_EXCEEDED with
+  extensions.retryAfter when the project is full) and brings its processes back where they
+  were. When its memory cannot be restored (the image is gone or corrupt, or was made on
+  another host or by another runsc build) the sandbox is started on its workspace instead:
+  RUNNING, with stateReason "memory not restored: …".
+  Returns the sandbox as the call left it.
+  """
+  resumeSandbox("The sandbox id." id: ID!): Sandbox!
 
   """
   Destroys a sandbox: checkpoints the workspace a last time and removes the runtime. A destroyed
@@ -2251,6 +2312,18 @@ type Sandbox {
   networkPolicy: NetworkPolicy!
   "The caller's labels of the sandbox, sorted by key; empty when it has none. Each costs like an item of a list of the configured maximum (32 by default)."
   labels: [Label!]!
+  "What idle auto-stop does to this sandbox: STOP, or PAUSE (keep its processes)."
+  autostopAction: AutostopAction!
+  "Whether exec and file calls on this sandbox, PAUSED, resume it first (else they are INVALID_STATE)."
+  autoResume: Boolean!
+}
+
+"What idle auto-stop does to a sandbox."
+enum AutostopAction {
+  "Stop it: its processes end, its workspace is kept."
+  STOP
+  "Pause it: its memory and processes are kept too (pauseSandbox); it falls back to STOP when the sandbox cannot be paused."
+  PAUSE
 }
 
 """
@@ -2311,7 +2384,7 @@ type Resources {
 
 """
 A sandbox's lifecycle state. CREATING → RUNNING → STOPPING → STOPPED → STARTING → RUNNING;
-DESTROYING → DESTROYED; plus FAILED and EXPIRED.
+RUNNING → PAUSING → PAUSED → RESUMING → RUNNING; DESTROYING → DESTROYED; plus FAILED and EXPIRED.
 """
 enum SandboxState {
   "Being created; the runtime and workspace are being prepared."
@@ -2332,6 +2405,12 @@ enum SandboxState {
   FAILED
   "Expired: its TTL ended; it can only be destroyed."
   EXPIRED
+  "Being paused: its memory and workspace are being saved."
+  PAUSING
+  "Paused: no compute and no concurrency slot; its memory, processes and workspace are kept for resumeSandbox."
+  PAUSED
+  "Being resumed: its processes are being brought back."
+  RESUMING
 }
 
 """
@@ -2420,6 +2499,10 @@ input CreateSandboxInput {
   labels: [LabelInput!]
   "Narrows the profile's network policy; null keeps it. Widening it (a mode, CIDR or host name the profile does not allow whole) is PERMISSION_DENIED."
   network: NetworkPolicyInput
+  "What idle auto-stop does; null means STOP."
+  autostopAction: AutostopAction
+  "Whether exec and file calls on the sandbox, PAUSED, resume it first; null means false."
+  autoResume: Boolean
 }
 
 "How a sandbox may use the network."
@@ -3353,6 +3436,10 @@ func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graph
 		return ec.fieldContext_Sandbox_networkPolicy(ctx, field)
 	case "labels":
 		return ec.fieldContext_Sandbox_labels(ctx, field)
+	case "autostopAction":
+		return ec.fieldContext_Sandbox_autostopAction(ctx, field)
+	case "autoResume":
+		return ec.fieldContext_Sandbox_autoResume(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Sandbox", field.Name)
 }
@@ -3737,6 +3824,20 @@ func (ec *executionContext) field_Mutation_moveFile_args(ctx context.Context, ra
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_pauseSandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_resizeExecTty_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3764,6 +3865,20 @@ func (ec *executionContext) field_Mutation_resizeExecTty_args(ctx context.Contex
 		return nil, err
 	}
 	args["cols"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_resumeSandbox_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
 	return args, nil
 }
 
@@ -6609,6 +6724,94 @@ func (ec *executionContext) fieldContext_Mutation_startSandbox(ctx context.Conte
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_pauseSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_pauseSandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().PauseSandbox(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_pauseSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_pauseSandbox_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resumeSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resumeSandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResumeSandbox(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resumeSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resumeSandbox_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_destroySandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -8772,6 +8975,52 @@ func (ec *executionContext) fieldContext_Sandbox_labels(_ context.Context, field
 	return fc, nil
 }
 
+func (ec *executionContext) _Sandbox_autostopAction(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_autostopAction(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AutostopAction, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.AutostopAction) graphql.Marshaler {
+			return ec.marshalNAutostopAction2sandboxdᚋgraphᚋmodelᚐAutostopAction(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_autostopAction(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "AutostopAction")
+}
+
+func (ec *executionContext) _Sandbox_autoResume(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_autoResume(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AutoResume, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_autoResume(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "Boolean")
+}
+
 func (ec *executionContext) _SandboxConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.SandboxConnection) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10675,7 +10924,7 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source", "labels", "network"}
+	fieldsInOrder := [...]string{"profile", "autostopSec", "ttlSec", "env", "source", "labels", "network", "autostopAction", "autoResume"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10731,6 +10980,20 @@ func (ec *executionContext) unmarshalInputCreateSandboxInput(ctx context.Context
 				return it, err
 			}
 			it.Network = data
+		case "autostopAction":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("autostopAction"))
+			data, err := ec.unmarshalOAutostopAction2ᚖsandboxdᚋgraphᚋmodelᚐAutostopAction(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.AutostopAction = data
+		case "autoResume":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("autoResume"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.AutoResume = data
 		}
 	}
 	return it, nil
@@ -12131,6 +12394,20 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "pauseSandbox":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_pauseSandbox(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resumeSandbox":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resumeSandbox(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "destroySandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_destroySandbox(ctx, field)
@@ -12747,6 +13024,16 @@ func (ec *executionContext) _Sandbox(ctx context.Context, sel ast.SelectionSet, 
 			}
 		case "labels":
 			out.Values[i] = ec._Sandbox_labels(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "autostopAction":
+			out.Values[i] = ec._Sandbox_autostopAction(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "autoResume":
+			out.Values[i] = ec._Sandbox_autoResume(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -13505,6 +13792,16 @@ func (ec *executionContext) marshalNAgentRunStatus2sandboxdᚋgraphᚋmodelᚐAg
 	return v
 }
 
+func (ec *executionContext) unmarshalNAutostopAction2sandboxdᚋgraphᚋmodelᚐAutostopAction(ctx context.Context, v any) (model.AutostopAction, error) {
+	var res model.AutostopAction
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNAutostopAction2sandboxdᚋgraphᚋmodelᚐAutostopAction(ctx context.Context, sel ast.SelectionSet, v model.AutostopAction) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) unmarshalNBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -14188,6 +14485,22 @@ func (ec *executionContext) marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgent
 		return graphql.Null
 	}
 	return ec._AgentRun(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalOAutostopAction2ᚖsandboxdᚋgraphᚋmodelᚐAutostopAction(ctx context.Context, v any) (*model.AutostopAction, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.AutostopAction)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOAutostopAction2ᚖsandboxdᚋgraphᚋmodelᚐAutostopAction(ctx context.Context, sel ast.SelectionSet, v *model.AutostopAction) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
 }
 
 func (ec *executionContext) unmarshalOBoolean2bool(ctx context.Context, v any) (bool, error) {

@@ -98,6 +98,10 @@ func createRequest(in model.CreateSandboxInput) (sandbox.CreateRequest, error) {
 	if n := in.Network; n != nil {
 		req.Network = &sandbox.NetworkRequest{Mode: strings.ToLower(string(n.Mode)), EgressAllow: n.EgressAllow, EgressDeny: n.EgressDeny}
 	}
+	if a := in.AutostopAction; a != nil {
+		req.AutostopAction = strings.ToLower(string(*a))
+	}
+	req.AutoResume = in.AutoResume != nil && *in.AutoResume
 	return req, nil
 }
 
@@ -221,7 +225,17 @@ func toSandbox(s sandbox.Sandbox) *model.Sandbox {
 		Network:          s.Network,
 		NetworkPolicy:    toNetworkPolicy(s.NetworkPolicy),
 		Labels:           toLabels(s.Labels),
+		AutostopAction:   autostopAction(s.AutostopAction),
+		AutoResume:       s.AutoResume,
 	}
+}
+
+// autostopAction is a sandbox's auto-stop action: PAUSE, or STOP for anything else.
+func autostopAction(a string) model.AutostopAction {
+	if a == sandbox.AutostopPause {
+		return model.AutostopActionPause
+	}
+	return model.AutostopActionStop
 }
 
 // sandboxCursor is the list cursor of a sandbox: the service pages by sandbox id

@@ -612,6 +612,14 @@ func (s *gfService) Start(_ context.Context, _ auth.Principal, id string) (sandb
 	return sandbox.Sandbox{ID: id}, nil
 }
 
+func (s *gfService) Pause(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{ID: id, State: sandbox.Paused}, nil
+}
+
+func (s *gfService) Resume(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{ID: id}, nil
+}
+
 func (s *gfService) Destroy(_ context.Context, _ auth.Principal, id string) (sandbox.DestroyResult, error) {
 	return sandbox.DestroyResult{Sandbox: sandbox.Sandbox{ID: id}}, nil
 }

@@ -74,6 +74,32 @@ func (r *mutationResolver) StartSandbox(ctx context.Context, id string) (*model.
 	return toSandbox(sb), nil
 }
 
+// PauseSandbox is the resolver for the pauseSandbox field.
+func (r *mutationResolver) PauseSandbox(ctx context.Context, id string) (*model.Sandbox, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := r.svc.Pause(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return toSandbox(sb), nil
+}
+
+// ResumeSandbox is the resolver for the resumeSandbox field.
+func (r *mutationResolver) ResumeSandbox(ctx context.Context, id string) (*model.Sandbox, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := r.svc.Resume(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return toSandbox(sb), nil
+}
+
 // DestroySandbox is the resolver for the destroySandbox field.
 func (r *mutationResolver) DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error) {
 	p, err := auth.Require(ctx)

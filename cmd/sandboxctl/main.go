@@ -128,7 +128,7 @@ message.
 
 	root.AddGroup(&cobra.Group{ID: "sandboxes", Title: "Sandboxes:"}, &cobra.Group{ID: "work", Title: "Commands and files:"},
 		&cobra.Group{ID: "more", Title: "Snapshots and agent runs:"})
-	for _, c := range []*cobra.Command{a.createCmd(), a.listCmd(), a.getCmd(), a.stopCmd(), a.startCmd(), a.destroyCmd(), a.quotaCmd(), a.updateCmd()} {
+	for _, c := range []*cobra.Command{a.createCmd(), a.listCmd(), a.getCmd(), a.stopCmd(), a.startCmd(), a.pauseCmd(), a.resumeCmd(), a.destroyCmd(), a.quotaCmd(), a.updateCmd()} {
 		c.GroupID = "sandboxes"
 		root.AddCommand(c)
 	}

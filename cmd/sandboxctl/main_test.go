@@ -146,7 +146,7 @@ func TestSandboxCommands(t *testing.T) {
 		t.Errorf("ls -q printed %q, want two ids", r.stdout)
 	}
 
-	for _, verb := range []string{"get", "stop", "start", "destroy"} {
+	for _, verb := range []string{"get", "stop", "start", "pause", "resume", "destroy"} {
 		r := e.run(t, "", nil, "-o", "json", verb, apitest.SandboxRunning).want(t, exitOK)
 		var sb client.Sandbox
 		if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil || sb.ID != apitest.SandboxRunning {
@@ -156,6 +156,14 @@ func TestSandboxCommands(t *testing.T) {
 		case "stop":
 			if sb.State != client.StateStopped {
 				t.Errorf("stop: got state %s, want STOPPED", sb.State)
+			}
+		case "pause":
+			if sb.State != client.StatePaused {
+				t.Errorf("pause: got state %s, want PAUSED", sb.State)
+			}
+		case "resume":
+			if sb.State != client.StateRunning {
+				t.Errorf("resume: got state %s, want RUNNING", sb.State)
 			}
 		case "destroy":
 			if sb.State != client.StateDestroyed || sb.SnapshotID != apitest.SnapDestroyed {

@@ -71,6 +71,9 @@ workspace is filled). It takes one concurrency slot of the tenant:project.`,
 	f.StringVar(&archive, "archive-url", "", "fill the workspace from this HTTPS archive (zip, tar, tar.gz, tar.zst)")
 	f.StringVar(&gcsPref, "gcs-prefix", "", "fill the workspace from the objects under gs://bucket/prefix/")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox id")
+	f.StringVar(&req.AutostopAction, "autostop-action", "", "what idle auto-stop does: stop (the default) or pause (keep the processes)")
+	f.BoolVar(&req.AutoResume, "auto-resume", false, "let exec and file calls resume the sandbox when it is PAUSED")
+	_ = cmd.RegisterFlagCompletionFunc("autostop-action", cobra.FixedCompletions([]string{"stop", "pause"}, cobra.ShellCompDirectiveNoFileComp))
 	cmd.MarkFlagsMutuallyExclusive("snapshot", "archive-url", "gcs-prefix")
 	_ = cmd.RegisterFlagCompletionFunc("snapshot", a.completeSnapshots)
 	return cmd
@@ -147,7 +150,7 @@ func (a *app) listCmd() *cobra.Command {
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the sandbox ids")
 	_ = cmd.RegisterFlagCompletionFunc("state", cobra.FixedCompletions([]string{client.StateCreating, client.StateRunning,
 		client.StateStopping, client.StateStopped, client.StateStarting, client.StateDestroying, client.StateDestroyed,
-		client.StateFailed, client.StateExpired}, cobra.ShellCompDirectiveNoFileComp))
+		client.StateFailed, client.StateExpired, client.StatePausing, client.StatePaused, client.StateResuming}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
@@ -171,6 +174,20 @@ func (a *app) startCmd() *cobra.Command {
 		})
 }
 
+func (a *app) pauseCmd() *cobra.Command {
+	return a.sandboxVerb("pause SANDBOX", "Keep a sandbox's memory, processes and workspace and release its compute (PAUSED)",
+		func(c *client.Client, cmd *cobra.Command, id string) (client.Sandbox, error) {
+			return c.Pause(cmd.Context(), id)
+		})
+}
+
+func (a *app) resumeCmd() *cobra.Command {
+	return a.sandboxVerb("resume SANDBOX", "Bring a paused sandbox back with its processes (RUNNING)",
+		func(c *client.Client, cmd *cobra.Command, id string) (client.Sandbox, error) {
+			return c.Resume(cmd.Context(), id)
+		})
+}
+
 func (a *app) destroyCmd() *cobra.Command {
 	cmd := a.sandboxVerb("destroy SANDBOX", "Checkpoint a sandbox one last time and remove it (DESTROYED)",
 		func(c *client.Client, cmd *cobra.Command, id string) (client.Sandbox, error) {
@@ -178,6 +195,14 @@ func (a *app) destroyCmd() *cobra.Command {
 		})
 	cmd.Aliases = []string{"delete"} // not rm: that deletes files
 	return cmd
+}
+
+// autoResume prints a sandbox's auto_resume: "true", or "" (not shown) when it is off.
+func autoResume(sb client.Sandbox) string {
+	if sb.AutoResume {
+		return "true"
+	}
+	return ""
 }
 
 // sandboxVerb is a command that takes one sandbox id and answers the sandbox.
@@ -250,6 +275,8 @@ func (a *app) printSandbox(sb client.Sandbox) {
 		"resources", fmt.Sprintf("%d milli-CPU, %s memory, %s disk", sb.Resources.MilliCPU, size(sb.Resources.MemoryBytes), size(sb.Resources.DiskBytes)),
 		"network", sb.Network,
 		"labels", labelList(sb.Labels, ", "),
+		"autostop_action", sb.AutostopAction,
+		"auto_resume", autoResume(sb),
 		"latest_snapshot_id", sb.LatestSnapshotID,
 		"snapshot_id", sb.SnapshotID,
 	)

@@ -74,6 +74,10 @@ type CreateSandboxInput struct {
 	Labels []*LabelInput `json:"labels,omitempty"`
 	// Narrows the profile's network policy; null keeps it. Widening it (a mode, CIDR or host name the profile does not allow whole) is PERMISSION_DENIED.
 	Network *NetworkPolicyInput `json:"network,omitempty"`
+	// What idle auto-stop does; null means STOP.
+	AutostopAction *AutostopAction `json:"autostopAction,omitempty"`
+	// Whether exec and file calls on the sandbox, PAUSED, resume it first; null means false.
+	AutoResume *bool `json:"autoResume,omitempty"`
 }
 
 // What destroySandbox did.
@@ -431,6 +435,10 @@ type Sandbox struct {
 	NetworkPolicy *NetworkPolicy `json:"networkPolicy"`
 	// The caller's labels of the sandbox, sorted by key; empty when it has none. Each costs like an item of a list of the configured maximum (32 by default).
 	Labels []*Label `json:"labels"`
+	// What idle auto-stop does to this sandbox: STOP, or PAUSE (keep its processes).
+	AutostopAction AutostopAction `json:"autostopAction"`
+	// Whether exec and file calls on this sandbox, PAUSED, resume it first (else they are INVALID_STATE).
+	AutoResume bool `json:"autoResume"`
 }
 
 // A page of sandboxes (Relay cursor connection).
@@ -687,6 +695,64 @@ func (e *AgentRunStatus) UnmarshalJSON(b []byte) error {
 }
 
 func (e AgentRunStatus) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// What idle auto-stop does to a sandbox.
+type AutostopAction string
+
+const (
+	// Stop it: its processes end, its workspace is kept.
+	AutostopActionStop AutostopAction = "STOP"
+	// Pause it: its memory and processes are kept too (pauseSandbox); it falls back to STOP when the sandbox cannot be paused.
+	AutostopActionPause AutostopAction = "PAUSE"
+)
+
+var AllAutostopAction = []AutostopAction{
+	AutostopActionStop,
+	AutostopActionPause,
+}
+
+func (e AutostopAction) IsValid() bool {
+	switch e {
+	case AutostopActionStop, AutostopActionPause:
+		return true
+	}
+	return false
+}
+
+func (e AutostopAction) String() string {
+	return string(e)
+}
+
+func (e *AutostopAction) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = AutostopAction(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid AutostopAction", str)
+	}
+	return nil
+}
+
+func (e AutostopAction) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *AutostopAction) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e AutostopAction) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil
@@ -1147,7 +1213,7 @@ func (e NetworkMode) MarshalJSON() ([]byte, error) {
 }
 
 // A sandbox's lifecycle state. CREATING → RUNNING → STOPPING → STOPPED → STARTING → RUNNING;
-// DESTROYING → DESTROYED; plus FAILED and EXPIRED.
+// RUNNING → PAUSING → PAUSED → RESUMING → RUNNING; DESTROYING → DESTROYED; plus FAILED and EXPIRED.
 type SandboxState string
 
 const (
@@ -1169,6 +1235,12 @@ const (
 	SandboxStateFailed SandboxState = "FAILED"
 	// Expired: its TTL ended; it can only be destroyed.
 	SandboxStateExpired SandboxState = "EXPIRED"
+	// Being paused: its memory and workspace are being saved.
+	SandboxStatePausing SandboxState = "PAUSING"
+	// Paused: no compute and no concurrency slot; its memory, processes and workspace are kept for resumeSandbox.
+	SandboxStatePaused SandboxState = "PAUSED"
+	// Being resumed: its processes are being brought back.
+	SandboxStateResuming SandboxState = "RESUMING"
 )
 
 var AllSandboxState = []SandboxState{
@@ -1181,11 +1253,14 @@ var AllSandboxState = []SandboxState{
 	SandboxStateDestroyed,
 	SandboxStateFailed,
 	SandboxStateExpired,
+	SandboxStatePausing,
+	SandboxStatePaused,
+	SandboxStateResuming,
 }
 
 func (e SandboxState) IsValid() bool {
 	switch e {
-	case SandboxStateCreating, SandboxStateRunning, SandboxStateStopping, SandboxStateStopped, SandboxStateStarting, SandboxStateDestroying, SandboxStateDestroyed, SandboxStateFailed, SandboxStateExpired:
+	case SandboxStateCreating, SandboxStateRunning, SandboxStateStopping, SandboxStateStopped, SandboxStateStarting, SandboxStateDestroying, SandboxStateDestroyed, SandboxStateFailed, SandboxStateExpired, SandboxStatePausing, SandboxStatePaused, SandboxStateResuming:
 		return true
 	}
 	return false

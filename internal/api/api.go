@@ -26,6 +26,11 @@ type Service interface {
 	Stop(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	Start(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	Destroy(ctx context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error)
+	// Pause keeps a running sandbox's memory and workspace and releases its compute and slot;
+	// Resume brings it back with its processes (or starts it on its workspace when they cannot
+	// come back: state_reason says so). Resume takes a slot.
+	Pause(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	// Update changes a sandbox's labels (a merge patch), autostop_sec and ttl_sec.
 	Update(ctx context.Context, p auth.Principal, id string, req sandbox.UpdateRequest) (sandbox.Sandbox, error)
 	// Events streams status changes after the cursor; sandboxID "" means the caller's whole

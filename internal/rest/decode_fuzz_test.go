@@ -587,6 +587,16 @@ func (s *fzService) Start(_ context.Context, _ auth.Principal, id string) (sandb
 	return sandbox.Sandbox{ID: id}, nil
 }
 
+func (s *fzService) Pause(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	s.record("Pause", id)
+	return sandbox.Sandbox{ID: id}, nil
+}
+
+func (s *fzService) Resume(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
+	s.record("Resume", id)
+	return sandbox.Sandbox{ID: id}, nil
+}
+
 func (s *fzService) Destroy(_ context.Context, _ auth.Principal, id string) (sandbox.DestroyResult, error) {
 	s.record("Destroy", id)
 	return sandbox.DestroyResult{}, nil

@@ -85,6 +85,8 @@ func New(svc api.Service, authn *auth.Authenticator, log *slog.Logger, shutdown 
 	route(ttyRoute, h.tty)
 	route("POST "+Prefix+"/{id}/stop", h.stop)
 	route("POST "+Prefix+"/{id}/start", h.start)
+	route("POST "+Prefix+"/{id}/pause", h.pause)
+	route("POST "+Prefix+"/{id}/resume", h.resume)
 	route("GET "+Prefix+"/{id}/files", h.download)
 	route("PUT "+Prefix+"/{id}/files", h.upload)
 	route("POST "+Prefix+"/{id}/files", h.upload)
@@ -179,6 +181,10 @@ type createBody struct {
 	Labels      map[string]string `json:"labels"`
 	// Network narrows the profile's network policy: "none", or an object.
 	Network *networkBody `json:"network"`
+	// AutostopAction is "stop" (default) or "pause"; AutoResume resumes a PAUSED sandbox on
+	// exec and file calls.
+	AutostopAction string `json:"autostop_action"`
+	AutoResume     bool   `json:"auto_resume"`
 }
 
 // networkBody is a create's network: the string "none" (no network), or
@@ -240,7 +246,8 @@ type sourceBody struct {
 }
 
 func (b createBody) request() sandbox.CreateRequest {
-	req := sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env, Labels: b.Labels}
+	req := sandbox.CreateRequest{Profile: b.Profile, AutostopSec: b.AutostopSec, TTLSec: b.TTLSec, Env: b.Env, Labels: b.Labels,
+		AutostopAction: b.AutostopAction, AutoResume: b.AutoResume}
 	if b.Source != nil {
 		req.Source = &sandbox.Source{SnapshotID: b.Source.SnapshotID, ArchiveURL: b.Source.ArchiveURL, GCSPrefix: b.Source.GCSPrefix}
 	}
@@ -450,6 +457,10 @@ type sandboxOut struct {
 	NetworkPolicy networkPolicyOut `json:"network_policy"`
 	// Labels is always an object ({} for none).
 	Labels map[string]string `json:"labels"`
+	// AutostopAction is what idle auto-stop does ("stop" or "pause"); AutoResume whether exec
+	// and file calls resume a PAUSED sandbox.
+	AutostopAction string `json:"autostop_action"`
+	AutoResume     bool   `json:"auto_resume"`
 }
 
 func sandboxJSON(sb sandbox.Sandbox) sandboxOut {
@@ -457,7 +468,8 @@ func sandboxJSON(sb sandbox.Sandbox) sandboxOut {
 		State: string(sb.State), StateReason: sb.StateReason, CreatedAt: sb.CreatedAt, StateChangedAt: sb.StateChangedAt,
 		AutostopSec: sb.AutostopSec, TTLSec: sb.TTLSec, LatestSnapshotID: sb.LatestSnapshotID,
 		Resources: resourcesOut{MilliCPU: sb.MilliCPU, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}, Network: sb.Network,
-		NetworkPolicy: networkPolicyJSON(sb.NetworkPolicy), Labels: sb.Labels}
+		NetworkPolicy: networkPolicyJSON(sb.NetworkPolicy), Labels: sb.Labels,
+		AutostopAction: sb.AutostopAction, AutoResume: sb.AutoResume}
 	if out.Labels == nil {
 		out.Labels = map[string]string{}
 	}

@@ -76,6 +76,20 @@ func (f *Fake) Start(_ context.Context, p auth.Principal, id string) (sandbox.Sa
 	return lookup(p, id)
 }
 
+// Pause answers the sandbox PAUSED.
+func (f *Fake) Pause(_ context.Context, p auth.Principal, id string) (sandbox.Sandbox, error) {
+	f.record(Call{Method: "Pause", Principal: p, SandboxID: id})
+	s, err := lookup(p, id)
+	s.State = sandbox.Paused
+	return s, err
+}
+
+// Resume answers the sandbox RUNNING.
+func (f *Fake) Resume(_ context.Context, p auth.Principal, id string) (sandbox.Sandbox, error) {
+	f.record(Call{Method: "Resume", Principal: p, SandboxID: id})
+	return lookup(p, id)
+}
+
 // Destroy answers the sandbox DESTROYED, with SnapDestroyed as its last checkpoint.
 func (f *Fake) Destroy(_ context.Context, p auth.Principal, id string) (sandbox.DestroyResult, error) {
 	f.record(Call{Method: "Destroy", Principal: p, SandboxID: id})
