@@ -156,7 +156,7 @@ func hint(state State, verb Verb) string {
 		return " (resume it: its processes were kept)"
 	case state == Paused && verb == VerbSnapshot:
 		return " (its pause took a snapshot of the workspace: latest_snapshot_id)"
-	case (state == Running && verb == VerbPause) || (state == Paused && verb == VerbResume):
+	case (state == Paused && verb == VerbPause) || (state == Running && verb == VerbResume):
 		return " already"
 	case verb == VerbPause:
 		return " (only a RUNNING sandbox can be paused)"

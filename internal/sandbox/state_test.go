@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"strings"
 	"testing"
 
 	"sandboxd/internal/apierror"
@@ -101,5 +102,26 @@ func TestParseState(t *testing.T) {
 	}
 	if _, err := ParseState("running"); apierror.CodeOf(err) != apierror.InvalidArgument {
 		t.Errorf("lower case: got %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+func TestPauseHints(t *testing.T) {
+	for _, tc := range []struct {
+		state State
+		verb  Verb
+		want  string
+	}{
+		{Paused, VerbPause, "already"},
+		{Running, VerbResume, "already"},
+		{Paused, VerbExec, "resume it first"},
+		{Paused, VerbFiles, "auto_resume"},
+		{Paused, VerbStart, "resume it"},
+		{Stopped, VerbPause, "only a RUNNING sandbox"},
+		{Stopped, VerbResume, "only a PAUSED sandbox"},
+	} {
+		err := Check(tc.state, tc.verb, "sbx_x")
+		if e := apierror.From(err); e.Code != apierror.InvalidState || !strings.Contains(e.Message, tc.want) {
+			t.Errorf("%s on %s: got %v, want INVALID_STATE saying %q", tc.verb, tc.state, err, tc.want)
+		}
 	}
 }
