@@ -177,4 +177,3 @@ func head(b []byte) string {
 	}
 	return string(b)
 }
-
