@@ -317,9 +317,11 @@ func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) 
 		return false, err
 	}
 	if phase == runtime.PhaseRunning {
+		d.clearPausing(id)
 		return false, nil
 	}
 	start := time.Now()
+	d.clearPausing(id)
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return false, err
 	}
@@ -377,6 +379,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
+	d.clearPausing(id)
 	if err := d.disks.unmountDisk(id); err != nil {
 		return err
 	}

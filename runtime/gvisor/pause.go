@@ -157,7 +157,7 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 	if err := writeFileAtomic(d.boxes.boxPath(id, pausingFile), []byte(start.UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
 		return fmt.Errorf("gvisor: %w", err)
 	}
-	defer os.Remove(d.boxes.boxPath(id, pausingFile))
+	defer d.clearPausing(id)
 	d.spares.Drop(id)
 
 	if err := d.quiesce(ctx, id); err != nil {
@@ -280,6 +280,14 @@ func (d *Driver) askReopen(ctx context.Context, id string, flags []string) error
 	return nil
 }
 
+// clearPausing removes the marker of a pause in flight: what a pause cut short (a killed
+// server) left behind must not keep attaches away once the box runs or is stopped.
+func (d *Driver) clearPausing(id string) {
+	if err := os.Remove(d.boxes.boxPath(id, pausingFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		d.log.Warn("removing a pause's marker", "box", id, "err", err)
+	}
+}
+
 // hasImage reports whether the box has a complete kept image.
 func (d *Driver) hasImage(id string) bool {
 	_, err := os.Stat(filepath.Join(d.boxes.boxPath(id, memoryDn), imageMetaFile))
@@ -396,6 +404,7 @@ func (d *Driver) Resume(ctx context.Context, id string, image io.Reader) (err er
 	if err != nil {
 		return err
 	}
+	d.clearPausing(id)
 	if phase == runtime.PhaseRunning {
 		// Restored already (a resume cut short after `runsc restore`): make sure it listens.
 		if err := d.askReopen(ctx, id, nil); err != nil {

@@ -1,0 +1,148 @@
+package tests
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sandboxd/tests/e2e"
+)
+
+// memoryImages lists the data objects of a sandbox's stored memory images in a local
+// checkpoint folder (beside its workspace checkpoints, under memory/).
+func memoryImages(t *testing.T, st *e2e.StateDir, id string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(st.Checkpoints, "memory", "t1", "p1", id, "*.tar.zst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// TestResumeWithoutItsMemory: a resume whose memory image is corrupt is refused with
+// CHECKPOINT_CORRUPT, one whose image is gone finds it gone, and both fall back to the
+// workspace: RUNNING, state_reason "memory not restored: …", the workspace's files there, the
+// processes started anew. Never a broken sandbox.
+func TestResumeWithoutItsMemory(t *testing.T) {
+	st := e2e.NewStateDir(t)
+	s := e2e.StartServer(t, e2e.ServerOptions{State: st})
+	key := e2e.HdrTenant1
+	for _, tc := range []struct {
+		name string
+		harm func(t *testing.T, files []string)
+		want []string
+	}{
+		{"corrupt", func(t *testing.T, files []string) {
+			data, err := os.ReadFile(files[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			data[len(data)/2] ^= 0xff
+			if err := os.WriteFile(files[0], data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"memory not restored", "CHECKPOINT_CORRUPT", "corrupt", "started on its workspace"}},
+		{"truncated", func(t *testing.T, files []string) {
+			if err := os.Truncate(files[0], 1000); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"memory not restored", "CHECKPOINT_CORRUPT"}},
+		{"gone", func(t *testing.T, files []string) {
+			for _, f := range files {
+				if err := os.Remove(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, []string{"memory not restored", "CHECKPOINT_CORRUPT"}},
+	} {
+		e2e.Step(t, tc.name, func(t *testing.T) {
+			id := s.Create(t, e2e.CreateBody, key).SandboxID
+			s.Run(t, id, []string{"sh", "-c", "echo kept > kept.txt"}, key)
+			runDetached(t, s, id, key, "sh", "-c", counterLoop)
+			time.Sleep(300 * time.Millisecond)
+			pauseVerb(t, s, id, "pause", key)
+			files := memoryImages(t, st, id)
+			if len(files) != 1 {
+				t.Fatalf("stored memory images of the paused sandbox: %v, want one", files)
+			}
+			tc.harm(t, files)
+			sb := pauseVerb(t, s, id, "resume", key)
+			if sb.State != "RUNNING" {
+				t.Fatalf("resume: %s, want RUNNING", sb.State)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(sb.StateReason, w) {
+					t.Fatalf("state_reason %q, want it to say %q", sb.StateReason, w)
+				}
+			}
+			if got := s.Get(t, id, key); got.StateReason != sb.StateReason {
+				t.Fatalf("the sandbox's state_reason later: %q, want %q", got.StateReason, sb.StateReason)
+			}
+			if out := s.Run(t, id, []string{"cat", "kept.txt"}, key); out != "kept\n" {
+				t.Fatalf("the workspace after the fallback: %q", out)
+			}
+			// The processes did not come back: /tmp is empty.
+			r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["test","-e","/tmp/counter"]}`), key)
+			r.Want(t, http.StatusOK)
+			var ex e2e.ExecJSON
+			r.Decode(t, &ex)
+			if ex.ExitCode == 0 {
+				t.Fatal("/tmp/counter exists after a resume without memory")
+			}
+			if files := memoryImages(t, st, id); len(files) != 0 {
+				t.Fatalf("memory images left after the fallback: %v", files)
+			}
+		})
+	}
+}
+
+// TestAutoPauseAndAutoResume: a sandbox created with "autostop_action": "pause" is paused, not
+// stopped, when idle; with "auto_resume": true an exec resumes it, its processes intact.
+func TestAutoPauseAndAutoResume(t *testing.T) {
+	s := e2e.StartServer(t, e2e.ServerOptions{Limits: map[string]any{"autostop_min_sec": 1},
+		Extra: map[string]any{"reconcile_interval_ms": 300}})
+	key := e2e.HdrTenant1
+	sb := s.Create(t, `{"profile":"sandboxes-default","autostop_sec":2,"autostop_action":"pause","auto_resume":true}`, key)
+	var raw map[string]any
+	r := s.Curl(t, http.MethodGet, e2e.Prefix+"/"+sb.SandboxID, nil, key)
+	r.Want(t, http.StatusOK)
+	r.Decode(t, &raw)
+	if raw["autostop_action"] != "pause" || raw["auto_resume"] != true {
+		t.Fatalf("the sandbox's autostop_action and auto_resume: %v, %v", raw["autostop_action"], raw["auto_resume"])
+	}
+	id := sb.SandboxID
+	// The loop in the background of a command that ends at once: no command runs, so the
+	// sandbox is idle (a running command would keep it up).
+	runDetached(t, s, id, key, "sh", "-c", "("+counterLoop+") </dev/null >/dev/null 2>&1 &")
+	time.Sleep(300 * time.Millisecond)
+	pid, _ := readCounter(t, s, id, key)
+	// Watched through the listing: a get of the sandbox would be activity.
+	e2e.Eventually(t, 60*time.Second, "the idle sandbox to be auto-paused", func() (bool, string) {
+		got, _ := s.ListAll(t, key).Find(id)
+		return got.State == "PAUSED", got.State + " " + got.StateReason
+	})
+	if got, _ := s.ListAll(t, key).Find(id); !strings.Contains(got.StateReason, "auto-paused") {
+		t.Fatalf("state_reason %q, want it to say auto-paused", got.StateReason)
+	}
+	if q := s.Quota(t, key); q.InUse != 0 {
+		t.Fatalf("quota while auto-paused: %d", q.InUse)
+	}
+	// An exec resumes it first: the loop is the same process.
+	if got, _ := readCounter(t, s, id, key); got != pid {
+		t.Fatalf("after the auto-resume the loop is pid %d, want %d", got, pid)
+	}
+	if got := s.Get(t, id, key); got.State != "RUNNING" {
+		t.Fatalf("after the exec: %s, want RUNNING", got.State)
+	}
+	// Without auto_resume, the same call is INVALID_STATE with the hint.
+	plain := s.Create(t, `{"profile":"sandboxes-default"}`, key).SandboxID
+	pauseVerb(t, s, plain, "pause", key)
+	s.Curl(t, http.MethodPost, e2e.Prefix+"/"+plain+"/exec", []byte(`{"command":["true"]}`), key).
+		WantError(t, http.StatusConflict, "INVALID_STATE", "auto_resume")
+	// A bad autostop_action is refused at create.
+	s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"autostop_action":"hibernate"}`), key).
+		WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "autostop_action")
+}
