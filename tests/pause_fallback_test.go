@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -145,4 +146,61 @@ func TestAutoPauseAndAutoResume(t *testing.T) {
 	// A bad autostop_action is refused at create.
 	s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"autostop_action":"hibernate"}`), key).
 		WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT", "autostop_action")
+}
+
+// TestPauseEgressSandbox: a sandbox with network egress keeps its network across a pause: after
+// the resume its processes are the same and its policy holds (an allowed test host answers, a
+// denied one does not).
+func TestPauseEgressSandbox(t *testing.T) {
+	n := netSubnetOctet(7)
+	a := e2e.StartNetHost(t, fmt.Sprintf("198.18.%d.0/24", n), []int{2, 5}, nil)
+	A2, A5 := a.Addrs[0].String(), a.Addrs[1].String()
+	s := e2e.StartServer(t, e2e.ServerOptions{Extra: map[string]any{
+		"profiles": networkProfiles([]string{a.Subnet.String()}, []string{A5}),
+		"network":  map[string]any{"dns_servers": []string{A2}},
+	}})
+	key := e2e.HdrTenant1
+	id := s.Create(t, `{"profile":"listed"}`, key).SandboxID
+	want := map[string]string{A2 + ":80": "nethost " + A2, A5 + ":80": "denied"}
+	wantProbes(t, "before the pause", probe(t, s, id, A2+":80", A5+":80"), want)
+	runDetached(t, s, id, key, "sh", "-c", counterLoop)
+	time.Sleep(300 * time.Millisecond)
+	pid, _ := readCounter(t, s, id, key)
+	for round := 1; round <= 2; round++ {
+		slot := netSlotOf(t, s.State, id)
+		pauseVerb(t, s, id, "pause", key)
+		if round == 2 {
+			// Another box took the /30 the sandbox had: it resumes on another one (runsc
+			// replaces the restored stack's addresses and routes with its namespace's).
+			if err := os.WriteFile(slot, []byte("taken by the test"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Remove(slot) })
+		}
+		sb := pauseVerb(t, s, id, "resume", key)
+		if sb.State != "RUNNING" || sb.StateReason != "" {
+			t.Fatalf("round %d: resume of an egress sandbox: %s %q, want RUNNING with its memory", round, sb.State, sb.StateReason)
+		}
+		if got, _ := readCounter(t, s, id, key); got != pid {
+			t.Fatalf("round %d: the loop is pid %d, want %d", round, got, pid)
+		}
+		wantProbes(t, fmt.Sprintf("after resume %d", round), probe(t, s, id, A2+":80", A5+":80"), want)
+		if now := netSlotOf(t, s.State, id); round == 2 && now == slot {
+			t.Fatalf("the sandbox resumed on the /30 the test took (%s)", slot)
+		}
+	}
+}
+
+// netSlotOf finds the host-wide file that allocates the sandbox's /30 (the local driver's,
+// under /run/sandboxd/net-slots: its content names the driver's folder and the box).
+func netSlotOf(t *testing.T, st *e2e.StateDir, id string) string {
+	t.Helper()
+	files, _ := filepath.Glob("/run/sandboxd/net-slots/*/*")
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.HasSuffix(string(b), " "+id) && strings.HasPrefix(string(b), st.Dir) {
+			return f
+		}
+	}
+	t.Fatalf("no network slot of %s under /run/sandboxd/net-slots", id)
+	return ""
 }
