@@ -67,6 +67,7 @@ func end(span trace.Span, err error) {
 // runtimeCode is a driver error's code.
 func runtimeCode(err error) string {
 	var se *runtime.StartError
+	var ie *runtime.ImageError
 	switch {
 	case errors.Is(err, runtime.ErrNotFound):
 		return "NOT_FOUND"
@@ -76,6 +77,10 @@ func runtimeCode(err error) string {
 		return "NOT_RUNNING"
 	case errors.Is(err, runtime.ErrFenced):
 		return "FENCED"
+	case errors.Is(err, runtime.ErrUnsupported):
+		return "UNSUPPORTED"
+	case errors.As(err, &ie):
+		return "IMAGE"
 	case errors.As(err, &se):
 		return "CANNOT_RUN"
 	}
@@ -145,6 +150,35 @@ func (t *tracedDriver) Attach(ctx context.Context, id string) (io.ReadWriteClose
 func (t *tracedDriver) Check(ctx context.Context) error {
 	ctx, span := t.start(ctx, "Check", "")
 	err := t.d.Check(ctx)
+	end(span, err)
+	return err
+}
+
+func (t *tracedDriver) Pause(ctx context.Context, id string) error {
+	ctx, span := t.start(ctx, "Pause", id)
+	err := t.d.Pause(ctx, id)
+	end(span, err)
+	return err
+}
+
+// MemoryImage's span covers opening the stream; the checkpoint's own span covers storing it.
+func (t *tracedDriver) MemoryImage(ctx context.Context, id string) (io.ReadCloser, error) {
+	ctx, span := t.start(ctx, "MemoryImage", id)
+	rc, err := t.d.MemoryImage(ctx, id)
+	end(span, err)
+	return rc, err
+}
+
+func (t *tracedDriver) DropMemoryImage(ctx context.Context, id string) error {
+	ctx, span := t.start(ctx, "DropMemoryImage", id)
+	err := t.d.DropMemoryImage(ctx, id)
+	end(span, err)
+	return err
+}
+
+func (t *tracedDriver) Resume(ctx context.Context, id string, image io.Reader) error {
+	ctx, span := t.start(ctx, "Resume", id)
+	err := t.d.Resume(ctx, id, image)
 	end(span, err)
 	return err
 }
