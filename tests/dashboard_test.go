@@ -120,6 +120,28 @@ func TestDashboard(t *testing.T) {
 		}
 	})
 
+	// A command that floods its output: the page keeps the newest 512 Ki characters of it.
+	e2e.Step(t, "output_flood_is_bounded", func(t *testing.T) {
+		before := text(t, ctx, `#run-status`)
+		eval[bool](t, ctx, `(() => { const i = document.querySelector('#run-command'); i.value = '';
+			i.dispatchEvent(new Event('input', { bubbles: true })); return true })()`)
+		do(t, ctx,
+			chromedp.SendKeys(chromedp.CSS(`#run-command`), `yes 0123456789abcdef | head -c 2000000; echo; echo flood-end`),
+			chromedp.Click(chromedp.CSS(`#run-button`)),
+		)
+		e2e.Eventually(t, 30*time.Second, "the flood's exit", func() (bool, string) {
+			st := text(t, ctx, `#run-status`)
+			return st != before && strings.Contains(st, "exit 0"), st
+		})
+		out := waitText(t, ctx, `#run-output`, "exit 0")
+		if !strings.Contains(out, "flood-end") || len(out) > 512<<10+256 {
+			t.Errorf("got %d characters ending %q, want at most 512 KiB and the newest output", len(out), out[max(0, len(out)-40):])
+		}
+		if eval[string](t, ctx, `document.querySelector('#run-output').dataset.dropped ?? ''`) != "true" {
+			t.Error("the output view did not mark that it dropped older output")
+		}
+	})
+
 	e2e.Step(t, "terminal", func(t *testing.T) {
 		do(t, ctx,
 			chromedp.Click(chromedp.CSS(`button[data-tab="Terminal"]`)),

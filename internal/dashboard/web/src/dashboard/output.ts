@@ -8,7 +8,11 @@ export const MAX_OUTPUT_CHARS = 512 * 1024;
 export class OutputView {
   private decoders = new Map<string, TextDecoder>();
   private chars = 0;
-  private dropped = false;
+  // Text not in the page yet: written once per animation frame, so that a flood of small
+  // chunks costs one layout a frame rather than one per chunk.
+  private pending: { cls: string; text: string }[] = [];
+  private pendingChars = 0;
+  private frame = 0;
 
   constructor(
     readonly el: HTMLElement,
@@ -16,10 +20,14 @@ export class OutputView {
   ) {}
 
   clear(): void {
+    cancelAnimationFrame(this.frame);
+    this.frame = 0;
+    this.pending = [];
+    this.pendingChars = 0;
     this.el.replaceChildren();
+    delete this.el.dataset.dropped;
     this.decoders.clear();
     this.chars = 0;
-    this.dropped = false;
   }
 
   // chunk appends a chunk of a stream, given as base64.
@@ -34,26 +42,48 @@ export class OutputView {
 
   // note appends a line of the page's own (a gap, an exit status), set apart from the output.
   note(text: string): void {
-    this.text(`${this.atLineStart() ? '' : '\n'}[${text}]\n`, 'note');
-  }
-
-  private atLineStart(): boolean {
-    const t = this.el.lastChild?.textContent ?? '';
-    return t === '' || t.endsWith('\n');
+    const last = this.pending.at(-1)?.text ?? this.el.lastChild?.textContent ?? '';
+    this.text(`${last === '' || last.endsWith('\n') ? '' : '\n'}[${text}]\n`, 'note');
   }
 
   private text(s: string, cls: string): void {
     if (s === '') return;
-    const stick = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 4;
-    const last = this.el.lastChild as HTMLElement | null;
-    if (last && last.className === cls && last.firstChild instanceof Text) last.firstChild.appendData(s);
-    else {
-      const span = document.createElement('span');
-      span.className = cls;
-      span.textContent = s;
-      this.el.append(span);
+    const last = this.pending.at(-1);
+    if (last && last.cls === cls) last.text += s;
+    else this.pending.push({ cls, text: s });
+    this.pendingChars += s.length;
+    // What is pending beyond the cap would be dropped at once: drop it now.
+    while (this.pendingChars > this.maxChars) {
+      const first = this.pending[0];
+      const excess = this.pendingChars - this.maxChars;
+      if (first.text.length > excess) {
+        first.text = first.text.slice(excess);
+        this.pendingChars -= excess;
+      } else {
+        this.pending.shift();
+        this.pendingChars -= first.text.length;
+      }
+      this.el.dataset.dropped = 'true';
     }
-    this.chars += s.length;
+    if (!this.frame) this.frame = requestAnimationFrame(() => this.flush());
+  }
+
+  private flush(): void {
+    this.frame = 0;
+    const stick = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 4;
+    for (const { cls, text } of this.pending) {
+      const last = this.el.lastChild as HTMLElement | null;
+      if (last && last.className === cls && last.firstChild instanceof Text) last.firstChild.appendData(text);
+      else {
+        const span = document.createElement('span');
+        span.className = cls;
+        span.textContent = text;
+        this.el.append(span);
+      }
+      this.chars += text.length;
+    }
+    this.pending = [];
+    this.pendingChars = 0;
     this.trim();
     if (stick) this.el.scrollTop = this.el.scrollHeight;
   }
@@ -70,10 +100,7 @@ export class OutputView {
         first.remove();
         this.chars -= len;
       }
-      if (!this.dropped) {
-        this.dropped = true;
-        this.el.dataset.dropped = 'true';
-      }
+      this.el.dataset.dropped = 'true';
     }
   }
 }
