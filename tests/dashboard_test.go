@@ -3,6 +3,8 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -42,16 +44,19 @@ func TestDashboard(t *testing.T) {
 	id := sb.SandboxID
 	s.Upload(t, id, url.QueryEscape(hostileName), []byte("hostile\n"), e2e.HdrDev)
 
-	rec := &browserRecord{}
+	// The browser reaches the server through a TCP proxy the test can cut, as a network would.
+	px := newCutProxy(t, s.Addr)
+	base := "http://" + px.addr
+	rec := &browserRecord{base: base}
 	ctx := newBrowser(t, browser, rec)
 
 	e2e.Step(t, "key_from_fragment", func(t *testing.T) {
-		do(t, ctx, chromedp.Navigate(s.URL+"/#key="+url.QueryEscape(e2e.KeyDev)),
+		do(t, ctx, chromedp.Navigate(base+"/#key="+url.QueryEscape(e2e.KeyDev)),
 			chromedp.WaitVisible(chromedp.CSS(`#sandboxes[data-loaded="true"]`)))
 		href := eval[string](t, ctx, `location.href`)
 		stored := eval[string](t, ctx, `sessionStorage.getItem('sandboxd.apiKey')`)
-		if strings.Contains(href, e2e.KeyDev) || href != s.URL+"/" {
-			t.Errorf("got location %q, want %s/ without the key", href, s.URL)
+		if strings.Contains(href, e2e.KeyDev) || href != base+"/" {
+			t.Errorf("got location %q, want %s/ without the key", href, base)
 		}
 		if stored != e2e.KeyDev {
 			t.Errorf("got the stored key %q, want the fragment's", stored)
@@ -178,6 +183,32 @@ func TestDashboard(t *testing.T) {
 		waitText(t, ctx, `#quota-text`, "1 in use") // the page's sandbox still runs
 	})
 
+	// The page's connection drops, and the sandbox starts again meanwhile: graphql-ws redials,
+	// subscribes again after the last cursor it saw (not from "now"), and the page shows the
+	// events it missed.
+	e2e.Step(t, "resumes_after_a_drop", func(t *testing.T) {
+		rec.mu.Lock()
+		sentBefore := len(rec.sent)
+		rec.mu.Unlock()
+		px.cut(true)
+		waitText(t, ctx, `#connection`, "connecting")
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		px.cut(false)
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(row+` [data-state="RUNNING"]`)))
+		waitText(t, ctx, `#connection`, "live")
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		resumed := false
+		for _, f := range rec.sent[sentBefore:] {
+			if strings.Contains(f, `"type":"subscribe"`) && strings.Contains(f, "sandboxEvents") && strings.Contains(f, `"after":"`) {
+				resumed = true
+			}
+		}
+		if !resumed {
+			t.Errorf("the page did not subscribe to sandboxEvents again after a cursor; it sent %q", rec.sent[sentBefore:])
+		}
+	})
+
 	// Pause is offered on a RUNNING sandbox; a server without pauseSandbox answers
 	// GRAPHQL_VALIDATION_FAILED, which the page shows; one with it pauses the sandbox.
 	e2e.Step(t, "pause_or_the_servers_error", func(t *testing.T) {
@@ -196,12 +227,12 @@ func TestDashboard(t *testing.T) {
 		if pwned || imgs != 0 {
 			t.Errorf("got window.__pwned set %v and %d img elements, want hostile text shown as text", pwned, imgs)
 		}
-		rec.check(t, ctx, s)
+		rec.check(t, ctx)
 	})
 
 	e2e.Step(t, "another_tenant_sees_nothing", func(t *testing.T) {
 		other := openTab(t, ctx, rec) // a new tab: its own session storage
-		do(t, other, chromedp.Navigate(s.URL+"/#key="+url.QueryEscape(e2e.KeyTenant2)),
+		do(t, other, chromedp.Navigate(base+"/#key="+url.QueryEscape(e2e.KeyTenant2)),
 			chromedp.WaitVisible(chromedp.CSS(`#sandboxes[data-loaded="true"]`)))
 		hint := text(t, other, `.list .hint`)
 		rows := eval[int](t, other, `document.querySelectorAll('#sandboxes tbody tr').length`)
@@ -212,7 +243,7 @@ func TestDashboard(t *testing.T) {
 
 	e2e.Step(t, "bad_key_back_to_the_form", func(t *testing.T) {
 		other := openTab(t, ctx, rec)
-		do(t, other, chromedp.Navigate(s.URL+"/#key=not-a-key"), chromedp.WaitVisible(chromedp.CSS(`#key-form`)))
+		do(t, other, chromedp.Navigate(base+"/#key=not-a-key"), chromedp.WaitVisible(chromedp.CSS(`#key-form`)))
 		msg := waitText(t, other, `p.error`, "key")
 		if !strings.Contains(msg, "refused the key") {
 			t.Errorf("got %q, want the key form saying the server refused the key", msg)
@@ -222,13 +253,13 @@ func TestDashboard(t *testing.T) {
 	e2e.Step(t, "graphiql_embedded", func(t *testing.T) {
 		gctx := openTab(t, ctx, rec)
 		do(t, gctx,
-			chromedp.Navigate(s.URL+"/graphiql#key="+url.QueryEscape(e2e.KeyDev)),
+			chromedp.Navigate(base+"/graphiql#key="+url.QueryEscape(e2e.KeyDev)),
 			chromedp.WaitVisible(chromedp.CSS(`.graphiql-container`)),
 		)
 		// GraphiQL introspects the schema on load: the docs explorer then lists Query.
 		do(t, gctx, chromedp.Click(chromedp.CSS(`button[aria-label="Show Documentation Explorer"]`)))
 		waitText(t, gctx, `.graphiql-doc-explorer`, "Query")
-		rec.check(t, gctx, s)
+		rec.check(t, gctx)
 	})
 }
 
@@ -253,8 +284,10 @@ func chromiumPath(t *testing.T) string {
 // browserRecord keeps what the browser did that the test checks at the end: every URL it
 // requested or opened a WebSocket to, policy violations, script errors.
 type browserRecord struct {
+	base           string // the server's URL as the browser knows it
 	mu             sync.Mutex
 	urls           []string
+	sent           []string // the text frames the pages sent on WebSockets
 	screenshotPath string
 }
 
@@ -266,7 +299,7 @@ func (r *browserRecord) add(list *[]string, s string) {
 
 // check fails t when the page of the tab broke its policy or threw, or the browser sent the
 // key in a URL or reached anything but the server.
-func (r *browserRecord) check(t *testing.T, tab context.Context, s *e2e.Server) {
+func (r *browserRecord) check(t *testing.T, tab context.Context) {
 	t.Helper()
 	problems := eval[[]string](t, tab, `window.__problems ?? ['the watch did not run']`)
 	for _, p := range problems {
@@ -278,7 +311,7 @@ func (r *browserRecord) check(t *testing.T, tab context.Context, s *e2e.Server) 
 		if strings.Contains(u, e2e.KeyDev) || strings.Contains(u, url.QueryEscape(e2e.KeyDev)) {
 			t.Errorf("the key is in a URL the browser requested: %s", u)
 		}
-		if !strings.HasPrefix(u, s.URL+"/") && !strings.HasPrefix(u, "ws://"+s.Addr+"/") && !strings.HasPrefix(u, "data:") && !strings.HasPrefix(u, "blob:") {
+		if !strings.HasPrefix(u, r.base+"/") && !strings.HasPrefix(u, "ws"+strings.TrimPrefix(r.base, "http")+"/") && !strings.HasPrefix(u, "data:") && !strings.HasPrefix(u, "blob:") {
 			t.Errorf("the browser reached beyond the server: %s", u)
 		}
 	}
@@ -325,6 +358,10 @@ func openTab(t *testing.T, parent context.Context, rec *browserRecord) context.C
 			rec.add(&rec.urls, e.Request.URL)
 		case *network.EventWebSocketCreated:
 			rec.add(&rec.urls, e.URL)
+		case *network.EventWebSocketFrameSent:
+			if e.Response != nil && e.Response.Opcode == 1 {
+				rec.add(&rec.sent, string(e.Response.PayloadData))
+			}
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -382,5 +419,83 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) string {
 			t.Fatalf("%s: got %q, want it to hold %q", sel, got, want)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// cutProxy forwards TCP connections to a server; cut(true) closes every open one and refuses
+// new ones until cut(false), as a network that fails would.
+type cutProxy struct {
+	addr string
+	mu   sync.Mutex
+	down bool
+	open map[net.Conn]bool
+}
+
+func newCutProxy(t *testing.T, backend string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{addr: ln.Addr().String(), open: map[net.Conn]bool{}}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		p.cut(true)
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", backend)
+			if err != nil || !p.track(c, b) {
+				c.Close()
+				if b != nil {
+					b.Close()
+				}
+				continue
+			}
+			wg.Add(2)
+			pipe := func(dst, src net.Conn) {
+				defer wg.Done()
+				_, _ = io.Copy(dst, src)
+				dst.Close()
+				src.Close()
+				p.mu.Lock()
+				delete(p.open, dst)
+				delete(p.open, src)
+				p.mu.Unlock()
+			}
+			go pipe(b, c)
+			go pipe(c, b)
+		}
+	}()
+	return p
+}
+
+// track records a proxied pair, unless the proxy is cut.
+func (p *cutProxy) track(c, b net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		return false
+	}
+	p.open[c], p.open[b] = true, true
+	return true
+}
+
+func (p *cutProxy) cut(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for c := range p.open {
+			c.Close()
+		}
 	}
 }
