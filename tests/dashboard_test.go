@@ -165,9 +165,13 @@ func TestDashboard(t *testing.T) {
 
 	e2e.Step(t, "hostile_file_name_is_text", func(t *testing.T) {
 		do(t, ctx, chromedp.Click(chromedp.CSS(`button[data-tab="Files"]`)))
-		names := waitText(t, ctx, `#files`, hostileName)
-		if !strings.Contains(names, hostileName) {
-			t.Errorf("got file names %q, want %q as text", names, hostileName)
+		waitText(t, ctx, `#files`, hostileName)
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#files tr[data-path*="onerror"] button.link`)))
+		if got := waitText(t, ctx, `#file-content`, "hostile"); got != "hostile\n" {
+			t.Errorf("got the file's content %q, want %q", got, "hostile\n")
+		}
+		if got := text(t, ctx, `#file-content`); got != "hostile\n" {
+			t.Errorf("got %q", got)
 		}
 	})
 
@@ -207,6 +211,35 @@ func TestDashboard(t *testing.T) {
 		if !resumed {
 			t.Errorf("the page did not subscribe to sandboxEvents again after a cursor; it sent %q", rec.sent[sentBefore:])
 		}
+	})
+
+	e2e.Step(t, "snapshots", func(t *testing.T) {
+		do(t, ctx, chromedp.Click(chromedp.CSS(row)), chromedp.Click(chromedp.CSS(`button[data-tab="Snapshots"]`)))
+		waitText(t, ctx, `#snapshots`, "snap_") // the stop's
+		before := eval[int](t, ctx, `document.querySelectorAll('#snapshots tbody tr').length`)
+		do(t, ctx, chromedp.Click(chromedp.CSS(`#snapshot-take`)))
+		e2e.Eventually(t, 30*time.Second, "the new snapshot in the list", func() (bool, string) {
+			n := eval[int](t, ctx, `document.querySelectorAll('#snapshots tbody tr').length`)
+			return n == before+1 && strings.Contains(text(t, ctx, `#snapshots tbody tr:first-child`), "latest"), fmt.Sprint(n, " rows")
+		})
+	})
+
+	// The test image has no agent binary: the run the page starts is FAILED at once, and says why.
+	e2e.Step(t, "agent_run", func(t *testing.T) {
+		do(t, ctx,
+			chromedp.Click(chromedp.CSS(`button[data-tab="Agents"]`)),
+			chromedp.SendKeys(chromedp.CSS(`.agent-form input.grow`), "test/model"),
+			chromedp.SendKeys(chromedp.CSS(`.agent-form textarea`), "say hello"),
+			chromedp.Click(chromedp.CSS(`.agent-form button[type="submit"]`)),
+		)
+		e2e.Eventually(t, 30*time.Second, "the run's status", func() (bool, string) {
+			return strings.Contains(text(t, ctx, `#agent-status`), "FAILED"), text(t, ctx, `#agent-status`) + " " + text(t, ctx, `#errors`)
+		})
+		st := text(t, ctx, `#agent-status`)
+		if !strings.Contains(st, "run_") || !strings.Contains(st, "opencode") {
+			t.Errorf("got %q, want the run, its agent and why it failed", st)
+		}
+		waitText(t, ctx, `.runs`, "run_")
 	})
 
 	// Pause is offered on a RUNNING sandbox; a server without pauseSandbox answers

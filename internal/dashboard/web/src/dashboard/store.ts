@@ -77,13 +77,19 @@ export class SandboxStore {
     this.listeners.forEach((fn) => fn());
   }
 
-  // put records a sandbox as an answer of the server left it, unless the page holds a newer state.
+  // put records a sandbox as an answer of the server left it; a state older than the one the
+  // page holds (an event can be newer than a read that was under way) keeps the page's.
   put(s: q.Sandbox): void {
-    const had = this.sandboxes.get(s.id);
     if (s.state === 'DESTROYED') this.sandboxes.delete(s.id);
-    else if (!had || timeKey(s.stateChangedAt) >= timeKey(had.stateChangedAt)) this.sandboxes.set(s.id, s);
+    else this.sandboxes.set(s.id, this.merge(s));
     this.emit();
     this.quotaSoon();
+  }
+
+  private merge(s: q.Sandbox): q.Sandbox {
+    const had = this.sandboxes.get(s.id);
+    if (!had || timeKey(s.stateChangedAt) >= timeKey(had.stateChangedAt)) return s;
+    return { ...s, state: had.state, stateReason: had.stateReason, stateChangedAt: had.stateChangedAt };
   }
 
   remove(id: string): void {
@@ -152,10 +158,7 @@ export class SandboxStore {
     try {
       const d = await gql<q.SandboxesData>(q.SANDBOXES, { first: PAGE });
       const fresh = new Map<string, q.Sandbox>();
-      for (const s of d.sandboxes.nodes) {
-        const had = this.sandboxes.get(s.id);
-        fresh.set(s.id, had && timeKey(had.stateChangedAt) > timeKey(s.stateChangedAt) ? had : s);
-      }
+      for (const s of d.sandboxes.nodes) fresh.set(s.id, this.merge(s));
       // Sandboxes of later pages the user loaded stay; anything else the page no longer lists is gone.
       const oldest = d.sandboxes.nodes.at(-1)?.createdAt;
       if (d.sandboxes.pageInfo.hasNextPage && oldest) {
