@@ -64,7 +64,8 @@ function Dashboard({ onForget }: { onForget: (reason?: string) => void }) {
     return () => store.close();
   }, [store]);
   useEffect(() => {
-    if (store.error?.code === 'UNAUTHENTICATED' || store.error?.code === 'CLOSE_4401') onForget('The server refused the key.');
+    // A refused key: UNAUTHENTICATED over HTTP, close code 4403 on the GraphQL WebSocket.
+    if (['UNAUTHENTICATED', 'CLOSE_4403', 'CLOSE_4401'].includes(store.error?.code ?? '')) onForget('The server refused the key.');
   }, [store.error]);
 
   const sandbox = selected ? store.sandboxes.get(selected) : undefined;
