@@ -13,7 +13,6 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
-	"github.com/99designs/gqlgen/graphql/playground"
 	"github.com/coder/websocket"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -204,13 +203,6 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	srv.SetRecoverFunc(errs.recover)
 
 	return g.wrap(srv)
-}
-
-// GraphiQLHandler serves a GraphiQL page for /graphql (mount it at GET /graphiql). The page
-// loads GraphiQL from a CDN; set the X-Api-Key header in its headers tab.
-func GraphiQLHandler() http.Handler {
-	return playground.Handler("sandboxd GraphQL", "/graphql",
-		playground.WithGraphiqlUiHeaders(map[string]string{auth.HeaderAPIKey: ""}))
 }
 
 // refuseOneShotSubscriptions answers a subscription sent over plain POST or GET with an error:

@@ -465,19 +465,6 @@ func TestOptionsNeedsNoKey(t *testing.T) {
 	}
 }
 
-func TestGraphiQL(t *testing.T) {
-	e := newEnv(t, HandlerOptions{})
-	resp, err := e.srv.Client().Get(e.srv.URL + "/graphiql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	page, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.Contains(string(page), "/graphql") || !strings.Contains(resp.Header.Get("Content-Type"), "text/html") {
-		t.Errorf("got %d %s, want the GraphiQL page for /graphql", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-}
-
 func equalJSON(got, want any) bool {
 	switch w := want.(type) {
 	case map[string]any:

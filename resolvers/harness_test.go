@@ -51,7 +51,6 @@ func newEnvWith(t *testing.T, opts HandlerOptions, configure func(*http.Server))
 	opts.Logger = slog.New(slog.NewTextHandler(e.logs, nil))
 	mux := http.NewServeMux()
 	mux.Handle("/graphql", NewHandler(e.fake, apitest.Authenticator(t), opts))
-	mux.Handle("GET /graphiql", GraphiQLHandler())
 	e.srv = httptest.NewUnstartedServer(mux)
 	if configure != nil {
 		configure(e.srv.Config)

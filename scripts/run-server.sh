@@ -11,6 +11,7 @@ need_root
 apt_install redis-server debootstrap ca-certificates zstd e2fsprogs
 runsc=$(scripts/ensure-runsc.sh)
 rootfs=$(scripts/ensure-rootfs.sh sandboxes-default)
+scripts/build-dashboard.sh # only when internal/dashboard/web changed since dist/ was built
 bin=$(scripts/build.sh)
 
 if [ -z "${SANDBOX_API_KEY:-}" ]; then

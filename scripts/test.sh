@@ -7,7 +7,9 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 need_root
-apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs iproute2
+apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs iproute2 chromium fonts-dejavu-core
+# The dashboard's browser test (tests/dashboard_test.go) drives Debian's Chromium with chromedp.
+export SANDBOXD_CHROMIUM; SANDBOXD_CHROMIUM=$(command -v chromium)
 
 export SANDBOXD_RUNSC; SANDBOXD_RUNSC=$(scripts/ensure-runsc.sh)
 export SANDBOXD_ROOTFS; SANDBOXD_ROOTFS=$(scripts/ensure-rootfs.sh sandboxes-default)
@@ -26,6 +28,10 @@ log "go generate is up to date"
 go generate ./...
 stale=$(git status --porcelain -- graph resolvers schema.graphqls gqlgen.yml)
 [ -z "$stale" ] || die "go generate changed files (commit the regenerated code): $stale"
+log "the dashboard's committed build is what its sources build to"
+scripts/build-dashboard.sh --force
+stale=$(git status --porcelain -- internal/dashboard)
+[ -z "$stale" ] || die "scripts/build-dashboard.sh changed files (commit the rebuilt dist/): $stale"
 
 # The Kubernetes test cluster (tests/kubeenv: kube-apiserver, etcd, controllers, scheduler and a
 # virtual-kubelet node whose pods are runsc containers) for the kube runtime's tests: built once

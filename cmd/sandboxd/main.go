@@ -35,6 +35,7 @@ import (
 	"sandboxd/internal/agentrun"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/checkpoint"
+	"sandboxd/internal/dashboard"
 	"sandboxd/internal/domain"
 	"sandboxd/internal/events"
 	"sandboxd/internal/execs"
@@ -169,12 +170,18 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	cors := corsFor(cfg.GraphQL.AllowedOrigins)
 	gqlOpts := cfg.graphqlOptions()
 	gqlOpts.Logger, gqlOpts.Shutdown, gqlOpts.RateLimit = log, shutdown, limit
+	site, err := dashboard.New()
+	if err != nil {
+		return err
+	}
 	mux := newMux(handlers{
-		ready:    readyz(rdb, driver),
-		metrics:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		graphql:  cors(resolvers.NewHandler(svc, authn, gqlOpts)),
-		graphiql: resolvers.GraphiQLHandler(),
-		rest:     cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
+		ready:     readyz(rdb, driver),
+		metrics:   promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		graphql:   cors(resolvers.NewHandler(svc, authn, gqlOpts)),
+		graphiql:  site.GraphiQL(),
+		dashboard: site.Index(),
+		ui:        site.Assets(),
+		rest:      cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
 	})
 
 	// The reconciler runs in every replica until shutdown.
@@ -240,12 +247,15 @@ func flushTraces(stop func(context.Context) error, log *slog.Logger) {
 // handlers are what the server's mux serves, besides /healthz.
 type handlers struct {
 	ready, metrics, graphql, graphiql http.Handler
+	// dashboard serves the web dashboard's page at exactly "/", ui its scripts and styles.
+	dashboard, ui http.Handler
 	// rest serves the REST paths, and answers every path nothing else takes.
 	rest http.Handler
 }
 
-// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql, and
-// everything else to the REST handler at "/" (which has its own routes: see instrument).
+// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql, the
+// dashboard (GET / exactly, and its files under /ui/), and everything else to the REST handler
+// at "/" (which has its own routes: see instrument).
 func newMux(h handlers) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -256,6 +266,10 @@ func newMux(h handlers) *http.ServeMux {
 	mux.Handle("GET /metrics", h.metrics)
 	mux.Handle("/graphql", h.graphql)
 	mux.Handle("GET /graphiql", h.graphiql)
+	if h.dashboard != nil { // nil in tests of the other routes
+		mux.Handle("GET /{$}", h.dashboard)
+		mux.Handle("GET /ui/{asset}", h.ui)
+	}
 	mux.Handle("/", h.rest)
 	return mux
 }

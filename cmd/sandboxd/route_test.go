@@ -18,7 +18,7 @@ import (
 // behind its "/" (with a key or refused without one); "other" for what no route takes.
 func TestRouteLabels(t *testing.T) {
 	stub := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
-	mux := newMux(handlers{ready: stub, metrics: stub, graphql: stub, graphiql: stub,
+	mux := newMux(handlers{ready: stub, metrics: stub, graphql: stub, graphiql: stub, dashboard: stub, ui: stub,
 		rest: rest.New(apitest.New(), apitest.Authenticator(t), slog.New(slog.DiscardHandler), nil)})
 	const v1, runs = "/sandbox/sandboxes/v1", "/sandbox/agent/v1/runs"
 	tests := []struct {
@@ -30,6 +30,9 @@ func TestRouteLabels(t *testing.T) {
 		{"GET", "/graphql", "/graphql", false},
 		{"POST", "/graphql", "/graphql", false},
 		{"GET", "/graphiql", "/graphiql", false},
+		{"GET", "/", "/{$}", false},
+		{"HEAD", "/", "/{$}", false},
+		{"GET", "/ui/app-X.js", "/ui/{asset}", false},
 		{"GET", "/healthz", "/healthz", false},
 		{"GET", "/readyz", "/readyz", false},
 		{"GET", "/metrics", "/metrics", false},
@@ -68,6 +71,9 @@ func TestRouteLabels(t *testing.T) {
 		{"GET", v1 + "/sbx_1/nothing", "other", false},
 		{"GET", v1 + "/sbx_1/execs/exec_1/nothing", "other", false},
 		{"GET", "/favicon.ico", "other", false},
+		{"POST", "/", "other", false},
+		{"GET", "/ui/", "other", false},
+		{"GET", "/ui/a/b.js", "other", false},
 		{"GET", runs + "/run_1/x", "other", false},
 		{"GET", "/sandbox/agent/v1/runsx", "other", false},
 		{"GET", "/sandbox/agent/v1/other", "other", false},
