@@ -198,17 +198,25 @@ type Driver interface {
 	// cannot be saved (a guest that refuses, with its reason) keeps running.
 	Pause(ctx context.Context, id string) error
 	// MemoryImage opens the image the last Pause kept, as an uncompressed tar stream, for the
-	// caller to store elsewhere; ErrNotFound when none is kept.
+	// caller to store elsewhere; ErrNotFound when none is kept. The driver keeps its copy (a
+	// Resume on the same host restores from it when it is intact) until Resume, Start,
+	// DropMemoryImage or Delete.
 	MemoryImage(ctx context.Context, id string) (io.ReadCloser, error)
 	// DropMemoryImage deletes the kept image. Dropping none is not an error.
 	DropMemoryImage(ctx context.Context, id string) error
-	// Resume starts a box's compute from a memory image (a tar stream as MemoryImage gave it)
-	// on the box's kept workspace: its processes go on from where Pause saved them. The
-	// stream is read to its end before anything runs, so a reader that fails at its end (a
-	// checkpoint whose hash does not match) stops it. An image that cannot be restored here is
-	// an *ImageError, and the box is left without compute; a running box is left alone.
-	Resume(ctx context.Context, id string, image io.Reader) error
+	// Resume starts a box's compute from its memory image on the box's kept workspace: its
+	// processes go on from where Pause saved them. A driver that kept the image (and finds it
+	// intact) restores from its own copy; else it opens the stored copy with stored (a tar
+	// stream as MemoryImage gave it), reads it to its end before anything runs (so a reader
+	// that fails at its end, a checkpoint whose hash does not match, stops it) and restores
+	// from that. stored's errors are returned as they are. An image that cannot be restored
+	// here is an *ImageError, and the box is left without compute; a running box is left alone
+	// (the call only makes sure its guest init answers).
+	Resume(ctx context.Context, id string, stored ImageSource) error
 }
+
+// ImageSource opens the stored copy of a box's memory image, when a driver's Resume needs it.
+type ImageSource func(ctx context.Context) (io.ReadCloser, error)
 
 // WorkspaceExporter is implemented by drivers that can read a box's workspace without its
 // guest init (the local driver reads the host folder, ten times faster than through gVisor's

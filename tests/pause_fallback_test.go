@@ -23,36 +23,60 @@ func memoryImages(t *testing.T, st *e2e.StateDir, id string) []string {
 	return files
 }
 
-// TestResumeWithoutItsMemory: a resume whose memory image is corrupt is refused with
-// CHECKPOINT_CORRUPT, one whose image is gone finds it gone, and both fall back to the
-// workspace: RUNNING, state_reason "memory not restored: …", the workspace's files there, the
-// processes started anew. Never a broken sandbox.
+// flipByte flips a byte in the middle of a file.
+func flipByte(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestResumeWithoutItsMemory: a paused sandbox's memory image is kept twice: by the local
+// runtime beside the box (the copy a resume on this host uses when it matches the sums taken
+// when it was stored) and in the checkpoint store (compressed, sha256-checked). A resume uses
+// whichever copy is intact; a stored copy that is corrupt or truncated is refused with
+// CHECKPOINT_CORRUPT, and with no intact copy left the resume falls back to the workspace:
+// RUNNING, state_reason "memory not restored: …", the workspace's files there, the processes
+// started anew. Never a broken sandbox.
 func TestResumeWithoutItsMemory(t *testing.T) {
 	st := e2e.NewStateDir(t)
 	s := e2e.StartServer(t, e2e.ServerOptions{State: st})
 	key := e2e.HdrTenant1
+	kept := func(id string) string { return filepath.Join(st.Dir, "boxes", id, "memory") }
 	for _, tc := range []struct {
 		name string
-		harm func(t *testing.T, files []string)
+		harm func(t *testing.T, id string, stored []string)
+		// want is what state_reason says; none: the memory was restored.
 		want []string
 	}{
-		{"corrupt", func(t *testing.T, files []string) {
-			data, err := os.ReadFile(files[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			data[len(data)/2] ^= 0xff
-			if err := os.WriteFile(files[0], data, 0o600); err != nil {
-				t.Fatal(err)
-			}
+		{"stored-corrupt", func(t *testing.T, id string, stored []string) {
+			flipByte(t, stored[0])
+		}, nil},
+		{"kept-corrupt", func(t *testing.T, id string, stored []string) {
+			flipByte(t, filepath.Join(kept(id), "pages.img"))
+		}, nil},
+		{"both-corrupt", func(t *testing.T, id string, stored []string) {
+			flipByte(t, filepath.Join(kept(id), "pages.img"))
+			flipByte(t, stored[0])
 		}, []string{"memory not restored", "CHECKPOINT_CORRUPT", "corrupt", "started on its workspace"}},
-		{"truncated", func(t *testing.T, files []string) {
-			if err := os.Truncate(files[0], 1000); err != nil {
+		{"kept-gone-stored-truncated", func(t *testing.T, id string, stored []string) {
+			if err := os.RemoveAll(kept(id)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(stored[0], 1000); err != nil {
 				t.Fatal(err)
 			}
 		}, []string{"memory not restored", "CHECKPOINT_CORRUPT"}},
-		{"gone", func(t *testing.T, files []string) {
-			for _, f := range files {
+		{"both-gone", func(t *testing.T, id string, stored []string) {
+			if err := os.RemoveAll(kept(id)); err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range stored {
 				if err := os.Remove(f); err != nil {
 					t.Fatal(err)
 				}
@@ -63,16 +87,36 @@ func TestResumeWithoutItsMemory(t *testing.T) {
 			id := s.Create(t, e2e.CreateBody, key).SandboxID
 			s.Run(t, id, []string{"sh", "-c", "echo kept > kept.txt"}, key)
 			runDetached(t, s, id, key, "sh", "-c", counterLoop)
-			time.Sleep(300 * time.Millisecond)
+			pid, _ := readCounter(t, s, id, key)
 			pauseVerb(t, s, id, "pause", key)
 			files := memoryImages(t, st, id)
 			if len(files) != 1 {
 				t.Fatalf("stored memory images of the paused sandbox: %v, want one", files)
 			}
-			tc.harm(t, files)
+			if _, err := os.Stat(filepath.Join(kept(id), "sums.json")); err != nil {
+				t.Fatalf("the runtime's kept copy: %v", err)
+			}
+			tc.harm(t, id, files)
 			sb := pauseVerb(t, s, id, "resume", key)
 			if sb.State != "RUNNING" {
 				t.Fatalf("resume: %s, want RUNNING", sb.State)
+			}
+			if out := s.Run(t, id, []string{"cat", "kept.txt"}, key); out != "kept\n" {
+				t.Fatalf("the workspace after the resume: %q", out)
+			}
+			// The stored images are deleted in the background once the sandbox runs.
+			e2e.Eventually(t, 30*time.Second, "the stored memory images to be deleted", func() (bool, string) {
+				files := memoryImages(t, st, id)
+				return len(files) == 0, fmt.Sprint(files)
+			})
+			if tc.want == nil {
+				if sb.StateReason != "" {
+					t.Fatalf("state_reason %q, want the memory restored from the intact copy", sb.StateReason)
+				}
+				if got, _ := readCounter(t, s, id, key); got != pid {
+					t.Fatalf("the loop is pid %d, want %d", got, pid)
+				}
+				return
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(sb.StateReason, w) {
@@ -82,9 +126,6 @@ func TestResumeWithoutItsMemory(t *testing.T) {
 			if got := s.Get(t, id, key); got.StateReason != sb.StateReason {
 				t.Fatalf("the sandbox's state_reason later: %q, want %q", got.StateReason, sb.StateReason)
 			}
-			if out := s.Run(t, id, []string{"cat", "kept.txt"}, key); out != "kept\n" {
-				t.Fatalf("the workspace after the fallback: %q", out)
-			}
 			// The processes did not come back: /tmp is empty.
 			r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["test","-e","/tmp/counter"]}`), key)
 			r.Want(t, http.StatusOK)
@@ -92,9 +133,6 @@ func TestResumeWithoutItsMemory(t *testing.T) {
 			r.Decode(t, &ex)
 			if ex.ExitCode == 0 {
 				t.Fatal("/tmp/counter exists after a resume without memory")
-			}
-			if files := memoryImages(t, st, id); len(files) != 0 {
-				t.Fatalf("memory images left after the fallback: %v", files)
 			}
 		})
 	}

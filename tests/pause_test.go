@@ -18,10 +18,14 @@ import (
 // workspace) every 50 ms.
 const counterLoop = `i=0; while :; do i=$((i+1)); echo "$$ $i" > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done`
 
-// readCounter reads the loop's pid and count.
+// readCounter reads the loop's pid and count (waiting for the loop's first write).
 func readCounter(t *testing.T, s *e2e.Server, id, key string) (pid, n int) {
 	t.Helper()
-	out := s.Run(t, id, []string{"cat", "/tmp/counter"}, key)
+	var out string
+	e2e.Eventually(t, 20*time.Second, "the counter loop's first write", func() (bool, string) {
+		out = s.Run(t, id, []string{"sh", "-c", "cat /tmp/counter 2>/dev/null || true"}, key)
+		return out != "", "no /tmp/counter yet"
+	})
 	f := strings.Fields(out)
 	if len(f) != 2 {
 		t.Fatalf("/tmp/counter holds %q", out)

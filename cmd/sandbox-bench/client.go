@@ -190,6 +190,10 @@ func (c *client) lifecycle(ctx context.Context, id, verb, want string) (sandboxJ
 		got, err = c.sdk.Stop(ctx, id)
 	case "start":
 		got, err = c.sdk.Start(ctx, id)
+	case "pause":
+		got, err = c.sdk.Pause(ctx, id)
+	case "resume":
+		got, err = c.sdk.Resume(ctx, id)
 	default:
 		return sandboxJSON{}, fmt.Errorf("unknown verb %q", verb)
 	}

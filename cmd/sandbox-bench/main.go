@@ -16,7 +16,7 @@
 // and the memory and subscriptions suites measure what idle sandboxes and idle subscriptions
 // cost the host and sandboxd.
 //
-//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--stream-mb 32] [--json]
+//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart,pause,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--stream-mb 32] [--json]
 package main
 
 import (
@@ -65,6 +65,7 @@ var suites = []suite{
 	{"create", benchCreate},
 	{"network", benchNetwork},
 	{"stopstart", benchStopStart},
+	{"pause", benchPause},
 	{"stream", benchStream},
 	{"reads", benchReads},
 	{"quota", benchQuota},

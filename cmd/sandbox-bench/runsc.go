@@ -109,6 +109,8 @@ type rawBundle struct {
 	// keyFile, when the guest init of the config takes a channel key, is where each new
 	// container's key is put (in its host folder; the init deletes it once read).
 	keyFile string
+	// imageSizes are the sizes of the images the pause suite's bare checkpoints wrote.
+	imageSizes []int64
 }
 
 // newRawBundle prepares a raw bundle from sandbox refID's bundle and flags.

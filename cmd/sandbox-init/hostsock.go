@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -87,7 +88,33 @@ func (h *hostSocket) quiesce() (bool, error) {
 		err = errors.Join(err, fmt.Errorf("removing the host socket: %w", uerr))
 	}
 	h.log.Info("host socket closed for a pause")
+	go h.watchMarker()
 	return true, err
+}
+
+// markerPoll is how often a quiesced init looks for the reopen marker. It runs only while the
+// box is quiesced: the moments before its checkpoint, and after its restore until the marker
+// is there (the runtime writes it before `runsc restore`, so that a restored box listens within
+// a poll, with no signal to send).
+const markerPoll = 2 * time.Millisecond
+
+// watchMarker polls for the reopen marker until the socket is open again or closed for good.
+func (h *hostSocket) watchMarker() {
+	for {
+		time.Sleep(markerPoll)
+		h.mu.Lock()
+		if h.ln != nil || h.closed {
+			h.mu.Unlock()
+			return
+		}
+		var st unix.Stat_t
+		err := unix.Fstatat(h.dir, proto.ReopenMarker, &st, unix.AT_SYMLINK_NOFOLLOW)
+		h.mu.Unlock()
+		if err == nil {
+			h.reopen()
+			return
+		}
+	}
 }
 
 // reopen listens on the host socket again when the runtime asked for it (the reopen marker is

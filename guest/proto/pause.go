@@ -15,11 +15,13 @@ package proto
 // workspace: that is a host folder too, runsc cannot save such a socket, and a failed
 // checkpoint ends the box. The message names the socket. Quiescing a quiesced init is no error.
 //
-// After the restore, the runtime writes the file ReopenMarker into the host socket's folder (on
-// the host: the box cannot reach that folder) and sends ReopenSignal to PID 1, which then
-// listens on its host socket again and deletes the marker. Without the marker the signal changes
-// nothing, so a process of the box that sends it (it can: PID 1 handles it) cannot undo a
-// quiesce before the checkpoint. Reopening an open socket is no error either.
+// To open it again, the runtime writes the file ReopenMarker into the host socket's folder (on
+// the host: the box cannot reach that folder), before `runsc restore` or into a box that runs
+// quiesced: a quiesced init looks for the marker every few milliseconds, and on ReopenSignal
+// to PID 1 (for a runtime that cannot wait), listens on its host socket again and deletes the
+// marker. Without the marker the signal changes nothing, so a process of the box that sends it
+// (it can: PID 1 handles it) cannot undo a quiesce before the checkpoint. Reopening an open
+// socket is no error either. The marker must not be written before the checkpoint is done.
 const (
 	// QuiescePath is the endpoint of a quiesce.
 	QuiescePath = "/v1/quiesce"

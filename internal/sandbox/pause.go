@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"time"
@@ -149,7 +150,6 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 		// finishing it): what is left is to release the slot.
 		if _, err := s.mem.store.Get(ctx, scopeOf(rec), img); err == nil {
 			s.slots.release(ctx, rec.Tenant, rec.Project, id)
-			_ = s.driver.DropMemoryImage(ctx, id)
 			return Paused, "", nil
 		}
 	}
@@ -183,11 +183,16 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 		s.log.Warn("a pause failed and ended the sandbox's processes; stopping it", "sandbox", id, "err", err)
 		return s.pauseFallback(ctx, rec, "its runtime could not save its memory ("+oneLine(err)+")")
 	}
-	m, err := s.mem.save(ctx, rec)
-	if err != nil {
-		s.log.Warn("storing a memory image failed; stopping the sandbox instead", "sandbox", id, "err", err)
-		return s.pauseFallback(ctx, rec, "its memory image could not be stored ("+oneLine(err)+")")
+	// The image goes to the store while the workspace is checkpointed and the box released.
+	type saved struct {
+		m   checkpoint.Manifest
+		err error
 	}
+	stored := make(chan saved, 1)
+	go func() {
+		m, err := s.mem.save(ctx, rec)
+		stored <- saved{m, err}
+	}()
 	reason := ""
 	werr := early
 	if exporter {
@@ -199,8 +204,15 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 		s.log.Warn("a pause's workspace checkpoint failed", "sandbox", id, "err", werr)
 		reason = "paused without a new workspace snapshot: " + apierror.From(werr).Message
 	}
-	if err := s.driver.Stop(ctx, id); err != nil {
-		return "", "", runtimeError(s.log, id, err, "could not release the paused sandbox's compute")
+	serr := s.driver.Stop(ctx, id)
+	sv := <-stored
+	if serr != nil {
+		return "", "", runtimeError(s.log, id, serr, "could not release the paused sandbox's compute")
+	}
+	m, err := sv.m, sv.err
+	if err != nil {
+		s.log.Warn("storing a memory image failed; stopping the sandbox instead", "sandbox", id, "err", err)
+		return s.pauseFallback(ctx, rec, "its memory image could not be stored ("+oneLine(err)+")")
 	}
 	if _, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
 		if r.Annotations == nil {
@@ -211,12 +223,10 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 	}); err != nil {
 		return "", "", runtimeError(s.log, id, err, "could not record the memory image")
 	}
-	// The compute is gone: the slot goes back before PAUSED is recorded (as a stop's).
+	// The compute is gone: the slot goes back before PAUSED is recorded (as a stop's). The
+	// runtime keeps its copy of the image: a resume on this host restores from it.
 	s.slots.release(ctx, rec.Tenant, rec.Project, id)
-	if err := s.driver.DropMemoryImage(ctx, id); err != nil {
-		s.log.Warn("dropping the runtime's copy of a stored memory image", "sandbox", id, "err", err)
-	}
-	s.mem.discard(ctx, rec, m.ID)
+	s.chore(func(ctx context.Context) { s.mem.discard(ctx, rec, m.ID) })
 	s.log.Info("memory image stored", "sandbox", id, "image", m.ID, "bytes", m.Size, "raw_bytes", m.RawSize)
 	return Paused, reason, nil
 }
@@ -318,9 +328,10 @@ func (s *Service) resumeWork(ctx context.Context, rec runtime.Record) (reason st
 	return "memory not restored: " + why + "; the sandbox was started on its workspace (its processes ended)", false, nil
 }
 
-// restoreMemory restores the box from its stored image. It answers why when the image cannot
-// bring the processes back (the caller starts the box on its workspace), an error when the
-// resume should fail and keep everything (the store or the runtime did not answer).
+// restoreMemory restores the box from its memory image (the runtime's kept copy when it has an
+// intact one, else the stored copy). It answers why when the image cannot bring the processes
+// back (the caller starts the box on its workspace), an error when the resume should fail and
+// keep everything (the store or the runtime did not answer).
 func (s *Service) restoreMemory(ctx context.Context, rec runtime.Record) (why string, err error) {
 	id := rec.ID
 	img := rec.Annotations[annMemoryImage]
@@ -328,8 +339,11 @@ func (s *Service) restoreMemory(ctx context.Context, rec runtime.Record) (why st
 		if img == "" {
 			return "", nil // an interrupted resume got this far, and recorded it
 		}
-		// An interrupted resume restored it: make sure its init listens (the image is not read).
-		if err := s.driver.Resume(ctx, id, strings.NewReader("")); err != nil {
+		// An interrupted resume restored it: make sure its init listens (no image is read).
+		noImage := func(context.Context) (io.ReadCloser, error) {
+			return nil, errors.New("the sandbox runs: no image to read")
+		}
+		if err := s.driver.Resume(ctx, id, noImage); err != nil {
 			return s.imageError(id, img, err)
 		}
 		return "", nil
@@ -337,30 +351,40 @@ func (s *Service) restoreMemory(ctx context.Context, rec runtime.Record) (why st
 	if img == "" {
 		return "the sandbox has no memory image", nil
 	}
-	r, _, err := s.mem.store.Open(ctx, scopeOf(rec), img)
-	switch {
-	case errors.Is(err, checkpoint.ErrNotFound):
-		return fmt.Sprintf("its memory image %s is gone", img), nil
-	case errors.Is(err, checkpoint.ErrCorrupt):
-		s.log.Error("corrupt memory image", "sandbox", id, "image", img, "err", err)
-		return fmt.Sprintf("%s: its memory image %s is corrupt (its data does not match its manifest)", apierror.CheckpointCorrupt, img), nil
-	case err != nil:
-		return "", apierror.Wrap(err, apierror.Unavailable, "could not read the sandbox's memory image; it stays PAUSED").WithRetryAfter(time.Second)
+	stored := func(ctx context.Context) (io.ReadCloser, error) {
+		r, _, err := s.mem.store.Open(ctx, scopeOf(rec), img)
+		if err != nil {
+			return nil, &imageStoreError{err}
+		}
+		return r, nil
 	}
-	defer r.Close()
-	if err := s.driver.Resume(ctx, id, r); err != nil {
+	if err := s.driver.Resume(ctx, id, stored); err != nil {
 		return s.imageError(id, img, err)
 	}
 	return "", nil
 }
 
+// imageStoreError is an error of the checkpoint store opening a memory image.
+type imageStoreError struct{ err error }
+
+func (e *imageStoreError) Error() string { return e.err.Error() }
+func (e *imageStoreError) Unwrap() error { return e.err }
+
 // imageError sorts a driver's Resume error: an image it cannot restore is a why; anything else
 // fails the resume.
 func (s *Service) imageError(id, img string, err error) (string, error) {
 	var ie *runtime.ImageError
+	var se *imageStoreError
 	switch {
 	case errors.Is(err, runtime.ErrFenced):
 		return "", err
+	case errors.Is(err, checkpoint.ErrNotFound):
+		return fmt.Sprintf("its memory image %s is gone", img), nil
+	case errors.As(err, &se) && errors.Is(err, checkpoint.ErrCorrupt):
+		s.log.Error("corrupt memory image", "sandbox", id, "image", img, "err", err)
+		return fmt.Sprintf("%s: its memory image %s is corrupt (its data does not match its manifest)", apierror.CheckpointCorrupt, img), nil
+	case se != nil:
+		return "", apierror.Wrap(err, apierror.Unavailable, "could not read the sandbox's memory image; it stays PAUSED").WithRetryAfter(time.Second)
 	case errors.Is(err, checkpoint.ErrCorrupt) || errors.As(err, &ie) && ie.Corrupt:
 		s.log.Error("corrupt memory image", "sandbox", id, "image", img, "err", err)
 		return fmt.Sprintf("%s: its memory image %s is corrupt (%s)", apierror.CheckpointCorrupt, img, imageReason(err)), nil
@@ -397,7 +421,19 @@ func (s *Service) forgetMemory(ctx context.Context, rec runtime.Record) {
 		s.log.Warn("clearing a resumed sandbox's memory image", "sandbox", rec.ID, "err", err)
 		return
 	}
-	s.mem.discard(ctx, rec, "")
+	s.chore(func(ctx context.Context) { s.mem.discard(ctx, rec, "") })
+}
+
+// chore runs f in the background on the service's lifetime (Close waits for it): work that
+// can follow an answer, such as deleting stored images nobody needs any more.
+func (s *Service) chore(f func(ctx context.Context)) {
+	s.chores.Add(1)
+	go func() {
+		defer s.chores.Done()
+		ctx, cancel := context.WithTimeout(s.bg, time.Minute)
+		defer cancel()
+		f(ctx)
+	}()
 }
 
 // oneLine is an error's text on one line, bounded.

@@ -128,9 +128,12 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 			}
 		}, []string{"memory not restored", "processes are gone"}},
 		{"Corrupt", func(t *testing.T, e *domaintest.Env, sb Sandbox) {
+			// The runtime's own copy is gone (a new host folder), the stored one corrupt.
+			dropKept(t, e, sb.ID)
 			corruptMemory(t, e, sb.ID)
 		}, []string{"memory not restored", "CHECKPOINT_CORRUPT", "corrupt"}},
 		{"Deleted", func(t *testing.T, e *domaintest.Env, sb Sandbox) {
+			dropKept(t, e, sb.ID)
 			mem := e.Ckpt.Derive(MemoryPrefix)
 			sc := checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}
 			list, _ := mem.List(context.Background(), sc)
@@ -184,6 +187,44 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 			mem := e.Ckpt.Derive(MemoryPrefix)
 			if list, _ := mem.List(ctx, checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}); len(list) != 0 {
 				t.Fatalf("memory images after the fallback: %d, want 0", len(list))
+			}
+		})
+	}
+}
+
+// dropKept deletes the runtime's own copy of a paused sandbox's memory image.
+func dropKept(t *testing.T, e *domaintest.Env, id string) {
+	t.Helper()
+	if err := e.Fake.DropMemoryImage(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestResumeFromTheKeptOrTheStoredImage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		harm func(t *testing.T, e *domaintest.Env, id string)
+	}{
+		// The runtime's copy is used first: a corrupt stored copy is not read.
+		{"KeptCopy", func(t *testing.T, e *domaintest.Env, id string) { corruptMemory(t, e, id) }},
+		// Without the runtime's copy, the stored one brings the processes back.
+		{"StoredCopy", func(t *testing.T, e *domaintest.Env, id string) { dropKept(t, e, id) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := domaintest.New(t, domaintest.Options{})
+			ctx := context.Background()
+			sb := e.CreateRunning(t, alice)
+			loop := detached(t, e, sb.ID, "sh", "-c", appendLoop)
+			if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			tc.harm(t, e, sb.ID)
+			resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
+			if err != nil || resumed.State != Running || resumed.StateReason != "" {
+				t.Fatalf("resume: %+v, %v, want RUNNING with its memory", resumed, err)
+			}
+			if st, err := e.Svc.GetExec(ctx, alice, sb.ID, loop.ExecID, false); err != nil || st.State != ExecRunning {
+				t.Fatalf("the loop after resume: %+v, %v, want RUNNING", st, err)
 			}
 		})
 	}

@@ -78,6 +78,8 @@ type Service struct {
 	bg         context.Context
 	cancel     context.CancelFunc
 	recovering sync.WaitGroup
+	// chores are background work that follows an answer (pause.go); Close waits for them.
+	chores sync.WaitGroup
 }
 
 // New returns a Service.
@@ -141,6 +143,7 @@ func (s *Service) Config() Config { return s.cfg }
 func (s *Service) Close() {
 	s.cancel()
 	s.recovering.Wait()
+	s.chores.Wait()
 	s.attachs.closeAll()
 }
 

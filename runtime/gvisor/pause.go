@@ -49,7 +49,17 @@ const (
 	memoryRestoreDn = "memory.restore"
 	pausingFile     = "pausing"
 	imageMetaFile   = "meta.json"
+	// imageSumsFile, beside a kept image's files, holds their sizes and sha256 sums, taken as
+	// MemoryImage streamed them: a resume on this host restores from the kept image only when
+	// its files still match.
+	imageSumsFile = "sums.json"
 )
+
+// imageSums are the sizes and sha256 sums of a kept image's files, by name.
+type imageSums map[string]struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
 
 // imageFormat is the version of the image archive this driver writes (meta.json's format).
 const imageFormat = 1
@@ -331,29 +341,80 @@ func (d *Driver) MemoryImage(ctx context.Context, id string) (io.ReadCloser, err
 	pr, pw := io.Pipe()
 	go func() {
 		defer closeAll()
-		pw.CloseWithError(writeImageTar(pw, names, files))
+		sums, err := writeImageTar(pw, names, files)
+		if err == nil {
+			// The files' sums, taken on the way: what a resume here checks the kept copy against.
+			err = writeJSONAtomic(filepath.Join(dir, imageSumsFile), sums)
+		}
+		pw.CloseWithError(err)
 	}()
 	return pr, nil
 }
 
-func writeImageTar(w io.Writer, names []string, files []*os.File) error {
+// writeImageTar writes the files as a tar stream and returns their sizes and sums.
+func writeImageTar(w io.Writer, names []string, files []*os.File) (imageSums, error) {
+	sums := imageSums{}
 	tw := tar.NewWriter(w)
 	for i, f := range files {
 		fi, err := f.Stat()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := tw.WriteHeader(&tar.Header{Name: names[i], Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime(),
 			Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
-			return err
+			return nil, err
 		}
-		if n, err := io.Copy(tw, f); err != nil {
-			return err
+		h := sha256.New()
+		if n, err := io.Copy(io.MultiWriter(tw, h), f); err != nil {
+			return nil, err
 		} else if n != fi.Size() {
-			return fmt.Errorf("%s changed while it was read", names[i])
+			return nil, fmt.Errorf("%s changed while it was read", names[i])
+		}
+		e := sums[names[i]]
+		e.Size, e.SHA256 = fi.Size(), hex.EncodeToString(h.Sum(nil))
+		sums[names[i]] = e
+	}
+	return sums, tw.Close()
+}
+
+// checkKept reports whether the kept image's files are the ones MemoryImage streamed (their
+// sums) and returns its meta.json; ok is false for an image without sums (never streamed) or
+// one that changed, and why says which.
+func checkKept(dir string) (meta imageMeta, ok bool, why string) {
+	var sums imageSums
+	b, err := os.ReadFile(filepath.Join(dir, imageSumsFile))
+	if err != nil {
+		return meta, false, "no sums"
+	}
+	if err := json.Unmarshal(b, &sums); err != nil || len(sums) == 0 {
+		return meta, false, "unreadable sums"
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return meta, false, err.Error()
+	}
+	for _, e := range entries {
+		if n := e.Name(); n != imageSumsFile && sums[n].SHA256 == "" {
+			return meta, false, "an unexpected file " + n
 		}
 	}
-	return tw.Close()
+	for name, want := range sums {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return meta, false, err.Error()
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, f)
+		f.Close()
+		if err != nil || n != want.Size || hex.EncodeToString(h.Sum(nil)) != want.SHA256 {
+			return meta, false, name + " does not match its sum"
+		}
+	}
+	b, err = os.ReadFile(filepath.Join(dir, imageMetaFile))
+	if err != nil || json.Unmarshal(b, &meta) != nil {
+		return meta, false, "unreadable meta.json"
+	}
+	return meta, true, ""
 }
 
 // DropMemoryImage implements runtime.Driver.
@@ -387,7 +448,7 @@ func (d *Driver) dropImages(id string) error {
 }
 
 // Resume implements runtime.Driver.
-func (d *Driver) Resume(ctx context.Context, id string, image io.Reader) (err error) {
+func (d *Driver) Resume(ctx context.Context, id string, stored runtime.ImageSource) (err error) {
 	if err := checkID(id); err != nil {
 		return err
 	}
@@ -417,17 +478,32 @@ func (d *Driver) Resume(ctx context.Context, id string, image io.Reader) (err er
 	if err != nil {
 		return err
 	}
-	dir := d.boxes.boxPath(id, memoryRestoreDn)
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	meta, err := extractImage(image, dir, maxImageBytes(rec.Spec))
-	if err != nil {
-		return err
+	// The kept copy when it is intact (no download, no extraction); else the stored one.
+	dir := d.boxes.boxPath(id, memoryDn)
+	meta, ok, why := checkKept(dir)
+	source := "kept"
+	if !ok {
+		if why != "no sums" && d.hasImage(id) {
+			d.log.Warn("the kept memory image does not match its sums; using the stored one", "box", id, "why", why)
+		}
+		source = "stored"
+		dir = d.boxes.boxPath(id, memoryRestoreDn)
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("gvisor: %w", err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return fmt.Errorf("gvisor: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		rc, err := stored(ctx)
+		if err != nil {
+			return err
+		}
+		meta, err = extractImage(rc, dir, maxImageBytes(rec.Spec))
+		rc.Close()
+		if err != nil {
+			return err
+		}
 	}
 	switch {
 	case meta.Format != imageFormat:
@@ -477,10 +553,12 @@ func (d *Driver) Resume(ctx context.Context, id string, image io.Reader) (err er
 		}
 	}
 	hostDir := d.boxes.boxPath(id, hostDn)
-	for _, name := range []string{proto.ReopenMarker, hostSocketName} {
-		if err := os.Remove(filepath.Join(hostDir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fail(fmt.Errorf("gvisor: host socket folder: %w", err))
-		}
+	if err := os.Remove(filepath.Join(hostDir, hostSocketName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fail(fmt.Errorf("gvisor: host socket folder: %w", err))
+	}
+	// The marker first: the restored init, quiesced, finds it within a poll and listens.
+	if err := os.WriteFile(filepath.Join(hostDir, proto.ReopenMarker), nil, 0o600); err != nil {
+		return fail(fmt.Errorf("gvisor: reopen marker: %w", err))
 	}
 	if err := os.Remove(d.boxes.boxPath(id, tamperedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fail(fmt.Errorf("gvisor: %w", err))
@@ -493,18 +571,40 @@ func (d *Driver) Resume(ctx context.Context, id string, image io.Reader) (err er
 		return fail(&runtime.ImageError{Reason: "runsc could not restore the image: " + strings.TrimPrefix(err.Error(), "runsc "), Err: err})
 	}
 	t2 := time.Now()
-	if err := d.askReopen(ctx, id, flags); err != nil {
-		return fail(err)
-	}
-	if err := d.waitReady(ctx, id); err != nil {
+	if err := d.waitListening(ctx, id, flags); err != nil {
 		return fail(&runtime.ImageError{Reason: "the restored sandbox's init does not answer", Err: err})
 	}
 	if err := d.dropImages(id); err != nil {
 		d.log.Warn("removing a resumed box's image", "box", id, "err", err)
 	}
-	d.log.Info("box resumed", "box", id, "extract_ms", t1.Sub(start).Milliseconds(),
+	d.log.Info("box resumed", "box", id, "image", source, "image_ms", t1.Sub(start).Milliseconds(),
 		"restore_ms", t2.Sub(t1).Milliseconds(), "ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// reopenPolls is how long a restored box gets to find the reopen marker by itself before the
+// driver sends the signal too.
+const reopenPolls = 300 * time.Millisecond
+
+// waitListening waits until the restored box's init answers on its host socket: it finds the
+// marker by itself (proto/pause.go); when it has not within reopenPolls, the signal asks it.
+func (d *Driver) waitListening(ctx context.Context, id string, flags []string) error {
+	deadline := time.Now().Add(reopenPolls)
+	for time.Now().Before(deadline) {
+		if err := d.probe(ctx, id); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	d.log.Info("the restored init did not listen by itself; signalling it", "box", id)
+	if _, err := d.runsc(ctx, flags, "kill", id, proto.ReopenSignal); err != nil {
+		d.log.Warn("signalling a restored box's init", "box", id, "err", err)
+	}
+	return d.waitReady(ctx, id)
 }
 
 // extractImage writes the files of an image archive into dir (flat, regular files with

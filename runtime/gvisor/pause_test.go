@@ -3,6 +3,7 @@ package gvisor_test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -36,9 +37,26 @@ func readCounter(t *testing.T, c *client.Client) (pid, n int) {
 	return pid, n
 }
 
-// pauseBox pauses a box and returns its kept image, then releases the rest (Stop), as the
-// domain does.
+// source is an ImageSource of a stored image.
+func source(img []byte) runtime.ImageSource {
+	return func(context.Context) (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(img)), nil }
+}
+
+// noSource is the ImageSource of a resume that must use the driver's kept copy.
+func noSource(t *testing.T) runtime.ImageSource {
+	return func(context.Context) (io.ReadCloser, error) {
+		t.Error("the driver opened the stored image, want it to use its kept copy")
+		return nil, errors.New("no stored image")
+	}
+}
+
+// pauseBox pauses a box and returns its image, then releases the rest (Stop), as the domain
+// does; unless keep, it also drops the driver's copy (a resume then needs the stored one).
 func pauseBox(t *testing.T, d *gvisor.Driver, id string) []byte {
+	return pauseBoxKeeping(t, d, id, false)
+}
+
+func pauseBoxKeeping(t *testing.T, d *gvisor.Driver, id string, keep bool) []byte {
 	t.Helper()
 	start := time.Now()
 	if err := d.Pause(ctxT(t), id); err != nil {
@@ -60,8 +78,10 @@ func pauseBox(t *testing.T, d *gvisor.Driver, id string) []byte {
 	if b, _ := d.Get(ctxT(t), id); b.Phase != runtime.PhaseStopped {
 		t.Fatalf("after pause and stop the box is %s, want stopped", b.Phase)
 	}
-	if err := d.DropMemoryImage(ctxT(t), id); err != nil {
-		t.Fatalf("DropMemoryImage: %v", err)
+	if !keep {
+		if err := d.DropMemoryImage(ctxT(t), id); err != nil {
+			t.Fatalf("DropMemoryImage: %v", err)
+		}
 	}
 	return img
 }
@@ -74,7 +94,7 @@ func TestPauseResumeKeepsProcesses(t *testing.T) {
 	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitFile(t, c, "/tmp/counter")
 	pid1, n1 := readCounter(t, c)
 
 	img := pauseBox(t, d, id)
@@ -88,7 +108,7 @@ func TestPauseResumeKeepsProcesses(t *testing.T) {
 	}
 
 	start := time.Now()
-	if err := d.Resume(ctxT(t), id, bytes.NewReader(img)); err != nil {
+	if err := d.Resume(ctxT(t), id, source(img)); err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
 	t.Logf("resume took %v", time.Since(start))
@@ -106,14 +126,38 @@ func TestPauseResumeKeepsProcesses(t *testing.T) {
 		t.Fatalf("files after resume: %q", res.Stdout)
 	}
 
-	// A second pause and resume of the same box.
-	img = pauseBox(t, d, id)
-	if err := d.Resume(ctxT(t), id, bytes.NewReader(img)); err != nil {
+	// A second pause and resume of the same box, from the driver's kept copy.
+	pauseBoxKeeping(t, d, id, true)
+	start = time.Now()
+	if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
 		t.Fatalf("second Resume: %v", err)
 	}
+	t.Logf("resume from the kept copy took %v", time.Since(start))
 	c = runtimetest.Client(t, d, id)
 	if pid4, _ := readCounter(t, c); pid4 != pid1 {
 		t.Fatalf("after a second pause the loop is pid %d, want %d", pid4, pid1)
+	}
+	// A kept copy that changed since it was streamed is not used: the stored one is.
+	img = pauseBoxKeeping(t, d, id, true)
+	pages := filepath.Join(stateDirOf(t, d), "boxes", id, "memory", "pages.img")
+	data, err := os.ReadFile(pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(pages, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opened := false
+	if err := d.Resume(ctxT(t), id, func(ctx context.Context) (io.ReadCloser, error) {
+		opened = true
+		return source(img)(ctx)
+	}); err != nil || !opened {
+		t.Fatalf("Resume with a changed kept copy: %v (stored copy opened: %v), want the stored copy used", err, opened)
+	}
+	c = runtimetest.Client(t, d, id)
+	if pid5, _ := readCounter(t, c); pid5 != pid1 {
+		t.Fatalf("after a resume from the stored copy the loop is pid %d, want %d", pid5, pid1)
 	}
 }
 
@@ -206,7 +250,7 @@ func TestResumeRefusesBadImages(t *testing.T) {
 		{"OtherHost", withMeta(t, img, `"host": "`, `"host": "elsewhere-`), false, "another host"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := d.Resume(ctxT(t), id, bytes.NewReader(tc.image))
+			err := d.Resume(ctxT(t), id, source(tc.image))
 			var ie *runtime.ImageError
 			if !errors.As(err, &ie) || ie.Corrupt != tc.corrupt || !strings.Contains(ie.Reason, tc.want) {
 				t.Fatalf("got %v (%+v), want an ImageError (corrupt %v) saying %q", err, ie, tc.corrupt, tc.want)

@@ -30,4 +30,6 @@ func (d *Driver) MemoryImage(_ context.Context, id string) (io.ReadCloser, error
 func (d *Driver) DropMemoryImage(context.Context, string) error { return nil }
 
 // Resume implements runtime.Driver: not supported (errNoPause).
-func (d *Driver) Resume(_ context.Context, id string, _ io.Reader) error { return errNoPause(id) }
+func (d *Driver) Resume(_ context.Context, id string, _ runtime.ImageSource) error {
+	return errNoPause(id)
+}

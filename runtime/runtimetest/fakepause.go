@@ -16,8 +16,10 @@ import (
 // The Fake's pause: Pause keeps the box's guest server aside (its commands run on, on the
 // host: the fake does not freeze them) and breaks the box's attaches, as runsc's save does;
 // its image is a small tar (meta.json naming the box and the pause, and a checkpoint.img of
-// random bytes) that only brings that very server back. A Resume with another image, or after
-// LoseMemory, is a *runtime.ImageError, as a real driver's with an image it cannot restore.
+// random bytes) that only brings that very server back. The Fake keeps the image until
+// Resume, Start, DropMemoryImage or Delete, and a Resume uses its kept copy first, as the
+// local driver does. A Resume with another image, or after LoseMemory, is a
+// *runtime.ImageError, as a real driver's with an image it cannot restore.
 
 // fakeImageMeta is the meta.json of a Fake's image.
 type fakeImageMeta struct {
@@ -132,17 +134,35 @@ func (f *Fake) DropMemoryImage(ctx context.Context, id string) error {
 	return nil
 }
 
-// Resume implements runtime.Driver.
-func (f *Fake) Resume(ctx context.Context, id string, image io.Reader) error {
-	// The image is read (to its end) before the lock: a checkpoint reader hashes as it goes.
-	data, rerr := io.ReadAll(io.LimitReader(image, maxFakeImage+1))
+// Resume implements runtime.Driver: from the kept image when there is one, else from the
+// stored copy.
+func (f *Fake) Resume(ctx context.Context, id string, stored runtime.ImageSource) error {
+	f.mu.Lock()
+	b, ok := f.boxes[id]
+	var kept []byte
+	if ok {
+		kept = b.image
+	}
+	f.mu.Unlock()
+	data := kept
+	if data == nil {
+		// The image is read (to its end) before the lock: a checkpoint reader hashes as it goes.
+		rc, err := stored(ctx)
+		if err != nil {
+			return err
+		}
+		data, err = io.ReadAll(io.LimitReader(rc, maxFakeImage+1))
+		rc.Close()
+		if err != nil {
+			return &runtime.ImageError{Reason: "the image could not be read: " + err.Error(), Err: err}
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.injected("Resume"); err != nil {
 		return err
 	}
-	b, ok := f.boxes[id]
-	if !ok {
+	if b, ok = f.boxes[id]; !ok {
 		return fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
 	if err := b.admit(ctx); err != nil {
@@ -150,9 +170,6 @@ func (f *Fake) Resume(ctx context.Context, id string, image io.Reader) error {
 	}
 	if b.phase == runtime.PhaseRunning {
 		return nil
-	}
-	if rerr != nil {
-		return &runtime.ImageError{Reason: "the image could not be read: " + rerr.Error(), Err: rerr}
 	}
 	if len(data) > maxFakeImage {
 		return &runtime.ImageError{Reason: "the image is too large", Corrupt: true}

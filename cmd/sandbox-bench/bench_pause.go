@@ -1,0 +1,320 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sandboxd/guest/proto"
+)
+
+// holdMemory is the python3 program of the loaded sandbox: it holds argv[1] MiB of random bytes
+// (incompressible: the worst case for an image's compression) and sleeps.
+const holdMemory = `import os, sys, time
+held = bytearray(os.urandom(int(sys.argv[1]) << 20))
+open("/tmp/held", "w").write(str(len(held)))
+time.sleep(100000)
+`
+
+// benchPause: REST pause and REST resume of a sandbox, next to a bare `runsc checkpoint` and
+// `runsc restore` of a container of the same bundle (the driver's OCI config of the same
+// sandbox: rootfs, mounts, limits, the guest init as PID 1, with the same workload), for an idle
+// sandbox and for one running python3 that holds 200 MiB; and the memory images' sizes.
+func benchPause(ctx context.Context, b *bench) (groups []*Group, err error) {
+	for _, load := range []struct {
+		name string
+		mib  int
+	}{{"idle sandbox", 0}, {"python3 holding 200 MiB", 200}} {
+		gs, err := b.pauseGroups(ctx, load.name, load.mib)
+		groups = append(groups, gs...)
+		if err != nil {
+			return groups, err
+		}
+	}
+	return groups, nil
+}
+
+func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups []*Group, err error) {
+	pause := &Group{Name: "pause, " + name}
+	resume := &Group{Name: "resume, " + name}
+	size := &Group{Name: "memory image, " + name}
+	groups = []*Group{pause, resume, size}
+	oursPause := pause.result("REST POST …/pause", false)
+	barePause := pause.result("bare runsc checkpoint --image-path", true)
+	oursResume := resume.result("REST POST …/resume", false)
+	bareResume := resume.result("bare runsc restore --image-path --bundle --detach", true)
+	storedSize := size.valueResult("ours: stored object (tar + zstd)", "MiB", false)
+	rawSize := size.valueResult("ours: image (tar)", "MiB", false)
+	bareSize := size.valueResult("bare: runsc's image folder", "MiB", true)
+
+	id, _, err := b.createSandbox(ctx)
+	defer b.finishSandbox(id, &err)
+	if err != nil {
+		return groups, fmt.Errorf("creating the sandbox: %w", err)
+	}
+	workload := []string{"sh", "-c", "echo idle"}
+	if mib > 0 {
+		workload = []string{"sh", "-c", fmt.Sprintf("(python3 -c '%s' %d) </dev/null >/dev/null 2>&1 &", holdMemory, mib)}
+	}
+	if res, err := b.api.exec(ctx, id, execBody(workload, "")); err != nil {
+		return groups, fmt.Errorf("starting the workload: %w", err)
+	} else if err := res.check(""); err != nil {
+		return groups, fmt.Errorf("starting the workload: %w", err)
+	}
+	if mib > 0 {
+		if err := b.waitHeld(ctx, id); err != nil {
+			return groups, err
+		}
+	}
+	steps := []step{
+		{oursPause, func(ctx context.Context) (time.Duration, error) {
+			return timed(func() error {
+				_, err := b.api.lifecycle(ctx, id, "pause", "PAUSED")
+				return err
+			})
+		}},
+		{oursResume, func(ctx context.Context) (time.Duration, error) {
+			var reason string
+			d, err := timed(func() error {
+				sb, err := b.api.lifecycle(ctx, id, "resume", "RUNNING")
+				reason = sb.StateReason
+				return err
+			})
+			if err == nil && reason != "" {
+				err = fmt.Errorf("resume of %s: %s", id, reason)
+			}
+			return d, err
+		}},
+	}
+	skip := b.bareSkipReason()
+	var raw *rawBundle
+	if skip != "" {
+		barePause.Skipped, bareResume.Skipped, bareSize.Skipped = skip, skip, skip
+	} else {
+		if raw, err = b.newRawBundle(id); err != nil {
+			return groups, err
+		}
+		// runsc cannot save a socket bound on a host folder: the bare box's init gets none
+		// (sandboxd's init closes its own for the pause).
+		if err := raw.dropHostSocket(); err != nil {
+			return groups, err
+		}
+		bare, err := raw.startBare(ctx, mib)
+		if err != nil {
+			return groups, err
+		}
+		defer func() {
+			if derr := b.deleteRaw(raw, bare.id); derr != nil && err == nil {
+				err = derr
+			}
+		}()
+		steps = append(steps,
+			step{barePause, bare.checkpoint},
+			step{bareResume, bare.restore})
+	}
+	// Each side pauses before it resumes; which side goes first alternates.
+	order := func(round int) []int {
+		if len(steps) == 2 {
+			return []int{0, 1}
+		}
+		if round%2 == 0 {
+			return []int{0, 1, 2, 3}
+		}
+		return []int{2, 3, 0, 1}
+	}
+	var images [][2]int64
+	watchSize := step{oursPause, steps[0].run}
+	steps[0].run = func(ctx context.Context) (time.Duration, error) {
+		d, err := watchSize.run(ctx)
+		if err == nil {
+			if stored, raw, ok := b.memoryImageSize(id); ok {
+				images = append(images, [2]int64{stored, raw})
+			}
+		}
+		return d, err
+	}
+	n := b.opts.stopStart + 2
+	err = interleaveOrdered(ctx, pause.Name, 1, n, steps, order)
+	for _, im := range images {
+		storedSize.addValue(float64(im[0]) / (1 << 20))
+		rawSize.addValue(float64(im[1]) / (1 << 20))
+	}
+	if raw != nil {
+		for _, s := range raw.imageSizes {
+			bareSize.addValue(float64(s) / (1 << 20))
+		}
+	}
+	what := "an idle sandbox (its guest init, nothing else)"
+	if mib > 0 {
+		what = fmt.Sprintf("a sandbox whose python3 holds %d MiB of random bytes (incompressible)", mib)
+	}
+	pause.Note = what + ". Ours: the guest init closes its host socket, `runsc checkpoint` into the box's folder, the image " +
+		"(tar) compressed (Go zstd level 1) into the local checkpoint store with its sha256, a workspace checkpoint, " +
+		"`runsc delete`, the disk unmounted, the record and the slot. Bare: `runsc checkpoint --image-path` of a container " +
+		"of the same OCI config (its init without a host socket) running the same workload, then (untimed) `runsc delete`."
+	resume.Note = "ours: the slot, the image read from the store (hash checked) and extracted, the disk mounted again, " +
+		"`runsc restore` of the box's bundle, the init's host socket reopened (a marker and `runsc kill USR2`) and its " +
+		"first attach; the answer is RUNNING with no state_reason (the memory restored). Bare: `runsc restore " +
+		"--image-path --bundle --detach` of the bare image."
+	size.Note = "per pause: the stored object and the image's tar (memory/… in the checkpoint store); bare: the bytes of " +
+		"runsc's image folder (checkpoint.img, pages_meta.img, pages.img)."
+	return groups, err
+}
+
+// waitHeld waits until the sandbox's python3 holds its memory (/tmp/held exists).
+func (b *bench) waitHeld(ctx context.Context, id string) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		res, err := b.api.exec(ctx, id, execBody([]string{"test", "-e", "/tmp/held"}, ""))
+		if err != nil {
+			return err
+		}
+		if res.ExitCode == 0 {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("the python3 of %s did not hold its memory within 2 min", id)
+}
+
+// memoryImageSize reads the newest stored memory image manifest of a sandbox in the local
+// checkpoint store under the state folder: its object's size and its tar's.
+func (b *bench) memoryImageSize(id string) (stored, raw int64, ok bool) {
+	if b.stateDir == "" {
+		return 0, 0, false
+	}
+	matches, _ := filepath.Glob(filepath.Join(b.stateDir, "checkpoint-store", "memory", "*", "*", id, "*.json"))
+	if len(matches) == 0 {
+		return 0, 0, false
+	}
+	data, err := os.ReadFile(matches[len(matches)-1])
+	if err != nil {
+		return 0, 0, false
+	}
+	var m struct {
+		Size    int64 `json:"size"`
+		RawSize int64 `json:"raw_size"`
+	}
+	if json.Unmarshal(data, &m) != nil {
+		return 0, 0, false
+	}
+	return m.Size, m.RawSize, true
+}
+
+// dropHostSocket removes the host socket from the raw bundle's guest init (its environment):
+// runsc cannot checkpoint a box whose process holds a socket bound on a host folder.
+func (r *rawBundle) dropHostSocket() error {
+	path := filepath.Join(r.bundle, "config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return err
+	}
+	proc, _ := spec["process"].(map[string]any)
+	env, _ := proc["env"].([]any)
+	kept := env[:0]
+	for _, e := range env {
+		if s, ok := e.(string); ok && strings.HasPrefix(s, "SBX_HOST_SOCKET=") {
+			continue
+		}
+		kept = append(kept, e)
+	}
+	proc["env"] = kept
+	out, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, out, 0o600)
+}
+
+// bareBox is one container of a raw bundle that the bare rows checkpoint and restore.
+type bareBox struct {
+	r     *rawBundle
+	id    string
+	image string
+}
+
+// startBare creates and starts a container of the raw bundle (untimed) and starts the
+// workload in it: nothing, or python3 holding mib MiB (a detached `runsc exec`).
+func (r *rawBundle) startBare(ctx context.Context, mib int) (*bareBox, error) {
+	box := &bareBox{r: r, id: "rawpause-" + randomHex(8), image: filepath.Join(filepath.Dir(r.bundle), "image")}
+	r.b.mu.Lock()
+	if r.b.raw[r] == nil {
+		r.b.raw[r] = map[string]bool{}
+	}
+	r.b.raw[r][box.id] = true
+	r.b.mu.Unlock()
+	if r.keyFile != "" {
+		if err := os.WriteFile(r.keyFile, []byte(proto.EncodeChannelKey(proto.NewChannelKey())), 0o400); err != nil {
+			return box, err
+		}
+	}
+	if err := r.b.runscLogged(ctx, r.logPath, r.flags, "create", "--bundle="+r.bundle, box.id); err != nil {
+		return box, err
+	}
+	if err := r.b.runscLogged(ctx, r.logPath, r.flags, "start", box.id); err != nil {
+		return box, err
+	}
+	if mib > 0 {
+		if err := r.b.runscLogged(ctx, r.logPath, r.flags, "exec", "--detach", box.id, "python3", "-c", holdMemory, fmt.Sprint(mib)); err != nil {
+			return box, err
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if _, err := r.b.runscExec(ctx, r.flags, box.id, "test", "-e", "/tmp/held"); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return box, fmt.Errorf("the bare box's python3 did not hold its memory within 2 min")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return box, nil
+}
+
+// checkpoint is the timed bare pause: `runsc checkpoint --image-path` into a fresh folder;
+// the container is deleted afterwards (untimed), and the image's size recorded.
+func (x *bareBox) checkpoint(ctx context.Context) (time.Duration, error) {
+	if err := os.RemoveAll(x.image); err != nil {
+		return 0, err
+	}
+	if err := os.Mkdir(x.image, 0o700); err != nil {
+		return 0, err
+	}
+	d, err := timed(func() error {
+		return x.r.b.runscRun(ctx, x.r.flags, "checkpoint", "--image-path="+x.image, x.id)
+	})
+	if err != nil {
+		return d, err
+	}
+	x.r.imageSizes = append(x.r.imageSizes, dirSize(x.image))
+	return d, x.r.b.runscRun(ctx, x.r.flags, "delete", "-force", x.id)
+}
+
+// restore is the timed bare resume: `runsc restore` of the image into a container of the
+// same id.
+func (x *bareBox) restore(ctx context.Context) (time.Duration, error) {
+	return timed(func() error {
+		return x.r.b.runscLogged(ctx, x.r.logPath, x.r.flags, "restore", "--image-path="+x.image, "--bundle="+x.r.bundle, "--detach", x.id)
+	})
+}
+
+// dirSize is the bytes of the regular files directly in dir.
+func dirSize(dir string) int64 {
+	entries, _ := os.ReadDir(dir)
+	var n int64
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n
+}
