@@ -155,7 +155,8 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	pause.Note = what + ". Ours: the guest init closes its host socket, `runsc checkpoint` into the box's folder, the image " +
 		"(tar) compressed (Go zstd level 1) into the local checkpoint store with its sha256, a workspace checkpoint, " +
 		"`runsc delete`, the disk unmounted, the record and the slot. Bare: `runsc checkpoint --image-path` of a container " +
-		"of the same OCI config (its init without a host socket) running the same workload, then (untimed) `runsc delete`."
+		"of the same OCI config (its init without a host socket) running the same workload, then (untimed) `runsc delete`; after a bare restore its python3 (a `runsc exec` process, which a " +
+		"restore does not bring back) is started again before the next checkpoint, untimed."
 	resume.Note = "ours: the slot, the image read from the store (hash checked) and extracted, the disk mounted again, " +
 		"`runsc restore` of the box's bundle, the init's host socket reopened (a marker and `runsc kill USR2`) and its " +
 		"first attach; the answer is RUNNING with no state_reason (the memory restored). Bare: `runsc restore " +
@@ -239,12 +240,17 @@ type bareBox struct {
 	r     *rawBundle
 	id    string
 	image string
+	// mib is what its python3 holds (0: none). A process `runsc exec` started does not come
+	// back from a restore (it is a zombie then: only PID 1's tree goes on), so each checkpoint
+	// after a restore starts a new one first (untimed).
+	mib      int
+	restored bool
 }
 
 // startBare creates and starts a container of the raw bundle (untimed) and starts the
 // workload in it: nothing, or python3 holding mib MiB (a detached `runsc exec`).
 func (r *rawBundle) startBare(ctx context.Context, mib int) (*bareBox, error) {
-	box := &bareBox{r: r, id: "rawpause-" + randomHex(8), image: filepath.Join(filepath.Dir(r.bundle), "image")}
+	box := &bareBox{r: r, id: "rawpause-" + randomHex(8), image: filepath.Join(filepath.Dir(r.bundle), "image"), mib: mib}
 	r.b.mu.Lock()
 	if r.b.raw[r] == nil {
 		r.b.raw[r] = map[string]bool{}
@@ -262,27 +268,41 @@ func (r *rawBundle) startBare(ctx context.Context, mib int) (*bareBox, error) {
 	if err := r.b.runscLogged(ctx, r.logPath, r.flags, "start", box.id); err != nil {
 		return box, err
 	}
-	if mib > 0 {
-		if err := r.b.runscLogged(ctx, r.logPath, r.flags, "exec", "--detach", box.id, "python3", "-c", holdMemory, fmt.Sprint(mib)); err != nil {
-			return box, err
-		}
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			if _, err := r.b.runscExec(ctx, r.flags, box.id, "test", "-e", "/tmp/held"); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return box, fmt.Errorf("the bare box's python3 did not hold its memory within 2 min")
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+	return box, box.hold(ctx)
+}
+
+// hold starts the box's python3 and waits until it holds its memory (nothing for mib 0).
+func (x *bareBox) hold(ctx context.Context) error {
+	if x.mib == 0 {
+		return nil
 	}
-	return box, nil
+	r := x.r
+	if _, err := r.b.runscExec(ctx, r.flags, x.id, "rm", "-f", "/tmp/held"); err != nil {
+		return err
+	}
+	if err := r.b.runscLogged(ctx, r.logPath, r.flags, "exec", "--detach", x.id, "python3", "-c", holdMemory, fmt.Sprint(x.mib)); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := r.b.runscExec(ctx, r.flags, x.id, "test", "-e", "/tmp/held"); err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the bare box's python3 did not hold its memory within 2 min")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // checkpoint is the timed bare pause: `runsc checkpoint --image-path` into a fresh folder;
 // the container is deleted afterwards (untimed), and the image's size recorded.
 func (x *bareBox) checkpoint(ctx context.Context) (time.Duration, error) {
+	if x.restored {
+		if err := x.hold(ctx); err != nil {
+			return 0, err
+		}
+	}
 	if err := os.RemoveAll(x.image); err != nil {
 		return 0, err
 	}
@@ -302,6 +322,7 @@ func (x *bareBox) checkpoint(ctx context.Context) (time.Duration, error) {
 // restore is the timed bare resume: `runsc restore` of the image into a container of the
 // same id.
 func (x *bareBox) restore(ctx context.Context) (time.Duration, error) {
+	x.restored = true
 	return timed(func() error {
 		return x.r.b.runscLogged(ctx, x.r.logPath, x.r.flags, "restore", "--image-path="+x.image, "--bundle="+x.r.bundle, "--detach", x.id)
 	})
