@@ -106,10 +106,8 @@ func TestPauseAndResume(t *testing.T) {
 	if res := e.MustExec(t, alice, sb.ID, "cat", "file"); string(res.Stdout) != "kept\n" {
 		t.Fatalf("workspace after resume: %q", res.Stdout)
 	}
-	// The stored image is gone once the sandbox runs.
-	if list, _ := mem.List(ctx, checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}); len(list) != 0 {
-		t.Fatalf("memory images after resume: %d, want 0", len(list))
-	}
+	// The stored image is deleted (in the background) once the sandbox runs.
+	waitNoImages(t, mem, sb.ID)
 	if _, err := e.Svc.Resume(ctx, alice, sb.ID); apierror.CodeOf(err) != apierror.InvalidState {
 		t.Fatalf("resume of a RUNNING sandbox: got %v, want INVALID_STATE", err)
 	}
@@ -184,11 +182,24 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			mem := e.Ckpt.Derive(MemoryPrefix)
-			if list, _ := mem.List(ctx, checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}); len(list) != 0 {
-				t.Fatalf("memory images after the fallback: %d, want 0", len(list))
-			}
+			waitNoImages(t, e.Ckpt.Derive(MemoryPrefix), sb.ID)
 		})
+	}
+}
+
+// waitNoImages waits until alice's sandbox id has no stored memory image.
+func waitNoImages(t *testing.T, mem *checkpoint.Store, id string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		list, err := mem.List(context.Background(), checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: id})
+		if err == nil && len(list) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stored memory images of %s: %d (%v), want none", id, len(list), err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -301,8 +312,21 @@ func TestStopAndDestroyOfAPausedSandbox(t *testing.T) {
 					t.Fatalf("destroy of a PAUSED sandbox: got %+v, %v, want the pause's snapshot", res, err)
 				}
 			}
-			if list, _ := mem.List(ctx, sc); len(list) != 0 {
-				t.Fatalf("memory images after %s: %d, want 0", verb, len(list))
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				list, _ := mem.List(ctx, sc)
+				if len(list) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("memory images after %s: %d, want 0", verb, len(list))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if verb == "stop" {
+				if _, err := e.Fake.MemoryImage(ctx, sb.ID); err == nil {
+					t.Fatal("the runtime still keeps the memory image of a stopped sandbox")
+				}
 			}
 		})
 	}

@@ -39,6 +39,9 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 		if err := s.driver.Stop(ctx, rec.ID); err != nil {
 			return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
 		}
+		if err := s.driver.DropMemoryImage(ctx, rec.ID); err != nil {
+			s.log.Warn("dropping a stopped sandbox's memory image", "sandbox", rec.ID, "err", err)
+		}
 		s.forgetMemory(ctx, rec)
 		return "", nil
 	}
