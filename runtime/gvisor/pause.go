@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -188,7 +189,21 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		d.reopen(ctx, id, flags)
 		return fmt.Errorf("gvisor: %w", err)
 	}
-	if _, err := d.runsc(ctx, flags, "checkpoint", "--image-path="+newDir, id); err != nil {
+	// meta.json first, then the checkpoint and the rename in one shell that outlives this
+	// process: a server killed while runsc saves the box still leaves a complete image (renamed
+	// only when runsc succeeded), which the pause that finishes this one takes.
+	meta := imageMeta{Format: imageFormat, Box: id, Runsc: ident.runsc, Host: ident.host,
+		Network: rec.Spec.Network, CreatedAt: time.Now().UTC()}
+	if err := writeJSONAtomic(filepath.Join(newDir, imageMetaFile), meta); err != nil {
+		d.reopen(ctx, id, flags)
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	keep := d.boxes.boxPath(id, memoryDn)
+	if err := os.RemoveAll(keep); err != nil {
+		d.reopen(ctx, id, flags)
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
+	if err := d.checkpointInto(ctx, id, flags, newDir, keep); err != nil {
 		_ = os.RemoveAll(newDir)
 		if phase, _, oerr := d.observe(ctx, id); oerr == nil && phase == runtime.PhaseRunning {
 			d.reopen(ctx, id, flags)
@@ -197,20 +212,30 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("gvisor: pause %s: the checkpoint failed and ended the sandbox (its workspace is intact): %w", id, err)
 	}
 	t2 := time.Now()
-	meta := imageMeta{Format: imageFormat, Box: id, Runsc: ident.runsc, Host: ident.host,
-		Network: rec.Spec.Network, CreatedAt: time.Now().UTC()}
-	if err := writeJSONAtomic(filepath.Join(newDir, imageMetaFile), meta); err != nil {
-		return fmt.Errorf("gvisor: pause %s: %w", id, err)
-	}
-	keep := d.boxes.boxPath(id, memoryDn)
-	if err := os.RemoveAll(keep); err != nil {
-		return fmt.Errorf("gvisor: pause %s: %w", id, err)
-	}
-	if err := os.Rename(newDir, keep); err != nil {
-		return fmt.Errorf("gvisor: pause %s: %w", id, err)
-	}
 	d.log.Info("box paused", "box", id, "quiesce_ms", t1.Sub(start).Milliseconds(),
 		"checkpoint_ms", t2.Sub(t1).Milliseconds(), "ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// checkpointInto runs `runsc checkpoint --image-path=newDir` and, when it succeeds, renames
+// newDir to keep, both in a shell of their own (sh -c, the paths as its arguments): when this
+// process dies meanwhile, the shell finishes, so a complete image is never left unnamed.
+func (d *Driver) checkpointInto(ctx context.Context, id string, flags []string, newDir, keep string) error {
+	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
+	defer cancel()
+	args := append([]string{"-c", `new=$1 keep=$2; shift 2; "$@" && exec mv -T -- "$new" "$keep"`, "sh", newDir, keep, d.opts.Runsc},
+		append(append([]string{}, flags...), "checkpoint", "--image-path="+newDir, id)...)
+	cmd := exec.CommandContext(ctx, "/bin/sh", args...)
+	var stderr limitedBuffer
+	stderr.max = 4 << 10
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	cmd.WaitDelay = time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc checkpoint: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	if !d.hasImage(id) {
+		return fmt.Errorf("runsc checkpoint left no image in %s", keep)
+	}
 	return nil
 }
 
