@@ -176,7 +176,7 @@ func (t *tracedDriver) DropMemoryImage(ctx context.Context, id string) error {
 	return err
 }
 
-func (t *tracedDriver) Resume(ctx context.Context, id string, image io.Reader) error {
+func (t *tracedDriver) Resume(ctx context.Context, id string, image runtime.ImageSource) error {
 	ctx, span := t.start(ctx, "Resume", id)
 	err := t.d.Resume(ctx, id, image)
 	end(span, err)
