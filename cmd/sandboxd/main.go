@@ -168,6 +168,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		graphql:  cors(resolvers.NewHandler(svc, authn, gqlOpts)),
 		graphiql: resolvers.GraphiQLHandler(),
 		rest:     cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
+		openapi:  cors(rest.OpenAPIHandler(log)),
 	})
 
 	// The reconciler runs in every replica until shutdown.
@@ -227,10 +228,13 @@ type handlers struct {
 	ready, metrics, graphql, graphiql http.Handler
 	// rest serves the REST paths, and answers every path nothing else takes.
 	rest http.Handler
+	// openapi serves the REST API's OpenAPI document (no key needed: it holds no secrets).
+	openapi http.Handler
 }
 
-// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql, and
-// everything else to the REST handler at "/" (which has its own routes: see instrument).
+// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql,
+// /openapi.json, and everything else to the REST handler at "/" (which has its own routes:
+// see instrument).
 func newMux(h handlers) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -241,6 +245,7 @@ func newMux(h handlers) *http.ServeMux {
 	mux.Handle("GET /metrics", h.metrics)
 	mux.Handle("/graphql", h.graphql)
 	mux.Handle("GET /graphiql", h.graphiql)
+	mux.Handle("GET "+rest.OpenAPIPath, h.openapi)
 	mux.Handle("/", h.rest)
 	return mux
 }

@@ -1,0 +1,139 @@
+package rest
+
+import (
+	"encoding/json"
+	"log/slog"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+
+	"sandboxd/internal/api/apitest"
+	"sandboxd/internal/apierror"
+)
+
+// loadOpenAPI parses and validates the served document as an OpenAPI 3.1 document.
+func loadOpenAPI(t *testing.T) *openapi3.T {
+	t.Helper()
+	raw, err := OpenAPIDocument()
+	if err != nil {
+		t.Fatalf("the embedded document is not valid YAML: %v", err)
+	}
+	doc, err := openapi3.NewLoader().LoadFromData(raw)
+	if err != nil {
+		t.Fatalf("loading the document: %v", err)
+	}
+	if err := doc.Validate(t.Context()); err != nil {
+		t.Fatalf("the document is not a valid OpenAPI document: %v", err)
+	}
+	return doc
+}
+
+// TestOpenAPIDocument: the document is a valid OpenAPI 3.1 document, every operation has a
+// unique operationId and documents its errors in the error body.
+func TestOpenAPIDocument(t *testing.T) {
+	doc := loadOpenAPI(t)
+	if doc.OpenAPI != "3.1.0" || !doc.IsOpenAPI31OrLater() {
+		t.Fatalf("got openapi %q, want 3.1.0", doc.OpenAPI)
+	}
+	ids := map[string]string{}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			where := method + " " + path
+			if op.OperationID == "" {
+				t.Errorf("%s has no operationId", where)
+			} else if other, ok := ids[op.OperationID]; ok {
+				t.Errorf("%s and %s share the operationId %q", where, other, op.OperationID)
+			}
+			ids[op.OperationID] = where
+			for _, status := range []int{http.StatusUnauthorized, http.StatusInternalServerError} {
+				r := op.Responses.Status(status)
+				if r == nil || r.Value.Content.Get("application/json") == nil ||
+					r.Value.Content.Get("application/json").Schema.Ref != "#/components/schemas/Error" {
+					t.Errorf("%s: got no %d answer with the error body", where, status)
+				}
+			}
+		}
+	}
+}
+
+// TestOpenAPIRoutes: every route of the handler's table is an operation of the document, with
+// the same method, path and wildcard names, and the document has no other operation.
+func TestOpenAPIRoutes(t *testing.T) {
+	doc := loadOpenAPI(t)
+	var documented []string
+	for path, item := range doc.Paths.Map() {
+		for method := range item.Operations() {
+			documented = append(documented, method+" "+path)
+		}
+	}
+	slices.Sort(documented)
+	routes := slices.Sorted(maps.Keys(newTestHandler(t, apitest.New()).routes))
+	for _, r := range routes {
+		if !slices.Contains(documented, r) {
+			t.Errorf("route %q is not in openapi.yaml", r)
+		}
+	}
+	for _, d := range documented {
+		if !slices.Contains(routes, d) {
+			t.Errorf("openapi.yaml documents %q, which is no route of the handler", d)
+		}
+	}
+}
+
+// TestOpenAPIErrorCodes: the document's error codes are exactly internal/apierror's.
+func TestOpenAPIErrorCodes(t *testing.T) {
+	doc := loadOpenAPI(t)
+	var documented []string
+	for _, v := range doc.Components.Schemas["ErrorCode"].Value.Enum {
+		documented = append(documented, v.(string))
+	}
+	var codes []string
+	for _, c := range apierror.Codes() {
+		codes = append(codes, string(c))
+	}
+	slices.Sort(documented)
+	slices.Sort(codes)
+	if !slices.Equal(documented, codes) {
+		t.Errorf("the document's ErrorCode enum is %v, want internal/apierror's %v", documented, codes)
+	}
+}
+
+// TestOpenAPIHandler: GET /openapi.json answers the document as JSON without a key, with an
+// ETag that a revalidation answers 304 to; other methods are refused.
+func TestOpenAPIHandler(t *testing.T) {
+	h := OpenAPIHandler(slog.New(slog.DiscardHandler))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, OpenAPIPath, nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("got %d %s, want 200", rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("got Content-Type %q, want application/json", ct)
+	}
+	want, _ := OpenAPIDocument()
+	if rec.Body.String() != string(want) {
+		t.Errorf("got a body of %d bytes, want the document's %d", rec.Body.Len(), len(want))
+	}
+	var v struct {
+		OpenAPI string `json:"openapi"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil || v.OpenAPI != "3.1.0" {
+		t.Errorf("got openapi %q (%v), want 3.1.0", v.OpenAPI, err)
+	}
+	etag := rec.Header().Get("ETag")
+	if !strings.HasPrefix(etag, `"`) || len(etag) < 10 {
+		t.Fatalf("got ETag %q, want a quoted hash", etag)
+	}
+	req := httptest.NewRequest(http.MethodGet, OpenAPIPath, nil)
+	req.Header.Set("If-None-Match", etag)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotModified || rec.Body.Len() != 0 {
+		t.Errorf("revalidation: got %d with %d bytes, want 304 and none", rec.Code, rec.Body.Len())
+	}
+}
