@@ -70,6 +70,8 @@ func TestCatchesDrift(t *testing.T) {
 		"resources":{"milli_cpu":1,"memory_bytes":2,"disk_bytes":3},"network":"none",
 		"network_policy":{"mode":"none","egress_allow":[],"egress_deny":[],"always_deny":[],"dns_servers":[],"pinned":{}},
 		"labels":{}%s}`
+	const execJSON = `{"exec_id":"exec_1","started_at":"2026-01-01T00:00:00Z","sandbox_id":"sbx_1","state":%q,"output_bytes":0,
+		"output_url":"/o","status_url":"/s","stdin_open":false%s}`
 	answers := map[string]func(w http.ResponseWriter){
 		"GET " + v1 + "/sbx_ok": func(w http.ResponseWriter) { writeJSON(w, 200, fmt.Sprintf(sandboxJSON, "")) },
 		"GET " + v1 + "/sbx_extra": func(w http.ResponseWriter) {
@@ -84,6 +86,16 @@ func TestCatchesDrift(t *testing.T) {
 		"POST " + v1: func(w http.ResponseWriter) { writeJSON(w, 201, fmt.Sprintf(sandboxJSON, "")) },
 		"GET " + v1 + "/quota": func(w http.ResponseWriter) {
 			writeJSON(w, 200, `{"limit":1,"in_use":"one"}`)
+		},
+		"GET " + v1 + "/sbx_1/execs": func(w http.ResponseWriter) {
+			writeJSON(w, 200, `{"execs":[`+fmt.Sprintf(execJSON, "RUNNING", `,"stdout":"leaked"`)+`]}`)
+		},
+		"GET " + v1 + "/sbx_1/execs/exec_2": func(w http.ResponseWriter) {
+			writeJSON(w, 200, fmt.Sprintf(execJSON, "RUNNING", `,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"exit_code":0`))
+		},
+		"GET " + v1 + "/sbx_1/execs/exec_3": func(w http.ResponseWriter) {
+			writeJSON(w, 200, fmt.Sprintf(execJSON, "ENDED", `,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"exit_code":0,
+				"timed_out":false,"duration_ms":1,"duration_sec":0.001,"ended_at":"2026-01-01T00:00:01Z"`))
 		},
 		"GET " + v1 + "/sbx_1/files": func(w http.ResponseWriter) {
 			w.Header().Set("Content-Type", "application/octet-stream")
@@ -126,6 +138,9 @@ func TestCatchesDrift(t *testing.T) {
 		{"accepted-without-key", "POST", "", `{"profile":"d"}`, []string{"Content-Type: application/json"}, "no X-Api-Key header"},
 		{"good-create", "POST", "", `{"profile":"d"}`, []string{key, "Content-Type: application/json"}, ""},
 		{"wrong-type", "GET", "/quota", "", []string{key}, "in_use"},
+		{"output-in-a-list", "GET", "/sbx_1/execs", "", []string{key}, "ExecPage"},
+		{"exit-before-the-end", "GET", "/sbx_1/execs/exec_2", "", []string{key}, "ExecStatusWithOutput"},
+		{"ended-exec", "GET", "/sbx_1/execs/exec_3", "", []string{key}, ""},
 		{"missing-header", "GET", "/sbx_1/files?path=a", "", []string{key}, "X-File-Mode"},
 		{"bad-event", "GET", "/sbx_1/execs/exec_1/output", "", []string{key}, `event "chunk" does not match`},
 	} {
