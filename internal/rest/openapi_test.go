@@ -6,7 +6,10 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -138,5 +141,58 @@ func TestOpenAPIHandler(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusNotModified || rec.Body.Len() != 0 {
 		t.Errorf("revalidation: got %d with %d bytes, want 304 and none", rec.Code, rec.Body.Len())
+	}
+}
+
+// TestOpenAPIMatchesREADME: the calls of the README's REST reference (and of its agent runs
+// table) are exactly the document's operations, and the status each row answers first is one
+// the operation documents.
+func TestOpenAPIMatchesREADME(t *testing.T) {
+	doc := loadOpenAPI(t)
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := regexp.MustCompile("^`(GET|POST|PUT|PATCH|DELETE)(?:` \\(or `(POST)`\\) `| )(/sandbox/[^`?]*)[^`]*`$")
+	firstStatus := regexp.MustCompile(`\b[1-5][0-9]{2}\b`)
+	readmeCalls := map[string]bool{}
+	for line := range strings.Lines(string(readme)) {
+		// The cells of a table row (a cell may hold an escaped \|).
+		cells := strings.Split(strings.ReplaceAll(strings.TrimSpace(line), `\|`, "\x00"), "|")
+		if len(cells) != 5 {
+			continue
+		}
+		m := call.FindStringSubmatch(strings.TrimSpace(cells[1]))
+		if m == nil {
+			continue
+		}
+		for _, method := range []string{m[1], m[2]} {
+			if method == "" {
+				continue
+			}
+			name := method + " " + m[3]
+			readmeCalls[name] = true
+			item := doc.Paths.Find(m[3])
+			if item == nil || item.GetOperation(method) == nil {
+				t.Errorf("README call %q is not in openapi.yaml", name)
+				continue
+			}
+			if st := firstStatus.FindString(cells[3]); st != "" {
+				status, _ := strconv.Atoi(st)
+				if item.GetOperation(method).Responses.Status(status) == nil {
+					t.Errorf("README call %q answers %d, which openapi.yaml does not document", name, status)
+				}
+			}
+		}
+	}
+	if len(readmeCalls) < 30 {
+		t.Fatalf("found %d calls in the README's tables, want the whole REST reference", len(readmeCalls))
+	}
+	for path, item := range doc.Paths.Map() {
+		for method := range item.Operations() {
+			if !readmeCalls[method+" "+path] {
+				t.Errorf("openapi.yaml documents %s %s, which the README's REST reference does not", method, path)
+			}
+		}
 	}
 }
