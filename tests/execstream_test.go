@@ -434,7 +434,7 @@ func sseRequest(t *testing.T, s *e2e.Server, method, path, body string, headers 
 		name, value, _ := strings.Cut(h, ":")
 		req.Header.Set(name, strings.TrimSpace(value))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.HTTPClient().Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}

@@ -72,7 +72,7 @@ func openRESTWatch(t *testing.T, s *e2e.Server, id, path string, q []string, hea
 		k, v, _ := strings.Cut(h, ":")
 		req.Header.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.HTTPClient().Do(req)
 	if err != nil {
 		cancel()
 		t.Fatalf("GET …/files/watch: %v", err)

@@ -42,14 +42,14 @@ func termURL(s *e2e.Server, id, execID, query string) string {
 
 // dialTerm opens the terminal socket; headers are "Name: value"; first, when not "", is sent
 // as the first message (a browser's authentication). It reads in the background.
-func dialTerm(ctx context.Context, t *testing.T, url string, subprotocol bool, first string, headers ...string) (*term, *http.Response, error) {
+func dialTerm(ctx context.Context, t *testing.T, s *e2e.Server, url string, subprotocol bool, first string, headers ...string) (*term, *http.Response, error) {
 	t.Helper()
 	h := http.Header{}
 	for _, kv := range headers {
 		k, v, _ := strings.Cut(kv, ":")
 		h.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
-	opts := &websocket.DialOptions{HTTPHeader: h}
+	opts := &websocket.DialOptions{HTTPHeader: h, HTTPClient: s.HTTPClient()}
 	if subprotocol {
 		opts.Subprotocols = []string{ttySubprotocol}
 	}
@@ -161,7 +161,7 @@ func TestTerminal(t *testing.T) {
 	}
 	var detachedAt string
 	e2e.Step(t, "type-resize-detach", func(t *testing.T) {
-		tm, resp, err := dialTerm(ctx, t, termURL(s, id, bash.ExecID, ""), true, "", e2e.HdrTenant1)
+		tm, resp, err := dialTerm(ctx, t, s, termURL(s, id, bash.ExecID, ""), true, "", e2e.HdrTenant1)
 		if err != nil {
 			t.Fatalf("attaching: %v (%v)", err, resp)
 		}
@@ -230,7 +230,7 @@ func TestTerminal(t *testing.T) {
 		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/execs/"+bash.ExecID+"/stdin", []byte("echo detached-$((20+1))\n"), e2e.HdrTenant1)
 		r.Want(t, http.StatusOK)
 
-		tm, resp, err := dialTerm(ctx, t, termURL(s, id, bash.ExecID, "?after="+detachedAt), true, "", e2e.HdrTenant1)
+		tm, resp, err := dialTerm(ctx, t, s, termURL(s, id, bash.ExecID, "?after="+detachedAt), true, "", e2e.HdrTenant1)
 		if err != nil {
 			t.Fatalf("reattaching: %v (%v)", err, resp)
 		}
@@ -242,7 +242,7 @@ func TestTerminal(t *testing.T) {
 
 		// A browser: no header, the key in the first message, no subprotocol; the whole
 		// kept output is replayed.
-		tm, resp, err = dialTerm(ctx, t, termURL(s, id, bash.ExecID, ""), false, `{"X-Api-Key":"`+e2e.KeyTenant1+`"}`,
+		tm, resp, err = dialTerm(ctx, t, s, termURL(s, id, bash.ExecID, ""), false, `{"X-Api-Key":"`+e2e.KeyTenant1+`"}`,
 			"Origin: https://dash.example.com")
 		if err != nil {
 			t.Fatalf("attaching as a browser: %v (%v)", err, resp)
@@ -306,7 +306,7 @@ func TestTerminal(t *testing.T) {
 			t.Fatalf("status: got %+v", st)
 		}
 		// Attaching to the ended exec replays it and closes 1000 with the exit.
-		tm, _, err := dialTerm(ctx, t, termURL(s, id, bash.ExecID, ""), true, "", e2e.HdrTenant1)
+		tm, _, err := dialTerm(ctx, t, s, termURL(s, id, bash.ExecID, ""), true, "", e2e.HdrTenant1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -331,7 +331,7 @@ func TestTerminal(t *testing.T) {
 			"another-tenant": {`{"X-Api-Key":"` + e2e.KeyTenant2 + `"}`, 4404},
 		} {
 			t.Run(name, func(t *testing.T) {
-				tm, resp, err := dialTerm(ctx, t, url, false, tc.first)
+				tm, resp, err := dialTerm(ctx, t, s, url, false, tc.first)
 				if err != nil {
 					t.Fatalf("%v (%v)", err, resp)
 				}
@@ -341,7 +341,7 @@ func TestTerminal(t *testing.T) {
 			})
 		}
 		t.Run("no-first-message", func(t *testing.T) {
-			tm, resp, err := dialTerm(ctx, t, url, false, "")
+			tm, resp, err := dialTerm(ctx, t, s, url, false, "")
 			if err != nil {
 				t.Fatalf("%v (%v)", err, resp)
 			}
@@ -350,21 +350,21 @@ func TestTerminal(t *testing.T) {
 			}
 		})
 		t.Run("another-tenant-header", func(t *testing.T) {
-			_, resp, err := dialTerm(ctx, t, url, false, "", e2e.HdrTenant2)
+			_, resp, err := dialTerm(ctx, t, s, url, false, "", e2e.HdrTenant2)
 			if err == nil || resp == nil || resp.StatusCode != http.StatusNotFound {
 				t.Fatalf("got %v (%v), want 404", err, resp)
 			}
 		})
 		t.Run("foreign-origin", func(t *testing.T) {
 			for _, hdr := range [][]string{{"Origin: https://evil.example.com", e2e.HdrTenant1}, {"Origin: https://evil.example.com"}} {
-				_, resp, err := dialTerm(ctx, t, url, false, "", hdr...)
+				_, resp, err := dialTerm(ctx, t, s, url, false, "", hdr...)
 				if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 					t.Fatalf("Origin evil with %v: got %v (%v), want 403", hdr, err, resp)
 				}
 			}
 		})
 		t.Run("oversize-frame", func(t *testing.T) {
-			tm, _, err := dialTerm(ctx, t, url, false, "", e2e.HdrTenant1)
+			tm, _, err := dialTerm(ctx, t, s, url, false, "", e2e.HdrTenant1)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -182,6 +182,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		dashboard: site.Index(),
 		ui:        site.Assets(),
 		rest:      cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
+		openapi:   cors(rest.OpenAPIHandler(log)),
 	})
 
 	// The reconciler runs in every replica until shutdown.
@@ -251,11 +252,13 @@ type handlers struct {
 	dashboard, ui http.Handler
 	// rest serves the REST paths, and answers every path nothing else takes.
 	rest http.Handler
+	// openapi serves the REST API's OpenAPI document (no key needed: it holds no secrets).
+	openapi http.Handler
 }
 
-// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql, the
-// dashboard (GET / exactly, and its files under /ui/), and everything else to the REST handler
-// at "/" (which has its own routes: see instrument).
+// newMux routes the server's requests: /healthz, /readyz, /metrics, /graphql, /graphiql,
+// /openapi.json, the dashboard (GET / exactly, and its files under /ui/), and everything else to
+// the REST handler at "/" (which has its own routes: see instrument).
 func newMux(h handlers) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -270,6 +273,7 @@ func newMux(h handlers) *http.ServeMux {
 		mux.Handle("GET /{$}", h.dashboard)
 		mux.Handle("GET /ui/{asset}", h.ui)
 	}
+	mux.Handle("GET "+rest.OpenAPIPath, h.openapi)
 	mux.Handle("/", h.rest)
 	return mux
 }

@@ -18,7 +18,7 @@ import (
 // behind its "/" (with a key or refused without one); "other" for what no route takes.
 func TestRouteLabels(t *testing.T) {
 	stub := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
-	mux := newMux(handlers{ready: stub, metrics: stub, graphql: stub, graphiql: stub, dashboard: stub, ui: stub,
+	mux := newMux(handlers{ready: stub, metrics: stub, graphql: stub, graphiql: stub, dashboard: stub, ui: stub, openapi: stub,
 		rest: rest.New(apitest.New(), apitest.Authenticator(t), slog.New(slog.DiscardHandler), nil)})
 	const v1, runs = "/sandbox/sandboxes/v1", "/sandbox/agent/v1/runs"
 	tests := []struct {
@@ -36,6 +36,7 @@ func TestRouteLabels(t *testing.T) {
 		{"GET", "/healthz", "/healthz", false},
 		{"GET", "/readyz", "/readyz", false},
 		{"GET", "/metrics", "/metrics", false},
+		{"GET", "/openapi.json", "/openapi.json", false},
 
 		{"POST", v1, v1, true},
 		{"GET", v1, v1, true},

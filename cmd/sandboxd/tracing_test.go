@@ -49,7 +49,7 @@ func tracedServer(t *testing.T) *httptest.Server {
 	shutdown := make(chan struct{})
 	t.Cleanup(func() { close(shutdown) })
 	stub := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
-	mux := newMux(handlers{ready: stub, metrics: stub, graphiql: stub,
+	mux := newMux(handlers{ready: stub, metrics: stub, graphiql: stub, openapi: stub,
 		graphql: resolvers.NewHandler(env.Svc, authn, resolvers.HandlerOptions{Logger: log, Shutdown: shutdown}),
 		rest:    rest.New(env.Svc, authn, log, shutdown)})
 	srv := httptest.NewServer(instrument(mux, prometheus.NewRegistry()))

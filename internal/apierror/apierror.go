@@ -75,7 +75,7 @@ var table = map[Code]int{
 func Codes() []Code {
 	codes := []Code{InvalidArgument, Unauthenticated, PermissionDenied, NotFound, InvalidState,
 		AlreadyExists, PayloadTooLarge, QuotaExceeded, RateLimited, LimitExceeded, CostExceeded, Unavailable, SandboxFailed, CheckpointCorrupt, Internal}
-	codes = append(codes, DirectoryNotEmpty, CursorExpired)
+	codes = append(codes, DirectoryNotEmpty, CursorExpired, Unsupported)
 	return codes
 }
 

@@ -40,6 +40,7 @@ func (s *Server) SendContext(ctx context.Context, method, path string, body io.R
 }
 
 // SendVia makes one request with HTTP client c (a client of its own, with its own connections).
+// A REST exchange is checked against the server's OpenAPI document (openapi.go).
 func (s *Server) SendVia(ctx context.Context, c *http.Client, method, path string, body io.Reader, headers ...string) (*Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, body)
 	if err != nil {
@@ -54,7 +55,9 @@ func (s *Server) SendVia(ctx context.Context, c *http.Client, method, path strin
 		}
 		req.Header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
 	}
-	resp, err := c.Do(req)
+	checked := *c
+	checked.Transport = s.Transport(c.Transport)
+	resp, err := checked.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}

@@ -50,9 +50,10 @@ func Sandboxctl(t testing.TB) string {
 }
 
 // CtlEnv is the environment of a sandboxctl run against s with key: the gateway and key
-// variables, PATH and HOME, nothing else of the test's.
+// variables, PATH and HOME, nothing else of the test's. The gateway is a proxy to s in the test
+// process that checks the REST exchanges against the server's OpenAPI document (openapi.go).
 func (s *Server) CtlEnv(key string) []string {
-	return []string{"SANDBOX_GATEWAY_URL=" + s.URL, "SANDBOX_API_KEY=" + key, "PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
+	return []string{"SANDBOX_GATEWAY_URL=" + s.checkedGateway(), "SANDBOX_API_KEY=" + key, "PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}
 }
 
 // PTY is a program running on a pseudo-terminal of 24 rows and 80 columns, as a user's shell

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"sandboxd/internal/auth"
+	"sandboxd/internal/rest/openapitest"
 	"sandboxd/internal/source/sourcetest"
 )
 
@@ -50,6 +52,16 @@ type Server struct {
 	done    chan struct{}
 	waitErr error
 	client  *http.Client
+
+	// t is the test that started the server; spec its OpenAPI document (openapi.go), against
+	// which the REST traffic is checked; violations are the mismatches so far, each reported
+	// on t while checksDone is false.
+	t          testing.TB
+	spec       *openapitest.Spec
+	violations []string
+	checksDone bool
+	// gateway is the checked reverse proxy that sandboxctl runs use (openapi.go).
+	gateway *httptest.Server
 
 	mu      sync.Mutex
 	stopped bool
@@ -87,7 +99,7 @@ func StartServer(t *testing.T, opts ServerOptions) *Server {
 	}
 	s := &Server{URL: "http://" + addr, Addr: addr, State: opts.State, name: name,
 		logPath: filepath.Join(suite.root, name+".log"), done: make(chan struct{}),
-		client: &http.Client{Timeout: 10 * time.Minute}, tracked: map[string][]string{}}
+		client: &http.Client{Timeout: 10 * time.Minute}, tracked: map[string][]string{}, t: t}
 	logFile, err := os.Create(s.logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -110,8 +122,17 @@ func StartServer(t *testing.T, opts ServerOptions) *Server {
 		if t.Failed() {
 			s.dumpLog(t)
 		}
+		s.mu.Lock()
+		s.checksDone = true
+		s.mu.Unlock()
 	})
 	s.waitReady(t)
+	spec, err := s.loadSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.spec = spec
+	s.client.Transport = s.Transport(nil)
 	return s
 }
 

@@ -340,5 +340,6 @@ func lookup(p auth.Principal, id string) (sandbox.Sandbox, error) {
 func runningSandbox(p auth.Principal) sandbox.Sandbox {
 	return sandbox.Sandbox{ID: SandboxRunning, Tenant: p.Tenant, Project: p.Project, Profile: "sandboxes-default",
 		State: sandbox.Running, CreatedAt: T0, StateChangedAt: T0.Add(time.Second), AutostopSec: 1800,
-		TTLSec: 3600, MilliCPU: 2000, MemoryBytes: 4 << 30, DiskBytes: 10 << 30, Network: "none"}
+		TTLSec: 3600, MilliCPU: 2000, MemoryBytes: 4 << 30, DiskBytes: 10 << 30, Network: "none",
+		NetworkPolicy: sandbox.NetworkPolicy{Mode: "none"}, AutostopAction: sandbox.AutostopStop}
 }
