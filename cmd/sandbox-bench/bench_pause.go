@@ -152,14 +152,16 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	if mib > 0 {
 		what = fmt.Sprintf("a sandbox whose python3 holds %d MiB of random bytes (incompressible)", mib)
 	}
-	pause.Note = what + ". Ours: the guest init closes its host socket, `runsc checkpoint` into the box's folder, the image " +
-		"(tar) compressed (Go zstd level 1) into the local checkpoint store with its sha256, a workspace checkpoint, " +
-		"`runsc delete`, the disk unmounted, the record and the slot. Bare: `runsc checkpoint --image-path` of a container " +
-		"of the same OCI config (its init without a host socket) running the same workload, then (untimed) `runsc delete`; after a bare restore its python3 (a `runsc exec` process, which a " +
-		"restore does not bring back) is started again before the next checkpoint, untimed."
-	resume.Note = "ours: the slot, the image read from the store (hash checked) and extracted, the disk mounted again, " +
-		"`runsc restore` of the box's bundle, the init's host socket reopened (a marker and `runsc kill USR2`) and its " +
-		"first attach; the answer is RUNNING with no state_reason (the memory restored). Bare: `runsc restore " +
+	pause.Note = what + ". Ours: the guest init closes its host socket, `runsc checkpoint` into the box's folder, then at once " +
+		"the image (tar) compressed (Go zstd level 1) with its sha256 into the local checkpoint store (fsynced), and a " +
+		"workspace checkpoint, `runsc delete` and the disk's unmount; the record, the slot. Bare: `runsc checkpoint " +
+		"--image-path` of a container of the same OCI config (its init without a host socket) running the same workload, " +
+		"then (untimed) `runsc delete`; after a bare restore its python3 (a `runsc exec` process, which a restore does not " +
+		"bring back) is started again before the next checkpoint, untimed."
+	resume.Note = "ours: the slot; the runtime's kept copy of the image, its files checked against the sha256 sums taken " +
+		"when it was stored (the stored copy is read only when they do not match); the disk mounted again, the reopen " +
+		"marker, `runsc restore` of the box's bundle, the restored init finding the marker (it polls for it) and listening, " +
+		"the first attach; the answer is RUNNING with no state_reason (the memory restored). Bare: `runsc restore " +
 		"--image-path --bundle --detach` of the bare image."
 	size.Note = "per pause: the stored object and the image's tar (memory/… in the checkpoint store); bare: the bytes of " +
 		"runsc's image folder (checkpoint.img, pages_meta.img, pages.img)."
