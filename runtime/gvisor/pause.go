@@ -1,11 +1,7 @@
 package gvisor
 
 import (
-	"archive/tar"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,9 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"sandboxd/guest/client"
@@ -30,15 +24,17 @@ import (
 // on a host folder; proto/pause.go), then `runsc checkpoint` saves the box's memory and
 // processes into StateDir/boxes/<id>/memory.new/ and ends the sandbox; the folder is renamed
 // to memory/ once complete, with meta.json beside runsc's files (what made the image: the runsc
-// binary's hash and the host). Stop then releases the container's leftovers and the disk, as
-// for a crashed box. While a pause runs, the file `pausing` in the box's folder makes Attach
-// refuse: no `runsc exec` attach may start in the box while it is saved.
+// binary's hash and the host; image.go). Stop then releases the container's leftovers and the
+// disk, as for a crashed box. While a pause runs, the file `pausing` in the box's folder makes
+// Attach refuse: no `runsc exec` attach may start in the box while it is saved. MemoryImage
+// streams the kept image as tar and writes its files' sums (sums.json) on the way.
 //
-// A resume extracts an image (the tar stream MemoryImage makes) into memory.restore/, checks
-// meta.json against this host and runsc, mounts the disk again at the same path, and runs
-// `runsc restore` of the box's last bundle (the box's processes go on, PID 1 with the channel
-// key it had, so the driver keeps channel.key), then asks the init to listen on its host socket
-// again (proto.ReopenMarker, proto.ReopenSignal) and waits until it answers.
+// A resume restores from the kept image when its files still match their sums, else extracts
+// the stored copy (the tar stream MemoryImage made) into memory.restore/; it checks meta.json
+// against this host and runsc, mounts the disk again at the same path, writes the reopen marker
+// into the host socket's folder and runs `runsc restore` of the box's last bundle (the box's
+// processes go on, PID 1 with the channel key it had, so the driver keeps channel.key); the
+// restored init finds the marker and listens again (with the signal only when it did not).
 //
 // A checkpoint that fails ends the sandbox (runsc kills a box whose save failed): the guest
 // init's quiesce refuses first what it knows would fail (a socket bound in the workspace).
@@ -55,83 +51,6 @@ const (
 	// its files still match.
 	imageSumsFile = "sums.json"
 )
-
-// imageSums are the sizes and sha256 sums of a kept image's files, by name.
-type imageSums map[string]struct {
-	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
-}
-
-// imageFormat is the version of the image archive this driver writes (meta.json's format).
-const imageFormat = 1
-
-// imageMeta is meta.json: what made a memory image. A resume refuses an image made by another
-// runsc build or on another host (runsc cannot restore it reliably), or by another box.
-type imageMeta struct {
-	Format    int       `json:"format"`
-	Box       string    `json:"box"`
-	Runsc     string    `json:"runsc_sha256"`
-	Host      string    `json:"host"`
-	Network   string    `json:"network"`
-	CreatedAt time.Time `json:"created_at"`
-}
-
-// imageName is the rule for the files of an image: runsc's (checkpoint.img, pages.img,
-// pages_meta.img, …) and meta.json, flat in one folder.
-var imageName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}\.(img|json)$`)
-
-// maxImageFiles bounds the files of an image archive.
-const maxImageFiles = 32
-
-// maxImageBytes bounds the bytes of an image archive extracted for a box: its memory can
-// hold at most its memory limit (twice that, for runsc's own state and metadata), or 16 GiB
-// for a box without one.
-func maxImageBytes(spec runtime.BoxSpec) int64 {
-	if spec.MemoryBytes > 0 {
-		return 2*spec.MemoryBytes + 512<<20
-	}
-	return 16 << 30
-}
-
-// identity is what a memory image made here records of its maker: the runsc binary's sha256
-// and the host's machine id. It is computed once per driver (hashing runsc reads ~100 MB).
-type identity struct{ runsc, host string }
-
-func (d *Driver) identity() (identity, error) {
-	d.identOnce.Do(func() {
-		f, err := os.Open(d.opts.Runsc)
-		if err != nil {
-			d.identErr = fmt.Errorf("gvisor: hashing runsc: %w", err)
-			return
-		}
-		defer f.Close()
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			d.identErr = fmt.Errorf("gvisor: hashing runsc: %w", err)
-			return
-		}
-		d.ident = identity{runsc: hex.EncodeToString(h.Sum(nil)), host: hostID()}
-	})
-	return d.ident, d.identErr
-}
-
-// hostID names this host: its machine id, else its host name.
-func hostID() string {
-	for _, p := range []string{"/etc/machine-id", "/var/lib/dbus/machine-id"} {
-		if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) > 0 {
-			return "machine-id:" + strings.TrimSpace(string(b))
-		}
-	}
-	name, _ := os.Hostname()
-	return "hostname:" + name
-}
-
-// identCache is the Driver's identity, computed on first use.
-type identCache struct {
-	identOnce sync.Once
-	ident     identity
-	identErr  error
-}
 
 // Pause implements runtime.Driver.
 func (d *Driver) Pause(ctx context.Context, id string) (err error) {
@@ -376,72 +295,6 @@ func (d *Driver) MemoryImage(ctx context.Context, id string) (io.ReadCloser, err
 	return pr, nil
 }
 
-// writeImageTar writes the files as a tar stream and returns their sizes and sums.
-func writeImageTar(w io.Writer, names []string, files []*os.File) (imageSums, error) {
-	sums := imageSums{}
-	tw := tar.NewWriter(w)
-	for i, f := range files {
-		fi, err := f.Stat()
-		if err != nil {
-			return nil, err
-		}
-		if err := tw.WriteHeader(&tar.Header{Name: names[i], Mode: 0o600, Size: fi.Size(), ModTime: fi.ModTime(),
-			Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
-			return nil, err
-		}
-		h := sha256.New()
-		if n, err := io.Copy(io.MultiWriter(tw, h), f); err != nil {
-			return nil, err
-		} else if n != fi.Size() {
-			return nil, fmt.Errorf("%s changed while it was read", names[i])
-		}
-		e := sums[names[i]]
-		e.Size, e.SHA256 = fi.Size(), hex.EncodeToString(h.Sum(nil))
-		sums[names[i]] = e
-	}
-	return sums, tw.Close()
-}
-
-// checkKept reports whether the kept image's files are the ones MemoryImage streamed (their
-// sums) and returns its meta.json; ok is false for an image without sums (never streamed) or
-// one that changed, and why says which.
-func checkKept(dir string) (meta imageMeta, ok bool, why string) {
-	var sums imageSums
-	b, err := os.ReadFile(filepath.Join(dir, imageSumsFile))
-	if err != nil {
-		return meta, false, "no sums"
-	}
-	if err := json.Unmarshal(b, &sums); err != nil || len(sums) == 0 {
-		return meta, false, "unreadable sums"
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return meta, false, err.Error()
-	}
-	for _, e := range entries {
-		if n := e.Name(); n != imageSumsFile && sums[n].SHA256 == "" {
-			return meta, false, "an unexpected file " + n
-		}
-	}
-	for name, want := range sums {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			return meta, false, err.Error()
-		}
-		h := sha256.New()
-		n, err := io.Copy(h, f)
-		f.Close()
-		if err != nil || n != want.Size || hex.EncodeToString(h.Sum(nil)) != want.SHA256 {
-			return meta, false, name + " does not match its sum"
-		}
-	}
-	b, err = os.ReadFile(filepath.Join(dir, imageMetaFile))
-	if err != nil || json.Unmarshal(b, &meta) != nil {
-		return meta, false, "unreadable meta.json"
-	}
-	return meta, true, ""
-}
-
 // DropMemoryImage implements runtime.Driver.
 func (d *Driver) DropMemoryImage(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
@@ -630,82 +483,4 @@ func (d *Driver) waitListening(ctx context.Context, id string, flags []string) e
 		d.log.Warn("signalling a restored box's init", "box", id, "err", err)
 	}
 	return d.waitReady(ctx, id)
-}
-
-// extractImage writes the files of an image archive into dir (flat, regular files with
-// runsc's names, at most max bytes in all) and reads the stream to its end, so that a reader
-// that checks a hash at its end has checked it. It returns meta.json's content.
-func extractImage(r io.Reader, dir string, max int64) (imageMeta, error) {
-	var meta imageMeta
-	tr := tar.NewReader(r)
-	var total int64
-	seen := map[string]bool{}
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return meta, readError(err)
-		}
-		if h.Typeflag != tar.TypeReg || !imageName.MatchString(h.Name) || seen[h.Name] {
-			return meta, &runtime.ImageError{Reason: fmt.Sprintf("the image holds an unexpected entry %q", h.Name), Corrupt: true}
-		}
-		seen[h.Name] = true
-		if len(seen) > maxImageFiles {
-			return meta, &runtime.ImageError{Reason: "the image holds too many files", Corrupt: true}
-		}
-		total += h.Size
-		if h.Size < 0 || total > max {
-			return meta, &runtime.ImageError{Reason: fmt.Sprintf("the image is larger than the %d MiB a box of this size can have", max>>20), Corrupt: true}
-		}
-		if h.Name == imageMetaFile {
-			if h.Size > 64<<10 {
-				return meta, &runtime.ImageError{Reason: "the image's meta.json is too large", Corrupt: true}
-			}
-			b, err := io.ReadAll(tr)
-			if err != nil {
-				return meta, readError(err)
-			}
-			if err := json.Unmarshal(b, &meta); err != nil {
-				return meta, &runtime.ImageError{Reason: "the image's meta.json is unreadable", Corrupt: true, Err: err}
-			}
-		}
-		f, err := os.OpenFile(filepath.Join(dir, h.Name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return meta, fmt.Errorf("gvisor: extracting the image: %w", err)
-		}
-		if h.Name == imageMetaFile {
-			b, _ := json.Marshal(meta)
-			_, err = f.Write(b)
-		} else {
-			_, err = io.Copy(f, tr)
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return meta, readError(err)
-		}
-	}
-	// The rest of the stream (a tar's padding): a hashing reader reports a mismatch at its end.
-	if _, err := io.Copy(io.Discard, r); err != nil {
-		return meta, readError(err)
-	}
-	if !seen[imageMetaFile] || !seen["checkpoint.img"] {
-		return meta, &runtime.ImageError{Reason: "the image is incomplete (no meta.json or checkpoint.img)", Corrupt: true}
-	}
-	return meta, nil
-}
-
-// readError is the error of an image stream that could not be read: an *ImageError that wraps
-// the reader's error (a hash mismatch at the end of a checkpoint stream, or a store that
-// failed), which the caller can tell apart; an archive that is not one is Corrupt.
-func readError(err error) error {
-	var ie *runtime.ImageError
-	if errors.As(err, &ie) {
-		return err
-	}
-	corrupt := errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrFieldTooLong)
-	return &runtime.ImageError{Reason: "the image could not be read: " + err.Error(), Corrupt: corrupt, Err: err}
 }
