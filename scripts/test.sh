@@ -63,7 +63,7 @@ done
 export SANDBOXD_KUBEENV="$kube_dir/cluster" SANDBOXD_KUBECTL="$kube_bin/kubectl"
 
 log "go test -race ./..."
-go test -race -count=1 -timeout 40m ./... "$@"
+go test -race -count=1 -timeout 60m ./... "$@"
 
 # The native fuzz targets, each mutating for a short fixed time (go test -fuzz takes one target
 # per run; their seed corpora, f.Add and testdata/fuzz/, already ran above as plain tests). New

@@ -127,7 +127,7 @@ func TestResumeWithoutItsMemory(t *testing.T) {
 				t.Fatalf("the sandbox's state_reason later: %q, want %q", got.StateReason, sb.StateReason)
 			}
 			// The processes did not come back: /tmp is empty.
-			r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["test","-e","/tmp/counter"]}`), key)
+			r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["test","-e","/tmp/counter"]}`), e2e.HdrJSON, key)
 			r.Want(t, http.StatusOK)
 			var ex e2e.ExecJSON
 			r.Decode(t, &ex)
@@ -179,7 +179,7 @@ func TestAutoPauseAndAutoResume(t *testing.T) {
 	// Without auto_resume, the same call is INVALID_STATE with the hint.
 	plain := s.Create(t, `{"profile":"sandboxes-default"}`, key).SandboxID
 	pauseVerb(t, s, plain, "pause", key)
-	s.Curl(t, http.MethodPost, e2e.Prefix+"/"+plain+"/exec", []byte(`{"command":["true"]}`), key).
+	s.Curl(t, http.MethodPost, e2e.Prefix+"/"+plain+"/exec", []byte(`{"command":["true"]}`), e2e.HdrJSON, key).
 		WantError(t, http.StatusConflict, "INVALID_STATE", "auto_resume")
 	// A bad autostop_action is refused at create.
 	s.Curl(t, http.MethodPost, e2e.Prefix, []byte(`{"autostop_action":"hibernate"}`), key).

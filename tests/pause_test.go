@@ -38,7 +38,7 @@ func readCounter(t *testing.T, s *e2e.Server, id, key string) (pid, n int) {
 // runDetached starts a command with "wait": false and returns its exec id.
 func runDetached(t *testing.T, s *e2e.Server, id, key string, argv ...string) string {
 	t.Helper()
-	r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(e2e.MustJSON(t, map[string]any{"command": argv, "wait": false})), key)
+	r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(e2e.MustJSON(t, map[string]any{"command": argv, "wait": false})), e2e.HdrJSON, key)
 	r.Want(t, http.StatusAccepted)
 	var ex struct {
 		ExecID string `json:"exec_id"`
@@ -86,7 +86,7 @@ func TestPauseKeepsProcesses(t *testing.T) {
 			t.Fatalf("get: %s, want PAUSED", got.State)
 		}
 		// Calls that need a running sandbox are INVALID_STATE, with a hint.
-		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), key)
+		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), e2e.HdrJSON, key)
 		r.WantError(t, http.StatusConflict, "INVALID_STATE", "PAUSED", "resume it first")
 		r = s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/files?path=kept.txt", nil, key)
 		r.WantError(t, http.StatusConflict, "INVALID_STATE", "PAUSED")
