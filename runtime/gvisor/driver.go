@@ -547,13 +547,13 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 
 	t0 := time.Now()
 	unlockCreate := d.lockForCreate()
-	err = d.runscLogged(ctx, id, flags, "create", "--bundle="+bundle, id)
+	err = d.runscLogged(ctx, id, cliTimeout, flags, "create", "--bundle="+bundle, id)
 	unlockCreate()
 	if err != nil {
 		return fmt.Errorf("gvisor: create %s: %w", id, err)
 	}
 	t1 := time.Now()
-	if err := d.runscLogged(ctx, id, flags, "start", id); err != nil {
+	if err := d.runscLogged(ctx, id, cliTimeout, flags, "start", id); err != nil {
 		return fmt.Errorf("gvisor: start %s: %w", id, err)
 	}
 	t2 := time.Now()

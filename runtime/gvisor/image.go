@@ -58,6 +58,14 @@ func maxImageBytes(spec runtime.BoxSpec) int64 {
 	return 16 << 30
 }
 
+// imageTimeout bounds one runsc checkpoint or restore of the box: two minutes, plus a second
+// for every 16 MiB its image may hold (at least a slow disk's speed). A fixed 30 s, the other
+// runsc commands' bound, killed restores of idle boxes on a machine loaded by a test suite,
+// and would kill every restore of a large box.
+func imageTimeout(spec runtime.BoxSpec) time.Duration {
+	return 2*time.Minute + time.Duration(maxImageBytes(spec)>>24)*time.Second
+}
+
 // identity is what a memory image made here records of its maker: the runsc binary's sha256
 // and the host's machine id. It is computed once per driver (hashing runsc reads ~100 MB).
 type identity struct{ runsc, host string }

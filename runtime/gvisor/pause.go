@@ -122,7 +122,7 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		d.reopen(ctx, id, flags)
 		return fmt.Errorf("gvisor: pause %s: %w", id, err)
 	}
-	if err := d.checkpointInto(ctx, id, flags, newDir, keep); err != nil {
+	if err := d.checkpointInto(ctx, id, rec.Spec, flags, newDir, keep); err != nil {
 		_ = os.RemoveAll(newDir)
 		if phase, _, oerr := d.observe(ctx, id); oerr == nil && phase == runtime.PhaseRunning {
 			d.reopen(ctx, id, flags)
@@ -139,8 +139,8 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 // checkpointInto runs `runsc checkpoint --image-path=newDir` and, when it succeeds, renames
 // newDir to keep, both in a shell of their own (sh -c, the paths as its arguments): when this
 // process dies meanwhile, the shell finishes, so a complete image is never left unnamed.
-func (d *Driver) checkpointInto(ctx context.Context, id string, flags []string, newDir, keep string) error {
-	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
+func (d *Driver) checkpointInto(ctx context.Context, id string, spec runtime.BoxSpec, flags []string, newDir, keep string) error {
+	ctx, cancel := context.WithTimeout(ctx, imageTimeout(spec))
 	defer cancel()
 	args := append([]string{"-c", `new=$1 keep=$2; shift 2; "$@" && exec mv -T -- "$new" "$keep"`, "sh", newDir, keep, d.opts.Runsc},
 		append(append([]string{}, flags...), "checkpoint", "--image-path="+newDir, id)...)
@@ -443,7 +443,7 @@ func (d *Driver) Resume(ctx context.Context, id string, stored runtime.ImageSour
 	}
 	d.rotateLog(id)
 	unlockCreate := d.lockForCreate()
-	err = d.runscLogged(ctx, id, flags, "restore", "--image-path="+dir, "--bundle="+bundle, "--detach", id)
+	err = d.runscLogged(ctx, id, imageTimeout(rec.Spec), flags, "restore", "--image-path="+dir, "--bundle="+bundle, "--detach", id)
 	unlockCreate()
 	if err != nil {
 		return fail(&runtime.ImageError{Reason: "runsc could not restore the image: " + strings.TrimPrefix(err.Error(), "runsc "), Err: err})

@@ -82,15 +82,16 @@ func (d *Driver) runsc(ctx context.Context, flags []string, args ...string) ([]b
 
 // runscLogged runs runsc create or start with its stdio on the box's log file: the sandbox
 // inherits them and keeps them open, so they must never be a pipe read to EOF. The log file
-// is opened O_APPEND so the sandbox's writes never overwrite each other.
-func (d *Driver) runscLogged(ctx context.Context, id string, flags []string, args ...string) error {
+// is opened O_APPEND so the sandbox's writes never overwrite each other. The command gets
+// timeout (cliTimeout for create and start, imageTimeout for a restore).
+func (d *Driver) runscLogged(ctx context.Context, id string, timeout time.Duration, flags []string, args ...string) error {
 	log, err := os.OpenFile(d.boxes.boxPath(id, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("gvisor: open runsc log: %w", err)
 	}
 	defer log.Close()
 	fmt.Fprintf(log, "--- %s runsc %s\n", time.Now().UTC().Format(time.RFC3339Nano), strings.Join(args, " "))
-	ctx, cancel := context.WithTimeout(ctx, cliTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, d.opts.Runsc, append(append([]string{}, flags...), args...)...)
 	cmd.Stdout, cmd.Stderr = log, log
