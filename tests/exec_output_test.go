@@ -118,7 +118,7 @@ func TestExecOutputKeepsTheNewest(t *testing.T) {
 	st := e2e.NewStateDir(t)
 	rs := redistest.Start(t) // a Redis that outlives a SIGKILLed replica
 	opts := e2e.ServerOptions{State: st, RedisURL: rs.URL, Limits: map[string]any{"exec_max_output_bytes": outputCap},
-		Extra: map[string]any{"reconcile_interval_ms": 300, "execs": map[string]any{"follow_lease_sec": 15}}}
+		Extra: map[string]any{"reconcile_interval_ms": 300, "execs": map[string]any{"follow_lease_sec": 60}}}
 	a := e2e.StartServer(t, opts)
 	id := a.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1).SandboxID
 

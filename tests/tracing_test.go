@@ -249,8 +249,11 @@ func TestTracingCollectorThatHangs(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("a request during the flood: %v", err)
 	}
-	if slowest > 3*time.Second {
-		t.Errorf("the slowest of %d requests took %s with the collector hanging, want under 3 s", workers*each, slowest)
+	// A request that waited on the collector would wait out an export's bound (10 s): a
+	// slowest answer under it shows none did. A tighter bound measured the machine's load (a
+	// request took 3.9 s on a machine at load 50), not the exporter.
+	if slowest >= 10*time.Second {
+		t.Errorf("the slowest of %d requests took %s with the collector hanging, want under the export bound (10 s)", workers*each, slowest)
 	}
 	start := time.Now()
 	s.Stop(t)

@@ -460,6 +460,57 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// Check runs `runsc --version` once per runsc binary: again only when the binary at the path
+// changed (here: replaced by a rename, as an upgrade does), so a broken upgrade turns the
+// replica unready while an unchanged binary costs the probe a stat.
+func TestCheckRunscOncePerBinary(t *testing.T) {
+	dir := t.TempDir()
+	runsc := filepath.Join(dir, "runsc")
+	count := filepath.Join(dir, "count")
+	put := func(body string) {
+		t.Helper()
+		tmp := runsc + ".new"
+		if err := os.WriteFile(tmp, []byte("#!/bin/sh\necho run >> "+count+"\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, runsc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "run")
+	}
+	put("echo 'runsc version test'")
+	d, err := gvisor.New(gvisor.Options{Runsc: runsc, StateDir: t.TempDir(), InitBinary: "/bin/true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for range 3 {
+		if err := d.Check(ctxT(t)); err != nil {
+			t.Fatalf("Check: %v", err)
+		}
+	}
+	if got := runs(); got != 1 {
+		t.Errorf("runsc ran %d times for 3 checks of one binary, want 1", got)
+	}
+	put("echo broken >&2; exit 3")
+	if err := d.Check(ctxT(t)); err == nil || !strings.Contains(err.Error(), "broken") {
+		t.Errorf("Check after a broken runsc replaced the good one: got %v, want its failure", err)
+	}
+	if err := d.Check(ctxT(t)); err == nil {
+		t.Errorf("a second Check of the broken runsc: got nil, want its failure again")
+	}
+	put("echo 'runsc version test 2'")
+	if err := d.Check(ctxT(t)); err != nil {
+		t.Errorf("Check after the fix: %v", err)
+	}
+	if got := runs(); got != 4 {
+		t.Errorf("runsc ran %d times, want 4 (one per check of a new or failing binary)", got)
+	}
+}
+
 // A guest init that exits at once: Create notices the dead sandbox, fails without waiting for
 // the whole ready timeout, and leaves nothing behind.
 func TestCreateGuestNeverReady(t *testing.T) {
