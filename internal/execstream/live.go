@@ -210,6 +210,9 @@ func (f *feed) wait(ctx context.Context, pos cursor, count int, timeout time.Dur
 			batch := f.entries[i:min(len(f.entries), i+count)]
 			evs, done, err = events(pos, batch)
 			f.fs.mu.Unlock()
+			for i := range evs {
+				evs[i].Live = true
+			}
 			return evs, done, liveEvents, err
 		}
 		changed := f.changed

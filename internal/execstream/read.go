@@ -40,6 +40,8 @@ type Event struct {
 	// Missed is, for EventTruncated, how many guest log bytes (output plus 5-byte record
 	// headers) were lost; 0 when unknown (the exec itself is gone).
 	Missed int64
+	// Live: a subscription took the event from this replica's live window, not from Redis.
+	Live bool
 }
 
 // cursor is a position in an exec's stream: the entry id "<guest offset>-<part>", part 0 after
