@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -272,58 +273,100 @@ func (c *client) sseExec(ctx context.Context, id string, body []byte) (*streamRu
 			&apiError{Status: resp.StatusCode, Body: string(data)})
 	}
 	err = readSSE(bufio.NewReaderSize(resp.Body, 256<<10), func(event string, data []byte) error {
-		elapsed := time.Since(t0)
-		switch event {
-		case "started":
-		case "chunk":
-			var ch struct {
-				Stream     string  `json:"stream"`
-				Data       *string `json:"data"`
-				DataBase64 *string `json:"data_base64"`
-			}
-			if err := json.Unmarshal(data, &ch); err != nil {
-				return fmt.Errorf("chunk %.200q: %w", data, err)
-			}
-			var out []byte
-			switch {
-			case ch.Data != nil && ch.DataBase64 == nil:
-				out = []byte(*ch.Data)
-			case ch.DataBase64 != nil && ch.Data == nil:
-				if out, err = base64.StdEncoding.DecodeString(*ch.DataBase64); err != nil {
-					return fmt.Errorf("chunk data_base64: %w", err)
-				}
-			default:
-				return fmt.Errorf("chunk with neither or both of data and data_base64: %.200q", data)
-			}
-			return r.output(ch.Stream, out, elapsed)
-		case "exit":
-			if r.exited {
-				return errors.New("a second exit event")
-			}
-			r.total, r.exited = elapsed, true
-			var exit struct {
-				execResult
-				OutputBytes *int64 `json:"output_bytes"`
-			}
-			if err := json.Unmarshal(data, &exit); err != nil {
-				return fmt.Errorf("exit %q: %w", data, err)
-			}
-			r.exit = exit.execResult
-			if exit.OutputBytes != nil {
-				r.outputBytes = *exit.OutputBytes
-			}
-		case "truncated":
-			return fmt.Errorf("truncated event after %d bytes of stdout: %s", r.stdoutBytes, data)
-		case "error":
-			return fmt.Errorf("error event: %s", data)
-		default:
-			return fmt.Errorf("unknown event %q: %.200q", event, data)
-		}
-		return nil
+		return r.sseEvent(event, data, time.Since(t0))
 	})
 	if err != nil {
 		return r, fmt.Errorf("POST %s (Accept: text/event-stream): %w", path, err)
 	}
+	return r, nil
+}
+
+// sseEvent records one event of a REST exec's event stream received at elapsed.
+func (r *streamRun) sseEvent(event string, data []byte, elapsed time.Duration) error {
+	switch event {
+	case "started":
+	case "chunk":
+		var ch struct {
+			Stream     string  `json:"stream"`
+			Data       *string `json:"data"`
+			DataBase64 *string `json:"data_base64"`
+		}
+		if err := json.Unmarshal(data, &ch); err != nil {
+			return fmt.Errorf("chunk %.200q: %w", data, err)
+		}
+		var out []byte
+		var err error
+		switch {
+		case ch.Data != nil && ch.DataBase64 == nil:
+			out = []byte(*ch.Data)
+		case ch.DataBase64 != nil && ch.Data == nil:
+			if out, err = base64.StdEncoding.DecodeString(*ch.DataBase64); err != nil {
+				return fmt.Errorf("chunk data_base64: %w", err)
+			}
+		default:
+			return fmt.Errorf("chunk with neither or both of data and data_base64: %.200q", data)
+		}
+		return r.output(ch.Stream, out, elapsed)
+	case "exit":
+		if r.exited {
+			return errors.New("a second exit event")
+		}
+		r.total, r.exited = elapsed, true
+		var exit struct {
+			execResult
+			OutputBytes *int64 `json:"output_bytes"`
+		}
+		if err := json.Unmarshal(data, &exit); err != nil {
+			return fmt.Errorf("exit %q: %w", data, err)
+		}
+		r.exit = exit.execResult
+		if exit.OutputBytes != nil {
+			r.outputBytes = *exit.OutputBytes
+		}
+	case "truncated":
+		return fmt.Errorf("truncated event after %d bytes of stdout: %s", r.stdoutBytes, data)
+	case "error":
+		return fmt.Errorf("error event: %s", data)
+	default:
+		return fmt.Errorf("unknown event %q: %.200q", event, data)
+	}
+	return nil
+}
+
+// curlExec runs `curl -sS -N` posting an exec with Accept: text/event-stream, its output into
+// a file, timed from starting curl to its exit (after the server ended the stream with the
+// exit event). The file is then read untimed, every event checked as sseExec checks them.
+func (c *client) curlExec(ctx context.Context, curl, dir, id string, body []byte) (*streamRun, error) {
+	out := filepath.Join(dir, "curl-stream.out")
+	defer os.Remove(out)
+	u := c.base + restPrefix + "/" + url.PathEscape(id) + "/exec"
+	cmd := exec.CommandContext(ctx, curl, "-sS", "-N", "-o", out, "-w", "%{http_code} %{content_type}",
+		"-H", "X-Api-Key: "+c.key, "-H", "Accept: text/event-stream", "-H", "Content-Type: application/json",
+		"--data-binary", string(body), u)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	r := &streamRun{outputBytes: -1}
+	t0 := time.Now()
+	err := cmd.Run()
+	total := time.Since(t0)
+	if err != nil {
+		return r, fmt.Errorf("curl -N %s: %w (stderr %q)", u, err, stderr.Bytes())
+	}
+	if status := stdout.String(); !strings.HasPrefix(status, "200 text/event-stream") {
+		data, _ := os.ReadFile(out)
+		return r, fmt.Errorf("curl -N %s: answered %s: %.300q", u, status, data)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		return r, err
+	}
+	defer f.Close()
+	if err := readSSE(bufio.NewReaderSize(f, 256<<10), func(event string, data []byte) error {
+		return r.sseEvent(event, data, total)
+	}); err != nil {
+		return r, fmt.Errorf("curl -N %s: %w", u, err)
+	}
+	r.total = total
 	return r, nil
 }
 
@@ -465,7 +508,7 @@ const clockTick = 10 * time.Millisecond
 
 // cpuSnap is the CPU time used so far by sandboxd, the sandbox's processes and the benchmark
 // itself (with its reaped children: the bare runsc exec processes).
-type cpuSnap struct{ sandboxd, box, self time.Duration }
+type cpuSnap struct{ sandboxd, redis, box, self time.Duration }
 
 func (b *bench) cpuSnapshot(sandboxID string) cpuSnap {
 	var s cpuSnap
@@ -474,6 +517,13 @@ func (b *bench) cpuSnapshot(sandboxID string) cpuSnap {
 		s.sandboxd = time.Duration(t) * clockTick
 	}
 	if procs, err := listProcs(); err == nil {
+		// The embedded Redis: sandboxd's redis-server child (with the AOF rewrites it reaped).
+		for _, p := range procs {
+			if pid := b.sandboxdPid(); pid != 0 && p.ppid == pid && len(p.args) > 0 && isRedisServer(p.args[0]) {
+				t, _ := cpuTicks(p.pid)
+				s.redis += time.Duration(t) * clockTick
+			}
+		}
 		for _, pid := range boxProcs(procs, sandboxID) {
 			if pid == os.Getpid() {
 				continue
@@ -489,6 +539,13 @@ func (b *bench) cpuSnapshot(sandboxID string) cpuSnap {
 	return s
 }
 
+// isRedisServer reports whether a process's first argument is redis-server's (which retitles
+// itself "/usr/bin/redis-server unixsocket:…").
+func isRedisServer(arg0 string) bool {
+	prog, _, _ := strings.Cut(arg0, " ")
+	return filepath.Base(prog) == "redis-server"
+}
+
 // cpuMeter sums the CPU used around each run of a path.
 type cpuMeter struct {
 	runs  int
@@ -498,6 +555,7 @@ type cpuMeter struct {
 func (m *cpuMeter) add(before, after cpuSnap) {
 	m.runs++
 	m.total.sandboxd += after.sandboxd - before.sandboxd
+	m.total.redis += after.redis - before.redis
 	m.total.box += after.box - before.box
 	m.total.self += after.self - before.self
 }
@@ -507,8 +565,8 @@ func (m *cpuMeter) String() string {
 		return "no runs"
 	}
 	n := time.Duration(m.runs)
-	return fmt.Sprintf("sandboxd %s, sandbox processes %s, benchmark %s", fmtDuration(m.total.sandboxd/n),
-		fmtDuration(m.total.box/n), fmtDuration(m.total.self/n))
+	return fmt.Sprintf("sandboxd %s, its embedded redis-server %s, sandbox processes %s, benchmark %s", fmtDuration(m.total.sandboxd/n),
+		fmtDuration(m.total.redis/n), fmtDuration(m.total.box/n), fmtDuration(m.total.self/n))
 }
 
 // ---- the suite ----
@@ -526,6 +584,7 @@ type streamPath struct {
 // small one.
 func benchStream(ctx context.Context, b *bench) (groups []*Group, err error) {
 	mb := max(b.opts.streamMB, 1)
+	curlBin, _ := exec.LookPath("curl")
 	n := int64(mb) << 20
 	tp := &Group{Name: fmt.Sprintf("stdout throughput, %d MiB (`head -c %d /dev/zero`)", mb, n)}
 	fb := &Group{Name: "first byte of stdout (`echo x`)"}
@@ -599,6 +658,20 @@ func benchStream(ctx context.Context, b *bench) (groups []*Group, err error) {
 	tpPaths := paths(tp, "GraphQL WebSocket: exec(wait: false) + execOutput → EXIT",
 		"REST POST …/exec, Accept: text/event-stream → exit event", "bare runsc exec, stdout on a pipe → exit")
 	argv := []string{"head", "-c", strconv.FormatInt(n, 10), "/dev/zero"}
+	// curl -N on the same REST stream, the way a person at a terminal follows it.
+	curlPath := &streamPath{res: tp.result("curl -N, REST POST …/exec, Accept: text/event-stream → curl's exit", false),
+		run: func(ctx context.Context, argv []string) (*streamRun, error) {
+			return b.api.curlExec(ctx, curlBin, b.tmp, id, execBody(argv, ""))
+		}}
+	// Its row goes before the bare one, beside the REST row.
+	rs := tp.Results
+	copy(rs[3:], rs[2:len(rs)-1])
+	rs[2] = curlPath.res
+	if curlBin == "" {
+		curlPath.res.Skipped = "curl is not on PATH"
+	} else {
+		tpPaths = append(tpPaths[:2], append([]*streamPath{curlPath}, tpPaths[2:]...)...)
+	}
 	err = interleave(ctx, tp.Name, min(b.opts.warmup, 1), b.opts.streamN, steps(tpPaths, argv, n, "", func(r *streamRun) time.Duration { return r.total }))
 	for _, p := range tpPaths {
 		if s := summarize(p.res.Samples); s.N > 0 {
@@ -613,7 +686,8 @@ func benchStream(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"GraphQL: one graphql-transport-ws connection kept open, `exec(…, wait: false) { execId }` then "+
 		"`execOutput(execId) { kind stream dataBase64 result {…} }`, the chunks base64-decoded by the benchmark; REST: the "+
 		"chunk events' `data` (JSON text; NUL bytes travel as `\\u0000`, six bytes each) or `data_base64`, over a keep-alive "+
-		"connection; bare: `runsc <the driver's global flags> exec <sandbox id> head -c …` on the same sandbox, stdout an os "+
+		"connection; curl: `curl -sS -N` with the same POST, its output into a file in the run's folder, timed to curl's exit, "+
+		"the file's events checked afterwards, untimed, as the REST path checks them; bare: `runsc <the driver's global flags> exec <sandbox id> head -c …` on the same sandbox, stdout an os "+
 		"pipe read 64 KiB at a time. CPU per run, including the warm-up: %s.", n, mb, cpuNote(tpPaths))
 	if err != nil {
 		return groups, err

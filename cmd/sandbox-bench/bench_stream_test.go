@@ -99,3 +99,17 @@ func TestCPUTicks(t *testing.T) {
 		t.Error("cpuTicks(-1): got no error, want one")
 	}
 }
+
+func TestIsRedisServer(t *testing.T) {
+	for arg, want := range map[string]bool{
+		"/usr/bin/redis-server unixsocket:/tmp/x/state/redis/redis.sock": true,
+		"redis-server":       true,
+		"/usr/bin/redis-cli": false,
+		"runsc-sandbox":      false,
+		"":                   false,
+	} {
+		if got := isRedisServer(arg); got != want {
+			t.Errorf("isRedisServer(%q): got %v, want %v", arg, got, want)
+		}
+	}
+}

@@ -83,11 +83,13 @@ func (f *follower) finishUnstarted(cause error) {
 	f.forget()
 }
 
-// forget takes the exec off this replica's list of execs it follows.
+// forget takes the exec off this replica's list of execs it follows; its subscribers here go
+// back to reading Redis.
 func (f *follower) forget() {
 	f.s.followMu.Lock()
 	delete(f.s.following, f.meta.ID)
 	f.s.followMu.Unlock()
+	f.s.store.EndFeed(f.meta.ID)
 }
 
 type logItem struct {
@@ -289,18 +291,18 @@ func (f *follower) append(chunks []execstream.Chunk, exit *execstream.Exit) {
 		case errors.Is(err, execstream.ErrNotFollower), errors.Is(err, execstream.ErrEnded), errors.Is(err, execstream.ErrNotFound):
 			// Another replica follows now (our lease lapsed while we stalled), or it is over.
 			s.log.Info("stopped copying an exec's output", "exec", f.meta.ID, "why", err)
-			f.writing = false
+			f.stopWriting()
 			return
 		case errors.Is(err, execstream.ErrOffset):
 			// Redis holds another offset than this follower (a takeover raced it): the lease
 			// holder continues from the stored offset.
 			s.log.Warn("exec stream offset mismatch; leaving it to the lease holder", "exec", f.meta.ID, "err", err)
-			f.writing = false
+			f.stopWriting()
 			return
 		}
 		if s.now().After(deadline) || s.bg.Err() != nil {
 			s.log.Warn("giving up copying an exec's output; another replica takes over", "exec", f.meta.ID, "err", err)
-			f.writing = false
+			f.stopWriting()
 			return
 		}
 		s.log.Debug("appending exec output failed; retrying", "exec", f.meta.ID, "attempt", attempt, "err", err)
@@ -309,6 +311,13 @@ func (f *follower) append(chunks []execstream.Chunk, exit *execstream.Exit) {
 		case <-s.bg.Done():
 		}
 	}
+}
+
+// stopWriting stops this replica's writes to the exec's stream: another replica follows it
+// now, or it is over. The exec's subscribers here go back to reading Redis.
+func (f *follower) stopWriting() {
+	f.writing = false
+	f.s.store.EndFeed(f.meta.ID)
 }
 
 // renew extends the lease; losing it stops the copying.
@@ -323,9 +332,9 @@ func (f *follower) renew() {
 	switch {
 	case err == nil && !ok:
 		s.log.Info("another replica follows the exec now", "exec", f.meta.ID)
-		f.writing = false
+		f.stopWriting()
 	case errors.Is(err, execstream.ErrEnded), errors.Is(err, execstream.ErrNotFound):
-		f.writing = false
+		f.stopWriting()
 	case err != nil:
 		s.log.Debug("renewing an exec lease failed", "exec", f.meta.ID, "err", err)
 	}

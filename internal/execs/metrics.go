@@ -9,6 +9,9 @@ import (
 // Metrics are exec's Prometheus metrics. Labels are bounded: never a sandbox or exec id.
 type Metrics struct {
 	execSeconds *prometheus.HistogramVec
+	// outputLive and outputRedis count the output events subscribers got from this replica's
+	// live window and from Redis.
+	outputLive, outputRedis prometheus.Counter
 }
 
 // NewMetrics registers exec's metrics on reg (nil: not registered, for tests).
@@ -20,8 +23,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30, 120, 600},
 		}, []string{"outcome"}),
 	}
+	events := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxd_exec_output_events_total",
+		Help: "Exec output events sent to subscribers, by where they were read: live (this replica follows the exec and fed them from memory) or redis.",
+	}, []string{"source"})
+	m.outputLive, m.outputRedis = events.WithLabelValues("live"), events.WithLabelValues("redis")
 	if reg != nil {
-		reg.MustRegister(m.execSeconds)
+		reg.MustRegister(m.execSeconds, events)
 	}
 	return m
 }

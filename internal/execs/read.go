@@ -101,6 +101,11 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 		defer close(out)
 		defer cancel() // ends the Redis reader too when we stop early
 		for ev := range in {
+			if ev.Live {
+				s.metrics.outputLive.Inc()
+			} else {
+				s.metrics.outputRedis.Inc()
+			}
 			e := sandbox.ExecEvent{Cursor: ev.Cursor}
 			switch ev.Kind {
 			case execstream.EventChunk:

@@ -167,6 +167,8 @@ type Store struct {
 	rdb   redis.UniversalClient
 	block redis.UniversalClient
 	opts  Options
+	// live are the windows that feed this replica's subscribers from its followers (live.go).
+	live *feeds
 }
 
 // New returns a Store on rdb.
@@ -192,7 +194,7 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Store{rdb: rdb, block: opts.Blocking, opts: opts}
+	s := &Store{rdb: rdb, block: opts.Blocking, opts: opts, live: newFeeds(opts)}
 	if s.block == nil {
 		s.block = rdb
 	}

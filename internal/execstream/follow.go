@@ -140,6 +140,8 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 	case -3:
 		return fmt.Errorf("execstream append %s: %w", execID, ErrEnded)
 	}
+	// Redis has the batch: this replica's subscribers may have it from memory now.
+	s.live.publish(execID, chunks, exit, res[1])
 	if exit != nil {
 		// The indexes live in other hash slots, so they are moved by separate commands. A failure
 		// here loses nothing: Orphans moves an ended exec it still finds in the running index.

@@ -40,6 +40,8 @@ type Event struct {
 	// Missed is, for EventTruncated, how many guest log bytes (output plus 5-byte record
 	// headers) were lost; 0 when unknown (the exec itself is gone).
 	Missed int64
+	// Live: a subscription took the event from this replica's live window, not from Redis.
+	Live bool
 }
 
 // cursor is a position in an exec's stream: the entry id "<guest offset>-<part>", part 0 after
@@ -148,47 +150,60 @@ func (s *Store) read(ctx context.Context, execID, after string, count int, block
 // decode turns stream entries after pos into events, with a truncated event wherever an entry
 // does not start where the previous one (or the cursor) ended.
 func decode(pos cursor, msgs []redis.XMessage) ([]Event, bool, error) {
-	evs := make([]Event, 0, len(msgs)+1)
-	expect := pos.off
+	entries := make([]entry, 0, len(msgs))
 	for _, m := range msgs {
 		id, err := parseCursor(m.ID)
 		if err != nil {
 			return nil, false, fmt.Errorf("stream entry id %q: %w", m.ID, err)
 		}
 		str := func(k string) string { v, _ := m.Values[k].(string); return v }
-		start := id.off
-		if id.part == 0 {
-			start, err = strconv.ParseInt(str("start"), 10, 64)
-			if err != nil {
-				return nil, false, fmt.Errorf("stream entry %s: bad start %q", m.ID, str("start"))
-			}
-		}
-		switch {
-		case start < expect:
-			// Only a cursor that is not an entry boundary of this exec gets here.
-			return nil, false, ErrBadCursor
-		case start > expect:
-			evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: start}.String(), Missed: start - expect})
-		}
+		e := entry{id: id, start: id.off}
 		if id.part == 1 {
 			code, _ := strconv.Atoi(str("code"))
 			dur, _ := strconv.ParseInt(str("duration_ms"), 10, 64)
 			dropped, _ := strconv.ParseInt(str("dropped"), 10, 64)
-			if dropped > 0 {
-				// An older guest's bounded log could not keep the end of the output: say so
-				// before the exit, at the cursor just before it (a resume there sees both again).
-				evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: start}.String(), Missed: dropped})
-			}
 			stdoutBytes, _ := strconv.ParseInt(str("stdout_bytes"), 10, 64)
 			stderrBytes, _ := strconv.ParseInt(str("stderr_bytes"), 10, 64)
-			evs = append(evs, Event{Kind: EventExit, Cursor: m.ID, Exit: &Exit{
-				ExitCode: code, Signal: str("signal"), TimedOut: str("timed_out") == "1", DurationMs: dur, Error: str("error"),
-				Dropped: dropped, StdoutBytes: stdoutBytes, StderrBytes: stderrBytes,
-			}})
+			e.exit = &Exit{ExitCode: code, Signal: str("signal"), TimedOut: str("timed_out") == "1", DurationMs: dur,
+				Error: str("error"), Dropped: dropped, StdoutBytes: stdoutBytes, StderrBytes: stderrBytes}
+		} else {
+			e.start, err = strconv.ParseInt(str("start"), 10, 64)
+			if err != nil {
+				return nil, false, fmt.Errorf("stream entry %s: bad start %q", m.ID, str("start"))
+			}
+			e.stream, e.data = Stream(str("stream")), []byte(str("data"))
+		}
+		entries = append(entries, e)
+	}
+	return events(pos, entries)
+}
+
+// events turns entries after pos into events, with a truncated event wherever an entry does
+// not start where the previous one (or the cursor) ended. Redis's entries and the live
+// window's go through it alike. Chunk events share the entries' data.
+func events(pos cursor, entries []entry) ([]Event, bool, error) {
+	evs := make([]Event, 0, len(entries)+1)
+	expect := pos.off
+	for _, e := range entries {
+		switch {
+		case e.start < expect:
+			// Only a cursor that is not an entry boundary of this exec gets here.
+			return nil, false, ErrBadCursor
+		case e.start > expect:
+			evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: e.start}.String(), Missed: e.start - expect})
+		}
+		if e.exit != nil {
+			if e.exit.Dropped > 0 {
+				// An older guest's bounded log could not keep the end of the output: say so
+				// before the exit, at the cursor just before it (a resume there sees both again).
+				evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: e.start}.String(), Missed: e.exit.Dropped})
+			}
+			x := *e.exit
+			evs = append(evs, Event{Kind: EventExit, Cursor: e.id.String(), Exit: &x})
 			return evs, true, nil
 		}
-		evs = append(evs, Event{Kind: EventChunk, Cursor: m.ID, Stream: Stream(str("stream")), Data: []byte(str("data"))})
-		expect = id.off
+		evs = append(evs, Event{Kind: EventChunk, Cursor: e.id.String(), Stream: e.stream, Data: e.data})
+		expect = e.id.off
 	}
 	return evs, false, nil
 }
@@ -197,25 +212,30 @@ func decode(pos cursor, msgs []redis.XMessage) ([]Event, bool, error) {
 // follows it live, from any replica. The channel carries chunk events in order, a truncated
 // event wherever output was trimmed before this subscriber read it, and finally the exit event,
 // after which it is closed. It is also closed when ctx ends, or when Redis keeps failing
-// (the caller resumes from its last cursor). Each subscriber reads Redis on its own and each
-// send waits on ctx: a slow subscriber only falls behind (and may then see a truncated event),
-// it never slows Append or other subscribers, and an abandoned one leaks nothing.
-// ErrBadCursor and ErrNotFound are returned at once.
+// (the caller resumes from its last cursor). Each subscriber reads on its own and each send
+// waits on ctx: a slow subscriber only falls behind (and may then see a truncated event), it
+// never slows Append or other subscribers, and an abandoned one leaks nothing. Once caught up,
+// a subscriber on the replica that follows the exec takes the follower's batches from memory
+// (live.go) instead of reading them back from Redis. Chunk events' Data must not be modified:
+// subscribers may share it. ErrBadCursor and ErrNotFound are returned at once.
 func (s *Store) Subscribe(ctx context.Context, execID, after string) (<-chan Event, error) {
 	batch := s.opts.Buffer
+	// Watch before the first read: every batch appended from here on is either in what Redis
+	// answers or in the window.
+	live := s.live.watch(execID)
 	first, done, err := s.read(ctx, execID, after, batch, 0)
 	if err != nil {
+		live.unwatch()
 		return nil, err
 	}
-	pos := after
-	if pos == "" {
-		pos = "0-0"
-	}
+	pos, _ := parseCursor(after) // checked by read
 	out := make(chan Event, s.opts.Buffer)
 	go func() {
 		defer close(out)
+		defer live.unwatch()
 		evs := first
 		failures := 0
+		redisAhead := false
 		for {
 			for _, ev := range evs {
 				select {
@@ -223,15 +243,30 @@ func (s *Store) Subscribe(ctx context.Context, execID, after string) (<-chan Eve
 				case <-ctx.Done():
 					return
 				}
-				pos = ev.Cursor
+				pos, _ = parseCursor(ev.Cursor)
 			}
 			if done || ctx.Err() != nil {
 				return
 			}
+			// Caught up with what was read: the window, while this replica's follower feeds it
+			// (unless Redis was found ahead of it: another replica appends).
+			block := s.opts.Block
+			st := liveOff
 			var err error
-			evs, done, err = s.read(ctx, execID, pos, batch, s.opts.Block)
+			if !redisAhead {
+				if evs, done, st, err = live.wait(ctx, pos, batch, s.opts.Block); err == nil && st == liveEvents {
+					continue
+				}
+				if st == liveIdle {
+					block = 0 // the window was quiet: only check that nobody else appended
+				}
+			}
+			evs, done, err = s.read(ctx, execID, pos.String(), batch, block)
 			if err == nil {
 				failures = 0
+				// New entries after a quiet window: read Redis while it has more; an empty
+				// read (nothing within Block) sends this subscriber back to the window.
+				redisAhead = (st == liveIdle || redisAhead) && (len(evs) > 0 || done)
 				continue
 			}
 			if ctx.Err() != nil {
@@ -240,7 +275,7 @@ func (s *Store) Subscribe(ctx context.Context, execID, after string) (<-chan Eve
 			if errors.Is(err, ErrNotFound) {
 				// Swept (or lost) while this subscriber was behind: the rest is gone.
 				select {
-				case out <- Event{Kind: EventTruncated, Cursor: pos}:
+				case out <- Event{Kind: EventTruncated, Cursor: pos.String()}:
 				case <-ctx.Done():
 				}
 				return

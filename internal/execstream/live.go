@@ -1,0 +1,240 @@
+package execstream
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+)
+
+// The live feed: subscribers on the replica that follows an exec are fed by that follower
+// directly, from memory, and Redis serves replay, catching up and the other replicas.
+//
+// Append, once Redis has taken a batch (so that everything in the feed is in the stream too,
+// at the same entry ids), copies the batch's entries into the exec's feed: a short window of
+// the newest entries, kept only while a subscriber of this replica watches the exec. A
+// subscriber reads Redis until it has caught up, then takes entries from the window; it goes
+// back to Redis whenever the window no longer holds what follows its cursor (it fell behind by
+// more than the window, or the window was reset), when no follower of this replica feeds the
+// exec (another replica follows it, or ours stopped: EndFeed), and after Options.Block without
+// entries (a check that nobody else appended). The events it gets are those Redis would have
+// given: the same entries, decoded by the same code. A subscriber that stops reading holds the
+// window's entries it has not passed, never more: the window moves on without it and is
+// bounded per exec and per replica.
+
+// Bounds of the live windows.
+const (
+	// liveExecBytes bounds one exec's window (output bytes), below the stream's own bounds.
+	liveExecBytes = 4 << 20
+	// liveTotalBytes bounds all windows of a replica together; beyond it, the window being
+	// fed drops its oldest entries first.
+	liveTotalBytes = 64 << 20
+)
+
+// entry is one entry of an exec's stream, as Redis holds it and as a live window holds it.
+type entry struct {
+	id cursor
+	// start is the guest offset where a chunk begins (a hole before it when it is later than
+	// the previous entry's end); an exit's is id.off.
+	start  int64
+	stream Stream
+	data   []byte
+	exit   *Exit
+}
+
+// feeds are the live windows of this replica, one per exec that a local subscriber watches.
+type feeds struct {
+	// maxBytes and maxLen bound one window: never more than the stream itself keeps, so that
+	// the window never gives what Redis would answer with a truncated event.
+	maxBytes int64
+	maxLen   int
+
+	mu    sync.Mutex
+	execs map[string]*feed
+	total int64 // output bytes held by all windows
+}
+
+func newFeeds(opts Options) *feeds {
+	return &feeds{execs: map[string]*feed{}, maxBytes: min(liveExecBytes, opts.MaxBytes), maxLen: int(min(opts.MaxLen, 1<<20))}
+}
+
+// feed is one exec's window.
+type feed struct {
+	fs *feeds
+	id string
+	// Guarded by fs.mu.
+	refs int
+	// following: a follower of this replica appended since the window began or was reset, and
+	// has not ended (EndFeed).
+	following bool
+	// base is the guest offset after which the window holds every entry (-1: not known yet);
+	// end is the stored offset after the last batch fed.
+	base, end int64
+	entries   []entry
+	bytes     int64
+	// changed is closed (and replaced) whenever the window changes.
+	changed chan struct{}
+}
+
+// watch returns the exec's feed, made when absent; unwatch gives it back.
+func (fs *feeds) watch(execID string) *feed {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	f := fs.execs[execID]
+	if f == nil {
+		f = &feed{fs: fs, id: execID, base: -1, end: -1, changed: make(chan struct{})}
+		fs.execs[execID] = f
+	}
+	f.refs++
+	return f
+}
+
+func (f *feed) unwatch() {
+	fs := f.fs
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f.refs--; f.refs == 0 {
+		delete(fs.execs, f.id)
+		fs.total -= f.bytes
+		f.entries, f.bytes = nil, 0
+	}
+}
+
+// publish adds a batch Redis has just taken: chunks (their first one started at the stored
+// offset) and the exit, when there is one, at stored, the offset after the batch.
+func (fs *feeds) publish(execID string, chunks []Chunk, exit *Exit, stored int64) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	f := fs.execs[execID]
+	if f == nil {
+		return // no subscriber here: nothing kept
+	}
+	start := stored
+	if len(chunks) > 0 {
+		start = chunks[0].Start
+	}
+	if !f.following || f.end != start {
+		// The first batch this window sees, or not the one after the last (a batch was not
+		// fed: a follower of this replica took over from another): begin again here.
+		f.reset(start)
+	}
+	f.following = true
+	for _, c := range chunks {
+		if c.Stream == Gap {
+			continue // no entry: readers see the hole before the next one
+		}
+		f.entries = append(f.entries, entry{id: cursor{off: c.Offset}, start: c.Start, stream: c.Stream, data: c.Data})
+		f.bytes += int64(len(c.Data))
+		fs.total += int64(len(c.Data))
+	}
+	if exit != nil {
+		e := *exit
+		f.entries = append(f.entries, entry{id: cursor{off: stored, part: 1}, start: stored, exit: &e})
+	}
+	f.end = stored
+	for len(f.entries) > 0 && (f.bytes > fs.maxBytes || len(f.entries) > fs.maxLen || fs.total > liveTotalBytes) {
+		f.dropOldest()
+	}
+	f.notify()
+}
+
+// reset empties the window, which then holds everything after base.
+func (f *feed) reset(base int64) {
+	f.fs.total -= f.bytes
+	f.entries, f.bytes = nil, 0
+	f.base, f.end = base, base
+}
+
+// dropOldest drops the oldest entry: the window then holds what follows its end.
+func (f *feed) dropOldest() {
+	e := f.entries[0]
+	f.entries[0] = entry{}
+	f.entries = f.entries[1:]
+	f.bytes -= int64(len(e.data))
+	f.fs.total -= int64(len(e.data))
+	f.base = e.id.off
+}
+
+func (f *feed) notify() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// end marks the exec as no longer fed here (its follower on this replica stopped); waiting
+// subscribers go back to Redis.
+func (fs *feeds) end(execID string) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f := fs.execs[execID]; f != nil && f.following {
+		f.following = false
+		f.notify()
+	}
+}
+
+// liveStatus is what a wait on a feed found.
+type liveStatus int
+
+const (
+	// liveEvents: events follow the cursor (or ctx ended).
+	liveEvents liveStatus = iota
+	// liveOff: no follower of this replica feeds the exec.
+	liveOff
+	// liveBehind: the window does not hold what follows the cursor.
+	liveBehind
+	// liveIdle: nothing came within the wait.
+	liveIdle
+)
+
+// wait returns up to count events after pos from the window, waiting up to timeout for them.
+// done reports that the exit is among them.
+func (f *feed) wait(ctx context.Context, pos cursor, count int, timeout time.Duration) (evs []Event, done bool, st liveStatus, err error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		f.fs.mu.Lock()
+		switch {
+		case !f.following:
+			f.fs.mu.Unlock()
+			return nil, false, liveOff, nil
+		case f.base < 0 || pos.off < f.base:
+			f.fs.mu.Unlock()
+			return nil, false, liveBehind, nil
+		}
+		// The first entry after pos (entries are in id order).
+		i := sort.Search(len(f.entries), func(i int) bool { return f.entries[i].id.after(pos) })
+		if i < len(f.entries) {
+			batch := f.entries[i:min(len(f.entries), i+count)]
+			evs, done, err = events(pos, batch)
+			f.fs.mu.Unlock()
+			for i := range evs {
+				evs[i].Live = true
+			}
+			return evs, done, liveEvents, err
+		}
+		changed := f.changed
+		f.fs.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(timeout)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, false, liveEvents, nil
+		case <-timer.C:
+			return nil, false, liveIdle, nil
+		}
+	}
+}
+
+// after reports whether c comes after d in the stream.
+func (c cursor) after(d cursor) bool {
+	return c.off > d.off || c.off == d.off && c.part > d.part
+}
+
+// EndFeed says that this replica's follower of the exec stopped (it ended the exec, lost the
+// lease, or the replica is closing): its local subscribers go back to Redis.
+func (s *Store) EndFeed(execID string) { s.live.end(execID) }
