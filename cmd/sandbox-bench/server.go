@@ -214,10 +214,6 @@ func startServer(ctx context.Context, o *options, dir string) (*server, error) {
 	// the project's share are raised to hold them (and the warm-up's).
 	subs := max(1000, o.subs+100)
 	cfg := fmt.Sprintf("execs:\n  stream_max_bytes: 67108864\nmax_subscriptions: %d\nmax_streams_per_project: %d\n", subs, subs)
-	// Ended execs keep up to max_ended_bytes (256 MiB) of output until the reconciler's next
-	// sweep, and the stream suite ends two 32 MiB execs every few seconds: the embedded Redis's
-	// maxmemory (256 MB by default, noeviction) would fill and refuse every follower's append.
-	cfg += "redis:\n  maxmemory: 1gb\n"
 	// The default profile as sandboxd defines it, and the same with egress (the network suite).
 	cfg += fmt.Sprintf("profiles:\n"+
 		"  - {name: %s, milli_cpu: 1000, memory_mb: 1024, disk_mb: 10240}\n"+

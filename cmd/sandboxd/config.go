@@ -470,6 +470,12 @@ func (c *Config) validate() error {
 		errs = append(errs, err.Error())
 	}
 	errs = problems(errs, c.Execs.Config.Validate())
+	// The embedded Redis refuses writes when full (noeviction): ended execs' output, kept until
+	// its sweep, must leave at least as much again for running execs, events and quotas.
+	if maxmem, err := localredis.ParseBytes(c.Redis.MaxMemory); err == nil && c.Redis.On(c.RedisURL != "") && maxmem < 2*c.Execs.MaxEndedBytes {
+		errs = append(errs, fmt.Sprintf("redis.maxmemory (%s) must be at least twice execs.max_ended_bytes (%d): a full Redis refuses running execs' output",
+			c.Redis.MaxMemory, c.Execs.MaxEndedBytes))
+	}
 	if err := checkPprofAddr(c.PprofAddr); err != nil {
 		errs = append(errs, fmt.Sprintf("%v (%s, or pprof_addr)", err, c.setting(&c.PprofAddr).hint()))
 	}

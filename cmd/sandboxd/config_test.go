@@ -529,3 +529,18 @@ func TestReadmeExampleConfig(t *testing.T) {
 		t.Errorf("the example did not load: %+v", c)
 	}
 }
+
+// The embedded Redis refuses writes when full: a maxmemory that ended execs' output alone
+// could fill (their sweep keeps up to execs.max_ended_bytes) is a config error; with a
+// REDIS_URL the section does not apply.
+func TestRedisMaxMemoryLeavesRoomForRunningExecs(t *testing.T) {
+	if _, err := load(t, "redis: {maxmemory: 256mb}\n"); err == nil || !strings.Contains(err.Error(), "at least twice execs.max_ended_bytes") {
+		t.Fatalf("maxmemory equal to the default max_ended_bytes: got %v, want the room error", err)
+	}
+	if _, err := load(t, "redis: {maxmemory: 256mb}\nexecs: {max_ended_bytes: 134217728}\n"); err != nil {
+		t.Fatalf("maxmemory twice max_ended_bytes: %v", err)
+	}
+	if _, err := load(t, "redis: {maxmemory: 16mb}\nexecs: {max_ended_bytes: 16777216}\nredis_url: redis://127.0.0.1:1\n"); err != nil {
+		t.Fatalf("with a REDIS_URL the embedded Redis's bound does not apply: %v", err)
+	}
+}

@@ -23,9 +23,11 @@ type Config struct {
 	AppendFsync string `json:"appendfsync"`
 }
 
-// DefaultConfig is the section's defaults.
+// DefaultConfig is the section's defaults. maxmemory is 1gb: ended execs alone may keep
+// execs.max_ended_bytes (256 MiB by default) until their sweep, and a Redis that fills refuses
+// every follower's write (noeviction), so the running execs' output needs room beside them.
 func DefaultConfig() Config {
-	return Config{Binary: "redis-server", MaxMemory: "256mb", AppendFsync: "everysec"}
+	return Config{Binary: "redis-server", MaxMemory: "1gb", AppendFsync: "everysec"}
 }
 
 // On reports whether the embedded Redis runs, given whether a REDIS_URL is set.

@@ -87,7 +87,7 @@ func TestStartPrivateAndConfigured(t *testing.T) {
 	c := client(t, s)
 	ctx := context.Background()
 	for k, want := range map[string]string{"appendonly": "yes", "maxmemory-policy": "noeviction", "port": "0",
-		"maxmemory": strconv.Itoa(256 << 20), "save": "", "protected-mode": "yes", "appendfsync": "everysec"} {
+		"maxmemory": strconv.Itoa(1 << 30), "save": "", "protected-mode": "yes", "appendfsync": "everysec"} {
 		got, err := c.ConfigGet(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -141,8 +141,8 @@ func TestRestartKeepsData(t *testing.T) {
 		got[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
 	}
 	if got["sandboxd_redis_restarts_total"] != 1 || got["sandboxd_redis_up"] != 1 || got["sandboxd_redis_used_memory_bytes"] <= 0 ||
-		got["sandboxd_redis_maxmemory_bytes"] != 256<<20 {
-		t.Errorf("metrics: got %v, want restarts 1, up 1, used_memory > 0, maxmemory 256 MiB", got)
+		got["sandboxd_redis_maxmemory_bytes"] != 1<<30 {
+		t.Errorf("metrics: got %v, want restarts 1, up 1, used_memory > 0, maxmemory 1 GiB (the default)", got)
 	}
 	if err := c.Set(ctx, "k2", "v2", 0).Err(); err != nil {
 		t.Fatal(err)
