@@ -30,10 +30,11 @@ import (
 // which replica owns it (pool_owner) and where it is (pool_state: filling while it boots,
 // ready once it answers, retiring on its way out).
 //
-// A claim (claimWarm) takes the create's slot and the sandbox's operation lock under the box's
-// id, puts the lookup entry, then rewrites the record with runtime.Pooler.UpdatePool, which is
-// atomic across every process sharing the runtime's state: of two claims of one box, one finds
-// it ready and the other finds it gone and tries the next box (or creates cold). The record
+// A claim (claimWarm) takes the sandbox's operation lock under the box's id, looks whether the
+// box is still ready, takes the create's slot, then rewrites the record with
+// runtime.Pooler.UpdatePool, which is atomic across every process sharing the runtime's state:
+// of two claims of one box, one finds it ready and the other finds it gone and tries the next
+// box (or creates cold); then it puts the lookup entry. The record
 // the claim writes is the one a cold create would have written (CREATING, the caller's owner,
 // labels, env, timers) with the annotation warm; the caller's environment goes to the guest
 // init (PUT /v1/env) before the sandbox is RUNNING, and a reconciler that finishes an
@@ -528,44 +529,52 @@ func (s *Service) claimWarm(ctx context.Context, p auth.Principal, req CreateReq
 }
 
 // claimOne claims box rec.ID for the sandbox rec describes. ok false, err nil: the box went to
-// another claim (or away); the slot, lock and lookup taken for it are given back.
+// another claim (or away). Every claimer of a box takes the box's operation lock first and
+// looks under it whether the box is still ready; only then does it take a slot and claim, so a
+// claimer that lost touches neither the winner's slot nor its lookup entry.
 func (s *Service) claimOne(ctx context.Context, prof ProfileConfig, rec runtime.Record, start time.Time) (Sandbox, bool, error) {
 	id := rec.ID
-	if err := s.slots.acquire(ctx, rec.Tenant, rec.Project, id); err != nil {
-		return Sandbox{}, false, err
-	}
 	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
 	if errors.Is(err, store.ErrLocked) {
-		s.slots.release(ctx, rec.Tenant, rec.Project, id)
 		return Sandbox{}, false, nil
 	}
 	if err != nil {
-		s.slots.release(ctx, rec.Tenant, rec.Project, id)
 		return Sandbox{}, false, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
-	// The lookup first, as a cold create does: a replica that dies before the claim leaves an
-	// entry whose box Get does not find (a pool box is no sandbox), which Get cleans up.
-	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
-		s.slots.release(ctx, rec.Tenant, rec.Project, id)
-		return Sandbox{}, false, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
-	}
-	claimed, err := s.pool.pooler.UpdatePool(ctx, id, func(r *runtime.Record) error {
+	ready := func(r *runtime.Record) error {
 		if r.Pool != prof.Name || r.Annotations[annPoolState] != poolReady || !sameSpec(r.Spec, rec.Spec, prof.Env) {
 			return errPoolMoved
+		}
+		return nil
+	}
+	if _, err := s.pool.pooler.UpdatePool(ctx, id, ready); err != nil {
+		return Sandbox{}, false, nil // claimed, retired or adopted meanwhile
+	}
+	// A full project is answered now; the box stays in the pool.
+	if err := s.slots.acquire(ctx, rec.Tenant, rec.Project, id); err != nil {
+		return Sandbox{}, false, err
+	}
+	claimed, err := s.pool.pooler.UpdatePool(ctx, id, func(r *runtime.Record) error {
+		if err := ready(r); err != nil {
+			return err
 		}
 		*r = rec
 		return nil
 	})
 	if err != nil {
-		cleanup := context.WithoutCancel(ctx)
-		_ = s.store.Delete(cleanup, entryOf(rec))
-		s.slots.release(cleanup, rec.Tenant, rec.Project, id)
+		s.slots.release(context.WithoutCancel(ctx), rec.Tenant, rec.Project, id)
 		if !errors.Is(err, errPoolMoved) && !errors.Is(err, runtime.ErrNotFound) {
 			s.log.Warn("warm pool: a claim failed", "box", id, "err", err)
 		}
 		return Sandbox{}, false, nil
+	}
+	// The lookup after the claim (a claimer that lost never writes it): a replica that dies
+	// in between leaves a CREATING record that the reconciler's finish puts in the lookup.
+	if err := s.store.Put(ctx, entryOf(claimed)); err != nil {
+		s.abortCreate(ctx, claimed, start)
+		return Sandbox{}, false, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	s.Touch(ctx, id)
 	s.publish(ctx, claimed, "")
@@ -582,6 +591,18 @@ func (s *Service) claimOne(ctx context.Context, prof ProfileConfig, rec runtime.
 	s.log.Info("sandbox created", "sandbox", id, "tenant", rec.Tenant, "project", rec.Project, "profile", prof.Name,
 		"warm", true, "ms", d.Milliseconds())
 	return toSandbox(claimed), true, nil
+}
+
+// finishClaim does what an interrupted claim of a warm box may have left undone: the lookup
+// entry and the environment (nothing for any other sandbox).
+func (s *Service) finishClaim(ctx context.Context, rec runtime.Record) error {
+	if rec.Annotations[annWarm] == "" {
+		return nil
+	}
+	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
+		return apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+	}
+	return s.handEnv(ctx, rec)
 }
 
 // handEnv hands a sandbox claimed from a pool its environment (the profile's with the
