@@ -139,6 +139,10 @@ type Record struct {
 	// record and may also put them on the box's objects (the Kubernetes driver labels the
 	// PVC and the pod with them).
 	Labels map[string]string `json:"labels,omitempty"`
+	// Pool names the warm pool (by its profile) that holds the box: such a box is no sandbox
+	// yet (no tenant, nothing run in it). Drivers leave it out of Get and List; a Pooler lists
+	// and claims it. Create of a record with Pool set makes a box of the pool.
+	Pool string `json:"pool,omitempty"`
 }
 
 // Box is a record together with what the driver observes of its compute.
@@ -213,6 +217,19 @@ type Driver interface {
 	// here is an *ImageError, and the box is left without compute; a running box is left alone
 	// (the call only makes sure its guest init answers).
 	Resume(ctx context.Context, id string, stored ImageSource) error
+}
+
+// Pooler is implemented by drivers that keep warm boxes (records with Pool set): booted ahead
+// of any create, out of Get and List, until a create claims one.
+type Pooler interface {
+	// ListPool returns the boxes of every warm pool.
+	ListPool(ctx context.Context) ([]Box, error)
+	// UpdatePool applies fn to a box of a pool and stores the result atomically, as
+	// UpdateRecord does (fence included), across every process sharing the driver's state.
+	// ErrNotFound when id is not, or no longer, a box of a pool. An fn that clears Pool claims
+	// the box: from then on it is an ordinary box (Get, List, UpdateRecord), and every later
+	// UpdatePool of it is ErrNotFound, so no box is claimed twice.
+	UpdatePool(ctx context.Context, id string, fn func(*Record) error) (Record, error)
 }
 
 // ImageSource opens the stored copy of a box's memory image, when a driver's Resume needs it.

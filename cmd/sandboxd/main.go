@@ -146,6 +146,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		Quota:         quota.New(rdb, sandbox.SlotSource(traced), cfg.Quota.Options()),
 		Sources:       sources,
 		SourceObjects: gcsSources,
+		Pooler:        poolerOf(driver),
 		Metrics:       sandbox.NewMetrics(reg),
 		ExecMetrics:   execs.NewMetrics(reg),
 		Logger:        log,
@@ -418,6 +419,12 @@ func kubeRESTConfig(path string) (*kuberest.Config, error) {
 		return rc, nil
 	}
 	return clientcmd.BuildConfigFromFlags("", path)
+}
+
+// poolerOf is the driver's side of warm pools, when it keeps them (the local driver).
+func poolerOf(d runtime.Driver) runtime.Pooler {
+	p, _ := d.(runtime.Pooler)
+	return p
 }
 
 // lookupSource lists the runtime's boxes as lookup entries: what Redis is rebuilt from.

@@ -105,6 +105,14 @@ func (c *Client) Quiesce(ctx context.Context) (proto.QuiesceResult, error) {
 	return res, err
 }
 
+// SetEnv lays env (KEY=VALUE entries) over the base environment of every exec the guest init
+// starts from now on (proto/env.go): a claimed warm box's creator's environment.
+func (c *Client) SetEnv(ctx context.Context, env []string) (proto.EnvResult, error) {
+	var res proto.EnvResult
+	err := c.doJSON(ctx, http.MethodPut, proto.EnvPath, nil, proto.EnvRequest{Env: env}, &res)
+	return res, err
+}
+
 // StartExec starts a command. One that cannot start is not an error: it ends at once with
 // exit code 127 or 126 and ExitStatus.Error.
 func (c *Client) StartExec(ctx context.Context, req proto.ExecRequest) (proto.ExecInfo, error) {

@@ -26,6 +26,7 @@
 //	PUT    /v1/workspace/tar?replace=1&max_bytes=N&max_files=N&external_symlinks=1
 //	                                           tar body → ImportResult
 //	POST   /v1/quiesce                         QuiesceResult (pause.go)
+//	PUT    /v1/env                             EnvRequest → EnvResult (env.go)
 //
 // Paths are relative to the workspace or absolute under /workspace; anything that resolves
 // outside it (.., symlinks) is ErrCodeInvalid.

@@ -188,7 +188,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError) {
 	// The exec's id in its environment is information for the command; nothing relies on it
 	// to find the command's processes (a command may drop it).
-	env := mergeEnv(s.opts.BaseEnv, req.Env, []string{proto.ExecIDEnv + "=" + e.id})
+	env := mergeEnv(s.execBaseEnv(), req.Env, []string{proto.ExecIDEnv + "=" + e.id})
 	cwd := s.cwd(req.Cwd)
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
 		reason := "No such file or directory"

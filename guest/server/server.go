@@ -88,6 +88,8 @@ type Server struct {
 	running int
 	closed  bool
 	conns   map[net.Conn]struct{}
+	// extraEnv is laid over opts.BaseEnv for every exec (PUT /v1/env, env.go).
+	extraEnv []string
 
 	wg        sync.WaitGroup // exec supervisors, stdin writers
 	handlers  sync.WaitGroup
@@ -187,6 +189,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/workspace/tar", s.handleExport)
 	mux.HandleFunc("PUT /v1/workspace/tar", s.handleImport)
 	mux.HandleFunc("POST "+proto.QuiescePath, s.handleQuiesce)
+	mux.HandleFunc("PUT "+proto.EnvPath, s.handleSetEnv)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(proto.ErrCodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
 	})

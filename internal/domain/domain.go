@@ -62,6 +62,8 @@ type Deps struct {
 	// Resolve resolves the host names of egress allow lists (nil: through the configured
 	// resolvers).
 	Resolve sandbox.Resolver
+	// Pooler is the runtime's side of warm pools (nil: none; see sandbox.Deps).
+	Pooler runtime.Pooler
 
 	Metrics *sandbox.Metrics
 	// ExecMetrics are exec's (sandboxd_exec_duration_seconds); nil: not registered.
@@ -75,7 +77,7 @@ type Deps struct {
 func New(cfg sandbox.Config, d Deps) (*Service, error) {
 	core, err := sandbox.New(cfg, sandbox.Deps{Driver: d.Driver, Store: d.Store, Events: d.Events,
 		Checkpoints: d.Checkpoints, Quota: d.Quota, Sources: d.Sources, SourceObjects: d.SourceObjects,
-		Resolve: d.Resolve, Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
+		Resolve: d.Resolve, Pooler: d.Pooler, Metrics: d.Metrics, Logger: d.Logger, Now: d.Now})
 	if err != nil {
 		return nil, err
 	}

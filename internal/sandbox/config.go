@@ -28,6 +28,9 @@ type ProfileConfig struct {
 	EgressAllow []string          `json:"egress_allow,omitempty"`
 	EgressDeny  []string          `json:"egress_deny,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
+	// WarmPool is how many boxes of the profile each replica keeps booted for creates to
+	// claim (pool.go); 0: none, at most MaxWarmPool.
+	WarmPool int `json:"warm_pool,omitempty"`
 }
 
 // Limits bound everything a client controls.
@@ -138,6 +141,9 @@ func (c *Config) validate() error {
 			return fmt.Errorf("sandbox config: profile %q twice", p.Name)
 		}
 		seen[p.Name] = true
+		if p.WarmPool < 0 || p.WarmPool > MaxWarmPool {
+			return fmt.Errorf("sandbox config: profile %q: warm_pool must be between 0 and %d, got %d", p.Name, MaxWarmPool, p.WarmPool)
+		}
 	}
 	if err := c.checkNetwork(); err != nil {
 		return err

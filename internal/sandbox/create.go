@@ -36,6 +36,10 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	for k, v := range req.Env {
 		env[k] = v
 	}
+	// A profile with a warm pool hands out one of its boxes (pool.go); else the box is made now.
+	if sb, ok, err := s.claimWarm(ctx, p, req, prof, s.newRecord(p, req, prof, mode, policy, env, autostop, ttl, src), start); ok || err != nil {
+		return sb, err
+	}
 	id := NewID(idPrefix)
 	if err := s.slots.acquire(ctx, p.Tenant, p.Project, id); err != nil {
 		return Sandbox{}, err
@@ -49,28 +53,8 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	}
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
-	now := s.now().UTC()
-	rec := runtime.Record{
-		ID: id, Tenant: p.Tenant, Project: p.Project,
-		Spec: runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
-			MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: mode, NetworkPolicy: policy, Env: env},
-		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
-		CreatedAt: now, StateChangedAt: now, Labels: maps.Clone(req.Labels),
-	}
-	if len(rec.Labels) == 0 {
-		rec.Labels = nil
-	}
-	if src.key != "" {
-		// Recorded before the box exists, so that a reconciler finishing this create fills
-		// the workspace from it too (and a snapshot is the first checkpoint's parent).
-		rec.Annotations = map[string]string{src.key: src.value}
-	}
-	if req.AutostopAction == AutostopPause {
-		rec.Annotations = withAnnotation(rec.Annotations, annAutostopAction, AutostopPause)
-	}
-	if req.AutoResume {
-		rec.Annotations = withAnnotation(rec.Annotations, annAutoResume, "true")
-	}
+	rec := s.newRecord(p, req, prof, mode, policy, env, autostop, ttl, src)
+	rec.ID = id
 	// The lookup first: a replica that dies after this leaves an entry whose box may not
 	// exist, which Get cleans up; the reverse order could leave a box nobody can find.
 	if err := s.store.Put(ctx, entryOf(rec)); err != nil {
@@ -99,6 +83,33 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, req CreateReques
 	s.log.Info("sandbox created", "sandbox", rec.ID, "tenant", p.Tenant, "project", p.Project, "profile", prof.Name,
 		"ms", s.now().Sub(start).Milliseconds())
 	return toSandbox(rec), nil
+}
+
+// newRecord is the record of a new sandbox (without its id): CREATING, the caller's owner,
+// spec, timers, labels and options.
+func (s *Service) newRecord(p auth.Principal, req CreateRequest, prof ProfileConfig, mode string, policy *runtime.NetworkPolicy,
+	env map[string]string, autostop, ttl int64, src sourceSpec) runtime.Record {
+	now := s.now().UTC()
+	rec := runtime.Record{
+		Tenant: p.Tenant, Project: p.Project, Spec: specOf(prof, mode, policy, env),
+		State: string(Creating), DesiredState: string(Running), AutostopSec: autostop, TTLSec: ttl,
+		CreatedAt: now, StateChangedAt: now, Labels: maps.Clone(req.Labels),
+	}
+	if len(rec.Labels) == 0 {
+		rec.Labels = nil
+	}
+	if src.key != "" {
+		// Recorded before the box exists, so that a reconciler finishing this create fills
+		// the workspace from it too (and a snapshot is the first checkpoint's parent).
+		rec.Annotations = map[string]string{src.key: src.value}
+	}
+	if req.AutostopAction == AutostopPause {
+		rec.Annotations = withAnnotation(rec.Annotations, annAutostopAction, AutostopPause)
+	}
+	if req.AutoResume {
+		rec.Annotations = withAnnotation(rec.Annotations, annAutoResume, "true")
+	}
+	return rec
 }
 
 // createBox makes the box. A sandbox created from a snapshot on a runtime that can extract a

@@ -19,6 +19,11 @@ type Metrics struct {
 	quotaRejections prometheus.Counter
 	quotaMaxRatio   prometheus.Gauge
 	quotaSaturated  prometheus.Gauge
+	// Warm pools (pool.go), by profile.
+	poolBoxes     *prometheus.GaugeVec
+	poolTarget    *prometheus.GaugeVec
+	poolClaims    *prometheus.CounterVec
+	poolFillTimes *prometheus.HistogramVec
 }
 
 // NewMetrics registers the domain metrics on reg (nil: not registered, for tests).
@@ -50,8 +55,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sandboxd_quota_saturated_projects",
 			Help: "Limited tenant:projects holding all their concurrency slots, at the last reconcile pass.",
 		}),
+		poolBoxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sandboxd_warm_pool_boxes",
+			Help: "Boxes of a profile's warm pool on this replica's runtime state, by state (ready: claimable; filling: booting).",
+		}, []string{"profile", "state"}),
+		poolTarget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sandboxd_warm_pool_target",
+			Help: "A profile's warm_pool: the ready boxes this replica keeps.",
+		}, []string{"profile"}),
+		poolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandboxd_warm_pool_claims_total",
+			Help: "Creates of a profile with a warm pool, by result: hit (a warm box), miss (none ready: created cold), cold_source or cold_network (the create asked for what a pool box cannot take).",
+		}, []string{"profile", "result"}),
+		poolFillTimes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandboxd_warm_pool_fill_duration_seconds",
+			Help:    "Duration of booting one box of a warm pool, by outcome.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"profile", "outcome"}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.poolBoxes, m.poolTarget, m.poolClaims, m.poolFillTimes)
 		reg.MustRegister(m.lifecycleSeconds, m.reconcileSeconds, m.reconcileLast, m.quotaRejections, m.quotaMaxRatio, m.quotaSaturated)
 	}
 	return m
@@ -83,6 +106,23 @@ func (m *Metrics) quotaUse(use []quotaUse) {
 
 // quotaUse is one tenant:project's slots held and limit (0: unlimited).
 type quotaUse struct{ held, limit int }
+
+// poolSize records a warm pool's target and its ready and filling boxes.
+func (m *Metrics) poolSize(profile string, target, ready, filling int) {
+	m.poolTarget.WithLabelValues(profile).Set(float64(target))
+	m.poolBoxes.WithLabelValues(profile, "ready").Set(float64(ready))
+	m.poolBoxes.WithLabelValues(profile, "filling").Set(float64(filling))
+}
+
+// poolClaim counts a create of a pooled profile by result.
+func (m *Metrics) poolClaim(profile, result string) {
+	m.poolClaims.WithLabelValues(profile, result).Inc()
+}
+
+// poolFilled records one fill of a warm pool.
+func (m *Metrics) poolFilled(profile, outcome string, d time.Duration) {
+	m.poolFillTimes.WithLabelValues(profile, outcome).Observe(d.Seconds())
+}
 
 func (m *Metrics) lifecycle(op, outcome string, d time.Duration) {
 	m.lifecycleSeconds.WithLabelValues(op, outcome).Observe(d.Seconds())

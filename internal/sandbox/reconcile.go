@@ -224,6 +224,8 @@ func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
 			// (again: the import replaces the workspace, so this is idempotent).
 			if err := s.boot.restore(ctx, rec); err != nil {
 				to, reason = Failed, "creation was interrupted and its source could not be restored: "+apierror.From(err).Message
+			} else if err := s.finishClaim(ctx, rec); err != nil { // a claim of a warm box (pool.go)
+				to, reason = Failed, "creation was interrupted and its environment could not be set: "+apierror.From(err).Message
 			} else {
 				to = Running
 			}

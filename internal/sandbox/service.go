@@ -44,6 +44,10 @@ type Deps struct {
 	// Config.Network.DNSServers).
 	Resolve Resolver
 
+	// Pooler is the runtime's side of warm pools (nil: the runtime keeps none, and a profile
+	// with a warm_pool is a config error). It is the driver itself, unwrapped.
+	Pooler runtime.Pooler
+
 	Metrics *Metrics
 	Logger  *slog.Logger
 	// Now is the clock (time.Now when nil).
@@ -70,6 +74,8 @@ type Service struct {
 	mem     *memories
 	boot    *bootstrapper
 	recon   *reconciler
+	// pool keeps the warm boxes of the profiles that have a warm_pool (pool.go); nil: none.
+	pool *pool
 	// streams caps the event and output streams each tenant:project holds on this replica.
 	streams *fairshare.Limiter
 
@@ -128,6 +134,15 @@ func New(cfg Config, d Deps) (*Service, error) {
 	for _, p := range cfg.Profiles {
 		s.profiles[p.Name] = p
 	}
+	pl, err := newPool(s, d.Pooler)
+	if err != nil {
+		s.cancel()
+		return nil, err
+	}
+	s.pool = pl
+	if s.pool != nil {
+		go s.pool.run(s.bg)
+	}
 	return s, nil
 }
 
@@ -142,6 +157,9 @@ func (s *Service) Config() Config { return s.cfg }
 // stream it holds. Sandboxes and commands keep running.
 func (s *Service) Close() {
 	s.cancel()
+	if s.pool != nil {
+		<-s.pool.done // its boxes retired
+	}
 	s.recovering.Wait()
 	s.chores.Wait()
 	s.attachs.closeAll()

@@ -419,23 +419,21 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
-// Get implements runtime.Driver. It is cheap: two small file reads and a /proc check.
+// Get implements runtime.Driver. It is cheap: two small file reads and a /proc check. A box of
+// a warm pool is not found (pool.go).
 func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if err := checkID(id); err != nil {
 		return runtime.Box{}, err
 	}
-	st, err := d.boxes.readStored(id)
-	if err != nil {
-		return runtime.Box{}, err
+	b, err := d.get(ctx, id)
+	if err == nil && b.Record.Pool != "" {
+		return runtime.Box{}, errPooled(id) // pool.go
 	}
-	phase, reason, err := d.observe(ctx, id)
-	if err != nil {
-		return runtime.Box{}, err
-	}
-	return runtime.Box{Record: st.Record, Phase: phase, Reason: reason, Fence: st.Fence}, nil
+	return b, err
 }
 
-// List implements runtime.Driver. Folders without a record (a create in progress) are skipped.
+// List implements runtime.Driver. Folders without a record (a create in progress) and boxes of
+// warm pools are skipped.
 func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
 	entries, err := os.ReadDir(d.boxes.dir)
 	if err != nil {
@@ -465,7 +463,12 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	if err := checkID(id); err != nil {
 		return runtime.Record{}, err
 	}
-	return d.boxes.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) { return true, fn(rec) })
+	return d.boxes.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) {
+		if rec.Pool != "" {
+			return false, errPooled(id) // pool.go
+		}
+		return true, fn(rec)
+	})
 }
 
 // Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists,

@@ -179,6 +179,7 @@ func (f *Fake) startLocked(b *fakeBox) error {
 		Workspace: f.Workspace(b.rec.ID),
 		StateDir:  filepath.Join(f.dir, "boxes", b.rec.ID, "execs-"+strconv.Itoa(f.starts)),
 		Reap:      false,
+		BaseEnv:   baseEnv(b.rec.Spec.Env),
 	})
 	if err != nil {
 		return fmt.Errorf("fake: guest server: %w", err)
@@ -279,7 +280,7 @@ func (f *Fake) Get(ctx context.Context, id string) (runtime.Box, error) {
 		return runtime.Box{}, err
 	}
 	b, ok := f.boxes[id]
-	if !ok {
+	if !ok || b.rec.Pool != "" {
 		return runtime.Box{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
 	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence}, nil
@@ -295,6 +296,9 @@ func (f *Fake) List(ctx context.Context) ([]runtime.Box, error) {
 	boxes := make([]runtime.Box, 0, len(f.boxes))
 	for _, id := range slices.Sorted(maps.Keys(f.boxes)) {
 		b := f.boxes[id]
+		if b.rec.Pool != "" {
+			continue // fakepool.go
+		}
 		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence})
 	}
 	return boxes, nil
@@ -309,7 +313,7 @@ func (f *Fake) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Rec
 		return runtime.Record{}, err
 	}
 	b, ok := f.boxes[id]
-	if !ok {
+	if !ok || b.rec.Pool != "" {
 		return runtime.Record{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
 	fence, _, err := runtime.AdmitFence(ctx, b.fence)
@@ -397,6 +401,16 @@ func (f *Fake) Check(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.injected("Check")
+}
+
+// baseEnv is a box's guest environment: the init's defaults with the spec's Env over them, as
+// the local driver gives PID 1.
+func baseEnv(env map[string]string) []string {
+	out := server.DefaultBaseEnv()
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out
 }
 
 func cloneRecord(r runtime.Record) runtime.Record {
