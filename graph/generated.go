@@ -29,8 +29,11 @@ func NewExecutableSchema(cfg Config) graphql.ExecutableSchema {
 type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
+	AgentRun() AgentRunResolver
 	Mutation() MutationResolver
 	Query() QueryResolver
+	Sandbox() SandboxResolver
+	Snapshot() SnapshotResolver
 	Subscription() SubscriptionResolver
 }
 
@@ -42,6 +45,7 @@ type ComplexityRoot struct {
 		AgentID   func(childComplexity int) int
 		CreatedAt func(childComplexity int) int
 		EndedAt   func(childComplexity int) int
+		Exec      func(childComplexity int) int
 		ExecID    func(childComplexity int) int
 		ExitCode  func(childComplexity int) int
 		ID        func(childComplexity int) int
@@ -97,6 +101,7 @@ type ComplexityRoot struct {
 		Error           func(childComplexity int) int
 		ExecID          func(childComplexity int) int
 		ExitCode        func(childComplexity int) int
+		ID              func(childComplexity int) int
 		OutputBytes     func(childComplexity int) int
 		SandboxID       func(childComplexity int) int
 		Signal          func(childComplexity int) int
@@ -222,6 +227,8 @@ type ComplexityRoot struct {
 		Exec      func(childComplexity int, id string) int
 		Execs     func(childComplexity int, sandboxID string, state *model.ExecState, first *int, after *string) int
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
+		Node      func(childComplexity int, id string) int
+		Nodes     func(childComplexity int, ids []string) int
 		Profiles  func(childComplexity int) int
 		Quota     func(childComplexity int) int
 		ReadFile  func(childComplexity int, sandboxID string, path string, maxBytes *int64) int
@@ -251,10 +258,12 @@ type ComplexityRoot struct {
 		ExpiresAt        func(childComplexity int) int
 		ID               func(childComplexity int) int
 		Labels           func(childComplexity int) int
+		LatestSnapshot   func(childComplexity int) int
 		LatestSnapshotID func(childComplexity int) int
 		Network          func(childComplexity int) int
 		NetworkPolicy    func(childComplexity int) int
 		Profile          func(childComplexity int) int
+		ProfileName      func(childComplexity int) int
 		ProjectID        func(childComplexity int) int
 		Resources        func(childComplexity int) int
 		State            func(childComplexity int) int
@@ -292,6 +301,7 @@ type ComplexityRoot struct {
 		ID               func(childComplexity int) int
 		ParentSnapshotID func(childComplexity int) int
 		RawSizeBytes     func(childComplexity int) int
+		Sandbox          func(childComplexity int) int
 		SandboxID        func(childComplexity int) int
 		Sha256           func(childComplexity int) int
 		SizeBytes        func(childComplexity int) int
@@ -320,6 +330,9 @@ type ComplexityRoot struct {
 
 // region    ************************** generated!.gotpl **************************
 
+type AgentRunResolver interface {
+	Exec(ctx context.Context, obj *model.AgentRun) (*model.ExecResult, error)
+}
 type MutationResolver interface {
 	CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.Sandbox, error)
 	Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecResult, error)
@@ -330,9 +343,9 @@ type MutationResolver interface {
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
 	UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error)
 	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, id string) (bool, error)
+	DeleteSnapshot(ctx context.Context, id string) (*bool, error)
 	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
-	DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (bool, error)
+	DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*bool, error)
 	MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.FileInfo, error)
 	MakeDirectory(ctx context.Context, sandboxID string, path string) (*model.MakeDirectoryPayload, error)
 	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error)
@@ -342,6 +355,8 @@ type MutationResolver interface {
 	ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ExecResult, error)
 }
 type QueryResolver interface {
+	Node(ctx context.Context, id string) (model.Node, error)
+	Nodes(ctx context.Context, ids []string) ([]model.Node, error)
 	Sandbox(ctx context.Context, id string) (*model.Sandbox, error)
 	Sandboxes(ctx context.Context, first *int, after *string, state *model.SandboxState, labels []*model.LabelInput) (*model.SandboxConnection, error)
 	Profiles(ctx context.Context) ([]*model.Profile, error)
@@ -354,6 +369,14 @@ type QueryResolver interface {
 	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
 	AgentRun(ctx context.Context, id string) (*model.AgentRun, error)
 	AgentRuns(ctx context.Context, sandboxID string) ([]*model.AgentRun, error)
+}
+type SandboxResolver interface {
+	Profile(ctx context.Context, obj *model.Sandbox) (*model.Profile, error)
+
+	LatestSnapshot(ctx context.Context, obj *model.Sandbox) (*model.Snapshot, error)
+}
+type SnapshotResolver interface {
+	Sandbox(ctx context.Context, obj *model.Snapshot) (*model.Sandbox, error)
 }
 type SubscriptionResolver interface {
 	SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error)
@@ -398,6 +421,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AgentRun.EndedAt(childComplexity), true
+	case "AgentRun.exec":
+		if e.ComplexityRoot.AgentRun.Exec == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRun.Exec(childComplexity), true
 	case "AgentRun.execId":
 		if e.ComplexityRoot.AgentRun.ExecID == nil {
 			break
@@ -626,6 +655,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ExecResult.ExitCode(childComplexity), true
+	case "ExecResult.id":
+		if e.ComplexityRoot.ExecResult.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecResult.ID(childComplexity), true
 	case "ExecResult.outputBytes":
 		if e.ComplexityRoot.ExecResult.OutputBytes == nil {
 			break
@@ -1293,6 +1328,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.ListFiles(childComplexity, args["sandboxId"].(string), args["path"].(*string), args["first"].(*int)), true
+	case "Query.node":
+		if e.ComplexityRoot.Query.Node == nil {
+			break
+		}
+
+		args, err := ec.field_Query_node_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Node(childComplexity, args["id"].(string)), true
+	case "Query.nodes":
+		if e.ComplexityRoot.Query.Nodes == nil {
+			break
+		}
+
+		args, err := ec.field_Query_nodes_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Nodes(childComplexity, args["ids"].([]string)), true
 	case "Query.profiles":
 		if e.ComplexityRoot.Query.Profiles == nil {
 			break
@@ -1441,6 +1498,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Sandbox.Labels(childComplexity), true
+	case "Sandbox.latestSnapshot":
+		if e.ComplexityRoot.Sandbox.LatestSnapshot == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.LatestSnapshot(childComplexity), true
 	case "Sandbox.latestSnapshotId":
 		if e.ComplexityRoot.Sandbox.LatestSnapshotID == nil {
 			break
@@ -1465,6 +1528,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Sandbox.Profile(childComplexity), true
+	case "Sandbox.profileName":
+		if e.ComplexityRoot.Sandbox.ProfileName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Sandbox.ProfileName(childComplexity), true
 	case "Sandbox.projectId":
 		if e.ComplexityRoot.Sandbox.ProjectID == nil {
 			break
@@ -1619,6 +1688,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Snapshot.RawSizeBytes(childComplexity), true
+	case "Snapshot.sandbox":
+		if e.ComplexityRoot.Snapshot.Sandbox == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Snapshot.Sandbox(childComplexity), true
 	case "Snapshot.sandboxId":
 		if e.ComplexityRoot.Snapshot.SandboxID == nil {
 			break
@@ -1855,9 +1930,35 @@ A JSON object, as an agent run's config.
 scalar Map
 
 """
+An object with a global id, which node(id:) and nodes(ids:) fetch again (for client caches:
+Apollo, urql, Relay). The ids are the service's own: each begins with its type's prefix (sbx_
+Sandbox, snap_ Snapshot, exec_ ExecResult, run_ AgentRun) followed by a ULID, so an id is
+unique across types and tells its type; the same ids work in the REST paths.
+"""
+interface Node {
+  "The global id."
+  id: ID!
+}
+
+"""
 Reading: sandboxes, profiles and files.
 """
 type Query {
+  """
+  The object of the caller's tenant:project with this global id: a Sandbox (sbx_…), Snapshot
+  (snap_…), ExecResult (exec_…) or AgentRun (run_…). A missing or another tenant's object, or an
+  id of no known type, is null plus an error with extensions.code NOT_FOUND.
+  """
+  node("A global id." id: ID!): Node
+
+  """
+  The objects with these global ids, in the order asked, each resolved as node(id:): a missing
+  or another tenant's one is null in its place plus an error (NOT_FOUND) whose path is its
+  index, and the others are kept. At most 100 ids (else INVALID_ARGUMENT); each costs like one
+  node.
+  """
+  nodes("Global ids, 1 to 100." ids: [ID!]!): [Node]!
+
   """
   One sandbox of the caller's tenant:project. A missing or another tenant's sandbox is null plus an
   error with extensions.code NOT_FOUND.
@@ -1876,7 +1977,7 @@ type Query {
     state: SandboxState
     "Only sandboxes that have every one of these labels with its value (ANDed; a key twice with different values is INVALID_ARGUMENT); at most the configured number of labels (32 by default)."
     labels: [LabelInput!]
-  ): SandboxConnection!
+  ): SandboxConnection
 
   """
   The profiles a sandbox can be created from.
@@ -1886,7 +1987,7 @@ type Query {
   """
   The caller's concurrency slots: each sandbox that is CREATING, STARTING or RUNNING holds one.
   """
-  quota: Quota!
+  quota: Quota
 
   """
   Reads one file of a running sandbox's workspace. Files larger than maxBytes (10 MiB at most)
@@ -1901,7 +2002,7 @@ type Query {
     path: String!
     "The most bytes to read, 1 to 10485760 (10 MiB, also the default); a larger file is PAYLOAD_TOO_LARGE."
     maxBytes: Int64
-  ): FileContent!
+  ): FileContent
 
   """
   Lists a folder of a running sandbox's workspace.
@@ -1913,7 +2014,7 @@ type Query {
     path: String = "."
     "The most entries to return, 1 to the configured maximum (10000 by default); truncated says when there were more."
     first: Int = 1000
-  ): FileListing!
+  ): FileListing
 
   """
   Describes one path of a running sandbox's workspace without following a symbolic link at its
@@ -1926,7 +2027,7 @@ type Query {
     sandboxId: ID!
     "The path inside the sandbox; a relative path is relative to /workspace."
     path: String!
-  ): FileInfo!
+  ): FileInfo
 
   """
   One command of the caller's tenant:project, answered by any replica: its state and, once it
@@ -1952,7 +2053,7 @@ type Query {
     first: Int = 50
     "The endCursor of the previous page; omit for the first page."
     after: String
-  ): ExecConnection!
+  ): ExecConnection
 
   """
   Workspace snapshots of the caller's tenant:project, newest first: those of one sandbox, or of
@@ -1966,7 +2067,7 @@ type Query {
     sandboxId: ID
     "The most snapshots to return (the newest), 1 to the configured maximum (500 by default)."
     first: Int = 50
-  ): [Snapshot!]!
+  ): [Snapshot!]
 
   """
   One agent run of the caller's tenant:project; its status is derived from the agent's exec
@@ -1979,7 +2080,7 @@ type Query {
   The agent runs of one of the caller's sandboxes, newest first (the newest 100 are kept). A
   missing or another tenant's sandbox is NOT_FOUND.
   """
-  agentRuns("The sandbox id." sandboxId: ID!): [AgentRun!]!
+  agentRuns("The sandbox id." sandboxId: ID!): [AgentRun!]
 }
 
 """
@@ -1990,7 +2091,7 @@ type Mutation {
   Creates a sandbox and starts it. Takes one concurrency slot of the tenant:project; when all are
   taken the error is QUOTA_EXCEEDED with extensions.retryAfter.
   """
-  createSandbox("What to create." input: CreateSandboxInput!): Sandbox!
+  createSandbox("What to create." input: CreateSandboxInput!): Sandbox
 
   """
   Runs one command in a running sandbox's workspace. By default it waits for the command to end
@@ -2007,19 +2108,19 @@ type Mutation {
     input: ExecInput!
     "Whether to wait for the command to end; false answers at once with the exec id (null means true)."
     wait: Boolean = true
-  ): ExecResult!
+  ): ExecResult
 
   """
   Stops a sandbox: checkpoints the workspace and releases its compute and concurrency slot.
   Returns the sandbox as the call left it.
   """
-  stopSandbox("The sandbox id." id: ID!): Sandbox!
+  stopSandbox("The sandbox id." id: ID!): Sandbox
 
   """
   Starts a stopped (or failed) sandbox: takes a concurrency slot again and restores the workspace.
   Returns the sandbox as the call left it.
   """
-  startSandbox("The sandbox id." id: ID!): Sandbox!
+  startSandbox("The sandbox id." id: ID!): Sandbox
 
   """
   Pauses a running sandbox: keeps its memory and processes (the runtime's image of them,
@@ -2030,7 +2131,7 @@ type Mutation {
   process holds a unix socket bound in /workspace: the message names it).
   Returns the sandbox as the call left it.
   """
-  pauseSandbox("The sandbox id." id: ID!): Sandbox!
+  pauseSandbox("The sandbox id." id: ID!): Sandbox
 
   """
   Resumes a paused sandbox: takes a concurrency slot again (QUOTA_EXCEEDED with
@@ -2040,13 +2141,13 @@ type Mutation {
   RUNNING, with stateReason "memory not restored: …".
   Returns the sandbox as the call left it.
   """
-  resumeSandbox("The sandbox id." id: ID!): Sandbox!
+  resumeSandbox("The sandbox id." id: ID!): Sandbox
 
   """
   Destroys a sandbox: checkpoints the workspace a last time and removes the runtime. A destroyed
   sandbox is NOT_FOUND afterwards.
   """
-  destroySandbox("The sandbox id." id: ID!): DestroySandboxPayload!
+  destroySandbox("The sandbox id." id: ID!): DestroySandboxPayload
 
   """
   Changes a sandbox's labels, autostopSec and ttlSec (the REST PATCH of the sandbox), within the
@@ -2059,7 +2160,7 @@ type Mutation {
   is NOT_FOUND; one in a transition is INVALID_STATE with extensions.retryAfter; an EXPIRED one
   INVALID_STATE.
   """
-  updateSandbox("The sandbox id." id: ID!, "What to change." input: UpdateSandboxInput!): Sandbox!
+  updateSandbox("The sandbox id." id: ID!, "What to change." input: UpdateSandboxInput!): Sandbox
 
   """
   Snapshots a running sandbox's workspace without stopping it: commands keep running, and the
@@ -2067,14 +2168,14 @@ type Mutation {
   INVALID_STATE with extensions.retryAfter; a sandbox that is not RUNNING is INVALID_STATE.
   Older snapshots beyond the configured number per sandbox are deleted, never the latest.
   """
-  snapshotSandbox("The sandbox id." id: ID!): Snapshot!
+  snapshotSandbox("The sandbox id." id: ID!): Snapshot
 
   """
   Deletes one snapshot of the caller's tenant:project; true when it was deleted. The latest
   snapshot of a sandbox that is not RUNNING (e.g. STOPPED) is INVALID_STATE: it may be the only
   copy of the workspace. A missing or another tenant's snapshot is NOT_FOUND.
   """
-  deleteSnapshot("The snapshot id (snap_…)." id: ID!): Boolean!
+  deleteSnapshot("The snapshot id (snap_…)." id: ID!): Boolean
 
   """
   Writes one file into a running sandbox's workspace. Send exactly one
@@ -2092,7 +2193,7 @@ type Mutation {
     contentBase64: String
     "Permission bits as a decimal number (420 is 0644), 0 to 511 (0777); null or 0 means 0644."
     mode: Int
-  ): FileInfo!
+  ): FileInfo
 
   """
   Deletes a file, a symbolic link (never what it points to) or an empty folder of a running
@@ -2109,7 +2210,7 @@ type Mutation {
     path: String!
     "Whether to delete a folder with everything below it."
     recursive: Boolean = false
-  ): Boolean!
+  ): Boolean
 
   """
   Moves or renames a file or folder of a running sandbox's workspace: to is the new name
@@ -2127,7 +2228,7 @@ type Mutation {
     to: String!
     "Whether to replace what is at to."
     overwrite: Boolean = false
-  ): FileInfo!
+  ): FileInfo
 
   """
   Makes a folder of a running sandbox's workspace, with its missing parents (mode 0755). An
@@ -2139,7 +2240,7 @@ type Mutation {
     sandboxId: ID!
     "The folder's path inside the sandbox; a relative path is relative to /workspace."
     path: String!
-  ): MakeDirectoryPayload!
+  ): MakeDirectoryPayload
 
   """
   Attaches a catalog agent to a running sandbox (the REST POST /sandbox/agent/v1/runs): the
@@ -2151,13 +2252,13 @@ type Mutation {
   attempts); a sandbox that is not RUNNING is INVALID_STATE; an instruction or config over its
   limit is PAYLOAD_TOO_LARGE.
   """
-  startAgentRun("What to run, and where." input: StartAgentRunInput!): AgentRun!
+  startAgentRun("What to run, and where." input: StartAgentRunInput!): AgentRun
 
   """
   Cancels an agent run: kills the agent's whole process tree and answers once it ended
   (CANCELLED). A run that is already final is INVALID_STATE. The sandbox stays RUNNING.
   """
-  cancelAgentRun("The run id (run_…)." id: ID!): AgentRun!
+  cancelAgentRun("The run id (run_…)." id: ID!): AgentRun
 
   """
   Sends a signal to a running command and to every process it started (its whole process
@@ -2165,7 +2266,7 @@ type Mutation {
   with execOutput). A command that ENDED is INVALID_STATE (extensions.state ENDED): nothing is
   signalled. A missing or another tenant's exec is NOT_FOUND.
   """
-  signalExec("The exec id (exec_…)." execId: ID!, "The signal." signal: ExecSignal!): ExecResult!
+  signalExec("The exec id (exec_…)." execId: ID!, "The signal." signal: ExecSignal!): ExecResult
 
   """
   Writes to the standard input of a running command started with stdinOpen or tty, and closes it
@@ -2184,7 +2285,7 @@ type Mutation {
     dataBase64: String
     "Whether to close standard input after the bytes (the command then reads end of file)."
     close: Boolean = false
-  ): StdinWriteResult!
+  ): StdinWriteResult
 
   """
   Sets the terminal size of a running command started with tty (it gets SIGWINCH), and answers
@@ -2197,7 +2298,7 @@ type Mutation {
     rows: Int!
     "Columns, 1 to 1000."
     cols: Int!
-  ): ExecResult!
+  ): ExecResult
 }
 
 """
@@ -2277,15 +2378,17 @@ type Subscription {
 """
 A long-lived sandbox: one gVisor box whose /workspace survives stop and start.
 """
-type Sandbox {
+type Sandbox implements Node {
   "The sandbox id (sbx_…)."
   id: ID!
   "The tenant that owns the sandbox."
   tenantId: String!
   "The project that owns the sandbox."
   projectId: String!
-  "The profile the sandbox was created from."
-  profile: String!
+  "The name of the profile the sandbox was created from."
+  profileName: String!
+  "The profile the sandbox was created from; null when the server's configuration no longer has it."
+  profile: Profile
   "The lifecycle state."
   state: SandboxState!
   "Why the sandbox is in its state (e.g. why it FAILED or was stopped; while CREATING from an archive or GCS prefix, how far its bootstrap is); null when there is nothing to say."
@@ -2302,8 +2405,10 @@ type Sandbox {
   expiresAt: Time
   "When a RUNNING sandbox stops by itself if nothing happens before (its last activity plus autostopSec); null otherwise. Any API call on the sandbox, and any command still running in it, is activity."
   autostopAt: Time
-  "The newest complete workspace checkpoint; null when none was taken yet."
-  latestSnapshotId: String
+  "The id of the newest complete workspace checkpoint; null when none was taken yet."
+  latestSnapshotId: ID
+  "The newest complete workspace checkpoint (loaded in a batch with the others of the answer); null when none was taken yet or it is no longer readable."
+  latestSnapshot: Snapshot
   "The compute and disk the sandbox may use."
   resources: Resources!
   "The network policy's mode: \"none\" or \"egress\" (networkPolicy has the rules)."
@@ -2569,11 +2674,13 @@ input SandboxSourceInput {
 """
 A workspace snapshot: a checkpoint of one sandbox's /workspace, kept after the sandbox is gone.
 """
-type Snapshot {
+type Snapshot implements Node {
   "The snapshot id (snap_…); pass it as CreateSandboxInput.source.snapshotId to create a sandbox from it."
   id: ID!
-  "The sandbox whose workspace it holds (it may have been destroyed since)."
+  "The id of the sandbox whose workspace it holds (it may have been destroyed since)."
   sandboxId: ID!
+  "The sandbox whose workspace it holds (loaded in a batch with the others of the answer); null once it was destroyed."
+  sandbox: Sandbox
   "When the snapshot was taken."
   createdAt: Time!
   "The stored (compressed) size in bytes."
@@ -2689,7 +2796,9 @@ RUNNING. The output fields hold the output collected by exec (waiting) and read 
 query; they are empty in the answer of exec with wait: false and in the results carried by
 execOutput and sandboxEvents and in execs listings, which come without output.
 """
-type ExecResult {
+type ExecResult implements Node {
+  "The global id: the exec id (exec_…), as execId."
+  id: ID!
   "The exec id (exec_…)."
   execId: ID!
   "The sandbox the command runs in."
@@ -2980,7 +3089,7 @@ input StartAgentRunInput {
 """
 A catalog agent running (or having run) inside a sandbox.
 """
-type AgentRun {
+type AgentRun implements Node {
   "The run id (run_…)."
   id: ID!
   "The sandbox the agent runs in."
@@ -2993,8 +3102,10 @@ type AgentRun {
   status: AgentRunStatus!
   "Why the run FAILED, or how it ended otherwise; null when there is nothing to say."
   reason: String
-  "The exec the agent runs as (follow it with execOutput, or this run with agentRunEvents); null when the agent never started."
+  "The id of the exec the agent runs as (follow it with execOutput, or this run with agentRunEvents); null when the agent never started."
   execId: ID
+  "The exec the agent runs as, without output (loaded in a batch with the others of the answer); null when the agent never started or the exec is no longer kept."
+  exec: ExecResult
   "The agent's exit code; null until the run is final, and when the agent never started."
   exitCode: Int
   "The signal that ended the agent (e.g. \"SIGKILL\"); null when it exited or has not ended."
@@ -3082,6 +3193,8 @@ func (ec *executionContext) childFields_AgentRun(ctx context.Context, field grap
 		return ec.fieldContext_AgentRun_reason(ctx, field)
 	case "execId":
 		return ec.fieldContext_AgentRun_execId(ctx, field)
+	case "exec":
+		return ec.fieldContext_AgentRun_exec(ctx, field)
 	case "exitCode":
 		return ec.fieldContext_AgentRun_exitCode(ctx, field)
 	case "signal":
@@ -3172,6 +3285,8 @@ func (ec *executionContext) childFields_ExecOutputEvent(ctx context.Context, fie
 
 func (ec *executionContext) childFields_ExecResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
+	case "id":
+		return ec.fieldContext_ExecResult_id(ctx, field)
 	case "execId":
 		return ec.fieldContext_ExecResult_execId(ctx, field)
 	case "sandboxId":
@@ -3408,6 +3523,8 @@ func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graph
 		return ec.fieldContext_Sandbox_tenantId(ctx, field)
 	case "projectId":
 		return ec.fieldContext_Sandbox_projectId(ctx, field)
+	case "profileName":
+		return ec.fieldContext_Sandbox_profileName(ctx, field)
 	case "profile":
 		return ec.fieldContext_Sandbox_profile(ctx, field)
 	case "state":
@@ -3428,6 +3545,8 @@ func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graph
 		return ec.fieldContext_Sandbox_autostopAt(ctx, field)
 	case "latestSnapshotId":
 		return ec.fieldContext_Sandbox_latestSnapshotId(ctx, field)
+	case "latestSnapshot":
+		return ec.fieldContext_Sandbox_latestSnapshot(ctx, field)
 	case "resources":
 		return ec.fieldContext_Sandbox_resources(ctx, field)
 	case "network":
@@ -3496,6 +3615,8 @@ func (ec *executionContext) childFields_Snapshot(ctx context.Context, field grap
 		return ec.fieldContext_Snapshot_id(ctx, field)
 	case "sandboxId":
 		return ec.fieldContext_Snapshot_sandboxId(ctx, field)
+	case "sandbox":
+		return ec.fieldContext_Snapshot_sandbox(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Snapshot_createdAt(ctx, field)
 	case "sizeBytes":
@@ -4190,6 +4311,34 @@ func (ec *executionContext) field_Query_listFiles_args(ctx context.Context, rawA
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_node_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_nodes_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "ids",
+		func(ctx context.Context, v any) ([]string, error) {
+			return ec.unmarshalNID2ᚕstringᚄ(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["ids"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_readFile_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4653,6 +4802,38 @@ func (ec *executionContext) _AgentRun_execId(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_AgentRun_execId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AgentRun_exec(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRun_exec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.AgentRun().Exec(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRun_exec(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AgentRun",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _AgentRun_exitCode(ctx context.Context, field graphql.CollectedField, obj *model.AgentRun) (ret graphql.Marshaler) {
@@ -5337,6 +5518,29 @@ func (ec *executionContext) fieldContext_ExecOutputEvent_result(_ context.Contex
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _ExecResult_id(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecResult_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecResult_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ExecResult", field, false, false, "ID")
 }
 
 func (ec *executionContext) _ExecResult_execId(ctx context.Context, field graphql.CollectedField, obj *model.ExecResult) (ret graphql.Marshaler) {
@@ -6562,10 +6766,10 @@ func (ec *executionContext) _Mutation_createSandbox(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_createSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6606,10 +6810,10 @@ func (ec *executionContext) _Mutation_exec(ctx context.Context, field graphql.Co
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
-			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_exec(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6650,10 +6854,10 @@ func (ec *executionContext) _Mutation_stopSandbox(ctx context.Context, field gra
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_stopSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6694,10 +6898,10 @@ func (ec *executionContext) _Mutation_startSandbox(ctx context.Context, field gr
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_startSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6738,10 +6942,10 @@ func (ec *executionContext) _Mutation_pauseSandbox(ctx context.Context, field gr
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_pauseSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6782,10 +6986,10 @@ func (ec *executionContext) _Mutation_resumeSandbox(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_resumeSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6826,10 +7030,10 @@ func (ec *executionContext) _Mutation_destroySandbox(ctx context.Context, field 
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.DestroySandboxPayload) graphql.Marshaler {
-			return ec.marshalNDestroySandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐDestroySandboxPayload(ctx, selections, v)
+			return ec.marshalODestroySandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐDestroySandboxPayload(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_destroySandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6870,10 +7074,10 @@ func (ec *executionContext) _Mutation_updateSandbox(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_updateSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6914,10 +7118,10 @@ func (ec *executionContext) _Mutation_snapshotSandbox(ctx context.Context, field
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
-			return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
+			return ec.marshalOSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_snapshotSandbox(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -6957,11 +7161,11 @@ func (ec *executionContext) _Mutation_deleteSnapshot(ctx context.Context, field 
 			return ec.Resolvers.Mutation().DeleteSnapshot(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *bool) graphql.Marshaler {
+			return ec.marshalOBoolean2ᚖbool(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_deleteSnapshot(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7002,10 +7206,10 @@ func (ec *executionContext) _Mutation_writeFile(ctx context.Context, field graph
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
-			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+			return ec.marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_writeFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7045,11 +7249,11 @@ func (ec *executionContext) _Mutation_deleteFile(ctx context.Context, field grap
 			return ec.Resolvers.Mutation().DeleteFile(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string), fc.Args["recursive"].(*bool))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *bool) graphql.Marshaler {
+			return ec.marshalOBoolean2ᚖbool(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_deleteFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7090,10 +7294,10 @@ func (ec *executionContext) _Mutation_moveFile(ctx context.Context, field graphq
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
-			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+			return ec.marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_moveFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7134,10 +7338,10 @@ func (ec *executionContext) _Mutation_makeDirectory(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.MakeDirectoryPayload) graphql.Marshaler {
-			return ec.marshalNMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋmodelᚐMakeDirectoryPayload(ctx, selections, v)
+			return ec.marshalOMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋmodelᚐMakeDirectoryPayload(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_makeDirectory(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7178,10 +7382,10 @@ func (ec *executionContext) _Mutation_startAgentRun(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
-			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+			return ec.marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_startAgentRun(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7222,10 +7426,10 @@ func (ec *executionContext) _Mutation_cancelAgentRun(ctx context.Context, field 
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
-			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+			return ec.marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_cancelAgentRun(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7266,10 +7470,10 @@ func (ec *executionContext) _Mutation_signalExec(ctx context.Context, field grap
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
-			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_signalExec(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7310,10 +7514,10 @@ func (ec *executionContext) _Mutation_writeExecStdin(ctx context.Context, field 
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
-			return ec.marshalNStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx, selections, v)
+			return ec.marshalOStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_writeExecStdin(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7354,10 +7558,10 @@ func (ec *executionContext) _Mutation_resizeExecTty(ctx context.Context, field g
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
-			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Mutation_resizeExecTty(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7862,6 +8066,94 @@ func (ec *executionContext) fieldContext_Profile_default(_ context.Context, fiel
 	return graphql.NewScalarFieldContext("Profile", field, false, false, "Boolean")
 }
 
+func (ec *executionContext) _Query_node(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Node(ctx, fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.Node) graphql.Marshaler {
+			return ec.marshalONode2sandboxdᚋgraphᚋmodelᚐNode(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_node(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("FieldContext.Child cannot be called on type INTERFACE")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_node_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_nodes(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_nodes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Nodes(ctx, fc.Args["ids"].([]string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Node) graphql.Marshaler {
+			return ec.marshalNNode2ᚕsandboxdᚋgraphᚋmodelᚐNode(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_nodes(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("FieldContext.Child cannot be called on type INTERFACE")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_nodes_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_sandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7920,10 +8212,10 @@ func (ec *executionContext) _Query_sandboxes(ctx context.Context, field graphql.
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.SandboxConnection) graphql.Marshaler {
-			return ec.marshalNSandboxConnection2ᚖsandboxdᚋgraphᚋmodelᚐSandboxConnection(ctx, selections, v)
+			return ec.marshalOSandboxConnection2ᚖsandboxdᚋgraphᚋmodelᚐSandboxConnection(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_sandboxes(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -7995,10 +8287,10 @@ func (ec *executionContext) _Query_quota(ctx context.Context, field graphql.Coll
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.Quota) graphql.Marshaler {
-			return ec.marshalNQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ctx, selections, v)
+			return ec.marshalOQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_quota(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8028,10 +8320,10 @@ func (ec *executionContext) _Query_readFile(ctx context.Context, field graphql.C
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.FileContent) graphql.Marshaler {
-			return ec.marshalNFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx, selections, v)
+			return ec.marshalOFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_readFile(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8072,10 +8364,10 @@ func (ec *executionContext) _Query_listFiles(ctx context.Context, field graphql.
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
-			return ec.marshalNFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx, selections, v)
+			return ec.marshalOFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_listFiles(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8116,10 +8408,10 @@ func (ec *executionContext) _Query_stat(ctx context.Context, field graphql.Colle
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
-			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+			return ec.marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_stat(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8204,10 +8496,10 @@ func (ec *executionContext) _Query_execs(ctx context.Context, field graphql.Coll
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecConnection) graphql.Marshaler {
-			return ec.marshalNExecConnection2ᚖsandboxdᚋgraphᚋmodelᚐExecConnection(ctx, selections, v)
+			return ec.marshalOExecConnection2ᚖsandboxdᚋgraphᚋmodelᚐExecConnection(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_execs(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8248,10 +8540,10 @@ func (ec *executionContext) _Query_snapshots(ctx context.Context, field graphql.
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
-			return ec.marshalNSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx, selections, v)
+			return ec.marshalOSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_snapshots(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8336,10 +8628,10 @@ func (ec *executionContext) _Query_agentRuns(ctx context.Context, field graphql.
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
-			return ec.marshalNAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx, selections, v)
+			return ec.marshalOAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_Query_agentRuns(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -8626,16 +8918,16 @@ func (ec *executionContext) fieldContext_Sandbox_projectId(_ context.Context, fi
 	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "String")
 }
 
-func (ec *executionContext) _Sandbox_profile(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+func (ec *executionContext) _Sandbox_profileName(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_Sandbox_profile(ctx, field)
+			return ec.fieldContext_Sandbox_profileName(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Profile, nil
+			return obj.ProfileName, nil
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
@@ -8645,8 +8937,40 @@ func (ec *executionContext) _Sandbox_profile(ctx context.Context, field graphql.
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Sandbox_profile(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+func (ec *executionContext) fieldContext_Sandbox_profileName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "String")
+}
+
+func (ec *executionContext) _Sandbox_profile(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_profile(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Sandbox().Profile(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Profile) graphql.Marshaler {
+			return ec.marshalOProfile2ᚖsandboxdᚋgraphᚋmodelᚐProfile(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_profile(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Sandbox",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Profile(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Sandbox_state(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
@@ -8846,14 +9170,46 @@ func (ec *executionContext) _Sandbox_latestSnapshotId(ctx context.Context, field
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
-			return ec.marshalOString2ᚖstring(ctx, selections, v)
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
 		},
 		true,
 		false,
 	)
 }
 func (ec *executionContext) fieldContext_Sandbox_latestSnapshotId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "String")
+	return graphql.NewScalarFieldContext("Sandbox", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Sandbox_latestSnapshot(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Sandbox_latestSnapshot(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Sandbox().LatestSnapshot(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
+			return ec.marshalOSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Sandbox_latestSnapshot(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Sandbox",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Snapshot(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Sandbox_resources(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
@@ -9432,6 +9788,38 @@ func (ec *executionContext) _Snapshot_sandboxId(ctx context.Context, field graph
 }
 func (ec *executionContext) fieldContext_Snapshot_sandboxId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Snapshot_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Snapshot_sandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Snapshot().Sandbox(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Snapshot_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Snapshot",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Snapshot_createdAt(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
@@ -11554,11 +11942,52 @@ func UnmarshalUpdateSandboxInput(ctx context.Context, raw any) (model.UpdateSand
 
 // region    ************************** interface.gotpl ***************************
 
+func (ec *executionContext) _Node(ctx context.Context, sel ast.SelectionSet, obj model.Node) graphql.Marshaler {
+	switch obj := (obj).(type) {
+	case nil:
+		return graphql.Null
+	case model.Snapshot:
+		return ec._Snapshot(ctx, sel, &obj)
+	case *model.Snapshot:
+		if obj == nil {
+			return graphql.Null
+		}
+		return ec._Snapshot(ctx, sel, obj)
+	case model.Sandbox:
+		return ec._Sandbox(ctx, sel, &obj)
+	case *model.Sandbox:
+		if obj == nil {
+			return graphql.Null
+		}
+		return ec._Sandbox(ctx, sel, obj)
+	case model.ExecResult:
+		return ec._ExecResult(ctx, sel, &obj)
+	case *model.ExecResult:
+		if obj == nil {
+			return graphql.Null
+		}
+		return ec._ExecResult(ctx, sel, obj)
+	case model.AgentRun:
+		return ec._AgentRun(ctx, sel, &obj)
+	case *model.AgentRun:
+		if obj == nil {
+			return graphql.Null
+		}
+		return ec._AgentRun(ctx, sel, obj)
+	default:
+		if typedObj, ok := obj.(graphql.Marshaler); ok {
+			return typedObj
+		} else {
+			panic(fmt.Errorf("unexpected type %T; non-generated variants of Node must implement graphql.Marshaler", obj))
+		}
+	}
+}
+
 // endregion ************************** interface.gotpl ***************************
 
 // region    **************************** object.gotpl ****************************
 
-var agentRunImplementors = []string{"AgentRun"}
+var agentRunImplementors = []string{"AgentRun", "Node"}
 
 func (ec *executionContext) _AgentRun(ctx context.Context, sel ast.SelectionSet, obj *model.AgentRun) graphql.Marshaler {
 	fields := graphql.CollectFields(ec.OperationContext, sel, agentRunImplementors)
@@ -11572,67 +12001,73 @@ func (ec *executionContext) _AgentRun(ctx context.Context, sel ast.SelectionSet,
 		case "id":
 			out.Values[i] = ec._AgentRun_id(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "sandboxId":
 			out.Values[i] = ec._AgentRun_sandboxId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "agentId":
 			out.Values[i] = ec._AgentRun_agentId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "model":
 			out.Values[i] = ec._AgentRun_model(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "status":
 			out.Values[i] = ec._AgentRun_status(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "reason":
 			out.Values[i] = ec._AgentRun_reason(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "execId":
 			out.Values[i] = ec._AgentRun_execId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "exec":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._AgentRun_exec(ctx, field, obj)
+				})
 		case "exitCode":
 			out.Values[i] = ec._AgentRun_exitCode(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "signal":
 			out.Values[i] = ec._AgentRun_signal(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "runDir":
 			out.Values[i] = ec._AgentRun_runDir(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "createdAt":
 			out.Values[i] = ec._AgentRun_createdAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "startedAt":
 			out.Values[i] = ec._AgentRun_startedAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "endedAt":
 			out.Values[i] = ec._AgentRun_endedAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -11896,7 +12331,7 @@ func (ec *executionContext) _ExecOutputEvent(ctx context.Context, sel ast.Select
 	return out
 }
 
-var execResultImplementors = []string{"ExecResult"}
+var execResultImplementors = []string{"ExecResult", "Node"}
 
 func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSet, obj *model.ExecResult) graphql.Marshaler {
 	fields := graphql.CollectFields(ec.OperationContext, sel, execResultImplementors)
@@ -11907,6 +12342,11 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 		switch field.Name {
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("ExecResult")
+		case "id":
+			out.Values[i] = ec._ExecResult_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "execId":
 			out.Values[i] = ec._ExecResult_execId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -12370,133 +12810,133 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_createSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "exec":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_exec(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "stopSandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_stopSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "startSandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_startSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "pauseSandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_pauseSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "resumeSandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_resumeSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "destroySandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_destroySandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "updateSandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_updateSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "snapshotSandbox":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_snapshotSandbox(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "deleteSnapshot":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_deleteSnapshot(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "writeFile":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_writeFile(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "deleteFile":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_deleteFile(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "moveFile":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_moveFile(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "makeDirectory":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_makeDirectory(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "startAgentRun":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_startAgentRun(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "cancelAgentRun":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_cancelAgentRun(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "signalExec":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_signalExec(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "writeExecStdin":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_writeExecStdin(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "resizeExecTty":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_resizeExecTty(ctx, field)
 			})
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		default:
@@ -12747,6 +13187,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 		switch field.Name {
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("Query")
+		case "node":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_node(ctx, field)
+				})
+		case "nodes":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_nodes(ctx, field)
+				})
 		case "sandbox":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, false,
@@ -12755,7 +13207,7 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				})
 		case "sandboxes":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_sandboxes(ctx, field)
 				})
@@ -12767,25 +13219,25 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				})
 		case "quota":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_quota(ctx, field)
 				})
 		case "readFile":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_readFile(ctx, field)
 				})
 		case "listFiles":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_listFiles(ctx, field)
 				})
 		case "stat":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_stat(ctx, field)
 				})
@@ -12797,13 +13249,13 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				})
 		case "execs":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_execs(ctx, field)
 				})
 		case "snapshots":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_snapshots(ctx, field)
 				})
@@ -12815,7 +13267,7 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				})
 		case "agentRuns":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
-				true, true,
+				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_agentRuns(ctx, field)
 				})
@@ -12931,7 +13383,7 @@ func (ec *executionContext) _Resources(ctx context.Context, sel ast.SelectionSet
 	return out
 }
 
-var sandboxImplementors = []string{"Sandbox"}
+var sandboxImplementors = []string{"Sandbox", "Node"}
 
 func (ec *executionContext) _Sandbox(ctx context.Context, sel ast.SelectionSet, obj *model.Sandbox) graphql.Marshaler {
 	fields := graphql.CollectFields(ec.OperationContext, sel, sandboxImplementors)
@@ -12945,97 +13397,109 @@ func (ec *executionContext) _Sandbox(ctx context.Context, sel ast.SelectionSet, 
 		case "id":
 			out.Values[i] = ec._Sandbox_id(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "tenantId":
 			out.Values[i] = ec._Sandbox_tenantId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "projectId":
 			out.Values[i] = ec._Sandbox_projectId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "profileName":
+			out.Values[i] = ec._Sandbox_profileName(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "profile":
-			out.Values[i] = ec._Sandbox_profile(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Sandbox_profile(ctx, field, obj)
+				})
 		case "state":
 			out.Values[i] = ec._Sandbox_state(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "stateReason":
 			out.Values[i] = ec._Sandbox_stateReason(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "createdAt":
 			out.Values[i] = ec._Sandbox_createdAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "stateChangedAt":
 			out.Values[i] = ec._Sandbox_stateChangedAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "autostopSec":
 			out.Values[i] = ec._Sandbox_autostopSec(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "ttlSec":
 			out.Values[i] = ec._Sandbox_ttlSec(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "expiresAt":
 			out.Values[i] = ec._Sandbox_expiresAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "autostopAt":
 			out.Values[i] = ec._Sandbox_autostopAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "latestSnapshotId":
 			out.Values[i] = ec._Sandbox_latestSnapshotId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "latestSnapshot":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Sandbox_latestSnapshot(ctx, field, obj)
+				})
 		case "resources":
 			out.Values[i] = ec._Sandbox_resources(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "network":
 			out.Values[i] = ec._Sandbox_network(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "networkPolicy":
 			out.Values[i] = ec._Sandbox_networkPolicy(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "labels":
 			out.Values[i] = ec._Sandbox_labels(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "autostopAction":
 			out.Values[i] = ec._Sandbox_autostopAction(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "autoResume":
 			out.Values[i] = ec._Sandbox_autoResume(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -13208,7 +13672,7 @@ func (ec *executionContext) _SandboxEvent(ctx context.Context, sel ast.Selection
 	return out
 }
 
-var snapshotImplementors = []string{"Snapshot"}
+var snapshotImplementors = []string{"Snapshot", "Node"}
 
 func (ec *executionContext) _Snapshot(ctx context.Context, sel ast.SelectionSet, obj *model.Snapshot) graphql.Marshaler {
 	fields := graphql.CollectFields(ec.OperationContext, sel, snapshotImplementors)
@@ -13222,37 +13686,43 @@ func (ec *executionContext) _Snapshot(ctx context.Context, sel ast.SelectionSet,
 		case "id":
 			out.Values[i] = ec._Snapshot_id(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "sandboxId":
 			out.Values[i] = ec._Snapshot_sandboxId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "sandbox":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Snapshot_sandbox(ctx, field, obj)
+				})
 		case "createdAt":
 			out.Values[i] = ec._Snapshot_createdAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "sizeBytes":
 			out.Values[i] = ec._Snapshot_sizeBytes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "rawSizeBytes":
 			out.Values[i] = ec._Snapshot_rawSizeBytes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "sha256":
 			out.Values[i] = ec._Snapshot_sha256(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "parentSnapshotId":
 			out.Values[i] = ec._Snapshot_parentSnapshotId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -13740,22 +14210,6 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 
 // region    ***************************** type.gotpl *****************************
 
-func (ec *executionContext) marshalNAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
-	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
-		fc := graphql.GetFieldContext(ctx)
-		fc.Result = &v[i]
-		return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, sel, v[i])
-	})
-
-	for _, e := range ret {
-		if e == graphql.Null {
-			return graphql.Null
-		}
-	}
-
-	return ret
-}
-
 func (ec *executionContext) marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx context.Context, sel ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "AgentRun!")
@@ -13821,25 +14275,9 @@ func (ec *executionContext) unmarshalNCreateSandboxInput2sandboxdᚋgraphᚋmode
 	return res, graphql.ErrorOnPath(ctx, err)
 }
 
-func (ec *executionContext) marshalNDestroySandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐDestroySandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.DestroySandboxPayload) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "DestroySandboxPayload!")
-		return graphql.Null
-	}
-	return ec._DestroySandboxPayload(ctx, sel, v)
-}
-
 func (ec *executionContext) unmarshalNEnvVarInput2ᚖsandboxdᚋgraphᚋmodelᚐEnvVarInput(ctx context.Context, v any) (*model.EnvVarInput, error) {
 	res, err := ec.unmarshalInputEnvVarInput(ctx, v)
 	return &res, graphql.ErrorOnPath(ctx, err)
-}
-
-func (ec *executionContext) marshalNExecConnection2ᚖsandboxdᚋgraphᚋmodelᚐExecConnection(ctx context.Context, sel ast.SelectionSet, v *model.ExecConnection) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "ExecConnection!")
-		return graphql.Null
-	}
-	return ec._ExecConnection(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNExecEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐExecEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.ExecEdge) graphql.Marshaler {
@@ -13933,14 +14371,6 @@ func (ec *executionContext) marshalNExecState2sandboxdᚋgraphᚋmodelᚐExecSta
 	return v
 }
 
-func (ec *executionContext) marshalNFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx context.Context, sel ast.SelectionSet, v *model.FileContent) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "FileContent!")
-		return graphql.Null
-	}
-	return ec._FileContent(ctx, sel, v)
-}
-
 func (ec *executionContext) marshalNFileEvent2ᚖsandboxdᚋgraphᚋmodelᚐFileEvent(ctx context.Context, sel ast.SelectionSet, v *model.FileEvent) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "FileEvent!")
@@ -13983,14 +14413,6 @@ func (ec *executionContext) marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileI
 	return ec._FileInfo(ctx, sel, v)
 }
 
-func (ec *executionContext) marshalNFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx context.Context, sel ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "FileListing!")
-		return graphql.Null
-	}
-	return ec._FileListing(ctx, sel, v)
-}
-
 func (ec *executionContext) unmarshalNID2string(ctx context.Context, v any) (string, error) {
 	res, err := graphql.UnmarshalID(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -14003,6 +14425,35 @@ func (ec *executionContext) marshalNID2string(ctx context.Context, sel ast.Selec
 		graphql.AddInvalidNullFromMarshaler(ctx, "ID!")
 	}
 	return res
+}
+
+func (ec *executionContext) unmarshalNID2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]string, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNID2string(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalNID2ᚕstringᚄ(ctx context.Context, sel ast.SelectionSet, v []string) graphql.Marshaler {
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNID2string(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) unmarshalNInt2int(ctx context.Context, v any) (int, error) {
@@ -14067,14 +14518,6 @@ func (ec *executionContext) unmarshalNLabelPatchInput2ᚖsandboxdᚋgraphᚋmode
 	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
-func (ec *executionContext) marshalNMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋmodelᚐMakeDirectoryPayload(ctx context.Context, sel ast.SelectionSet, v *model.MakeDirectoryPayload) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "MakeDirectoryPayload!")
-		return graphql.Null
-	}
-	return ec._MakeDirectoryPayload(ctx, sel, v)
-}
-
 func (ec *executionContext) unmarshalNNetworkMode2sandboxdᚋgraphᚋmodelᚐNetworkMode(ctx context.Context, v any) (model.NetworkMode, error) {
 	var res model.NetworkMode
 	err := res.UnmarshalGQL(v)
@@ -14091,6 +14534,16 @@ func (ec *executionContext) marshalNNetworkPolicy2ᚖsandboxdᚋgraphᚋmodelᚐ
 		return graphql.Null
 	}
 	return ec._NetworkPolicy(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNNode2ᚕsandboxdᚋgraphᚋmodelᚐNode(ctx context.Context, sel ast.SelectionSet, v []model.Node) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalONode2sandboxdᚋgraphᚋmodelᚐNode(ctx, sel, v[i])
+	})
+
+	return ret
 }
 
 func (ec *executionContext) marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx context.Context, sel ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
@@ -14149,14 +14602,6 @@ func (ec *executionContext) marshalNProfile2ᚖsandboxdᚋgraphᚋmodelᚐProfil
 	return ec._Profile(ctx, sel, v)
 }
 
-func (ec *executionContext) marshalNQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ctx context.Context, sel ast.SelectionSet, v *model.Quota) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "Quota!")
-		return graphql.Null
-	}
-	return ec._Quota(ctx, sel, v)
-}
-
 func (ec *executionContext) marshalNResources2ᚖsandboxdᚋgraphᚋmodelᚐResources(ctx context.Context, sel ast.SelectionSet, v *model.Resources) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Resources!")
@@ -14187,14 +14632,6 @@ func (ec *executionContext) marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbo
 		return graphql.Null
 	}
 	return ec._Sandbox(ctx, sel, v)
-}
-
-func (ec *executionContext) marshalNSandboxConnection2ᚖsandboxdᚋgraphᚋmodelᚐSandboxConnection(ctx context.Context, sel ast.SelectionSet, v *model.SandboxConnection) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "SandboxConnection!")
-		return graphql.Null
-	}
-	return ec._SandboxConnection(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNSandboxEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐSandboxEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.SandboxEdge) graphql.Marshaler {
@@ -14239,22 +14676,6 @@ func (ec *executionContext) marshalNSandboxState2sandboxdᚋgraphᚋmodelᚐSand
 	return v
 }
 
-func (ec *executionContext) marshalNSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
-	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
-		fc := graphql.GetFieldContext(ctx)
-		fc.Result = &v[i]
-		return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, sel, v[i])
-	})
-
-	for _, e := range ret {
-		if e == graphql.Null {
-			return graphql.Null
-		}
-	}
-
-	return ret
-}
-
 func (ec *executionContext) marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx context.Context, sel ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Snapshot!")
@@ -14266,14 +14687,6 @@ func (ec *executionContext) marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnaps
 func (ec *executionContext) unmarshalNStartAgentRunInput2sandboxdᚋgraphᚋmodelᚐStartAgentRunInput(ctx context.Context, v any) (model.StartAgentRunInput, error) {
 	res, err := ec.unmarshalInputStartAgentRunInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
-}
-
-func (ec *executionContext) marshalNStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx context.Context, sel ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
-	if v == nil {
-		graphql.AddInvalidNullError(ctx, "StdinWriteResult!")
-		return graphql.Null
-	}
-	return ec._StdinWriteResult(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {
@@ -14480,6 +14893,25 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	return res
 }
 
+func (ec *executionContext) marshalOAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx context.Context, sel ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -14533,6 +14965,13 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	return res
 }
 
+func (ec *executionContext) marshalODestroySandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐDestroySandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.DestroySandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._DestroySandboxPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOEnvVarInput2ᚕᚖsandboxdᚋgraphᚋmodelᚐEnvVarInputᚄ(ctx context.Context, v any) ([]*model.EnvVarInput, error) {
 	if v == nil {
 		return nil, nil
@@ -14548,6 +14987,13 @@ func (ec *executionContext) unmarshalOEnvVarInput2ᚕᚖsandboxdᚋgraphᚋmodel
 		}
 	}
 	return res, nil
+}
+
+func (ec *executionContext) marshalOExecConnection2ᚖsandboxdᚋgraphᚋmodelᚐExecConnection(ctx context.Context, sel ast.SelectionSet, v *model.ExecConnection) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ExecConnection(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOExecOutputStream2ᚖsandboxdᚋgraphᚋmodelᚐExecOutputStream(ctx context.Context, v any) (*model.ExecOutputStream, error) {
@@ -14587,6 +15033,27 @@ func (ec *executionContext) marshalOExecState2ᚖsandboxdᚋgraphᚋmodelᚐExec
 		return graphql.Null
 	}
 	return v
+}
+
+func (ec *executionContext) marshalOFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx context.Context, sel ast.SelectionSet, v *model.FileContent) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._FileContent(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx context.Context, sel ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._FileInfo(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx context.Context, sel ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._FileListing(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx context.Context, v any) (*model.FileType, error) {
@@ -14693,6 +15160,13 @@ func (ec *executionContext) unmarshalOLabelPatchInput2ᚕᚖsandboxdᚋgraphᚋm
 	return res, nil
 }
 
+func (ec *executionContext) marshalOMakeDirectoryPayload2ᚖsandboxdᚋgraphᚋmodelᚐMakeDirectoryPayload(ctx context.Context, sel ast.SelectionSet, v *model.MakeDirectoryPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._MakeDirectoryPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOMap2map(ctx context.Context, v any) (map[string]any, error) {
 	if v == nil {
 		return nil, nil
@@ -14719,11 +15193,39 @@ func (ec *executionContext) unmarshalONetworkPolicyInput2ᚖsandboxdᚋgraphᚋm
 	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
+func (ec *executionContext) marshalONode2sandboxdᚋgraphᚋmodelᚐNode(ctx context.Context, sel ast.SelectionSet, v model.Node) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Node(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOProfile2ᚖsandboxdᚋgraphᚋmodelᚐProfile(ctx context.Context, sel ast.SelectionSet, v *model.Profile) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Profile(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ctx context.Context, sel ast.SelectionSet, v *model.Quota) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Quota(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx context.Context, sel ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
 	}
 	return ec._Sandbox(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOSandboxConnection2ᚖsandboxdᚋgraphᚋmodelᚐSandboxConnection(ctx context.Context, sel ast.SelectionSet, v *model.SandboxConnection) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._SandboxConnection(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOSandboxSourceInput2ᚖsandboxdᚋgraphᚋmodelᚐSandboxSourceInput(ctx context.Context, v any) (*model.SandboxSourceInput, error) {
@@ -14748,6 +15250,39 @@ func (ec *executionContext) marshalOSandboxState2ᚖsandboxdᚋgraphᚋmodelᚐS
 		return graphql.Null
 	}
 	return v
+}
+
+func (ec *executionContext) marshalOSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalOSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx context.Context, sel ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Snapshot(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx context.Context, sel ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._StdinWriteResult(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {

@@ -210,7 +210,7 @@ func toSandbox(s sandbox.Sandbox) *model.Sandbox {
 		ID:             s.ID,
 		TenantID:       s.Tenant,
 		ProjectID:      s.Project,
-		Profile:        s.Profile,
+		ProfileName:    s.Profile,
 		State:          model.SandboxState(s.State),
 		StateReason:    optString(s.StateReason),
 		CreatedAt:      s.CreatedAt,
@@ -327,6 +327,7 @@ func toProfiles(ps []sandbox.Profile) []*model.Profile {
 // toExecResult converts an exec's result; only the output encodings in sel are built.
 func toExecResult(r sandbox.ExecResult, sel fieldSet) *model.ExecResult {
 	res := &model.ExecResult{
+		ID:              r.ExecID,
 		ExecID:          r.ExecID,
 		SandboxID:       r.SandboxID,
 		Command:         r.Command,

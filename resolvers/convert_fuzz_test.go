@@ -647,6 +647,8 @@ func (s *gfService) ListDir(_ context.Context, _ auth.Principal, _, path string,
 
 func (s *gfService) Profiles() []sandbox.Profile { return nil }
 
+func (s *gfService) EventsCursor(context.Context, auth.Principal) (string, error) { return "0-0", nil }
+
 func (s *gfService) Quota(context.Context, auth.Principal) (quota.Usage, error) {
 	return quota.Usage{}, nil
 }
@@ -667,6 +669,10 @@ func (s *gfService) ListSnapshots(_ context.Context, _ auth.Principal, sandboxID
 }
 
 func (s *gfService) DeleteSnapshot(context.Context, auth.Principal, string) error { return nil }
+
+func (s *gfService) GetSnapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {
+	return sandbox.SnapshotInfo{ID: id}, nil
+}
 
 func (s *gfService) StartAgentRun(_ context.Context, _ auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error) {
 	s.record("StartAgentRun", req)

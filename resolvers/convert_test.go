@@ -197,7 +197,7 @@ func TestToExecOutputEvent(t *testing.T) {
 			want: `{"cursor":"9-0","kind":"TRUNCATED","missedBytes":0}`},
 		{name: "exit", in: sandbox.ExecEvent{Kind: sandbox.ExecExit, Cursor: "9-1", Result: &sandbox.ExecResult{ExecID: "exec_1",
 			State: sandbox.ExecEnded, ExitCode: 1}},
-			want: `{"cursor":"9-1","kind":"EXIT","result":{"execId":"exec_1","sandboxId":"","command":"","state":"ENDED","exitCode":1,` +
+			want: `{"cursor":"9-1","kind":"EXIT","result":{"id":"exec_1","execId":"exec_1","sandboxId":"","command":"","state":"ENDED","exitCode":1,` +
 				`"timedOut":false,"durationMs":0,"outputBytes":0,"stdout":"","stderr":"","stdoutBase64":"","stderrBase64":"",` +
 				`"stdoutTruncated":false,"stderrTruncated":false,"stdinOpen":false}}`},
 	}

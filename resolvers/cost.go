@@ -19,7 +19,7 @@ import (
 //   - Points: every selected field costs 1, times the number of objects it may be selected on.
 //     A list field multiplies its selection by the most items it may return: first for
 //     sandboxes, listFiles, snapshots and execs, the kept maximum for agentRuns, limits.max_labels
-//     for a sandbox's labels. Each mutation and subscription root field costs mutationPoints
+//     for a sandbox's labels, the number of ids for nodes. Each mutation and subscription root field costs mutationPoints
 //     more, and each Query field that calls a guest init or scans an index of execs (readFile,
 //     listFiles, stat, execs) backendPoints more. Each byte field below adds a point
 //     per bytesPerPoint bytes.
@@ -221,6 +221,12 @@ func (b *costBudget) listSize(typeName, field string, args map[string]any) int64
 			return n
 		}
 		return b.listDefaults[typeName+"."+field]
+	case "Query.nodes":
+		// One per id asked for.
+		if ids, ok := args["ids"].([]any); ok {
+			return int64(len(ids))
+		}
+		return MaxNodes
 	case "Query.agentRuns":
 		return agentRunsKept
 	case "Sandbox.labels":

@@ -150,8 +150,8 @@ func TestCostModel(t *testing.T) {
 		{"two-files", aliases(2, `readFile(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){contentBase64}`), "COST_EXCEEDED"},
 		{"many-small-files", aliases(100, `readFile(sandboxId:"`+apitest.SandboxRunning+`", path:"a", maxBytes: 65536){size}`), ""},
 		{"alias-storm", aliases(200, `readFile(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){contentBase64}`), "COST_EXCEEDED"},
-		{"big-page", `{sandboxes(first: 500){edges{node{id state profile tenantId projectId createdAt resources{milliCpu memoryMb diskMb}}}}}`, ""},
-		{"big-page-many-aliases", aliases(3, `sandboxes(first: 500){edges{node{id state profile tenantId projectId createdAt}}}`), "COST_EXCEEDED"},
+		{"big-page", `{sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt resources{milliCpu memoryMb diskMb}}}}}`, ""},
+		{"big-page-many-aliases", aliases(3, `sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt}}}`), "COST_EXCEEDED"},
 		{"exec-output-fields", aliases(20, `exec(id:"exec_x"){stdout stderr stdoutBase64 stderrBase64}`), "COST_EXCEEDED"},
 		// Each field that calls a guest init or scans an index of execs costs backendPoints
 		// more: a few hundred are fine, a few thousand aliases are not one cheap operation.

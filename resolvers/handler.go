@@ -199,6 +199,7 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	srv.AroundOperations(g.chargeWebsocketOperations)
 	srv.AroundOperations(refuseOneShotSubscriptions)
 	srv.AroundFields(codeResolverErrors)
+	srv.AroundResponses(withLoaders(svc))
 	srv.SetErrorPresenter(errs.present)
 	srv.SetRecoverFunc(errs.recover)
 

@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const sandboxFields = `id tenantId projectId profile state stateReason createdAt stateChangedAt autostopSec ttlSec
+const sandboxFields = `id tenantId projectId profileName state stateReason createdAt stateChangedAt autostopSec ttlSec
 	expiresAt latestSnapshotId resources { milliCpu memoryMb diskMb } network`
 
 func TestAuthentication(t *testing.T) {
@@ -173,7 +173,7 @@ func TestComplexityLimit(t *testing.T) {
 	var q strings.Builder
 	q.WriteString("{")
 	for _, a := range []string{"a", "b", "c", "d"} {
-		q.WriteString(a + `: sandbox(id: "` + apitest.SandboxRunning + `") { id state profile } `)
+		q.WriteString(a + `: sandbox(id: "` + apitest.SandboxRunning + `") { id state profileName } `)
 	}
 	q.WriteString("}")
 	r := e.post(t, apitest.UserKey, q.String(), nil)
@@ -261,7 +261,7 @@ func TestExec(t *testing.T) {
 
 func TestCreateSandbox(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { id profile } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { id profileName } }`, nil)
 	noErrors(t, r)
 	req := e.fake.Last("Create").Create
 	if req.Profile != "" || req.AutostopSec == nil || *req.AutostopSec != 60 || req.TTLSec != nil || req.Env["X"] != "y" {

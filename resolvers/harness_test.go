@@ -69,6 +69,7 @@ type gqlResponse struct {
 		Path       []any          `json:"path"`
 		Extensions map[string]any `json:"extensions"`
 	} `json:"errors"`
+	Extensions map[string]json.RawMessage `json:"extensions"`
 }
 
 func (r gqlResponse) code(i int) string {

@@ -14,6 +14,14 @@ import (
 	"sandboxd/internal/sandbox"
 )
 
+// Exec is the resolver for the exec field.
+func (r *agentRunResolver) Exec(ctx context.Context, obj *model.AgentRun) (*model.ExecResult, error) {
+	if obj.ExecID == nil {
+		return nil, nil
+	}
+	return r.execRef(ctx, *obj.ExecID)
+}
+
 // CreateSandbox is the resolver for the createSandbox field.
 func (r *mutationResolver) CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.Sandbox, error) {
 	p, err := auth.Require(ctx)
@@ -144,15 +152,16 @@ func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*mod
 }
 
 // DeleteSnapshot is the resolver for the deleteSnapshot field.
-func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (bool, error) {
+func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (*bool, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if err := r.svc.DeleteSnapshot(ctx, p, id); err != nil {
-		return false, err
+		return nil, err
 	}
-	return true, nil
+	deleted := true
+	return &deleted, nil
 }
 
 // WriteFile is the resolver for the writeFile field.
@@ -177,15 +186,16 @@ func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path
 }
 
 // DeleteFile is the resolver for the deleteFile field.
-func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (bool, error) {
+func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*bool, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if err := r.svc.DeleteFile(ctx, p, sandboxID, path, recursive != nil && *recursive); err != nil {
-		return false, err
+		return nil, err
 	}
-	return true, nil
+	deleted := true
+	return &deleted, nil
 }
 
 // MoveFile is the resolver for the moveFile field.
@@ -285,6 +295,24 @@ func (r *mutationResolver) ResizeExecTty(ctx context.Context, execID string, row
 		return nil, err
 	}
 	return toExecResult(res, nil), nil
+}
+
+// Node is the resolver for the node field.
+func (r *queryResolver) Node(ctx context.Context, id string) (model.Node, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.node(ctx, p, id)
+}
+
+// Nodes is the resolver for the nodes field.
+func (r *queryResolver) Nodes(ctx context.Context, ids []string) ([]model.Node, error) {
+	p, err := auth.Require(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return r.nodes(ctx, p, ids)
 }
 
 // Sandbox is the resolver for the sandbox field.
@@ -461,6 +489,21 @@ func (r *queryResolver) AgentRuns(ctx context.Context, sandboxID string) ([]*mod
 	return toAgentRuns(runs), nil
 }
 
+// Profile is the resolver for the profile field.
+func (r *sandboxResolver) Profile(ctx context.Context, obj *model.Sandbox) (*model.Profile, error) {
+	return r.profileRef(obj.ProfileName), nil
+}
+
+// LatestSnapshot is the resolver for the latestSnapshot field.
+func (r *sandboxResolver) LatestSnapshot(ctx context.Context, obj *model.Sandbox) (*model.Snapshot, error) {
+	return r.snapshotRef(ctx, deref(obj.LatestSnapshotID))
+}
+
+// Sandbox is the resolver for the sandbox field.
+func (r *snapshotResolver) Sandbox(ctx context.Context, obj *model.Snapshot) (*model.Sandbox, error) {
+	return r.sandboxRef(ctx, obj.SandboxID)
+}
+
 // SandboxEvents is the resolver for the sandboxEvents field.
 func (r *subscriptionResolver) SandboxEvents(ctx context.Context, sandboxID *string, after *string) (<-chan *model.SandboxEvent, error) {
 	p, err := auth.Require(ctx)
@@ -513,17 +556,29 @@ func (r *subscriptionResolver) WatchFiles(ctx context.Context, sandboxID string,
 	return forwardFileEvents(ctx, in), nil
 }
 
+// AgentRun returns graph.AgentRunResolver implementation.
+func (r *Resolver) AgentRun() graph.AgentRunResolver { return &agentRunResolver{r} }
+
 // Mutation returns graph.MutationResolver implementation.
 func (r *Resolver) Mutation() graph.MutationResolver { return &mutationResolver{r} }
 
 // Query returns graph.QueryResolver implementation.
 func (r *Resolver) Query() graph.QueryResolver { return &queryResolver{r} }
 
+// Sandbox returns graph.SandboxResolver implementation.
+func (r *Resolver) Sandbox() graph.SandboxResolver { return &sandboxResolver{r} }
+
+// Snapshot returns graph.SnapshotResolver implementation.
+func (r *Resolver) Snapshot() graph.SnapshotResolver { return &snapshotResolver{r} }
+
 // Subscription returns graph.SubscriptionResolver implementation.
 func (r *Resolver) Subscription() graph.SubscriptionResolver { return &subscriptionResolver{r} }
 
 type (
+	agentRunResolver     struct{ *Resolver }
 	mutationResolver     struct{ *Resolver }
 	queryResolver        struct{ *Resolver }
+	sandboxResolver      struct{ *Resolver }
+	snapshotResolver     struct{ *Resolver }
 	subscriptionResolver struct{ *Resolver }
 )

@@ -9,7 +9,7 @@ import (
 
 // GraphQL documents used by several tests.
 const (
-	gqlSandboxFields = `id tenantId projectId profile state stateReason autostopSec ttlSec latestSnapshotId
+	gqlSandboxFields = `id tenantId projectId profileName state stateReason autostopSec ttlSec latestSnapshotId
 		resources { milliCpu memoryMb }`
 	gqlExecFields = `execId exitCode signal timedOut durationMs stdout stderr stdoutBase64 stdoutTruncated stderrTruncated error`
 
@@ -32,7 +32,7 @@ type gqlSandbox struct {
 	ID               string  `json:"id"`
 	TenantID         string  `json:"tenantId"`
 	ProjectID        string  `json:"projectId"`
-	Profile          string  `json:"profile"`
+	Profile          string  `json:"profileName"`
 	State            string  `json:"state"`
 	StateReason      *string `json:"stateReason"`
 	AutostopSec      int     `json:"autostopSec"`

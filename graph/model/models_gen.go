@@ -10,6 +10,16 @@ import (
 	"time"
 )
 
+// An object with a global id, which node(id:) and nodes(ids:) fetch again (for client caches:
+// Apollo, urql, Relay). The ids are the service's own: each begins with its type's prefix (sbx_
+// Sandbox, snap_ Snapshot, exec_ ExecResult, run_ AgentRun) followed by a ULID, so an id is
+// unique across types and tells its type; the same ids work in the REST paths.
+type Node interface {
+	IsNode()
+	// The global id.
+	GetID() string
+}
+
 // A catalog agent running (or having run) inside a sandbox.
 type AgentRun struct {
 	// The run id (run_…).
@@ -24,8 +34,10 @@ type AgentRun struct {
 	Status AgentRunStatus `json:"status"`
 	// Why the run FAILED, or how it ended otherwise; null when there is nothing to say.
 	Reason *string `json:"reason,omitempty"`
-	// The exec the agent runs as (follow it with execOutput, or this run with agentRunEvents); null when the agent never started.
+	// The id of the exec the agent runs as (follow it with execOutput, or this run with agentRunEvents); null when the agent never started.
 	ExecID *string `json:"execId,omitempty"`
+	// The exec the agent runs as, without output (loaded in a batch with the others of the answer); null when the agent never started or the exec is no longer kept.
+	Exec *ExecResult `json:"exec,omitempty"`
 	// The agent's exit code; null until the run is final, and when the agent never started.
 	ExitCode *int `json:"exitCode,omitempty"`
 	// The signal that ended the agent (e.g. "SIGKILL"); null when it exited or has not ended.
@@ -39,6 +51,11 @@ type AgentRun struct {
 	// When the run became final; null before.
 	EndedAt *time.Time `json:"endedAt,omitempty"`
 }
+
+func (AgentRun) IsNode() {}
+
+// The global id.
+func (this AgentRun) GetID() string { return this.ID }
 
 // One event of an agent run's stream (agentRunEvents).
 type AgentRunEvent struct {
@@ -158,6 +175,8 @@ type ExecOutputEvent struct {
 // query; they are empty in the answer of exec with wait: false and in the results carried by
 // execOutput and sandboxEvents and in execs listings, which come without output.
 type ExecResult struct {
+	// The global id: the exec id (exec_…), as execId.
+	ID string `json:"id"`
 	// The exec id (exec_…).
 	ExecID string `json:"execId"`
 	// The sandbox the command runs in.
@@ -199,6 +218,11 @@ type ExecResult struct {
 	// The terminal's current size for a command run under one (tty); null otherwise.
 	Tty *TtySize `json:"tty,omitempty"`
 }
+
+func (ExecResult) IsNode() {}
+
+// The global id.
+func (this ExecResult) GetID() string { return this.ID }
 
 // The content of one file.
 type FileContent struct {
@@ -407,8 +431,10 @@ type Sandbox struct {
 	TenantID string `json:"tenantId"`
 	// The project that owns the sandbox.
 	ProjectID string `json:"projectId"`
-	// The profile the sandbox was created from.
-	Profile string `json:"profile"`
+	// The name of the profile the sandbox was created from.
+	ProfileName string `json:"profileName"`
+	// The profile the sandbox was created from; null when the server's configuration no longer has it.
+	Profile *Profile `json:"profile,omitempty"`
 	// The lifecycle state.
 	State SandboxState `json:"state"`
 	// Why the sandbox is in its state (e.g. why it FAILED or was stopped; while CREATING from an archive or GCS prefix, how far its bootstrap is); null when there is nothing to say.
@@ -425,8 +451,10 @@ type Sandbox struct {
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 	// When a RUNNING sandbox stops by itself if nothing happens before (its last activity plus autostopSec); null otherwise. Any API call on the sandbox, and any command still running in it, is activity.
 	AutostopAt *time.Time `json:"autostopAt,omitempty"`
-	// The newest complete workspace checkpoint; null when none was taken yet.
+	// The id of the newest complete workspace checkpoint; null when none was taken yet.
 	LatestSnapshotID *string `json:"latestSnapshotId,omitempty"`
+	// The newest complete workspace checkpoint (loaded in a batch with the others of the answer); null when none was taken yet or it is no longer readable.
+	LatestSnapshot *Snapshot `json:"latestSnapshot,omitempty"`
 	// The compute and disk the sandbox may use.
 	Resources *Resources `json:"resources"`
 	// The network policy's mode: "none" or "egress" (networkPolicy has the rules).
@@ -440,6 +468,11 @@ type Sandbox struct {
 	// Whether exec and file calls on this sandbox, PAUSED, resume it first (else they are INVALID_STATE).
 	AutoResume bool `json:"autoResume"`
 }
+
+func (Sandbox) IsNode() {}
+
+// The global id.
+func (this Sandbox) GetID() string { return this.ID }
 
 // A page of sandboxes (Relay cursor connection).
 type SandboxConnection struct {
@@ -496,8 +529,10 @@ type SandboxSourceInput struct {
 type Snapshot struct {
 	// The snapshot id (snap_…); pass it as CreateSandboxInput.source.snapshotId to create a sandbox from it.
 	ID string `json:"id"`
-	// The sandbox whose workspace it holds (it may have been destroyed since).
+	// The id of the sandbox whose workspace it holds (it may have been destroyed since).
 	SandboxID string `json:"sandboxId"`
+	// The sandbox whose workspace it holds (loaded in a batch with the others of the answer); null once it was destroyed.
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 	// When the snapshot was taken.
 	CreatedAt time.Time `json:"createdAt"`
 	// The stored (compressed) size in bytes.
@@ -509,6 +544,11 @@ type Snapshot struct {
 	// The snapshot this workspace came from (the sandbox's previous one, or the source it was created from); null for none.
 	ParentSnapshotID *string `json:"parentSnapshotId,omitempty"`
 }
+
+func (Snapshot) IsNode() {}
+
+// The global id.
+func (this Snapshot) GetID() string { return this.ID }
 
 // What startAgentRun starts: the body of POST /sandbox/agent/v1/runs.
 type StartAgentRunInput struct {

@@ -36,6 +36,9 @@ type Service interface {
 	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
 	// project. The channel closes when ctx ends.
 	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)
+	// EventsCursor is the cursor of the newest status event of the caller's project: Events
+	// after it misses nothing that happened after this call.
+	EventsCursor(ctx context.Context, p auth.Principal) (string, error)
 	// Quota reports the caller's concurrency limit and use.
 	Quota(ctx context.Context, p auth.Principal) (quota.Usage, error)
 	Profiles() []sandbox.Profile
@@ -91,6 +94,8 @@ type Service interface {
 	// ListSnapshots lists snapshots newest first; sandboxID "" means the caller's whole project.
 	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
 	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
+	// GetSnapshot returns one snapshot of the caller's project (GraphQL's node and references).
+	GetSnapshot(ctx context.Context, p auth.Principal, snapshotID string) (sandbox.SnapshotInfo, error)
 
 	// ---- agent runs ----
 

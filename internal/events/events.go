@@ -133,6 +133,19 @@ func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after s
 	return out, nil
 }
 
+// LastCursor is the cursor of the newest event of the project's stream, "0-0" when it has
+// none: a subscription after it gets every event published after this call.
+func (b *Bus) LastCursor(ctx context.Context, tenant, project string) (string, error) {
+	last, err := b.rdb.XRevRangeN(ctx, streamKey(tenant, project), "+", "-", 1).Result()
+	if err != nil {
+		return "", fmt.Errorf("events last cursor: %w", err)
+	}
+	if len(last) == 1 {
+		return last[0].ID, nil
+	}
+	return "0-0", nil
+}
+
 func decode(m redis.XMessage) Event {
 	ev := Event{Cursor: m.ID, Fields: map[string]string{}}
 	for k, v := range m.Values {

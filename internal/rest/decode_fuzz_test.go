@@ -572,6 +572,8 @@ func (s *fzService) Get(_ context.Context, _ auth.Principal, id string) (sandbox
 	return sandbox.Sandbox{ID: id}, nil
 }
 
+func (s *fzService) EventsCursor(context.Context, auth.Principal) (string, error) { return "0-0", nil }
+
 func (s *fzService) Quota(context.Context, auth.Principal) (quota.Usage, error) {
 	s.record("Quota", nil)
 	return quota.Usage{}, nil
@@ -653,6 +655,10 @@ func (s *fzService) ListSnapshots(_ context.Context, _ auth.Principal, sandboxID
 func (s *fzService) DeleteSnapshot(_ context.Context, _ auth.Principal, snapshotID string) error {
 	s.record("DeleteSnapshot", snapshotID)
 	return nil
+}
+
+func (s *fzService) GetSnapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {
+	return sandbox.SnapshotInfo{ID: id}, nil
 }
 
 func (s *fzService) StartAgentRun(_ context.Context, _ auth.Principal, req sandbox.AgentRunRequest) (sandbox.AgentRun, error) {

@@ -65,6 +65,18 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	return out, nil
 }
 
+// EventsCursor is the cursor of the newest status event of the caller's project now. Read it
+// before a page of sandboxes: Events after it then gives every change since, none lost
+// between the page and the subscription (some may be older than the page, and say nothing
+// new).
+func (s *Service) EventsCursor(ctx context.Context, p auth.Principal) (string, error) {
+	c, err := s.events.LastCursor(ctx, p.Tenant, p.Project)
+	if err != nil {
+		return "", apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable").WithRetryAfter(time.Second)
+	}
+	return c, nil
+}
+
 // ExecStatusEvent is the event of an exec's start (EventExecStarted) or end (EventExecEnded)
 // on its project's event stream, at time at; Events decodes it into Event.Exec. r carries the
 // exec's id, sandbox, command and start, and its exit once ended.

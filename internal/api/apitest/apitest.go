@@ -52,6 +52,9 @@ const (
 	SnapDestroyed = "snap_9"
 )
 
+// EventsCursorNow is the cursor EventsCursor answers.
+const EventsCursorNow = "1735787045000-3"
+
 // Agent runs the fake knows (Fake.Runs), both in SandboxRunning. Anything else is NOT_FOUND.
 const (
 	// RunRunning is RUNNING as the detached exec ExecRunning.
@@ -131,6 +134,8 @@ type Fake struct {
 	// finds. New sets SnapLatest and SnapOld. SnapshotErr fails all three.
 	Snapshots   []sandbox.SnapshotInfo
 	SnapshotErr error
+	// LatestSnapshot, when set, is the latest snapshot id of the sandboxes Get answers.
+	LatestSnapshot string
 
 	// Runs are the known agent runs by id (New adds RunRunning and RunDone). StartAgentRun
 	// answers Runs[RunRunning]; CancelAgentRun cancels a run in place. RunErr fails

@@ -53,7 +53,13 @@ func (f *Fake) Update(_ context.Context, p auth.Principal, id string, req sandbo
 
 func (f *Fake) Get(_ context.Context, p auth.Principal, id string) (sandbox.Sandbox, error) {
 	f.record(Call{Method: "Get", Principal: p, SandboxID: id})
-	return lookup(p, id)
+	s, err := lookup(p, id)
+	f.mu.Lock()
+	if err == nil && f.LatestSnapshot != "" {
+		s.LatestSnapshotID = f.LatestSnapshot
+	}
+	f.mu.Unlock()
+	return s, err
 }
 
 // List answers one page of two sandboxes, whose next cursor is the second.
@@ -132,6 +138,12 @@ func (f *Fake) Events(ctx context.Context, p auth.Principal, sandboxID, after st
 		}
 	}()
 	return out, nil
+}
+
+// EventsCursor answers EventsCursorNow, and records the call.
+func (f *Fake) EventsCursor(_ context.Context, p auth.Principal) (string, error) {
+	f.record(Call{Method: "EventsCursor", Principal: p})
+	return EventsCursorNow, nil
 }
 
 // Quota answers 3 of 10 slots in use.

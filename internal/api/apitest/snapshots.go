@@ -75,3 +75,25 @@ func (f *Fake) DeleteSnapshot(_ context.Context, p auth.Principal, snapshotID st
 	}
 	return apierror.New(apierror.NotFound, "snapshot %s not found", snapshotID)
 }
+
+// GetSnapshot answers SnapshotErr, or the one of Snapshots with this id when the caller is in
+// the fixtures' tenant:project; anything else is NOT_FOUND.
+func (f *Fake) GetSnapshot(_ context.Context, p auth.Principal, snapshotID string) (sandbox.SnapshotInfo, error) {
+	f.record(Call{Method: "GetSnapshot", Principal: p, ID: snapshotID})
+	f.mu.Lock()
+	err, snaps := f.SnapshotErr, f.Snapshots
+	f.mu.Unlock()
+	if err != nil {
+		return sandbox.SnapshotInfo{}, err
+	}
+	for _, s := range snaps {
+		if s.ID != snapshotID {
+			continue
+		}
+		if _, err := lookup(p, s.SandboxID); err != nil {
+			break // another tenant's: as missing
+		}
+		return s, nil
+	}
+	return sandbox.SnapshotInfo{}, apierror.New(apierror.NotFound, "snapshot %s not found", snapshotID)
+}

@@ -9,7 +9,7 @@ export interface Label { key: string; value: string }
 
 export interface Sandbox {
   id: string;
-  profile: string;
+  profileName: string;
   state: SandboxState;
   stateReason: string | null;
   createdAt: string;
@@ -23,7 +23,7 @@ export interface Sandbox {
 }
 
 const SANDBOX_FIELDS = `
-  id profile state stateReason createdAt stateChangedAt autostopAt expiresAt latestSnapshotId
+  id profileName state stateReason createdAt stateChangedAt autostopAt expiresAt latestSnapshotId
   network resources { milliCpu memoryMb diskMb } labels { key value }`;
 
 export interface PageInfo { hasNextPage: boolean; endCursor: string | null }

@@ -159,7 +159,7 @@ export function SandboxList({
               <td>
                 <code class="id">{s.id}</code>
                 <div class="sub">
-                  {s.profile} · {when(s.createdAt)}
+                  {s.profileName} · {when(s.createdAt)}
                 </div>
               </td>
               <td>
@@ -197,7 +197,7 @@ export function Overview({ sandbox: s }: { sandbox: q.Sandbox }) {
     ['id', s.id],
     ['state', s.state],
     ['reason', s.stateReason ?? '—'],
-    ['profile', s.profile],
+    ['profile', s.profileName],
     ['created', when(s.createdAt)],
     ['state changed', when(s.stateChangedAt)],
     ['auto-stop at', when(s.autostopAt)],

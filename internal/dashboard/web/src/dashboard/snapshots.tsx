@@ -56,7 +56,7 @@ export function Snapshots({ sandbox, store, errors }: { sandbox: q.Sandbox; stor
                   onClick={() =>
                     void errors.guard('create from snapshot', async () => {
                       const d = await gql<q.CreateSandboxData>(q.CREATE_SANDBOX, {
-                        input: { profile: sandbox.profile, source: { snapshotId: s.id } },
+                        input: { profile: sandbox.profileName, source: { snapshotId: s.id } },
                       });
                       store.put(d.createSandbox);
                     })
