@@ -314,6 +314,14 @@ func (d *disks) mountDisk(id string) (mounted bool, err error) {
 		return false, err
 	}
 	start := time.Now()
+	// An earlier mount of the image can outlive its unmount here: one detached lazily
+	// (unmountDisk, when the disk stayed busy), or a copy in another mount namespace (a runsc
+	// gofer not yet gone) whose superblock our unmount does not end. It holds its loop device
+	// until its last user goes: mounting the image again meanwhile would run two ext4
+	// instances on one image, the new one blind to what the old one has not written back.
+	if err := waitImageFree(d.diskImage(id), imageFreeWait); err != nil {
+		return false, fmt.Errorf("gvisor: disk of %s: %w", id, err)
+	}
 	dev, lf, err := attachLoop(d.diskImage(id))
 	if err != nil {
 		return false, fmt.Errorf("gvisor: disk of %s: %w", id, err)
@@ -443,6 +451,43 @@ func (d *disks) diskMounted(id string) (bool, error) {
 		return false, fmt.Errorf("gvisor: %s holds a mount the driver did not make: %w", mnt, err)
 	}
 	return true, nil
+}
+
+// imageFreeWait is how long a mount waits for an earlier, lazily detached mount of the same
+// image to end.
+const imageFreeWait = 30 * time.Second
+
+// waitImageFree waits until no loop device is backed by img, for at most within.
+func waitImageFree(img string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		dev, err := loopOf(img)
+		if err != nil || dev == "" {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the image is still attached to %s (an earlier mount, detached lazily, is still in use): try again later", dev)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// loopOf returns a loop device backed by img ("" when none is).
+func loopOf(img string) (string, error) {
+	files, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		return "", err
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the device was cleared meanwhile
+		}
+		if sameFilePath(strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)"), img) {
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f))), nil
+		}
+	}
+	return "", nil
 }
 
 // loopBacks reports whether the block device dev is a loop device whose backing file is img.
