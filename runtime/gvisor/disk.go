@@ -322,6 +322,9 @@ func (d *disks) mountDisk(id string) (mounted bool, err error) {
 	if err := waitImageFree(d.diskImage(id), imageFreeWait); err != nil {
 		return false, fmt.Errorf("gvisor: disk of %s: %w", id, err)
 	}
+	if waited := time.Since(start); waited >= 50*time.Millisecond {
+		d.log.Warn("waited for an earlier mount of the disk's image to end", "box", id, "ms", waited.Milliseconds())
+	}
 	dev, lf, err := attachLoop(d.diskImage(id))
 	if err != nil {
 		return false, fmt.Errorf("gvisor: disk of %s: %w", id, err)
