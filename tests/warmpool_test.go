@@ -158,6 +158,13 @@ func TestWarmPoolAcrossReplicas(t *testing.T) {
 	c := e2e.StartServer(t, opts)
 	// c adopts a's 3 ready boxes (or retires them and fills), b keeps its own: 6 in all again.
 	waitPool(t, c, 6)
+	// a's owner lock goes once it lapses and c's pass has dealt with a's boxes: then only b's
+	// and c's are held (c may reach 6 by filling before a's lock lapses).
+	e2e.Eventually(t, 2*time.Minute, "the killed replica's owner lock to go (lock_ttl_sec, 30 s)", func() (bool, string) {
+		keys, err := rs.Client.Keys(t.Context(), "*pool-owner*").Result()
+		return err == nil && len(keys) == 2, fmt.Sprintf("%v %v", keys, err)
+	})
+	waitPool(t, c, 6)
 	sb := c.Create(t, `{"profile":"warm","env":{"WHO":"after"}}`, e2e.HdrTenant1)
 	if out := c.Run(t, sb.SandboxID, []string{"sh", "-c", `echo "$WHO"; ls -A /workspace /tmp | grep -c mine || true`}, e2e.HdrTenant1); out != "after\n0\n" {
 		t.Fatalf("a create after the kill: got %q, want the new caller's env and no file of an earlier claim", out)
