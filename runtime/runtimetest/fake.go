@@ -283,23 +283,26 @@ func (f *Fake) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if !ok || b.rec.Pool != "" {
 		return runtime.Box{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
-	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence}, nil
+	return b.box(), nil
 }
 
 // List implements runtime.Driver, in id order.
 func (f *Fake) List(ctx context.Context) ([]runtime.Box, error) {
+	return f.listBoxes("List", false)
+}
+
+// listBoxes lists the boxes in a warm pool (pooled) or the others, in id order, failing as op.
+func (f *Fake) listBoxes(op string, pooled bool) ([]runtime.Box, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.injected("List"); err != nil {
+	if err := f.injected(op); err != nil {
 		return nil, err
 	}
 	boxes := make([]runtime.Box, 0, len(f.boxes))
 	for _, id := range slices.Sorted(maps.Keys(f.boxes)) {
-		b := f.boxes[id]
-		if b.rec.Pool != "" {
-			continue // fakepool.go
+		if b := f.boxes[id]; (b.rec.Pool != "") == pooled {
+			boxes = append(boxes, b.box())
 		}
-		boxes = append(boxes, runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence})
 	}
 	return boxes, nil
 }
@@ -307,13 +310,22 @@ func (f *Fake) List(ctx context.Context) ([]runtime.Box, error) {
 // UpdateRecord implements runtime.Driver. fn runs under the Fake's lock: it must not call
 // the Fake.
 func (f *Fake) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
+	return f.updateBox(ctx, "UpdateRecord", id, false, fn)
+}
+
+// updateBox is UpdateRecord (pooled false: boxes of warm pools are not found) and UpdatePool
+// (pooled true: only they are), failing as op.
+func (f *Fake) updateBox(ctx context.Context, op, id string, pooled bool, fn func(*runtime.Record) error) (runtime.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.injected("UpdateRecord"); err != nil {
+	if err := f.injected(op); err != nil {
 		return runtime.Record{}, err
 	}
 	b, ok := f.boxes[id]
-	if !ok || b.rec.Pool != "" {
+	if !ok || (b.rec.Pool != "") != pooled {
+		if pooled {
+			return runtime.Record{}, fmt.Errorf("fake: box %s is not in a warm pool: %w", id, runtime.ErrNotFound)
+		}
 		return runtime.Record{}, fmt.Errorf("fake: box %s: %w", id, runtime.ErrNotFound)
 	}
 	fence, _, err := runtime.AdmitFence(ctx, b.fence)
@@ -325,10 +337,15 @@ func (f *Fake) UpdateRecord(ctx context.Context, id string, fn func(*runtime.Rec
 		return runtime.Record{}, err
 	}
 	if rec.ID != id {
-		return runtime.Record{}, fmt.Errorf("fake: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
+		return runtime.Record{}, fmt.Errorf("fake: %s may not change the id (%s to %s)", op, id, rec.ID)
 	}
 	b.rec, b.fence = cloneRecord(rec), fence
 	return rec, nil
+}
+
+// box is b as the runtime reports it. Called with f.mu held.
+func (b *fakeBox) box() runtime.Box {
+	return runtime.Box{Record: cloneRecord(b.rec), Phase: b.phase, Reason: b.reason, Lost: b.lost, Fence: b.fence}
 }
 
 // admit checks a lifecycle write made with ctx against the box's fence and records a higher
