@@ -126,36 +126,30 @@ func fetchEach[V any](get func(context.Context, auth.Principal, string) (V, erro
 // ---- references ----
 
 func (r *Resolver) sandboxRef(ctx context.Context, id string) (*model.Sandbox, error) {
-	if id == "" {
-		return nil, nil
-	}
-	sb, err := r.loadersOf(ctx).sandboxes.Load(ctx, id)
-	if err != nil || sb == nil {
-		return nil, err
-	}
-	return toSandbox(*sb), nil
+	return ref(ctx, r.loadersOf(ctx).sandboxes, id, toSandbox)
 }
 
 func (r *Resolver) snapshotRef(ctx context.Context, id string) (*model.Snapshot, error) {
-	if id == "" {
-		return nil, nil
-	}
-	s, err := r.loadersOf(ctx).snapshots.Load(ctx, id)
-	if err != nil || s == nil {
-		return nil, err
-	}
-	return toSnapshot(*s), nil
+	return ref(ctx, r.loadersOf(ctx).snapshots, id, toSnapshot)
 }
 
 func (r *Resolver) execRef(ctx context.Context, id string) (*model.ExecResult, error) {
+	return ref(ctx, r.loadersOf(ctx).execs, id, func(e sandbox.ExecResult) *model.ExecResult {
+		return toExecResult(e, nil) // references carry no output
+	})
+}
+
+// ref loads the object id refers to through l and converts it: nil for no id, or for an
+// object that is gone.
+func ref[V, M any](ctx context.Context, l *dataloadgen.Loader[string, *V], id string, conv func(V) *M) (*M, error) {
 	if id == "" {
 		return nil, nil
 	}
-	e, err := r.loadersOf(ctx).execs.Load(ctx, id)
-	if err != nil || e == nil {
+	v, err := l.Load(ctx, id)
+	if err != nil || v == nil {
 		return nil, err
 	}
-	return toExecResult(*e, nil), nil // references carry no output
+	return conv(*v), nil
 }
 
 // profileRef is the configured profile of this name; null when the configuration no longer
