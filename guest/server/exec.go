@@ -472,18 +472,31 @@ func (c *collector) flush() {
 	}
 }
 
-// retire moves an exec to the ended list and forgets the oldest ended ones. It runs before
-// the exit record is written, so that whoever sees the record sees the bookkeeping done.
+// retire moves an exec to the ended list and forgets the oldest ended ones: beyond
+// KeepEnded of them, or while the logs of all but the newest hold more than KeepEndedBytes.
+// It runs before the exit record is written, so that whoever sees the record sees the
+// bookkeeping done.
 func (s *Server) retire(e *execState) {
 	s.mu.Lock()
 	s.running--
 	s.ended = append(s.ended, e.id)
+	// The bytes the ended logs keep, all but the newest (e, whose log is still being
+	// finished: it is never dropped here).
+	var olderBytes int64
+	for _, id := range s.ended[:len(s.ended)-1] {
+		if old := s.execs[id]; old != nil {
+			kept, _ := old.log.usage()
+			olderBytes += kept
+		}
+	}
 	var drop []*execState
-	for len(s.ended) > s.opts.KeepEnded {
+	for len(s.ended) > s.opts.KeepEnded || len(s.ended) > 1 && olderBytes > s.opts.KeepEndedBytes {
 		old := s.execs[s.ended[0]]
 		delete(s.execs, s.ended[0])
 		s.ended = s.ended[1:]
 		if old != nil {
+			kept, _ := old.log.usage()
+			olderBytes -= kept
 			drop = append(drop, old)
 		}
 	}

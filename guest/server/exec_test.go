@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -494,6 +495,68 @@ func TestMaxLogBytes(t *testing.T) {
 				t.Errorf("dropped: got %d, want 0", res.Exit.DroppedBytes)
 			}
 		})
+	}
+}
+
+// TestKeepEndedBytes: the logs of ended execs, which live in the sandbox's memory, are
+// bounded in bytes as well as in number: a sandbox running many commands with large output
+// keeps the newest ended exec whatever its size, and older ones only within the bound.
+func TestKeepEndedBytes(t *testing.T) {
+	h := guesttest.New(t, server.Options{KeepEndedBytes: 64 << 10}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	run := func(id string, n int) {
+		t.Helper()
+		if _, err := h.C.Run(ctx, proto.ExecRequest{ID: id, Argv: []string{"head", "-c", strconv.Itoa(n), "/dev/zero"}}, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listed := func() string {
+		t.Helper()
+		infos, err := h.C.Execs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, info := range infos {
+			ids = append(ids, info.ID)
+		}
+		return strings.Join(ids, ",")
+	}
+	for i := range 4 {
+		run(fmt.Sprintf("big-%d", i), 40<<10)
+	}
+	// big-3 is the newest; big-2's 40 KiB fit the 64 KiB bound, big-1's would not.
+	if got, want := listed(), "big-2,big-3"; got != want {
+		t.Errorf("after four 40 KiB execs: got %s, want %s", got, want)
+	}
+	for _, id := range []string{"big-0", "big-1"} {
+		if _, err := os.Stat(filepath.Join(h.State, id)); !os.IsNotExist(err) {
+			t.Errorf("%s's files: %v, want them deleted", id, err)
+		}
+	}
+	// One ended exec bigger than the bound on its own is kept while it is the newest.
+	run("huge", 200<<10)
+	if got, want := listed(), "big-3,huge"; got != want {
+		t.Errorf("after a 200 KiB exec: got %s, want %s", got, want)
+	}
+	rs := guesttest.Records(t, h.C, "huge", 0, true)
+	var n int
+	for _, r := range rs {
+		if r.Kind == proto.RecordStdout {
+			n += len(r.Data)
+		}
+	}
+	if n != 200<<10 {
+		t.Errorf("huge's output: got %d bytes, want all %d", n, 200<<10)
+	}
+	// A small exec after it pushes it out, with big-3, once it is no longer the newest.
+	run("small-0", 10)
+	if got, want := listed(), "small-0"; got != want {
+		t.Errorf("after a small exec: got %s, want %s", got, want)
+	}
+	run("small-1", 10)
+	if got, want := listed(), "small-0,small-1"; got != want {
+		t.Errorf("after two small execs: got %s, want %s", got, want)
 	}
 }
 

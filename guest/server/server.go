@@ -54,6 +54,12 @@ type Options struct {
 	// KeepEnded is how many ended execs are kept (default 1000); the oldest are forgotten
 	// and their files deleted.
 	KeepEnded int
+	// KeepEndedBytes bounds the bytes the logs of ended execs other than the newest one keep
+	// together (default DefaultMaxLogBytes): beyond it the oldest are forgotten too. The logs
+	// live in a tmpfs the sandbox's memory limit counts, and the control plane has copied an
+	// ended exec's output by the time it reads the exit record, so a sandbox that runs many
+	// commands with large output is not killed by its own history.
+	KeepEndedBytes int64
 	// Cgroups, when set, tracks each exec's processes in a cgroup of its own (OpenCgroups:
 	// PID 1 inside a sandbox only), so that a timeout, signal or Close reaches every process
 	// an exec started, whatever it did to its session, group or environment. Without it they
@@ -120,6 +126,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.KeepEnded <= 0 {
 		opts.KeepEnded = 1000
+	}
+	if opts.KeepEndedBytes <= 0 {
+		opts.KeepEndedBytes = opts.DefaultMaxLogBytes
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
