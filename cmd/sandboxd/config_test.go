@@ -534,7 +534,7 @@ func TestReadmeExampleConfig(t *testing.T) {
 // could fill (their sweep keeps up to execs.max_ended_bytes) is a config error; with a
 // REDIS_URL the section does not apply.
 func TestRedisMaxMemoryLeavesRoomForRunningExecs(t *testing.T) {
-	if _, err := load(t, "redis: {maxmemory: 256mb}\n"); err == nil || !strings.Contains(err.Error(), "at least twice execs.max_ended_bytes") {
+	if _, err := load(t, "redis: {maxmemory: 64mb}\n"); err == nil || !strings.Contains(err.Error(), "at least twice execs.max_ended_bytes") {
 		t.Fatalf("maxmemory equal to the default max_ended_bytes: got %v, want the room error", err)
 	}
 	if _, err := load(t, "redis: {maxmemory: 256mb}\nexecs: {max_ended_bytes: 134217728}\n"); err != nil {

@@ -2,12 +2,14 @@ package execs
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -54,8 +56,22 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 	trace.SpanFromContext(ctx).SetAttributes(keyExecID.String(meta.ID))
 	// The log is read on the service's context: the command and its follower outlive the
 	// request. Its guest call is still a span of the request's trace.
-	lr, err := g.StartLog(trace.ContextWithSpanContext(s.bg, trace.SpanContextFromContext(ctx)), proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
-		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, StdinOpen: req.StdinOpen, Tty: tty, MaxRunning: s.cfg.MaxRunningExecs})
+	lctx := trace.ContextWithSpanContext(s.bg, trace.SpanContextFromContext(ctx))
+	greq := proto.ExecRequest{ID: meta.ID, Argv: req.Command, Env: env, Cwd: req.Cwd,
+		TimeoutMs: timeout.Milliseconds(), Stdin: req.Stdin, StdinOpen: req.StdinOpen, Tty: tty, MaxRunning: s.cfg.MaxRunningExecs}
+	lr, err := g.StartLog(lctx, greq)
+	if err != nil && errors.Is(err, client.ErrClosed) && ctx.Err() == nil {
+		// The cached attach broke, perhaps before the request went out (its end is noticed
+		// asynchronously): once more on a new attach. The guest refuses a second start of the
+		// same id, so a command that did start runs once and is followed from its log.
+		_ = s.sandboxes.GuestError(ctx, id, err) // drops the broken attach
+		if g, gerr := s.sandboxes.Guest(ctx, id); gerr == nil {
+			lr, err = g.StartLog(lctx, greq)
+			if ge := (*proto.Error)(nil); errors.As(err, &ge) && ge.Code == proto.ErrCodeExists {
+				lr, err = nil, nil // the first start got through: the follower opens its log
+			}
+		}
+	}
 	if err != nil {
 		gerr := s.sandboxes.GuestError(ctx, id, err)
 		// The command never started: end its stream so that no subscriber waits for it.

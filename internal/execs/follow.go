@@ -435,8 +435,8 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 		r.OutputBytes = outputBytes(c.written, exit)
 	}
 	applyExit(&r, exit)
-	// The command's end is activity: auto-stop counts idle time from here.
-	s.sandboxes.Touch(s.bg, f.meta.Sandbox)
+	// The command's end is activity: auto-stop counts idle time from exactly here.
+	s.sandboxes.TouchNow(s.bg, f.meta.Sandbox)
 	if f.exitAppended {
 		s.publish(f.meta, sandbox.EventExecEnded, r)
 	}

@@ -43,8 +43,10 @@ type Sandboxes interface {
 	// Observe reconciles a box's record with its phase: a RUNNING box whose compute died is
 	// recorded FAILED with the reason.
 	Observe(ctx context.Context, box runtime.Box) runtime.Record
-	// Touch records activity on a sandbox (for auto-stop).
+	// Touch records activity on a sandbox (for auto-stop), at most once a second per replica.
 	Touch(ctx context.Context, id string)
+	// TouchNow records activity that auto-stop counts from exactly (a command's end).
+	TouchNow(ctx context.Context, id string)
 	// HoldStream takes one of the stream places of p's tenant:project on this replica, which
 	// event and output streams share.
 	HoldStream(p auth.Principal) (release func(), err error)

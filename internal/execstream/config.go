@@ -26,7 +26,7 @@ type Config struct {
 // follower lease.
 func DefaultConfig() Config {
 	return Config{StreamMaxEntries: 50000, StreamMaxBytes: 16 << 20, RetentionSec: 3600,
-		MaxEndedBytes: 256 << 20, FollowLeaseSec: 10}
+		MaxEndedBytes: 64 << 20, FollowLeaseSec: 10}
 }
 
 // Validate reports every problem of c, each naming its setting.

@@ -12,7 +12,7 @@ func TestConfig(t *testing.T) {
 		t.Fatalf("the defaults: %v", err)
 	}
 	o := c.Options()
-	if o.MaxLen != 50000 || o.MaxBytes != 16<<20 || o.Retention != time.Hour || o.MaxEndedBytes != 256<<20 || c.FollowLease() != 10*time.Second {
+	if o.MaxLen != 50000 || o.MaxBytes != 16<<20 || o.Retention != time.Hour || o.MaxEndedBytes != 64<<20 || c.FollowLease() != 10*time.Second {
 		t.Errorf("default options: %+v, follow lease %v", o, c.FollowLease())
 	}
 	for _, tt := range []struct {

@@ -143,7 +143,7 @@ type Options struct {
 	// deletes them after that.
 	Retention time.Duration
 	// MaxEndedBytes bounds the output all ended execs' streams hold together (default
-	// 256 MiB; each counts as its guest log bytes, at most MaxBytes): Sweep deletes the oldest
+	// 64 MiB; each counts as its guest log bytes, at most MaxBytes): Sweep deletes the oldest
 	// ended execs beyond it, before their retention ends. Running execs are never deleted.
 	MaxEndedBytes int64
 	// Block is how long one XREAD of a subscription waits before it checks its context again
@@ -183,7 +183,7 @@ func New(rdb redis.UniversalClient, opts Options) *Store {
 		opts.Retention = time.Hour
 	}
 	if opts.MaxEndedBytes <= 0 {
-		opts.MaxEndedBytes = 256 << 20
+		opts.MaxEndedBytes = 64 << 20
 	}
 	if opts.Block <= 0 {
 		opts.Block = 5 * time.Second

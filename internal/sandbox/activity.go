@@ -7,9 +7,23 @@ import (
 	"sandboxd/runtime"
 )
 
-// Touch records activity on a sandbox (for auto-stop).
-func (s *Service) Touch(ctx context.Context, id string) {
-	if err := s.store.Touch(context.WithoutCancel(ctx), id, s.now()); err != nil {
+// Touch records activity on a sandbox (for auto-stop). One replica writes one sandbox's
+// activity at most once per touchEvery: an idle clock that counts minutes loses nothing, and a
+// read does not cost a Redis write each time.
+func (s *Service) Touch(ctx context.Context, id string) { s.touch(ctx, id, false) }
+
+// TouchNow records activity that auto-stop counts from exactly, such as a command's end: it is
+// written even when this replica wrote the sandbox's activity within touchEvery (a read's
+// touch just before must not leave the clock up to touchEvery early).
+func (s *Service) TouchNow(ctx context.Context, id string) { s.touch(ctx, id, true) }
+
+func (s *Service) touch(ctx context.Context, id string, exact bool) {
+	now := s.now()
+	if !s.cache.shouldTouch(id, now, exact) {
+		return
+	}
+	if err := s.store.Touch(context.WithoutCancel(ctx), id, now); err != nil {
+		s.cache.untouch(id)
 		s.log.Debug("recording activity failed", "sandbox", id, "err", err)
 	}
 }
@@ -46,6 +60,12 @@ func (s *Service) withActivities(ctx context.Context, sbs []Sandbox) {
 	if err != nil {
 		s.log.Debug("reading activity failed", "err", err)
 	}
+	setAutostops(sbs, acts)
+}
+
+// setAutostops sets the auto-stop deadline of sbs's running sandboxes from their last
+// activity in acts (their last state change when later, or when acts lacks them).
+func setAutostops(sbs []Sandbox, acts map[string]time.Time) {
 	for i := range sbs {
 		if sbs[i].State != Running {
 			continue
