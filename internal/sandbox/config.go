@@ -114,6 +114,11 @@ type Config struct {
 	// MaxStreamsPerProject bounds the event and output streams one tenant:project holds on one
 	// replica at once (default 250); more are refused with LIMIT_EXCEEDED.
 	MaxStreamsPerProject int `json:"-"`
+	// ReadCacheTTL is how old a box this replica read from the runtime may be when a read
+	// serves it (default DefaultReadCacheTTL; see boxcache.go), ReadCacheEntries how many boxes
+	// it keeps (default DefaultReadCacheEntries).
+	ReadCacheTTL     time.Duration `json:"-"`
+	ReadCacheEntries int           `json:"-"`
 	// MaxRunningExecs bounds the commands running at once in one sandbox (default 64); more
 	// are refused with LIMIT_EXCEEDED. The guest init counts them, so the cap holds across
 	// replicas and restarts.

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"maps"
+	"time"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -48,6 +50,9 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 	}
 	var page Page
 	after := opts.After
+	// acts are the listed sandboxes' last activity, read with the index (one round trip less
+	// than reading it for the page's running sandboxes afterwards).
+	acts := map[string]time.Time{}
 	// Read the index in batches until the page is full and one more entry may match (then
 	// another page follows), or the index ends (then none does). With filters this may take
 	// several batches, bounded so one call never scans a whole huge project: a call that stops
@@ -55,11 +60,12 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 	// short of a full page (even empty), never the last page by mistake.
 	for scanned, budget := 0, 20*limit+1000; ; {
 		batch := limit + 1
-		entries, err := s.store.List(ctx, p.Tenant, p.Project, after, batch)
+		entries, last, err := s.store.ListActive(ctx, p.Tenant, p.Project, after, batch)
 		if err != nil {
 			return Page{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 		}
 		scanned += len(entries)
+		maps.Copy(acts, last)
 		for _, e := range entries {
 			if !hinted(e) {
 				after = e.ID
@@ -68,7 +74,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 			if len(page.Sandboxes) == limit {
 				// The page is full and this entry may be on the next one.
 				page.NextCursor = after
-				s.withActivities(ctx, page.Sandboxes)
+				setAutostops(page.Sandboxes, acts)
 				return page, nil
 			}
 			after = e.ID
@@ -78,6 +84,9 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 			}
 			if err != nil {
 				return Page{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
+			}
+			if box.Record.Tenant != p.Tenant || box.Record.Project != p.Project {
+				continue // the record decides whose it is, not the lookup (nor a cached copy of it)
 			}
 			sb := toSandbox(s.Observe(ctx, box))
 			if sb.State == Destroyed || (opts.State != "" && sb.State != opts.State) || !matchLabels(sb.Labels, opts.Labels) {
@@ -93,7 +102,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, opts ListOptions) 
 			break
 		}
 	}
-	s.withActivities(ctx, page.Sandboxes)
+	setAutostops(page.Sandboxes, acts)
 	return page, nil
 }
 

@@ -26,24 +26,29 @@ func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Ve
 	if !ValidID(id, idPrefix) {
 		return runtime.Record{}, notFound(id)
 	}
-	e, err := s.store.Get(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return runtime.Record{}, notFound(id)
-	}
-	if err != nil {
-		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
-	}
-	if e.Tenant != p.Tenant || e.Project != p.Project {
-		return runtime.Record{}, notFound(id)
-	}
-	box, err := s.driver.Get(ctx, id)
-	if errors.Is(err, runtime.ErrNotFound) {
-		// The lookup outlived the box (a create that died half way, a destroy elsewhere).
-		_ = s.store.Delete(ctx, e)
-		return runtime.Record{}, notFound(id)
-	}
-	if err != nil {
-		return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
+	// A box in the read cache names its owner in its record (the truth the lookup caches):
+	// the lookup is read only for a box this replica has not read lately.
+	box, cached := s.cache.get(id)
+	if !cached {
+		e, err := s.store.Get(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return runtime.Record{}, notFound(id)
+		}
+		if err != nil {
+			return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
+		}
+		if e.Tenant != p.Tenant || e.Project != p.Project {
+			return runtime.Record{}, notFound(id)
+		}
+		box, err = s.driver.Get(ctx, id)
+		if errors.Is(err, runtime.ErrNotFound) {
+			// The lookup outlived the box (a create that died half way, a destroy elsewhere).
+			_ = s.store.Delete(ctx, e)
+			return runtime.Record{}, notFound(id)
+		}
+		if err != nil {
+			return runtime.Record{}, apierror.Wrap(err, apierror.Unavailable, "the runtime is unavailable")
+		}
 	}
 	if box.Record.Tenant != p.Tenant || box.Record.Project != p.Project {
 		return runtime.Record{}, notFound(id)
@@ -63,9 +68,10 @@ func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Ve
 	return rec, nil
 }
 
-// Box is the runtime's box of sandbox id, as the driver reports it (its record and phase).
+// Box is the runtime's box of sandbox id, as the driver reports it (its record and phase),
+// read from the runtime itself, never the read cache: exec's follower asks after its log broke.
 func (s *Service) Box(ctx context.Context, id string) (runtime.Box, error) {
-	return s.driver.Get(ctx, id)
+	return s.raw.Get(ctx, id)
 }
 
 // Observe reconciles a record with what the driver sees: a box whose compute died while it was

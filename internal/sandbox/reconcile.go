@@ -209,8 +209,9 @@ func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
 	}
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
-	// Read again under the lock.
-	b, err = s.driver.Get(ctx, id)
+	// Read again under the lock, from the runtime itself: what the pass listed may have moved,
+	// and a read cache's copy may be older still.
+	b, err = s.raw.Get(ctx, id)
 	if err != nil {
 		return State(rec.State)
 	}

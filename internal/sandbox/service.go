@@ -62,11 +62,16 @@ type Service struct {
 	profiles map[string]ProfileConfig
 	resolve  Resolver
 	driver   runtime.Driver
-	store    *store.Store
-	events   *events.Bus
-	metrics  *Metrics
-	log      *slog.Logger
-	now      func() time.Time
+	// raw is the driver without the read cache: what reads after a failure use (Box).
+	raw   runtime.Driver
+	cache *boxCache
+	// watched ends when the watch of other replicas' changes (watchChanges) has stopped.
+	watched chan struct{}
+	store   *store.Store
+	events  *events.Bus
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() time.Time
 
 	attachs *attachments
 	slots   slots
@@ -115,13 +120,21 @@ func New(cfg Config, d Deps) (*Service, error) {
 	if d.Metrics == nil {
 		d.Metrics = NewMetrics(nil)
 	}
-	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, store: d.Store, events: d.Events,
+	cache := newBoxCache(cfg.ReadCacheTTL, cfg.ReadCacheEntries, time.Now)
+	raw := d.Driver
+	cd := &cachedDriver{Driver: raw, c: cache, announce: func(id string) { announceChange(d.Store, d.Logger, id) }}
+	d.Driver = cd.wrap()
+	if d.Pooler != nil {
+		// The pools' claims go through the cache too (the Pooler given may not be the driver).
+		d.Pooler = cachedPooler{cd: cd, p: d.Pooler}
+	}
+	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, raw: raw, cache: cache, store: d.Store, events: d.Events,
 		metrics: d.Metrics, log: d.Logger, now: d.Now, streams: fairshare.New(cfg.MaxStreamsPerProject)}
 	s.resolve = d.Resolve
 	if s.resolve == nil {
 		s.resolve = NewResolver(cfg.Network.DNSServers)
 	}
-	s.attachs = newAttachments(d.Driver, s.Observe)
+	s.attachs = newAttachments(raw, s.Observe)
 	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger, metrics: d.Metrics}
 	s.ckpts = &checkpoints{store: d.Checkpoints, driver: d.Driver, attachs: s.attachs, metrics: d.Metrics, log: d.Logger,
 		now: d.Now, keep: cfg.KeepCheckpoints}
@@ -131,6 +144,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		every: defaultProgressEvery}
 	s.recon = &reconciler{s: s}
 	s.bg, s.cancel = context.WithCancel(context.Background())
+	s.watched = make(chan struct{})
+	go s.watchChanges()
 	for _, p := range cfg.Profiles {
 		s.profiles[p.Name] = p
 	}
@@ -157,6 +172,7 @@ func (s *Service) Config() Config { return s.cfg }
 // stream it holds. Sandboxes and commands keep running.
 func (s *Service) Close() {
 	s.cancel()
+	<-s.watched
 	if s.pool != nil {
 		<-s.pool.done // its boxes retired
 	}

@@ -261,6 +261,9 @@ func TestLostBoxIsStartedAgain(t *testing.T) {
 	if err := e.Fake.Lose(sb.ID, "the sandbox's pod is gone"); err != nil {
 		t.Fatal(err)
 	}
+	// No replica wrote the loss: reads see it once the read cache's copy is older than its
+	// bound.
+	time.Sleep(DefaultReadCacheTTL)
 	got, err := e.Svc.Get(ctx, alice, sb.ID)
 	if err != nil || (got.State != Failed && got.State != Starting && got.State != Running) {
 		t.Fatalf("right after the loss: got %s %v", got.State, err)
@@ -284,6 +287,7 @@ func TestLostBoxIsStartedAgain(t *testing.T) {
 	if err := e.Fake.Lose(sb.ID, "the sandbox's pod is gone"); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(DefaultReadCacheTTL)
 	if _, err := e.Svc.Get(ctx, alice, sb.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,9 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	}
 	defer lock.Unlock(ctx)
 	ctx = runtime.WithFence(ctx, lock.Fence())
-	// Load again under the lock: the state may have moved while we waited.
+	// Load again under the lock: the state may have moved while we waited (and the read
+	// cache may not have heard yet, so its copy goes).
+	s.cache.forget(id)
 	rec, err := s.Load(ctx, p, id, verb)
 	if err != nil {
 		return runtime.Record{}, err

@@ -200,34 +200,86 @@ func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
 // List returns up to limit entries of a project, newest first (ids sort by creation time),
 // starting after the id after ("" for the first page).
 func (s *Store) List(ctx context.Context, tenant, project, after string, limit int) ([]Entry, error) {
-	if err := s.EnsureBuilt(ctx); err != nil {
-		return nil, err
-	}
+	out, _, err := s.list(ctx, tenant, project, after, limit, false)
+	return out, err
+}
+
+// ListActive is List with the last activity of every listed sandbox, as Activity reports it,
+// read in the same two round trips (a list page of running sandboxes needs both).
+func (s *Store) ListActive(ctx context.Context, tenant, project, after string, limit int) ([]Entry, map[string]time.Time, error) {
+	return s.list(ctx, tenant, project, after, limit, true)
+}
+
+func (s *Store) list(ctx context.Context, tenant, project, after string, limit int, activity bool) ([]Entry, map[string]time.Time, error) {
 	max := "+"
 	if after != "" {
 		max = "(" + after
 	}
-	ids, err := s.rdb.ZRevRangeByLex(ctx, indexKey(tenant, project), &redis.ZRangeBy{Max: max, Min: "-", Count: int64(limit)}).Result()
-	if err != nil {
-		return nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+	by := &redis.ZRangeBy{Max: max, Min: "-", Count: int64(limit)}
+	// The built marker and the index page in one round trip (EnsureBuilt's check without a
+	// round trip of its own); after a rebuild both are read again.
+	var built *redis.StringCmd
+	var page *redis.StringSliceCmd
+	for attempt := 0; ; attempt++ {
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			built = p.Get(ctx, builtKey)
+			page = p.ZRevRangeByLex(ctx, indexKey(tenant, project), by)
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+		}
+		if err := page.Err(); err != nil {
+			return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+		}
+		if !errors.Is(built.Err(), redis.Nil) || attempt > 0 {
+			break
+		}
+		if err := s.Rebuild(ctx); err != nil {
+			return nil, nil, err
+		}
 	}
+	ids := page.Val()
 	cmds := make([]*redis.MapStringStringCmd, len(ids))
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	acts := make([]*redis.StringCmd, len(ids))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
 			cmds[i] = p.HGetAll(ctx, entryKey(id))
+			if activity {
+				acts[i] = p.Get(ctx, activityKey(id))
+			}
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
 	}
 	out := make([]Entry, 0, len(ids))
-	for i, id := range ids {
-		if e, ok := parseEntry(id, cmds[i].Val()); ok && e.Tenant == tenant && e.Project == project {
-			out = append(out, e)
+	var last map[string]time.Time
+	var rebuilt time.Time
+	if activity {
+		last = make(map[string]time.Time, len(ids))
+		if rebuilt, err = s.rebuiltAt(ctx, built); err != nil {
+			return nil, nil, err
 		}
 	}
-	return out, nil
+	for i, id := range ids {
+		if err := cmds[i].Err(); err != nil {
+			return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+		}
+		e, ok := parseEntry(id, cmds[i].Val())
+		if !ok || e.Tenant != tenant || e.Project != project {
+			continue
+		}
+		out = append(out, e)
+		if activity {
+			last[id] = rebuilt
+			if ms, err := acts[i].Int64(); err == nil && time.UnixMilli(ms).After(rebuilt) {
+				last[id] = time.UnixMilli(ms).UTC()
+			}
+		}
+	}
+	return out, last, nil
 }
 
 // EnsureBuilt rebuilds the lookup from the runtime when Redis does not hold a complete one.
@@ -520,4 +572,51 @@ func (s *Store) rebuiltAt(ctx context.Context, built *redis.StringCmd) (time.Tim
 // ForgetActivity drops the activity of a destroyed sandbox.
 func (s *Store) ForgetActivity(ctx context.Context, id string) error {
 	return s.rdb.Del(ctx, activityKey(id)).Err()
+}
+
+// changesChannel is the pub/sub channel on which every replica announces the sandboxes whose
+// runtime record it wrote, so that the others drop their cached copy (internal/sandbox's read
+// cache). A notice may be lost (pub/sub keeps nothing): readers bound the age of what they
+// cache as well.
+const changesChannel = "sbx:records:changed"
+
+// Changed announces that sandbox id's runtime record or compute changed.
+func (s *Store) Changed(ctx context.Context, id string) error {
+	if err := s.rdb.Publish(ctx, changesChannel, id).Err(); err != nil {
+		return fmt.Errorf("store announce %s: %w", id, err)
+	}
+	return nil
+}
+
+// WatchChanges calls changed with the id of every change any replica announces, and reset
+// each time the watch (re)subscribes, since notices sent while it was not subscribed are
+// lost. It returns when ctx ends.
+func (s *Store) WatchChanges(ctx context.Context, changed func(id string), reset func()) {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		ps := s.rdb.Subscribe(ctx, changesChannel)
+		// A blocked Receive does not watch ctx: closing the subscription ends it.
+		stop := context.AfterFunc(ctx, func() { ps.Close() })
+		for {
+			msg, err := ps.Receive(ctx)
+			if err != nil {
+				break
+			}
+			switch m := msg.(type) {
+			case *redis.Subscription:
+				reset()
+				backoff = 50 * time.Millisecond
+			case *redis.Message:
+				changed(m.Payload)
+			}
+		}
+		stop()
+		ps.Close()
+		reset()
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }

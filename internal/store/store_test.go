@@ -518,3 +518,50 @@ func TestLockAfterAFlushBeforeItsFence(t *testing.T) {
 		}
 	})
 }
+
+// ListActive gives each listed sandbox's activity as Activity does: the recorded time when it
+// is after the lookup's last rebuild, else the rebuild's time (also right after a FLUSHALL),
+// and only for the caller's project.
+func TestListActive(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		truth := append(newEntries(3, "t1", "p1"), newEntries(2, "t2", "p1")...)
+		s := New(srv.Client, func(context.Context) ([]Entry, error) { return truth, nil })
+		used := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+		if _, err := s.List(ctx, "t1", "p1", "", 10); err != nil { // builds the lookup
+			t.Fatal(err)
+		}
+		if err := s.Touch(ctx, truth[0].ID, used); err != nil {
+			t.Fatal(err)
+		}
+		for _, step := range []string{"built", "after-flushall"} {
+			if step == "after-flushall" {
+				if err := srv.Client.FlushAll(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				used = time.Time{} // the recorded time went with the flush
+			}
+			entries, acts, err := s.ListActive(ctx, "t1", "p1", "", 10)
+			if err != nil || len(entries) != 3 || len(acts) != 3 {
+				t.Fatalf("%s: got %d entries, %d activities, %v, want 3 and 3", step, len(entries), len(acts), err)
+			}
+			want, err := s.Activity(ctx, truth[0].ID, truth[1].ID, truth[2].ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for id, at := range acts {
+				if !at.Equal(want[id]) {
+					t.Fatalf("%s: activity of %s: got %v, want Activity's %v", step, id, at, want[id])
+				}
+				if id == truth[0].ID && !used.IsZero() && !at.Equal(used) {
+					t.Fatalf("%s: activity of the touched sandbox: got %v, want %v", step, at, used)
+				}
+			}
+			for _, e := range truth[3:] {
+				if _, ok := acts[e.ID]; ok {
+					t.Fatalf("%s: t1's list gave the activity of t2's %s", step, e.ID)
+				}
+			}
+		}
+	})
+}
