@@ -225,7 +225,9 @@ type Pooler interface {
 	// ListPool returns the boxes of every warm pool.
 	ListPool(ctx context.Context) ([]Box, error)
 	// UpdatePool applies fn to a box of a pool and stores the result atomically, as
-	// UpdateRecord does (fence included), across every process sharing the driver's state.
+	// UpdateRecord does (fence included), across every process sharing the driver's state
+	// (durably or not: a pool box does not outlive a host crash, and the sandbox's next
+	// UpdateRecord makes a claim durable).
 	// ErrNotFound when id is not, or no longer, a box of a pool. An fn that clears Pool claims
 	// the box: from then on it is an ordinary box (Get, List, UpdateRecord), and every later
 	// UpdatePool of it is ErrNotFound, so no box is claimed twice.

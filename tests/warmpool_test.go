@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -187,4 +190,94 @@ func TestWarmPoolAcrossReplicas(t *testing.T) {
 	if len(keys) != 0 {
 		t.Fatalf("pool owner locks left in Redis after every replica stopped: %v", keys)
 	}
+}
+
+// TestWarmPoolHostileWorkload: a workload in a sandbox claimed from a pool looks for the other
+// pool boxes (still waiting to be claimed) and finds no way to them: no socket of another box's
+// guest init, none of their host folders, no process of theirs; a stale entry of the pool index
+// (a box gone) is skipped and removed, the quota counts the claimed sandboxes exactly.
+func TestWarmPoolHostileWorkload(t *testing.T) {
+	opts := e2e.ServerOptions{Extra: map[string]any{"profiles": []map[string]any{warmProfile(2)}}}
+	opts.State = e2e.NewStateDir(t)
+	s := e2e.StartServer(t, opts)
+	waitPool(t, s, 2)
+	index := filepath.Join(opts.State.Dir, "pool")
+	pooled := func() []string {
+		entries, err := os.ReadDir(index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, e := range entries {
+			ids = append(ids, e.Name())
+		}
+		return ids
+	}
+	before := pooled()
+	if len(before) != 2 {
+		t.Fatalf("pool index: got %v, want the 2 pool boxes", before)
+	}
+	// A stale entry: a box that is gone (a replica killed between a delete and the index).
+	stale := "sbx_01KZZZZZZZZZZZZZZZZZZZZZZZ"
+	if err := os.WriteFile(filepath.Join(index, stale), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	sb := s.Create(t, `{"profile":"warm","env":{"WHO":"hostile"}}`, e2e.HdrTenant1)
+	if claimsOf(t, s, "hit") != 1 {
+		t.Fatalf("the create was no warm hit (misses %d)", claimsOf(t, s, "miss"))
+	}
+	if !slices.Contains(before, sb.SandboxID) {
+		t.Fatalf("the sandbox %s is none of the pool's boxes %v", sb.SandboxID, before)
+	}
+	others := slices.DeleteFunc(slices.Clone(before), func(id string) bool { return id == sb.SandboxID })
+	waitPool(t, s, 2)
+	e2e.Eventually(t, 30*time.Second, "the stale index entry to go", func() (bool, string) {
+		ids := pooled()
+		return !slices.Contains(ids, stale) && !slices.Contains(ids, sb.SandboxID), fmt.Sprint(ids)
+	})
+	if q := s.Quota(t, e2e.HdrTenant1); q.InUse != 1 {
+		t.Fatalf("quota: got %d in use, want 1 (the claimed sandbox; pool boxes count for nobody)", q.InUse)
+	}
+
+	// What a hostile workload tries: every socket it can find, the host paths of the other
+	// boxes, the runtime's folders, the processes it can see.
+	var paths []string
+	for _, id := range append(others, pooled()...) {
+		for _, p := range []string{opts.State.Dir, filepath.Join(opts.State.Dir, "boxes", id), filepath.Join(opts.State.Dir, "boxes", id, "host")} {
+			paths = append(paths, p)
+		}
+	}
+	script := `echo sockets:; find / \( -path /proc -o -path /sys \) -prune -o -type s -print 2>/dev/null; ` +
+		`echo host:; ls -A /run/sbx/host; ` +
+		`echo paths:; for p in ` + strings.Join(paths, " ") + `; do test -e "$p" && echo "$p"; done; ` +
+		`echo unix:; tail -n +2 /proc/net/unix | awk '{print $NF}' | grep / | sort -u; ` +
+		`echo connect:; for p in $(tail -n +2 /proc/net/unix | awk '{print $NF}' | grep / | sort -u) ` + strings.Join(paths, " ") + `; do ` +
+		`python3 -c 'import socket,sys
+s=socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1]); print("connected", sys.argv[1])
+except OSError as e:
+    print(e.errno)' "$p"; done | sort | uniq -c | awk '{print $1, $2, $3}'; ` +
+		`echo inits:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c '^/.sbx/init '; ` +
+		`echo end`
+	out := s.Run(t, sb.SandboxID, []string{"sh", "-c", script}, e2e.HdrTenant1)
+	t.Logf("what the workload found:\n%s", out)
+	// No socket file anywhere; its own host socket's folder is an empty read-only folder (the
+	// init hid it); none of the runtime's or other boxes' host paths exist in the box; the one
+	// path-bound socket it can see is its own init's (which it cannot reach by that path: the
+	// connect fails with ENOENT, 2), and every other box's paths fail alike; the one guest
+	// init among its processes is its own.
+	want := fmt.Sprintf("sockets:\nhost:\npaths:\nunix:\n/run/sbx/host/init.sock\nconnect:\n%d 2 \ninits:\n1\nend\n", len(paths)+1)
+	if out != want {
+		t.Fatalf("a claimed box's workload found its way toward other boxes:\ngot  %q\nwant %q", out, want)
+	}
+	// The other boxes were in the pool all along (the workload looked for live ones).
+	for _, id := range others {
+		if !slices.Contains(pooled(), id) {
+			t.Fatalf("the other pool box %s left the pool during the test", id)
+		}
+	}
+	s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrTenant1).Want(t, http.StatusOK)
+	s.Stop(t)
 }

@@ -24,6 +24,7 @@ type Metrics struct {
 	poolTarget    *prometheus.GaugeVec
 	poolClaims    *prometheus.CounterVec
 	poolFillTimes *prometheus.HistogramVec
+	poolClaimTime *prometheus.HistogramVec
 }
 
 // NewMetrics registers the domain metrics on reg (nil: not registered, for tests).
@@ -72,9 +73,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of booting one box of a warm pool, by outcome.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"profile", "outcome"}),
+		poolClaimTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sandboxd_warm_pool_claim_duration_seconds",
+			Help:    "Duration of a create served by a warm pool box (a hit), from the request's checks to RUNNING.",
+			Buckets: []float64{.001, .0025, .005, .01, .015, .02, .03, .05, .1, .25, .5, 1},
+		}, []string{"profile"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.poolBoxes, m.poolTarget, m.poolClaims, m.poolFillTimes)
+		reg.MustRegister(m.poolBoxes, m.poolTarget, m.poolClaims, m.poolFillTimes, m.poolClaimTime)
 		reg.MustRegister(m.lifecycleSeconds, m.reconcileSeconds, m.reconcileLast, m.quotaRejections, m.quotaMaxRatio, m.quotaSaturated)
 	}
 	return m
@@ -117,6 +123,11 @@ func (m *Metrics) poolSize(profile string, target, ready, filling int) {
 // poolClaim counts a create of a pooled profile by result.
 func (m *Metrics) poolClaim(profile, result string) {
 	m.poolClaims.WithLabelValues(profile, result).Inc()
+}
+
+// poolClaimed records the duration of a create served by a warm box.
+func (m *Metrics) poolClaimed(profile string, d time.Duration) {
+	m.poolClaimTime.WithLabelValues(profile).Observe(d.Seconds())
 }
 
 // poolFilled records one fill of a warm pool.

@@ -332,6 +332,11 @@ func (p *pool) fill(ctx context.Context, prof ProfileConfig, spec runtime.BoxSpe
 	delete(p.backoff, prof.Name)
 	p.mu.Unlock()
 	s.metrics.poolFilled(prof.Name, "ok", s.now().Sub(start))
+	// This replica's attach to the box is made now, off the path of the create that claims
+	// it (a claim elsewhere attaches there; remove drops it).
+	if _, err := s.Guest(ctx, rec.ID); err != nil {
+		s.log.Debug("warm pool: attaching to a ready box failed; its claim attaches", "box", rec.ID, "err", err)
+	}
 	s.log.Debug("warm pool: box ready", "profile", prof.Name, "box", rec.ID, "ms", s.now().Sub(start).Milliseconds())
 	return true
 }
@@ -369,6 +374,7 @@ func (p *pool) retire(ctx context.Context, id, owner string) {
 
 // remove deletes a retiring box (a failure is tried again by a later pass).
 func (p *pool) remove(ctx context.Context, id string) {
+	p.s.attachs.drop(id)
 	if err := p.s.driver.Delete(context.WithoutCancel(ctx), id); err != nil {
 		p.s.log.Warn("warm pool: deleting a box failed", "box", id, "err", err)
 		return
@@ -518,6 +524,7 @@ func (s *Service) claimWarm(ctx context.Context, p auth.Principal, req CreateReq
 		if ok || err != nil {
 			if err == nil {
 				s.metrics.poolClaim(prof.Name, "hit")
+				s.metrics.poolClaimed(prof.Name, s.now().Sub(start))
 			}
 			pl.wake()
 			return sb, ok, err
@@ -542,16 +549,18 @@ func (s *Service) claimOne(ctx context.Context, prof ProfileConfig, rec runtime.
 		return Sandbox{}, false, apierror.Wrap(err, apierror.Unavailable, "the sandbox store is unavailable")
 	}
 	defer lock.Unlock(ctx)
-	ctx = runtime.WithFence(ctx, lock.Fence())
 	ready := func(r *runtime.Record) error {
 		if r.Pool != prof.Name || r.Annotations[annPoolState] != poolReady || !sameSpec(r.Spec, rec.Spec, prof.Env) {
 			return errPoolMoved
 		}
 		return nil
 	}
+	// The look changes nothing and carries no fence, so the runtime writes nothing for it;
+	// the claim's write below carries the lock's fence.
 	if _, err := s.pool.pooler.UpdatePool(ctx, id, ready); err != nil {
 		return Sandbox{}, false, nil // claimed, retired or adopted meanwhile
 	}
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	// A full project is answered now; the box stays in the pool.
 	if err := s.slots.acquire(ctx, rec.Tenant, rec.Project, id); err != nil {
 		return Sandbox{}, false, err
@@ -609,6 +618,12 @@ func (s *Service) finishClaim(ctx context.Context, rec runtime.Record) error {
 // create's over it) for every exec from now on; nothing for any other sandbox.
 func (s *Service) handEnv(ctx context.Context, rec runtime.Record) error {
 	if rec.Annotations[annWarm] == "" {
+		return nil
+	}
+	if prof, ok := s.profiles[rec.Spec.Profile]; ok && maps.Equal(rec.Spec.Env, prof.Env) {
+		// The box was made with this environment (a claim never takes a box made with
+		// another, sameSpec), and no environment is ever handed to a box before its claim:
+		// nothing to hand.
 		return nil
 	}
 	keys := slices.Sorted(maps.Keys(rec.Spec.Env))

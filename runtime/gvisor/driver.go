@@ -83,6 +83,8 @@ type Driver struct {
 
 	// spares holds, per box, the ready attach of its last create or start.
 	spares runtime.Spares
+	// pool is the index of the boxes of warm pools (pool.go).
+	pool poolIndex
 
 	// boxMu serializes lifecycle operations on one box within this process (boxes serializes
 	// record read-modify-writes).
@@ -164,11 +166,15 @@ func New(opts Options) (*Driver, error) {
 		boxes:   &boxStore{dir: filepath.Join(opts.StateDir, "boxes")},
 		rootDir: filepath.Join(opts.StateDir, "runsc-root"),
 		initDir: filepath.Join(opts.StateDir, "init"),
+		pool:    poolIndex{dir: filepath.Join(opts.StateDir, poolDn)},
 	}
 	for _, dir := range []string{d.boxes.dir, d.rootDir, d.initDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
+	}
+	if err := d.rebuildPoolIndex(); err != nil {
+		return nil, err
 	}
 	// The init folder is mounted into every box: it must be traversable there.
 	if err := os.Chmod(d.initDir, 0o755); err != nil {
@@ -261,6 +267,12 @@ func (d *Driver) CreateSeeded(ctx context.Context, rec runtime.Record, seed runt
 			}
 		}
 	}()
+	if rec.Pool != "" {
+		// The index names the box before its record does (pool.go).
+		if err := d.pool.add(id); err != nil {
+			return err
+		}
+	}
 	fence, _ := runtime.FenceFrom(ctx)
 	if err := d.boxes.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
 		return err
@@ -415,6 +427,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err := os.RemoveAll(d.boxes.boxDir(id)); err != nil {
 		return fmt.Errorf("gvisor: remove box %s: %w", id, err)
 	}
+	d.pool.remove(id)
 	d.log.Info("box deleted", "box", id)
 	return nil
 }

@@ -105,12 +105,47 @@ func (s *boxStore) writeStored(st storedRecord) error {
 	return writeFileAtomic(s.boxPath(st.ID, recordFile), append(b, '\n'), 0o600)
 }
 
+// writeStoredUnsynced is writeStored without the syncs: atomic for every reader, not durable
+// across a host crash.
+func (s *boxStore) writeStoredUnsynced(st storedRecord) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Errorf("gvisor: encode record of %s: %w", st.ID, err)
+	}
+	path := s.boxPath(st.ID, recordFile)
+	f, err := os.CreateTemp(filepath.Dir(path), "."+recordFile+".tmp*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
 // updateStored is a read-modify-write of a box's record.json under the box's record mutex and
 // the flock of its lock file (for other processes sharing StateDir). The write's fence (ctx)
 // is admitted first: a lower one than the stored fence is ErrFenced and nothing is written; a
 // higher one is stored with fn's change. fn may not change the id. With write false after fn
 // (nothing to store) the file is rewritten only when the fence rose.
 func (s *boxStore) updateStored(ctx context.Context, id string, fn func(*runtime.Record) (write bool, err error)) (runtime.Record, error) {
+	return s.updateStoredSync(ctx, id, true, fn)
+}
+
+// updateStoredSync is updateStored; with sync false the write is atomic (temporary file and
+// rename) but not synced: other processes see it at once, a host crash may lose it (the
+// records of warm pool boxes, whose compute does not survive one either: pool.go).
+func (s *boxStore) updateStoredSync(ctx context.Context, id string, sync bool, fn func(*runtime.Record) (write bool, err error)) (runtime.Record, error) {
 	unlock := s.recMu.lock(id)
 	defer unlock()
 	funlock, err := s.lockRecordFile(ctx, id)
@@ -135,7 +170,12 @@ func (s *boxStore) updateStored(ctx context.Context, id string, fn func(*runtime
 		return runtime.Record{}, fmt.Errorf("gvisor: UpdateRecord may not change the id (%s to %s)", id, rec.ID)
 	}
 	if write || raised {
-		if err := s.writeStored(storedRecord{Record: rec, Fence: fence}); err != nil {
+		st := storedRecord{Record: rec, Fence: fence}
+		write := s.writeStored
+		if !sync {
+			write = s.writeStoredUnsynced
+		}
+		if err := write(st); err != nil {
 			return runtime.Record{}, err
 		}
 	}
