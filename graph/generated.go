@@ -33,6 +33,7 @@ type ResolverRoot interface {
 	Mutation() MutationResolver
 	Query() QueryResolver
 	Sandbox() SandboxResolver
+	SandboxConnection() SandboxConnectionResolver
 	Snapshot() SnapshotResolver
 	Subscription() SubscriptionResolver
 }
@@ -58,6 +59,17 @@ type ComplexityRoot struct {
 		Status    func(childComplexity int) int
 	}
 
+	AgentRunConnection struct {
+		Edges    func(childComplexity int) int
+		Nodes    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	AgentRunEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
 	AgentRunEvent struct {
 		Cursor      func(childComplexity int) int
 		Data        func(childComplexity int) int
@@ -66,6 +78,15 @@ type ComplexityRoot struct {
 		MissedBytes func(childComplexity int) int
 		Run         func(childComplexity int) int
 		Stream      func(childComplexity int) int
+	}
+
+	DeleteFilePayload struct {
+		Path      func(childComplexity int) int
+		SandboxID func(childComplexity int) int
+	}
+
+	DeleteSnapshotPayload struct {
+		DeletedSnapshotID func(childComplexity int) int
 	}
 
 	DestroySandboxPayload struct {
@@ -213,8 +234,8 @@ type ComplexityRoot struct {
 	Profile struct {
 		Default       func(childComplexity int) int
 		Description   func(childComplexity int) int
-		DiskMb        func(childComplexity int) int
-		MemoryMb      func(childComplexity int) int
+		DiskBytes     func(childComplexity int) int
+		MemoryBytes   func(childComplexity int) int
 		MilliCPU      func(childComplexity int) int
 		Name          func(childComplexity int) int
 		Network       func(childComplexity int) int
@@ -223,7 +244,7 @@ type ComplexityRoot struct {
 
 	Query struct {
 		AgentRun  func(childComplexity int, id string) int
-		AgentRuns func(childComplexity int, sandboxID string) int
+		AgentRuns func(childComplexity int, sandboxID string, first *int, after *string) int
 		Exec      func(childComplexity int, id string) int
 		Execs     func(childComplexity int, sandboxID string, state *model.ExecState, first *int, after *string) int
 		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
@@ -234,7 +255,7 @@ type ComplexityRoot struct {
 		ReadFile  func(childComplexity int, sandboxID string, path string, maxBytes *int64) int
 		Sandbox   func(childComplexity int, id string) int
 		Sandboxes func(childComplexity int, first *int, after *string, state *model.SandboxState, labels []*model.LabelInput) int
-		Snapshots func(childComplexity int, sandboxID *string, first *int) int
+		Snapshots func(childComplexity int, sandboxID *string, first *int, after *string) int
 		Stat      func(childComplexity int, sandboxID string, path string) int
 	}
 
@@ -244,9 +265,9 @@ type ComplexityRoot struct {
 	}
 
 	Resources struct {
-		DiskMb   func(childComplexity int) int
-		MemoryMb func(childComplexity int) int
-		MilliCPU func(childComplexity int) int
+		DiskBytes   func(childComplexity int) int
+		MemoryBytes func(childComplexity int) int
+		MilliCPU    func(childComplexity int) int
 	}
 
 	Sandbox struct {
@@ -274,9 +295,10 @@ type ComplexityRoot struct {
 	}
 
 	SandboxConnection struct {
-		Edges    func(childComplexity int) int
-		Nodes    func(childComplexity int) int
-		PageInfo func(childComplexity int) int
+		Edges        func(childComplexity int) int
+		EventsCursor func(childComplexity int) int
+		Nodes        func(childComplexity int) int
+		PageInfo     func(childComplexity int) int
 	}
 
 	SandboxEdge struct {
@@ -305,6 +327,17 @@ type ComplexityRoot struct {
 		SandboxID        func(childComplexity int) int
 		Sha256           func(childComplexity int) int
 		SizeBytes        func(childComplexity int) int
+	}
+
+	SnapshotConnection struct {
+		Edges    func(childComplexity int) int
+		Nodes    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	SnapshotEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
 	}
 
 	StdinWriteResult struct {
@@ -343,9 +376,9 @@ type MutationResolver interface {
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
 	UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error)
 	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, id string) (*bool, error)
+	DeleteSnapshot(ctx context.Context, id string) (*model.DeleteSnapshotPayload, error)
 	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
-	DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*bool, error)
+	DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*model.DeleteFilePayload, error)
 	MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.FileInfo, error)
 	MakeDirectory(ctx context.Context, sandboxID string, path string) (*model.MakeDirectoryPayload, error)
 	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error)
@@ -366,14 +399,17 @@ type QueryResolver interface {
 	Stat(ctx context.Context, sandboxID string, path string) (*model.FileInfo, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 	Execs(ctx context.Context, sandboxID string, state *model.ExecState, first *int, after *string) (*model.ExecConnection, error)
-	Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error)
+	Snapshots(ctx context.Context, sandboxID *string, first *int, after *string) (*model.SnapshotConnection, error)
 	AgentRun(ctx context.Context, id string) (*model.AgentRun, error)
-	AgentRuns(ctx context.Context, sandboxID string) ([]*model.AgentRun, error)
+	AgentRuns(ctx context.Context, sandboxID string, first *int, after *string) (*model.AgentRunConnection, error)
 }
 type SandboxResolver interface {
 	Profile(ctx context.Context, obj *model.Sandbox) (*model.Profile, error)
 
 	LatestSnapshot(ctx context.Context, obj *model.Sandbox) (*model.Snapshot, error)
+}
+type SandboxConnectionResolver interface {
+	EventsCursor(ctx context.Context, obj *model.SandboxConnection) (string, error)
 }
 type SnapshotResolver interface {
 	Sandbox(ctx context.Context, obj *model.Snapshot) (*model.Sandbox, error)
@@ -488,6 +524,38 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.AgentRun.Status(childComplexity), true
 
+	case "AgentRunConnection.edges":
+		if e.ComplexityRoot.AgentRunConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunConnection.Edges(childComplexity), true
+	case "AgentRunConnection.nodes":
+		if e.ComplexityRoot.AgentRunConnection.Nodes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunConnection.Nodes(childComplexity), true
+	case "AgentRunConnection.pageInfo":
+		if e.ComplexityRoot.AgentRunConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunConnection.PageInfo(childComplexity), true
+
+	case "AgentRunEdge.cursor":
+		if e.ComplexityRoot.AgentRunEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEdge.Cursor(childComplexity), true
+	case "AgentRunEdge.node":
+		if e.ComplexityRoot.AgentRunEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentRunEdge.Node(childComplexity), true
+
 	case "AgentRunEvent.cursor":
 		if e.ComplexityRoot.AgentRunEvent.Cursor == nil {
 			break
@@ -530,6 +598,26 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AgentRunEvent.Stream(childComplexity), true
+
+	case "DeleteFilePayload.path":
+		if e.ComplexityRoot.DeleteFilePayload.Path == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DeleteFilePayload.Path(childComplexity), true
+	case "DeleteFilePayload.sandboxId":
+		if e.ComplexityRoot.DeleteFilePayload.SandboxID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DeleteFilePayload.SandboxID(childComplexity), true
+
+	case "DeleteSnapshotPayload.deletedSnapshotId":
+		if e.ComplexityRoot.DeleteSnapshotPayload.DeletedSnapshotID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DeleteSnapshotPayload.DeletedSnapshotID(childComplexity), true
 
 	case "DestroySandboxPayload.sandbox":
 		if e.ComplexityRoot.DestroySandboxPayload.Sandbox == nil {
@@ -1235,18 +1323,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Profile.Description(childComplexity), true
-	case "Profile.diskMb":
-		if e.ComplexityRoot.Profile.DiskMb == nil {
+	case "Profile.diskBytes":
+		if e.ComplexityRoot.Profile.DiskBytes == nil {
 			break
 		}
 
-		return e.ComplexityRoot.Profile.DiskMb(childComplexity), true
-	case "Profile.memoryMb":
-		if e.ComplexityRoot.Profile.MemoryMb == nil {
+		return e.ComplexityRoot.Profile.DiskBytes(childComplexity), true
+	case "Profile.memoryBytes":
+		if e.ComplexityRoot.Profile.MemoryBytes == nil {
 			break
 		}
 
-		return e.ComplexityRoot.Profile.MemoryMb(childComplexity), true
+		return e.ComplexityRoot.Profile.MemoryBytes(childComplexity), true
 	case "Profile.milliCpu":
 		if e.ComplexityRoot.Profile.MilliCPU == nil {
 			break
@@ -1293,7 +1381,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.AgentRuns(childComplexity, args["sandboxId"].(string)), true
+		return e.ComplexityRoot.Query.AgentRuns(childComplexity, args["sandboxId"].(string), args["first"].(*int), args["after"].(*string)), true
 	case "Query.exec":
 		if e.ComplexityRoot.Query.Exec == nil {
 			break
@@ -1405,7 +1493,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.Snapshots(childComplexity, args["sandboxId"].(*string), args["first"].(*int)), true
+		return e.ComplexityRoot.Query.Snapshots(childComplexity, args["sandboxId"].(*string), args["first"].(*int), args["after"].(*string)), true
 	case "Query.stat":
 		if e.ComplexityRoot.Query.Stat == nil {
 			break
@@ -1431,18 +1519,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Quota.Limit(childComplexity), true
 
-	case "Resources.diskMb":
-		if e.ComplexityRoot.Resources.DiskMb == nil {
+	case "Resources.diskBytes":
+		if e.ComplexityRoot.Resources.DiskBytes == nil {
 			break
 		}
 
-		return e.ComplexityRoot.Resources.DiskMb(childComplexity), true
-	case "Resources.memoryMb":
-		if e.ComplexityRoot.Resources.MemoryMb == nil {
+		return e.ComplexityRoot.Resources.DiskBytes(childComplexity), true
+	case "Resources.memoryBytes":
+		if e.ComplexityRoot.Resources.MemoryBytes == nil {
 			break
 		}
 
-		return e.ComplexityRoot.Resources.MemoryMb(childComplexity), true
+		return e.ComplexityRoot.Resources.MemoryBytes(childComplexity), true
 	case "Resources.milliCpu":
 		if e.ComplexityRoot.Resources.MilliCPU == nil {
 			break
@@ -1583,6 +1671,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.SandboxConnection.Edges(childComplexity), true
+	case "SandboxConnection.eventsCursor":
+		if e.ComplexityRoot.SandboxConnection.EventsCursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SandboxConnection.EventsCursor(childComplexity), true
 	case "SandboxConnection.nodes":
 		if e.ComplexityRoot.SandboxConnection.Nodes == nil {
 			break
@@ -1712,6 +1806,38 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Snapshot.SizeBytes(childComplexity), true
+
+	case "SnapshotConnection.edges":
+		if e.ComplexityRoot.SnapshotConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SnapshotConnection.Edges(childComplexity), true
+	case "SnapshotConnection.nodes":
+		if e.ComplexityRoot.SnapshotConnection.Nodes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SnapshotConnection.Nodes(childComplexity), true
+	case "SnapshotConnection.pageInfo":
+		if e.ComplexityRoot.SnapshotConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SnapshotConnection.PageInfo(childComplexity), true
+
+	case "SnapshotEdge.cursor":
+		if e.ComplexityRoot.SnapshotEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SnapshotEdge.Cursor(childComplexity), true
+	case "SnapshotEdge.node":
+		if e.ComplexityRoot.SnapshotEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SnapshotEdge.Node(childComplexity), true
 
 	case "StdinWriteResult.buffered":
 		if e.ComplexityRoot.StdinWriteResult.Buffered == nil {
@@ -2065,9 +2191,11 @@ type Query {
   snapshots(
     "Only this sandbox's snapshots; null for every sandbox of the caller's tenant:project."
     sandboxId: ID
-    "The most snapshots to return (the newest), 1 to the configured maximum (500 by default)."
+    "Page size, 1 to the configured maximum (500 by default; more is INVALID_ARGUMENT)."
     first: Int = 50
-  ): [Snapshot!]
+    "The endCursor of the previous page; omit for the first page. A malformed cursor is INVALID_ARGUMENT."
+    after: String
+  ): SnapshotConnection
 
   """
   One agent run of the caller's tenant:project; its status is derived from the agent's exec
@@ -2077,10 +2205,18 @@ type Query {
   agentRun("The run id (run_…), from startAgentRun." id: ID!): AgentRun
 
   """
-  The agent runs of one of the caller's sandboxes, newest first (the newest 100 are kept). A
-  missing or another tenant's sandbox is NOT_FOUND.
+  The agent runs of one of the caller's sandboxes, newest first (by run id), one page at a time
+  (Relay-style connection); the newest 100 are kept. A missing or another tenant's sandbox is
+  NOT_FOUND.
   """
-  agentRuns("The sandbox id." sandboxId: ID!): [AgentRun!]
+  agentRuns(
+    "The sandbox id."
+    sandboxId: ID!
+    "Page size, 1 to 100 (more is INVALID_ARGUMENT)."
+    first: Int = 50
+    "The endCursor of the previous page; omit for the first page. A cursor that is not a run id is INVALID_ARGUMENT."
+    after: String
+  ): AgentRunConnection
 }
 
 """
@@ -2171,11 +2307,11 @@ type Mutation {
   snapshotSandbox("The sandbox id." id: ID!): Snapshot
 
   """
-  Deletes one snapshot of the caller's tenant:project; true when it was deleted. The latest
+  Deletes one snapshot of the caller's tenant:project and answers its id. The latest
   snapshot of a sandbox that is not RUNNING (e.g. STOPPED) is INVALID_STATE: it may be the only
   copy of the workspace. A missing or another tenant's snapshot is NOT_FOUND.
   """
-  deleteSnapshot("The snapshot id (snap_…)." id: ID!): Boolean
+  deleteSnapshot("The snapshot id (snap_…)." id: ID!): DeleteSnapshotPayload
 
   """
   Writes one file into a running sandbox's workspace. Send exactly one
@@ -2200,7 +2336,7 @@ type Mutation {
   sandbox's workspace; a folder that is not empty only with recursive: true (else
   DIRECTORY_NOT_EMPTY). A recursive delete moves the tree aside at once (the name is free when
   this answers) and removes it in the background, so a tree of a million entries answers as
-  fast as one file. True when it was deleted; a missing path is NOT_FOUND, the workspace itself
+  fast as one file. Answers the path deleted; a missing path is NOT_FOUND, the workspace itself
   INVALID_ARGUMENT.
   """
   deleteFile(
@@ -2210,7 +2346,7 @@ type Mutation {
     path: String!
     "Whether to delete a folder with everything below it."
     recursive: Boolean = false
-  ): Boolean
+  ): DeleteFilePayload
 
   """
   Moves or renames a file or folder of a running sandbox's workspace: to is the new name
@@ -2481,10 +2617,10 @@ Limits of a sandbox.
 type Resources {
   "CPU limit in thousandths of a core; 0 means no limit."
   milliCpu: Int!
-  "Memory limit in MiB; 0 means no limit."
-  memoryMb: Int!
-  "Workspace size in MiB; 0 means no limit."
-  diskMb: Int!
+  "Memory limit in bytes; 0 means no limit."
+  memoryBytes: Int64!
+  "Workspace size in bytes; 0 means no limit."
+  diskBytes: Int64!
 }
 
 """
@@ -2528,6 +2664,13 @@ type SandboxConnection {
   nodes: [Sandbox!]!
   "Where this page is in the whole list."
   pageInfo: PageInfo!
+  """
+  The cursor of the newest sandboxEvents event of the caller's tenant:project, read before this
+  page was: subscribe to sandboxEvents with after set to it and no change made after the page
+  was read is missed (a few may be older than the page and say nothing new: apply them by
+  their at). Read only when selected.
+  """
+  eventsCursor: String!
 }
 
 """
@@ -2564,10 +2707,10 @@ type Profile {
   description: String!
   "CPU limit in thousandths of a core; 0 means no limit."
   milliCpu: Int!
-  "Memory limit in MiB; 0 means no limit."
-  memoryMb: Int!
-  "Workspace size in MiB; 0 means no limit."
-  diskMb: Int!
+  "Memory limit in bytes; 0 means no limit."
+  memoryBytes: Int64!
+  "Workspace size in bytes; 0 means no limit."
+  diskBytes: Int64!
   "The network policy's mode of its sandboxes: \"none\" or \"egress\"."
   network: String!
   "The network policy a create that does not narrow it gets (host names are resolved at create; pinned is empty here)."
@@ -2790,6 +2933,50 @@ type ExecEdge {
 }
 
 """
+A page of snapshots, newest first.
+"""
+type SnapshotConnection {
+  "The snapshots of this page, each with its cursor."
+  edges: [SnapshotEdge!]!
+  "The snapshots of this page, without cursors."
+  nodes: [Snapshot!]!
+  "Where this page is in the whole list."
+  pageInfo: PageInfo!
+}
+
+"""
+One snapshot in a page.
+"""
+type SnapshotEdge {
+  "Pass as after to get the snapshots that follow this one (good also after it was deleted)."
+  cursor: String!
+  "The snapshot."
+  node: Snapshot!
+}
+
+"""
+A page of agent runs, newest first.
+"""
+type AgentRunConnection {
+  "The runs of this page, each with its cursor."
+  edges: [AgentRunEdge!]!
+  "The runs of this page, without cursors."
+  nodes: [AgentRun!]!
+  "Where this page is in the whole list."
+  pageInfo: PageInfo!
+}
+
+"""
+One agent run in a page.
+"""
+type AgentRunEdge {
+  "Pass as after to get the runs that follow this one: the run id."
+  cursor: String!
+  "The run."
+  node: AgentRun!
+}
+
+"""
 A command run in a sandbox: its status while it runs, its result once it ended. The exit fields
 (exitCode, signal, durationMs, endedAt, error) are null, and timedOut is false, while it is
 RUNNING. The output fields hold the output collected by exec (waiting) and read by the exec
@@ -2948,6 +3135,24 @@ enum FileType {
 }
 
 """
+What deleteSnapshot did.
+"""
+type DeleteSnapshotPayload {
+  "The id of the snapshot deleted (for a client cache to evict)."
+  deletedSnapshotId: ID!
+}
+
+"""
+What deleteFile did.
+"""
+type DeleteFilePayload {
+  "The sandbox whose file was deleted."
+  sandboxId: ID!
+  "The path deleted, as it was given."
+  path: String!
+}
+
+"""
 What makeDirectory did.
 """
 type MakeDirectoryPayload {
@@ -3038,8 +3243,8 @@ from a source made progress.
 type SandboxEvent {
   "Orders events; pass the last one seen as after to resume."
   cursor: String!
-  "The kind of event: STATE_CHANGED, EXEC_STARTED, EXEC_ENDED, BOOTSTRAP_PROGRESS (a CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is), or SANDBOX_UPDATED (updateSandbox changed it: reason names the fields changed, comma-separated: labels, autostop_sec, ttl_sec)."
-  type: String!
+  "The kind of event."
+  type: SandboxEventType!
   "The sandbox the event is about."
   sandboxId: ID!
   "The state after the change; for EXEC_STARTED and EXEC_ENDED, the sandbox's state as last seen."
@@ -3054,6 +3259,23 @@ type SandboxEvent {
   exec: ExecResult
   "For BOOTSTRAP_PROGRESS, the bytes of the source's workspace stream (files and their tar headers, uncompressed) read so far; null for other events."
   bytesRead: Int64
+}
+
+"""
+The kind of a SandboxEvent. Events of a kind this server does not know (written by a newer
+replica) are left out of the stream.
+"""
+enum SandboxEventType {
+  "The sandbox's state changed: state, previousState, reason."
+  STATE_CHANGED
+  "A command started in it: exec (RUNNING)."
+  EXEC_STARTED
+  "A command in it ended: exec (ENDED)."
+  EXEC_ENDED
+  "A CREATING sandbox filling its workspace from an archiveUrl or gcsPrefix made progress: once when it begins, then about every second while bytes flow; reason is its stateReason, bytesRead how far it is."
+  BOOTSTRAP_PROGRESS
+  "updateSandbox changed it: reason names the fields changed, comma-separated (labels, autostop_sec, ttl_sec)."
+  SANDBOX_UPDATED
 }
 
 """
@@ -3211,6 +3433,28 @@ func (ec *executionContext) childFields_AgentRun(ctx context.Context, field grap
 	return nil, fmt.Errorf("no field named %q was found under type AgentRun", field.Name)
 }
 
+func (ec *executionContext) childFields_AgentRunConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_AgentRunConnection_edges(ctx, field)
+	case "nodes":
+		return ec.fieldContext_AgentRunConnection_nodes(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_AgentRunConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AgentRunConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_AgentRunEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_AgentRunEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_AgentRunEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AgentRunEdge", field.Name)
+}
+
 func (ec *executionContext) childFields_AgentRunEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "cursor":
@@ -3229,6 +3473,24 @@ func (ec *executionContext) childFields_AgentRunEvent(ctx context.Context, field
 		return ec.fieldContext_AgentRunEvent_missedBytes(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type AgentRunEvent", field.Name)
+}
+
+func (ec *executionContext) childFields_DeleteFilePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandboxId":
+		return ec.fieldContext_DeleteFilePayload_sandboxId(ctx, field)
+	case "path":
+		return ec.fieldContext_DeleteFilePayload_path(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type DeleteFilePayload", field.Name)
+}
+
+func (ec *executionContext) childFields_DeleteSnapshotPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "deletedSnapshotId":
+		return ec.fieldContext_DeleteSnapshotPayload_deletedSnapshotId(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type DeleteSnapshotPayload", field.Name)
 }
 
 func (ec *executionContext) childFields_DestroySandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3479,10 +3741,10 @@ func (ec *executionContext) childFields_Profile(ctx context.Context, field graph
 		return ec.fieldContext_Profile_description(ctx, field)
 	case "milliCpu":
 		return ec.fieldContext_Profile_milliCpu(ctx, field)
-	case "memoryMb":
-		return ec.fieldContext_Profile_memoryMb(ctx, field)
-	case "diskMb":
-		return ec.fieldContext_Profile_diskMb(ctx, field)
+	case "memoryBytes":
+		return ec.fieldContext_Profile_memoryBytes(ctx, field)
+	case "diskBytes":
+		return ec.fieldContext_Profile_diskBytes(ctx, field)
 	case "network":
 		return ec.fieldContext_Profile_network(ctx, field)
 	case "networkPolicy":
@@ -3507,10 +3769,10 @@ func (ec *executionContext) childFields_Resources(ctx context.Context, field gra
 	switch field.Name {
 	case "milliCpu":
 		return ec.fieldContext_Resources_milliCpu(ctx, field)
-	case "memoryMb":
-		return ec.fieldContext_Resources_memoryMb(ctx, field)
-	case "diskMb":
-		return ec.fieldContext_Resources_diskMb(ctx, field)
+	case "memoryBytes":
+		return ec.fieldContext_Resources_memoryBytes(ctx, field)
+	case "diskBytes":
+		return ec.fieldContext_Resources_diskBytes(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Resources", field.Name)
 }
@@ -3571,6 +3833,8 @@ func (ec *executionContext) childFields_SandboxConnection(ctx context.Context, f
 		return ec.fieldContext_SandboxConnection_nodes(ctx, field)
 	case "pageInfo":
 		return ec.fieldContext_SandboxConnection_pageInfo(ctx, field)
+	case "eventsCursor":
+		return ec.fieldContext_SandboxConnection_eventsCursor(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type SandboxConnection", field.Name)
 }
@@ -3629,6 +3893,28 @@ func (ec *executionContext) childFields_Snapshot(ctx context.Context, field grap
 		return ec.fieldContext_Snapshot_parentSnapshotId(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Snapshot", field.Name)
+}
+
+func (ec *executionContext) childFields_SnapshotConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_SnapshotConnection_edges(ctx, field)
+	case "nodes":
+		return ec.fieldContext_SnapshotConnection_nodes(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_SnapshotConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SnapshotConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_SnapshotEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_SnapshotEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_SnapshotEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SnapshotEdge", field.Name)
 }
 
 func (ec *executionContext) childFields_StdinWriteResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4226,6 +4512,22 @@ func (ec *executionContext) field_Query_agentRuns_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["sandboxId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg2
 	return args, nil
 }
 
@@ -4440,6 +4742,14 @@ func (ec *executionContext) field_Query_snapshots_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["first"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg2
 	return args, nil
 }
 
@@ -4974,6 +5284,157 @@ func (ec *executionContext) fieldContext_AgentRun_endedAt(_ context.Context, fie
 	return graphql.NewScalarFieldContext("AgentRun", field, false, false, "Time")
 }
 
+func (ec *executionContext) _AgentRunConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.AgentRunEdge) graphql.Marshaler {
+			return ec.marshalNAgentRunEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AgentRunConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRunEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AgentRunConnection_nodes(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunConnection_nodes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Nodes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunConnection_nodes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AgentRunConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AgentRunConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AgentRunConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AgentRunEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentRunEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentRunEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentRunEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentRunEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AgentRunEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _AgentRunEvent_cursor(ctx context.Context, field graphql.CollectedField, obj *model.AgentRunEvent) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -5142,6 +5603,75 @@ func (ec *executionContext) _AgentRunEvent_missedBytes(ctx context.Context, fiel
 }
 func (ec *executionContext) fieldContext_AgentRunEvent_missedBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _DeleteFilePayload_sandboxId(ctx context.Context, field graphql.CollectedField, obj *model.DeleteFilePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DeleteFilePayload_sandboxId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SandboxID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DeleteFilePayload_sandboxId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DeleteFilePayload", field, false, false, "ID")
+}
+
+func (ec *executionContext) _DeleteFilePayload_path(ctx context.Context, field graphql.CollectedField, obj *model.DeleteFilePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DeleteFilePayload_path(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Path, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DeleteFilePayload_path(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DeleteFilePayload", field, false, false, "String")
+}
+
+func (ec *executionContext) _DeleteSnapshotPayload_deletedSnapshotId(ctx context.Context, field graphql.CollectedField, obj *model.DeleteSnapshotPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DeleteSnapshotPayload_deletedSnapshotId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DeletedSnapshotID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DeleteSnapshotPayload_deletedSnapshotId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DeleteSnapshotPayload", field, false, false, "ID")
 }
 
 func (ec *executionContext) _DestroySandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.DestroySandboxPayload) (ret graphql.Marshaler) {
@@ -7161,8 +7691,8 @@ func (ec *executionContext) _Mutation_deleteSnapshot(ctx context.Context, field 
 			return ec.Resolvers.Mutation().DeleteSnapshot(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *bool) graphql.Marshaler {
-			return ec.marshalOBoolean2ᚖbool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.DeleteSnapshotPayload) graphql.Marshaler {
+			return ec.marshalODeleteSnapshotPayload2ᚖsandboxdᚋgraphᚋmodelᚐDeleteSnapshotPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7175,7 +7705,7 @@ func (ec *executionContext) fieldContext_Mutation_deleteSnapshot(ctx context.Con
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return nil, errors.New("field of type Boolean does not have child fields")
+			return ec.childFields_DeleteSnapshotPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7249,8 +7779,8 @@ func (ec *executionContext) _Mutation_deleteFile(ctx context.Context, field grap
 			return ec.Resolvers.Mutation().DeleteFile(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string), fc.Args["recursive"].(*bool))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *bool) graphql.Marshaler {
-			return ec.marshalOBoolean2ᚖbool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.DeleteFilePayload) graphql.Marshaler {
+			return ec.marshalODeleteFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐDeleteFilePayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7263,7 +7793,7 @@ func (ec *executionContext) fieldContext_Mutation_deleteFile(ctx context.Context
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return nil, errors.New("field of type Boolean does not have child fields")
+			return ec.childFields_DeleteFilePayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7942,50 +8472,50 @@ func (ec *executionContext) fieldContext_Profile_milliCpu(_ context.Context, fie
 	return graphql.NewScalarFieldContext("Profile", field, false, false, "Int")
 }
 
-func (ec *executionContext) _Profile_memoryMb(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
+func (ec *executionContext) _Profile_memoryBytes(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_Profile_memoryMb(ctx, field)
+			return ec.fieldContext_Profile_memoryBytes(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.MemoryMb, nil
+			return obj.MemoryBytes, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
-			return ec.marshalNInt2int(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Profile_memoryMb(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Profile", field, false, false, "Int")
+func (ec *executionContext) fieldContext_Profile_memoryBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Profile", field, false, false, "Int64")
 }
 
-func (ec *executionContext) _Profile_diskMb(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
+func (ec *executionContext) _Profile_diskBytes(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_Profile_diskMb(ctx, field)
+			return ec.fieldContext_Profile_diskBytes(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.DiskMb, nil
+			return obj.DiskBytes, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
-			return ec.marshalNInt2int(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Profile_diskMb(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Profile", field, false, false, "Int")
+func (ec *executionContext) fieldContext_Profile_diskBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Profile", field, false, false, "Int64")
 }
 
 func (ec *executionContext) _Profile_network(ctx context.Context, field graphql.CollectedField, obj *model.Profile) (ret graphql.Marshaler) {
@@ -8536,11 +9066,11 @@ func (ec *executionContext) _Query_snapshots(ctx context.Context, field graphql.
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().Snapshots(ctx, fc.Args["sandboxId"].(*string), fc.Args["first"].(*int))
+			return ec.Resolvers.Query().Snapshots(ctx, fc.Args["sandboxId"].(*string), fc.Args["first"].(*int), fc.Args["after"].(*string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
-			return ec.marshalOSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.SnapshotConnection) graphql.Marshaler {
+			return ec.marshalOSnapshotConnection2ᚖsandboxdᚋgraphᚋmodelᚐSnapshotConnection(ctx, selections, v)
 		},
 		true,
 		false,
@@ -8553,7 +9083,7 @@ func (ec *executionContext) fieldContext_Query_snapshots(ctx context.Context, fi
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Snapshot(ctx, field)
+			return ec.childFields_SnapshotConnection(ctx, field)
 		},
 	}
 	defer func() {
@@ -8624,11 +9154,11 @@ func (ec *executionContext) _Query_agentRuns(ctx context.Context, field graphql.
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().AgentRuns(ctx, fc.Args["sandboxId"].(string))
+			return ec.Resolvers.Query().AgentRuns(ctx, fc.Args["sandboxId"].(string), fc.Args["first"].(*int), fc.Args["after"].(*string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
-			return ec.marshalOAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRunConnection) graphql.Marshaler {
+			return ec.marshalOAgentRunConnection2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunConnection(ctx, selections, v)
 		},
 		true,
 		false,
@@ -8641,7 +9171,7 @@ func (ec *executionContext) fieldContext_Query_agentRuns(ctx context.Context, fi
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_AgentRun(ctx, field)
+			return ec.childFields_AgentRunConnection(ctx, field)
 		},
 	}
 	defer func() {
@@ -8803,50 +9333,50 @@ func (ec *executionContext) fieldContext_Resources_milliCpu(_ context.Context, f
 	return graphql.NewScalarFieldContext("Resources", field, false, false, "Int")
 }
 
-func (ec *executionContext) _Resources_memoryMb(ctx context.Context, field graphql.CollectedField, obj *model.Resources) (ret graphql.Marshaler) {
+func (ec *executionContext) _Resources_memoryBytes(ctx context.Context, field graphql.CollectedField, obj *model.Resources) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_Resources_memoryMb(ctx, field)
+			return ec.fieldContext_Resources_memoryBytes(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.MemoryMb, nil
+			return obj.MemoryBytes, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
-			return ec.marshalNInt2int(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Resources_memoryMb(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Resources", field, false, false, "Int")
+func (ec *executionContext) fieldContext_Resources_memoryBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Resources", field, false, false, "Int64")
 }
 
-func (ec *executionContext) _Resources_diskMb(ctx context.Context, field graphql.CollectedField, obj *model.Resources) (ret graphql.Marshaler) {
+func (ec *executionContext) _Resources_diskBytes(ctx context.Context, field graphql.CollectedField, obj *model.Resources) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_Resources_diskMb(ctx, field)
+			return ec.fieldContext_Resources_diskBytes(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.DiskMb, nil
+			return obj.DiskBytes, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
-			return ec.marshalNInt2int(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Resources_diskMb(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Resources", field, false, false, "Int")
+func (ec *executionContext) fieldContext_Resources_diskBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Resources", field, false, false, "Int64")
 }
 
 func (ec *executionContext) _Sandbox_id(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
@@ -9473,6 +10003,29 @@ func (ec *executionContext) fieldContext_SandboxConnection_pageInfo(_ context.Co
 	return fc, nil
 }
 
+func (ec *executionContext) _SandboxConnection_eventsCursor(ctx context.Context, field graphql.CollectedField, obj *model.SandboxConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SandboxConnection_eventsCursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.SandboxConnection().EventsCursor(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SandboxConnection_eventsCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SandboxConnection", field, true, true, "String")
+}
+
 func (ec *executionContext) _SandboxEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.SandboxEdge) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -9563,15 +10116,15 @@ func (ec *executionContext) _SandboxEvent_type(ctx context.Context, field graphq
 			return obj.Type, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
-			return ec.marshalNString2string(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v model.SandboxEventType) graphql.Marshaler {
+			return ec.marshalNSandboxEventType2sandboxdᚋgraphᚋmodelᚐSandboxEventType(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
 func (ec *executionContext) fieldContext_SandboxEvent_type(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("SandboxEvent", field, false, false, "String")
+	return graphql.NewScalarFieldContext("SandboxEvent", field, false, false, "SandboxEventType")
 }
 
 func (ec *executionContext) _SandboxEvent_sandboxId(ctx context.Context, field graphql.CollectedField, obj *model.SandboxEvent) (ret graphql.Marshaler) {
@@ -9935,6 +10488,157 @@ func (ec *executionContext) _Snapshot_parentSnapshotId(ctx context.Context, fiel
 }
 func (ec *executionContext) fieldContext_Snapshot_parentSnapshotId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Snapshot", field, false, false, "ID")
+}
+
+func (ec *executionContext) _SnapshotConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.SnapshotConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SnapshotConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.SnapshotEdge) graphql.Marshaler {
+			return ec.marshalNSnapshotEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SnapshotConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SnapshotConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_SnapshotEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SnapshotConnection_nodes(ctx context.Context, field graphql.CollectedField, obj *model.SnapshotConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SnapshotConnection_nodes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Nodes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
+			return ec.marshalNSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SnapshotConnection_nodes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SnapshotConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Snapshot(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SnapshotConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.SnapshotConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SnapshotConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SnapshotConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SnapshotConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _SnapshotEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.SnapshotEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SnapshotEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SnapshotEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SnapshotEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _SnapshotEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.SnapshotEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SnapshotEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
+			return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SnapshotEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SnapshotEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Snapshot(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _StdinWriteResult_written(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
@@ -12086,6 +12790,87 @@ func (ec *executionContext) _AgentRun(ctx context.Context, sel ast.SelectionSet,
 	return out
 }
 
+var agentRunConnectionImplementors = []string{"AgentRunConnection"}
+
+func (ec *executionContext) _AgentRunConnection(ctx context.Context, sel ast.SelectionSet, obj *model.AgentRunConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, agentRunConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AgentRunConnection")
+		case "edges":
+			out.Values[i] = ec._AgentRunConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "nodes":
+			out.Values[i] = ec._AgentRunConnection_nodes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._AgentRunConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var agentRunEdgeImplementors = []string{"AgentRunEdge"}
+
+func (ec *executionContext) _AgentRunEdge(ctx context.Context, sel ast.SelectionSet, obj *model.AgentRunEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, agentRunEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AgentRunEdge")
+		case "cursor":
+			out.Values[i] = ec._AgentRunEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._AgentRunEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var agentRunEventImplementors = []string{"AgentRunEvent"}
 
 func (ec *executionContext) _AgentRunEvent(ctx context.Context, sel ast.SelectionSet, obj *model.AgentRunEvent) graphql.Marshaler {
@@ -12130,6 +12915,77 @@ func (ec *executionContext) _AgentRunEvent(ctx context.Context, sel ast.Selectio
 		case "missedBytes":
 			out.Values[i] = ec._AgentRunEvent_missedBytes(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var deleteFilePayloadImplementors = []string{"DeleteFilePayload"}
+
+func (ec *executionContext) _DeleteFilePayload(ctx context.Context, sel ast.SelectionSet, obj *model.DeleteFilePayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, deleteFilePayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("DeleteFilePayload")
+		case "sandboxId":
+			out.Values[i] = ec._DeleteFilePayload_sandboxId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "path":
+			out.Values[i] = ec._DeleteFilePayload_path(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var deleteSnapshotPayloadImplementors = []string{"DeleteSnapshotPayload"}
+
+func (ec *executionContext) _DeleteSnapshotPayload(ctx context.Context, sel ast.SelectionSet, obj *model.DeleteSnapshotPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, deleteSnapshotPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("DeleteSnapshotPayload")
+		case "deletedSnapshotId":
+			out.Values[i] = ec._DeleteSnapshotPayload_deletedSnapshotId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -13126,13 +13982,13 @@ func (ec *executionContext) _Profile(ctx context.Context, sel ast.SelectionSet, 
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "memoryMb":
-			out.Values[i] = ec._Profile_memoryMb(ctx, field, obj)
+		case "memoryBytes":
+			out.Values[i] = ec._Profile_memoryBytes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "diskMb":
-			out.Values[i] = ec._Profile_diskMb(ctx, field, obj)
+		case "diskBytes":
+			out.Values[i] = ec._Profile_diskBytes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -13356,13 +14212,13 @@ func (ec *executionContext) _Resources(ctx context.Context, sel ast.SelectionSet
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "memoryMb":
-			out.Values[i] = ec._Resources_memoryMb(ctx, field, obj)
+		case "memoryBytes":
+			out.Values[i] = ec._Resources_memoryBytes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "diskMb":
-			out.Values[i] = ec._Resources_diskMb(ctx, field, obj)
+		case "diskBytes":
+			out.Values[i] = ec._Resources_diskBytes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -13532,18 +14388,24 @@ func (ec *executionContext) _SandboxConnection(ctx context.Context, sel ast.Sele
 		case "edges":
 			out.Values[i] = ec._SandboxConnection_edges(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "nodes":
 			out.Values[i] = ec._SandboxConnection_nodes(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "pageInfo":
 			out.Values[i] = ec._SandboxConnection_pageInfo(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "eventsCursor":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._SandboxConnection_eventsCursor(ctx, field, obj)
+				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -13723,6 +14585,87 @@ func (ec *executionContext) _Snapshot(ctx context.Context, sel ast.SelectionSet,
 			out.Values[i] = ec._Snapshot_parentSnapshotId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var snapshotConnectionImplementors = []string{"SnapshotConnection"}
+
+func (ec *executionContext) _SnapshotConnection(ctx context.Context, sel ast.SelectionSet, obj *model.SnapshotConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, snapshotConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SnapshotConnection")
+		case "edges":
+			out.Values[i] = ec._SnapshotConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "nodes":
+			out.Values[i] = ec._SnapshotConnection_nodes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._SnapshotConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var snapshotEdgeImplementors = []string{"SnapshotEdge"}
+
+func (ec *executionContext) _SnapshotEdge(ctx context.Context, sel ast.SelectionSet, obj *model.SnapshotEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, snapshotEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SnapshotEdge")
+		case "cursor":
+			out.Values[i] = ec._SnapshotEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._SnapshotEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -14210,12 +15153,52 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 
 // region    ***************************** type.gotpl *****************************
 
+func (ec *executionContext) marshalNAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx context.Context, sel ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "AgentRun!")
 		return graphql.Null
 	}
 	return ec._AgentRun(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNAgentRunEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.AgentRunEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAgentRunEdge2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNAgentRunEdge2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunEdge(ctx context.Context, sel ast.SelectionSet, v *model.AgentRunEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AgentRunEdge!")
+		return graphql.Null
+	}
+	return ec._AgentRunEdge(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNAgentRunEvent2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunEvent(ctx context.Context, sel ast.SelectionSet, v *model.AgentRunEvent) graphql.Marshaler {
@@ -14666,6 +15649,16 @@ func (ec *executionContext) marshalNSandboxEvent2ᚖsandboxdᚋgraphᚋmodelᚐS
 	return ec._SandboxEvent(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNSandboxEventType2sandboxdᚋgraphᚋmodelᚐSandboxEventType(ctx context.Context, v any) (model.SandboxEventType, error) {
+	var res model.SandboxEventType
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNSandboxEventType2sandboxdᚋgraphᚋmodelᚐSandboxEventType(ctx context.Context, sel ast.SelectionSet, v model.SandboxEventType) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) unmarshalNSandboxState2sandboxdᚋgraphᚋmodelᚐSandboxState(ctx context.Context, v any) (model.SandboxState, error) {
 	var res model.SandboxState
 	err := res.UnmarshalGQL(v)
@@ -14676,12 +15669,52 @@ func (ec *executionContext) marshalNSandboxState2sandboxdᚋgraphᚋmodelᚐSand
 	return v
 }
 
+func (ec *executionContext) marshalNSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx context.Context, sel ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "Snapshot!")
 		return graphql.Null
 	}
 	return ec._Snapshot(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNSnapshotEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.SnapshotEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSnapshotEdge2ᚖsandboxdᚋgraphᚋmodelᚐSnapshotEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNSnapshotEdge2ᚖsandboxdᚋgraphᚋmodelᚐSnapshotEdge(ctx context.Context, sel ast.SelectionSet, v *model.SnapshotEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "SnapshotEdge!")
+		return graphql.Null
+	}
+	return ec._SnapshotEdge(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNStartAgentRunInput2sandboxdᚋgraphᚋmodelᚐStartAgentRunInput(ctx context.Context, v any) (model.StartAgentRunInput, error) {
@@ -14893,30 +15926,18 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	return res
 }
 
-func (ec *executionContext) marshalOAgentRun2ᚕᚖsandboxdᚋgraphᚋmodelᚐAgentRunᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.AgentRun) graphql.Marshaler {
-	if v == nil {
-		return graphql.Null
-	}
-	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
-		fc := graphql.GetFieldContext(ctx)
-		fc.Result = &v[i]
-		return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, sel, v[i])
-	})
-
-	for _, e := range ret {
-		if e == graphql.Null {
-			return graphql.Null
-		}
-	}
-
-	return ret
-}
-
 func (ec *executionContext) marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx context.Context, sel ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
 	}
 	return ec._AgentRun(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOAgentRunConnection2ᚖsandboxdᚋgraphᚋmodelᚐAgentRunConnection(ctx context.Context, sel ast.SelectionSet, v *model.AgentRunConnection) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._AgentRunConnection(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOAutostopAction2ᚖsandboxdᚋgraphᚋmodelᚐAutostopAction(ctx context.Context, v any) (*model.AutostopAction, error) {
@@ -14963,6 +15984,20 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	_ = ctx
 	res := graphql.MarshalBoolean(*v)
 	return res
+}
+
+func (ec *executionContext) marshalODeleteFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐDeleteFilePayload(ctx context.Context, sel ast.SelectionSet, v *model.DeleteFilePayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._DeleteFilePayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalODeleteSnapshotPayload2ᚖsandboxdᚋgraphᚋmodelᚐDeleteSnapshotPayload(ctx context.Context, sel ast.SelectionSet, v *model.DeleteSnapshotPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._DeleteSnapshotPayload(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalODestroySandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐDestroySandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.DestroySandboxPayload) graphql.Marshaler {
@@ -15252,30 +16287,18 @@ func (ec *executionContext) marshalOSandboxState2ᚖsandboxdᚋgraphᚋmodelᚐS
 	return v
 }
 
-func (ec *executionContext) marshalOSnapshot2ᚕᚖsandboxdᚋgraphᚋmodelᚐSnapshotᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.Snapshot) graphql.Marshaler {
-	if v == nil {
-		return graphql.Null
-	}
-	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
-		fc := graphql.GetFieldContext(ctx)
-		fc.Result = &v[i]
-		return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, sel, v[i])
-	})
-
-	for _, e := range ret {
-		if e == graphql.Null {
-			return graphql.Null
-		}
-	}
-
-	return ret
-}
-
 func (ec *executionContext) marshalOSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx context.Context, sel ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
 	}
 	return ec._Snapshot(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOSnapshotConnection2ᚖsandboxdᚋgraphᚋmodelᚐSnapshotConnection(ctx context.Context, sel ast.SelectionSet, v *model.SnapshotConnection) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._SnapshotConnection(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalOStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx context.Context, sel ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {

@@ -39,14 +39,6 @@ func toAgentRun(r sandbox.AgentRun) *model.AgentRun {
 	return out
 }
 
-func toAgentRuns(rs []sandbox.AgentRun) []*model.AgentRun {
-	out := make([]*model.AgentRun, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, toAgentRun(r))
-	}
-	return out
-}
-
 // toAgentRunEvent converts one event of a run's stream; of a chunk's data and dataBase64 only
 // those in sel are built.
 func toAgentRunEvent(e sandbox.AgentRunEvent, sel fieldSet) *model.AgentRunEvent {

@@ -67,12 +67,26 @@ func TestAgentRunQueriesAndCancel(t *testing.T) {
 	if r.code(0) != "NOT_FOUND" || string(r.Data["agentRun"]) != "null" {
 		t.Errorf("unknown run: got %q %s, want NOT_FOUND and null", r.code(0), r.Data["agentRun"])
 	}
-	r = e.post(t, apitest.UserKey, `{ agentRuns(sandboxId: "`+apitest.SandboxRunning+`") { id status } }`, nil)
+	r = e.post(t, apitest.UserKey, `{ agentRuns(sandboxId: "`+apitest.SandboxRunning+`") { nodes { id status } } }`, nil)
 	noErrors(t, r)
-	var list []struct{ ID, Status string }
-	field(t, r, "agentRuns", &list)
+	var runs struct{ Nodes []struct{ ID, Status string } }
+	field(t, r, "agentRuns", &runs)
+	list := runs.Nodes
 	if len(list) != 2 || list[0].ID != apitest.RunDone || list[1].Status != "RUNNING" {
 		t.Errorf("agentRuns: got %+v, want both runs newest first", list)
+	}
+	q := `query($s: ID!, $first: Int, $after: String) { agentRuns(sandboxId: $s, first: $first, after: $after) { ` + pageSelection + ` } }`
+	checkPages(t, e, q, "agentRuns", map[string]any{"s": apitest.SandboxRunning, "first": 1}, []string{apitest.RunDone, apitest.RunRunning})
+	if a := e.fake.Last("AgentRunPage"); a.Limit != 1 || a.After != apitest.RunDone || a.SandboxID != apitest.SandboxRunning {
+		t.Errorf("the service got %+v, want a page of 1 after %s", a, apitest.RunDone)
+	}
+	for _, vars := range []map[string]any{{"s": apitest.SandboxRunning, "first": apitest.MaxPage + 1}, {"s": apitest.SandboxRunning, "after": "run_nope"}} {
+		if r := e.post(t, apitest.UserKey, q, vars); r.code(0) != "INVALID_ARGUMENT" {
+			t.Errorf("%v: got %+v, want INVALID_ARGUMENT", vars, r.Errors)
+		}
+	}
+	if r := e.post(t, apitest.UserKey, q, map[string]any{"s": "sbx_other"}); r.code(0) != "NOT_FOUND" {
+		t.Errorf("another tenant's sandbox: got %+v, want NOT_FOUND", r.Errors)
 	}
 	r = e.post(t, apitest.UserKey, `mutation { cancelAgentRun(id: "`+apitest.RunRunning+`") { id status } }`, nil)
 	noErrors(t, r)

@@ -221,7 +221,7 @@ func toSandbox(s sandbox.Sandbox) *model.Sandbox {
 		AutostopAt:     optTime(s.AutostopAt),
 
 		LatestSnapshotID: optString(s.LatestSnapshotID),
-		Resources:        &model.Resources{MilliCPU: int(s.MilliCPU), MemoryMb: mib(s.MemoryBytes), DiskMb: mib(s.DiskBytes)},
+		Resources:        &model.Resources{MilliCPU: int(s.MilliCPU), MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes},
 		Network:          s.Network,
 		NetworkPolicy:    toNetworkPolicy(s.NetworkPolicy),
 		Labels:           toLabels(s.Labels),
@@ -303,19 +303,11 @@ func toSnapshot(s sandbox.SnapshotInfo) *model.Snapshot {
 		RawSizeBytes: s.RawSizeBytes, Sha256: s.SHA256, ParentSnapshotID: optString(s.Parent)}
 }
 
-func toSnapshots(ss []sandbox.SnapshotInfo) []*model.Snapshot {
-	out := make([]*model.Snapshot, len(ss))
-	for i, s := range ss {
-		out[i] = toSnapshot(s)
-	}
-	return out
-}
-
 func toProfiles(ps []sandbox.Profile) []*model.Profile {
 	out := make([]*model.Profile, len(ps))
 	for i, p := range ps {
 		out[i] = &model.Profile{Name: p.Name, Description: p.Description, MilliCPU: int(p.MilliCPU),
-			MemoryMb: mib(p.MemoryBytes), DiskMb: mib(p.DiskBytes), Network: p.Network,
+			MemoryBytes: p.MemoryBytes, DiskBytes: p.DiskBytes, Network: p.Network,
 			NetworkPolicy: toNetworkPolicy(p.NetworkPolicy), Default: p.Default}
 	}
 	return out
@@ -383,7 +375,7 @@ func toFileListing(path string, entries []sandbox.FileInfo, truncated bool) *mod
 }
 
 func toEvent(e sandbox.Event) *model.SandboxEvent {
-	ev := &model.SandboxEvent{Cursor: e.Cursor, Type: e.Type, SandboxID: e.SandboxID,
+	ev := &model.SandboxEvent{Cursor: e.Cursor, Type: model.SandboxEventType(e.Type), SandboxID: e.SandboxID,
 		State: model.SandboxState(e.State), Reason: optString(e.Reason), At: e.At}
 	if e.PreviousState != "" {
 		prev := model.SandboxState(e.PreviousState)
@@ -399,14 +391,42 @@ func toEvent(e sandbox.Event) *model.SandboxEvent {
 	return ev
 }
 
-// forwardEvents converts the service's event stream into the subscription's channel.
-func forwardEvents(ctx context.Context, in <-chan sandbox.Event) <-chan *model.SandboxEvent {
-	return forward(ctx, in, toEvent, nil)
+// forwardEvents converts the service's event stream into the subscription's channel. Events of
+// a kind this server does not know are left out; a sandbox's own stream ends after its
+// DESTROYED event.
+func forwardEvents(ctx context.Context, sandboxID string, in <-chan sandbox.Event) <-chan *model.SandboxEvent {
+	known := make(chan sandbox.Event)
+	go func() {
+		defer close(known)
+		for {
+			var e sandbox.Event
+			select {
+			case <-ctx.Done():
+				return
+			case ev, ok := <-in:
+				if !ok {
+					return
+				}
+				e = ev
+			}
+			if !model.SandboxEventType(e.Type).IsValid() {
+				continue
+			}
+			select {
+			case known <- e:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return forward(ctx, known, toEvent, func(e sandbox.Event) bool { return sandboxID != "" && e.State == sandbox.Destroyed })
 }
 
 // forward converts a service stream into a subscription's channel. It owns and closes out; it
 // ends when in closes, when ctx ends, or after sending an event for which last is true (last
-// nil: never), and never blocks past ctx.
+// nil: never), and never blocks past ctx. When a stream with a last event closes before it
+// while ctx lives, the service's stream broke off: the subscription ends with an UNAVAILABLE error
+// (streamend.go), never a bare complete.
 func forward[In, Out any](ctx context.Context, in <-chan In, convert func(In) Out, last func(In) bool) <-chan Out {
 	out := make(chan Out)
 	go func() {
@@ -417,6 +437,9 @@ func forward[In, Out any](ctx context.Context, in <-chan In, convert func(In) Ou
 				return
 			case e, ok := <-in:
 				if !ok {
+					if last != nil && ctx.Err() == nil {
+						streamBroke(ctx)
+					}
 					return
 				}
 				select {
@@ -478,6 +501,3 @@ func int64Ptr(i *int) *int64 {
 	v := int64(*i)
 	return &v
 }
-
-// mib converts bytes to whole MiB (GraphQL's Int is 32-bit, too small for bytes).
-func mib(b int64) int { return int(b >> 20) }

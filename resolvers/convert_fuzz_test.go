@@ -172,7 +172,7 @@ var gfDocs = []string{
 	gfAgent:     `mutation($input: StartAgentRunInput!) { startAgentRun(input: $input) { id } }`,
 	gfList:      `query($first: Int, $after: String, $state: SandboxState, $labels: [LabelInput!]) { sandboxes(first: $first, after: $after, state: $state, labels: $labels) { pageInfo { hasNextPage } } }`,
 	gfListFiles: `query($id: ID!, $path: String, $first: Int) { listFiles(sandboxId: $id, path: $path, first: $first) { path } }`,
-	gfSnapshots: `query($id: ID, $first: Int) { snapshots(sandboxId: $id, first: $first) { id } }`,
+	gfSnapshots: `query($id: ID, $first: Int) { snapshots(sandboxId: $id, first: $first) { nodes { id } } }`,
 	gfRead:      `query($id: ID!, $path: String!, $max: Int64) { readFile(sandboxId: $id, path: $path, maxBytes: $max) { path } }`,
 	gfUpdate:    `mutation($id: ID!, $input: UpdateSandboxInput!) { updateSandbox(id: $id, input: $input) { id labels { key value } } }`,
 	gfStdin:     `mutation($id: ID!, $data: String, $b64: String, $close: Boolean) { writeExecStdin(execId: $id, data: $data, dataBase64: $b64, close: $close) { written } }`,
@@ -668,6 +668,11 @@ func (s *gfService) ListSnapshots(_ context.Context, _ auth.Principal, sandboxID
 	return nil, nil
 }
 
+func (s *gfService) SnapshotPage(_ context.Context, _ auth.Principal, _ string, opts sandbox.SnapshotListOptions) (sandbox.SnapshotPage, error) {
+	s.record("SnapshotPage", gfLimit{"-", int64(opts.Limit)})
+	return sandbox.SnapshotPage{}, nil
+}
+
 func (s *gfService) DeleteSnapshot(context.Context, auth.Principal, string) error { return nil }
 
 func (s *gfService) GetSnapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {
@@ -685,6 +690,11 @@ func (s *gfService) GetAgentRun(_ context.Context, _ auth.Principal, runID strin
 
 func (s *gfService) ListAgentRuns(context.Context, auth.Principal, string) ([]sandbox.AgentRun, error) {
 	return nil, nil
+}
+
+func (s *gfService) AgentRunPage(_ context.Context, _ auth.Principal, _ string, opts sandbox.AgentRunListOptions) (sandbox.AgentRunPage, error) {
+	s.record("AgentRunPage", gfLimit{"-", int64(opts.Limit)})
+	return sandbox.AgentRunPage{}, nil
 }
 
 func (s *gfService) CancelAgentRun(_ context.Context, _ auth.Principal, runID string) (sandbox.AgentRun, error) {

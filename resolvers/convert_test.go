@@ -26,15 +26,11 @@ func TestStatesMatchSchema(t *testing.T) {
 	}
 }
 
-func TestMiB(t *testing.T) {
-	tests := []struct {
-		bytes int64
-		want  int
-	}{{0, 0}, {1<<20 - 1, 0}, {1 << 20, 1}, {64 << 30, 65536}}
-	for _, tt := range tests {
-		if got := mib(tt.bytes); got != tt.want {
-			t.Errorf("mib(%d): got %d, want %d", tt.bytes, got, tt.want)
-		}
+// TestSizesAreBytes: resources and profiles report exact bytes (Int64), not truncated MiB.
+func TestSizesAreBytes(t *testing.T) {
+	s := toSandbox(sandbox.Sandbox{MemoryBytes: 1<<20 + 1, DiskBytes: 64 << 30})
+	if s.Resources.MemoryBytes != 1<<20+1 || s.Resources.DiskBytes != 64<<30 {
+		t.Errorf("got %+v, want 1048577 and 68719476736 bytes", s.Resources)
 	}
 }
 
@@ -73,9 +69,9 @@ func TestEmptyExecPageWithACursor(t *testing.T) {
 func TestForwardEventsStopsOnCancel(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	in := make(chan sandbox.Event, 1)
-	in <- sandbox.Event{Cursor: "1"}
+	in <- sandbox.Event{Cursor: "1", Type: sandbox.EventStateChanged}
 	ctx, cancel := context.WithCancel(context.Background())
-	out := forwardEvents(ctx, in)
+	out := forwardEvents(ctx, "", in)
 	time.Sleep(10 * time.Millisecond) // let it block on the send
 	cancel()
 	for range out { // drains at most the one event, then sees the close
@@ -84,12 +80,13 @@ func TestForwardEventsStopsOnCancel(t *testing.T) {
 
 func TestForwardEventsEndsWithInput(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	in := make(chan sandbox.Event, 2)
-	in <- sandbox.Event{Cursor: "1", State: sandbox.Running}
-	in <- sandbox.Event{Cursor: "2", State: sandbox.Stopping, PreviousState: sandbox.Running}
+	in := make(chan sandbox.Event, 3)
+	in <- sandbox.Event{Cursor: "1", Type: sandbox.EventStateChanged, State: sandbox.Running}
+	in <- sandbox.Event{Cursor: "0", Type: "SOMETHING_NEW", State: sandbox.Running} // a newer replica's: left out
+	in <- sandbox.Event{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Stopping, PreviousState: sandbox.Running}
 	close(in)
 	var got []*model.SandboxEvent
-	for e := range forwardEvents(context.Background(), in) {
+	for e := range forwardEvents(context.Background(), "", in) {
 		got = append(got, e)
 	}
 	if len(got) != 2 || got[0].PreviousState != nil || got[1].PreviousState == nil || *got[1].PreviousState != model.SandboxStateRunning {

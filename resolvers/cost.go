@@ -18,7 +18,7 @@ import (
 //
 //   - Points: every selected field costs 1, times the number of objects it may be selected on.
 //     A list field multiplies its selection by the most items it may return: first for
-//     sandboxes, listFiles, snapshots and execs, the kept maximum for agentRuns, limits.max_labels
+//     the connections sandboxes, snapshots, agentRuns and execs and for listFiles, limits.max_labels
 //     for a sandbox's labels, the number of ids for nodes. Each mutation and subscription root field costs mutationPoints
 //     more, and each Query field that calls a guest init or scans an index of execs (readFile,
 //     listFiles, stat, execs) backendPoints more. Each byte field below adds a point
@@ -40,8 +40,6 @@ const (
 	backendPoints = 25
 	// bytesPerPoint prices byte fields in points.
 	bytesPerPoint = 64 << 10
-	// agentRunsKept is the most runs agentRuns returns (the service keeps the newest 100).
-	agentRunsKept = 100
 )
 
 // backendQueryFields are the Query fields that reach a sandbox's guest init (files) or scan
@@ -216,7 +214,7 @@ func (b *costBudget) walk(c *cost, set ast.SelectionSet, vars map[string]any, mu
 // listSize is how many items a field's selection may be resolved on.
 func (b *costBudget) listSize(typeName, field string, args map[string]any) int64 {
 	switch typeName + "." + field {
-	case "Query.sandboxes", "Query.listFiles", "Query.snapshots", "Query.execs":
+	case "Query.sandboxes", "Query.listFiles", "Query.snapshots", "Query.execs", "Query.agentRuns":
 		if n, ok := intArg(args, "first"); ok && n > 0 {
 			return n
 		}
@@ -227,8 +225,6 @@ func (b *costBudget) listSize(typeName, field string, args map[string]any) int64
 			return int64(len(ids))
 		}
 		return MaxNodes
-	case "Query.agentRuns":
-		return agentRunsKept
 	case "Sandbox.labels":
 		// The most labels a sandbox may have (limits.max_labels).
 		return b.listDefaults[typeName+"."+field]

@@ -25,7 +25,7 @@ func BenchmarkCostPrice(b *testing.B) {
 	}
 	storm.WriteString("}")
 	for _, q := range []struct{ name, query string }{
-		{"page", `{ sandboxes(first: 100) { edges { cursor node { id state profileName createdAt autostopAt resources { milliCpu memoryMb diskMb } } } pageInfo { hasNextPage endCursor } } }`},
+		{"page", `{ sandboxes(first: 100) { edges { cursor node { id state profileName createdAt autostopAt resources { milliCpu memoryBytes diskBytes } } } pageInfo { hasNextPage endCursor } } }`},
 		{"storm-200-aliases", storm.String()},
 	} {
 		b.Run(q.name, func(b *testing.B) {

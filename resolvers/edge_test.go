@@ -150,7 +150,7 @@ func TestCostModel(t *testing.T) {
 		{"two-files", aliases(2, `readFile(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){contentBase64}`), "COST_EXCEEDED"},
 		{"many-small-files", aliases(100, `readFile(sandboxId:"`+apitest.SandboxRunning+`", path:"a", maxBytes: 65536){size}`), ""},
 		{"alias-storm", aliases(200, `readFile(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){contentBase64}`), "COST_EXCEEDED"},
-		{"big-page", `{sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt resources{milliCpu memoryMb diskMb}}}}}`, ""},
+		{"big-page", `{sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt resources{milliCpu memoryBytes diskBytes}}}}}`, ""},
 		{"big-page-many-aliases", aliases(3, `sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt}}}`), "COST_EXCEEDED"},
 		{"exec-output-fields", aliases(20, `exec(id:"exec_x"){stdout stderr stdoutBase64 stderrBase64}`), "COST_EXCEEDED"},
 		// Each field that calls a guest init or scans an index of execs costs backendPoints
@@ -217,6 +217,41 @@ func TestCostIsReported(t *testing.T) {
 	// sandboxes 1 + 10 × (edges 1 + node 1 + id 1) = 31.
 	if out.Extensions.Cost.Points != 31 || out.Extensions.Cost.PointsLimit != DefaultCostLimit {
 		t.Errorf("got cost %+v in %s, want 31 points of %d", out.Extensions.Cost, raw, DefaultCostLimit)
+	}
+}
+
+// TestConnectionsPricedByFirst: snapshots and agentRuns multiply their selection by first
+// (its default when omitted), as sandboxes and execs do.
+func TestConnectionsPricedByFirst(t *testing.T) {
+	e := newEnv(t, HandlerOptions{})
+	run := `sandboxId: "` + apitest.SandboxRunning + `"`
+	for _, tc := range []struct {
+		name, query string
+		want        float64
+	}{
+		// 1 + first × (edges 1 + node 1 + id 1)
+		{"agent-runs-first", `{ agentRuns(` + run + `, first: 3) { edges { node { id } } } }`, 1 + 3*3},
+		{"agent-runs-default", `{ agentRuns(` + run + `) { edges { node { id } } } }`, 1 + 50*3},
+		// 1 + first × (nodes 1 + id 1)
+		{"snapshots-first", `{ snapshots(first: 7) { nodes { id } } }`, 1 + 7*2},
+		{"snapshots-default", `{ snapshots { nodes { id } } }`, 1 + 50*2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.post(t, apitest.UserKey, tc.query, nil)
+			noErrors(t, r)
+			var cost map[string]float64
+			if err := json.Unmarshal(r.Extensions["cost"], &cost); err != nil || cost["points"] != tc.want {
+				t.Errorf("got cost %v, want %v points", cost, tc.want)
+			}
+		})
+	}
+	// 31 × (1 + 100 × 5) points: over the default 10 000.
+	storm := `{ `
+	for i := range 31 {
+		storm += fmt.Sprintf(`b%d: agentRuns(%s, first: 100) { edges { node { id status agentId } } } `, i, run)
+	}
+	if r := e.post(t, apitest.UserKey, storm+`}`, nil); r.code(0) != "COST_EXCEEDED" {
+		t.Errorf("31 aliased pages of 100 runs: got %+v, want COST_EXCEEDED", r.Errors)
 	}
 }
 

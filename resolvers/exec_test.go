@@ -348,7 +348,7 @@ func TestSandboxEventsCarryExecs(t *testing.T) {
 	}, true
 	_, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor type state previousState exec { execId state exitCode command } } }`)
 	var got []string
-	for _, data := range readSSE(t, sc) {
+	for _, data := range untilBrokeOff(t, readSSE(t, sc)) {
 		got = append(got, string(data))
 	}
 	want := []string{

@@ -54,14 +54,14 @@ func TestFileOperations(t *testing.T) {
 		t.Errorf("moveFile with overwrite: the service got %+v", c)
 	}
 
-	r = e.post(t, apitest.UserKey, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "full", recursive: true) }`, vars)
+	r = e.post(t, apitest.UserKey, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "full", recursive: true) { sandboxId path } }`, vars)
 	noErrors(t, r)
 	if c := e.fake.Last("DeleteFile"); c.Path != "full" || !c.Recursive {
 		t.Errorf("deleteFile: the service got %+v", c)
 	}
 
 	for _, tc := range []struct{ name, query, code string }{
-		{"delete-full", `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "full") }`, "DIRECTORY_NOT_EMPTY"},
+		{"delete-full", `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "full") { path } }`, "DIRECTORY_NOT_EMPTY"},
 		{"move-exists", `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a", to: "existing") { path } }`, "ALREADY_EXISTS"},
 		{"stat-missing", `query($s: ID!) { stat(sandboxId: $s, path: "missing") { path } }`, "NOT_FOUND"},
 		{"stat-outside", `query($s: ID!) { stat(sandboxId: $s, path: "out/x") { path } }`, "INVALID_ARGUMENT"},
@@ -84,7 +84,7 @@ func TestFileMutationsArePriced(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("mutation {")
 	for i := range 11 {
-		fmt.Fprintf(&b, ` d%d: deleteFile(sandboxId: "%s", path: "f%d")`, i, apitest.SandboxRunning, i)
+		fmt.Fprintf(&b, ` d%d: deleteFile(sandboxId: "%s", path: "f%d") { path }`, i, apitest.SandboxRunning, i)
 	}
 	b.WriteString("}")
 	r := e.post(t, apitest.UserKey, b.String(), nil)
@@ -117,31 +117,51 @@ func TestWatchFilesSubscription(t *testing.T) {
 	if m := next(ctx, t, c); m.Type != "connection_ack" {
 		t.Fatalf("got %s, want connection_ack", m.Type)
 	}
-	subscribe := func(id string, vars map[string]any) []fileEventJSON {
+	// subscribe returns the events and the extensions.code of an error the stream ended with.
+	subscribe := func(id string, vars map[string]any) ([]fileEventJSON, string) {
 		t.Helper()
 		send(ctx, t, c, wsMsg{ID: id, Type: "subscribe", Payload: mustJSON(map[string]any{"query": watchQuery, "variables": vars})})
 		var got []fileEventJSON
+		endCode := ""
 		for {
 			m := next(ctx, t, c)
 			if m.Type == "complete" {
-				return got
+				return got, endCode
 			}
 			if m.Type == "error" {
 				t.Fatalf("got error %s", m.Payload)
 			}
+			if endCode != "" {
+				t.Fatalf("got %s after the stream's end error, want complete", m.Payload)
+			}
 			var p struct {
 				Data struct {
-					WatchFiles fileEventJSON
+					WatchFiles *fileEventJSON
 				}
-				Errors []map[string]any
+				Errors []struct {
+					Extensions map[string]any
+				}
 			}
-			if err := json.Unmarshal(m.Payload, &p); err != nil || len(p.Errors) > 0 {
+			if err := json.Unmarshal(m.Payload, &p); err != nil {
 				t.Fatalf("got %s (%v)", m.Payload, err)
 			}
-			got = append(got, p.Data.WatchFiles)
+			if len(p.Errors) > 0 {
+				code, _ := p.Errors[0].Extensions["code"].(string)
+				if code == "" || p.Data.WatchFiles != nil {
+					t.Fatalf("got %s, want an error with a code and no event", m.Payload)
+				}
+				endCode = code
+				continue
+			}
+			got = append(got, *p.Data.WatchFiles)
 		}
 	}
-	got := subscribe("1", map[string]any{"s": apitest.SandboxRunning, "p": "src", "r": true})
+	// The fake's stream closes after its events without an ERROR event: a stream that broke
+	// off, which ends with an UNAVAILABLE error, never a bare complete.
+	got, end := subscribe("1", map[string]any{"s": apitest.SandboxRunning, "p": "src", "r": true})
+	if end != "UNAVAILABLE" {
+		t.Errorf("got end %q, want UNAVAILABLE", end)
+	}
 	if len(got) != 6 {
 		t.Fatalf("got %d events %+v, want 6", len(got), got)
 	}
@@ -154,17 +174,17 @@ func TestWatchFilesSubscription(t *testing.T) {
 	if w := e.fake.Last("WatchFiles").Watch; w.Path != "src" || !w.Recursive || w.After != "" {
 		t.Errorf("the service got %+v", w)
 	}
-	got = subscribe("2", map[string]any{"s": apitest.SandboxRunning, "p": "src", "a": got[3].Cursor})
-	if len(got) != 2 || got[0].Kind != "OVERFLOW" {
-		t.Errorf("resumed: got %+v, want the two events after the cursor", got)
+	got, end = subscribe("2", map[string]any{"s": apitest.SandboxRunning, "p": "src", "a": got[3].Cursor})
+	if len(got) != 2 || got[0].Kind != "OVERFLOW" || end != "UNAVAILABLE" {
+		t.Errorf("resumed: got %+v (end %q), want the two events after the cursor, then UNAVAILABLE", got, end)
 	}
 	// An ERROR event is the last: the subscription completes after it.
 	e.fake.FileEvents = []sandbox.FileEvent{{Cursor: "w0123456789abcdef.1", Kind: sandbox.FileWatchError, Code: "NOT_FOUND",
 		Message: "the watched folder was deleted", At: apitest.T0}}
 	e.fake.FileEventsEnd = false
-	got = subscribe("3", map[string]any{"s": apitest.SandboxRunning, "p": "."})
-	if len(got) != 1 || got[0].Kind != "ERROR" || *got[0].Code != "NOT_FOUND" || *got[0].Message == "" {
-		t.Errorf("got %+v, want one ERROR event", got)
+	got, end = subscribe("3", map[string]any{"s": apitest.SandboxRunning, "p": "."})
+	if len(got) != 1 || got[0].Kind != "ERROR" || *got[0].Code != "NOT_FOUND" || *got[0].Message == "" || end != "" {
+		t.Errorf("got %+v (end %q), want one ERROR event and a bare complete", got, end)
 	}
 	e.fake.WaitStreams(t, 5*time.Second)
 }

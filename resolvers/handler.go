@@ -195,11 +195,13 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	srv.Use(&costBudget{points: int64(opts.ComplexityLimit), readBytes: opts.MaxReadBytes,
 		mutations: opts.MaxMutationFields, fileBytes: maxReadFileBytes, outputBytes: opts.OutputFieldBytes,
 		listDefaults: map[string]int64{"Query.sandboxes": 50, "Query.listFiles": 1000, "Query.snapshots": 50, "Query.execs": 50,
-			"Sandbox.labels": int64(opts.MaxLabels)}})
+			"Query.agentRuns": 50, "Sandbox.labels": int64(opts.MaxLabels)}})
 	srv.AroundOperations(g.chargeWebsocketOperations)
 	srv.AroundOperations(refuseOneShotSubscriptions)
 	srv.AroundFields(codeResolverErrors)
 	srv.AroundResponses(withLoaders(svc))
+	srv.AroundOperations(watchStreamEnds)
+	srv.AroundResponses(reportStreamEnds)
 	srv.SetErrorPresenter(errs.present)
 	srv.SetRecoverFunc(errs.recover)
 

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 }
 
 const sandboxFields = `id tenantId projectId profileName state stateReason createdAt stateChangedAt autostopSec ttlSec
-	expiresAt latestSnapshotId resources { milliCpu memoryMb diskMb } network`
+	expiresAt latestSnapshotId resources { milliCpu memoryBytes diskBytes } network`
 
 func TestAuthentication(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
@@ -81,7 +81,7 @@ func TestSandboxQuery(t *testing.T) {
 		"id": apitest.SandboxRunning, "tenantId": "acme", "projectId": "web", "state": "RUNNING", "stateReason": nil,
 		"createdAt": "2025-01-02T03:04:05Z", "stateChangedAt": "2025-01-02T03:04:06Z", "autostopSec": 1800.0,
 		"ttlSec": 3600.0, "expiresAt": "2025-01-02T04:04:05Z", "latestSnapshotId": nil, "network": "none",
-		"resources": map[string]any{"milliCpu": 2000.0, "memoryMb": 4096.0, "diskMb": 10240.0},
+		"resources": map[string]any{"milliCpu": 2000.0, "memoryBytes": float64(4 << 30), "diskBytes": float64(10 << 30)},
 	}
 	for k, v := range want {
 		if got := sb[k]; !equalJSON(got, v) {

@@ -95,32 +95,44 @@ func fetchEach[V any](get func(context.Context, auth.Principal, string) (V, erro
 			}
 			return vals, errs
 		}
-		sem := make(chan struct{}, loadParallel)
-		var wg sync.WaitGroup
-		for i, k := range keys {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				defer func() {
-					if v := recover(); v != nil {
-						errs[i] = graphql.Recover(ctx, v)
-					}
-				}()
-				v, err := get(ctx, p, k)
-				switch {
-				case apierror.Is(err, apierror.NotFound):
-				case err != nil:
-					errs[i] = err
-				default:
-					vals[i] = &v
-				}
-			}()
-		}
-		wg.Wait()
+		errs = sideBySide(ctx, len(keys), func(i int) error {
+			v, err := get(ctx, p, keys[i])
+			switch {
+			case apierror.Is(err, apierror.NotFound):
+				return nil
+			case err != nil:
+				return err
+			}
+			vals[i] = &v
+			return nil
+		})
 		return vals, errs
 	}
+}
+
+// sideBySide runs fn for each index below n, loadParallel at a time, and returns each one's
+// error by index; a panic is logged with its stack and becomes an internal error on its index.
+func sideBySide(ctx context.Context, n int, fn func(i int) error) []error {
+	errs := make([]error, n)
+	sem := make(chan struct{}, loadParallel)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer func() {
+				if v := recover(); v != nil {
+					errs[i] = &apierror.Error{Code: apierror.Internal, Message: "internal error"}
+					graphql.Recover(ctx, v) // logs it with its stack
+				}
+			}()
+			errs[i] = fn(i)
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // ---- references ----
@@ -210,25 +222,10 @@ func (r *Resolver) nodes(ctx context.Context, p auth.Principal, ids []string) ([
 		return nil, invalidArg("ids", "ids holds %d ids; at most %d are allowed", len(ids), MaxNodes)
 	}
 	out := make([]model.Node, len(ids))
-	errs := make([]error, len(ids))
-	sem := make(chan struct{}, loadParallel)
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			defer func() {
-				if v := recover(); v != nil {
-					out[i], errs[i] = nil, &apierror.Error{Code: apierror.Internal, Message: "internal error"}
-					graphql.Recover(ctx, v) // logs it with its stack
-				}
-			}()
-			out[i], errs[i] = r.node(ctx, p, id)
-		}()
-	}
-	wg.Wait()
+	errs := sideBySide(ctx, len(ids), func(i int) (err error) {
+		out[i], err = r.node(ctx, p, ids[i])
+		return err
+	})
 	path := graphql.GetPath(ctx)
 	for i, err := range errs {
 		if err == nil {

@@ -111,16 +111,19 @@ func TestReferencesBatch(t *testing.T) {
 		snaps[i] = sandbox.SnapshotInfo{ID: fmt.Sprintf("snap_01HZZZZZZZZZZZZZZZZZZZZZZZ_%010d", i+1), SandboxID: apitest.SandboxRunning}
 	}
 	e.fake.Snapshots = snaps
-	r := e.post(t, apitest.UserKey, `{ snapshots(first: 40) { id sandbox { id state profileName profile { name } } } }`, nil)
+	r := e.post(t, apitest.UserKey, `{ snapshots(first: 40) { nodes { id sandbox { id state profileName profile { name } } } } }`, nil)
 	noErrors(t, r)
-	var got []struct {
-		ID      string
-		Sandbox *struct {
-			ID, State, ProfileName string
-			Profile                *struct{ Name string }
+	var page struct {
+		Nodes []struct {
+			ID      string
+			Sandbox *struct {
+				ID, State, ProfileName string
+				Profile                *struct{ Name string }
+			}
 		}
 	}
-	field(t, r, "snapshots", &got)
+	field(t, r, "snapshots", &page)
+	got := page.Nodes
 	if len(got) != 40 || got[39].Sandbox == nil || got[39].Sandbox.ID != apitest.SandboxRunning || got[39].Sandbox.ProfileName != "sandboxes-default" {
 		t.Fatalf("got %s, want 40 snapshots with their sandbox", r.Data["snapshots"])
 	}
@@ -134,7 +137,7 @@ func TestReferencesResolve(t *testing.T) {
 	e.fake.Snapshots[0].SandboxID = "sbx_01HGONEXXXXXXXXXXXXXXXXXXX" // destroyed since: null, no error
 	r := e.post(t, apitest.UserKey, `query($run: ID!) {
 		agentRun(id: $run) { execId exec { id execId state } }
-		snapshots { id sandboxId sandbox { id } }
+		snapshots { nodes { id sandboxId sandbox { id } } }
 	}`, map[string]any{"run": apitest.RunRunning})
 	noErrors(t, r)
 	var run struct {
@@ -145,11 +148,14 @@ func TestReferencesResolve(t *testing.T) {
 	if run.Exec == nil || run.Exec.ID != apitest.ExecRunning || run.Exec.ExecID != run.ExecID || run.Exec.State != "RUNNING" {
 		t.Errorf("agentRun.exec: got %+v, want the exec %s", run, apitest.ExecRunning)
 	}
-	var snaps []struct {
-		SandboxID string
-		Sandbox   json.RawMessage
+	var page struct {
+		Nodes []struct {
+			SandboxID string
+			Sandbox   json.RawMessage
+		}
 	}
-	field(t, r, "snapshots", &snaps)
+	field(t, r, "snapshots", &page)
+	snaps := page.Nodes
 	if string(snaps[0].Sandbox) != "null" || snaps[0].SandboxID == "" {
 		t.Errorf("snapshot of a destroyed sandbox: got sandbox %s id %q, want null and the id kept", snaps[0].Sandbox, snaps[0].SandboxID)
 	}

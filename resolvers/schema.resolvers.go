@@ -152,7 +152,7 @@ func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*mod
 }
 
 // DeleteSnapshot is the resolver for the deleteSnapshot field.
-func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (*bool, error) {
+func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (*model.DeleteSnapshotPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -160,8 +160,7 @@ func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (*bool
 	if err := r.svc.DeleteSnapshot(ctx, p, id); err != nil {
 		return nil, err
 	}
-	deleted := true
-	return &deleted, nil
+	return &model.DeleteSnapshotPayload{DeletedSnapshotID: id}, nil
 }
 
 // WriteFile is the resolver for the writeFile field.
@@ -186,7 +185,7 @@ func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path
 }
 
 // DeleteFile is the resolver for the deleteFile field.
-func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*bool, error) {
+func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*model.DeleteFilePayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -194,8 +193,7 @@ func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, pat
 	if err := r.svc.DeleteFile(ctx, p, sandboxID, path, recursive != nil && *recursive); err != nil {
 		return nil, err
 	}
-	deleted := true
-	return &deleted, nil
+	return &model.DeleteFilePayload{SandboxID: sandboxID, Path: path}, nil
 }
 
 // MoveFile is the resolver for the moveFile field.
@@ -341,11 +339,20 @@ func (r *queryResolver) Sandboxes(ctx context.Context, first *int, after *string
 	if opts.Labels, err = labelSelector(r.svc.Limits(), labels); err != nil {
 		return nil, err
 	}
+	var cursor string
+	if selectedFields(ctx, "SandboxConnection").has("eventsCursor") {
+		// Before the page: every change after the page was read comes after this cursor.
+		if cursor, err = r.svc.EventsCursor(ctx, p); err != nil {
+			return nil, err
+		}
+	}
 	page, err := r.svc.List(ctx, p, opts)
 	if err != nil {
 		return nil, err
 	}
-	return toConnection(page), nil
+	c := toConnection(page)
+	c.EventsCursor = cursor
+	return c, nil
 }
 
 // Profiles is the resolver for the profiles field.
@@ -447,7 +454,7 @@ func (r *queryResolver) Execs(ctx context.Context, sandboxID string, state *mode
 }
 
 // Snapshots is the resolver for the snapshots field.
-func (r *queryResolver) Snapshots(ctx context.Context, sandboxID *string, first *int) ([]*model.Snapshot, error) {
+func (r *queryResolver) Snapshots(ctx context.Context, sandboxID *string, first *int, after *string) (*model.SnapshotConnection, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -456,11 +463,11 @@ func (r *queryResolver) Snapshots(ctx context.Context, sandboxID *string, first 
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := r.svc.ListSnapshots(ctx, p, deref(sandboxID), limit)
+	page, err := r.svc.SnapshotPage(ctx, p, deref(sandboxID), sandbox.SnapshotListOptions{Limit: limit, After: deref(after)})
 	if err != nil {
 		return nil, err
 	}
-	return toSnapshots(snaps), nil
+	return toSnapshotConnection(page), nil
 }
 
 // AgentRun is the resolver for the agentRun field.
@@ -477,16 +484,20 @@ func (r *queryResolver) AgentRun(ctx context.Context, id string) (*model.AgentRu
 }
 
 // AgentRuns is the resolver for the agentRuns field.
-func (r *queryResolver) AgentRuns(ctx context.Context, sandboxID string) ([]*model.AgentRun, error) {
+func (r *queryResolver) AgentRuns(ctx context.Context, sandboxID string, first *int, after *string) (*model.AgentRunConnection, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
 	}
-	runs, err := r.svc.ListAgentRuns(ctx, p, sandboxID)
+	limit, err := pageSize(first)
 	if err != nil {
 		return nil, err
 	}
-	return toAgentRuns(runs), nil
+	page, err := r.svc.AgentRunPage(ctx, p, sandboxID, sandbox.AgentRunListOptions{Limit: limit, After: deref(after)})
+	if err != nil {
+		return nil, err
+	}
+	return toAgentRunConnection(page), nil
 }
 
 // Profile is the resolver for the profile field.
@@ -497,6 +508,11 @@ func (r *sandboxResolver) Profile(ctx context.Context, obj *model.Sandbox) (*mod
 // LatestSnapshot is the resolver for the latestSnapshot field.
 func (r *sandboxResolver) LatestSnapshot(ctx context.Context, obj *model.Sandbox) (*model.Snapshot, error) {
 	return r.snapshotRef(ctx, deref(obj.LatestSnapshotID))
+}
+
+// EventsCursor is the resolver for the eventsCursor field.
+func (r *sandboxConnectionResolver) EventsCursor(ctx context.Context, obj *model.SandboxConnection) (string, error) {
+	return obj.EventsCursor, nil // read by Sandboxes before the page
 }
 
 // Sandbox is the resolver for the sandbox field.
@@ -514,7 +530,7 @@ func (r *subscriptionResolver) SandboxEvents(ctx context.Context, sandboxID *str
 	if err != nil {
 		return nil, err
 	}
-	return forwardEvents(ctx, in), nil
+	return forwardEvents(ctx, deref(sandboxID), in), nil
 }
 
 // ExecOutput is the resolver for the execOutput field.
@@ -568,6 +584,11 @@ func (r *Resolver) Query() graph.QueryResolver { return &queryResolver{r} }
 // Sandbox returns graph.SandboxResolver implementation.
 func (r *Resolver) Sandbox() graph.SandboxResolver { return &sandboxResolver{r} }
 
+// SandboxConnection returns graph.SandboxConnectionResolver implementation.
+func (r *Resolver) SandboxConnection() graph.SandboxConnectionResolver {
+	return &sandboxConnectionResolver{r}
+}
+
 // Snapshot returns graph.SnapshotResolver implementation.
 func (r *Resolver) Snapshot() graph.SnapshotResolver { return &snapshotResolver{r} }
 
@@ -575,10 +596,11 @@ func (r *Resolver) Snapshot() graph.SnapshotResolver { return &snapshotResolver{
 func (r *Resolver) Subscription() graph.SubscriptionResolver { return &subscriptionResolver{r} }
 
 type (
-	agentRunResolver     struct{ *Resolver }
-	mutationResolver     struct{ *Resolver }
-	queryResolver        struct{ *Resolver }
-	sandboxResolver      struct{ *Resolver }
-	snapshotResolver     struct{ *Resolver }
-	subscriptionResolver struct{ *Resolver }
+	agentRunResolver          struct{ *Resolver }
+	mutationResolver          struct{ *Resolver }
+	queryResolver             struct{ *Resolver }
+	sandboxResolver           struct{ *Resolver }
+	sandboxConnectionResolver struct{ *Resolver }
+	snapshotResolver          struct{ *Resolver }
+	subscriptionResolver      struct{ *Resolver }
 )

@@ -1,6 +1,7 @@
 package resolvers
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -40,54 +41,135 @@ func TestSnapshotsQuery(t *testing.T) {
 		wantSandbox string
 		wantLimit   int
 	}{
-		{name: "project-default", query: `{ snapshots { id parentSnapshotId } }`, wantLimit: 50},
-		{name: "sandbox-first", query: `{ snapshots(sandboxId: "` + apitest.SandboxRunning + `", first: 5) { id parentSnapshotId } }`,
+		{name: "project-default", query: `{ snapshots { nodes { id parentSnapshotId } } }`, wantLimit: 50},
+		{name: "sandbox-first", query: `{ snapshots(sandboxId: "` + apitest.SandboxRunning + `", first: 5) { nodes { id parentSnapshotId } } }`,
 			wantSandbox: apitest.SandboxRunning, wantLimit: 5},
-		{name: "explicit-null", query: `{ snapshots(sandboxId: null, first: null) { id parentSnapshotId } }`, wantLimit: 50},
+		{name: "explicit-null", query: `{ snapshots(sandboxId: null, first: null) { nodes { id parentSnapshotId } } }`, wantLimit: 50},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := e.post(t, apitest.UserKey, tt.query, nil)
 			noErrors(t, r)
-			var got []struct {
-				ID               string
-				ParentSnapshotID *string
+			var page struct {
+				Nodes []struct {
+					ID               string
+					ParentSnapshotID *string
+				}
 			}
-			field(t, r, "snapshots", &got)
+			field(t, r, "snapshots", &page)
+			got := page.Nodes
 			if len(got) != 2 || got[0].ID != apitest.SnapLatest || got[1].ParentSnapshotID != nil {
 				t.Errorf("got %+v, want both snapshots in the service's order, the older without a parent", got)
 			}
-			args := e.fake.Last("ListSnapshots")
-			if args.SandboxID != tt.wantSandbox || args.Limit != tt.wantLimit {
-				t.Errorf("got ListSnapshots(%q, %d), want (%q, %d)", args.SandboxID, args.Limit, tt.wantSandbox, tt.wantLimit)
+			args := e.fake.Last("SnapshotPage")
+			if args.SandboxID != tt.wantSandbox || args.Limit != tt.wantLimit || args.After != "" {
+				t.Errorf("got SnapshotPage(%q, %d, %q), want (%q, %d, \"\")", args.SandboxID, args.Limit, args.After, tt.wantSandbox, tt.wantLimit)
 			}
 		})
 	}
-	r := e.post(t, apitest.UserKey, `{ snapshots(first: 0) { id } }`, nil)
+	r := e.post(t, apitest.UserKey, `{ snapshots(first: 0) { nodes { id } } }`, nil)
 	if r.code(0) != "INVALID_ARGUMENT" || r.Errors[0].Extensions["field"] != "first" {
 		t.Errorf("first 0: got %+v, want INVALID_ARGUMENT on first", r.Errors)
 	}
-	r = e.post(t, apitest.UserKey, `{ snapshots(sandboxId: "sbx_other") { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `{ snapshots(sandboxId: "sbx_other") { nodes { id } } }`, nil)
 	if r.code(0) != "NOT_FOUND" {
 		t.Errorf("unknown sandbox: got %+v, want NOT_FOUND", r.Errors)
 	}
 }
 
+// connPage is a page of a connection as it travels.
+type connPage struct {
+	Edges []struct {
+		Cursor string
+		Node   struct{ ID string }
+	}
+	PageInfo struct {
+		HasNextPage, HasPreviousPage bool
+		StartCursor, EndCursor       *string
+	}
+}
+
+const pageSelection = `edges { cursor node { id } } pageInfo { hasNextPage hasPreviousPage startCursor endCursor }`
+
+// checkPages reads a connection one item per page after a cursor (vars's "after") and wants
+// the ids in order, each page's cursors its edge's, and hasNextPage true on all but the last.
+func checkPages(t *testing.T, e *env, query, name string, vars map[string]any, want []string) {
+	t.Helper()
+	var got []string
+	after := any(nil)
+	for i := range len(want) + 1 {
+		vars["after"] = after
+		r := e.post(t, apitest.UserKey, query, vars)
+		noErrors(t, r)
+		var page connPage
+		field(t, r, name, &page)
+		if len(page.Edges) != 1 {
+			t.Fatalf("page %d: got %d edges, want 1", i, len(page.Edges))
+		}
+		edge := page.Edges[0]
+		got = append(got, edge.Node.ID)
+		pi := page.PageInfo
+		if pi.StartCursor == nil || pi.EndCursor == nil || *pi.StartCursor != edge.Cursor || *pi.EndCursor != edge.Cursor || pi.HasPreviousPage {
+			t.Fatalf("page %d: got page info %+v for cursor %q, want start and end that cursor", i, pi, edge.Cursor)
+		}
+		if last := len(got) == len(want); pi.HasNextPage == last {
+			t.Fatalf("page %d: got hasNextPage %v, want %v", i, pi.HasNextPage, !last)
+		}
+		if !pi.HasNextPage {
+			break
+		}
+		after = *pi.EndCursor
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestSnapshotsPages: snapshots is a connection: pages after a cursor, hasNextPage false on
+// the last (also when it fills exactly), a malformed cursor and an oversized first refused
+// with INVALID_ARGUMENT on their argument.
+func TestSnapshotsPages(t *testing.T) {
+	e := newEnv(t, HandlerOptions{})
+	q := `query($first: Int, $after: String) { snapshots(first: $first, after: $after) { ` + pageSelection + ` } }`
+	checkPages(t, e, q, "snapshots", map[string]any{"first": 1}, []string{apitest.SnapLatest, apitest.SnapOld})
+	r := e.post(t, apitest.UserKey, q, map[string]any{"first": 2})
+	var page connPage
+	field(t, r, "snapshots", &page)
+	if len(page.Edges) != 2 || page.PageInfo.HasNextPage {
+		t.Errorf("a page that fills exactly: got %+v, want both and no next page", page)
+	}
+	for _, tc := range []struct {
+		name  string
+		vars  map[string]any
+		field string
+	}{
+		{"bad-cursor", map[string]any{"after": "snap_nope"}, "after"},
+		{"first-over-the-bound", map[string]any{"first": apitest.MaxPage + 1}, "first"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := e.post(t, apitest.UserKey, q, tc.vars)
+			if r.code(0) != "INVALID_ARGUMENT" || r.Errors[0].Extensions["field"] != tc.field || string(r.Data["snapshots"]) != "null" {
+				t.Errorf("got %+v %s, want INVALID_ARGUMENT on %s and null", r.Errors, r.Data["snapshots"], tc.field)
+			}
+		})
+	}
+}
+
 func TestDeleteSnapshot(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, apitest.UserKey, `mutation($id: ID!) { deleteSnapshot(id: $id) }`, map[string]any{"id": apitest.SnapOld})
+	r := e.post(t, apitest.UserKey, `mutation($id: ID!) { deleteSnapshot(id: $id) { deletedSnapshotId } }`, map[string]any{"id": apitest.SnapOld})
 	noErrors(t, r)
-	var ok bool
-	field(t, r, "deleteSnapshot", &ok)
+	var payload struct{ DeletedSnapshotID string }
+	field(t, r, "deleteSnapshot", &payload)
 	deleted := e.fake.Last("DeleteSnapshot").ID
-	if !ok || deleted != apitest.SnapOld {
-		t.Errorf("got %v, deleted %q, want true and %s", ok, deleted, apitest.SnapOld)
+	if payload.DeletedSnapshotID != apitest.SnapOld || deleted != apitest.SnapOld {
+		t.Errorf("got %+v, deleted %q, want %s both", payload, deleted, apitest.SnapOld)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { deleteSnapshot(id: "`+apitest.SnapLatest+`") }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { deleteSnapshot(id: "`+apitest.SnapLatest+`") { deletedSnapshotId } }`, nil)
 	if r.code(0) != "INVALID_STATE" || r.Errors[0].Extensions["state"] != "STOPPED" {
 		t.Errorf("latest of a stopped sandbox: got %+v, want INVALID_STATE with the state", r.Errors)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { deleteSnapshot(id: "snap_nope") }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { deleteSnapshot(id: "snap_nope") { deletedSnapshotId } }`, nil)
 	if r.code(0) != "NOT_FOUND" {
 		t.Errorf("unknown snapshot: got %+v, want NOT_FOUND", r.Errors)
 	}

@@ -147,9 +147,16 @@ func TestWebsocketSubscription(t *testing.T) {
 		if m.Type != "next" {
 			t.Fatalf("got %s %s, want next", m.Type, m.Payload)
 		}
+		if brokeOff(m.Payload) {
+			got = append(got, eventJSON{Type: "(broke off)"})
+			continue
+		}
 		got = append(got, eventOf(t, m))
 	}
-	checkEvents(t, got)
+	if len(got) == 0 || got[len(got)-1].Type != "(broke off)" {
+		t.Fatalf("got %+v, want the stream to end with an UNAVAILABLE error", got)
+	}
+	checkEvents(t, got[:len(got)-1])
 	if p := e.fake.LastPrincipal(); p.Scope() != "acme:web" {
 		t.Errorf("got principal %+v, want acme:web", p)
 	}
@@ -280,11 +287,18 @@ func TestWebsocketLegacyProtocol(t *testing.T) {
 	}
 	send(ctx, t, c, wsMsg{ID: "1", Type: "start", Payload: subscribePayload(nil)})
 	var got []eventJSON
+	var last wsMsg
 	for m := next(ctx, t, c); m.Type != "complete"; m = next(ctx, t, c) {
 		if m.Type != "data" {
 			t.Fatalf("got %s %s, want data", m.Type, m.Payload)
 		}
+		if last = m; brokeOff(m.Payload) {
+			continue
+		}
 		got = append(got, eventOf(t, m))
+	}
+	if !brokeOff(last.Payload) {
+		t.Errorf("the stream ended with %s, want an UNAVAILABLE error", last.Payload)
 	}
 	checkEvents(t, got)
 	c.Close(websocket.StatusNormalClosure, "")
@@ -318,6 +332,32 @@ func postSSEVars(t *testing.T, e *env, key, query string, vars map[string]any) (
 	return resp, bufio.NewScanner(resp.Body)
 }
 
+// brokeOff reports whether a payload is the last message of a stream that broke off: no data,
+// one UNAVAILABLE error with retryAfter (the fake's SandboxEventsEnd ends the service's stream
+// as a Redis that failed for good would).
+func brokeOff(payload json.RawMessage) bool {
+	var p struct {
+		Data   json.RawMessage `json:"data"`
+		Errors []struct {
+			Extensions map[string]any `json:"extensions"`
+		} `json:"errors"`
+	}
+	if json.Unmarshal(payload, &p) != nil || len(p.Errors) != 1 || (len(p.Data) > 0 && string(p.Data) != "null") {
+		return false
+	}
+	return p.Errors[0].Extensions["code"] == "UNAVAILABLE" && p.Errors[0].Extensions["retryAfter"] != nil
+}
+
+// untilBrokeOff fails t unless the last payload is a broken-off stream's error, and returns
+// the others.
+func untilBrokeOff(t *testing.T, data []json.RawMessage) []json.RawMessage {
+	t.Helper()
+	if len(data) == 0 || !brokeOff(data[len(data)-1]) {
+		t.Fatalf("got %s, want the stream to end with an UNAVAILABLE error", data)
+	}
+	return data[:len(data)-1]
+}
+
 // readSSE returns the data of every "next" event until "complete".
 func readSSE(t *testing.T, sc *bufio.Scanner) []json.RawMessage {
 	t.Helper()
@@ -347,7 +387,7 @@ func TestSSESubscription(t *testing.T) {
 		t.Fatalf("got %d %s, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	var got []eventJSON
-	for _, data := range readSSE(t, sc) {
+	for _, data := range untilBrokeOff(t, readSSE(t, sc)) {
 		got = append(got, eventOf(t, wsMsg{Payload: data}))
 	}
 	checkEvents(t, got)
@@ -388,17 +428,21 @@ func TestStreamsOutliveServerTimeouts(t *testing.T) {
 			t.Fatalf("got %s, want connection_ack", m.Type)
 		}
 		send(ctx, t, c, wsMsg{ID: "1", Type: "subscribe", Payload: subscribePayload(nil)})
-		var got []eventJSON
+		var got []json.RawMessage
 		for m := next(ctx, t, c); m.Type != "complete"; m = next(ctx, t, c) {
-			got = append(got, eventOf(t, m))
+			got = append(got, m.Payload)
 		}
-		checkEvents(t, got)
+		var evs []eventJSON
+		for _, p := range untilBrokeOff(t, got) {
+			evs = append(evs, eventOf(t, wsMsg{Payload: p}))
+		}
+		checkEvents(t, evs)
 		c.Close(websocket.StatusNormalClosure, "")
 	})
 	t.Run("sse", func(t *testing.T) {
 		_, sc := postSSE(t, e, apitest.UserKey, `subscription { sandboxEvents { cursor type sandboxId state previousState reason at } }`)
 		var got []eventJSON
-		for _, data := range readSSE(t, sc) {
+		for _, data := range untilBrokeOff(t, readSSE(t, sc)) {
 			got = append(got, eventOf(t, wsMsg{Payload: data}))
 		}
 		checkEvents(t, got)

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -227,11 +228,46 @@ func TestAgentRuns(t *testing.T) {
 		if got := s.Run(t, id, []string{"cat", "/workspace/agent-result.txt", "/workspace/agent-config.json"}, e2e.HdrTenant1); got != `from graphql{"via":"gql"}` {
 			t.Errorf("workspace after the GraphQL run: got %q", got)
 		}
-		var list []struct{ ID string }
-		s.GQL(t, `query($sb: ID!) { agentRuns(sandboxId: $sb) { id } }`, map[string]any{"sb": id}, e2e.HdrTenant1).OK(t, "agentRuns", &list)
+		var runs struct{ Nodes []struct{ ID string } }
+		s.GQL(t, `query($sb: ID!) { agentRuns(sandboxId: $sb) { nodes { id } } }`, map[string]any{"sb": id}, e2e.HdrTenant1).OK(t, "agentRuns", &runs)
+		list := runs.Nodes
 		if len(list) < 2 || list[0].ID != g.ID || list[len(list)-1].ID != run.RunID {
 			t.Errorf("agentRuns: got %+v, want the GraphQL run first and the first run last", list)
 		}
+		// One run per page, in the same order, hasNextPage until the last.
+		const pageQ = `query($sb: ID!, $after: String) { agentRuns(sandboxId: $sb, first: 1, after: $after) {
+			edges { cursor node { id } } pageInfo { hasNextPage endCursor } } }`
+		var paged []string
+		after := any(nil)
+		for range len(list) + 1 {
+			var p struct {
+				Edges []struct {
+					Cursor string
+					Node   struct{ ID string }
+				}
+				PageInfo struct {
+					HasNextPage bool
+					EndCursor   *string
+				}
+			}
+			s.GQL(t, pageQ, map[string]any{"sb": id, "after": after}, e2e.HdrTenant1).OK(t, "agentRuns", &p)
+			if len(p.Edges) != 1 || p.PageInfo.EndCursor == nil || *p.PageInfo.EndCursor != p.Edges[0].Cursor {
+				t.Fatalf("agentRuns page %d: got %+v, want one run and its cursor as endCursor", len(paged), p)
+			}
+			paged = append(paged, p.Edges[0].Node.ID)
+			if !p.PageInfo.HasNextPage {
+				break
+			}
+			after = *p.PageInfo.EndCursor
+		}
+		if fmt.Sprint(paged) != fmt.Sprint(runIDs(list)) {
+			t.Errorf("agentRuns pages: got %v, want %v", paged, runIDs(list))
+		}
+		// Another tenant: NOT_FOUND; hostile page arguments: INVALID_ARGUMENT.
+		s.GQL(t, pageQ, map[string]any{"sb": id}, e2e.HdrTenant2).WantCode(t, http.StatusOK, "NOT_FOUND")
+		s.GQL(t, `query($sb: ID!) { agentRuns(sandboxId: $sb, first: 101) { nodes { id } } }`, map[string]any{"sb": id}, e2e.HdrTenant1).
+			WantCode(t, http.StatusOK, "INVALID_ARGUMENT")
+		s.GQL(t, pageQ, map[string]any{"sb": id, "after": "run_../../x"}, e2e.HdrTenant1).WantCode(t, http.StatusOK, "INVALID_ARGUMENT")
 		sub := s.Curl(t, http.MethodPost, "/graphql", []byte(e2e.MustJSON(t, map[string]any{
 			"query":     `subscription($id: ID!) { agentRunEvents(runId: $id) { cursor kind run { status } stream data } }`,
 			"variables": map[string]any{"id": g.ID}})), e2e.HdrJSON, e2e.HdrTenant1, "Accept: text/event-stream")
@@ -267,4 +303,13 @@ func TestAgentRuns(t *testing.T) {
 			t.Errorf("exec: got %q", got)
 		}
 	})
+}
+
+// runIDs are the ids of a list of runs, in order.
+func runIDs(runs []struct{ ID string }) []string {
+	out := make([]string, len(runs))
+	for i, r := range runs {
+		out[i] = r.ID
+	}
+	return out
 }

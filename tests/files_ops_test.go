@@ -151,13 +151,13 @@ func TestFileOps(t *testing.T) {
 		if st.Type != "SYMLINK" || st.Symlink != "/etc" || st.IsDir {
 			t.Errorf("stat of a link: got %+v, want the link itself", st)
 		}
-		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "g") }`, vars, h).WantCode(t, http.StatusOK, "DIRECTORY_NOT_EMPTY")
+		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "g") { path } }`, vars, h).WantCode(t, http.StatusOK, "DIRECTORY_NOT_EMPTY")
 		s.GQL(t, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "g/f2.txt", to: "g/etc") { path } }`, vars, h).
 			WantCode(t, http.StatusOK, "ALREADY_EXISTS")
-		var deleted bool
-		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "g", recursive: true) }`, vars, h).OK(t, "deleteFile", &deleted)
-		if !deleted {
-			t.Error("deleteFile: got false")
+		var deleted struct{ SandboxID, Path string }
+		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "g", recursive: true) { sandboxId path } }`, vars, h).OK(t, "deleteFile", &deleted)
+		if deleted.SandboxID != id || deleted.Path != "g" {
+			t.Errorf("deleteFile: got %+v, want sandbox %s and path g", deleted, id)
 		}
 		s.GQL(t, `query($s: ID!) { stat(sandboxId: $s, path: "g") { path } }`, vars, h).WantCode(t, http.StatusOK, "NOT_FOUND")
 	})
@@ -176,7 +176,7 @@ func TestFileOps(t *testing.T) {
 		}
 		vars := map[string]any{"s": id}
 		s.GQL(t, `query($s: ID!) { stat(sandboxId: $s, path: "mine/f") { path } }`, vars, h2).WantCode(t, http.StatusOK, "NOT_FOUND")
-		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "mine", recursive: true) }`, vars, h2).WantCode(t, http.StatusOK, "NOT_FOUND")
+		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "mine", recursive: true) { path } }`, vars, h2).WantCode(t, http.StatusOK, "NOT_FOUND")
 		if got := sh(t, s, id, "cat /workspace/mine/f", h); got != "x\n" {
 			t.Errorf("the owner's file after another tenant's tries: got %q", got)
 		}

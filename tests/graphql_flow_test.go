@@ -10,7 +10,7 @@ import (
 // GraphQL documents used by several tests.
 const (
 	gqlSandboxFields = `id tenantId projectId profileName state stateReason autostopSec ttlSec latestSnapshotId
-		resources { milliCpu memoryMb }`
+		resources { milliCpu memoryBytes }`
 	gqlExecFields = `execId exitCode signal timedOut durationMs stdout stderr stdoutBase64 stdoutTruncated stderrTruncated error`
 
 	gqlCreate  = `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { ` + gqlSandboxFields + ` } }`
@@ -39,8 +39,8 @@ type gqlSandbox struct {
 	TTLSec           int     `json:"ttlSec"`
 	LatestSnapshotID *string `json:"latestSnapshotId"`
 	Resources        struct {
-		MilliCPU int `json:"milliCpu"`
-		MemoryMB int `json:"memoryMb"`
+		MilliCPU    int   `json:"milliCpu"`
+		MemoryBytes int64 `json:"memoryBytes"`
 	} `json:"resources"`
 }
 
@@ -98,8 +98,8 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 			sb.TenantID != "dev" || sb.ProjectID != "default" {
 			t.Errorf("got %+v, want RUNNING sandboxes-default 1800/14400 of dev:default", sb)
 		}
-		if sb.Resources.MilliCPU != 1000 || sb.Resources.MemoryMB != 1024 {
-			t.Errorf("got resources %+v, want 1000 milliCpu and 1024 memoryMb", sb.Resources)
+		if sb.Resources.MilliCPU != 1000 || sb.Resources.MemoryBytes != 1024<<20 {
+			t.Errorf("got resources %+v, want 1000 milliCpu and 1 GiB memoryBytes", sb.Resources)
 		}
 		var got gqlSandbox
 		s.GQL(t, gqlGet, map[string]any{"id": id}, key).OK(t, "sandbox", &got)

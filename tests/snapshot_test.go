@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ func (l snapshotListJSON) ids() []string {
 
 var snapshotIDPattern = regexp.MustCompile(`^snap_[0-9A-HJKMNP-TV-Z]{26}_[0-9]{10}$`)
 
-const gqlSnapshots = `query($id: ID) { snapshots(sandboxId: $id) { id sandboxId createdAt sizeBytes sha256 parentSnapshotId } }`
+const gqlSnapshots = `query($id: ID) { snapshots(sandboxId: $id) { nodes { id sandboxId createdAt sizeBytes sha256 parentSnapshotId } } }`
 
 // listSnapshots lists snapshots through REST: of one sandbox, or of the project when id is "".
 func listSnapshots(t *testing.T, s *e2e.Server, id string, headers ...string) snapshotListJSON {
@@ -96,16 +97,18 @@ func TestSnapshots(t *testing.T) {
 		}
 		for _, vars := range []map[string]any{{"id": id}, {"id": nil}} {
 			var data struct {
-				Snapshots []struct {
-					ID        string `json:"id"`
-					SandboxID string `json:"sandboxId"`
-					SHA256    string `json:"sha256"`
+				Snapshots struct {
+					Nodes []struct {
+						ID        string `json:"id"`
+						SandboxID string `json:"sandboxId"`
+						SHA256    string `json:"sha256"`
+					} `json:"nodes"`
 				} `json:"snapshots"`
 			}
 			if _, err := c.Do(ctx, gqlSnapshots, vars, &data); err != nil {
 				t.Fatalf("GraphQL snapshots(%v): %v", vars["id"], err)
 			}
-			list := data.Snapshots
+			list := data.Snapshots.Nodes
 			if len(list) != 1 || list[0].ID != snap.SnapshotID || list[0].SandboxID != id || list[0].SHA256 != snap.SHA256 {
 				t.Errorf("GraphQL snapshots(%v): got %+v, want [%s]", vars["id"], list, snap.SnapshotID)
 			}
@@ -174,6 +177,72 @@ func TestSnapshots(t *testing.T) {
 		}
 	})
 
+	e2e.Step(t, "graphql-pages", func(t *testing.T) {
+		// The project's snapshots (of the destroyed sandbox and the restored one), one per page:
+		// the REST list's order, hasNextPage until the last page.
+		all, err := c.Snapshots(ctx, "", 0)
+		if err != nil || len(all) < 3 {
+			t.Fatalf("REST project list: got %v (%v), want at least 3", snapshotIDs(all), err)
+		}
+		const q = `query($first: Int, $after: String) { snapshots(first: $first, after: $after) {
+			edges { cursor node { id } } pageInfo { hasNextPage endCursor } } }`
+		type page struct {
+			Edges []struct {
+				Cursor string
+				Node   struct{ ID string }
+			}
+			PageInfo struct {
+				HasNextPage bool
+				EndCursor   *string
+			}
+		}
+		var got []string
+		var firstCursor string
+		after := any(nil)
+		for i := 0; ; i++ {
+			var p page
+			s.GQL(t, q, map[string]any{"first": 1, "after": after}, key).OK(t, "snapshots", &p)
+			if len(p.Edges) != 1 || p.PageInfo.EndCursor == nil || *p.PageInfo.EndCursor != p.Edges[0].Cursor {
+				t.Fatalf("page %d: got %+v, want one snapshot and its cursor as endCursor", i, p)
+			}
+			got = append(got, p.Edges[0].Node.ID)
+			if i == 0 {
+				firstCursor = p.Edges[0].Cursor
+			}
+			if !p.PageInfo.HasNextPage {
+				break
+			}
+			if len(got) > len(all) {
+				t.Fatalf("got %v pages, more than the %d snapshots", got, len(all))
+			}
+			after = *p.PageInfo.EndCursor
+		}
+		if !slices.Equal(got, snapshotIDs(all)) {
+			t.Errorf("GraphQL pages: got %v, want the REST list %v", got, snapshotIDs(all))
+		}
+		var exact page
+		s.GQL(t, q, map[string]any{"first": len(all)}, key).OK(t, "snapshots", &exact)
+		if len(exact.Edges) != len(all) || exact.PageInfo.HasNextPage {
+			t.Errorf("a page that fills exactly: got %d edges, hasNextPage %v, want %d and false", len(exact.Edges), exact.PageInfo.HasNextPage, len(all))
+		}
+		// Another tenant with tenant 1's cursor gets its own (empty) list, never tenant 1's.
+		var theirs page
+		s.GQL(t, q, map[string]any{"first": 5, "after": firstCursor}, e2e.HdrTenant2).OK(t, "snapshots", &theirs)
+		if len(theirs.Edges) != 0 || theirs.PageInfo.HasNextPage {
+			t.Errorf("tenant 2 after tenant 1's cursor: got %+v, want nothing", theirs)
+		}
+		// Hostile arguments: bounded, with a stable code.
+		s.GQL(t, q, map[string]any{"first": 501}, key).WantCode(t, http.StatusOK, "INVALID_ARGUMENT")
+		if g := s.GQL(t, q, map[string]any{"first": 1 << 30}, key); len(g.Errors) == 0 || g.Errors[0].Code() != "COST_EXCEEDED" {
+			t.Errorf("first 2^30: got %s, want COST_EXCEEDED before anything runs", g)
+		}
+		s.GQL(t, q, map[string]any{"after": strings.Repeat("9", 5000)}, key).WantCode(t, http.StatusOK, "INVALID_ARGUMENT")
+		s.GQL(t, q, map[string]any{"after": "1.snap_../../etc"}, key).OK(t, "snapshots", &theirs)
+		if len(theirs.Edges) != 0 {
+			t.Errorf("after a cursor past every snapshot: got %+v, want nothing", theirs)
+		}
+	})
+
 	// Archives and GCS prefixes: TestBootstrapSources (bootstrap_test.go).
 	e2e.Step(t, "source-refusals", func(t *testing.T) {
 		_, err := c.Create(ctx, client.CreateRequest{Source: &client.Source{ArchiveURL: "http://storage.example/task.zip"}})
@@ -190,9 +259,9 @@ func TestSnapshots(t *testing.T) {
 		err := c.DeleteSnapshot(ctx, snap.SnapshotID)
 		wantClientError(t, "delete "+snap.SnapshotID+" again", err, http.StatusNotFound, client.CodeNotFound)
 		var data struct {
-			DeleteSnapshot bool `json:"deleteSnapshot"`
+			DeleteSnapshot *struct{ DeletedSnapshotID string } `json:"deleteSnapshot"`
 		}
-		if _, err := c.Do(ctx, `mutation($id: ID!) { deleteSnapshot(id: $id) }`, map[string]any{"id": final}, &data); err != nil || !data.DeleteSnapshot {
+		if _, err := c.Do(ctx, `mutation($id: ID!) { deleteSnapshot(id: $id) { deletedSnapshotId } }`, map[string]any{"id": final}, &data); err != nil || data.DeleteSnapshot == nil || data.DeleteSnapshot.DeletedSnapshotID != final {
 			t.Errorf("deleteSnapshot(%s): got %v (%v), want true", final, data.DeleteSnapshot, err)
 		}
 		_, err = c.Snapshots(ctx, id, 0)

@@ -124,6 +124,23 @@ func TestAgentRunSucceedsAndChangesTheWorkspace(t *testing.T) {
 	if err != nil || len(list) != 2 || list[0].ID != r2.ID || list[1].ID != r.ID {
 		t.Fatalf("list: got %d runs (%v), want [%s %s]", len(list), err, r2.ID, r.ID)
 	}
+	// Pages of one: the newest, then the other, then no next page.
+	p1, err := e.Svc.AgentRunPage(ctx, alice, sb.ID, sandbox.AgentRunListOptions{Limit: 1})
+	if err != nil || len(p1.Runs) != 1 || p1.Runs[0].ID != r2.ID || p1.NextCursor != r2.ID {
+		t.Fatalf("first page: got %+v (%v), want %s with a next page", p1, err, r2.ID)
+	}
+	p2, err := e.Svc.AgentRunPage(ctx, alice, sb.ID, sandbox.AgentRunListOptions{Limit: 1, After: p1.NextCursor})
+	if err != nil || len(p2.Runs) != 1 || p2.Runs[0].ID != r.ID || p2.NextCursor != "" {
+		t.Fatalf("second page: got %+v (%v), want %s and no next page", p2, err, r.ID)
+	}
+	for _, opts := range []sandbox.AgentRunListOptions{{Limit: 101}, {After: "exec_01J00000000000000000000000"}, {After: "run_x"}} {
+		if _, err := e.Svc.AgentRunPage(ctx, alice, sb.ID, opts); apierror.CodeOf(err) != apierror.InvalidArgument {
+			t.Errorf("page %+v: got %v, want INVALID_ARGUMENT", opts, err)
+		}
+	}
+	if _, err := e.Svc.AgentRunPage(ctx, bob, sb.ID, sandbox.AgentRunListOptions{}); apierror.CodeOf(err) != apierror.NotFound {
+		t.Errorf("other tenant page: got %v, want NOT_FOUND", err)
+	}
 	if _, err := e.Svc.GetAgentRun(ctx, bob, r.ID); apierror.CodeOf(err) != apierror.NotFound {
 		t.Errorf("other tenant get: got %v, want NOT_FOUND", err)
 	}

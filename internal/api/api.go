@@ -93,6 +93,8 @@ type Service interface {
 	Snapshot(ctx context.Context, p auth.Principal, id string) (sandbox.SnapshotInfo, error)
 	// ListSnapshots lists snapshots newest first; sandboxID "" means the caller's whole project.
 	ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]sandbox.SnapshotInfo, error)
+	// SnapshotPage is one page of ListSnapshots' list after a cursor (GraphQL's connection).
+	SnapshotPage(ctx context.Context, p auth.Principal, sandboxID string, opts sandbox.SnapshotListOptions) (sandbox.SnapshotPage, error)
 	DeleteSnapshot(ctx context.Context, p auth.Principal, snapshotID string) error
 	// GetSnapshot returns one snapshot of the caller's project (GraphQL's node and references).
 	GetSnapshot(ctx context.Context, p auth.Principal, snapshotID string) (sandbox.SnapshotInfo, error)
@@ -104,6 +106,8 @@ type Service interface {
 	GetAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
 	// ListAgentRuns lists a sandbox's runs, newest first.
 	ListAgentRuns(ctx context.Context, p auth.Principal, sandboxID string) ([]sandbox.AgentRun, error)
+	// AgentRunPage is one page of a sandbox's runs after a cursor (GraphQL's connection).
+	AgentRunPage(ctx context.Context, p auth.Principal, sandboxID string, opts sandbox.AgentRunListOptions) (sandbox.AgentRunPage, error)
 	// CancelAgentRun kills the agent's process tree and answers once it ended.
 	CancelAgentRun(ctx context.Context, p auth.Principal, runID string) (sandbox.AgentRun, error)
 	// AgentRunEvents streams a run's status and output; it closes after the final status.

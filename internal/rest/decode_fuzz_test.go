@@ -676,6 +676,16 @@ func (s *fzService) ListAgentRuns(_ context.Context, _ auth.Principal, sandboxID
 	return nil, nil
 }
 
+func (s *fzService) AgentRunPage(_ context.Context, _ auth.Principal, sandboxID string, _ sandbox.AgentRunListOptions) (sandbox.AgentRunPage, error) {
+	s.record("AgentRunPage", sandboxID)
+	return sandbox.AgentRunPage{}, nil
+}
+
+func (s *fzService) SnapshotPage(_ context.Context, _ auth.Principal, sandboxID string, _ sandbox.SnapshotListOptions) (sandbox.SnapshotPage, error) {
+	s.record("SnapshotPage", sandboxID)
+	return sandbox.SnapshotPage{}, nil
+}
+
 func (s *fzService) CancelAgentRun(_ context.Context, _ auth.Principal, runID string) (sandbox.AgentRun, error) {
 	s.record("CancelAgentRun", runID)
 	return sandbox.AgentRun{ID: runID}, nil

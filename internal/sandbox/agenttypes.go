@@ -85,3 +85,18 @@ type AgentRunEvent struct {
 	Data        []byte
 	MissedBytes int64
 }
+
+// AgentRunListOptions asks for one page of a sandbox's agent runs.
+type AgentRunListOptions struct {
+	// Limit is the page size: 1 to the runs kept per sandbox (0: 50).
+	Limit int
+	// After is the id of the last run of the previous page ("": the first page).
+	After string
+}
+
+// AgentRunPage is one page of agent runs, newest first.
+type AgentRunPage struct {
+	Runs []AgentRun
+	// NextCursor is the cursor of the next page (the last run's id), "" on the last page.
+	NextCursor string
+}

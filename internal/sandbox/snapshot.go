@@ -1,11 +1,9 @@
 package sandbox
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"sandboxd/internal/apierror"
@@ -54,45 +52,8 @@ func (s *Service) Snapshot(ctx context.Context, p auth.Principal, id string) (Sn
 // whole project when sandboxID is "", newest first, at most limit (default 50, at most the
 // page size limit). A destroyed sandbox's snapshots are listed as long as any is left.
 func (s *Service) ListSnapshots(ctx context.Context, p auth.Principal, sandboxID string, limit int) ([]SnapshotInfo, error) {
-	if limit <= 0 {
-		limit = 50
-	}
-	if limit > s.cfg.Limits.MaxPageSize {
-		return nil, apierror.New(apierror.InvalidArgument, "page size must be at most %d, got %d", s.cfg.Limits.MaxPageSize, limit)
-	}
-	var (
-		list []checkpoint.Manifest
-		err  error
-	)
-	if sandboxID == "" {
-		list, err = s.ckpts.store.ListProject(ctx, p.Tenant, p.Project)
-	} else {
-		if !ValidID(sandboxID, idPrefix) {
-			return nil, notFound(sandboxID)
-		}
-		_, lerr := s.Load(ctx, p, sandboxID, VerbGet)
-		if lerr != nil && !apierror.Is(lerr, apierror.NotFound) {
-			return nil, lerr
-		}
-		list, err = s.ckpts.store.List(ctx, checkpoint.Scope{Tenant: p.Tenant, Project: p.Project, Sandbox: sandboxID})
-		if err == nil && lerr != nil && len(list) == 0 {
-			return nil, lerr // no such sandbox, and no snapshots left of one
-		}
-	}
-	if err != nil {
-		return nil, storeError(err)
-	}
-	slices.SortFunc(list, func(a, b checkpoint.Manifest) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(b.ID, a.ID)
-	})
-	out := make([]SnapshotInfo, 0, min(len(list), limit))
-	for _, m := range list[:min(len(list), limit)] {
-		out = append(out, toSnapshotInfo(m))
-	}
-	return out, nil
+	page, err := s.SnapshotPage(ctx, p, sandboxID, SnapshotListOptions{Limit: limit})
+	return page.Snapshots, err
 }
 
 // GetSnapshot returns one snapshot of the caller's project.

@@ -18,7 +18,10 @@ export function Agents({ sandbox, errors }: { sandbox: q.Sandbox; errors: Errors
   const stop = useRef<() => void>(() => {});
 
   const load = () =>
-    errors.guard('agent runs', async () => setRuns((await gql<q.AgentRunsData>(q.AGENT_RUNS, { sandboxId: sandbox.id })).agentRuns));
+    errors.guard('agent runs', async () =>
+      // One page of 100: every run the service keeps.
+      setRuns((await gql<q.AgentRunsData>(q.AGENT_RUNS, { sandboxId: sandbox.id, first: 100 })).agentRuns?.nodes ?? []),
+    );
   useEffect(() => {
     view.current = new OutputView(pre.current!);
     void load();

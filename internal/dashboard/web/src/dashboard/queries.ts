@@ -18,13 +18,13 @@ export interface Sandbox {
   expiresAt: string | null;
   latestSnapshotId: string | null;
   network: string;
-  resources: { milliCpu: number; memoryMb: number; diskMb: number };
+  resources: { milliCpu: number; memoryBytes: number; diskBytes: number };
   labels: Label[];
 }
 
 const SANDBOX_FIELDS = `
   id profileName state stateReason createdAt stateChangedAt autostopAt expiresAt latestSnapshotId
-  network resources { milliCpu memoryMb diskMb } labels { key value }`;
+  network resources { milliCpu memoryBytes diskBytes } labels { key value }`;
 
 export interface PageInfo { hasNextPage: boolean; endCursor: string | null }
 
@@ -43,10 +43,10 @@ export const QUOTA = `query Quota { quota { limit inUse } }`;
 export interface Quota { limit: number; inUse: number }
 export interface QuotaData { quota: Quota }
 
-export const PROFILES = `query Profiles { profiles { name description default milliCpu memoryMb diskMb network } }`;
+export const PROFILES = `query Profiles { profiles { name description default milliCpu memoryBytes diskBytes network } }`;
 export interface Profile {
   name: string; description: string; default: boolean;
-  milliCpu: number; memoryMb: number; diskMb: number; network: string;
+  milliCpu: number; memoryBytes: number; diskBytes: number; network: string;
 }
 export interface ProfilesData { profiles: Profile[] }
 
@@ -172,7 +172,7 @@ export const READ_FILE = `query ReadFile($sandboxId: ID!, $path: String!, $maxBy
 export interface ReadFileData { readFile: { path: string; content: string | null; size: number } }
 
 export const DELETE_FILE = `mutation DeleteFile($sandboxId: ID!, $path: String!, $recursive: Boolean) {
-  deleteFile(sandboxId: $sandboxId, path: $path, recursive: $recursive)
+  deleteFile(sandboxId: $sandboxId, path: $path, recursive: $recursive) { path }
 }`;
 
 export const MAKE_DIRECTORY = `mutation MakeDirectory($sandboxId: ID!, $path: String!) {
@@ -190,12 +190,12 @@ export interface Snapshot {
 const SNAPSHOT_FIELDS = `id sandboxId createdAt sizeBytes rawSizeBytes parentSnapshotId`;
 
 export const SNAPSHOTS = `query Snapshots($sandboxId: ID, $first: Int) {
-  snapshots(sandboxId: $sandboxId, first: $first) { ${SNAPSHOT_FIELDS} }
+  snapshots(sandboxId: $sandboxId, first: $first) { nodes { ${SNAPSHOT_FIELDS} } pageInfo { hasNextPage } }
 }`;
-export interface SnapshotsData { snapshots: Snapshot[] }
+export interface SnapshotsData { snapshots: { nodes: Snapshot[]; pageInfo: { hasNextPage: boolean } } | null }
 
 export const SNAPSHOT_SANDBOX = `mutation SnapshotSandbox($id: ID!) { snapshotSandbox(id: $id) { ${SNAPSHOT_FIELDS} } }`;
-export const DELETE_SNAPSHOT = `mutation DeleteSnapshot($id: ID!) { deleteSnapshot(id: $id) }`;
+export const DELETE_SNAPSHOT = `mutation DeleteSnapshot($id: ID!) { deleteSnapshot(id: $id) { deletedSnapshotId } }`;
 
 export type AgentRunStatus = 'QUEUED' | 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
 export interface AgentRun {
@@ -212,8 +212,10 @@ export interface AgentRun {
 }
 const RUN_FIELDS = `id sandboxId agentId model status reason execId exitCode createdAt endedAt`;
 
-export const AGENT_RUNS = `query AgentRuns($sandboxId: ID!) { agentRuns(sandboxId: $sandboxId) { ${RUN_FIELDS} } }`;
-export interface AgentRunsData { agentRuns: AgentRun[] }
+export const AGENT_RUNS = `query AgentRuns($sandboxId: ID!, $first: Int) {
+  agentRuns(sandboxId: $sandboxId, first: $first) { nodes { ${RUN_FIELDS} } pageInfo { hasNextPage } }
+}`;
+export interface AgentRunsData { agentRuns: { nodes: AgentRun[]; pageInfo: { hasNextPage: boolean } } | null }
 
 export interface StartAgentRunInput { agentId: string; model?: string; instruction: string; sandboxId: string }
 export const START_AGENT_RUN = `mutation StartAgentRun($input: StartAgentRunInput!) {

@@ -204,8 +204,8 @@ export function Overview({ sandbox: s }: { sandbox: q.Sandbox }) {
     ['expires', when(s.expiresAt)],
     ['latest snapshot', s.latestSnapshotId ?? '—'],
     ['cpu', s.resources.milliCpu ? `${s.resources.milliCpu / 1000} cores` : 'no limit'],
-    ['memory', s.resources.memoryMb ? bytes(s.resources.memoryMb * 1024 * 1024) : 'no limit'],
-    ['disk', s.resources.diskMb ? bytes(s.resources.diskMb * 1024 * 1024) : 'no limit'],
+    ['memory', s.resources.memoryBytes ? bytes(s.resources.memoryBytes) : 'no limit'],
+    ['disk', s.resources.diskBytes ? bytes(s.resources.diskBytes) : 'no limit'],
     ['network', s.network],
     ['labels', s.labels.map((l) => `${l.key}=${l.value}`).join(', ') || '—'],
   ];

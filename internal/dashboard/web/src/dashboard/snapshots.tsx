@@ -11,7 +11,8 @@ export function Snapshots({ sandbox, store, errors }: { sandbox: q.Sandbox; stor
   const load = () =>
     errors.guard('snapshots', async () => {
       try {
-        setList((await gql<q.SnapshotsData>(q.SNAPSHOTS, { sandboxId: sandbox.id, first: 50 })).snapshots);
+        // The newest 50 (a connection: pageInfo.hasNextPage says when older ones exist).
+        setList((await gql<q.SnapshotsData>(q.SNAPSHOTS, { sandboxId: sandbox.id, first: 50 })).snapshots?.nodes ?? []);
       } catch (err) {
         setList([]);
         // A sandbox without snapshots yet is NOT_FOUND here.
