@@ -149,8 +149,10 @@ func TestBuildImages(t *testing.T) {
 	regHost := strings.TrimPrefix(reg.URL, "http://")
 
 	out1, out2 := t.TempDir(), t.TempDir()
-	buildImages(t, out1)
-	buildImages(t, out2, "--push", regHost)
+	// The label a user sets with --source (a checkout without an origin remote gets "unknown").
+	const source = "https://source.example/sandboxd"
+	buildImages(t, out1, "--source", source)
+	buildImages(t, out2, "--source", source, "--push", regHost)
 
 	type listed struct {
 		Name, Reference, Layout, Digest, Pushed string
@@ -202,6 +204,9 @@ func TestBuildImages(t *testing.T) {
 			}
 			if v := cf.Config.Labels["org.opencontainers.image.version"]; v != version.Version {
 				t.Errorf("version label: got %q, want %q", v, version.Version)
+			}
+			if v := cf.Config.Labels["org.opencontainers.image.source"]; v != source {
+				t.Errorf("source label: got %q, want the --source given, %q", v, source)
 			}
 
 			// Pulled back from the registry: the same digest, and the same layers.

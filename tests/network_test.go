@@ -369,6 +369,17 @@ func networkLeftovers(t *testing.T, stateDir string) []string {
 			left = append(left, "net/"+sub+"/"+e.Name())
 		}
 	}
+	// A netns is pinned by a bind mount onto its file in net/ns: the file gone and the mount
+	// left would hold the namespace (and its veth end) alive where no listing above finds it.
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], filepath.Join(stateDir, "net")+"/") {
+			left = append(left, "mount "+f[4])
+		}
+	}
 	slots, _ := filepath.Glob("/run/sandboxd/net-slots/*/*")
 	for _, s := range slots {
 		if b, err := os.ReadFile(s); err == nil && strings.HasPrefix(string(b), filepath.Join(stateDir, "net")+" ") {

@@ -1,7 +1,8 @@
-// Package version says which sandboxd this is: the release version, kept in one place (the
-// VERSION file beside this code, embedded at build time; bump it there and nowhere else), the
-// source revision it was built from and the Go release that built it. sandboxd, sandbox-init
-// and the image builder all report it. Standard library only, so the guest init can link it.
+// Package version says which sandboxd this is: the release version (the VERSION file beside
+// this code, embedded at build time; one command, scripts/set-version.sh, bumps it together with
+// the image tags in deploy/base/kustomization.yaml, which a test holds equal to it), the source
+// revision it was built from and the Go release that built it. sandboxd, sandbox-init and the
+// image builder all report it. Standard library only, so the guest init can link it.
 package version
 
 import (

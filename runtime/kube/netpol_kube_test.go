@@ -376,11 +376,11 @@ func TestCreateFailsWithoutPolicy(t *testing.T) {
 	}
 }
 
-// TestDeployRendersDefaultDeny: deploy/base and the dev overlay, as kustomize renders them,
+// TestDeployRendersDefaultDeny: deploy/base and every overlay, as kustomize renders them,
 // give sandbox-jobs the default deny and nothing else (an overlay cannot quietly reopen it).
 func TestDeployRendersDefaultDeny(t *testing.T) {
 	c := kubetest.Require(t)
-	for _, dir := range []string{"deploy/base", "deploy/overlays/dev"} {
+	for _, dir := range []string{"deploy/base", "deploy/overlays/dev", "deploy/overlays/gke"} {
 		t.Run(strings.ReplaceAll(dir, "/", "-"), func(t *testing.T) {
 			out, err := c.Run(nil, "kustomize", filepath.Join(kubetest.RepoRoot(), dir))
 			if err != nil {
