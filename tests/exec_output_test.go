@@ -188,7 +188,11 @@ func TestExecOutputKeepsTheNewest(t *testing.T) {
 		// The command writes everything while nobody follows (its replica was SIGKILLed and its
 		// lease has not lapsed yet); the next replica follows on from offset 0, which the
 		// guest's log no longer keeps.
-		body := e2e.MustJSON(t, map[string]any{"command": []string{"sh", "-c", bigCommand[2] + "; touch big-done"}, "wait": false})
+		// It starts writing only once the new replica says so (big-go), after the kill: a
+		// command that wrote at once raced the kill, and the dying replica's follower could copy
+		// its first batch before the SIGKILL landed.
+		body := e2e.MustJSON(t, map[string]any{"command": []string{"sh", "-c",
+			"while [ ! -e big-go ]; do sleep 0.05; done; " + bigCommand[2] + "; touch big-done"}, "wait": false})
 		r := a.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(body), e2e.HdrJSON, e2e.HdrTenant1)
 		r.Want(t, http.StatusAccepted)
 		var started execStatusFull
@@ -198,7 +202,7 @@ func TestExecOutputKeepsTheNewest(t *testing.T) {
 		b.Track(id, e2e.HdrTenant1)
 		// Through the new replica: wait for the command to be done writing, then check that
 		// nothing was copied yet (the lease of the dead replica still holds it off).
-		b.Run(t, id, []string{"sh", "-c", "while [ ! -e big-done ]; do sleep 0.1; done"}, e2e.HdrTenant1)
+		b.Run(t, id, []string{"sh", "-c", "touch big-go; while [ ! -e big-done ]; do sleep 0.1; done"}, e2e.HdrTenant1)
 		var got execStatusFull
 		r = b.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID, nil, e2e.HdrTenant1)
 		r.Want(t, http.StatusOK)
