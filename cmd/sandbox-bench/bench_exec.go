@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -138,7 +139,75 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"WebSocket: one graphql-transport-ws connection kept open, the exec mutation sent as `subscribe`, timed until its `next`; " +
 		"bare: `runsc <the driver's global flags> exec <sandbox id> …` on the same sandbox (no guest init in its path). " +
 		"The paths alternate round by round, the first one rotating."
+	floor := groups[0].reference("floor: posix_spawn + waitpid of /bin/true inside the sandbox")
+	if err := b.execFloor(ctx, id, floor); err != nil {
+		return groups, fmt.Errorf("the in-sandbox floor: %w", err)
+	}
+	groups[0].Note += " " + floorNote(groups[0], floor, max(b.opts.warmup, 1))
 	return groups, nil
+}
+
+// floorScript times posix_spawn + waitpid of /bin/true inside the sandbox, the way Go's os/exec
+// starts a process: argv[1] recorded spawns after argv[2] unrecorded ones; prints the recorded
+// times (ns) as a JSON list. A spawn that does not exit 0 fails the script.
+const floorScript = `import json, os, sys, time
+n, warm = int(sys.argv[1]), int(sys.argv[2])
+out = []
+for i in range(warm + n):
+    t0 = time.perf_counter_ns()
+    pid = os.posix_spawn("/bin/true", ["true"], os.environ)
+    _, status = os.waitpid(pid, 0)
+    t1 = time.perf_counter_ns()
+    if status != 0:
+        sys.exit("true exited with status %d" % status)
+    if i >= warm:
+        out.append(t1 - t0)
+print(json.dumps(out))
+`
+
+// floorSpawns is how many spawns the floor row records at least (the issue's floor is the
+// median of 50).
+const floorSpawns = 50
+
+// execFloor runs floorScript in sandbox id by one REST exec (untimed from outside) and records
+// each spawn it timed into res.
+func (b *bench) execFloor(ctx context.Context, id string, res *Result) error {
+	n := max(b.opts.execN, floorSpawns)
+	out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", floorScript, fmt.Sprint(n), fmt.Sprint(max(b.opts.warmup, 1))}, ""))
+	if err != nil {
+		return err
+	}
+	if err := out.check(""); err != nil {
+		return err
+	}
+	var ns []int64
+	if err := json.Unmarshal([]byte(out.Stdout), &ns); err != nil {
+		return fmt.Errorf("decoding the script's timings %q: %w", out.Stdout, err)
+	}
+	if len(ns) != n {
+		return fmt.Errorf("got %d timings, want %d", len(ns), n)
+	}
+	for _, v := range ns {
+		res.add(time.Duration(v))
+	}
+	return nil
+}
+
+// floorNote says how the floor row was measured and what each of the group's paths costs
+// above it (difference of the medians).
+func floorNote(g *Group, floor *Result, warm int) string {
+	f := summarize(floor.Samples).Median
+	var gaps []string
+	for _, r := range g.Results {
+		if r == floor || len(r.Samples) == 0 {
+			continue
+		}
+		gaps = append(gaps, fmt.Sprintf("%s %s", r.Label, fmtDuration(summarize(r.Samples).Median-f)))
+	}
+	return fmt.Sprintf("Floor: one REST exec of python3 in the same sandbox, after the rounds, timing %d spawns of "+
+		"`os.posix_spawn(\"/bin/true\")` + `os.waitpid` with `time.perf_counter_ns` (after %d unrecorded ones), which is how "+
+		"Go's os/exec starts a process: what a command costs inside gVisor before any control plane. "+
+		"Above the floor (median − floor median): %s.", len(floor.Samples), warm, strings.Join(gaps, "; "))
 }
 
 // benchCreate: REST create + REST exec `true` of a new sandbox each round (destroyed untimed),

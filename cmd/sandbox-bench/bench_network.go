@@ -16,26 +16,7 @@ func benchNetwork(ctx context.Context, b *bench) (groups []*Group, err error) {
 	body := execBody([]string{"true"}, "")
 	round := func(profile string) func(ctx context.Context) (time.Duration, error) {
 		return func(ctx context.Context) (time.Duration, error) {
-			var id string
-			d, err := timed(func() error {
-				sb, err := b.api.createOf(ctx, profile, "")
-				id = sb.ID
-				if id != "" {
-					b.mu.Lock()
-					b.sandboxes[id] = true
-					b.mu.Unlock()
-				}
-				if err != nil {
-					return err
-				}
-				res, err := b.api.exec(ctx, id, body)
-				if err != nil {
-					return err
-				}
-				return res.check("")
-			})
-			b.finishSandbox(id, &err)
-			return d, err
+			return b.createThenRun(ctx, profile, body, nil)
 		}
 	}
 	steps := []step{{none, round(benchProfile)}, {egress, round(benchEgressProfile)}}
@@ -44,4 +25,31 @@ func benchNetwork(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"(a network namespace, a veth pair and a /30, the policy's nftables chain, runsc --network=sandbox); " +
 		"a new sandbox each round, destroyed outside the timed part (the egress teardown too)."
 	return groups, err
+}
+
+// createThenRun is one timed round of create → first exec: a sandbox of profile through REST
+// (tracked, and destroyed after the timed part), then body in it, wanting exit 0. created,
+// when set, gets the create call's own duration when it succeeded.
+func (b *bench) createThenRun(ctx context.Context, profile string, body []byte, created func(time.Duration)) (time.Duration, error) {
+	var id string
+	d, err := timed(func() error {
+		t0 := time.Now()
+		sb, err := b.api.createOf(ctx, profile, "")
+		took := time.Since(t0)
+		id = sb.ID
+		b.track(id)
+		if err != nil {
+			return err
+		}
+		if created != nil {
+			created(took)
+		}
+		res, err := b.api.exec(ctx, id, body)
+		if err != nil {
+			return err
+		}
+		return res.check("")
+	})
+	b.finishSandbox(id, &err)
+	return d, err
 }

@@ -56,6 +56,21 @@ func benchReads(ctx context.Context, b *bench) (groups []*Group, err error) {
 		return nil, err
 	}
 	getPath := restPrefix + "/" + url.PathEscape(id)
+	// The big list (bench_list.go): its own sandboxd over listN stopped sandboxes.
+	var bigList func() func(ctx context.Context) error
+	if b.server != nil {
+		ls, lapi, cursors, err := startListServer(ctx, b, id, slices.Max(counts)+4)
+		if err != nil {
+			return nil, fmt.Errorf("the big list's server: %w", err)
+		}
+		defer func() {
+			if serr := ls.stop(); serr != nil && err == nil {
+				progress("the big list's sandboxd: %v", serr)
+			}
+		}()
+		defer lapi.http.CloseIdleConnections()
+		bigList = func() func(ctx context.Context) error { return pager(lapi, cursors) }
+	}
 	rounds := max(b.opts.readsRounds, 1)
 	slice := b.opts.readsDuration / time.Duration(rounds)
 	for _, n := range counts {
@@ -70,10 +85,15 @@ func benchReads(ctx context.Context, b *bench) (groups []*Group, err error) {
 		health := &rateStep{res: g.result("GET /healthz", true), op: func(ctx context.Context) error {
 			return api.do(ctx, http.MethodGet, "/healthz", nil, nil)
 		}}
-		for _, s := range []*rateStep{get, list, health} {
+		steps := []*rateStep{get, list, health}
+		if bigList != nil {
+			steps = append(steps, &rateStep{res: g.result(fmt.Sprintf("REST GET list, %d sandboxes, pages of %d", listN, listPage), false),
+				op: bigList()})
+		}
+		for _, s := range steps {
 			s.res.RateUnit = "req/s"
 		}
-		if err := interleaveLoad(ctx, g.Name, n, rounds, slice, 300*time.Millisecond, []*rateStep{get, list, health}); err != nil {
+		if err := interleaveLoad(ctx, g.Name, n, rounds, slice, 300*time.Millisecond, steps); err != nil {
 			return groups, err
 		}
 	}
@@ -81,8 +101,10 @@ func benchReads(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"%v per path and N in %d slices alternating the paths (after a 0.3 s warm-up of each); throughput is answers per second "+
 		"over those slices, latency each request's round trip; the ratios are ours/healthz: of the latency medians in the last "+
 		"column, of the throughputs in parentheses. GET …/{id} of one RUNNING sandbox; the list answers the project's "+
-		"%d sandbox%s (default page). /healthz is the same server's mux without key check or Redis: its HTTP floor. "+
-		"The benchmark's clients run on the same cores as sandboxd.", b.opts.readsDuration, rounds, len(page.Sandboxes), pluralES(len(page.Sandboxes)))
+		"%d sandbox%s (default page); the big list is a second sandboxd of the same build over %d STOPPED sandboxes of the project "+
+		"(records written into its state folder before it started, as a restart finds them), each request the page after the "+
+		"previous request's, first to last in turn, %d per page by cursor. /healthz is the first server's mux without key check or Redis: its HTTP floor. "+
+		"The benchmark's clients run on the same cores as sandboxd.", b.opts.readsDuration, rounds, len(page.Sandboxes), pluralES(len(page.Sandboxes)), listN, listPage)
 	return groups, nil
 }
 

@@ -16,7 +16,7 @@
 // and the memory and subscriptions suites measure what idle sandboxes and idle subscriptions
 // cost the host and sandboxd.
 //
-//	sudo go run ./cmd/sandbox-bench [--only exec,create,stopstart,pause,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--stream-mb 32] [--json]
+//	sudo go run ./cmd/sandbox-bench [--only exec,create,warm,stopstart,pause,stream,reads,quota,memory,subscriptions] [--exec-n 100] [--stream-mb 32] [--json]
 package main
 
 import (
@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,10 +35,12 @@ import (
 )
 
 type options struct {
-	url, key, stateDir                string
-	sandboxd, runsc, initBin, rootfs  string
-	tmpDir                            string
-	json, keep                        bool
+	url, key, stateDir               string
+	sandboxd, runsc, initBin, rootfs string
+	tmpDir                           string
+	json, keep                       bool
+	// warmProfile: the server gets the warm suite's profile (set from the selected suites).
+	warmProfile                       bool
 	only                              string
 	warmup, execN, createN, stopStart int
 	workspaceMB, workspaceFiles       int
@@ -50,6 +53,7 @@ type options struct {
 	subs                              int
 	subsWait                          time.Duration
 	streamMB, streamN, firstByteN     int
+	warmN, warmPool                   int
 }
 
 // suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
@@ -63,6 +67,7 @@ type suite struct {
 var suites = []suite{
 	{"exec", benchExec},
 	{"create", benchCreate},
+	{"warm", benchWarm},
 	{"network", benchNetwork},
 	{"stopstart", benchStopStart},
 	{"pause", benchPause},
@@ -118,6 +123,8 @@ func parseFlags() *options {
 	flag.IntVar(&o.streamMB, "stream-mb", 32, "MiB of stdout of the stream throughput group (below 64: the guest keeps at most 64 MiB of an exec's output log, record headers included)")
 	flag.IntVar(&o.streamN, "stream-n", 10, "recorded rounds of the stream throughput group (after one warm-up round, none with --warmup 0)")
 	flag.IntVar(&o.firstByteN, "first-byte-n", 30, "recorded rounds of the first-byte-of-stdout group")
+	flag.IntVar(&o.warmN, "warm-n", 20, "recorded rounds of the warm suite (warm and cold create → first exec)")
+	flag.IntVar(&o.warmPool, "warm-pool", 1, "warm_pool of the warm suite's profile")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
 		flag.PrintDefaults()
@@ -144,6 +151,8 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "sandbox-bench: needs root (runsc does): run it with sudo")
 		return 2
 	}
+	// The server gets the warm suite's profile (and boots its pool) only when the suite runs.
+	o.warmProfile = slices.ContainsFunc(selected, func(s suite) bool { return s.name == "warm" })
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -172,6 +181,15 @@ func run() int {
 			progress("%s failed: %v", s.name, err)
 			report.Errors = append(report.Errors, fmt.Sprintf("%s: %v", s.name, err))
 		}
+	}
+	if b.server != nil && ctx.Err() == nil {
+		var ran []string
+		for _, s := range selected {
+			ran = append(ran, s.name)
+		}
+		g := serverMemory(ctx, b, ran)
+		g.finish()
+		report.Groups = append(report.Groups, g)
 	}
 	report.Machine.RunscFlags = b.flagsShown
 	if loadEnd := loadAvg(); loadStart != "" && loadEnd != "" {
@@ -299,12 +317,19 @@ func (b *bench) createSandboxFrom(ctx context.Context, snapID string) (string, t
 	t0 := time.Now()
 	sb, err := b.api.create(ctx, snapID)
 	d := time.Since(t0)
-	if sb.ID != "" {
-		b.mu.Lock()
-		b.sandboxes[sb.ID] = true
-		b.mu.Unlock()
-	}
+	b.track(sb.ID)
 	return sb.ID, d, err
+}
+
+// track notes a sandbox the run made ("" for none), which the cleanup destroys when nothing
+// else did.
+func (b *bench) track(id string) {
+	if id == "" {
+		return
+	}
+	b.mu.Lock()
+	b.sandboxes[id] = true
+	b.mu.Unlock()
 }
 
 // destroySandbox destroys a tracked sandbox.

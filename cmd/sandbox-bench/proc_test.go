@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"os"
+	"os/exec"
 	"slices"
 	"testing"
 )
@@ -128,5 +130,20 @@ func TestGroupBy(t *testing.T) {
 	boom := errors.New("boom")
 	if _, err := groupBy([]int{1, 2}, func(int, int) (bool, error) { return false, boom }); !errors.Is(err, boom) {
 		t.Errorf("groupBy error = %v, want %v", err, boom)
+	}
+}
+
+func TestChildNamed(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	pid, err := childNamed(os.Getpid(), "sleep")
+	if err != nil || pid != cmd.Process.Pid {
+		t.Fatalf("childNamed(self, sleep) = %d, %v; want %d", pid, err, cmd.Process.Pid)
+	}
+	if _, err := childNamed(os.Getpid(), "no-such-command"); err == nil {
+		t.Fatal("childNamed found a child that does not exist")
 	}
 }

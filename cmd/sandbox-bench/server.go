@@ -219,6 +219,11 @@ func startServer(ctx context.Context, o *options, dir string) (*server, error) {
 		"  - {name: %s, milli_cpu: 1000, memory_mb: 1024, disk_mb: 10240}\n"+
 		"  - {name: %s, milli_cpu: 1000, memory_mb: 1024, disk_mb: 10240, network: egress, egress_allow: [198.18.0.0/15]}\n",
 		benchProfile, benchEgressProfile)
+	if o.warmProfile {
+		// The warm suite's profile: the default one with a warm pool (kept booted only when
+		// the suite runs).
+		cfg += fmt.Sprintf("  - {name: %s, milli_cpu: 1000, memory_mb: 1024, disk_mb: 10240, warm_pool: %d}\n", benchWarmProfile, o.warmPool)
+	}
 	cfgPath := filepath.Join(dir, "sandboxd.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
