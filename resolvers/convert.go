@@ -395,31 +395,9 @@ func toEvent(e sandbox.Event) *model.SandboxEvent {
 // a kind this server does not know are left out; a sandbox's own stream ends after its
 // DESTROYED event.
 func forwardEvents(ctx context.Context, sandboxID string, in <-chan sandbox.Event) <-chan *model.SandboxEvent {
-	known := make(chan sandbox.Event)
-	go func() {
-		defer close(known)
-		for {
-			var e sandbox.Event
-			select {
-			case <-ctx.Done():
-				return
-			case ev, ok := <-in:
-				if !ok {
-					return
-				}
-				e = ev
-			}
-			if !model.SandboxEventType(e.Type).IsValid() {
-				continue
-			}
-			select {
-			case known <- e:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return forward(ctx, known, toEvent, func(e sandbox.Event) bool { return sandboxID != "" && e.State == sandbox.Destroyed })
+	// An event of a type this schema does not know (a newer replica's) is skipped.
+	known := func(e sandbox.Event) bool { return model.SandboxEventType(e.Type).IsValid() }
+	return forwardKept(ctx, in, known, toEvent, func(e sandbox.Event) bool { return sandboxID != "" && e.State == sandbox.Destroyed })
 }
 
 // forward converts a service stream into a subscription's channel. It owns and closes out; it
@@ -428,6 +406,12 @@ func forwardEvents(ctx context.Context, sandboxID string, in <-chan sandbox.Even
 // while ctx lives, the service's stream broke off: the subscription ends with an UNAVAILABLE error
 // (streamend.go), never a bare complete.
 func forward[In, Out any](ctx context.Context, in <-chan In, convert func(In) Out, last func(In) bool) <-chan Out {
+	return forwardKept(ctx, in, nil, convert, last)
+}
+
+// forwardKept is forward for the events of in that keep reports true for (keep nil: all); the
+// others are dropped unseen, last included. One goroutine per subscription does both.
+func forwardKept[In, Out any](ctx context.Context, in <-chan In, keep func(In) bool, convert func(In) Out, last func(In) bool) <-chan Out {
 	out := make(chan Out)
 	go func() {
 		defer close(out)
@@ -441,6 +425,9 @@ func forward[In, Out any](ctx context.Context, in <-chan In, convert func(In) Ou
 						streamBroke(ctx)
 					}
 					return
+				}
+				if keep != nil && !keep(e) {
+					continue
 				}
 				select {
 				case out <- convert(e):

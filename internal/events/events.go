@@ -103,13 +103,33 @@ func (b *Bus) Publish(ctx context.Context, tenant, project string, ev Event) (st
 // keeping those of sandboxID ("" = all of the project). The channel is closed when ctx ends or
 // Redis fails for good; each send waits on ctx, so an abandoned subscriber leaks nothing.
 func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after string) (<-chan Event, error) {
+	out := make(chan Event, 16)
+	err := b.SubscribeFunc(ctx, tenant, project, sandboxID, after, func(ev Event) bool {
+		select {
+		case out <- ev:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}, func() { close(out) })
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SubscribeFunc is Subscribe with each event handed to deliver, in order, on the one goroutine
+// that follows the stream: a caller that converts events needs no goroutine of its own. The
+// follow ends when deliver returns false, when ctx ends or when Redis fails for good; then
+// done runs (nil: nothing). deliver must not block past ctx. On an error neither runs.
+func (b *Bus) SubscribeFunc(ctx context.Context, tenant, project, sandboxID, after string, deliver func(Event) bool, done func()) error {
 	if !ValidCursor(after) {
-		return nil, ErrBadCursor
+		return ErrBadCursor
 	}
 	select {
 	case b.slots <- struct{}{}:
 	default:
-		return nil, ErrTooManySubscribers
+		return ErrTooManySubscribers
 	}
 	key := streamKey(tenant, project)
 	if after == "" {
@@ -117,20 +137,21 @@ func (b *Bus) Subscribe(ctx context.Context, tenant, project, sandboxID, after s
 		last, err := b.rdb.XRevRangeN(ctx, key, "+", "-", 1).Result()
 		if err != nil {
 			<-b.slots
-			return nil, fmt.Errorf("events subscribe: %w", err)
+			return fmt.Errorf("events subscribe: %w", err)
 		}
 		after = "0-0"
 		if len(last) == 1 {
 			after = last[0].ID
 		}
 	}
-	out := make(chan Event, 16)
 	go func() {
 		defer func() { <-b.slots }()
-		defer close(out)
-		b.follow(ctx, key, sandboxID, after, out)
+		if done != nil {
+			defer done()
+		}
+		b.follow(ctx, key, sandboxID, after, deliver)
 	}()
-	return out, nil
+	return nil
 }
 
 // LastCursor is the cursor of the newest event of the project's stream, "0-0" when it has

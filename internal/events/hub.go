@@ -156,8 +156,9 @@ func (h *hub) fanOut(msgs []redis.XMessage) {
 }
 
 // follow is one subscriber's loop: catch up from Redis, then take entries from the hub, and
-// back to catching up when it fell behind. It returns when ctx ends.
-func (b *Bus) follow(ctx context.Context, key, sandboxID, cursor string, out chan<- Event) {
+// back to catching up when it fell behind. It returns when ctx ends, when send refuses an
+// event (false), or when Redis fails for good.
+func (b *Bus) follow(ctx context.Context, key, sandboxID, cursor string, send func(Event) bool) {
 	s := &subscriber{live: make(chan redis.XMessage, liveBuffer), fell: make(chan struct{}, 1)}
 	h := b.join(key, s)
 	defer b.leave(h, s)
@@ -170,12 +171,7 @@ func (b *Bus) follow(ctx context.Context, key, sandboxID, cursor string, out cha
 		if sandboxID != "" && ev.SandboxID != sandboxID {
 			return true
 		}
-		select {
-		case out <- ev:
-			return true
-		case <-ctx.Done():
-			return false
-		}
+		return send(ev)
 	}
 	failures := 0
 	for ctx.Err() == nil {

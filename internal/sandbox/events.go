@@ -26,10 +26,30 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 	if err != nil {
 		return nil, err
 	}
-	sctx, cancel := context.WithCancel(ctx)
-	in, err := s.events.Subscribe(sctx, p.Tenant, p.Project, sandboxID, after)
-	if err != nil {
-		cancel()
+	// The follower's own goroutine converts and hands on each event (none of ours between).
+	out := make(chan Event)
+	deliver := func(ev events.Event) bool {
+		e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
+			PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
+		switch ev.Type {
+		case EventExecStarted, EventExecEnded:
+			e.Exec = execEventResult(ev)
+		case EventBootstrapProgress:
+			e.BytesRead, _ = strconv.ParseInt(ev.Fields["bytes_read"], 10, 64)
+		}
+		select {
+		case out <- e:
+		case <-ctx.Done():
+			return false
+		}
+		// After a watched sandbox's DESTROYED nothing more happens to it: the stream ends.
+		return sandboxID == "" || e.State != Destroyed
+	}
+	ended := func() {
+		close(out)
+		release()
+	}
+	if err := s.events.SubscribeFunc(ctx, p.Tenant, p.Project, sandboxID, after, deliver, ended); err != nil {
 		release()
 		if errors.Is(err, events.ErrTooManySubscribers) {
 			return nil, apierror.Wrap(err, apierror.Unavailable, "this server follows as many subscriptions as it may; retry shortly").
@@ -37,31 +57,6 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable")
 	}
-	out := make(chan Event)
-	go func() {
-		defer release()
-		defer close(out)
-		defer cancel() // ends the Redis reader too when we stop early
-		for ev := range in {
-			e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
-				PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
-			switch ev.Type {
-			case EventExecStarted, EventExecEnded:
-				e.Exec = execEventResult(ev)
-			case EventBootstrapProgress:
-				e.BytesRead, _ = strconv.ParseInt(ev.Fields["bytes_read"], 10, 64)
-			}
-			select {
-			case out <- e:
-			case <-ctx.Done():
-				return
-			}
-			if sandboxID != "" && e.State == Destroyed {
-				// Nothing more will happen to this sandbox: end the subscription.
-				return
-			}
-		}
-	}()
 	return out, nil
 }
 
