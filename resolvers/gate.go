@@ -26,7 +26,7 @@ import (
 type gate struct {
 	authn        *auth.Authenticator
 	maxBody      int64
-	shutdown     <-chan struct{}
+	shutdown     context.Context
 	writeTimeout time.Duration
 	log          *slog.Logger
 	// limit charges one request to its principal's rate limit; nil means no rate limit.
@@ -58,13 +58,8 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
 			if g.shutdown != nil {
-				go func() {
-					select {
-					case <-g.shutdown:
-						cancel()
-					case <-ctx.Done():
-					}
-				}()
+				stop := context.AfterFunc(g.shutdown, cancel)
+				defer stop()
 			}
 			r = r.WithContext(ctx)
 			if sse {

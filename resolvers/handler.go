@@ -70,10 +70,12 @@ type HandlerOptions struct {
 	MaxBodyBytes int64
 	// Logger receives internal errors (with their cause) and panics. Default slog.Default().
 	Logger *slog.Logger
-	// Shutdown, when closed, ends every open stream: WebSockets close (1000 "terminated") and
+	// Shutdown, once done, ends every open stream: WebSockets close (1000 "terminated") and
 	// SSE streams end with "event: complete", so that http.Server.Shutdown need not wait for
 	// them. Clients resume with the last cursor. Nil: streams end only with their client.
-	Shutdown <-chan struct{}
+	// A context, not a channel: each stream hooks its end on it (context.AfterFunc) with no
+	// goroutine of its own waiting for it.
+	Shutdown context.Context
 }
 
 // Defaults of HandlerOptions and fixed bounds.

@@ -451,7 +451,8 @@ func TestStreamsOutliveServerTimeouts(t *testing.T) {
 
 // Closing HandlerOptions.Shutdown ends open streams.
 func TestShutdownEndsStreams(t *testing.T) {
-	shutdown := make(chan struct{})
+	shutdown, endStreams := context.WithCancel(context.Background())
+	defer endStreams()
 	e := newEnv(t, HandlerOptions{Shutdown: shutdown})
 	e.fake.SandboxEvents = testEvents()[:1] // then the streams stay open
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -470,7 +471,7 @@ func TestShutdownEndsStreams(t *testing.T) {
 	for sc.Scan() && !strings.HasPrefix(sc.Text(), "data: ") {
 	}
 
-	close(shutdown)
+	endStreams()
 	for {
 		var m wsMsg
 		err := wsjson.Read(ctx, c, &m)

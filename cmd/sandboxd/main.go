@@ -161,8 +161,9 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		return err
 	}
 
-	// Closing shutdown ends open WebSocket and SSE streams, which http.Server.Shutdown does not.
-	shutdown := make(chan struct{})
+	// Ending shutdown ends open WebSocket and SSE streams, which http.Server.Shutdown does not.
+	shutdown, endStreams := context.WithCancel(context.Background())
+	defer endStreams()
 	limiter, err := ratelimit.New(limiterRedis, cfg.RateLimit, ratelimit.Options{})
 	if err != nil {
 		return fmt.Errorf("rate_limit: %w", err)
@@ -182,7 +183,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 		graphiql:  site.GraphiQL(),
 		dashboard: site.Index(),
 		ui:        site.Assets(),
-		rest:      cors(rest.New(svc, authn, log, shutdown).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
+		rest:      cors(rest.New(svc, authn, log, shutdown.Done()).WithRateLimit(limit).WithAllowedOrigins(cfg.GraphQL.AllowedOrigins)),
 		openapi:   cors(rest.OpenAPIHandler(log)),
 	})
 
@@ -230,7 +231,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownSec)*time.Second)
 	defer cancel()
 	srv.RegisterOnShutdown(svc.Close)
-	close(shutdown)
+	endStreams()
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("graceful shutdown cut short", "err", err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -46,12 +47,12 @@ func tracedServer(t *testing.T) *httptest.Server {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	shutdown := make(chan struct{})
-	t.Cleanup(func() { close(shutdown) })
+	shutdown, endStreams := context.WithCancel(context.Background())
+	t.Cleanup(endStreams)
 	stub := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 	mux := newMux(handlers{ready: stub, metrics: stub, graphiql: stub, openapi: stub,
 		graphql: resolvers.NewHandler(env.Svc, authn, resolvers.HandlerOptions{Logger: log, Shutdown: shutdown}),
-		rest:    rest.New(env.Svc, authn, log, shutdown)})
+		rest:    rest.New(env.Svc, authn, log, shutdown.Done())})
 	srv := httptest.NewServer(instrument(mux, prometheus.NewRegistry()))
 	t.Cleanup(srv.Close)
 	return srv
