@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -502,14 +503,42 @@ func (s *Server) retire(e *execState) {
 	}
 	s.mu.Unlock()
 	for _, old := range drop {
-		_ = os.RemoveAll(old.dir)
-		old.mu.Lock()
-		cg, name := old.cg, old.cgroup
-		old.mu.Unlock()
-		if cg != nil {
-			cg.remove(name)
-		}
+		old.discard()
 	}
+}
+
+// discard removes what a forgotten exec kept: its folder (log and status) and its cgroup.
+func (e *execState) discard() {
+	_ = os.RemoveAll(e.dir)
+	e.mu.Lock()
+	cg, name := e.cg, e.cgroup
+	e.mu.Unlock()
+	if cg != nil {
+		cg.remove(name)
+	}
+}
+
+// forgetExec drops an ended exec as if it never ran: what it left running in the background
+// is killed, its record, log and cgroup go, and no listing, read or signal finds it any more.
+// A running exec is refused (ErrCodeState): signal it and wait for its end first. The control
+// plane forgets the warm-up command it runs in a pool box before anyone claims the box.
+func (s *Server) forgetExec(id string) *proto.Error {
+	s.mu.Lock()
+	e := s.execs[id]
+	if e == nil {
+		s.mu.Unlock()
+		return errorf(proto.ErrCodeNotFound, "no exec %s", id)
+	}
+	if !e.log.isEnded() {
+		s.mu.Unlock()
+		return errorf(proto.ErrCodeState, "exec %s is running; signal it and wait for its end first", id)
+	}
+	delete(s.execs, id)
+	s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
+	s.mu.Unlock()
+	e.kill(syscall.SIGKILL) // what it left in the background (none: nothing to signal)
+	e.discard()
+	return nil
 }
 
 // writeStatus records the ended exec's ExecInfo in StateDir/<id>/status (for people
