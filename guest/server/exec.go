@@ -34,6 +34,8 @@ type execState struct {
 	dir     string
 	log     *execLog
 	started time.Time
+	// done is closed once the server is done with the exec (its status file written).
+	done chan struct{}
 
 	mu sync.Mutex
 	// cg and cgroup are the exec's cgroup (see Cgroups); cg is nil where the init has none,
@@ -156,6 +158,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 		dir:     dir,
 		log:     log,
 		started: time.Now().UTC(),
+		done:    make(chan struct{}),
 	}
 	s.execs[e.id] = e
 	s.running++
@@ -178,6 +181,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 			Error:      serr.msg,
 		})
 		s.writeStatus(e)
+		close(e.done)
 		return e.info(), nil
 	}
 	go s.supervise(e, p, time.Duration(req.TimeoutMs)*time.Millisecond)
@@ -267,6 +271,7 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 // drains after exit and writes the exit record.
 func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
 	defer s.wg.Done()
+	defer close(e.done)
 	col := newCollector(e.log, p.io.out, p.io.kinds)
 	collected := make(chan struct{})
 	go func() {
@@ -536,6 +541,8 @@ func (s *Server) forgetExec(id string) *proto.Error {
 	delete(s.execs, id)
 	s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
 	s.mu.Unlock()
+	// Its exit record is out; its status file follows at once.
+	<-e.done
 	e.kill(syscall.SIGKILL) // what it left in the background (none: nothing to signal)
 	e.discard()
 	return nil
