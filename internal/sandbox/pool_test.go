@@ -314,7 +314,9 @@ func TestWarmPoolConfig(t *testing.T) {
 // an empty workspace, and its first exec is the only one.
 func TestWarmPoolClaimSeesNoWarmUp(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "warmups")
-	SetWarmUpArgv(t, []string{"sh", "-c", "echo ran >> " + marker + "; sleep 4241 & echo out; echo err >&2; exit 3"})
+	// The leftover's argument is this run's own (a run killed midway may leave its sleep).
+	nap := fmt.Sprintf("4241.%06d", time.Now().UnixNano()%1e6)
+	SetWarmUpArgv(t, []string{"sh", "-c", "echo ran >> " + marker + "; sleep " + nap + " & echo out; echo err >&2; exit 3"})
 	e := pooled(t, 1, 0)
 	svc := e.Svc
 	readyPool(t, e, 1)
@@ -337,8 +339,15 @@ func TestWarmPoolClaimSeesNoWarmUp(t *testing.T) {
 	if infos, err := g.Execs(ctx); err != nil || len(infos) != 0 {
 		t.Fatalf("execs the guest init knows: got %+v, %v; want none", infos, err)
 	}
-	if pids := procsWith("sleep\x004241"); len(pids) != 0 {
-		t.Fatalf("the warm-up's background process outlived it: pids %v", pids)
+	// Killed by the forget before the box was ready; dying takes the kernel a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids := procsWith("sleep\x00" + nap)
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm-up's background process outlived it: pids %v", pids)
+		}
 	}
 	if got := run(t, svc, sb.ID, `ls -A | wc -l`); got != "0" {
 		t.Fatalf("files in the claimed workspace: got %s, want 0", got)
