@@ -240,6 +240,29 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 		t.Fatalf("quota: got %d in use, want 1 (the claimed sandbox; pool boxes count for nobody)", q.InUse)
 	}
 
+	// Nothing of the box's warm-up (a command every pool box runs before it is ready) is left
+	// for its claimer: no exec listed, and in the box the guest init's exec folder holds the
+	// claimer's first command only, with no other process but the init and it.
+	var list struct {
+		Execs []struct {
+			ExecID string `json:"exec_id"`
+		} `json:"execs"`
+	}
+	s.Curl(t, http.MethodGet, e2e.Prefix+"/"+sb.SandboxID+"/execs", nil, e2e.HdrTenant1).Decode(t, &list)
+	if len(list.Execs) != 0 {
+		t.Fatalf("execs of a freshly claimed sandbox: got %+v, want none", list.Execs)
+	}
+	first := s.Run(t, sb.SandboxID, []string{"sh", "-c", `ls -A /run/sbx/execs | grep -c "^$SBX_EXEC_ID$"; ls -A /run/sbx/execs | grep -v "^$SBX_EXEC_ID$"; ` +
+		`echo procs:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -v -e '^/.sbx/init ' -e '^sh -c ' -e '^tr ' -e '^grep ' -e '^$'; ` +
+		`echo workspace:; ls -A /workspace; echo end`}, e2e.HdrTenant1)
+	if first != "1\nprocs:\nworkspace:\nend\n" {
+		t.Fatalf("the claimer's first command found traces of the warm-up:\n%s", first)
+	}
+	s.Curl(t, http.MethodGet, e2e.Prefix+"/"+sb.SandboxID+"/execs", nil, e2e.HdrTenant1).Decode(t, &list)
+	if len(list.Execs) != 1 {
+		t.Fatalf("execs after the claimer's first: got %+v, want its one", list.Execs)
+	}
+
 	// What a hostile workload tries: every socket it can find, the host paths of the other
 	// boxes, the runtime's folders, the processes it can see.
 	var paths []string

@@ -17,13 +17,29 @@ const benchWarmProfile = "bench-warm"
 // profile without one (the same spec but for the pool), alternating round by round. Before
 // each timed warm create the pool is full again (its ready gauge at the target and every box
 // claimed so far replaced), so a round times a claim; misses are counted from the server's
-// metrics, and the server's own claim time comes from its claim histogram.
+// metrics, and the server's own claim time comes from its claim histogram. Each round then
+// runs `true` a second time in the same sandbox (untimed in the main rows): the first and the
+// second exec of a box side by side, each also as the guest init timed it (its duration_ms,
+// from the command's start to its exit inside the sandbox), say where a first exec's extra
+// time goes.
 func benchWarm(ctx context.Context, b *bench) (groups []*Group, err error) {
 	g := &Group{Name: "create → first exec `true`: warm pool vs cold"}
 	groups = []*Group{g}
 	cold := g.result("REST create (cold) + REST exec", true)
 	warm := g.result("REST create (warm pool hit) + REST exec", false)
-	warmCreate := g.reference("of which the REST create (warm pool hit)")
+	warmParts := execParts{
+		create:      g.reference("of which the REST create (warm pool hit)"),
+		first:       g.reference("warm: first REST exec `true` in the box"),
+		second:      g.reference("warm: second REST exec `true` in the box"),
+		firstGuest:  g.reference("warm: first exec inside the box (guest duration_ms)"),
+		secondGuest: g.reference("warm: second exec inside the box (guest duration_ms)"),
+	}
+	coldParts := execParts{
+		first:       g.reference("cold: first REST exec `true` in the box"),
+		second:      g.reference("cold: second REST exec `true` in the box"),
+		firstGuest:  g.reference("cold: first exec inside the box (guest duration_ms)"),
+		secondGuest: g.reference("cold: second exec inside the box (guest duration_ms)"),
+	}
 	if b.server == nil {
 		cold.Skipped = "needs the server the benchmark starts (its warm profile)"
 		warm.Skipped = cold.Skipped
@@ -35,30 +51,28 @@ func benchWarm(ctx context.Context, b *bench) (groups []*Group, err error) {
 		return groups, err
 	}
 	body := execBody([]string{"true"}, "")
-	round := func(profile string, waitFull bool, createPart *Result) func(ctx context.Context) (time.Duration, error) {
+	round := func(profile string, waitFull bool, parts *execParts) func(ctx context.Context) (time.Duration, error) {
 		return func(ctx context.Context) (time.Duration, error) {
 			if waitFull {
 				if err := b.api.waitPoolFull(ctx, target); err != nil {
 					return 0, err
 				}
 			}
-			var created func(time.Duration)
-			if createPart != nil {
-				created = createPart.add
-			}
-			return b.createThenRun(ctx, profile, body, created)
+			return b.createThenRunTwice(ctx, profile, body, parts)
 		}
 	}
-	steps := []step{{cold, round(benchProfile, false, nil)}, {warm, round(benchWarmProfile, true, warmCreate)}}
+	steps := []step{{cold, round(benchProfile, false, &coldParts)}, {warm, round(benchWarmProfile, true, &warmParts)}}
 	warmup := min(b.opts.warmup, 1)
 	err = interleave(ctx, g.Name, warmup, b.opts.warmN, steps)
-	warmCreate.Samples = warmCreate.Samples[min(warmup, len(warmCreate.Samples)):] // the warm-up's
+	warmParts.dropWarmup(warmup)
+	coldParts.dropWarmup(warmup)
 	after, merr := b.api.poolMetrics(ctx)
 	if err == nil {
 		err = merr
 	}
 	g.Note = fmt.Sprintf("profile %s keeps a warm pool of %d (per replica), %s the same spec without one; "+
 		"each warm round waits (untimed) until the pool is full again, then times REST create + REST exec; "+
+		"then a second exec in the same sandbox, outside the main rows; "+
 		"a new sandbox each round, destroyed outside the timed part. The ratio is warm/cold (0.20x = 5x faster).",
 		benchWarmProfile, target, benchProfile)
 	if merr == nil {
@@ -71,6 +85,68 @@ func benchWarm(ctx context.Context, b *bench) (groups []*Group, err error) {
 		}
 	}
 	return groups, err
+}
+
+// execParts are the reference rows of one path of the warm suite: its create alone (nil: not
+// recorded), its first and second exec as the client and as the guest init timed them.
+type execParts struct {
+	create, first, second, firstGuest, secondGuest *Result
+}
+
+// dropWarmup drops the samples of the warm-up rounds.
+func (p *execParts) dropWarmup(n int) {
+	for _, r := range []*Result{p.create, p.first, p.second, p.firstGuest, p.secondGuest} {
+		if r != nil {
+			r.Samples = r.Samples[min(n, len(r.Samples)):]
+		}
+	}
+}
+
+// createThenRunTwice times a create of profile and an exec of body in the new sandbox (what
+// it returns), then runs body once more untimed in the returned figure; parts get the pieces.
+// The sandbox is destroyed afterwards (untimed).
+func (b *bench) createThenRunTwice(ctx context.Context, profile string, body []byte, parts *execParts) (d time.Duration, err error) {
+	var id string
+	defer func() { b.finishSandbox(id, &err) }()
+	var first time.Duration
+	var res execResult
+	d, err = timed(func() error {
+		t0 := time.Now()
+		sb, err := b.api.createOf(ctx, profile, "")
+		took := time.Since(t0)
+		id = sb.ID
+		b.track(id)
+		if err != nil {
+			return err
+		}
+		if parts.create != nil {
+			parts.create.add(took)
+		}
+		t1 := time.Now()
+		res, err = b.api.exec(ctx, id, body)
+		first = time.Since(t1)
+		if err != nil {
+			return err
+		}
+		return res.check("")
+	})
+	if err != nil {
+		return d, err
+	}
+	parts.first.add(first)
+	parts.firstGuest.add(time.Duration(res.DurationMs) * time.Millisecond)
+	t2 := time.Now()
+	res, err = b.api.exec(ctx, id, body)
+	second := time.Since(t2)
+	if err == nil {
+		err = res.check("")
+	}
+	if err != nil {
+		return d, fmt.Errorf("second exec: %w", err)
+	}
+	parts.second.add(second)
+	parts.secondGuest.add(time.Duration(res.DurationMs) * time.Millisecond)
+	return d, nil
 }
 
 // p90 is the nearest-rank 90th percentile of samples.

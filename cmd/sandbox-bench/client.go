@@ -121,6 +121,8 @@ type execResult struct {
 	Stderr   string `json:"stderr"`
 	TimedOut bool   `json:"timed_out"`
 	Error    string `json:"error"`
+	// DurationMs is the command's run time as the guest init measured it (start to exit).
+	DurationMs int64 `json:"duration_ms"`
 }
 
 // check fails unless the command exited 0 with the wanted stdout ("" wants any).

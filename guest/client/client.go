@@ -135,6 +135,13 @@ func (c *Client) Execs(ctx context.Context) ([]proto.ExecInfo, error) {
 	return infos, err
 }
 
+// Forget drops an ended exec from the guest init as if it never ran: what it left running is
+// killed, its record, log and cgroup go (ErrCodeState while it runs, ErrCodeNotFound for an
+// exec the init does not know).
+func (c *Client) Forget(ctx context.Context, id string) error {
+	return c.doJSON(ctx, http.MethodDelete, "/v1/execs/"+url.PathEscape(id), nil, nil, nil)
+}
+
 // Signal sends a signal ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP", …) to an exec's whole
 // process tree.
 func (c *Client) Signal(ctx context.Context, id, sig string) error {

@@ -11,6 +11,9 @@
 //	POST   /v1/execs?follow=1                  ExecRequest → 201 and the log, as below
 //	GET    /v1/execs                           []ExecInfo, oldest first
 //	GET    /v1/execs/{id}                      ExecInfo
+//	DELETE /v1/execs/{id}                      204: an ended exec forgotten as if it never ran
+//	                                           (what it left running killed, record, log and
+//	                                           cgroup gone); ErrCodeState while it runs
 //	GET    /v1/execs/{id}/log?offset=N&follow=1  raw log records from a record boundary
 //	                                           (RecordTruncated first when N is no longer kept)
 //	POST   /v1/execs/{id}/signal               SignalRequest → ExecInfo (the whole tree)

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,8 @@ type execState struct {
 	dir     string
 	log     *execLog
 	started time.Time
+	// done is closed once the server is done with the exec (its status file written).
+	done chan struct{}
 
 	mu sync.Mutex
 	// cg and cgroup are the exec's cgroup (see Cgroups); cg is nil where the init has none,
@@ -155,6 +158,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 		dir:     dir,
 		log:     log,
 		started: time.Now().UTC(),
+		done:    make(chan struct{}),
 	}
 	s.execs[e.id] = e
 	s.running++
@@ -177,6 +181,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 			Error:      serr.msg,
 		})
 		s.writeStatus(e)
+		close(e.done)
 		return e.info(), nil
 	}
 	go s.supervise(e, p, time.Duration(req.TimeoutMs)*time.Millisecond)
@@ -266,6 +271,7 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 // drains after exit and writes the exit record.
 func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
 	defer s.wg.Done()
+	defer close(e.done)
 	col := newCollector(e.log, p.io.out, p.io.kinds)
 	collected := make(chan struct{})
 	go func() {
@@ -502,14 +508,44 @@ func (s *Server) retire(e *execState) {
 	}
 	s.mu.Unlock()
 	for _, old := range drop {
-		_ = os.RemoveAll(old.dir)
-		old.mu.Lock()
-		cg, name := old.cg, old.cgroup
-		old.mu.Unlock()
-		if cg != nil {
-			cg.remove(name)
-		}
+		old.discard()
 	}
+}
+
+// discard removes what a forgotten exec kept: its folder (log and status) and its cgroup.
+func (e *execState) discard() {
+	_ = os.RemoveAll(e.dir)
+	e.mu.Lock()
+	cg, name := e.cg, e.cgroup
+	e.mu.Unlock()
+	if cg != nil {
+		cg.remove(name)
+	}
+}
+
+// forgetExec drops an ended exec as if it never ran: what it left running in the background
+// is killed, its record, log and cgroup go, and no listing, read or signal finds it any more.
+// A running exec is refused (ErrCodeState): signal it and wait for its end first. The control
+// plane forgets the warm-up command it runs in a pool box before anyone claims the box.
+func (s *Server) forgetExec(id string) *proto.Error {
+	s.mu.Lock()
+	e := s.execs[id]
+	if e == nil {
+		s.mu.Unlock()
+		return errorf(proto.ErrCodeNotFound, "no exec %s", id)
+	}
+	if !e.log.isEnded() {
+		s.mu.Unlock()
+		return errorf(proto.ErrCodeState, "exec %s is running; signal it and wait for its end first", id)
+	}
+	delete(s.execs, id)
+	s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
+	s.mu.Unlock()
+	// Its exit record is out; its status file follows at once.
+	<-e.done
+	e.kill(syscall.SIGKILL) // what it left in the background (none: nothing to signal)
+	e.discard()
+	return nil
 }
 
 // writeStatus records the ended exec's ExecInfo in StateDir/<id>/status (for people

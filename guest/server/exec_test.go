@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -731,4 +733,62 @@ func BenchmarkHealth(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestForget: an ended exec is forgotten as if it never ran (record, log, folder, what it left
+// running); a running one is refused, an unknown one is not found, and the others stay.
+func TestForget(t *testing.T) {
+	modes(t, func(t *testing.T, reap bool) {
+		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 20*time.Second)
+		keep, err := h.C.Run(ctx, proto.ExecRequest{ID: "keep", Argv: []string{"sh", "-c", "echo kept"}}, 0, 0)
+		if err != nil || string(keep.Stdout) != "kept\n" {
+			t.Fatalf("keep: got %q, %v", keep.Stdout, err)
+		}
+		// The command leaves a process behind, which must not outlive its forgetting.
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "gone", Argv: []string{"sh", "-c", "sleep 100 & echo warm"}}, 0, 0)
+		if err != nil || string(res.Stdout) != "warm\n" {
+			t.Fatalf("gone: got %q, %v", res.Stdout, err)
+		}
+		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "running", Argv: []string{"sleep", "100"}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = h.C.Signal(context.Background(), "running", "SIGKILL") })
+		wantCode(t, h.C.Forget(ctx, "running"), proto.ErrCodeState)
+		wantCode(t, h.C.Forget(ctx, "nosuch"), proto.ErrCodeNotFound)
+		wantCode(t, h.C.Forget(ctx, "../keep"), proto.ErrCodeNotFound)
+
+		if err := h.C.Forget(ctx, "gone"); err != nil {
+			t.Fatalf("Forget: %v", err)
+		}
+		guesttest.WaitTreeGone(t, "gone")
+		_, err = h.C.Exec(ctx, "gone")
+		wantCode(t, err, proto.ErrCodeNotFound)
+		_, err = h.C.Log(ctx, "gone", 0, false)
+		wantCode(t, err, proto.ErrCodeNotFound)
+		wantCode(t, h.C.Signal(ctx, "gone", "SIGKILL"), proto.ErrCodeNotFound)
+		wantCode(t, h.C.Forget(ctx, "gone"), proto.ErrCodeNotFound)
+		if _, err := os.Stat(filepath.Join(h.State, "gone")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the forgotten exec's folder: got %v, want it gone", err)
+		}
+		infos, err := h.C.Execs(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, in := range infos {
+			ids = append(ids, in.ID)
+		}
+		if !slices.Equal(ids, []string{"keep", "running"}) {
+			t.Errorf("execs after Forget: got %v, want [keep running]", ids)
+		}
+		if recs := guesttest.Records(t, h.C, "keep", 0, false); len(recs) == 0 {
+			t.Error("the other ended exec lost its log")
+		}
+		// The id is free again, and a new exec of it starts afresh.
+		again, err := h.C.Run(ctx, proto.ExecRequest{ID: "gone", Argv: []string{"sh", "-c", "echo again"}}, 0, 0)
+		if err != nil || string(again.Stdout) != "again\n" {
+			t.Errorf("a new exec of the forgotten id: got %q, %v", again.Stdout, err)
+		}
+	})
 }

@@ -181,6 +181,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/execs", s.handleStartExec)
 	mux.HandleFunc("GET /v1/execs", s.handleListExecs)
 	mux.HandleFunc("GET /v1/execs/{id}", s.handleGetExec)
+	mux.HandleFunc("DELETE /v1/execs/{id}", s.handleDeleteExec)
 	mux.HandleFunc("GET /v1/execs/{id}/log", s.handleLog)
 	mux.HandleFunc("POST /v1/execs/{id}/signal", s.handleSignal)
 	mux.HandleFunc("POST /v1/execs/{id}/stdin", s.handleStdin)
@@ -352,6 +353,15 @@ func (s *Server) handleGetExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, e.info())
+}
+
+// handleDeleteExec forgets an ended exec (forgetExec).
+func (s *Server) handleDeleteExec(w http.ResponseWriter, r *http.Request) {
+	if err := s.forgetExec(r.PathValue("id")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request) {

@@ -37,3 +37,11 @@ func CreateSource(ctx context.Context, s *Service, p auth.Principal, src *Source
 	_, err := s.boot.check(ctx, p, src, diskBytes)
 	return err
 }
+
+// SetWarmUpArgv sets the command pool boxes run before they are ready, until the test ends.
+// Call it before the domain is made (its pools start filling at once).
+func SetWarmUpArgv(t interface{ Cleanup(func()) }, argv []string) {
+	old := warmUpArgv
+	warmUpArgv = argv
+	t.Cleanup(func() { warmUpArgv = old })
+}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/internal/store"
@@ -305,13 +306,17 @@ func (p *pool) fill(ctx context.Context, prof ProfileConfig, spec runtime.BoxSpe
 		Annotations: map[string]string{annPoolOwner: p.owner, annPoolState: poolFilling}}
 	err := s.driver.Create(ctx, rec)
 	if err == nil {
-		_, err = p.pooler.UpdatePool(ctx, rec.ID, func(r *runtime.Record) error {
-			if r.Annotations[annPoolOwner] != p.owner || r.Annotations[annPoolState] != poolFilling {
-				return errPoolMoved
-			}
-			r.Annotations[annPoolState] = poolReady
-			return nil
-		})
+		// The warm-up also makes this replica's attach to the box, off the path of the
+		// create that claims it (a claim elsewhere attaches there; remove drops it).
+		if err = p.warmUp(ctx, rec.ID); err == nil {
+			_, err = p.pooler.UpdatePool(ctx, rec.ID, func(r *runtime.Record) error {
+				if r.Annotations[annPoolOwner] != p.owner || r.Annotations[annPoolState] != poolFilling {
+					return errPoolMoved
+				}
+				r.Annotations[annPoolState] = poolReady
+				return nil
+			})
+		}
 		if err != nil && !errors.Is(err, errPoolMoved) {
 			p.remove(context.WithoutCancel(ctx), rec.ID)
 		}
@@ -332,13 +337,53 @@ func (p *pool) fill(ctx context.Context, prof ProfileConfig, spec runtime.BoxSpe
 	delete(p.backoff, prof.Name)
 	p.mu.Unlock()
 	s.metrics.poolFilled(prof.Name, "ok", s.now().Sub(start))
-	// This replica's attach to the box is made now, off the path of the create that claims
-	// it (a claim elsewhere attaches there; remove drops it).
-	if _, err := s.Guest(ctx, rec.ID); err != nil {
-		s.log.Debug("warm pool: attaching to a ready box failed; its claim attaches", "box", rec.ID, "err", err)
-	}
 	s.log.Debug("warm pool: box ready", "profile", prof.Name, "box", rec.ID, "ms", s.now().Sub(start).Milliseconds())
 	return true
+}
+
+// warmUpArgv is the command a box of a pool runs once before it is ready: a shell that
+// starts and exits. Found through PATH like a claimer's command, it pays the first-time costs
+// of a fresh gVisor sandbox (the guest init's exec path and log stream run for the first
+// time, the first fork and execve, the dynamic loader and libc read through the gofer, PATH
+// lookups) that would otherwise land on the first exec of whoever claims the box. Its exit
+// code does not matter (an image without sh still warms all but the loader).
+var warmUpArgv = []string{"sh", "-c", "true"}
+
+const (
+	// warmUpTimeout bounds the warm-up (the box is retired when it takes longer).
+	warmUpTimeout = 20 * time.Second
+	// warmUpLogBytes bounds the warm-up's log in the guest.
+	warmUpLogBytes = 64 << 10
+)
+
+// warmUp runs warmUpArgv in box id while it is filling (no claim can take it), through the
+// attach and the guest calls an exec uses, and then has the guest init forget it: no record,
+// log, cgroup or leftover process of it stays in the box. Nothing of it reaches Redis either
+// (no exec stream, exec index, event or activity: the box is no sandbox yet) and it counts
+// against nobody (slots, MaxRunningExecs, quotas). An error leaves the box to be removed: a
+// box whose warm-up the guest could not forget is never claimed.
+func (p *pool) warmUp(ctx context.Context, id string) error {
+	s := p.s
+	ctx, cancel := context.WithTimeout(ctx, warmUpTimeout)
+	defer cancel()
+	g, err := s.Guest(ctx, id)
+	if err != nil {
+		return fmt.Errorf("warm pool: attaching to the box: %w", err)
+	}
+	wid := NewID("warmup_")
+	res, err := g.Run(ctx, proto.ExecRequest{ID: wid, Argv: warmUpArgv, TimeoutMs: warmUpTimeout.Milliseconds(),
+		MaxLogBytes: warmUpLogBytes}, 1<<10, 1<<10)
+	if err != nil {
+		return fmt.Errorf("warm pool: the warm-up command: %w", err)
+	}
+	if res.Exit.ExitCode != 0 || res.Exit.Signal != "" {
+		s.log.Debug("warm pool: the warm-up command failed (the box is warm all the same)", "box", id,
+			"exit", res.Exit.ExitCode, "signal", res.Exit.Signal, "stderr", string(res.Stderr))
+	}
+	if err := g.Forget(ctx, wid); err != nil {
+		return fmt.Errorf("warm pool: forgetting the warm-up command: %w", err)
+	}
+	return nil
 }
 
 // adopt makes an orphan of owner this replica's.

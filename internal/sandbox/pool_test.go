@@ -3,6 +3,8 @@ package sandbox_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -304,4 +306,88 @@ func TestWarmPoolConfig(t *testing.T) {
 		}
 		t.Fatalf("warm_pool on a runtime without pools: got %v, want an error", err)
 	}
+}
+
+// TestWarmPoolClaimSeesNoWarmUp: every pool box runs a warm-up command before it is ready (one
+// that writes output, fails and leaves a process behind here), and its claimer finds nothing of
+// it: no exec listed by the service or by the guest init, no exec event, no leftover process,
+// an empty workspace, and its first exec is the only one.
+func TestWarmPoolClaimSeesNoWarmUp(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "warmups")
+	// The leftover's argument is this run's own (a run killed midway may leave its sleep).
+	nap := fmt.Sprintf("4241.%06d", time.Now().UnixNano()%1e6)
+	SetWarmUpArgv(t, []string{"sh", "-c", "echo ran >> " + marker + "; sleep " + nap + " & echo out; echo err >&2; exit 3"})
+	e := pooled(t, 1, 0)
+	svc := e.Svc
+	readyPool(t, e, 1)
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "ran\n" {
+		t.Fatalf("the warm-up's marker: got %q, %v; want one run", b, err)
+	}
+	ctx := context.Background()
+	sb, err := svc.Create(ctx, alice, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := svc.ListExecs(ctx, alice, sb.ID, ExecListOptions{})
+	if err != nil || len(page.Execs) != 0 {
+		t.Fatalf("execs of the claimed sandbox: got %+v, %v; want none", page.Execs, err)
+	}
+	g, err := svc.Guest(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if infos, err := g.Execs(ctx); err != nil || len(infos) != 0 {
+		t.Fatalf("execs the guest init knows: got %+v, %v; want none", infos, err)
+	}
+	// Killed by the forget before the box was ready; dying takes the kernel a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids := procsWith("sleep\x00" + nap)
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm-up's background process outlived it: pids %v", pids)
+		}
+	}
+	if got := run(t, svc, sb.ID, `ls -A | wc -l`); got != "0" {
+		t.Fatalf("files in the claimed workspace: got %s, want 0", got)
+	}
+	page, err = svc.ListExecs(ctx, alice, sb.ID, ExecListOptions{})
+	if err != nil || len(page.Execs) != 1 {
+		t.Fatalf("execs after the claimer's first: got %d, %v; want 1", len(page.Execs), err)
+	}
+	// The project's events from the start: the claimed sandbox's create and its one exec.
+	ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	evs, err := svc.Events(ectx, alice, "", "0-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	execEvents := 0
+	for ev := range evs {
+		if ev.SandboxID != sb.ID {
+			t.Errorf("an event of another box: %+v", ev)
+		}
+		if strings.HasPrefix(ev.Type, "EXEC_") {
+			execEvents++
+			if ev.Exec == nil || ev.Exec.ExecID != page.Execs[0].ExecID {
+				t.Errorf("an exec event not of the claimer's exec: %+v", ev)
+			}
+		}
+	}
+	if execEvents == 0 {
+		t.Error("no event of the claimer's exec (the check saw nothing)")
+	}
+}
+
+// procsWith lists the pids whose command line contains s (NUL-separated arguments).
+func procsWith(s string) []string {
+	var pids []string
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline")); err == nil && strings.Contains(string(b), s) {
+			pids = append(pids, d.Name())
+		}
+	}
+	return pids
 }
