@@ -355,7 +355,10 @@ func outputPipe() (r int, w *os.File, err error) {
 // parked in Go's poller (or in a blocking read) is woken by every such write. So the collector
 // waits in poll(2) only while the pipes are quiet; once output flows it reads what gathered
 // every outputLinger, with nobody waiting on the pipes in between, and puts output into the log
-// when flushAt bytes are pending or the pipes fall quiet. A lone piece waits one linger at most.
+// when flushAt bytes are pending or the pipes fall quiet. The first output after a quiet spell
+// (a command's first byte, a prompt) goes into the log at once; the collector then waits in
+// poll(2) for at most one linger, so that more output makes it linger as above and the pipes'
+// end (a command that wrote a line and exited) is seen at once rather than after a sleep.
 const (
 	outputLinger = 2 * time.Millisecond
 	flushAt      = 256 << 10
@@ -375,6 +378,9 @@ type collector struct {
 	// keeps the pipes open: the supervisor sets it a little after the command exited.
 	stopAt atomic.Int64
 
+	// linger is outputLinger (a test sets its own).
+	linger time.Duration
+
 	eof []bool
 	buf []byte
 	// pend is output read but not yet in the log, all of kind pendKind.
@@ -383,7 +389,7 @@ type collector struct {
 }
 
 func newCollector(log *execLog, fds []int, kinds []byte) *collector {
-	return &collector{log: log, fds: fds, kinds: kinds, eof: make([]bool, len(fds)), buf: make([]byte, maxCollect)}
+	return &collector{log: log, fds: fds, kinds: kinds, linger: outputLinger, eof: make([]bool, len(fds)), buf: make([]byte, maxCollect)}
 }
 
 // allEOF reports whether every descriptor reached its end.
@@ -399,6 +405,7 @@ func (c *collector) allEOF() bool {
 // run collects until every descriptor reaches its end or stopAt passes, then flushes.
 func (c *collector) run() {
 	defer c.flush()
+	quiet := true // nothing was read since the last wait for output
 	for {
 		if stop := c.stopAt.Load(); stop != 0 && time.Now().UnixNano() >= stop {
 			return
@@ -407,14 +414,22 @@ func (c *collector) run() {
 		if c.allEOF() {
 			return
 		}
-		if progress {
+		switch {
+		case progress && quiet:
+			// The first output after a quiet spell goes out at once; then wait one linger at
+			// most, woken early by more output (which then lingers) or by the pipes' end.
+			c.flush()
+			quiet = false
+			c.poll(c.linger)
+		case progress:
 			// Output flows: let more gather in the pipes before reading again.
-			time.Sleep(outputLinger)
-			continue
+			time.Sleep(c.linger)
+		default:
+			// The pipes are quiet: what was read goes out now, then wait for more.
+			c.flush()
+			c.poll(quietPoll)
+			quiet = true
 		}
-		// The pipes are quiet: what was read goes out now, then wait for more.
-		c.flush()
-		c.poll()
 	}
 }
 
@@ -447,9 +462,8 @@ func (c *collector) readRound() bool {
 	return progress
 }
 
-// poll waits until a pipe is readable (or closed), quietPoll passes, or stopAt comes.
-func (c *collector) poll() {
-	timeout := quietPoll
+// poll waits until a pipe is readable (or closed), timeout passes, or stopAt comes.
+func (c *collector) poll(timeout time.Duration) {
 	if stop := c.stopAt.Load(); stop != 0 {
 		timeout = min(timeout, time.Until(time.Unix(0, stop)))
 	}

@@ -263,7 +263,10 @@ func TestTtyTimeoutAndSignals(t *testing.T) {
 
 		id = fmt.Sprintf("bash-%v", reap)
 		startTty(t, h.C, id, 24, 80, "bash", "--norc", "--noprofile", "-i")
-		writeAll(t, h.C, id, []byte("echo up\n"), 100, false)
+		// The shell's own output, which the terminal's echo of the typed line ("echo u''p")
+		// does not contain: that echo comes before the shell has even started (and set itself
+		// up to ignore SIGTERM).
+		writeAll(t, h.C, id, []byte("echo u''p\n"), 100, false)
 		waitOutput(t, h.C, id, "up\r\n")
 		if err := h.C.Signal(ctx, id, "SIGTERM"); err != nil {
 			t.Fatal(err)

@@ -29,8 +29,11 @@ type follower struct {
 	writing bool
 	// exitAppended: this follower put the exit status into the stream (exactly one does).
 	exitAppended bool
-	wait         *collector
-	result       chan followResult
+	// startedSent is closed once EXEC_STARTED is published (nil when this follower publishes
+	// none): EXEC_ENDED waits for it, so the two keep their order.
+	startedSent chan struct{}
+	wait        *collector
+	result      chan followResult
 }
 
 // followResult is what a waiting caller gets: the collected result, or the error that ended
@@ -108,7 +111,15 @@ const (
 func (f *follower) follow(lr *client.LogReader) {
 	s := f.s
 	if f.fresh {
-		s.publish(f.meta, sandbox.EventExecStarted, execResultOf(f.meta))
+		// Beside the copying, not before it: the command's first output does not wait for the
+		// event's round trip to Redis.
+		f.startedSent = make(chan struct{})
+		s.followers.Add(1)
+		go func() {
+			defer s.followers.Done()
+			defer close(f.startedSent)
+			s.publish(f.meta, sandbox.EventExecStarted, execResultOf(f.meta))
+		}()
 	}
 	renew := time.NewTicker(s.cfg.ExecLease / 3)
 	defer renew.Stop()
@@ -435,11 +446,21 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 		r.OutputBytes = outputBytes(c.written, exit)
 	}
 	applyExit(&r, exit)
-	// The command's end is activity: auto-stop counts idle time from exactly here.
-	s.sandboxes.TouchNow(s.bg, f.meta.Sandbox)
+	// The command's end is activity: auto-stop counts idle time from exactly here. It is
+	// recorded beside EXEC_ENDED (two round trips to Redis at once, not one after the other);
+	// both are done before a waiting caller gets its answer.
+	touched := make(chan struct{})
+	go func() {
+		defer close(touched)
+		s.sandboxes.TouchNow(s.bg, f.meta.Sandbox)
+	}()
 	if f.exitAppended {
+		if f.startedSent != nil {
+			<-f.startedSent
+		}
 		s.publish(f.meta, sandbox.EventExecEnded, r)
 	}
+	<-touched
 	if c != nil {
 		r.Stdout, r.Stderr = c.stdout.Bytes(), c.stderr.Bytes()
 		r.StdoutTruncated, r.StderrTruncated = cutFlags(exit, r.Stdout, r.Stderr, c.stdout.Cut() || c.gap, c.stderr.Cut() || c.gap)

@@ -287,13 +287,14 @@ func (s *Store) Create(ctx context.Context, m Meta, token string, now time.Time,
 	if token != "" {
 		leaseUntil = now.Add(lease).UnixMilli()
 	}
-	// Index first: an index member without a meta hash is harmless (Orphans drops it after a
-	// grace period), a running exec missing from the index would never be found orphaned.
-	if err := s.rdb.ZAddNX(ctx, runningKey, redis.Z{Score: float64(now.UnixMilli()), Member: m.ID}).Err(); err != nil {
-		return fmt.Errorf("execstream create %s: %w", m.ID, err)
-	}
-	// Likewise the sandbox's index (a listing drops members whose meta hash is gone).
-	if err := s.indexSandbox(ctx, m); err != nil {
+	// Indexes first, both in one round trip: an index member without a meta hash is harmless
+	// (Orphans drops it after a grace period, a listing skips it), a running exec missing
+	// from the running index would never be found orphaned.
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAddNX(ctx, runningKey, redis.Z{Score: float64(now.UnixMilli()), Member: m.ID})
+		s.indexSandbox(ctx, p, m)
+		return nil
+	}); err != nil {
 		return fmt.Errorf("execstream create %s: %w", m.ID, err)
 	}
 	stdin, tty := "0", ""

@@ -20,18 +20,15 @@ import (
 // DefaultMaxPerSandbox is Options.MaxPerSandbox's default.
 const DefaultMaxPerSandbox = 10000
 
-// indexSandbox adds m to its sandbox's index and trims the index to its newest members.
-func (s *Store) indexSandbox(ctx context.Context, m Meta) error {
+// indexSandbox queues on p the commands that add m to its sandbox's index and trim the index
+// to its newest members.
+func (s *Store) indexSandbox(ctx context.Context, p redis.Pipeliner, m Meta) {
 	if m.Sandbox == "" || !validID(m.Sandbox) {
-		return nil
+		return
 	}
 	key := sandboxKey(m.Sandbox)
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAddNX(ctx, key, redis.Z{Score: 0, Member: m.ID})
-		p.ZRemRangeByRank(ctx, key, 0, -s.maxPerSandbox()-1)
-		return nil
-	})
-	return err
+	p.ZAddNX(ctx, key, redis.Z{Score: 0, Member: m.ID})
+	p.ZRemRangeByRank(ctx, key, 0, -s.maxPerSandbox()-1)
 }
 
 func (s *Store) maxPerSandbox() int64 {

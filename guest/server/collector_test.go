@@ -1,0 +1,86 @@
+package server
+
+import (
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"sandboxd/guest/proto"
+)
+
+// The collector's latency rules, checked without timing anything: its linger is set to an
+// hour, so output that waited for a linger would not reach the log within the test's deadline.
+
+// startCollector runs a collector with an hour's linger on one new output pipe and returns the
+// pipe's write end, the log, and a channel closed when the collector returns.
+func startCollector(t *testing.T) (*os.File, *execLog, <-chan struct{}) {
+	t.Helper()
+	l, _ := newTestLog(t, 1<<20)
+	r, w, err := outputPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(r) })
+	c := newCollector(l, []int{r}, []byte{proto.RecordStdout})
+	c.linger = time.Hour
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run()
+	}()
+	t.Cleanup(func() {
+		_ = w.Close()
+		c.stopAt.Store(1) // ends a collector the test left waiting
+		<-done
+	})
+	return w, l, done
+}
+
+// waitLog waits until the log holds want as its stdout (failing after 10 s).
+func waitLog(t *testing.T, l *execLog, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got []byte
+		for _, r := range readAll(t, l, 0) {
+			if r.kind == proto.RecordStdout {
+				got = append(got, r.data...)
+			}
+		}
+		if string(got) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("log stdout = %q, want %q (output waited for the linger)", got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestCollectorFirstOutputGoesOutAtOnce(t *testing.T) {
+	w, l, _ := startCollector(t)
+	if _, err := w.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	// The pipe stays open and quiet: the first output must not wait for more.
+	waitLog(t, l, "x\n")
+}
+
+func TestCollectorSeesTheEndAfterFirstOutput(t *testing.T) {
+	w, l, done := startCollector(t)
+	// A command that writes a line and exits: its output and the pipe's end come together.
+	if _, err := w.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, l, "x\n")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the collector did not notice the pipe's end within 10 s (it waited for the linger)")
+	}
+	waitLog(t, l, "x\n")
+}
