@@ -101,9 +101,9 @@ func TestErrorCodes(t *testing.T) {
 	}{
 		{name: "not-found", query: `{ sandbox(id: "sbx_other") { id } }`, wantCode: "NOT_FOUND",
 			wantMessage: "sandbox sbx_other not found", wantPath: "sandbox"},
-		{name: "busy-has-retry-after", query: `mutation { startSandbox(id: "` + apitest.SandboxBusy + `") { id } }`, wantCode: "INVALID_STATE",
+		{name: "busy-has-retry-after", query: `mutation { startSandbox(id: "` + apitest.SandboxBusy + `") { sandbox { id } } }`, wantCode: "INVALID_STATE",
 			wantExt: map[string]any{"retryAfter": 2.0, "state": "STOPPING"}, wantPath: "startSandbox"},
-		{name: "uncoded-error-is-internal", query: `mutation { stopSandbox(id: "` + apitest.SandboxBoom + `") { id } }`, wantCode: "INTERNAL",
+		{name: "uncoded-error-is-internal", query: `mutation { stopSandbox(id: "` + apitest.SandboxBoom + `") { sandbox { id } } }`, wantCode: "INTERNAL",
 			wantMessage: "internal error", wantPath: "stopSandbox"},
 		{name: "panic-is-internal", query: `{ sandbox(id: "` + apitest.SandboxPanic + `") { id } }`, wantCode: "INTERNAL",
 			wantMessage: "internal error", wantPath: "sandbox"},
@@ -112,7 +112,7 @@ func TestErrorCodes(t *testing.T) {
 		{name: "bad-enum", query: `{ sandboxes(state: SLEEPING) { nodes { id } } }`, wantCode: "GRAPHQL_VALIDATION_FAILED"},
 		{name: "first-zero", query: `{ sandboxes(first: 0) { nodes { id } } }`, wantCode: "INVALID_ARGUMENT",
 			wantExt: map[string]any{"field": "first"}},
-		{name: "mode-out-of-range", query: `mutation { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "a", content: "x", mode: 4095) { path } }`,
+		{name: "mode-out-of-range", query: `mutation { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "a", content: "x", mode: 4095) { file { path } } }`,
 			wantCode: "INVALID_ARGUMENT", wantExt: map[string]any{"field": "mode"}},
 	}
 	for _, tt := range tests {
@@ -206,9 +206,9 @@ func TestIntrospectionFitsDefaultLimit(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
-	const q = `mutation($in: ExecInput!) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: $in) {
+	const q = `mutation($in: ExecInput!) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: $in) { exec {
 		execId exitCode signal timedOut durationMs startedAt endedAt stdout stderr stdoutBase64 stderrBase64
-		stdoutTruncated stderrTruncated error } }`
+		stdoutTruncated stderrTruncated error } } }`
 	t.Run("both-stdins", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
 		r := e.post(t, apitest.UserKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdin": "a", "stdinBase64": "YQ=="}})
@@ -241,7 +241,7 @@ func TestExec(t *testing.T) {
 			"timeoutSec": 30, "cwd": "/workspace/src", "env": []map[string]string{{"name": "A", "value": "1"}}}})
 		noErrors(t, r)
 		var res map[string]any
-		field(t, r, "exec", &res)
+		field(t, r, "exec.exec", &res)
 		want := map[string]any{"execId": "exec_1", "exitCode": 3.0, "signal": nil, "timedOut": false, "durationMs": 1500.0,
 			"startedAt": "2025-01-02T03:04:05Z", "endedAt": "2025-01-02T03:04:06.5Z", "stdout": "ok \uFFFD\uFFFD end",
 			"stdoutBase64": base64.StdEncoding.EncodeToString(e.fake.ExecStdout), "stderr": "warn\n",
@@ -261,7 +261,7 @@ func TestExec(t *testing.T) {
 
 func TestCreateSandbox(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { id profileName } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { sandbox { id profileName } } }`, nil)
 	noErrors(t, r)
 	req := e.fake.Last("Create").Create
 	if req.Profile != "" || req.AutostopSec == nil || *req.AutostopSec != 60 || req.TTLSec != nil || req.Env["X"] != "y" {
@@ -354,7 +354,7 @@ func TestFiles(t *testing.T) {
 		}
 	})
 	t.Run("write", func(t *testing.T) {
-		const q = `mutation($c: String, $b: String, $m: Int) { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "x", content: $c, contentBase64: $b, mode: $m) { path size mode } }`
+		const q = `mutation($c: String, $b: String, $m: Int) { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "x", content: $c, contentBase64: $b, mode: $m) { file { path size mode } } }`
 		tests := []struct {
 			name     string
 			vars     map[string]any
@@ -414,7 +414,7 @@ func TestGET(t *testing.T) {
 	}
 	r := get(`{ profiles { name default } }`)
 	noErrors(t, r)
-	r = get(`mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { id } }`)
+	r = get(`mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { sandbox { id } } }`)
 	if len(r.Errors) == 0 || r.Status == 200 {
 		t.Errorf("got status %d %+v, want a mutation over GET refused", r.Status, r.Errors)
 	}
@@ -425,7 +425,7 @@ func TestGET(t *testing.T) {
 
 func TestBodyLimit(t *testing.T) {
 	e := newEnv(t, HandlerOptions{MaxBodyBytes: 1024})
-	r := e.post(t, apitest.UserKey, `mutation { writeFile(sandboxId: "`+apitest.SandboxRunning+`", path: "x", content: "`+strings.Repeat("a", 2000)+`") { size } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { writeFile(sandboxId: "`+apitest.SandboxRunning+`", path: "x", content: "`+strings.Repeat("a", 2000)+`") { file { size } } }`, nil)
 	if r.Status != http.StatusRequestEntityTooLarge || r.code(0) != "PAYLOAD_TOO_LARGE" {
 		t.Errorf("got %d %+v, want 413 PAYLOAD_TOO_LARGE", r.Status, r.Errors)
 	}

@@ -93,6 +93,12 @@ type AgentRunEvent struct {
 	MissedBytes *int64 `json:"missedBytes,omitempty"`
 }
 
+// What cancelAgentRun did.
+type CancelAgentRunPayload struct {
+	// The run, CANCELLED.
+	AgentRun *AgentRun `json:"agentRun"`
+}
+
 // What createSandbox creates.
 type CreateSandboxInput struct {
 	// The profile to create from; null means the default profile (see profiles).
@@ -113,6 +119,12 @@ type CreateSandboxInput struct {
 	AutostopAction *AutostopAction `json:"autostopAction,omitempty"`
 	// Whether exec and file calls on the sandbox, PAUSED, resume it first; null means false.
 	AutoResume *bool `json:"autoResume,omitempty"`
+}
+
+// What createSandbox did.
+type CreateSandboxPayload struct {
+	// The sandbox as the call left it (RUNNING, or FAILED with stateReason).
+	Sandbox *Sandbox `json:"sandbox"`
 }
 
 // What deleteFile did.
@@ -199,6 +211,12 @@ type ExecOutputEvent struct {
 	MissedBytes *int64 `json:"missedBytes,omitempty"`
 	// The command's final status, without output; null unless kind is EXIT.
 	Result *ExecResult `json:"result,omitempty"`
+}
+
+// What the exec mutation did.
+type ExecPayload struct {
+	// The command: its result when the call waited for it, else its id and state RUNNING.
+	Exec *ExecResult `json:"exec"`
 }
 
 // A command run in a sandbox: its status while it runs, its result once it ended. The exit fields
@@ -358,6 +376,14 @@ type MakeDirectoryPayload struct {
 	Created bool `json:"created"`
 }
 
+// What moveFile did.
+type MoveFilePayload struct {
+	// The path moved, as it was given (for a client cache to evict).
+	From string `json:"from"`
+	// The file or folder at its new path.
+	File *FileInfo `json:"file"`
+}
+
 // Changing sandboxes: lifecycle, commands and files.
 type Mutation struct {
 }
@@ -405,6 +431,12 @@ type PageInfo struct {
 	EndCursor *string `json:"endCursor,omitempty"`
 }
 
+// What pauseSandbox did.
+type PauseSandboxPayload struct {
+	// The sandbox as the call left it.
+	Sandbox *Sandbox `json:"sandbox"`
+}
+
 // A host name of an egress allow list and the IPv4 addresses it was pinned to.
 type PinnedHost struct {
 	Host      string   `json:"host"`
@@ -445,6 +477,12 @@ type Quota struct {
 	InUse int `json:"inUse"`
 }
 
+// What resizeExecTty did.
+type ResizeExecTtyPayload struct {
+	// The command's status with its new terminal size.
+	Exec *ExecResult `json:"exec"`
+}
+
 // Limits of a sandbox.
 type Resources struct {
 	// CPU limit in thousandths of a core; 0 means no limit.
@@ -453,6 +491,12 @@ type Resources struct {
 	MemoryBytes int64 `json:"memoryBytes"`
 	// Workspace size in bytes; 0 means no limit.
 	DiskBytes int64 `json:"diskBytes"`
+}
+
+// What resumeSandbox did.
+type ResumeSandboxPayload struct {
+	// The sandbox as the call left it (stateReason says when its memory was not restored).
+	Sandbox *Sandbox `json:"sandbox"`
 }
 
 // A long-lived sandbox: one gVisor box whose /workspace survives stop and start.
@@ -562,6 +606,12 @@ type SandboxSourceInput struct {
 	GcsPrefix *string `json:"gcsPrefix,omitempty"`
 }
 
+// What signalExec did.
+type SignalExecPayload struct {
+	// The command's status as it was right after the signal (it may take a moment to end).
+	Exec *ExecResult `json:"exec"`
+}
+
 // A workspace snapshot: a checkpoint of one sandbox's /workspace, kept after the sandbox is gone.
 type Snapshot struct {
 	// The snapshot id (snap_…); pass it as CreateSandboxInput.source.snapshotId to create a sandbox from it.
@@ -605,6 +655,12 @@ type SnapshotEdge struct {
 	Node *Snapshot `json:"node"`
 }
 
+// What snapshotSandbox did.
+type SnapshotSandboxPayload struct {
+	// The snapshot taken (now the sandbox's latestSnapshot).
+	Snapshot *Snapshot `json:"snapshot"`
+}
+
 // What startAgentRun starts: the body of POST /sandbox/agent/v1/runs.
 type StartAgentRunInput struct {
 	// The catalog agent (e.g. "opencode"); it must have integration: sandbox.
@@ -621,14 +677,22 @@ type StartAgentRunInput struct {
 	Config map[string]any `json:"config,omitempty"`
 }
 
-// What writeExecStdin did.
-type StdinWriteResult struct {
-	// The bytes taken: all of them (a write is taken whole or refused).
-	Written int64 `json:"written"`
-	// The bytes the command has not read yet, this write's included.
-	Buffered int64 `json:"buffered"`
-	// Whether standard input is closed now (this call closed it, or the command ended).
-	Closed bool `json:"closed"`
+// What startAgentRun did.
+type StartAgentRunPayload struct {
+	// The run: RUNNING, or FAILED when the agent's binary is not in the sandbox's image.
+	AgentRun *AgentRun `json:"agentRun"`
+}
+
+// What startSandbox did.
+type StartSandboxPayload struct {
+	// The sandbox as the call left it.
+	Sandbox *Sandbox `json:"sandbox"`
+}
+
+// What stopSandbox did.
+type StopSandboxPayload struct {
+	// The sandbox as the call left it.
+	Sandbox *Sandbox `json:"sandbox"`
 }
 
 // Live streams. Use WebSocket (graphql-transport-ws or graphql-ws) or SSE (POST with
@@ -662,6 +726,28 @@ type UpdateSandboxInput struct {
 	AutostopSec *int `json:"autostopSec,omitempty"`
 	// Seconds after creation at which the sandbox expires, within the configured bounds; its expiry must stay after now.
 	TTLSec *int `json:"ttlSec,omitempty"`
+}
+
+// What updateSandbox did.
+type UpdateSandboxPayload struct {
+	// The sandbox with its new labels and deadlines.
+	Sandbox *Sandbox `json:"sandbox"`
+}
+
+// What writeExecStdin did.
+type WriteExecStdinPayload struct {
+	// The bytes taken: all of them (a write is taken whole or refused).
+	Written int64 `json:"written"`
+	// The bytes the command has not read yet, this write's included.
+	Buffered int64 `json:"buffered"`
+	// Whether standard input is closed now (this call closed it, or the command ended).
+	Closed bool `json:"closed"`
+}
+
+// What writeFile did.
+type WriteFilePayload struct {
+	// The file as written.
+	File *FileInfo `json:"file"`
 }
 
 // What an AgentRunEvent carries.
