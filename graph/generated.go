@@ -151,6 +151,13 @@ type ComplexityRoot struct {
 		Tty             func(childComplexity int) int
 	}
 
+	FileConnection struct {
+		Edges    func(childComplexity int) int
+		Nodes    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+		Path     func(childComplexity int) int
+	}
+
 	FileContent struct {
 		Content       func(childComplexity int) int
 		ContentBase64 func(childComplexity int) int
@@ -158,6 +165,11 @@ type ComplexityRoot struct {
 		Path          func(childComplexity int) int
 		Size          func(childComplexity int) int
 		Truncated     func(childComplexity int) int
+	}
+
+	FileEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
 	}
 
 	FileEvent struct {
@@ -182,12 +194,6 @@ type ComplexityRoot struct {
 		Size    func(childComplexity int) int
 		Symlink func(childComplexity int) int
 		Type    func(childComplexity int) int
-	}
-
-	FileListing struct {
-		Entries   func(childComplexity int) int
-		Path      func(childComplexity int) int
-		Truncated func(childComplexity int) int
 	}
 
 	Label struct {
@@ -268,7 +274,7 @@ type ComplexityRoot struct {
 		AgentRuns func(childComplexity int, sandboxID string, first *int, after *string) int
 		Exec      func(childComplexity int, id string) int
 		Execs     func(childComplexity int, sandboxID string, state *model.ExecState, first *int, after *string) int
-		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
+		ListFiles func(childComplexity int, sandboxID string, path *string, first *int, after *string) int
 		Node      func(childComplexity int, id string) int
 		Nodes     func(childComplexity int, ids []string) int
 		Profiles  func(childComplexity int) int
@@ -452,7 +458,7 @@ type QueryResolver interface {
 	Profiles(ctx context.Context) ([]*model.Profile, error)
 	Quota(ctx context.Context) (*model.Quota, error)
 	ReadFile(ctx context.Context, sandboxID string, path string, maxBytes *int64) (*model.FileContent, error)
-	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
+	ListFiles(ctx context.Context, sandboxID string, path *string, first *int, after *string) (*model.FileConnection, error)
 	Stat(ctx context.Context, sandboxID string, path string) (*model.FileInfo, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 	Execs(ctx context.Context, sandboxID string, state *model.ExecState, first *int, after *string) (*model.ExecConnection, error)
@@ -912,6 +918,31 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.ExecResult.Tty(childComplexity), true
 
+	case "FileConnection.edges":
+		if e.ComplexityRoot.FileConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.Edges(childComplexity), true
+	case "FileConnection.nodes":
+		if e.ComplexityRoot.FileConnection.Nodes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.Nodes(childComplexity), true
+	case "FileConnection.pageInfo":
+		if e.ComplexityRoot.FileConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.PageInfo(childComplexity), true
+	case "FileConnection.path":
+		if e.ComplexityRoot.FileConnection.Path == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.Path(childComplexity), true
+
 	case "FileContent.content":
 		if e.ComplexityRoot.FileContent.Content == nil {
 			break
@@ -948,6 +979,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.FileContent.Truncated(childComplexity), true
+
+	case "FileEdge.cursor":
+		if e.ComplexityRoot.FileEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEdge.Cursor(childComplexity), true
+	case "FileEdge.node":
+		if e.ComplexityRoot.FileEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEdge.Node(childComplexity), true
 
 	case "FileEvent.at":
 		if e.ComplexityRoot.FileEvent.At == nil {
@@ -1058,25 +1102,6 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.FileInfo.Type(childComplexity), true
-
-	case "FileListing.entries":
-		if e.ComplexityRoot.FileListing.Entries == nil {
-			break
-		}
-
-		return e.ComplexityRoot.FileListing.Entries(childComplexity), true
-	case "FileListing.path":
-		if e.ComplexityRoot.FileListing.Path == nil {
-			break
-		}
-
-		return e.ComplexityRoot.FileListing.Path(childComplexity), true
-	case "FileListing.truncated":
-		if e.ComplexityRoot.FileListing.Truncated == nil {
-			break
-		}
-
-		return e.ComplexityRoot.FileListing.Truncated(childComplexity), true
 
 	case "Label.key":
 		if e.ComplexityRoot.Label.Key == nil {
@@ -1513,7 +1538,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.ListFiles(childComplexity, args["sandboxId"].(string), args["path"].(*string), args["first"].(*int)), true
+		return e.ComplexityRoot.Query.ListFiles(childComplexity, args["sandboxId"].(string), args["path"].(*string), args["first"].(*int), args["after"].(*string)), true
 	case "Query.node":
 		if e.ComplexityRoot.Query.Node == nil {
 			break
@@ -2292,16 +2317,23 @@ type Query {
   ): FileContent
 
   """
-  Lists a folder of a running sandbox's workspace.
+  Lists a folder of a running sandbox's workspace, one page at a time in byte order of the
+  entries' names (Relay cursor connection): page with after set to pageInfo.endCursor while
+  pageInfo.hasNextPage. The sandbox reads the folder and answers only the page, so a page of a
+  huge folder costs what the page holds. A cursor is opaque and good for any folder (it is a
+  place in the name order, also after that entry was removed); a malformed one is
+  INVALID_ARGUMENT (extensions.field after).
   """
   listFiles(
     "The sandbox id."
     sandboxId: ID!
     "The folder's path inside the sandbox; a relative path is relative to /workspace."
     path: String = "."
-    "The most entries to return, 1 to the configured maximum (10000 by default); truncated says when there were more."
+    "The most entries to return, 1 to the configured maximum (10000 by default)."
     first: Int = 1000
-  ): FileListing
+    "The endCursor of the previous page; null for the first page."
+    after: String
+  ): FileConnection
 
   """
   Describes one path of a running sandbox's workspace without following a symbolic link at its
@@ -3500,15 +3532,27 @@ type FileContent {
 }
 
 """
-The entries of one folder.
+A page of one folder's entries (Relay cursor connection), in byte order of their names.
 """
-type FileListing {
-  "The folder's path inside the sandbox."
+type FileConnection {
+  "The folder's path inside the sandbox, as it was given."
   path: String!
-  "The entries, in the order the sandbox lists them."
-  entries: [FileInfo!]!
-  "Whether there were more entries than first."
-  truncated: Boolean!
+  "The entries of this page, each with its cursor, in byte order of their names."
+  edges: [FileEdge!]!
+  "The entries of this page, without cursors."
+  nodes: [FileInfo!]!
+  "Where this page is in the whole folder."
+  pageInfo: PageInfo!
+}
+
+"""
+One entry of a folder in a page.
+"""
+type FileEdge {
+  "Pass as after to get the entries whose names follow this one."
+  cursor: String!
+  "The entry."
+  node: FileInfo!
 }
 
 """
@@ -3892,6 +3936,20 @@ func (ec *executionContext) childFields_ExecResult(ctx context.Context, field gr
 	return nil, fmt.Errorf("no field named %q was found under type ExecResult", field.Name)
 }
 
+func (ec *executionContext) childFields_FileConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "path":
+		return ec.fieldContext_FileConnection_path(ctx, field)
+	case "edges":
+		return ec.fieldContext_FileConnection_edges(ctx, field)
+	case "nodes":
+		return ec.fieldContext_FileConnection_nodes(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_FileConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type FileConnection", field.Name)
+}
+
 func (ec *executionContext) childFields_FileContent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "path":
@@ -3908,6 +3966,16 @@ func (ec *executionContext) childFields_FileContent(ctx context.Context, field g
 		return ec.fieldContext_FileContent_file(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type FileContent", field.Name)
+}
+
+func (ec *executionContext) childFields_FileEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_FileEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_FileEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type FileEdge", field.Name)
 }
 
 func (ec *executionContext) childFields_FileEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3956,18 +4024,6 @@ func (ec *executionContext) childFields_FileInfo(ctx context.Context, field grap
 		return ec.fieldContext_FileInfo_type(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type FileInfo", field.Name)
-}
-
-func (ec *executionContext) childFields_FileListing(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-	switch field.Name {
-	case "path":
-		return ec.fieldContext_FileListing_path(ctx, field)
-	case "entries":
-		return ec.fieldContext_FileListing_entries(ctx, field)
-	case "truncated":
-		return ec.fieldContext_FileListing_truncated(ctx, field)
-	}
-	return nil, fmt.Errorf("no field named %q was found under type FileListing", field.Name)
 }
 
 func (ec *executionContext) childFields_Label(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4999,6 +5055,14 @@ func (ec *executionContext) field_Query_listFiles_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["first"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg3
 	return args, nil
 }
 
@@ -7027,6 +7091,125 @@ func (ec *executionContext) fieldContext_ExecResult_tty(_ context.Context, field
 	return fc, nil
 }
 
+func (ec *executionContext) _FileConnection_path(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_path(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Path, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_path(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileConnection", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.FileEdge) graphql.Marshaler {
+			return ec.marshalNFileEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _FileConnection_nodes(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_nodes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Nodes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileInfoᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_nodes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _FileConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _FileContent_path(ctx context.Context, field graphql.CollectedField, obj *model.FileContent) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7164,6 +7347,61 @@ func (ec *executionContext) _FileContent_file(ctx context.Context, field graphql
 func (ec *executionContext) fieldContext_FileContent_file(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "FileContent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _FileEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.FileEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.FileEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileEdge",
 		Field:      field,
 		IsMethod:   false,
 		IsResolver: false,
@@ -7586,84 +7824,6 @@ func (ec *executionContext) _FileInfo_type(ctx context.Context, field graphql.Co
 }
 func (ec *executionContext) fieldContext_FileInfo_type(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("FileInfo", field, false, false, "FileType")
-}
-
-func (ec *executionContext) _FileListing_path(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_FileListing_path(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.Path, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
-			return ec.marshalNString2string(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_FileListing_path(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("FileListing", field, false, false, "String")
-}
-
-func (ec *executionContext) _FileListing_entries(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_FileListing_entries(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.Entries, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v []*model.FileInfo) graphql.Marshaler {
-			return ec.marshalNFileInfo2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileInfoᚄ(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_FileListing_entries(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	fc = &graphql.FieldContext{
-		Object:     "FileListing",
-		Field:      field,
-		IsMethod:   false,
-		IsResolver: false,
-		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_FileInfo(ctx, field)
-		},
-	}
-	return fc, nil
-}
-
-func (ec *executionContext) _FileListing_truncated(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_FileListing_truncated(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.Truncated, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_FileListing_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("FileListing", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Label_key(ctx context.Context, field graphql.CollectedField, obj *model.Label) (ret graphql.Marshaler) {
@@ -9462,11 +9622,11 @@ func (ec *executionContext) _Query_listFiles(ctx context.Context, field graphql.
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().ListFiles(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(*string), fc.Args["first"].(*int))
+			return ec.Resolvers.Query().ListFiles(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(*string), fc.Args["first"].(*int), fc.Args["after"].(*string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
-			return ec.marshalOFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileConnection) graphql.Marshaler {
+			return ec.marshalOFileConnection2ᚖsandboxdᚋgraphᚋmodelᚐFileConnection(ctx, selections, v)
 		},
 		true,
 		false,
@@ -9479,7 +9639,7 @@ func (ec *executionContext) fieldContext_Query_listFiles(ctx context.Context, fi
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_FileListing(ctx, field)
+			return ec.childFields_FileConnection(ctx, field)
 		},
 	}
 	defer func() {
@@ -14279,6 +14439,54 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 	return out
 }
 
+var fileConnectionImplementors = []string{"FileConnection"}
+
+func (ec *executionContext) _FileConnection(ctx context.Context, sel ast.SelectionSet, obj *model.FileConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, fileConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("FileConnection")
+		case "path":
+			out.Values[i] = ec._FileConnection_path(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "edges":
+			out.Values[i] = ec._FileConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "nodes":
+			out.Values[i] = ec._FileConnection_nodes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._FileConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var fileContentImplementors = []string{"FileContent"}
 
 func (ec *executionContext) _FileContent(ctx context.Context, sel ast.SelectionSet, obj *model.FileContent) graphql.Marshaler {
@@ -14317,6 +14525,44 @@ func (ec *executionContext) _FileContent(ctx context.Context, sel ast.SelectionS
 			}
 		case "file":
 			out.Values[i] = ec._FileContent_file(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var fileEdgeImplementors = []string{"FileEdge"}
+
+func (ec *executionContext) _FileEdge(ctx context.Context, sel ast.SelectionSet, obj *model.FileEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, fileEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("FileEdge")
+		case "cursor":
+			out.Values[i] = ec._FileEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._FileEdge_node(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -14464,49 +14710,6 @@ func (ec *executionContext) _FileInfo(ctx context.Context, sel ast.SelectionSet,
 		case "type":
 			out.Values[i] = ec._FileInfo_type(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
-				out.Invalids++
-			}
-		default:
-			panic("unknown field " + strconv.Quote(field.Name))
-		}
-	}
-	out.Dispatch(ctx)
-	if out.Invalids > 0 {
-		return graphql.Null
-	}
-
-	if n := len(deferred.Defers); n > 0 {
-		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
-		ec.ProcessDeferredGroup(deferred)
-	}
-
-	return out
-}
-
-var fileListingImplementors = []string{"FileListing"}
-
-func (ec *executionContext) _FileListing(ctx context.Context, sel ast.SelectionSet, obj *model.FileListing) graphql.Marshaler {
-	fields := graphql.CollectFields(ec.OperationContext, sel, fileListingImplementors)
-
-	out := graphql.NewFieldSet(fields)
-	deferred := graphql.NewDeferredGroup(ctx)
-	for i, field := range fields {
-		switch field.Name {
-		case "__typename":
-			out.Values[i] = graphql.MarshalString("FileListing")
-		case "path":
-			out.Values[i] = ec._FileListing_path(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "entries":
-			out.Values[i] = ec._FileListing_entries(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "truncated":
-			out.Values[i] = ec._FileListing_truncated(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -16681,6 +16884,30 @@ func (ec *executionContext) marshalNExecState2sandboxdᚋgraphᚋmodelᚐExecSta
 	return v
 }
 
+func (ec *executionContext) marshalNFileEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.FileEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNFileEdge2ᚖsandboxdᚋgraphᚋmodelᚐFileEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNFileEdge2ᚖsandboxdᚋgraphᚋmodelᚐFileEdge(ctx context.Context, sel ast.SelectionSet, v *model.FileEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "FileEdge!")
+		return graphql.Null
+	}
+	return ec._FileEdge(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNFileEvent2ᚖsandboxdᚋgraphᚋmodelᚐFileEvent(ctx context.Context, sel ast.SelectionSet, v *model.FileEvent) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "FileEvent!")
@@ -17418,6 +17645,13 @@ func (ec *executionContext) marshalOExecState2ᚖsandboxdᚋgraphᚋmodelᚐExec
 	return v
 }
 
+func (ec *executionContext) marshalOFileConnection2ᚖsandboxdᚋgraphᚋmodelᚐFileConnection(ctx context.Context, sel ast.SelectionSet, v *model.FileConnection) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._FileConnection(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalOFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx context.Context, sel ast.SelectionSet, v *model.FileContent) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -17430,13 +17664,6 @@ func (ec *executionContext) marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileI
 		return graphql.Null
 	}
 	return ec._FileInfo(ctx, sel, v)
-}
-
-func (ec *executionContext) marshalOFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx context.Context, sel ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
-	if v == nil {
-		return graphql.Null
-	}
-	return ec._FileListing(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx context.Context, v any) (*model.FileType, error) {

@@ -645,6 +645,11 @@ func (s *gfService) ListDir(_ context.Context, _ auth.Principal, _, path string,
 	return nil, false, nil
 }
 
+func (s *gfService) FilePage(_ context.Context, _ auth.Principal, _, path string, opts sandbox.FileListOptions) (sandbox.FilePage, error) {
+	s.record("FilePage", gfLimit{path, int64(opts.Limit)})
+	return sandbox.FilePage{}, nil
+}
+
 func (s *gfService) Profiles() []sandbox.Profile { return nil }
 
 func (s *gfService) EventsCursor(context.Context, auth.Principal) (string, error) { return "0-0", nil }

@@ -15,6 +15,7 @@ import (
 	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
 )
 
 func TestMain(m *testing.M) {
@@ -387,20 +388,45 @@ func TestFiles(t *testing.T) {
 		}
 	})
 	t.Run("list", func(t *testing.T) {
-		r := e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`") { path truncated entries { name isDir symlink modTime } } }`, nil)
+		r := e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`", first: 2) {
+			path edges { cursor node { name } } nodes { name isDir symlink modTime } pageInfo { hasNextPage startCursor endCursor } } }`, nil)
 		noErrors(t, r)
 		var l struct {
-			Path      string
-			Truncated bool
-			Entries   []map[string]any
+			Path  string
+			Edges []struct {
+				Cursor string
+				Node   struct{ Name string }
+			}
+			Nodes    []map[string]any
+			PageInfo struct {
+				HasNextPage            bool
+				StartCursor, EndCursor string
+			}
 		}
 		field(t, r, "listFiles", &l)
-		if l.Path != "." || !l.Truncated || len(l.Entries) != 2 || l.Entries[1]["symlink"] != "src" ||
-			l.Entries[1]["modTime"] != nil || l.Entries[0]["isDir"] != true {
+		if l.Path != "." || len(l.Nodes) != 2 || l.Nodes[0]["symlink"] != "src" ||
+			l.Nodes[0]["modTime"] != nil || l.Nodes[1]["isDir"] != true {
 			t.Errorf("got %+v", l)
 		}
-		if c := e.fake.Last("ListDir"); c.Path != "." || c.Limit != 1000 {
-			t.Errorf("got path %q limit %d, want . and 1000", c.Path, c.Limit)
+		// Each edge's cursor is the service's cursor of its name; the page's ends are the
+		// first and last edges', and hasNextPage is the service's next cursor.
+		if len(l.Edges) != 2 || l.Edges[0].Cursor != sandbox.FileCursor("link") || l.Edges[1].Cursor != sandbox.FileCursor("src") ||
+			l.PageInfo.StartCursor != l.Edges[0].Cursor || l.PageInfo.EndCursor != l.Edges[1].Cursor || !l.PageInfo.HasNextPage {
+			t.Errorf("got edges %+v page %+v, want the names' cursors and a next page", l.Edges, l.PageInfo)
+		}
+		if c := e.fake.Last("FilePage"); c.Path != "." || c.Limit != 2 || c.After != "" {
+			t.Errorf("got path %q limit %d after %q, want ., 2 and none", c.Path, c.Limit, c.After)
+		}
+		// Without first: the default page of 1000.
+		r = e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`") { path } }`, nil)
+		noErrors(t, r)
+		if c := e.fake.Last("FilePage"); c.Limit != 1000 {
+			t.Errorf("got limit %d, want the default 1000", c.Limit)
+		}
+		r = e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`", path: "src", first: 5, after: "f1.c3Jj") { path } }`, nil)
+		noErrors(t, r)
+		if c := e.fake.Last("FilePage"); c.Path != "src" || c.Limit != 5 || c.After != "f1.c3Jj" {
+			t.Errorf("got path %q limit %d after %q, want src, 5 and the cursor passed on", c.Path, c.Limit, c.After)
 		}
 	})
 }

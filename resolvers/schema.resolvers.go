@@ -394,7 +394,7 @@ func (r *queryResolver) ReadFile(ctx context.Context, sandboxID string, path str
 }
 
 // ListFiles is the resolver for the listFiles field.
-func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error) {
+func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *string, first *int, after *string) (*model.FileConnection, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -403,11 +403,11 @@ func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *s
 	if err != nil {
 		return nil, err
 	}
-	entries, truncated, err := r.svc.ListDir(ctx, p, sandboxID, dir, limit)
+	page, err := r.svc.FilePage(ctx, p, sandboxID, dir, sandbox.FileListOptions{Limit: limit, After: deref(after)})
 	if err != nil {
 		return nil, err
 	}
-	return toFileListing(dir, entries, truncated), nil
+	return toFileConnection(dir, page), nil
 }
 
 // Stat is the resolver for the stat field.

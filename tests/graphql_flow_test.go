@@ -25,7 +25,7 @@ const (
 	gqlRead = `query($id: ID!, $path: String!) { readFile(sandboxId: $id, path: $path) {
 		path content contentBase64 size truncated file { name size } } }`
 	gqlListFiles = `query($id: ID!, $path: String) { listFiles(sandboxId: $id, path: $path) {
-		path truncated entries { name isDir size } } }`
+		path nodes { name isDir size } pageInfo { hasNextPage endCursor } } }`
 )
 
 type gqlSandbox struct {
@@ -147,13 +147,13 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 			t.Errorf("sandboxes: got %+v, want %s RUNNING", conn.Nodes, id)
 		}
 		var listing struct {
-			Entries []struct {
+			Nodes []struct {
 				Name string `json:"name"`
-			} `json:"entries"`
+			} `json:"nodes"`
 		}
 		s.GQL(t, gqlListFiles, map[string]any{"id": id}, key).OK(t, "listFiles", &listing)
 		names := map[string]bool{}
-		for _, e := range listing.Entries {
+		for _, e := range listing.Nodes {
 			names[e.Name] = true
 		}
 		if !names["notes.txt"] || !names["test_sample.py"] {

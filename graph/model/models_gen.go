@@ -274,6 +274,18 @@ func (ExecResult) IsNode() {}
 // The global id.
 func (this ExecResult) GetID() string { return this.ID }
 
+// A page of one folder's entries (Relay cursor connection), in byte order of their names.
+type FileConnection struct {
+	// The folder's path inside the sandbox, as it was given.
+	Path string `json:"path"`
+	// The entries of this page, each with its cursor, in byte order of their names.
+	Edges []*FileEdge `json:"edges"`
+	// The entries of this page, without cursors.
+	Nodes []*FileInfo `json:"nodes"`
+	// Where this page is in the whole folder.
+	PageInfo *PageInfo `json:"pageInfo"`
+}
+
 // The content of one file.
 type FileContent struct {
 	// The path inside the sandbox.
@@ -288,6 +300,14 @@ type FileContent struct {
 	Truncated bool `json:"truncated"`
 	// The file's metadata.
 	File *FileInfo `json:"file"`
+}
+
+// One entry of a folder in a page.
+type FileEdge struct {
+	// Pass as after to get the entries whose names follow this one.
+	Cursor string `json:"cursor"`
+	// The entry.
+	Node *FileInfo `json:"node"`
 }
 
 // One event of a file watch (watchFiles).
@@ -332,16 +352,6 @@ type FileInfo struct {
 	ModTime *time.Time `json:"modTime,omitempty"`
 	// What kind of file it is; null when the sandbox's init does not say (an older one).
 	Type *FileType `json:"type,omitempty"`
-}
-
-// The entries of one folder.
-type FileListing struct {
-	// The folder's path inside the sandbox.
-	Path string `json:"path"`
-	// The entries, in the order the sandbox lists them.
-	Entries []*FileInfo `json:"entries"`
-	// Whether there were more entries than first.
-	Truncated bool `json:"truncated"`
 }
 
 // A label of a sandbox: a key/value tag in Kubernetes' label syntax.

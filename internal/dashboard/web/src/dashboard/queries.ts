@@ -162,10 +162,15 @@ export interface FileInfo {
 }
 const FILE_FIELDS = `name path size mode isDir symlink modTime type`;
 
-export const LIST_FILES = `query ListFiles($sandboxId: ID!, $path: String, $first: Int) {
-  listFiles(sandboxId: $sandboxId, path: $path, first: $first) { path truncated entries { ${FILE_FIELDS} } }
+// One page of a folder in name order; the next one is after pageInfo.endCursor.
+export const LIST_FILES = `query ListFiles($sandboxId: ID!, $path: String, $first: Int, $after: String) {
+  listFiles(sandboxId: $sandboxId, path: $path, first: $first, after: $after) {
+    path nodes { ${FILE_FIELDS} } pageInfo { hasNextPage endCursor }
+  }
 }`;
-export interface ListFilesData { listFiles: { path: string; truncated: boolean; entries: FileInfo[] } }
+export interface ListFilesData {
+  listFiles: { path: string; nodes: FileInfo[]; pageInfo: { hasNextPage: boolean; endCursor: string | null } };
+}
 
 export const READ_FILE = `query ReadFile($sandboxId: ID!, $path: String!, $maxBytes: Int64) {
   readFile(sandboxId: $sandboxId, path: $path, maxBytes: $maxBytes) { path content size }
