@@ -85,7 +85,7 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 
 	var sb gqlSandbox
 	s.GQL(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default", "autostopSec": 1800, "ttlSec": 14400}}, key).
-		OK(t, "createSandbox", &sb)
+		OK(t, "createSandbox.sandbox", &sb)
 	if sb.ID != "" {
 		s.Track(sb.ID, key)
 	}
