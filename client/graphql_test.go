@@ -34,7 +34,7 @@ func TestDo(t *testing.T) {
 		t.Errorf("got cost %+v, want points and a limit", resp.Cost)
 	}
 
-	_, err = c.Do(ctx, `mutation($id: ID!) { stopSandbox(id: $id) { id } }`, map[string]any{"id": apitest.SandboxBusy}, nil)
+	_, err = c.Do(ctx, `mutation($id: ID!) { stopSandbox(id: $id) { sandbox { id } } }`, map[string]any{"id": apitest.SandboxBusy}, nil)
 	var ae *client.Error
 	if !errors.As(err, &ae) || ae.Code != client.CodeInvalidState || ae.RetryAfter == 0 || len(ae.Path) == 0 {
 		t.Errorf("got %v (%+v), want INVALID_STATE with retryAfter and a path", err, ae)

@@ -80,6 +80,14 @@ type ComplexityRoot struct {
 		Stream      func(childComplexity int) int
 	}
 
+	CancelAgentRunPayload struct {
+		AgentRun func(childComplexity int) int
+	}
+
+	CreateSandboxPayload struct {
+		Sandbox func(childComplexity int) int
+	}
+
 	DeleteFilePayload struct {
 		Path      func(childComplexity int) int
 		SandboxID func(childComplexity int) int
@@ -115,6 +123,10 @@ type ComplexityRoot struct {
 		Stream      func(childComplexity int) int
 	}
 
+	ExecPayload struct {
+		Exec func(childComplexity int) int
+	}
+
 	ExecResult struct {
 		Command         func(childComplexity int) int
 		DurationMs      func(childComplexity int) int
@@ -139,6 +151,13 @@ type ComplexityRoot struct {
 		Tty             func(childComplexity int) int
 	}
 
+	FileConnection struct {
+		Edges    func(childComplexity int) int
+		Nodes    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+		Path     func(childComplexity int) int
+	}
+
 	FileContent struct {
 		Content       func(childComplexity int) int
 		ContentBase64 func(childComplexity int) int
@@ -146,6 +165,11 @@ type ComplexityRoot struct {
 		Path          func(childComplexity int) int
 		Size          func(childComplexity int) int
 		Truncated     func(childComplexity int) int
+	}
+
+	FileEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
 	}
 
 	FileEvent struct {
@@ -172,12 +196,6 @@ type ComplexityRoot struct {
 		Type    func(childComplexity int) int
 	}
 
-	FileListing struct {
-		Entries   func(childComplexity int) int
-		Path      func(childComplexity int) int
-		Truncated func(childComplexity int) int
-	}
-
 	Label struct {
 		Key   func(childComplexity int) int
 		Value func(childComplexity int) int
@@ -186,6 +204,11 @@ type ComplexityRoot struct {
 	MakeDirectoryPayload struct {
 		Created   func(childComplexity int) int
 		Directory func(childComplexity int) int
+	}
+
+	MoveFilePayload struct {
+		File func(childComplexity int) int
+		From func(childComplexity int) int
 	}
 
 	Mutation struct {
@@ -226,6 +249,10 @@ type ComplexityRoot struct {
 		StartCursor     func(childComplexity int) int
 	}
 
+	PauseSandboxPayload struct {
+		Sandbox func(childComplexity int) int
+	}
+
 	PinnedHost struct {
 		Addresses func(childComplexity int) int
 		Host      func(childComplexity int) int
@@ -247,7 +274,7 @@ type ComplexityRoot struct {
 		AgentRuns func(childComplexity int, sandboxID string, first *int, after *string) int
 		Exec      func(childComplexity int, id string) int
 		Execs     func(childComplexity int, sandboxID string, state *model.ExecState, first *int, after *string) int
-		ListFiles func(childComplexity int, sandboxID string, path *string, first *int) int
+		ListFiles func(childComplexity int, sandboxID string, path *string, first *int, after *string) int
 		Node      func(childComplexity int, id string) int
 		Nodes     func(childComplexity int, ids []string) int
 		Profiles  func(childComplexity int) int
@@ -264,10 +291,18 @@ type ComplexityRoot struct {
 		Limit func(childComplexity int) int
 	}
 
+	ResizeExecTtyPayload struct {
+		Exec func(childComplexity int) int
+	}
+
 	Resources struct {
 		DiskBytes   func(childComplexity int) int
 		MemoryBytes func(childComplexity int) int
 		MilliCPU    func(childComplexity int) int
+	}
+
+	ResumeSandboxPayload struct {
+		Sandbox func(childComplexity int) int
 	}
 
 	Sandbox struct {
@@ -318,6 +353,10 @@ type ComplexityRoot struct {
 		Type          func(childComplexity int) int
 	}
 
+	SignalExecPayload struct {
+		Exec func(childComplexity int) int
+	}
+
 	Snapshot struct {
 		CreatedAt        func(childComplexity int) int
 		ID               func(childComplexity int) int
@@ -340,10 +379,20 @@ type ComplexityRoot struct {
 		Node   func(childComplexity int) int
 	}
 
-	StdinWriteResult struct {
-		Buffered func(childComplexity int) int
-		Closed   func(childComplexity int) int
-		Written  func(childComplexity int) int
+	SnapshotSandboxPayload struct {
+		Snapshot func(childComplexity int) int
+	}
+
+	StartAgentRunPayload struct {
+		AgentRun func(childComplexity int) int
+	}
+
+	StartSandboxPayload struct {
+		Sandbox func(childComplexity int) int
+	}
+
+	StopSandboxPayload struct {
+		Sandbox func(childComplexity int) int
 	}
 
 	Subscription struct {
@@ -357,6 +406,20 @@ type ComplexityRoot struct {
 		Cols func(childComplexity int) int
 		Rows func(childComplexity int) int
 	}
+
+	UpdateSandboxPayload struct {
+		Sandbox func(childComplexity int) int
+	}
+
+	WriteExecStdinPayload struct {
+		Buffered func(childComplexity int) int
+		Closed   func(childComplexity int) int
+		Written  func(childComplexity int) int
+	}
+
+	WriteFilePayload struct {
+		File func(childComplexity int) int
+	}
 }
 
 // endregion ***************************** api!.gotpl *****************************
@@ -367,25 +430,25 @@ type AgentRunResolver interface {
 	Exec(ctx context.Context, obj *model.AgentRun) (*model.ExecResult, error)
 }
 type MutationResolver interface {
-	CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.Sandbox, error)
-	Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecResult, error)
-	StopSandbox(ctx context.Context, id string) (*model.Sandbox, error)
-	StartSandbox(ctx context.Context, id string) (*model.Sandbox, error)
-	PauseSandbox(ctx context.Context, id string) (*model.Sandbox, error)
-	ResumeSandbox(ctx context.Context, id string) (*model.Sandbox, error)
+	CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.CreateSandboxPayload, error)
+	Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecPayload, error)
+	StopSandbox(ctx context.Context, id string) (*model.StopSandboxPayload, error)
+	StartSandbox(ctx context.Context, id string) (*model.StartSandboxPayload, error)
+	PauseSandbox(ctx context.Context, id string) (*model.PauseSandboxPayload, error)
+	ResumeSandbox(ctx context.Context, id string) (*model.ResumeSandboxPayload, error)
 	DestroySandbox(ctx context.Context, id string) (*model.DestroySandboxPayload, error)
-	UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error)
-	SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error)
+	UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.UpdateSandboxPayload, error)
+	SnapshotSandbox(ctx context.Context, id string) (*model.SnapshotSandboxPayload, error)
 	DeleteSnapshot(ctx context.Context, id string) (*model.DeleteSnapshotPayload, error)
-	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error)
+	WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.WriteFilePayload, error)
 	DeleteFile(ctx context.Context, sandboxID string, path string, recursive *bool) (*model.DeleteFilePayload, error)
-	MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.FileInfo, error)
+	MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.MoveFilePayload, error)
 	MakeDirectory(ctx context.Context, sandboxID string, path string) (*model.MakeDirectoryPayload, error)
-	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error)
-	CancelAgentRun(ctx context.Context, id string) (*model.AgentRun, error)
-	SignalExec(ctx context.Context, execID string, signal model.ExecSignal) (*model.ExecResult, error)
-	WriteExecStdin(ctx context.Context, execID string, data *string, dataBase64 *string, close *bool) (*model.StdinWriteResult, error)
-	ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ExecResult, error)
+	StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.StartAgentRunPayload, error)
+	CancelAgentRun(ctx context.Context, id string) (*model.CancelAgentRunPayload, error)
+	SignalExec(ctx context.Context, execID string, signal model.ExecSignal) (*model.SignalExecPayload, error)
+	WriteExecStdin(ctx context.Context, execID string, data *string, dataBase64 *string, close *bool) (*model.WriteExecStdinPayload, error)
+	ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ResizeExecTtyPayload, error)
 }
 type QueryResolver interface {
 	Node(ctx context.Context, id string) (model.Node, error)
@@ -395,7 +458,7 @@ type QueryResolver interface {
 	Profiles(ctx context.Context) ([]*model.Profile, error)
 	Quota(ctx context.Context) (*model.Quota, error)
 	ReadFile(ctx context.Context, sandboxID string, path string, maxBytes *int64) (*model.FileContent, error)
-	ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error)
+	ListFiles(ctx context.Context, sandboxID string, path *string, first *int, after *string) (*model.FileConnection, error)
 	Stat(ctx context.Context, sandboxID string, path string) (*model.FileInfo, error)
 	Exec(ctx context.Context, id string) (*model.ExecResult, error)
 	Execs(ctx context.Context, sandboxID string, state *model.ExecState, first *int, after *string) (*model.ExecConnection, error)
@@ -599,6 +662,20 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.AgentRunEvent.Stream(childComplexity), true
 
+	case "CancelAgentRunPayload.agentRun":
+		if e.ComplexityRoot.CancelAgentRunPayload.AgentRun == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CancelAgentRunPayload.AgentRun(childComplexity), true
+
+	case "CreateSandboxPayload.sandbox":
+		if e.ComplexityRoot.CreateSandboxPayload.Sandbox == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CreateSandboxPayload.Sandbox(childComplexity), true
+
 	case "DeleteFilePayload.path":
 		if e.ComplexityRoot.DeleteFilePayload.Path == nil {
 			break
@@ -706,6 +783,13 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ExecOutputEvent.Stream(childComplexity), true
+
+	case "ExecPayload.exec":
+		if e.ComplexityRoot.ExecPayload.Exec == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ExecPayload.Exec(childComplexity), true
 
 	case "ExecResult.command":
 		if e.ComplexityRoot.ExecResult.Command == nil {
@@ -834,6 +918,31 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.ExecResult.Tty(childComplexity), true
 
+	case "FileConnection.edges":
+		if e.ComplexityRoot.FileConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.Edges(childComplexity), true
+	case "FileConnection.nodes":
+		if e.ComplexityRoot.FileConnection.Nodes == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.Nodes(childComplexity), true
+	case "FileConnection.pageInfo":
+		if e.ComplexityRoot.FileConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.PageInfo(childComplexity), true
+	case "FileConnection.path":
+		if e.ComplexityRoot.FileConnection.Path == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileConnection.Path(childComplexity), true
+
 	case "FileContent.content":
 		if e.ComplexityRoot.FileContent.Content == nil {
 			break
@@ -870,6 +979,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.FileContent.Truncated(childComplexity), true
+
+	case "FileEdge.cursor":
+		if e.ComplexityRoot.FileEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEdge.Cursor(childComplexity), true
+	case "FileEdge.node":
+		if e.ComplexityRoot.FileEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.FileEdge.Node(childComplexity), true
 
 	case "FileEvent.at":
 		if e.ComplexityRoot.FileEvent.At == nil {
@@ -981,25 +1103,6 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.FileInfo.Type(childComplexity), true
 
-	case "FileListing.entries":
-		if e.ComplexityRoot.FileListing.Entries == nil {
-			break
-		}
-
-		return e.ComplexityRoot.FileListing.Entries(childComplexity), true
-	case "FileListing.path":
-		if e.ComplexityRoot.FileListing.Path == nil {
-			break
-		}
-
-		return e.ComplexityRoot.FileListing.Path(childComplexity), true
-	case "FileListing.truncated":
-		if e.ComplexityRoot.FileListing.Truncated == nil {
-			break
-		}
-
-		return e.ComplexityRoot.FileListing.Truncated(childComplexity), true
-
 	case "Label.key":
 		if e.ComplexityRoot.Label.Key == nil {
 			break
@@ -1025,6 +1128,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.MakeDirectoryPayload.Directory(childComplexity), true
+
+	case "MoveFilePayload.file":
+		if e.ComplexityRoot.MoveFilePayload.File == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MoveFilePayload.File(childComplexity), true
+	case "MoveFilePayload.from":
+		if e.ComplexityRoot.MoveFilePayload.From == nil {
+			break
+		}
+
+		return e.ComplexityRoot.MoveFilePayload.From(childComplexity), true
 
 	case "Mutation.cancelAgentRun":
 		if e.ComplexityRoot.Mutation.CancelAgentRun == nil {
@@ -1298,6 +1414,13 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.PageInfo.StartCursor(childComplexity), true
 
+	case "PauseSandboxPayload.sandbox":
+		if e.ComplexityRoot.PauseSandboxPayload.Sandbox == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PauseSandboxPayload.Sandbox(childComplexity), true
+
 	case "PinnedHost.addresses":
 		if e.ComplexityRoot.PinnedHost.Addresses == nil {
 			break
@@ -1415,7 +1538,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.ListFiles(childComplexity, args["sandboxId"].(string), args["path"].(*string), args["first"].(*int)), true
+		return e.ComplexityRoot.Query.ListFiles(childComplexity, args["sandboxId"].(string), args["path"].(*string), args["first"].(*int), args["after"].(*string)), true
 	case "Query.node":
 		if e.ComplexityRoot.Query.Node == nil {
 			break
@@ -1519,6 +1642,13 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Quota.Limit(childComplexity), true
 
+	case "ResizeExecTtyPayload.exec":
+		if e.ComplexityRoot.ResizeExecTtyPayload.Exec == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResizeExecTtyPayload.Exec(childComplexity), true
+
 	case "Resources.diskBytes":
 		if e.ComplexityRoot.Resources.DiskBytes == nil {
 			break
@@ -1537,6 +1667,13 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Resources.MilliCPU(childComplexity), true
+
+	case "ResumeSandboxPayload.sandbox":
+		if e.ComplexityRoot.ResumeSandboxPayload.Sandbox == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResumeSandboxPayload.Sandbox(childComplexity), true
 
 	case "Sandbox.autoResume":
 		if e.ComplexityRoot.Sandbox.AutoResume == nil {
@@ -1758,6 +1895,13 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.SandboxEvent.Type(childComplexity), true
 
+	case "SignalExecPayload.exec":
+		if e.ComplexityRoot.SignalExecPayload.Exec == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SignalExecPayload.Exec(childComplexity), true
+
 	case "Snapshot.createdAt":
 		if e.ComplexityRoot.Snapshot.CreatedAt == nil {
 			break
@@ -1839,24 +1983,33 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.SnapshotEdge.Node(childComplexity), true
 
-	case "StdinWriteResult.buffered":
-		if e.ComplexityRoot.StdinWriteResult.Buffered == nil {
+	case "SnapshotSandboxPayload.snapshot":
+		if e.ComplexityRoot.SnapshotSandboxPayload.Snapshot == nil {
 			break
 		}
 
-		return e.ComplexityRoot.StdinWriteResult.Buffered(childComplexity), true
-	case "StdinWriteResult.closed":
-		if e.ComplexityRoot.StdinWriteResult.Closed == nil {
+		return e.ComplexityRoot.SnapshotSandboxPayload.Snapshot(childComplexity), true
+
+	case "StartAgentRunPayload.agentRun":
+		if e.ComplexityRoot.StartAgentRunPayload.AgentRun == nil {
 			break
 		}
 
-		return e.ComplexityRoot.StdinWriteResult.Closed(childComplexity), true
-	case "StdinWriteResult.written":
-		if e.ComplexityRoot.StdinWriteResult.Written == nil {
+		return e.ComplexityRoot.StartAgentRunPayload.AgentRun(childComplexity), true
+
+	case "StartSandboxPayload.sandbox":
+		if e.ComplexityRoot.StartSandboxPayload.Sandbox == nil {
 			break
 		}
 
-		return e.ComplexityRoot.StdinWriteResult.Written(childComplexity), true
+		return e.ComplexityRoot.StartSandboxPayload.Sandbox(childComplexity), true
+
+	case "StopSandboxPayload.sandbox":
+		if e.ComplexityRoot.StopSandboxPayload.Sandbox == nil {
+			break
+		}
+
+		return e.ComplexityRoot.StopSandboxPayload.Sandbox(childComplexity), true
 
 	case "Subscription.agentRunEvents":
 		if e.ComplexityRoot.Subscription.AgentRunEvents == nil {
@@ -1915,6 +2068,39 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.TtySize.Rows(childComplexity), true
+
+	case "UpdateSandboxPayload.sandbox":
+		if e.ComplexityRoot.UpdateSandboxPayload.Sandbox == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UpdateSandboxPayload.Sandbox(childComplexity), true
+
+	case "WriteExecStdinPayload.buffered":
+		if e.ComplexityRoot.WriteExecStdinPayload.Buffered == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WriteExecStdinPayload.Buffered(childComplexity), true
+	case "WriteExecStdinPayload.closed":
+		if e.ComplexityRoot.WriteExecStdinPayload.Closed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WriteExecStdinPayload.Closed(childComplexity), true
+	case "WriteExecStdinPayload.written":
+		if e.ComplexityRoot.WriteExecStdinPayload.Written == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WriteExecStdinPayload.Written(childComplexity), true
+
+	case "WriteFilePayload.file":
+		if e.ComplexityRoot.WriteFilePayload.File == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WriteFilePayload.File(childComplexity), true
 
 	}
 	return 0, false
@@ -2131,16 +2317,23 @@ type Query {
   ): FileContent
 
   """
-  Lists a folder of a running sandbox's workspace.
+  Lists a folder of a running sandbox's workspace, one page at a time in byte order of the
+  entries' names (Relay cursor connection): page with after set to pageInfo.endCursor while
+  pageInfo.hasNextPage. The sandbox reads the folder and answers only the page, so a page of a
+  huge folder costs what the page holds. A cursor is opaque and good for any folder (it is a
+  place in the name order, also after that entry was removed); a malformed one is
+  INVALID_ARGUMENT (extensions.field after).
   """
   listFiles(
     "The sandbox id."
     sandboxId: ID!
     "The folder's path inside the sandbox; a relative path is relative to /workspace."
     path: String = "."
-    "The most entries to return, 1 to the configured maximum (10000 by default); truncated says when there were more."
+    "The most entries to return, 1 to the configured maximum (10000 by default)."
     first: Int = 1000
-  ): FileListing
+    "The endCursor of the previous page; null for the first page."
+    after: String
+  ): FileConnection
 
   """
   Describes one path of a running sandbox's workspace without following a symbolic link at its
@@ -2227,7 +2420,7 @@ type Mutation {
   Creates a sandbox and starts it. Takes one concurrency slot of the tenant:project; when all are
   taken the error is QUOTA_EXCEEDED with extensions.retryAfter.
   """
-  createSandbox("What to create." input: CreateSandboxInput!): Sandbox
+  createSandbox("What to create." input: CreateSandboxInput!): CreateSandboxPayload
 
   """
   Runs one command in a running sandbox's workspace. By default it waits for the command to end
@@ -2244,19 +2437,19 @@ type Mutation {
     input: ExecInput!
     "Whether to wait for the command to end; false answers at once with the exec id (null means true)."
     wait: Boolean = true
-  ): ExecResult
+  ): ExecPayload
 
   """
   Stops a sandbox: checkpoints the workspace and releases its compute and concurrency slot.
   Returns the sandbox as the call left it.
   """
-  stopSandbox("The sandbox id." id: ID!): Sandbox
+  stopSandbox("The sandbox id." id: ID!): StopSandboxPayload
 
   """
   Starts a stopped (or failed) sandbox: takes a concurrency slot again and restores the workspace.
   Returns the sandbox as the call left it.
   """
-  startSandbox("The sandbox id." id: ID!): Sandbox
+  startSandbox("The sandbox id." id: ID!): StartSandboxPayload
 
   """
   Pauses a running sandbox: keeps its memory and processes (the runtime's image of them,
@@ -2267,7 +2460,7 @@ type Mutation {
   process holds a unix socket bound in /workspace: the message names it).
   Returns the sandbox as the call left it.
   """
-  pauseSandbox("The sandbox id." id: ID!): Sandbox
+  pauseSandbox("The sandbox id." id: ID!): PauseSandboxPayload
 
   """
   Resumes a paused sandbox: takes a concurrency slot again (QUOTA_EXCEEDED with
@@ -2277,7 +2470,7 @@ type Mutation {
   RUNNING, with stateReason "memory not restored: …".
   Returns the sandbox as the call left it.
   """
-  resumeSandbox("The sandbox id." id: ID!): Sandbox
+  resumeSandbox("The sandbox id." id: ID!): ResumeSandboxPayload
 
   """
   Destroys a sandbox: checkpoints the workspace a last time and removes the runtime. A destroyed
@@ -2296,7 +2489,7 @@ type Mutation {
   is NOT_FOUND; one in a transition is INVALID_STATE with extensions.retryAfter; an EXPIRED one
   INVALID_STATE.
   """
-  updateSandbox("The sandbox id." id: ID!, "What to change." input: UpdateSandboxInput!): Sandbox
+  updateSandbox("The sandbox id." id: ID!, "What to change." input: UpdateSandboxInput!): UpdateSandboxPayload
 
   """
   Snapshots a running sandbox's workspace without stopping it: commands keep running, and the
@@ -2304,7 +2497,7 @@ type Mutation {
   INVALID_STATE with extensions.retryAfter; a sandbox that is not RUNNING is INVALID_STATE.
   Older snapshots beyond the configured number per sandbox are deleted, never the latest.
   """
-  snapshotSandbox("The sandbox id." id: ID!): Snapshot
+  snapshotSandbox("The sandbox id." id: ID!): SnapshotSandboxPayload
 
   """
   Deletes one snapshot of the caller's tenant:project and answers its id. The latest
@@ -2329,7 +2522,7 @@ type Mutation {
     contentBase64: String
     "Permission bits as a decimal number (420 is 0644), 0 to 511 (0777); null or 0 means 0644."
     mode: Int
-  ): FileInfo
+  ): WriteFilePayload
 
   """
   Deletes a file, a symbolic link (never what it points to) or an empty folder of a running
@@ -2364,7 +2557,7 @@ type Mutation {
     to: String!
     "Whether to replace what is at to."
     overwrite: Boolean = false
-  ): FileInfo
+  ): MoveFilePayload
 
   """
   Makes a folder of a running sandbox's workspace, with its missing parents (mode 0755). An
@@ -2388,13 +2581,13 @@ type Mutation {
   attempts); a sandbox that is not RUNNING is INVALID_STATE; an instruction or config over its
   limit is PAYLOAD_TOO_LARGE.
   """
-  startAgentRun("What to run, and where." input: StartAgentRunInput!): AgentRun
+  startAgentRun("What to run, and where." input: StartAgentRunInput!): StartAgentRunPayload
 
   """
   Cancels an agent run: kills the agent's whole process tree and answers once it ended
   (CANCELLED). A run that is already final is INVALID_STATE. The sandbox stays RUNNING.
   """
-  cancelAgentRun("The run id (run_…)." id: ID!): AgentRun
+  cancelAgentRun("The run id (run_…)." id: ID!): CancelAgentRunPayload
 
   """
   Sends a signal to a running command and to every process it started (its whole process
@@ -2402,7 +2595,7 @@ type Mutation {
   with execOutput). A command that ENDED is INVALID_STATE (extensions.state ENDED): nothing is
   signalled. A missing or another tenant's exec is NOT_FOUND.
   """
-  signalExec("The exec id (exec_…)." execId: ID!, "The signal." signal: ExecSignal!): ExecResult
+  signalExec("The exec id (exec_…)." execId: ID!, "The signal." signal: ExecSignal!): SignalExecPayload
 
   """
   Writes to the standard input of a running command started with stdinOpen or tty, and closes it
@@ -2421,7 +2614,7 @@ type Mutation {
     dataBase64: String
     "Whether to close standard input after the bytes (the command then reads end of file)."
     close: Boolean = false
-  ): StdinWriteResult
+  ): WriteExecStdinPayload
 
   """
   Sets the terminal size of a running command started with tty (it gets SIGWINCH), and answers
@@ -2434,7 +2627,7 @@ type Mutation {
     rows: Int!
     "Columns, 1 to 1000."
     cols: Int!
-  ): ExecResult
+  ): ResizeExecTtyPayload
 }
 
 """
@@ -2901,7 +3094,7 @@ enum ExecSignal {
 """
 What writeExecStdin did.
 """
-type StdinWriteResult {
+type WriteExecStdinPayload {
   "The bytes taken: all of them (a write is taken whole or refused)."
   written: Int64!
   "The bytes the command has not read yet, this write's included."
@@ -3081,6 +3274,120 @@ enum ExecOutputStream {
 }
 
 """
+What createSandbox did.
+"""
+type CreateSandboxPayload {
+  "The sandbox as the call left it (RUNNING, or FAILED with stateReason)."
+  sandbox: Sandbox!
+}
+
+"""
+What the exec mutation did.
+"""
+type ExecPayload {
+  "The command: its result when the call waited for it, else its id and state RUNNING."
+  exec: ExecResult!
+}
+
+"""
+What stopSandbox did.
+"""
+type StopSandboxPayload {
+  "The sandbox as the call left it."
+  sandbox: Sandbox!
+}
+
+"""
+What startSandbox did.
+"""
+type StartSandboxPayload {
+  "The sandbox as the call left it."
+  sandbox: Sandbox!
+}
+
+"""
+What pauseSandbox did.
+"""
+type PauseSandboxPayload {
+  "The sandbox as the call left it."
+  sandbox: Sandbox!
+}
+
+"""
+What resumeSandbox did.
+"""
+type ResumeSandboxPayload {
+  "The sandbox as the call left it (stateReason says when its memory was not restored)."
+  sandbox: Sandbox!
+}
+
+"""
+What updateSandbox did.
+"""
+type UpdateSandboxPayload {
+  "The sandbox with its new labels and deadlines."
+  sandbox: Sandbox!
+}
+
+"""
+What snapshotSandbox did.
+"""
+type SnapshotSandboxPayload {
+  "The snapshot taken (now the sandbox's latestSnapshot)."
+  snapshot: Snapshot!
+}
+
+"""
+What writeFile did.
+"""
+type WriteFilePayload {
+  "The file as written."
+  file: FileInfo!
+}
+
+"""
+What moveFile did.
+"""
+type MoveFilePayload {
+  "The path moved, as it was given (for a client cache to evict)."
+  from: String!
+  "The file or folder at its new path."
+  file: FileInfo!
+}
+
+"""
+What startAgentRun did.
+"""
+type StartAgentRunPayload {
+  "The run: RUNNING, or FAILED when the agent's binary is not in the sandbox's image."
+  agentRun: AgentRun!
+}
+
+"""
+What cancelAgentRun did.
+"""
+type CancelAgentRunPayload {
+  "The run, CANCELLED."
+  agentRun: AgentRun!
+}
+
+"""
+What signalExec did.
+"""
+type SignalExecPayload {
+  "The command's status as it was right after the signal (it may take a moment to end)."
+  exec: ExecResult!
+}
+
+"""
+What resizeExecTty did.
+"""
+type ResizeExecTtyPayload {
+  "The command's status with its new terminal size."
+  exec: ExecResult!
+}
+
+"""
 What destroySandbox did.
 """
 type DestroySandboxPayload {
@@ -3225,15 +3532,27 @@ type FileContent {
 }
 
 """
-The entries of one folder.
+A page of one folder's entries (Relay cursor connection), in byte order of their names.
 """
-type FileListing {
-  "The folder's path inside the sandbox."
+type FileConnection {
+  "The folder's path inside the sandbox, as it was given."
   path: String!
-  "The entries, in the order the sandbox lists them."
-  entries: [FileInfo!]!
-  "Whether there were more entries than first."
-  truncated: Boolean!
+  "The entries of this page, each with its cursor, in byte order of their names."
+  edges: [FileEdge!]!
+  "The entries of this page, without cursors."
+  nodes: [FileInfo!]!
+  "Where this page is in the whole folder."
+  pageInfo: PageInfo!
+}
+
+"""
+One entry of a folder in a page.
+"""
+type FileEdge {
+  "Pass as after to get the entries whose names follow this one."
+  cursor: String!
+  "The entry."
+  node: FileInfo!
 }
 
 """
@@ -3475,6 +3794,22 @@ func (ec *executionContext) childFields_AgentRunEvent(ctx context.Context, field
 	return nil, fmt.Errorf("no field named %q was found under type AgentRunEvent", field.Name)
 }
 
+func (ec *executionContext) childFields_CancelAgentRunPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "agentRun":
+		return ec.fieldContext_CancelAgentRunPayload_agentRun(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CancelAgentRunPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_CreateSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandbox":
+		return ec.fieldContext_CreateSandboxPayload_sandbox(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CreateSandboxPayload", field.Name)
+}
+
 func (ec *executionContext) childFields_DeleteFilePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "sandboxId":
@@ -3545,6 +3880,14 @@ func (ec *executionContext) childFields_ExecOutputEvent(ctx context.Context, fie
 	return nil, fmt.Errorf("no field named %q was found under type ExecOutputEvent", field.Name)
 }
 
+func (ec *executionContext) childFields_ExecPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "exec":
+		return ec.fieldContext_ExecPayload_exec(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ExecPayload", field.Name)
+}
+
 func (ec *executionContext) childFields_ExecResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "id":
@@ -3593,6 +3936,20 @@ func (ec *executionContext) childFields_ExecResult(ctx context.Context, field gr
 	return nil, fmt.Errorf("no field named %q was found under type ExecResult", field.Name)
 }
 
+func (ec *executionContext) childFields_FileConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "path":
+		return ec.fieldContext_FileConnection_path(ctx, field)
+	case "edges":
+		return ec.fieldContext_FileConnection_edges(ctx, field)
+	case "nodes":
+		return ec.fieldContext_FileConnection_nodes(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_FileConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type FileConnection", field.Name)
+}
+
 func (ec *executionContext) childFields_FileContent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "path":
@@ -3609,6 +3966,16 @@ func (ec *executionContext) childFields_FileContent(ctx context.Context, field g
 		return ec.fieldContext_FileContent_file(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type FileContent", field.Name)
+}
+
+func (ec *executionContext) childFields_FileEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_FileEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_FileEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type FileEdge", field.Name)
 }
 
 func (ec *executionContext) childFields_FileEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3659,18 +4026,6 @@ func (ec *executionContext) childFields_FileInfo(ctx context.Context, field grap
 	return nil, fmt.Errorf("no field named %q was found under type FileInfo", field.Name)
 }
 
-func (ec *executionContext) childFields_FileListing(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-	switch field.Name {
-	case "path":
-		return ec.fieldContext_FileListing_path(ctx, field)
-	case "entries":
-		return ec.fieldContext_FileListing_entries(ctx, field)
-	case "truncated":
-		return ec.fieldContext_FileListing_truncated(ctx, field)
-	}
-	return nil, fmt.Errorf("no field named %q was found under type FileListing", field.Name)
-}
-
 func (ec *executionContext) childFields_Label(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "key":
@@ -3689,6 +4044,16 @@ func (ec *executionContext) childFields_MakeDirectoryPayload(ctx context.Context
 		return ec.fieldContext_MakeDirectoryPayload_created(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type MakeDirectoryPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_MoveFilePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "from":
+		return ec.fieldContext_MoveFilePayload_from(ctx, field)
+	case "file":
+		return ec.fieldContext_MoveFilePayload_file(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type MoveFilePayload", field.Name)
 }
 
 func (ec *executionContext) childFields_NetworkPolicy(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3721,6 +4086,14 @@ func (ec *executionContext) childFields_PageInfo(ctx context.Context, field grap
 		return ec.fieldContext_PageInfo_endCursor(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type PageInfo", field.Name)
+}
+
+func (ec *executionContext) childFields_PauseSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandbox":
+		return ec.fieldContext_PauseSandboxPayload_sandbox(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PauseSandboxPayload", field.Name)
 }
 
 func (ec *executionContext) childFields_PinnedHost(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3765,6 +4138,14 @@ func (ec *executionContext) childFields_Quota(ctx context.Context, field graphql
 	return nil, fmt.Errorf("no field named %q was found under type Quota", field.Name)
 }
 
+func (ec *executionContext) childFields_ResizeExecTtyPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "exec":
+		return ec.fieldContext_ResizeExecTtyPayload_exec(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ResizeExecTtyPayload", field.Name)
+}
+
 func (ec *executionContext) childFields_Resources(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "milliCpu":
@@ -3775,6 +4156,14 @@ func (ec *executionContext) childFields_Resources(ctx context.Context, field gra
 		return ec.fieldContext_Resources_diskBytes(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Resources", field.Name)
+}
+
+func (ec *executionContext) childFields_ResumeSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandbox":
+		return ec.fieldContext_ResumeSandboxPayload_sandbox(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ResumeSandboxPayload", field.Name)
 }
 
 func (ec *executionContext) childFields_Sandbox(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3873,6 +4262,14 @@ func (ec *executionContext) childFields_SandboxEvent(ctx context.Context, field 
 	return nil, fmt.Errorf("no field named %q was found under type SandboxEvent", field.Name)
 }
 
+func (ec *executionContext) childFields_SignalExecPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "exec":
+		return ec.fieldContext_SignalExecPayload_exec(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SignalExecPayload", field.Name)
+}
+
 func (ec *executionContext) childFields_Snapshot(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "id":
@@ -3917,16 +4314,36 @@ func (ec *executionContext) childFields_SnapshotEdge(ctx context.Context, field 
 	return nil, fmt.Errorf("no field named %q was found under type SnapshotEdge", field.Name)
 }
 
-func (ec *executionContext) childFields_StdinWriteResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+func (ec *executionContext) childFields_SnapshotSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
-	case "written":
-		return ec.fieldContext_StdinWriteResult_written(ctx, field)
-	case "buffered":
-		return ec.fieldContext_StdinWriteResult_buffered(ctx, field)
-	case "closed":
-		return ec.fieldContext_StdinWriteResult_closed(ctx, field)
+	case "snapshot":
+		return ec.fieldContext_SnapshotSandboxPayload_snapshot(ctx, field)
 	}
-	return nil, fmt.Errorf("no field named %q was found under type StdinWriteResult", field.Name)
+	return nil, fmt.Errorf("no field named %q was found under type SnapshotSandboxPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_StartAgentRunPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "agentRun":
+		return ec.fieldContext_StartAgentRunPayload_agentRun(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StartAgentRunPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_StartSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandbox":
+		return ec.fieldContext_StartSandboxPayload_sandbox(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StartSandboxPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_StopSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandbox":
+		return ec.fieldContext_StopSandboxPayload_sandbox(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type StopSandboxPayload", field.Name)
 }
 
 func (ec *executionContext) childFields_TtySize(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3937,6 +4354,34 @@ func (ec *executionContext) childFields_TtySize(ctx context.Context, field graph
 		return ec.fieldContext_TtySize_cols(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type TtySize", field.Name)
+}
+
+func (ec *executionContext) childFields_UpdateSandboxPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "sandbox":
+		return ec.fieldContext_UpdateSandboxPayload_sandbox(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type UpdateSandboxPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_WriteExecStdinPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "written":
+		return ec.fieldContext_WriteExecStdinPayload_written(ctx, field)
+	case "buffered":
+		return ec.fieldContext_WriteExecStdinPayload_buffered(ctx, field)
+	case "closed":
+		return ec.fieldContext_WriteExecStdinPayload_closed(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type WriteExecStdinPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_WriteFilePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "file":
+		return ec.fieldContext_WriteFilePayload_file(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type WriteFilePayload", field.Name)
 }
 
 func (ec *executionContext) childFields___Directive(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4610,6 +5055,14 @@ func (ec *executionContext) field_Query_listFiles_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["first"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg3
 	return args, nil
 }
 
@@ -5605,6 +6058,70 @@ func (ec *executionContext) fieldContext_AgentRunEvent_missedBytes(_ context.Con
 	return graphql.NewScalarFieldContext("AgentRunEvent", field, false, false, "Int64")
 }
 
+func (ec *executionContext) _CancelAgentRunPayload_agentRun(ctx context.Context, field graphql.CollectedField, obj *model.CancelAgentRunPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CancelAgentRunPayload_agentRun(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentRun, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CancelAgentRunPayload_agentRun(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CancelAgentRunPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CreateSandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.CreateSandboxPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CreateSandboxPayload_sandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sandbox, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CreateSandboxPayload_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CreateSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _DeleteFilePayload_sandboxId(ctx context.Context, field graphql.CollectedField, obj *model.DeleteFilePayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -6040,6 +6557,38 @@ func (ec *executionContext) _ExecOutputEvent_result(ctx context.Context, field g
 func (ec *executionContext) fieldContext_ExecOutputEvent_result(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "ExecOutputEvent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ExecPayload_exec(ctx context.Context, field graphql.CollectedField, obj *model.ExecPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ExecPayload_exec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Exec, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ExecPayload_exec(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ExecPayload",
 		Field:      field,
 		IsMethod:   false,
 		IsResolver: false,
@@ -6542,6 +7091,125 @@ func (ec *executionContext) fieldContext_ExecResult_tty(_ context.Context, field
 	return fc, nil
 }
 
+func (ec *executionContext) _FileConnection_path(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_path(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Path, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_path(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileConnection", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.FileEdge) graphql.Marshaler {
+			return ec.marshalNFileEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _FileConnection_nodes(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_nodes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Nodes, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []*model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileInfoᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_nodes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _FileConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.FileConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖsandboxdᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _FileContent_path(ctx context.Context, field graphql.CollectedField, obj *model.FileContent) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -6679,6 +7347,61 @@ func (ec *executionContext) _FileContent_file(ctx context.Context, field graphql
 func (ec *executionContext) fieldContext_FileContent_file(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "FileContent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _FileEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.FileEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("FileEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _FileEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.FileEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_FileEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_FileEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "FileEdge",
 		Field:      field,
 		IsMethod:   false,
 		IsResolver: false,
@@ -7103,84 +7826,6 @@ func (ec *executionContext) fieldContext_FileInfo_type(_ context.Context, field 
 	return graphql.NewScalarFieldContext("FileInfo", field, false, false, "FileType")
 }
 
-func (ec *executionContext) _FileListing_path(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_FileListing_path(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.Path, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
-			return ec.marshalNString2string(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_FileListing_path(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("FileListing", field, false, false, "String")
-}
-
-func (ec *executionContext) _FileListing_entries(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_FileListing_entries(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.Entries, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v []*model.FileInfo) graphql.Marshaler {
-			return ec.marshalNFileInfo2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileInfoᚄ(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_FileListing_entries(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	fc = &graphql.FieldContext{
-		Object:     "FileListing",
-		Field:      field,
-		IsMethod:   false,
-		IsResolver: false,
-		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_FileInfo(ctx, field)
-		},
-	}
-	return fc, nil
-}
-
-func (ec *executionContext) _FileListing_truncated(ctx context.Context, field graphql.CollectedField, obj *model.FileListing) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_FileListing_truncated(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.Truncated, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_FileListing_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("FileListing", field, false, false, "Boolean")
-}
-
 func (ec *executionContext) _Label_key(ctx context.Context, field graphql.CollectedField, obj *model.Label) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7282,6 +7927,61 @@ func (ec *executionContext) fieldContext_MakeDirectoryPayload_created(_ context.
 	return graphql.NewScalarFieldContext("MakeDirectoryPayload", field, false, false, "Boolean")
 }
 
+func (ec *executionContext) _MoveFilePayload_from(ctx context.Context, field graphql.CollectedField, obj *model.MoveFilePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MoveFilePayload_from(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.From, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MoveFilePayload_from(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("MoveFilePayload", field, false, false, "String")
+}
+
+func (ec *executionContext) _MoveFilePayload_file(ctx context.Context, field graphql.CollectedField, obj *model.MoveFilePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_MoveFilePayload_file(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.File, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_MoveFilePayload_file(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "MoveFilePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_createSandbox(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7295,8 +7995,8 @@ func (ec *executionContext) _Mutation_createSandbox(ctx context.Context, field g
 			return ec.Resolvers.Mutation().CreateSandbox(ctx, fc.Args["input"].(model.CreateSandboxInput))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.CreateSandboxPayload) graphql.Marshaler {
+			return ec.marshalOCreateSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐCreateSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7309,7 +8009,7 @@ func (ec *executionContext) fieldContext_Mutation_createSandbox(ctx context.Cont
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Sandbox(ctx, field)
+			return ec.childFields_CreateSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7339,8 +8039,8 @@ func (ec *executionContext) _Mutation_exec(ctx context.Context, field graphql.Co
 			return ec.Resolvers.Mutation().Exec(ctx, fc.Args["sandboxId"].(string), fc.Args["input"].(model.ExecInput), fc.Args["wait"].(*bool))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
-			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecPayload) graphql.Marshaler {
+			return ec.marshalOExecPayload2ᚖsandboxdᚋgraphᚋmodelᚐExecPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7353,7 +8053,7 @@ func (ec *executionContext) fieldContext_Mutation_exec(ctx context.Context, fiel
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_ExecResult(ctx, field)
+			return ec.childFields_ExecPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7383,8 +8083,8 @@ func (ec *executionContext) _Mutation_stopSandbox(ctx context.Context, field gra
 			return ec.Resolvers.Mutation().StopSandbox(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.StopSandboxPayload) graphql.Marshaler {
+			return ec.marshalOStopSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐStopSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7397,7 +8097,7 @@ func (ec *executionContext) fieldContext_Mutation_stopSandbox(ctx context.Contex
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Sandbox(ctx, field)
+			return ec.childFields_StopSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7427,8 +8127,8 @@ func (ec *executionContext) _Mutation_startSandbox(ctx context.Context, field gr
 			return ec.Resolvers.Mutation().StartSandbox(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.StartSandboxPayload) graphql.Marshaler {
+			return ec.marshalOStartSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐStartSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7441,7 +8141,7 @@ func (ec *executionContext) fieldContext_Mutation_startSandbox(ctx context.Conte
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Sandbox(ctx, field)
+			return ec.childFields_StartSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7471,8 +8171,8 @@ func (ec *executionContext) _Mutation_pauseSandbox(ctx context.Context, field gr
 			return ec.Resolvers.Mutation().PauseSandbox(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PauseSandboxPayload) graphql.Marshaler {
+			return ec.marshalOPauseSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐPauseSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7485,7 +8185,7 @@ func (ec *executionContext) fieldContext_Mutation_pauseSandbox(ctx context.Conte
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Sandbox(ctx, field)
+			return ec.childFields_PauseSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7515,8 +8215,8 @@ func (ec *executionContext) _Mutation_resumeSandbox(ctx context.Context, field g
 			return ec.Resolvers.Mutation().ResumeSandbox(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ResumeSandboxPayload) graphql.Marshaler {
+			return ec.marshalOResumeSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐResumeSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7529,7 +8229,7 @@ func (ec *executionContext) fieldContext_Mutation_resumeSandbox(ctx context.Cont
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Sandbox(ctx, field)
+			return ec.childFields_ResumeSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7603,8 +8303,8 @@ func (ec *executionContext) _Mutation_updateSandbox(ctx context.Context, field g
 			return ec.Resolvers.Mutation().UpdateSandbox(ctx, fc.Args["id"].(string), fc.Args["input"].(model.UpdateSandboxInput))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
-			return ec.marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.UpdateSandboxPayload) graphql.Marshaler {
+			return ec.marshalOUpdateSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐUpdateSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7617,7 +8317,7 @@ func (ec *executionContext) fieldContext_Mutation_updateSandbox(ctx context.Cont
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Sandbox(ctx, field)
+			return ec.childFields_UpdateSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7647,8 +8347,8 @@ func (ec *executionContext) _Mutation_snapshotSandbox(ctx context.Context, field
 			return ec.Resolvers.Mutation().SnapshotSandbox(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
-			return ec.marshalOSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.SnapshotSandboxPayload) graphql.Marshaler {
+			return ec.marshalOSnapshotSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐSnapshotSandboxPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7661,7 +8361,7 @@ func (ec *executionContext) fieldContext_Mutation_snapshotSandbox(ctx context.Co
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_Snapshot(ctx, field)
+			return ec.childFields_SnapshotSandboxPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7735,8 +8435,8 @@ func (ec *executionContext) _Mutation_writeFile(ctx context.Context, field graph
 			return ec.Resolvers.Mutation().WriteFile(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(string), fc.Args["content"].(*string), fc.Args["contentBase64"].(*string), fc.Args["mode"].(*int))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
-			return ec.marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.WriteFilePayload) graphql.Marshaler {
+			return ec.marshalOWriteFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐWriteFilePayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7749,7 +8449,7 @@ func (ec *executionContext) fieldContext_Mutation_writeFile(ctx context.Context,
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_FileInfo(ctx, field)
+			return ec.childFields_WriteFilePayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7823,8 +8523,8 @@ func (ec *executionContext) _Mutation_moveFile(ctx context.Context, field graphq
 			return ec.Resolvers.Mutation().MoveFile(ctx, fc.Args["sandboxId"].(string), fc.Args["from"].(string), fc.Args["to"].(string), fc.Args["overwrite"].(*bool))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
-			return ec.marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.MoveFilePayload) graphql.Marshaler {
+			return ec.marshalOMoveFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐMoveFilePayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7837,7 +8537,7 @@ func (ec *executionContext) fieldContext_Mutation_moveFile(ctx context.Context, 
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_FileInfo(ctx, field)
+			return ec.childFields_MoveFilePayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7911,8 +8611,8 @@ func (ec *executionContext) _Mutation_startAgentRun(ctx context.Context, field g
 			return ec.Resolvers.Mutation().StartAgentRun(ctx, fc.Args["input"].(model.StartAgentRunInput))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
-			return ec.marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.StartAgentRunPayload) graphql.Marshaler {
+			return ec.marshalOStartAgentRunPayload2ᚖsandboxdᚋgraphᚋmodelᚐStartAgentRunPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7925,7 +8625,7 @@ func (ec *executionContext) fieldContext_Mutation_startAgentRun(ctx context.Cont
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_AgentRun(ctx, field)
+			return ec.childFields_StartAgentRunPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7955,8 +8655,8 @@ func (ec *executionContext) _Mutation_cancelAgentRun(ctx context.Context, field 
 			return ec.Resolvers.Mutation().CancelAgentRun(ctx, fc.Args["id"].(string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
-			return ec.marshalOAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.CancelAgentRunPayload) graphql.Marshaler {
+			return ec.marshalOCancelAgentRunPayload2ᚖsandboxdᚋgraphᚋmodelᚐCancelAgentRunPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -7969,7 +8669,7 @@ func (ec *executionContext) fieldContext_Mutation_cancelAgentRun(ctx context.Con
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_AgentRun(ctx, field)
+			return ec.childFields_CancelAgentRunPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -7999,8 +8699,8 @@ func (ec *executionContext) _Mutation_signalExec(ctx context.Context, field grap
 			return ec.Resolvers.Mutation().SignalExec(ctx, fc.Args["execId"].(string), fc.Args["signal"].(model.ExecSignal))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
-			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.SignalExecPayload) graphql.Marshaler {
+			return ec.marshalOSignalExecPayload2ᚖsandboxdᚋgraphᚋmodelᚐSignalExecPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -8013,7 +8713,7 @@ func (ec *executionContext) fieldContext_Mutation_signalExec(ctx context.Context
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_ExecResult(ctx, field)
+			return ec.childFields_SignalExecPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -8043,8 +8743,8 @@ func (ec *executionContext) _Mutation_writeExecStdin(ctx context.Context, field 
 			return ec.Resolvers.Mutation().WriteExecStdin(ctx, fc.Args["execId"].(string), fc.Args["data"].(*string), fc.Args["dataBase64"].(*string), fc.Args["close"].(*bool))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
-			return ec.marshalOStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.WriteExecStdinPayload) graphql.Marshaler {
+			return ec.marshalOWriteExecStdinPayload2ᚖsandboxdᚋgraphᚋmodelᚐWriteExecStdinPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -8057,7 +8757,7 @@ func (ec *executionContext) fieldContext_Mutation_writeExecStdin(ctx context.Con
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_StdinWriteResult(ctx, field)
+			return ec.childFields_WriteExecStdinPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -8087,8 +8787,8 @@ func (ec *executionContext) _Mutation_resizeExecTty(ctx context.Context, field g
 			return ec.Resolvers.Mutation().ResizeExecTty(ctx, fc.Args["execId"].(string), fc.Args["rows"].(int), fc.Args["cols"].(int))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
-			return ec.marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ResizeExecTtyPayload) graphql.Marshaler {
+			return ec.marshalOResizeExecTtyPayload2ᚖsandboxdᚋgraphᚋmodelᚐResizeExecTtyPayload(ctx, selections, v)
 		},
 		true,
 		false,
@@ -8101,7 +8801,7 @@ func (ec *executionContext) fieldContext_Mutation_resizeExecTty(ctx context.Cont
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_ExecResult(ctx, field)
+			return ec.childFields_ResizeExecTtyPayload(ctx, field)
 		},
 	}
 	defer func() {
@@ -8355,6 +9055,38 @@ func (ec *executionContext) _PageInfo_endCursor(ctx context.Context, field graph
 }
 func (ec *executionContext) fieldContext_PageInfo_endCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("PageInfo", field, false, false, "String")
+}
+
+func (ec *executionContext) _PauseSandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.PauseSandboxPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PauseSandboxPayload_sandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sandbox, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PauseSandboxPayload_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PauseSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _PinnedHost_host(ctx context.Context, field graphql.CollectedField, obj *model.PinnedHost) (ret graphql.Marshaler) {
@@ -8890,11 +9622,11 @@ func (ec *executionContext) _Query_listFiles(ctx context.Context, field graphql.
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().ListFiles(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(*string), fc.Args["first"].(*int))
+			return ec.Resolvers.Query().ListFiles(ctx, fc.Args["sandboxId"].(string), fc.Args["path"].(*string), fc.Args["first"].(*int), fc.Args["after"].(*string))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
-			return ec.marshalOFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileConnection) graphql.Marshaler {
+			return ec.marshalOFileConnection2ᚖsandboxdᚋgraphᚋmodelᚐFileConnection(ctx, selections, v)
 		},
 		true,
 		false,
@@ -8907,7 +9639,7 @@ func (ec *executionContext) fieldContext_Query_listFiles(ctx context.Context, fi
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_FileListing(ctx, field)
+			return ec.childFields_FileConnection(ctx, field)
 		},
 	}
 	defer func() {
@@ -9310,6 +10042,38 @@ func (ec *executionContext) fieldContext_Quota_inUse(_ context.Context, field gr
 	return graphql.NewScalarFieldContext("Quota", field, false, false, "Int")
 }
 
+func (ec *executionContext) _ResizeExecTtyPayload_exec(ctx context.Context, field graphql.CollectedField, obj *model.ResizeExecTtyPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResizeExecTtyPayload_exec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Exec, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ResizeExecTtyPayload_exec(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResizeExecTtyPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Resources_milliCpu(ctx context.Context, field graphql.CollectedField, obj *model.Resources) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -9377,6 +10141,38 @@ func (ec *executionContext) _Resources_diskBytes(ctx context.Context, field grap
 }
 func (ec *executionContext) fieldContext_Resources_diskBytes(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Resources", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ResumeSandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.ResumeSandboxPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResumeSandboxPayload_sandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sandbox, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ResumeSandboxPayload_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResumeSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Sandbox_id(ctx context.Context, field graphql.CollectedField, obj *model.Sandbox) (ret graphql.Marshaler) {
@@ -10297,6 +11093,38 @@ func (ec *executionContext) fieldContext_SandboxEvent_bytesRead(_ context.Contex
 	return graphql.NewScalarFieldContext("SandboxEvent", field, false, false, "Int64")
 }
 
+func (ec *executionContext) _SignalExecPayload_exec(ctx context.Context, field graphql.CollectedField, obj *model.SignalExecPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SignalExecPayload_exec(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Exec, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
+			return ec.marshalNExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SignalExecPayload_exec(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SignalExecPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ExecResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Snapshot_id(ctx context.Context, field graphql.CollectedField, obj *model.Snapshot) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10641,73 +11469,132 @@ func (ec *executionContext) fieldContext_SnapshotEdge_node(_ context.Context, fi
 	return fc, nil
 }
 
-func (ec *executionContext) _StdinWriteResult_written(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
+func (ec *executionContext) _SnapshotSandboxPayload_snapshot(ctx context.Context, field graphql.CollectedField, obj *model.SnapshotSandboxPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_StdinWriteResult_written(ctx, field)
+			return ec.fieldContext_SnapshotSandboxPayload_snapshot(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Written, nil
+			return obj.Snapshot, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
+			return ec.marshalNSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_StdinWriteResult_written(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("StdinWriteResult", field, false, false, "Int64")
+func (ec *executionContext) fieldContext_SnapshotSandboxPayload_snapshot(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "SnapshotSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Snapshot(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
-func (ec *executionContext) _StdinWriteResult_buffered(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
+func (ec *executionContext) _StartAgentRunPayload_agentRun(ctx context.Context, field graphql.CollectedField, obj *model.StartAgentRunPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_StdinWriteResult_buffered(ctx, field)
+			return ec.fieldContext_StartAgentRunPayload_agentRun(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Buffered, nil
+			return obj.AgentRun, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentRun) graphql.Marshaler {
+			return ec.marshalNAgentRun2ᚖsandboxdᚋgraphᚋmodelᚐAgentRun(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_StdinWriteResult_buffered(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("StdinWriteResult", field, false, false, "Int64")
+func (ec *executionContext) fieldContext_StartAgentRunPayload_agentRun(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StartAgentRunPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentRun(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
-func (ec *executionContext) _StdinWriteResult_closed(ctx context.Context, field graphql.CollectedField, obj *model.StdinWriteResult) (ret graphql.Marshaler) {
+func (ec *executionContext) _StartSandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.StartSandboxPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_StdinWriteResult_closed(ctx, field)
+			return ec.fieldContext_StartSandboxPayload_sandbox(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Closed, nil
+			return obj.Sandbox, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
-			return ec.marshalNBoolean2bool(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_StdinWriteResult_closed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("StdinWriteResult", field, false, false, "Boolean")
+func (ec *executionContext) fieldContext_StartSandboxPayload_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StartSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _StopSandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.StopSandboxPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_StopSandboxPayload_sandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sandbox, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_StopSandboxPayload_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "StopSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _Subscription_sandboxEvents(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
@@ -10930,6 +11817,139 @@ func (ec *executionContext) _TtySize_cols(ctx context.Context, field graphql.Col
 }
 func (ec *executionContext) fieldContext_TtySize_cols(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("TtySize", field, false, false, "Int")
+}
+
+func (ec *executionContext) _UpdateSandboxPayload_sandbox(ctx context.Context, field graphql.CollectedField, obj *model.UpdateSandboxPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UpdateSandboxPayload_sandbox(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Sandbox, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
+			return ec.marshalNSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UpdateSandboxPayload_sandbox(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "UpdateSandboxPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Sandbox(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _WriteExecStdinPayload_written(ctx context.Context, field graphql.CollectedField, obj *model.WriteExecStdinPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WriteExecStdinPayload_written(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Written, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WriteExecStdinPayload_written(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WriteExecStdinPayload", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _WriteExecStdinPayload_buffered(ctx context.Context, field graphql.CollectedField, obj *model.WriteExecStdinPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WriteExecStdinPayload_buffered(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Buffered, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WriteExecStdinPayload_buffered(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WriteExecStdinPayload", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _WriteExecStdinPayload_closed(ctx context.Context, field graphql.CollectedField, obj *model.WriteExecStdinPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WriteExecStdinPayload_closed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Closed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WriteExecStdinPayload_closed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WriteExecStdinPayload", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _WriteFilePayload_file(ctx context.Context, field graphql.CollectedField, obj *model.WriteFilePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WriteFilePayload_file(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.File, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.FileInfo) graphql.Marshaler {
+			return ec.marshalNFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WriteFilePayload_file(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "WriteFilePayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_FileInfo(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -12934,6 +13954,72 @@ func (ec *executionContext) _AgentRunEvent(ctx context.Context, sel ast.Selectio
 	return out
 }
 
+var cancelAgentRunPayloadImplementors = []string{"CancelAgentRunPayload"}
+
+func (ec *executionContext) _CancelAgentRunPayload(ctx context.Context, sel ast.SelectionSet, obj *model.CancelAgentRunPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, cancelAgentRunPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CancelAgentRunPayload")
+		case "agentRun":
+			out.Values[i] = ec._CancelAgentRunPayload_agentRun(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var createSandboxPayloadImplementors = []string{"CreateSandboxPayload"}
+
+func (ec *executionContext) _CreateSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.CreateSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, createSandboxPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CreateSandboxPayload")
+		case "sandbox":
+			out.Values[i] = ec._CreateSandboxPayload_sandbox(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var deleteFilePayloadImplementors = []string{"DeleteFilePayload"}
 
 func (ec *executionContext) _DeleteFilePayload(ctx context.Context, sel ast.SelectionSet, obj *model.DeleteFilePayload) graphql.Marshaler {
@@ -13187,6 +14273,39 @@ func (ec *executionContext) _ExecOutputEvent(ctx context.Context, sel ast.Select
 	return out
 }
 
+var execPayloadImplementors = []string{"ExecPayload"}
+
+func (ec *executionContext) _ExecPayload(ctx context.Context, sel ast.SelectionSet, obj *model.ExecPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, execPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ExecPayload")
+		case "exec":
+			out.Values[i] = ec._ExecPayload_exec(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var execResultImplementors = []string{"ExecResult", "Node"}
 
 func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSet, obj *model.ExecResult) graphql.Marshaler {
@@ -13320,6 +14439,54 @@ func (ec *executionContext) _ExecResult(ctx context.Context, sel ast.SelectionSe
 	return out
 }
 
+var fileConnectionImplementors = []string{"FileConnection"}
+
+func (ec *executionContext) _FileConnection(ctx context.Context, sel ast.SelectionSet, obj *model.FileConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, fileConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("FileConnection")
+		case "path":
+			out.Values[i] = ec._FileConnection_path(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "edges":
+			out.Values[i] = ec._FileConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "nodes":
+			out.Values[i] = ec._FileConnection_nodes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._FileConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var fileContentImplementors = []string{"FileContent"}
 
 func (ec *executionContext) _FileContent(ctx context.Context, sel ast.SelectionSet, obj *model.FileContent) graphql.Marshaler {
@@ -13358,6 +14525,44 @@ func (ec *executionContext) _FileContent(ctx context.Context, sel ast.SelectionS
 			}
 		case "file":
 			out.Values[i] = ec._FileContent_file(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var fileEdgeImplementors = []string{"FileEdge"}
+
+func (ec *executionContext) _FileEdge(ctx context.Context, sel ast.SelectionSet, obj *model.FileEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, fileEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("FileEdge")
+		case "cursor":
+			out.Values[i] = ec._FileEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._FileEdge_node(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -13524,49 +14729,6 @@ func (ec *executionContext) _FileInfo(ctx context.Context, sel ast.SelectionSet,
 	return out
 }
 
-var fileListingImplementors = []string{"FileListing"}
-
-func (ec *executionContext) _FileListing(ctx context.Context, sel ast.SelectionSet, obj *model.FileListing) graphql.Marshaler {
-	fields := graphql.CollectFields(ec.OperationContext, sel, fileListingImplementors)
-
-	out := graphql.NewFieldSet(fields)
-	deferred := graphql.NewDeferredGroup(ctx)
-	for i, field := range fields {
-		switch field.Name {
-		case "__typename":
-			out.Values[i] = graphql.MarshalString("FileListing")
-		case "path":
-			out.Values[i] = ec._FileListing_path(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "entries":
-			out.Values[i] = ec._FileListing_entries(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "truncated":
-			out.Values[i] = ec._FileListing_truncated(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		default:
-			panic("unknown field " + strconv.Quote(field.Name))
-		}
-	}
-	out.Dispatch(ctx)
-	if out.Invalids > 0 {
-		return graphql.Null
-	}
-
-	if n := len(deferred.Defers); n > 0 {
-		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
-		ec.ProcessDeferredGroup(deferred)
-	}
-
-	return out
-}
-
 var labelImplementors = []string{"Label"}
 
 func (ec *executionContext) _Label(ctx context.Context, sel ast.SelectionSet, obj *model.Label) graphql.Marshaler {
@@ -13623,6 +14785,44 @@ func (ec *executionContext) _MakeDirectoryPayload(ctx context.Context, sel ast.S
 			}
 		case "created":
 			out.Values[i] = ec._MakeDirectoryPayload_created(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var moveFilePayloadImplementors = []string{"MoveFilePayload"}
+
+func (ec *executionContext) _MoveFilePayload(ctx context.Context, sel ast.SelectionSet, obj *model.MoveFilePayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, moveFilePayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("MoveFilePayload")
+		case "from":
+			out.Values[i] = ec._MoveFilePayload_from(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "file":
+			out.Values[i] = ec._MoveFilePayload_file(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -13899,6 +15099,39 @@ func (ec *executionContext) _PageInfo(ctx context.Context, sel ast.SelectionSet,
 		case "endCursor":
 			out.Values[i] = ec._PageInfo_endCursor(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var pauseSandboxPayloadImplementors = []string{"PauseSandboxPayload"}
+
+func (ec *executionContext) _PauseSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.PauseSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, pauseSandboxPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PauseSandboxPayload")
+		case "sandbox":
+			out.Values[i] = ec._PauseSandboxPayload_sandbox(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -14196,6 +15429,39 @@ func (ec *executionContext) _Quota(ctx context.Context, sel ast.SelectionSet, ob
 	return out
 }
 
+var resizeExecTtyPayloadImplementors = []string{"ResizeExecTtyPayload"}
+
+func (ec *executionContext) _ResizeExecTtyPayload(ctx context.Context, sel ast.SelectionSet, obj *model.ResizeExecTtyPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, resizeExecTtyPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ResizeExecTtyPayload")
+		case "exec":
+			out.Values[i] = ec._ResizeExecTtyPayload_exec(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var resourcesImplementors = []string{"Resources"}
 
 func (ec *executionContext) _Resources(ctx context.Context, sel ast.SelectionSet, obj *model.Resources) graphql.Marshaler {
@@ -14219,6 +15485,39 @@ func (ec *executionContext) _Resources(ctx context.Context, sel ast.SelectionSet
 			}
 		case "diskBytes":
 			out.Values[i] = ec._Resources_diskBytes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var resumeSandboxPayloadImplementors = []string{"ResumeSandboxPayload"}
+
+func (ec *executionContext) _ResumeSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.ResumeSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, resumeSandboxPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ResumeSandboxPayload")
+		case "sandbox":
+			out.Values[i] = ec._ResumeSandboxPayload_sandbox(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -14534,6 +15833,39 @@ func (ec *executionContext) _SandboxEvent(ctx context.Context, sel ast.Selection
 	return out
 }
 
+var signalExecPayloadImplementors = []string{"SignalExecPayload"}
+
+func (ec *executionContext) _SignalExecPayload(ctx context.Context, sel ast.SelectionSet, obj *model.SignalExecPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, signalExecPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SignalExecPayload")
+		case "exec":
+			out.Values[i] = ec._SignalExecPayload_exec(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var snapshotImplementors = []string{"Snapshot", "Node"}
 
 func (ec *executionContext) _Snapshot(ctx context.Context, sel ast.SelectionSet, obj *model.Snapshot) graphql.Marshaler {
@@ -14684,29 +16016,118 @@ func (ec *executionContext) _SnapshotEdge(ctx context.Context, sel ast.Selection
 	return out
 }
 
-var stdinWriteResultImplementors = []string{"StdinWriteResult"}
+var snapshotSandboxPayloadImplementors = []string{"SnapshotSandboxPayload"}
 
-func (ec *executionContext) _StdinWriteResult(ctx context.Context, sel ast.SelectionSet, obj *model.StdinWriteResult) graphql.Marshaler {
-	fields := graphql.CollectFields(ec.OperationContext, sel, stdinWriteResultImplementors)
+func (ec *executionContext) _SnapshotSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.SnapshotSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, snapshotSandboxPayloadImplementors)
 
 	out := graphql.NewFieldSet(fields)
 	deferred := graphql.NewDeferredGroup(ctx)
 	for i, field := range fields {
 		switch field.Name {
 		case "__typename":
-			out.Values[i] = graphql.MarshalString("StdinWriteResult")
-		case "written":
-			out.Values[i] = ec._StdinWriteResult_written(ctx, field, obj)
+			out.Values[i] = graphql.MarshalString("SnapshotSandboxPayload")
+		case "snapshot":
+			out.Values[i] = ec._SnapshotSandboxPayload_snapshot(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "buffered":
-			out.Values[i] = ec._StdinWriteResult_buffered(ctx, field, obj)
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var startAgentRunPayloadImplementors = []string{"StartAgentRunPayload"}
+
+func (ec *executionContext) _StartAgentRunPayload(ctx context.Context, sel ast.SelectionSet, obj *model.StartAgentRunPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, startAgentRunPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StartAgentRunPayload")
+		case "agentRun":
+			out.Values[i] = ec._StartAgentRunPayload_agentRun(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "closed":
-			out.Values[i] = ec._StdinWriteResult_closed(ctx, field, obj)
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var startSandboxPayloadImplementors = []string{"StartSandboxPayload"}
+
+func (ec *executionContext) _StartSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.StartSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, startSandboxPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StartSandboxPayload")
+		case "sandbox":
+			out.Values[i] = ec._StartSandboxPayload_sandbox(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var stopSandboxPayloadImplementors = []string{"StopSandboxPayload"}
+
+func (ec *executionContext) _StopSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.StopSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, stopSandboxPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("StopSandboxPayload")
+		case "sandbox":
+			out.Values[i] = ec._StopSandboxPayload_sandbox(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -14771,6 +16192,115 @@ func (ec *executionContext) _TtySize(ctx context.Context, sel ast.SelectionSet, 
 			}
 		case "cols":
 			out.Values[i] = ec._TtySize_cols(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var updateSandboxPayloadImplementors = []string{"UpdateSandboxPayload"}
+
+func (ec *executionContext) _UpdateSandboxPayload(ctx context.Context, sel ast.SelectionSet, obj *model.UpdateSandboxPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, updateSandboxPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("UpdateSandboxPayload")
+		case "sandbox":
+			out.Values[i] = ec._UpdateSandboxPayload_sandbox(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var writeExecStdinPayloadImplementors = []string{"WriteExecStdinPayload"}
+
+func (ec *executionContext) _WriteExecStdinPayload(ctx context.Context, sel ast.SelectionSet, obj *model.WriteExecStdinPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, writeExecStdinPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("WriteExecStdinPayload")
+		case "written":
+			out.Values[i] = ec._WriteExecStdinPayload_written(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "buffered":
+			out.Values[i] = ec._WriteExecStdinPayload_buffered(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "closed":
+			out.Values[i] = ec._WriteExecStdinPayload_closed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var writeFilePayloadImplementors = []string{"WriteFilePayload"}
+
+func (ec *executionContext) _WriteFilePayload(ctx context.Context, sel ast.SelectionSet, obj *model.WriteFilePayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, writeFilePayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("WriteFilePayload")
+		case "file":
+			out.Values[i] = ec._WriteFilePayload_file(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -15352,6 +16882,30 @@ func (ec *executionContext) unmarshalNExecState2sandboxdᚋgraphᚋmodelᚐExecS
 
 func (ec *executionContext) marshalNExecState2sandboxdᚋgraphᚋmodelᚐExecState(ctx context.Context, sel ast.SelectionSet, v model.ExecState) graphql.Marshaler {
 	return v
+}
+
+func (ec *executionContext) marshalNFileEdge2ᚕᚖsandboxdᚋgraphᚋmodelᚐFileEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []*model.FileEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNFileEdge2ᚖsandboxdᚋgraphᚋmodelᚐFileEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNFileEdge2ᚖsandboxdᚋgraphᚋmodelᚐFileEdge(ctx context.Context, sel ast.SelectionSet, v *model.FileEdge) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "FileEdge!")
+		return graphql.Null
+	}
+	return ec._FileEdge(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNFileEvent2ᚖsandboxdᚋgraphᚋmodelᚐFileEvent(ctx context.Context, sel ast.SelectionSet, v *model.FileEvent) graphql.Marshaler {
@@ -15986,6 +17540,20 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	return res
 }
 
+func (ec *executionContext) marshalOCancelAgentRunPayload2ᚖsandboxdᚋgraphᚋmodelᚐCancelAgentRunPayload(ctx context.Context, sel ast.SelectionSet, v *model.CancelAgentRunPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._CancelAgentRunPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOCreateSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐCreateSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.CreateSandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._CreateSandboxPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalODeleteFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐDeleteFilePayload(ctx context.Context, sel ast.SelectionSet, v *model.DeleteFilePayload) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -16047,6 +17615,13 @@ func (ec *executionContext) marshalOExecOutputStream2ᚖsandboxdᚋgraphᚋmodel
 	return v
 }
 
+func (ec *executionContext) marshalOExecPayload2ᚖsandboxdᚋgraphᚋmodelᚐExecPayload(ctx context.Context, sel ast.SelectionSet, v *model.ExecPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ExecPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalOExecResult2ᚖsandboxdᚋgraphᚋmodelᚐExecResult(ctx context.Context, sel ast.SelectionSet, v *model.ExecResult) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -16070,6 +17645,13 @@ func (ec *executionContext) marshalOExecState2ᚖsandboxdᚋgraphᚋmodelᚐExec
 	return v
 }
 
+func (ec *executionContext) marshalOFileConnection2ᚖsandboxdᚋgraphᚋmodelᚐFileConnection(ctx context.Context, sel ast.SelectionSet, v *model.FileConnection) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._FileConnection(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalOFileContent2ᚖsandboxdᚋgraphᚋmodelᚐFileContent(ctx context.Context, sel ast.SelectionSet, v *model.FileContent) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -16082,13 +17664,6 @@ func (ec *executionContext) marshalOFileInfo2ᚖsandboxdᚋgraphᚋmodelᚐFileI
 		return graphql.Null
 	}
 	return ec._FileInfo(ctx, sel, v)
-}
-
-func (ec *executionContext) marshalOFileListing2ᚖsandboxdᚋgraphᚋmodelᚐFileListing(ctx context.Context, sel ast.SelectionSet, v *model.FileListing) graphql.Marshaler {
-	if v == nil {
-		return graphql.Null
-	}
-	return ec._FileListing(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOFileType2ᚖsandboxdᚋgraphᚋmodelᚐFileType(ctx context.Context, v any) (*model.FileType, error) {
@@ -16220,6 +17795,13 @@ func (ec *executionContext) marshalOMap2map(ctx context.Context, sel ast.Selecti
 	return res
 }
 
+func (ec *executionContext) marshalOMoveFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐMoveFilePayload(ctx context.Context, sel ast.SelectionSet, v *model.MoveFilePayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._MoveFilePayload(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalONetworkPolicyInput2ᚖsandboxdᚋgraphᚋmodelᚐNetworkPolicyInput(ctx context.Context, v any) (*model.NetworkPolicyInput, error) {
 	if v == nil {
 		return nil, nil
@@ -16235,6 +17817,13 @@ func (ec *executionContext) marshalONode2sandboxdᚋgraphᚋmodelᚐNode(ctx con
 	return ec._Node(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalOPauseSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐPauseSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.PauseSandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._PauseSandboxPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalOProfile2ᚖsandboxdᚋgraphᚋmodelᚐProfile(ctx context.Context, sel ast.SelectionSet, v *model.Profile) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -16247,6 +17836,20 @@ func (ec *executionContext) marshalOQuota2ᚖsandboxdᚋgraphᚋmodelᚐQuota(ct
 		return graphql.Null
 	}
 	return ec._Quota(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOResizeExecTtyPayload2ᚖsandboxdᚋgraphᚋmodelᚐResizeExecTtyPayload(ctx context.Context, sel ast.SelectionSet, v *model.ResizeExecTtyPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ResizeExecTtyPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOResumeSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐResumeSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.ResumeSandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ResumeSandboxPayload(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalOSandbox2ᚖsandboxdᚋgraphᚋmodelᚐSandbox(ctx context.Context, sel ast.SelectionSet, v *model.Sandbox) graphql.Marshaler {
@@ -16287,6 +17890,13 @@ func (ec *executionContext) marshalOSandboxState2ᚖsandboxdᚋgraphᚋmodelᚐS
 	return v
 }
 
+func (ec *executionContext) marshalOSignalExecPayload2ᚖsandboxdᚋgraphᚋmodelᚐSignalExecPayload(ctx context.Context, sel ast.SelectionSet, v *model.SignalExecPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._SignalExecPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalOSnapshot2ᚖsandboxdᚋgraphᚋmodelᚐSnapshot(ctx context.Context, sel ast.SelectionSet, v *model.Snapshot) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
@@ -16301,11 +17911,32 @@ func (ec *executionContext) marshalOSnapshotConnection2ᚖsandboxdᚋgraphᚋmod
 	return ec._SnapshotConnection(ctx, sel, v)
 }
 
-func (ec *executionContext) marshalOStdinWriteResult2ᚖsandboxdᚋgraphᚋmodelᚐStdinWriteResult(ctx context.Context, sel ast.SelectionSet, v *model.StdinWriteResult) graphql.Marshaler {
+func (ec *executionContext) marshalOSnapshotSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐSnapshotSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.SnapshotSandboxPayload) graphql.Marshaler {
 	if v == nil {
 		return graphql.Null
 	}
-	return ec._StdinWriteResult(ctx, sel, v)
+	return ec._SnapshotSandboxPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOStartAgentRunPayload2ᚖsandboxdᚋgraphᚋmodelᚐStartAgentRunPayload(ctx context.Context, sel ast.SelectionSet, v *model.StartAgentRunPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._StartAgentRunPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOStartSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐStartSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.StartSandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._StartSandboxPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOStopSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐStopSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.StopSandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._StopSandboxPayload(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
@@ -16392,6 +18023,27 @@ func (ec *executionContext) unmarshalOTtySizeInput2ᚖsandboxdᚋgraphᚋmodel�
 	}
 	res, err := ec.unmarshalInputTtySizeInput(ctx, v)
 	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOUpdateSandboxPayload2ᚖsandboxdᚋgraphᚋmodelᚐUpdateSandboxPayload(ctx context.Context, sel ast.SelectionSet, v *model.UpdateSandboxPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._UpdateSandboxPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOWriteExecStdinPayload2ᚖsandboxdᚋgraphᚋmodelᚐWriteExecStdinPayload(ctx context.Context, sel ast.SelectionSet, v *model.WriteExecStdinPayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._WriteExecStdinPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOWriteFilePayload2ᚖsandboxdᚋgraphᚋmodelᚐWriteFilePayload(ctx context.Context, sel ast.SelectionSet, v *model.WriteFilePayload) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._WriteFilePayload(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalO__EnumValue2ᚕgithubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐEnumValueᚄ(ctx context.Context, sel ast.SelectionSet, v []introspection.EnumValue) graphql.Marshaler {

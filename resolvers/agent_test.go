@@ -7,8 +7,8 @@ import (
 	"sandboxd/internal/api/apitest"
 )
 
-const startAgentRunMutation = `mutation($in: StartAgentRunInput!) { startAgentRun(input: $in) {
-	id sandboxId agentId model status reason execId exitCode runDir createdAt startedAt endedAt } }`
+const startAgentRunMutation = `mutation($in: StartAgentRunInput!) { startAgentRun(input: $in) { agentRun {
+	id sandboxId agentId model status reason execId exitCode runDir createdAt startedAt endedAt } } }`
 
 func TestStartAgentRun(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
@@ -21,7 +21,7 @@ func TestStartAgentRun(t *testing.T) {
 		ExitCode                      *int
 		ExecID                        *string
 	}
-	field(t, r, "startAgentRun", &got)
+	field(t, r, "startAgentRun.agentRun", &got)
 	if got.ID != apitest.RunRunning || got.SandboxID != apitest.SandboxRunning || got.Status != "RUNNING" || got.ExitCode != nil ||
 		got.ExecID == nil || *got.ExecID != apitest.ExecRunning {
 		t.Errorf("got %+v, want the RUNNING run", got)
@@ -88,14 +88,14 @@ func TestAgentRunQueriesAndCancel(t *testing.T) {
 	if r := e.post(t, apitest.UserKey, q, map[string]any{"s": "sbx_other"}); r.code(0) != "NOT_FOUND" {
 		t.Errorf("another tenant's sandbox: got %+v, want NOT_FOUND", r.Errors)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { cancelAgentRun(id: "`+apitest.RunRunning+`") { id status } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { cancelAgentRun(id: "`+apitest.RunRunning+`") { agentRun { id status } } }`, nil)
 	noErrors(t, r)
 	var c struct{ ID, Status string }
-	field(t, r, "cancelAgentRun", &c)
+	field(t, r, "cancelAgentRun.agentRun", &c)
 	if c.Status != "CANCELLED" {
 		t.Errorf("cancel: got %+v, want CANCELLED", c)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { cancelAgentRun(id: "`+apitest.RunDone+`") { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { cancelAgentRun(id: "`+apitest.RunDone+`") { agentRun { id } } }`, nil)
 	if r.code(0) != "INVALID_STATE" {
 		t.Errorf("cancel of a final run: got %q, want INVALID_STATE", r.code(0))
 	}

@@ -366,14 +366,6 @@ func toFileContent(path string, data []byte, info sandbox.FileInfo, sel fieldSet
 	return fc
 }
 
-func toFileListing(path string, entries []sandbox.FileInfo, truncated bool) *model.FileListing {
-	l := &model.FileListing{Path: path, Entries: make([]*model.FileInfo, len(entries)), Truncated: truncated}
-	for i, e := range entries {
-		l.Entries[i] = toFileInfo(e)
-	}
-	return l
-}
-
 func toEvent(e sandbox.Event) *model.SandboxEvent {
 	ev := &model.SandboxEvent{Cursor: e.Cursor, Type: model.SandboxEventType(e.Type), SandboxID: e.SandboxID,
 		State: model.SandboxState(e.State), Reason: optString(e.Reason), At: e.At}

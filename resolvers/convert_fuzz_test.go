@@ -166,15 +166,15 @@ const (
 )
 
 var gfDocs = []string{
-	gfCreate:    `mutation($input: CreateSandboxInput!) { createSandbox(input: $input) { id } }`,
-	gfExec:      `mutation($id: ID!, $input: ExecInput!, $wait: Boolean) { exec(sandboxId: $id, input: $input, wait: $wait) { execId } }`,
-	gfWrite:     `mutation($id: ID!, $path: String!, $content: String, $b64: String, $mode: Int) { writeFile(sandboxId: $id, path: $path, content: $content, contentBase64: $b64, mode: $mode) { path } }`,
-	gfAgent:     `mutation($input: StartAgentRunInput!) { startAgentRun(input: $input) { id } }`,
+	gfCreate:    `mutation($input: CreateSandboxInput!) { createSandbox(input: $input) { sandbox { id } } }`,
+	gfExec:      `mutation($id: ID!, $input: ExecInput!, $wait: Boolean) { exec(sandboxId: $id, input: $input, wait: $wait) { exec { execId } } }`,
+	gfWrite:     `mutation($id: ID!, $path: String!, $content: String, $b64: String, $mode: Int) { writeFile(sandboxId: $id, path: $path, content: $content, contentBase64: $b64, mode: $mode) { file { path } } }`,
+	gfAgent:     `mutation($input: StartAgentRunInput!) { startAgentRun(input: $input) { agentRun { id } } }`,
 	gfList:      `query($first: Int, $after: String, $state: SandboxState, $labels: [LabelInput!]) { sandboxes(first: $first, after: $after, state: $state, labels: $labels) { pageInfo { hasNextPage } } }`,
 	gfListFiles: `query($id: ID!, $path: String, $first: Int) { listFiles(sandboxId: $id, path: $path, first: $first) { path } }`,
 	gfSnapshots: `query($id: ID, $first: Int) { snapshots(sandboxId: $id, first: $first) { nodes { id } } }`,
 	gfRead:      `query($id: ID!, $path: String!, $max: Int64) { readFile(sandboxId: $id, path: $path, maxBytes: $max) { path } }`,
-	gfUpdate:    `mutation($id: ID!, $input: UpdateSandboxInput!) { updateSandbox(id: $id, input: $input) { id labels { key value } } }`,
+	gfUpdate:    `mutation($id: ID!, $input: UpdateSandboxInput!) { updateSandbox(id: $id, input: $input) { sandbox { id labels { key value } } } }`,
 	gfStdin:     `mutation($id: ID!, $data: String, $b64: String, $close: Boolean) { writeExecStdin(execId: $id, data: $data, dataBase64: $b64, close: $close) { written } }`,
 	gfExecs:     `query($id: ID!, $state: ExecState, $first: Int, $after: String) { execs(sandboxId: $id, state: $state, first: $first, after: $after) { pageInfo { hasNextPage } } }`,
 }
@@ -643,6 +643,11 @@ func (s *gfService) WriteFile(_ context.Context, _ auth.Principal, _, path strin
 func (s *gfService) ListDir(_ context.Context, _ auth.Principal, _, path string, limit int) ([]sandbox.FileInfo, bool, error) {
 	s.record("ListDir", gfLimit{path, int64(limit)})
 	return nil, false, nil
+}
+
+func (s *gfService) FilePage(_ context.Context, _ auth.Principal, _, path string, opts sandbox.FileListOptions) (sandbox.FilePage, error) {
+	s.record("FilePage", gfLimit{path, int64(opts.Limit)})
+	return sandbox.FilePage{}, nil
 }
 
 func (s *gfService) Profiles() []sandbox.Profile { return nil }

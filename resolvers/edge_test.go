@@ -153,6 +153,10 @@ func TestCostModel(t *testing.T) {
 		{"big-page", `{sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt resources{milliCpu memoryBytes diskBytes}}}}}`, ""},
 		{"big-page-many-aliases", aliases(3, `sandboxes(first: 500){edges{node{id state profileName tenantId projectId createdAt}}}`), "COST_EXCEEDED"},
 		{"exec-output-fields", aliases(20, `exec(id:"exec_x"){stdout stderr stdoutBase64 stderrBase64}`), "COST_EXCEEDED"},
+		// The exec mutation's output sits inside its payload and is priced there all the same:
+		// 10 mutations (the most one operation may hold) of 4 output fields reserve 40 MiB.
+		{"exec-payload-output-fields", "mutation " + aliases(10, `exec(sandboxId:"`+apitest.SandboxRunning+`", input:{command:["true"]}){exec{stdout stderr stdoutBase64 stderrBase64}}`), "COST_EXCEEDED"},
+		{"exec-payload-status-only", "mutation " + aliases(10, `exec(sandboxId:"`+apitest.SandboxRunning+`", input:{command:["true"]}){exec{execId exitCode}}`), ""},
 		// Each field that calls a guest init or scans an index of execs costs backendPoints
 		// more: a few hundred are fine, a few thousand aliases are not one cheap operation.
 		{"some-stats", aliases(100, `stat(sandboxId:"`+apitest.SandboxRunning+`", path:"a"){size}`), ""},
@@ -260,7 +264,7 @@ func TestMutationFieldCap(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("mutation {")
 	for i := range 100 {
-		fmt.Fprintf(&b, `e%d: exec(sandboxId:"%s", input:{command:["true"]}, wait:false){execId} `, i, apitest.SandboxRunning)
+		fmt.Fprintf(&b, `e%d: exec(sandboxId:"%s", input:{command:["true"]}, wait:false){ exec {execId} } `, i, apitest.SandboxRunning)
 	}
 	b.WriteString("}")
 	r := e.post(t, apitest.UserKey, b.String(), nil)

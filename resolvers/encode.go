@@ -31,6 +31,26 @@ func selectedFields(ctx context.Context, typeName string) fieldSet {
 	return s
 }
 
+// selectedFieldsOf is the selection of one field of the payload being resolved: the fields
+// selected on field (of type typeName) of the payload type payloadName, through every alias of
+// field, fragments, @skip and @include honoured. No alias of field selected: an empty set.
+func selectedFieldsOf(ctx context.Context, payloadName, field, typeName string) fieldSet {
+	if graphql.GetFieldContext(ctx) == nil {
+		return nil
+	}
+	oc := graphql.GetOperationContext(ctx)
+	s := fieldSet{}
+	for _, pf := range graphql.CollectFieldsCtx(ctx, []string{payloadName}) {
+		if pf.Name != field {
+			continue
+		}
+		for _, f := range graphql.CollectFields(oc, pf.Selections, []string{typeName}) {
+			s[f.Name] = true
+		}
+	}
+	return s
+}
+
 // textOf is b as text when the text field is selected and b is valid UTF-8, else nil.
 func textOf(b []byte, sel fieldSet, field string) *string {
 	if !sel.has(field) || !utf8.Valid(b) {

@@ -21,8 +21,8 @@ const execResultFields = `execId sandboxId command state exitCode signal timedOu
 	outputBytes stdout stderr stdoutBase64 stderrBase64 stdoutTruncated stderrTruncated error`
 
 func TestExecWait(t *testing.T) {
-	const q = `mutation($w: Boolean) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: {command: ["sleep", "60"]}, wait: $w) { ` +
-		execResultFields + ` } }`
+	const q = `mutation($w: Boolean) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: {command: ["sleep", "60"]}, wait: $w) { exec { ` +
+		execResultFields + ` } } }`
 	running := map[string]any{"execId": apitest.ExecRunning, "sandboxId": apitest.SandboxRunning, "command": "'sleep' '60'", "state": "RUNNING",
 		"exitCode": nil, "signal": nil, "timedOut": false, "durationMs": nil, "startedAt": "2025-01-02T03:04:05Z",
 		"endedAt": nil, "outputBytes": 12.0, "stdout": "", "stderr": "", "stdoutBase64": "", "stderrBase64": "",
@@ -46,7 +46,7 @@ func TestExecWait(t *testing.T) {
 			r := e.post(t, apitest.UserKey, q, tt.vars)
 			noErrors(t, r)
 			var res map[string]any
-			field(t, r, "exec", &res)
+			field(t, r, "exec.exec", &res)
 			for k, v := range tt.want {
 				if got, ok := res[k]; !ok || !equalJSON(got, v) {
 					t.Errorf("%s: got %v, want %v", k, got, v)

@@ -43,12 +43,12 @@ func TestFileOperations(t *testing.T) {
 		t.Errorf("makeDirectory: got %+v", mk)
 	}
 
-	r = e.post(t, apitest.UserKey, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a.txt", to: "b.txt") { path } }`, vars)
+	r = e.post(t, apitest.UserKey, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a.txt", to: "b.txt") { file { path } } }`, vars)
 	noErrors(t, r)
 	if c := e.fake.Last("MoveFile"); c.Path != "a.txt" || c.Target != "b.txt" || c.Overwrite {
 		t.Errorf("moveFile: the service got %+v", c)
 	}
-	r = e.post(t, apitest.UserKey, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a.txt", to: "existing", overwrite: true) { path } }`, vars)
+	r = e.post(t, apitest.UserKey, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a.txt", to: "existing", overwrite: true) { file { path } } }`, vars)
 	noErrors(t, r)
 	if c := e.fake.Last("MoveFile"); !c.Overwrite {
 		t.Errorf("moveFile with overwrite: the service got %+v", c)
@@ -62,7 +62,7 @@ func TestFileOperations(t *testing.T) {
 
 	for _, tc := range []struct{ name, query, code string }{
 		{"delete-full", `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "full") { path } }`, "DIRECTORY_NOT_EMPTY"},
-		{"move-exists", `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a", to: "existing") { path } }`, "ALREADY_EXISTS"},
+		{"move-exists", `mutation($s: ID!) { moveFile(sandboxId: $s, from: "a", to: "existing") { file { path } } }`, "ALREADY_EXISTS"},
 		{"stat-missing", `query($s: ID!) { stat(sandboxId: $s, path: "missing") { path } }`, "NOT_FOUND"},
 		{"stat-outside", `query($s: ID!) { stat(sandboxId: $s, path: "out/x") { path } }`, "INVALID_ARGUMENT"},
 		{"mkdir-outside", `mutation($s: ID!) { makeDirectory(sandboxId: $s, path: "out/x") { created } }`, "INVALID_ARGUMENT"},

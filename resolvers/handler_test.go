@@ -15,6 +15,7 @@ import (
 	"sandboxd/internal/api/apitest"
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/sandbox"
 )
 
 func TestMain(m *testing.M) {
@@ -101,9 +102,9 @@ func TestErrorCodes(t *testing.T) {
 	}{
 		{name: "not-found", query: `{ sandbox(id: "sbx_other") { id } }`, wantCode: "NOT_FOUND",
 			wantMessage: "sandbox sbx_other not found", wantPath: "sandbox"},
-		{name: "busy-has-retry-after", query: `mutation { startSandbox(id: "` + apitest.SandboxBusy + `") { id } }`, wantCode: "INVALID_STATE",
+		{name: "busy-has-retry-after", query: `mutation { startSandbox(id: "` + apitest.SandboxBusy + `") { sandbox { id } } }`, wantCode: "INVALID_STATE",
 			wantExt: map[string]any{"retryAfter": 2.0, "state": "STOPPING"}, wantPath: "startSandbox"},
-		{name: "uncoded-error-is-internal", query: `mutation { stopSandbox(id: "` + apitest.SandboxBoom + `") { id } }`, wantCode: "INTERNAL",
+		{name: "uncoded-error-is-internal", query: `mutation { stopSandbox(id: "` + apitest.SandboxBoom + `") { sandbox { id } } }`, wantCode: "INTERNAL",
 			wantMessage: "internal error", wantPath: "stopSandbox"},
 		{name: "panic-is-internal", query: `{ sandbox(id: "` + apitest.SandboxPanic + `") { id } }`, wantCode: "INTERNAL",
 			wantMessage: "internal error", wantPath: "sandbox"},
@@ -112,7 +113,7 @@ func TestErrorCodes(t *testing.T) {
 		{name: "bad-enum", query: `{ sandboxes(state: SLEEPING) { nodes { id } } }`, wantCode: "GRAPHQL_VALIDATION_FAILED"},
 		{name: "first-zero", query: `{ sandboxes(first: 0) { nodes { id } } }`, wantCode: "INVALID_ARGUMENT",
 			wantExt: map[string]any{"field": "first"}},
-		{name: "mode-out-of-range", query: `mutation { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "a", content: "x", mode: 4095) { path } }`,
+		{name: "mode-out-of-range", query: `mutation { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "a", content: "x", mode: 4095) { file { path } } }`,
 			wantCode: "INVALID_ARGUMENT", wantExt: map[string]any{"field": "mode"}},
 	}
 	for _, tt := range tests {
@@ -206,9 +207,9 @@ func TestIntrospectionFitsDefaultLimit(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
-	const q = `mutation($in: ExecInput!) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: $in) {
+	const q = `mutation($in: ExecInput!) { exec(sandboxId: "` + apitest.SandboxRunning + `", input: $in) { exec {
 		execId exitCode signal timedOut durationMs startedAt endedAt stdout stderr stdoutBase64 stderrBase64
-		stdoutTruncated stderrTruncated error } }`
+		stdoutTruncated stderrTruncated error } } }`
 	t.Run("both-stdins", func(t *testing.T) {
 		e := newEnv(t, HandlerOptions{})
 		r := e.post(t, apitest.UserKey, q, map[string]any{"in": map[string]any{"command": []string{"cat"}, "stdin": "a", "stdinBase64": "YQ=="}})
@@ -241,7 +242,7 @@ func TestExec(t *testing.T) {
 			"timeoutSec": 30, "cwd": "/workspace/src", "env": []map[string]string{{"name": "A", "value": "1"}}}})
 		noErrors(t, r)
 		var res map[string]any
-		field(t, r, "exec", &res)
+		field(t, r, "exec.exec", &res)
 		want := map[string]any{"execId": "exec_1", "exitCode": 3.0, "signal": nil, "timedOut": false, "durationMs": 1500.0,
 			"startedAt": "2025-01-02T03:04:05Z", "endedAt": "2025-01-02T03:04:06.5Z", "stdout": "ok \uFFFD\uFFFD end",
 			"stdoutBase64": base64.StdEncoding.EncodeToString(e.fake.ExecStdout), "stderr": "warn\n",
@@ -261,7 +262,7 @@ func TestExec(t *testing.T) {
 
 func TestCreateSandbox(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { id profileName } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {autostopSec: 60, env: [{name: "X", value: "y"}]}) { sandbox { id profileName } } }`, nil)
 	noErrors(t, r)
 	req := e.fake.Last("Create").Create
 	if req.Profile != "" || req.AutostopSec == nil || *req.AutostopSec != 60 || req.TTLSec != nil || req.Env["X"] != "y" {
@@ -354,7 +355,7 @@ func TestFiles(t *testing.T) {
 		}
 	})
 	t.Run("write", func(t *testing.T) {
-		const q = `mutation($c: String, $b: String, $m: Int) { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "x", content: $c, contentBase64: $b, mode: $m) { path size mode } }`
+		const q = `mutation($c: String, $b: String, $m: Int) { writeFile(sandboxId: "` + apitest.SandboxRunning + `", path: "x", content: $c, contentBase64: $b, mode: $m) { file { path size mode } } }`
 		tests := []struct {
 			name     string
 			vars     map[string]any
@@ -387,20 +388,45 @@ func TestFiles(t *testing.T) {
 		}
 	})
 	t.Run("list", func(t *testing.T) {
-		r := e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`") { path truncated entries { name isDir symlink modTime } } }`, nil)
+		r := e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`", first: 2) {
+			path edges { cursor node { name } } nodes { name isDir symlink modTime } pageInfo { hasNextPage startCursor endCursor } } }`, nil)
 		noErrors(t, r)
 		var l struct {
-			Path      string
-			Truncated bool
-			Entries   []map[string]any
+			Path  string
+			Edges []struct {
+				Cursor string
+				Node   struct{ Name string }
+			}
+			Nodes    []map[string]any
+			PageInfo struct {
+				HasNextPage            bool
+				StartCursor, EndCursor string
+			}
 		}
 		field(t, r, "listFiles", &l)
-		if l.Path != "." || !l.Truncated || len(l.Entries) != 2 || l.Entries[1]["symlink"] != "src" ||
-			l.Entries[1]["modTime"] != nil || l.Entries[0]["isDir"] != true {
+		if l.Path != "." || len(l.Nodes) != 2 || l.Nodes[0]["symlink"] != "src" ||
+			l.Nodes[0]["modTime"] != nil || l.Nodes[1]["isDir"] != true {
 			t.Errorf("got %+v", l)
 		}
-		if c := e.fake.Last("ListDir"); c.Path != "." || c.Limit != 1000 {
-			t.Errorf("got path %q limit %d, want . and 1000", c.Path, c.Limit)
+		// Each edge's cursor is the service's cursor of its name; the page's ends are the
+		// first and last edges', and hasNextPage is the service's next cursor.
+		if len(l.Edges) != 2 || l.Edges[0].Cursor != sandbox.FileCursor("link") || l.Edges[1].Cursor != sandbox.FileCursor("src") ||
+			l.PageInfo.StartCursor != l.Edges[0].Cursor || l.PageInfo.EndCursor != l.Edges[1].Cursor || !l.PageInfo.HasNextPage {
+			t.Errorf("got edges %+v page %+v, want the names' cursors and a next page", l.Edges, l.PageInfo)
+		}
+		if c := e.fake.Last("FilePage"); c.Path != "." || c.Limit != 2 || c.After != "" {
+			t.Errorf("got path %q limit %d after %q, want ., 2 and none", c.Path, c.Limit, c.After)
+		}
+		// Without first: the default page of 1000.
+		r = e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`") { path } }`, nil)
+		noErrors(t, r)
+		if c := e.fake.Last("FilePage"); c.Limit != 1000 {
+			t.Errorf("got limit %d, want the default 1000", c.Limit)
+		}
+		r = e.post(t, apitest.UserKey, `{ listFiles(sandboxId: "`+apitest.SandboxRunning+`", path: "src", first: 5, after: "f1.c3Jj") { path } }`, nil)
+		noErrors(t, r)
+		if c := e.fake.Last("FilePage"); c.Path != "src" || c.Limit != 5 || c.After != "f1.c3Jj" {
+			t.Errorf("got path %q limit %d after %q, want src, 5 and the cursor passed on", c.Path, c.Limit, c.After)
 		}
 	})
 }
@@ -414,7 +440,7 @@ func TestGET(t *testing.T) {
 	}
 	r := get(`{ profiles { name default } }`)
 	noErrors(t, r)
-	r = get(`mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { id } }`)
+	r = get(`mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { sandbox { id } } }`)
 	if len(r.Errors) == 0 || r.Status == 200 {
 		t.Errorf("got status %d %+v, want a mutation over GET refused", r.Status, r.Errors)
 	}
@@ -425,7 +451,7 @@ func TestGET(t *testing.T) {
 
 func TestBodyLimit(t *testing.T) {
 	e := newEnv(t, HandlerOptions{MaxBodyBytes: 1024})
-	r := e.post(t, apitest.UserKey, `mutation { writeFile(sandboxId: "`+apitest.SandboxRunning+`", path: "x", content: "`+strings.Repeat("a", 2000)+`") { size } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { writeFile(sandboxId: "`+apitest.SandboxRunning+`", path: "x", content: "`+strings.Repeat("a", 2000)+`") { file { size } } }`, nil)
 	if r.Status != http.StatusRequestEntityTooLarge || r.code(0) != "PAYLOAD_TOO_LARGE" {
 		t.Errorf("got %d %+v, want 413 PAYLOAD_TOO_LARGE", r.Status, r.Errors)
 	}

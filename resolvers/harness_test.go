@@ -121,11 +121,25 @@ func (e *env) do(t *testing.T, req *http.Request) gqlResponse {
 }
 
 // field decodes data[name] into v.
+// field decodes data.name into v; name may be a dotted path into the answer
+// ("stopSandbox.sandbox": a mutation payload's field).
 func field(t *testing.T, r gqlResponse, name string, v any) {
 	t.Helper()
-	raw, ok := r.Data[name]
+	root, rest, _ := strings.Cut(name, ".")
+	raw, ok := r.Data[root]
 	if !ok {
-		t.Fatalf("data has no %q: %+v", name, r)
+		t.Fatalf("data has no %q: %+v", root, r)
+	}
+	for rest != "" {
+		var key string
+		key, rest, _ = strings.Cut(rest, ".")
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			t.Fatalf("data.%s: %v (%s)", name, err, raw)
+		}
+		if raw, ok = obj[key]; !ok {
+			t.Fatalf("data.%s has no %q: %s", root, key, raw)
+		}
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		t.Fatalf("data.%s: %v (%s)", name, err, raw)

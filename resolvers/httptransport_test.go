@@ -146,7 +146,7 @@ func TestHTTPTransports(t *testing.T) {
 		allNulls    = gqlBody(t, map[string]any{"query": `{ profiles { name } }`, "operationName": nil, "variables": nil, "extensions": nil})
 		named       = gqlBody(t, map[string]any{"query": `query Q { profiles { name } }`, "operationName": "Q", "extensions": map[string]any{"x": secret}})
 		getQuery    = getTarget(map[string]string{"query": `query($id: ID!) { sandbox(id: $id) { id } }`, "variables": `{"id":"` + apitest.SandboxRunning + `"}`})
-		getMutation = getTarget(map[string]string{"query": `mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { id } }`})
+		getMutation = getTarget(map[string]string{"query": `mutation { stopSandbox(id: "` + apitest.SandboxRunning + `") { sandbox { id } } }`})
 	)
 	tests := []struct {
 		name        string

@@ -16,16 +16,16 @@ func TestLabelsGraphQL(t *testing.T) {
 		ID     string
 		Labels []label
 	}
-	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {labels: [{key: "team", value: "ml"}, {key: "example.com/tier", value: "gold"}]}) { id labels { key value } } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: {labels: [{key: "team", value: "ml"}, {key: "example.com/tier", value: "gold"}]}) { sandbox { id labels { key value } } } }`, nil)
 	noErrors(t, r)
-	field(t, r, "createSandbox", &sb)
+	field(t, r, "createSandbox.sandbox", &sb)
 	if len(sb.Labels) != 2 || sb.Labels[0] != (label{"example.com/tier", "gold"}) || sb.Labels[1] != (label{"team", "ml"}) {
 		t.Fatalf("got labels %+v, want both sorted by key", sb.Labels)
 	}
 	if got := e.fake.Last("Create").Create.Labels; !maps.Equal(got, map[string]string{"team": "ml", "example.com/tier": "gold"}) {
 		t.Fatalf("the service got %v", got)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { createSandbox(input: {labels: [{key: "a", value: "1"}, {key: "a", value: "2"}]}) { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { createSandbox(input: {labels: [{key: "a", value: "1"}, {key: "a", value: "2"}]}) { sandbox { id } } }`, nil)
 	if r.code(0) != "INVALID_ARGUMENT" {
 		t.Fatalf("a key twice: got %+v, want INVALID_ARGUMENT", r.Errors)
 	}
@@ -56,7 +56,7 @@ func TestLabelsGraphQL(t *testing.T) {
 		t.Fatalf("refused filters reached the service (%d calls, want %d)", n, calls)
 	}
 
-	r = e.post(t, apitest.UserKey, `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "team", value: "web"}, {key: "old", value: null}], autostopSec: 60, ttlSec: 7200}) { id autostopSec ttlSec expiresAt labels { key value } } }`,
+	r = e.post(t, apitest.UserKey, `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "team", value: "web"}, {key: "old", value: null}], autostopSec: 60, ttlSec: 7200}) { sandbox { id autostopSec ttlSec expiresAt labels { key value } } } }`,
 		map[string]any{"id": apitest.SandboxRunning})
 	noErrors(t, r)
 	var up struct {
@@ -64,7 +64,7 @@ func TestLabelsGraphQL(t *testing.T) {
 		ExpiresAt           string
 		Labels              []label
 	}
-	field(t, r, "updateSandbox", &up)
+	field(t, r, "updateSandbox.sandbox", &up)
 	if up.AutostopSec != 60 || up.TTLSec != 7200 || up.ExpiresAt != "2025-01-02T05:04:05Z" || len(up.Labels) != 1 || up.Labels[0] != (label{"team", "web"}) {
 		t.Fatalf("got %+v, want the update applied with its new expiry", up)
 	}
@@ -72,16 +72,16 @@ func TestLabelsGraphQL(t *testing.T) {
 	if v, ok := c.Update.Labels["old"]; c.SandboxID != apitest.SandboxRunning || !ok || v != nil || *c.Update.Labels["team"] != "web" || c.Update.ClearLabels {
 		t.Fatalf("the service got %+v", c)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { updateSandbox(id: "`+apitest.SandboxRunning+`", input: {clearLabels: true}) { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { updateSandbox(id: "`+apitest.SandboxRunning+`", input: {clearLabels: true}) { sandbox { id } } }`, nil)
 	noErrors(t, r)
 	if c := e.fake.Last("Update").Update; !c.ClearLabels || c.Labels != nil || c.TTLSec != nil {
 		t.Fatalf("clear: the service got %+v", c)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { updateSandbox(id: "`+apitest.SandboxRunning+`", input: {labels: [{key: "a", value: "1"}, {key: "a", value: null}]}) { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { updateSandbox(id: "`+apitest.SandboxRunning+`", input: {labels: [{key: "a", value: "1"}, {key: "a", value: null}]}) { sandbox { id } } }`, nil)
 	if r.code(0) != "INVALID_ARGUMENT" {
 		t.Fatalf("a key twice: got %+v, want INVALID_ARGUMENT", r.Errors)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { updateSandbox(id: "sbx_other", input: {ttlSec: 100}) { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { updateSandbox(id: "sbx_other", input: {ttlSec: 100}) { sandbox { id } } }`, nil)
 	if r.code(0) != "NOT_FOUND" {
 		t.Fatalf("another tenant's sandbox: got %+v, want NOT_FOUND", r.Errors)
 	}

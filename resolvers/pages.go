@@ -5,7 +5,8 @@ import (
 	"sandboxd/internal/sandbox"
 )
 
-// The connections of lists the service pages by a cursor of its own (snapshots, agent runs):
+// The connections of lists the service pages by a cursor of its own (snapshots, agent runs,
+// a folder's entries):
 // an edge's cursor is the service's cursor of its item, endCursor the last edge's, and
 // hasNextPage whether the service found more after the page.
 
@@ -31,6 +32,23 @@ func toSnapshotConnection(page sandbox.SnapshotPage) *model.SnapshotConnection {
 		cursors[i] = sandbox.SnapshotCursor(s)
 		c.Nodes[i] = n
 		c.Edges[i] = &model.SnapshotEdge{Cursor: cursors[i], Node: n}
+	}
+	c.PageInfo = pageInfo(cursors, page.NextCursor)
+	return c
+}
+
+func toFileConnection(path string, page sandbox.FilePage) *model.FileConnection {
+	c := &model.FileConnection{
+		Path:  path,
+		Edges: make([]*model.FileEdge, len(page.Entries)),
+		Nodes: make([]*model.FileInfo, len(page.Entries)),
+	}
+	cursors := make([]string, len(page.Entries))
+	for i, e := range page.Entries {
+		n := toFileInfo(e)
+		cursors[i] = sandbox.FileCursor(e.Name)
+		c.Nodes[i] = n
+		c.Edges[i] = &model.FileEdge{Cursor: cursors[i], Node: n}
 	}
 	c.PageInfo = pageInfo(cursors, page.NextCursor)
 	return c

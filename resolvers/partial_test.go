@@ -15,7 +15,7 @@ func TestPartialAnswers(t *testing.T) {
 		ok, failed  string
 		wantCode    string
 	}{
-		{"two-stops", `mutation($a: ID!, $b: ID!) { a: stopSandbox(id: $a) { id state } b: stopSandbox(id: $b) { id state } }`,
+		{"two-stops", `mutation($a: ID!, $b: ID!) { a: stopSandbox(id: $a) { sandbox { id state } } b: stopSandbox(id: $b) { sandbox { id state } } }`,
 			"a", "b", "INVALID_STATE"},
 		{"files-beside-a-sandbox", `query($a: ID!, $b: ID!) { a: sandbox(id: $a) { id } b: listFiles(sandboxId: $b) { path } }`,
 			"a", "b", "INVALID_STATE"},

@@ -85,11 +85,11 @@ func TestExecsConnection(t *testing.T) {
 
 func TestSignalExecMutation(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	const q = `mutation($id: ID!, $sig: ExecSignal!) { signalExec(execId: $id, signal: $sig) { execId state } }`
+	const q = `mutation($id: ID!, $sig: ExecSignal!) { signalExec(execId: $id, signal: $sig) { exec { execId state } } }`
 	r := e.post(t, apitest.UserKey, q, map[string]any{"id": apitest.ExecRunning, "sig": "SIGINT"})
 	noErrors(t, r)
 	var res map[string]any
-	field(t, r, "signalExec", &res)
+	field(t, r, "signalExec.exec", &res)
 	if res["execId"] != apitest.ExecRunning || res["state"] != "RUNNING" {
 		t.Fatalf("got %v", res)
 	}
@@ -171,33 +171,33 @@ func TestWriteExecStdinBufferFull(t *testing.T) {
 
 func TestResizeAndTerminalExec(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, apitest.UserKey, `mutation { resizeExecTty(execId: "`+apitest.ExecRunning+`", rows: 50, cols: 132) { execId stdinOpen tty { rows cols } } }`, nil)
+	r := e.post(t, apitest.UserKey, `mutation { resizeExecTty(execId: "`+apitest.ExecRunning+`", rows: 50, cols: 132) { exec { execId stdinOpen tty { rows cols } } } }`, nil)
 	noErrors(t, r)
 	var res struct {
 		StdinOpen bool
 		Tty       struct{ Rows, Cols int }
 	}
-	field(t, r, "resizeExecTty", &res)
+	field(t, r, "resizeExecTty.exec", &res)
 	if !res.StdinOpen || res.Tty.Rows != 50 || res.Tty.Cols != 132 {
 		t.Fatalf("got %+v", res)
 	}
 	if c := e.fake.Last("ResizeTty"); c.Tty != (sandbox.TtySize{Rows: 50, Cols: 132}) || c.SandboxID != "" {
 		t.Fatalf("the service got %+v", c)
 	}
-	if r := e.post(t, apitest.UserKey, `mutation { resizeExecTty(execId: "`+apitest.ExecRunning+`", rows: 0, cols: 132) { execId } }`, nil); r.code(0) != "INVALID_ARGUMENT" {
+	if r := e.post(t, apitest.UserKey, `mutation { resizeExecTty(execId: "`+apitest.ExecRunning+`", rows: 0, cols: 132) { exec { execId } } }`, nil); r.code(0) != "INVALID_ARGUMENT" {
 		t.Fatalf("rows 0: got %+v", r.Errors)
 	}
 
-	r = e.post(t, apitest.UserKey, `mutation { exec(sandboxId: "`+apitest.SandboxRunning+`", input: {command: ["bash", "-i"], stdinOpen: true, tty: {rows: 24, cols: 80}}, wait: false) { execId } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { exec(sandboxId: "`+apitest.SandboxRunning+`", input: {command: ["bash", "-i"], stdinOpen: true, tty: {rows: 24, cols: 80}}, wait: false) { exec { execId } } }`, nil)
 	noErrors(t, r)
 	if req := e.fake.Last("Exec").Exec; !req.StdinOpen || req.Tty == nil || *req.Tty != (sandbox.TtySize{Rows: 24, Cols: 80}) || !req.Detach {
 		t.Fatalf("the service got %+v", req)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { exec(sandboxId: "`+apitest.SandboxRunning+`", input: {command: ["true"], tty: {rows: 24}}) { execId } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { exec(sandboxId: "`+apitest.SandboxRunning+`", input: {command: ["true"], tty: {rows: 24}}) { exec { execId } } }`, nil)
 	if r.code(0) != "GRAPHQL_VALIDATION_FAILED" {
 		t.Fatalf("a tty without cols: got %+v", r.Errors)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { exec(sandboxId: "`+apitest.SandboxRunning+`", input: {command: ["true"]}) { execId } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { exec(sandboxId: "`+apitest.SandboxRunning+`", input: {command: ["true"]}) { exec { execId } } }`, nil)
 	noErrors(t, r)
 	if req := e.fake.Last("Exec").Exec; req.StdinOpen || req.Tty != nil {
 		t.Fatalf("an exec without them: the service got %+v", req)

@@ -23,7 +23,7 @@ func (r *agentRunResolver) Exec(ctx context.Context, obj *model.AgentRun) (*mode
 }
 
 // CreateSandbox is the resolver for the createSandbox field.
-func (r *mutationResolver) CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.Sandbox, error) {
+func (r *mutationResolver) CreateSandbox(ctx context.Context, input model.CreateSandboxInput) (*model.CreateSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -36,11 +36,11 @@ func (r *mutationResolver) CreateSandbox(ctx context.Context, input model.Create
 	if err != nil {
 		return nil, err
 	}
-	return toSandbox(sb), nil
+	return &model.CreateSandboxPayload{Sandbox: toSandbox(sb)}, nil
 }
 
 // Exec is the resolver for the exec field.
-func (r *mutationResolver) Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecResult, error) {
+func (r *mutationResolver) Exec(ctx context.Context, sandboxID string, input model.ExecInput, wait *bool) (*model.ExecPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -53,11 +53,11 @@ func (r *mutationResolver) Exec(ctx context.Context, sandboxID string, input mod
 	if err != nil {
 		return nil, err
 	}
-	return toExecResult(res, selectedFields(ctx, "ExecResult")), nil
+	return &model.ExecPayload{Exec: toExecResult(res, selectedFieldsOf(ctx, "ExecPayload", "exec", "ExecResult"))}, nil
 }
 
 // StopSandbox is the resolver for the stopSandbox field.
-func (r *mutationResolver) StopSandbox(ctx context.Context, id string) (*model.Sandbox, error) {
+func (r *mutationResolver) StopSandbox(ctx context.Context, id string) (*model.StopSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -66,11 +66,11 @@ func (r *mutationResolver) StopSandbox(ctx context.Context, id string) (*model.S
 	if err != nil {
 		return nil, err
 	}
-	return toSandbox(sb), nil
+	return &model.StopSandboxPayload{Sandbox: toSandbox(sb)}, nil
 }
 
 // StartSandbox is the resolver for the startSandbox field.
-func (r *mutationResolver) StartSandbox(ctx context.Context, id string) (*model.Sandbox, error) {
+func (r *mutationResolver) StartSandbox(ctx context.Context, id string) (*model.StartSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -79,11 +79,11 @@ func (r *mutationResolver) StartSandbox(ctx context.Context, id string) (*model.
 	if err != nil {
 		return nil, err
 	}
-	return toSandbox(sb), nil
+	return &model.StartSandboxPayload{Sandbox: toSandbox(sb)}, nil
 }
 
 // PauseSandbox is the resolver for the pauseSandbox field.
-func (r *mutationResolver) PauseSandbox(ctx context.Context, id string) (*model.Sandbox, error) {
+func (r *mutationResolver) PauseSandbox(ctx context.Context, id string) (*model.PauseSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -92,11 +92,11 @@ func (r *mutationResolver) PauseSandbox(ctx context.Context, id string) (*model.
 	if err != nil {
 		return nil, err
 	}
-	return toSandbox(sb), nil
+	return &model.PauseSandboxPayload{Sandbox: toSandbox(sb)}, nil
 }
 
 // ResumeSandbox is the resolver for the resumeSandbox field.
-func (r *mutationResolver) ResumeSandbox(ctx context.Context, id string) (*model.Sandbox, error) {
+func (r *mutationResolver) ResumeSandbox(ctx context.Context, id string) (*model.ResumeSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -105,7 +105,7 @@ func (r *mutationResolver) ResumeSandbox(ctx context.Context, id string) (*model
 	if err != nil {
 		return nil, err
 	}
-	return toSandbox(sb), nil
+	return &model.ResumeSandboxPayload{Sandbox: toSandbox(sb)}, nil
 }
 
 // DestroySandbox is the resolver for the destroySandbox field.
@@ -122,7 +122,7 @@ func (r *mutationResolver) DestroySandbox(ctx context.Context, id string) (*mode
 }
 
 // UpdateSandbox is the resolver for the updateSandbox field.
-func (r *mutationResolver) UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.Sandbox, error) {
+func (r *mutationResolver) UpdateSandbox(ctx context.Context, id string, input model.UpdateSandboxInput) (*model.UpdateSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -135,11 +135,11 @@ func (r *mutationResolver) UpdateSandbox(ctx context.Context, id string, input m
 	if err != nil {
 		return nil, err
 	}
-	return toSandbox(sb), nil
+	return &model.UpdateSandboxPayload{Sandbox: toSandbox(sb)}, nil
 }
 
 // SnapshotSandbox is the resolver for the snapshotSandbox field.
-func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*model.Snapshot, error) {
+func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*model.SnapshotSandboxPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -148,7 +148,7 @@ func (r *mutationResolver) SnapshotSandbox(ctx context.Context, id string) (*mod
 	if err != nil {
 		return nil, err
 	}
-	return toSnapshot(snap), nil
+	return &model.SnapshotSandboxPayload{Snapshot: toSnapshot(snap)}, nil
 }
 
 // DeleteSnapshot is the resolver for the deleteSnapshot field.
@@ -164,7 +164,7 @@ func (r *mutationResolver) DeleteSnapshot(ctx context.Context, id string) (*mode
 }
 
 // WriteFile is the resolver for the writeFile field.
-func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.FileInfo, error) {
+func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path string, content *string, contentBase64 *string, mode *int) (*model.WriteFilePayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func (r *mutationResolver) WriteFile(ctx context.Context, sandboxID string, path
 	if err != nil {
 		return nil, err
 	}
-	return toFileInfo(fi), nil
+	return &model.WriteFilePayload{File: toFileInfo(fi)}, nil
 }
 
 // DeleteFile is the resolver for the deleteFile field.
@@ -197,7 +197,7 @@ func (r *mutationResolver) DeleteFile(ctx context.Context, sandboxID string, pat
 }
 
 // MoveFile is the resolver for the moveFile field.
-func (r *mutationResolver) MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.FileInfo, error) {
+func (r *mutationResolver) MoveFile(ctx context.Context, sandboxID string, from string, to string, overwrite *bool) (*model.MoveFilePayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -206,7 +206,7 @@ func (r *mutationResolver) MoveFile(ctx context.Context, sandboxID string, from 
 	if err != nil {
 		return nil, err
 	}
-	return toFileInfo(fi), nil
+	return &model.MoveFilePayload{From: from, File: toFileInfo(fi)}, nil
 }
 
 // MakeDirectory is the resolver for the makeDirectory field.
@@ -223,7 +223,7 @@ func (r *mutationResolver) MakeDirectory(ctx context.Context, sandboxID string, 
 }
 
 // StartAgentRun is the resolver for the startAgentRun field.
-func (r *mutationResolver) StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.AgentRun, error) {
+func (r *mutationResolver) StartAgentRun(ctx context.Context, input model.StartAgentRunInput) (*model.StartAgentRunPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -236,11 +236,11 @@ func (r *mutationResolver) StartAgentRun(ctx context.Context, input model.StartA
 	if err != nil {
 		return nil, err
 	}
-	return toAgentRun(run), nil
+	return &model.StartAgentRunPayload{AgentRun: toAgentRun(run)}, nil
 }
 
 // CancelAgentRun is the resolver for the cancelAgentRun field.
-func (r *mutationResolver) CancelAgentRun(ctx context.Context, id string) (*model.AgentRun, error) {
+func (r *mutationResolver) CancelAgentRun(ctx context.Context, id string) (*model.CancelAgentRunPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -249,11 +249,11 @@ func (r *mutationResolver) CancelAgentRun(ctx context.Context, id string) (*mode
 	if err != nil {
 		return nil, err
 	}
-	return toAgentRun(run), nil
+	return &model.CancelAgentRunPayload{AgentRun: toAgentRun(run)}, nil
 }
 
 // SignalExec is the resolver for the signalExec field.
-func (r *mutationResolver) SignalExec(ctx context.Context, execID string, signal model.ExecSignal) (*model.ExecResult, error) {
+func (r *mutationResolver) SignalExec(ctx context.Context, execID string, signal model.ExecSignal) (*model.SignalExecPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -262,11 +262,11 @@ func (r *mutationResolver) SignalExec(ctx context.Context, execID string, signal
 	if err != nil {
 		return nil, err
 	}
-	return toExecResult(res, nil), nil
+	return &model.SignalExecPayload{Exec: toExecResult(res, nil)}, nil
 }
 
 // WriteExecStdin is the resolver for the writeExecStdin field.
-func (r *mutationResolver) WriteExecStdin(ctx context.Context, execID string, data *string, dataBase64 *string, close *bool) (*model.StdinWriteResult, error) {
+func (r *mutationResolver) WriteExecStdin(ctx context.Context, execID string, data *string, dataBase64 *string, close *bool) (*model.WriteExecStdinPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -279,11 +279,11 @@ func (r *mutationResolver) WriteExecStdin(ctx context.Context, execID string, da
 	if err != nil {
 		return nil, err
 	}
-	return &model.StdinWriteResult{Written: res.Written, Buffered: res.Buffered, Closed: res.Closed}, nil
+	return &model.WriteExecStdinPayload{Written: res.Written, Buffered: res.Buffered, Closed: res.Closed}, nil
 }
 
 // ResizeExecTty is the resolver for the resizeExecTty field.
-func (r *mutationResolver) ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ExecResult, error) {
+func (r *mutationResolver) ResizeExecTty(ctx context.Context, execID string, rows int, cols int) (*model.ResizeExecTtyPayload, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -292,7 +292,7 @@ func (r *mutationResolver) ResizeExecTty(ctx context.Context, execID string, row
 	if err != nil {
 		return nil, err
 	}
-	return toExecResult(res, nil), nil
+	return &model.ResizeExecTtyPayload{Exec: toExecResult(res, nil)}, nil
 }
 
 // Node is the resolver for the node field.
@@ -394,7 +394,7 @@ func (r *queryResolver) ReadFile(ctx context.Context, sandboxID string, path str
 }
 
 // ListFiles is the resolver for the listFiles field.
-func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *string, first *int) (*model.FileListing, error) {
+func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *string, first *int, after *string) (*model.FileConnection, error) {
 	p, err := auth.Require(ctx)
 	if err != nil {
 		return nil, err
@@ -403,11 +403,11 @@ func (r *queryResolver) ListFiles(ctx context.Context, sandboxID string, path *s
 	if err != nil {
 		return nil, err
 	}
-	entries, truncated, err := r.svc.ListDir(ctx, p, sandboxID, dir, limit)
+	page, err := r.svc.FilePage(ctx, p, sandboxID, dir, sandbox.FileListOptions{Limit: limit, After: deref(after)})
 	if err != nil {
 		return nil, err
 	}
-	return toFileListing(dir, entries, truncated), nil
+	return toFileConnection(dir, page), nil
 }
 
 // Stat is the resolver for the stat field.

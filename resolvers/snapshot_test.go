@@ -13,10 +13,10 @@ const snapshotFields = `id sandboxId createdAt sizeBytes rawSizeBytes sha256 par
 
 func TestSnapshotSandbox(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	r := e.post(t, apitest.UserKey, `mutation($id: ID!) { snapshotSandbox(id: $id) { `+snapshotFields+` } }`, map[string]any{"id": apitest.SandboxRunning})
+	r := e.post(t, apitest.UserKey, `mutation($id: ID!) { snapshotSandbox(id: $id) { snapshot { `+snapshotFields+` } } }`, map[string]any{"id": apitest.SandboxRunning})
 	noErrors(t, r)
 	var got map[string]any
-	field(t, r, "snapshotSandbox", &got)
+	field(t, r, "snapshotSandbox.snapshot", &got)
 	want := map[string]any{"id": apitest.SnapLatest, "sandboxId": apitest.SandboxRunning, "createdAt": "2025-01-02T03:05:05Z",
 		"sizeBytes": float64(5 << 30), "rawSizeBytes": float64(6 << 30), "sha256": strings.Repeat("ab", 32), "parentSnapshotId": apitest.SnapOld}
 	for k, v := range want {
@@ -24,11 +24,11 @@ func TestSnapshotSandbox(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", k, got[k], v)
 		}
 	}
-	r = e.post(t, apitest.UserKey, `mutation { snapshotSandbox(id: "`+apitest.SandboxBusy+`") { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { snapshotSandbox(id: "`+apitest.SandboxBusy+`") { snapshot { id } } }`, nil)
 	if r.code(0) != "INVALID_STATE" || r.Errors[0].Extensions["retryAfter"] == nil {
 		t.Errorf("busy sandbox: got %+v, want INVALID_STATE with retryAfter", r.Errors)
 	}
-	r = e.post(t, apitest.UserKey, `mutation { snapshotSandbox(id: "sbx_other") { id } }`, nil)
+	r = e.post(t, apitest.UserKey, `mutation { snapshotSandbox(id: "sbx_other") { snapshot { id } } }`, nil)
 	if r.code(0) != "NOT_FOUND" {
 		t.Errorf("unknown sandbox: got %+v, want NOT_FOUND", r.Errors)
 	}
@@ -192,7 +192,7 @@ func TestCreateSandboxWithSource(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: `+tt.input+`) { id } }`, nil)
+			r := e.post(t, apitest.UserKey, `mutation { createSandbox(input: `+tt.input+`) { sandbox { id } } }`, nil)
 			noErrors(t, r)
 			got := e.fake.Last("Create").Create.Source
 			if (got == nil) != (tt.want == nil) || (got != nil && *got != *tt.want) {

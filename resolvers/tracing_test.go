@@ -80,7 +80,7 @@ func TestTracingOperationAndResolverSpans(t *testing.T) {
 	srv, _ := tracedEnv(t, HandlerOptions{})
 	const traceID = "0af7651916cd43dd8448eb211c80319c"
 	spans := postTraced(t, srv, rec, traceID, `mutation Run { exec(sandboxId: "`+apitest.SandboxRunning+
-		`", input: {command: ["echo", "secret-argv"]}) { execId exitCode stdout } }`)
+		`", input: {command: ["echo", "secret-argv"]}) { exec { execId exitCode stdout } } }`)
 	m := byName(spans)
 	if len(spans) != 3 || len(m["POST /graphql"]) != 1 || len(m["graphql.mutation"]) != 1 || len(m["Mutation.exec"]) != 1 {
 		t.Fatalf("spans %v, want the request's, graphql.mutation and Mutation.exec", names(spans))

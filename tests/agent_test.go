@@ -212,9 +212,9 @@ func TestAgentRuns(t *testing.T) {
 			ID, Status, RunDir string
 			ExitCode           *int
 		}
-		s.GQL(t, `mutation($in: StartAgentRunInput!) { startAgentRun(input: $in) { `+fields+` } }`, map[string]any{"in": map[string]any{
+		s.GQL(t, `mutation($in: StartAgentRunInput!) { startAgentRun(input: $in) { agentRun { `+fields+` } } }`, map[string]any{"in": map[string]any{
 			"agentId": "tester", "model": "gql-model", "instruction": "from graphql", "sandboxId": id, "config": map[string]any{"via": "gql"}}},
-			e2e.HdrTenant1).OK(t, "startAgentRun", &g)
+			e2e.HdrTenant1).OK(t, "startAgentRun.agentRun", &g)
 		if g.Status != "RUNNING" {
 			t.Fatalf("startAgentRun: got %+v, want RUNNING", g)
 		}
@@ -283,13 +283,13 @@ func TestAgentRuns(t *testing.T) {
 			}
 			return map[string]any{"in": m}
 		}
-		const start = `mutation($in: StartAgentRunInput!) { startAgentRun(input: $in) { id status } }`
+		const start = `mutation($in: StartAgentRunInput!) { startAgentRun(input: $in) { agentRun { id status } } }`
 		s.GQL(t, start, in("tester", map[string]any{"model": "m", "passAtK": 2}), e2e.HdrTenant1).WantCode(t, 0, "INVALID_ARGUMENT", "harbor")
 		s.GQL(t, start, in("graded", nil), e2e.HdrTenant1).WantCode(t, 0, "INVALID_ARGUMENT", "integration: sandbox")
 		s.GQL(t, start, in("sleeper", nil), e2e.HdrTenant2).WantCode(t, 0, "NOT_FOUND")
 		s.GQL(t, `query($id: ID!) { agentRun(id: $id) { id } }`, map[string]any{"id": g.ID}, e2e.HdrTenant2).WantCode(t, 0, "NOT_FOUND")
-		s.GQL(t, start, in("sleeper", nil), e2e.HdrTenant1).OK(t, "startAgentRun", &g)
-		s.GQL(t, `mutation($id: ID!) { cancelAgentRun(id: $id) { id status } }`, map[string]any{"id": g.ID}, e2e.HdrTenant1).OK(t, "cancelAgentRun", &g)
+		s.GQL(t, start, in("sleeper", nil), e2e.HdrTenant1).OK(t, "startAgentRun.agentRun", &g)
+		s.GQL(t, `mutation($id: ID!) { cancelAgentRun(id: $id) { agentRun { id status } } }`, map[string]any{"id": g.ID}, e2e.HdrTenant1).OK(t, "cancelAgentRun.agentRun", &g)
 		if g.Status != "CANCELLED" {
 			t.Errorf("cancelAgentRun: got %s, want CANCELLED", g.Status)
 		}

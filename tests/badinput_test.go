@@ -169,7 +169,7 @@ func (e *apiEnv) testBadInputsGraphQL(t *testing.T) {
 		{"exec-stdin-twice", gqlExec, execIn(map[string]any{"command": []string{"cat"}, "stdin": "a", "stdinBase64": "YQ=="}), "INVALID_ARGUMENT", []string{"stdin"}},
 		{"exec-timeout-wrong-type", gqlExec, execIn(map[string]any{"command": []string{"true"}, "timeoutSec": "soon"}), "", nil},
 		{"exec-missing-command", gqlExec, execIn(map[string]any{"timeoutSec": 5}), "", nil},
-		{"write-content-twice", `mutation($id: ID!) { writeFile(sandboxId: $id, path: "a.txt", content: "a", contentBase64: "YQ==") { path } }`,
+		{"write-content-twice", `mutation($id: ID!) { writeFile(sandboxId: $id, path: "a.txt", content: "a", contentBase64: "YQ==") { file { path } } }`,
 			map[string]any{"id": id}, "INVALID_ARGUMENT", []string{"content"}},
 		{"write-escape", gqlWrite, map[string]any{"id": id, "path": "../../etc/passwd", "content": "owned"}, "INVALID_ARGUMENT", []string{"workspace"}},
 		{"read-escape", gqlRead, map[string]any{"id": id, "path": "../../etc/passwd"}, "INVALID_ARGUMENT", []string{"workspace"}},
@@ -185,10 +185,12 @@ func (e *apiEnv) testBadInputsGraphQL(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			g := s.GQL(t, c.query, c.vars, e2e.HdrTenant1)
 			var made struct {
-				ID string `json:"id"`
+				Sandbox struct {
+					ID string `json:"id"`
+				} `json:"sandbox"`
 			}
-			if raw := g.Data["createSandbox"]; raw != nil && json.Unmarshal(raw, &made) == nil && made.ID != "" {
-				s.Track(made.ID, e2e.HdrTenant1)
+			if raw := g.Data["createSandbox"]; raw != nil && json.Unmarshal(raw, &made) == nil && made.Sandbox.ID != "" {
+				s.Track(made.Sandbox.ID, e2e.HdrTenant1)
 			}
 			code := c.code
 			if code == "" {

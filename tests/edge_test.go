@@ -201,7 +201,7 @@ func TestEdgeAliasStorms(t *testing.T) {
 	})
 
 	e2e.Step(t, "mutation-storm-refused", func(t *testing.T) {
-		q := "mutation {" + aliases(100, `exec(sandboxId: "`+sb.SandboxID+`", input: {command: ["sleep", "60"]}, wait: false) { execId }`) + "}"
+		q := "mutation {" + aliases(100, `exec(sandboxId: "`+sb.SandboxID+`", input: {command: ["sleep", "60"]}, wait: false) { exec { execId } }`) + "}"
 		g := s.GQL(t, q, nil, e2e.HdrDev)
 		if len(g.Errors) == 0 || g.Errors[0].Code() != "COST_EXCEEDED" {
 			t.Fatalf("got %s, want COST_EXCEEDED", g)

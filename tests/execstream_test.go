@@ -26,7 +26,7 @@ import (
 // the way curl -N reads it.
 
 const gqlExecDetached = `mutation($id: ID!, $cmd: [String!]!) {
-	exec(sandboxId: $id, input: {command: $cmd}, wait: false) { execId sandboxId state exitCode command } }`
+	exec(sandboxId: $id, input: {command: $cmd}, wait: false) { exec { execId sandboxId state exitCode command } } }`
 
 const gqlExecOutputSub = `subscription($exec: ID!, $after: String) { execOutput(execId: $exec, after: $after) {
 	cursor kind stream data dataBase64 missedBytes result { execId state exitCode signal timedOut durationMs error } } }`
@@ -127,7 +127,7 @@ func execDetached(t *testing.T, s *e2e.Server, id string, argv []string, headers
 		State    string `json:"state"`
 		ExitCode *int   `json:"exitCode"`
 	}
-	s.GQL(t, gqlExecDetached, map[string]any{"id": id, "cmd": argv}, headers...).OK(t, "exec", &res)
+	s.GQL(t, gqlExecDetached, map[string]any{"id": id, "cmd": argv}, headers...).OK(t, "exec.exec", &res)
 	if res.State != "RUNNING" || res.ExitCode != nil || !strings.HasPrefix(res.ExecID, "exec_") {
 		t.Fatalf("exec with wait: false: got %+v, want state RUNNING, exitCode null and an id", res)
 	}

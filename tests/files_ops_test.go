@@ -132,12 +132,12 @@ func TestFileOps(t *testing.T) {
 			t.Errorf("makeDirectory: got %+v", mk)
 		}
 		s.Upload(t, id, "g/sub/f.txt", []byte("gql"), h)
-		g = s.GQL(t, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "g/sub/f.txt", to: "g/f2.txt") { path size type } }`, vars, h)
+		g = s.GQL(t, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "g/sub/f.txt", to: "g/f2.txt") { file { path size type } } }`, vars, h)
 		var fi struct {
 			Path, Type string
 			Size       int64
 		}
-		g.OK(t, "moveFile", &fi)
+		g.OK(t, "moveFile.file", &fi)
 		if fi.Path != "/workspace/g/f2.txt" || fi.Size != 3 || fi.Type != "FILE" {
 			t.Errorf("moveFile: got %+v", fi)
 		}
@@ -152,7 +152,7 @@ func TestFileOps(t *testing.T) {
 			t.Errorf("stat of a link: got %+v, want the link itself", st)
 		}
 		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "g") { path } }`, vars, h).WantCode(t, http.StatusOK, "DIRECTORY_NOT_EMPTY")
-		s.GQL(t, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "g/f2.txt", to: "g/etc") { path } }`, vars, h).
+		s.GQL(t, `mutation($s: ID!) { moveFile(sandboxId: $s, from: "g/f2.txt", to: "g/etc") { file { path } } }`, vars, h).
 			WantCode(t, http.StatusOK, "ALREADY_EXISTS")
 		var deleted struct{ SandboxID, Path string }
 		s.GQL(t, `mutation($s: ID!) { deleteFile(sandboxId: $s, path: "g", recursive: true) { sandboxId path } }`, vars, h).OK(t, "deleteFile", &deleted)

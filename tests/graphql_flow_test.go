@@ -13,19 +13,19 @@ const (
 		resources { milliCpu memoryBytes }`
 	gqlExecFields = `execId exitCode signal timedOut durationMs stdout stderr stdoutBase64 stdoutTruncated stderrTruncated error`
 
-	gqlCreate  = `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { ` + gqlSandboxFields + ` } }`
+	gqlCreate  = `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { sandbox { ` + gqlSandboxFields + ` } } }`
 	gqlGet     = `query($id: ID!) { sandbox(id: $id) { ` + gqlSandboxFields + ` } }`
 	gqlList    = `query { sandboxes(first: 500) { nodes { id state } pageInfo { hasNextPage } } }`
-	gqlExec    = `mutation($id: ID!, $in: ExecInput!) { exec(sandboxId: $id, input: $in) { ` + gqlExecFields + ` } }`
-	gqlStop    = `mutation($id: ID!) { stopSandbox(id: $id) { ` + gqlSandboxFields + ` } }`
-	gqlStart   = `mutation($id: ID!) { startSandbox(id: $id) { ` + gqlSandboxFields + ` } }`
+	gqlExec    = `mutation($id: ID!, $in: ExecInput!) { exec(sandboxId: $id, input: $in) { exec { ` + gqlExecFields + ` } } }`
+	gqlStop    = `mutation($id: ID!) { stopSandbox(id: $id) { sandbox { ` + gqlSandboxFields + ` } } }`
+	gqlStart   = `mutation($id: ID!) { startSandbox(id: $id) { sandbox { ` + gqlSandboxFields + ` } } }`
 	gqlDestroy = `mutation($id: ID!) { destroySandbox(id: $id) { snapshotId sandbox { id state } } }`
 	gqlWrite   = `mutation($id: ID!, $path: String!, $content: String) {
-		writeFile(sandboxId: $id, path: $path, content: $content) { name path size isDir } }`
+		writeFile(sandboxId: $id, path: $path, content: $content) { file { name path size isDir } } }`
 	gqlRead = `query($id: ID!, $path: String!) { readFile(sandboxId: $id, path: $path) {
 		path content contentBase64 size truncated file { name size } } }`
 	gqlListFiles = `query($id: ID!, $path: String) { listFiles(sandboxId: $id, path: $path) {
-		path truncated entries { name isDir size } } }`
+		path nodes { name isDir size } pageInfo { hasNextPage endCursor } } }`
 )
 
 type gqlSandbox struct {
@@ -71,7 +71,7 @@ func gqlExecOK(t *testing.T, s *e2e.Server, id string, argv []string, headers ..
 	t.Helper()
 	var res gqlExecResult
 	s.GQL(t, gqlExec, map[string]any{"id": id, "in": map[string]any{"command": argv, "timeoutSec": 60}}, headers...).
-		OK(t, "exec", &res)
+		OK(t, "exec.exec", &res)
 	if res.ExitCode != 0 || res.Signal != nil || res.TimedOut || res.Error != nil {
 		t.Fatalf("exec %q: got %+v, want exit 0", argv, res)
 	}
@@ -85,7 +85,7 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 
 	var sb gqlSandbox
 	s.GQL(t, gqlCreate, map[string]any{"in": map[string]any{"profile": "sandboxes-default", "autostopSec": 1800, "ttlSec": 14400}}, key).
-		OK(t, "createSandbox", &sb)
+		OK(t, "createSandbox.sandbox", &sb)
 	if sb.ID != "" {
 		s.Track(sb.ID, key)
 	}
@@ -122,13 +122,13 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 			Name string `json:"name"`
 			Size int64  `json:"size"`
 		}
-		s.GQL(t, gqlWrite, map[string]any{"id": id, "path": "test_sample.py", "content": testSample}, key).OK(t, "writeFile", &fi)
+		s.GQL(t, gqlWrite, map[string]any{"id": id, "path": "test_sample.py", "content": testSample}, key).OK(t, "writeFile.file", &fi)
 		if fi.Name != "test_sample.py" || fi.Size != int64(len(testSample)) {
 			t.Errorf("writeFile: got %+v, want test_sample.py of %d bytes", fi, len(testSample))
 		}
 		var res gqlExecResult
 		s.GQL(t, gqlExec, map[string]any{"id": id, "in": map[string]any{
-			"command": []string{"bash", "-lc", "python -m pytest -q"}, "timeoutSec": 300}}, key).OK(t, "exec", &res)
+			"command": []string{"bash", "-lc", "python -m pytest -q"}, "timeoutSec": 300}}, key).OK(t, "exec.exec", &res)
 		if res.ExitCode != 0 || !strings.Contains(res.Stdout, "1 passed") {
 			t.Fatalf("pytest: got %+v, want exit 0 and \"1 passed\"", res)
 		}
@@ -147,13 +147,13 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 			t.Errorf("sandboxes: got %+v, want %s RUNNING", conn.Nodes, id)
 		}
 		var listing struct {
-			Entries []struct {
+			Nodes []struct {
 				Name string `json:"name"`
-			} `json:"entries"`
+			} `json:"nodes"`
 		}
 		s.GQL(t, gqlListFiles, map[string]any{"id": id}, key).OK(t, "listFiles", &listing)
 		names := map[string]bool{}
-		for _, e := range listing.Entries {
+		for _, e := range listing.Nodes {
 			names[e.Name] = true
 		}
 		if !names["notes.txt"] || !names["test_sample.py"] {
@@ -168,7 +168,7 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 
 	e2e.Step(t, "stop", func(t *testing.T) {
 		var got gqlSandbox
-		s.GQL(t, gqlStop, map[string]any{"id": id}, key).OK(t, "stopSandbox", &got)
+		s.GQL(t, gqlStop, map[string]any{"id": id}, key).OK(t, "stopSandbox.sandbox", &got)
 		if got.State != "STOPPED" {
 			t.Fatalf("stopSandbox: got state %q, want STOPPED", got.State)
 		}
@@ -181,7 +181,7 @@ func TestDocumentFlowGraphQL(t *testing.T) {
 
 	e2e.Step(t, "start", func(t *testing.T) {
 		var got gqlSandbox
-		s.GQL(t, gqlStart, map[string]any{"id": id}, key).OK(t, "startSandbox", &got)
+		s.GQL(t, gqlStart, map[string]any{"id": id}, key).OK(t, "startSandbox.sandbox", &got)
 		if got.State != "RUNNING" {
 			t.Fatalf("startSandbox: got state %q, want RUNNING", got.State)
 		}

@@ -131,11 +131,11 @@ func TestLabels(t *testing.T) {
 			ids[i] = sb.SandboxID
 		}
 		// The fifth through GraphQL.
-		g := s.GQL(t, `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { id state labels { key value } } }`,
+		g := s.GQL(t, `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { sandbox { id state labels { key value } } } }`,
 			map[string]any{"in": map[string]any{"profile": "sandboxes-default",
 				"labels": []map[string]string{{"key": "team", "value": "ml"}, {"key": "env", "value": "prod"}}}}, e2e.HdrTenant1)
 		var sb gqlSandboxLabels
-		g.OK(t, "createSandbox", &sb)
+		g.OK(t, "createSandbox.sandbox", &sb)
 		s.Track(sb.ID, e2e.HdrTenant1)
 		if sb.State != "RUNNING" || !maps.Equal(sb.labelMap(), specs[4]) || sb.Labels[0].Key != "env" {
 			t.Fatalf("createSandbox: got %+v, want RUNNING with env, team sorted", sb)
@@ -182,7 +182,7 @@ func TestLabels(t *testing.T) {
 				t.Errorf("%s: got a %d-byte message, want a bounded one", name, n)
 			}
 		}
-		g := s.GQL(t, `mutation { createSandbox(input: {labels: [{key: "sandboxd.io/sandbox-id", value: "x"}]}) { id } }`, nil, e2e.HdrTenant1)
+		g := s.GQL(t, `mutation { createSandbox(input: {labels: [{key: "sandboxd.io/sandbox-id", value: "x"}]}) { sandbox { id } } }`, nil, e2e.HdrTenant1)
 		g.WantCode(t, 0, "INVALID_ARGUMENT", "reserved")
 		after, _ := pagesREST(t, e2e.HdrTenant1, url.Values{})
 		if len(after) != len(before) {
@@ -304,10 +304,10 @@ func TestLabels(t *testing.T) {
 		}
 
 		// GraphQL's updateSandbox on another one; "labels": null through REST clears.
-		g := s.GQL(t, `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "env", value: null}, {key: "ticket", value: "T-1"}], ttlSec: 10800}) {
-			id ttlSec expiresAt labels { key value } } }`, map[string]any{"id": ids[1]}, e2e.HdrTenant1)
+		g := s.GQL(t, `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "env", value: null}, {key: "ticket", value: "T-1"}], ttlSec: 10800}) { sandbox {
+			id ttlSec expiresAt labels { key value } } } }`, map[string]any{"id": ids[1]}, e2e.HdrTenant1)
 		var up gqlSandboxLabels
-		g.OK(t, "updateSandbox", &up)
+		g.OK(t, "updateSandbox.sandbox", &up)
 		if want := map[string]string{"team": "ml", "ticket": "T-1"}; !maps.Equal(up.labelMap(), want) || up.TTLSec != 10800 || up.ExpiresAt == "" {
 			t.Errorf("updateSandbox: got %+v, want labels %v and ttl 10800 with its expiry", up, want)
 		}
@@ -359,7 +359,7 @@ func TestLabels(t *testing.T) {
 			r := s.Curl(t, http.MethodPatch, p, []byte(`{"ttl_sec":100}`), e2e.HdrJSON, e2e.HdrTenant2)
 			r.WantError(t, http.StatusNotFound, "NOT_FOUND")
 		}
-		g := s.GQL(t, `mutation($id: ID!) { updateSandbox(id: $id, input: {ttlSec: 100}) { id } }`, map[string]any{"id": ids[3]}, e2e.HdrTenant2)
+		g := s.GQL(t, `mutation($id: ID!) { updateSandbox(id: $id, input: {ttlSec: 100}) { sandbox { id } } }`, map[string]any{"id": ids[3]}, e2e.HdrTenant2)
 		g.WantCode(t, 0, "NOT_FOUND")
 	})
 

@@ -253,7 +253,7 @@ func TestNetworkPolicyLocal(t *testing.T) {
 			srv.Curl(t, http.MethodPost, e2e.Prefix, []byte(c.body), e2e.HdrJSON, e2e.HdrTenant1).WantError(t, c.status, c.code)
 		}
 		// The same through GraphQL: a narrowing to none, and a widening refused by code.
-		const create = `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { id network networkPolicy { mode egressAllow } } }`
+		const create = `mutation($in: CreateSandboxInput!) { createSandbox(input: $in) { sandbox { id network networkPolicy { mode egressAllow } } } }`
 		g := srv.GQL(t, create, map[string]any{"in": map[string]any{"profile": "open", "network": map[string]any{"mode": "NONE"}}}, e2e.HdrTenant1)
 		var out struct {
 			ID            string `json:"id"`
@@ -262,7 +262,7 @@ func TestNetworkPolicyLocal(t *testing.T) {
 				Mode string `json:"mode"`
 			} `json:"networkPolicy"`
 		}
-		g.OK(t, "createSandbox", &out)
+		g.OK(t, "createSandbox.sandbox", &out)
 		srv.Track(out.ID, e2e.HdrTenant1)
 		if out.Network != "none" || out.NetworkPolicy.Mode != "NONE" {
 			t.Errorf("GraphQL create narrowed to none: %s", g)

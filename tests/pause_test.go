@@ -184,11 +184,11 @@ func TestPauseKeepsProcesses(t *testing.T) {
 
 	e2e.Step(t, "graphql", func(t *testing.T) {
 		var sb struct{ State, AutostopAction string }
-		s.GQL(t, `mutation($id: ID!) { pauseSandbox(id: $id) { state autostopAction } }`, map[string]any{"id": id}, key).OK(t, "pauseSandbox", &sb)
+		s.GQL(t, `mutation($id: ID!) { pauseSandbox(id: $id) { sandbox { state autostopAction } } }`, map[string]any{"id": id}, key).OK(t, "pauseSandbox.sandbox", &sb)
 		if sb.State != "PAUSED" || sb.AutostopAction != "STOP" {
 			t.Fatalf("pauseSandbox: %+v", sb)
 		}
-		s.GQL(t, `mutation($id: ID!) { resumeSandbox(id: $id) { state } }`, map[string]any{"id": id}, key).OK(t, "resumeSandbox", &sb)
+		s.GQL(t, `mutation($id: ID!) { resumeSandbox(id: $id) { sandbox { state } } }`, map[string]any{"id": id}, key).OK(t, "resumeSandbox.sandbox", &sb)
 		if sb.State != "RUNNING" {
 			t.Fatalf("resumeSandbox: %+v", sb)
 		}

@@ -156,8 +156,19 @@ func (r gqlResult) field(t *testing.T, name string, v any) {
 	if len(r.Errors) > 0 {
 		t.Fatalf("got errors %+v", r.Errors)
 	}
-	if err := json.Unmarshal(r.Data[name], v); err != nil {
-		t.Fatalf("data.%s %s: %v", name, r.Data[name], err)
+	root, rest, _ := strings.Cut(name, ".")
+	raw := r.Data[root]
+	for rest != "" {
+		var key string
+		key, rest, _ = strings.Cut(rest, ".")
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			t.Fatalf("data.%s %s: %v", name, raw, err)
+		}
+		raw = obj[key]
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		t.Fatalf("data.%s %s: %v", name, raw, err)
 	}
 }
 
@@ -278,8 +289,8 @@ func TestProcessControl(t *testing.T) {
 			})
 			if tc.graphql {
 				var res struct{ ExecID, State string }
-				gql.do(t, `mutation($id: ID!, $sig: ExecSignal!) { signalExec(execId: $id, signal: $sig) { execId state } }`,
-					map[string]any{"id": st.ExecID, "sig": tc.sig}).field(t, "signalExec", &res)
+				gql.do(t, `mutation($id: ID!, $sig: ExecSignal!) { signalExec(execId: $id, signal: $sig) { exec { execId state } } }`,
+					map[string]any{"id": st.ExecID, "sig": tc.sig}).field(t, "signalExec.exec", &res)
 				if res.ExecID != st.ExecID {
 					t.Fatalf("signalExec: got %+v", res)
 				}
@@ -305,7 +316,7 @@ func TestProcessControl(t *testing.T) {
 			s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/execs/"+running.ExecID+"/signal", []byte(body), e2e.HdrJSON, e2e.HdrTenant1).
 				WantError(t, http.StatusBadRequest, "INVALID_ARGUMENT")
 		}
-		if r := gql.do(t, `mutation { signalExec(execId: "`+running.ExecID+`", signal: SIGSTOP) { execId } }`, nil); r.code() != "GRAPHQL_VALIDATION_FAILED" {
+		if r := gql.do(t, `mutation { signalExec(execId: "`+running.ExecID+`", signal: SIGSTOP) { exec { execId } } }`, nil); r.code() != "GRAPHQL_VALIDATION_FAILED" {
 			t.Fatalf("GraphQL SIGSTOP: got %+v", r.Errors)
 		}
 	})
@@ -420,9 +431,9 @@ func TestProcessControl(t *testing.T) {
 		other := dialGQL(ctx, t, s, e2e.KeyTenant2)
 		for _, q := range []string{
 			`{ execs(sandboxId: "` + id + `") { nodes { execId } } }`,
-			`mutation { signalExec(execId: "` + running.ExecID + `", signal: SIGKILL) { execId } }`,
+			`mutation { signalExec(execId: "` + running.ExecID + `", signal: SIGKILL) { exec { execId } } }`,
 			`mutation { writeExecStdin(execId: "` + running.ExecID + `", data: "x") { written } }`,
-			`mutation { resizeExecTty(execId: "` + running.ExecID + `", rows: 5, cols: 5) { execId } }`,
+			`mutation { resizeExecTty(execId: "` + running.ExecID + `", rows: 5, cols: 5) { exec { execId } } }`,
 		} {
 			if r := other.do(t, q, nil); r.code() != "NOT_FOUND" {
 				t.Errorf("%s as another tenant: got %+v, want NOT_FOUND", q, r.Errors)

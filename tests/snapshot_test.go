@@ -164,15 +164,17 @@ func TestSnapshots(t *testing.T) {
 		// Its snapshots descend from the source; this one through GraphQL.
 		var data struct {
 			SnapshotSandbox *struct {
-				ID               string  `json:"id"`
-				ParentSnapshotID *string `json:"parentSnapshotId"`
+				Snapshot struct {
+					ID               string  `json:"id"`
+					ParentSnapshotID *string `json:"parentSnapshotId"`
+				} `json:"snapshot"`
 			} `json:"snapshotSandbox"`
 		}
-		if _, err := c.Do(ctx, `mutation($id: ID!) { snapshotSandbox(id: $id) { id parentSnapshotId } }`,
+		if _, err := c.Do(ctx, `mutation($id: ID!) { snapshotSandbox(id: $id) { snapshot { id parentSnapshotId } } }`,
 			map[string]any{"id": restored.ID}, &data); err != nil {
 			t.Fatalf("snapshotSandbox: %v", err)
 		}
-		if gs := data.SnapshotSandbox; gs == nil || gs.ParentSnapshotID == nil || *gs.ParentSnapshotID != snap.SnapshotID {
+		if gs := data.SnapshotSandbox; gs == nil || gs.Snapshot.ParentSnapshotID == nil || *gs.Snapshot.ParentSnapshotID != snap.SnapshotID {
 			t.Errorf("snapshotSandbox: got %+v, want parent %s", gs, snap.SnapshotID)
 		}
 	})

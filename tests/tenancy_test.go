@@ -130,7 +130,7 @@ func (e *apiEnv) testTenancyGraphQL(t *testing.T) {
 		{"readFile", gqlRead, map[string]any{"id": id, "path": "notes.txt"}},
 		{"writeFile", gqlWrite, map[string]any{"id": id, "path": "intruder.txt", "content": "intruder"}},
 		{"listFiles", gqlListFiles, map[string]any{"id": id}},
-		{"updateSandbox", `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "intruder", value: "yes"}], ttlSec: 60}) { id } }`,
+		{"updateSandbox", `mutation($id: ID!) { updateSandbox(id: $id, input: {labels: [{key: "intruder", value: "yes"}], ttlSec: 60}) { sandbox { id } } }`,
 			map[string]any{"id": id}},
 	}
 	for _, op := range ops {

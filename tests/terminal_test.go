@@ -180,8 +180,8 @@ func TestTerminal(t *testing.T) {
 			Tty       struct{ Rows, Cols int }
 			StdinOpen bool
 		}
-		gql.do(t, `mutation($id: ID!) { resizeExecTty(execId: $id, rows: 30, cols: 100) { tty { rows cols } stdinOpen } }`,
-			map[string]any{"id": bash.ExecID}).field(t, "resizeExecTty", &res)
+		gql.do(t, `mutation($id: ID!) { resizeExecTty(execId: $id, rows: 30, cols: 100) { exec { tty { rows cols } stdinOpen } } }`,
+			map[string]any{"id": bash.ExecID}).field(t, "resizeExecTty.exec", &res)
 		if res.Tty.Rows != 30 || res.Tty.Cols != 100 || !res.StdinOpen {
 			t.Fatalf("resizeExecTty: got %+v", res)
 		}

@@ -153,17 +153,19 @@ func TestTracingExportsOneExecEndToEnd(t *testing.T) {
 			t.Fatalf("got %s %s, want connection_ack", m.Type, m.Payload)
 		}
 		send(ctx, t, c, wsMsg{ID: "1", Type: "subscribe", Payload: rawJSON(t, map[string]any{
-			"query":     `mutation($id: ID!, $cmd: [String!]!) { exec(sandboxId: $id, input: {command: $cmd}) { execId exitCode } }`,
+			"query":     `mutation($id: ID!, $cmd: [String!]!) { exec(sandboxId: $id, input: {command: $cmd}) { exec { execId exitCode } } }`,
 			"variables": map[string]any{"id": id, "cmd": []string{"sh", "-c", "echo " + traceMarker}}})})
 		m := nextMsg(ctx, t, c)
 		var out struct {
 			Data struct {
 				Exec struct {
-					ExecID string `json:"execId"`
+					Exec struct {
+						ExecID string `json:"execId"`
+					} `json:"exec"`
 				} `json:"exec"`
 			} `json:"data"`
 		}
-		if m.Type != "next" || json.Unmarshal(m.Payload, &out) != nil || out.Data.Exec.ExecID == "" {
+		if m.Type != "next" || json.Unmarshal(m.Payload, &out) != nil || out.Data.Exec.Exec.ExecID == "" {
 			t.Fatalf("got %s %s, want the exec's result", m.Type, m.Payload)
 		}
 		c.Close(websocket.StatusNormalClosure, "")
@@ -175,8 +177,8 @@ func TestTracingExportsOneExecEndToEnd(t *testing.T) {
 		if root.Attrs["http.response.status_code"] != "101" {
 			t.Errorf("upgrade span status %q, want 101", root.Attrs["http.response.status_code"])
 		}
-		if g := find(t, spans, "guest POST /v1/execs"); g.ParentSpanID != field.SpanID || g.Attrs["sandboxd.exec.id"] != out.Data.Exec.ExecID {
-			t.Errorf("guest span: parent %s attrs %v, want under the resolver with exec %s", g.ParentSpanID, g.Attrs, out.Data.Exec.ExecID)
+		if g := find(t, spans, "guest POST /v1/execs"); g.ParentSpanID != field.SpanID || g.Attrs["sandboxd.exec.id"] != out.Data.Exec.Exec.ExecID {
+			t.Errorf("guest span: parent %s attrs %v, want under the resolver with exec %s", g.ParentSpanID, g.Attrs, out.Data.Exec.Exec.ExecID)
 		}
 		noSecrets(t, spans)
 	})

@@ -26,7 +26,7 @@ import (
 
 // gqlExecStartMutation starts a command without waiting for it (wait: false).
 const gqlExecStartMutation = `mutation($id: ID!, $cmd: [String!]!) {
-  exec(sandboxId: $id, input: {command: $cmd, timeoutSec: 600}, wait: false) { execId }
+  exec(sandboxId: $id, input: {command: $cmd, timeoutSec: 600}, wait: false) { exec { execId } }
 }`
 
 // gqlExecOutputSubscription follows a command's output from its start to its EXIT event.
@@ -123,24 +123,26 @@ func (w *wsConn) execStream(ctx context.Context, sandboxID string, argv []string
 		return r, err
 	}
 	var started struct {
-		Exec *struct {
-			ExecID string `json:"execId"`
+		Payload *struct {
+			Exec struct {
+				ExecID string `json:"execId"`
+			} `json:"exec"`
 		} `json:"exec"`
 	}
 	if err := gqlData(payload, &started); err != nil {
 		return r, err
 	}
-	if started.Exec == nil || started.Exec.ExecID == "" {
+	if started.Payload == nil || started.Payload.Exec.ExecID == "" {
 		return r, fmt.Errorf("exec(wait: false) answered %s: no execId", payload)
 	}
-	sub, _ := json.Marshal(map[string]any{"query": gqlExecOutputSubscription, "variables": map[string]any{"id": started.Exec.ExecID}})
+	sub, _ := json.Marshal(map[string]any{"query": gqlExecOutputSubscription, "variables": map[string]any{"id": started.Payload.Exec.ExecID}})
 	if op, err = w.subscribe(ctx, sub); err != nil {
 		return r, err
 	}
 	for !r.exited {
 		ev, err := w.execOutputEvent(ctx, op)
 		if err != nil {
-			return r, fmt.Errorf("execOutput of %s: %w", started.Exec.ExecID, err)
+			return r, fmt.Errorf("execOutput of %s: %w", started.Payload.Exec.ExecID, err)
 		}
 		elapsed := time.Since(t0)
 		switch ev.Kind {
@@ -152,7 +154,7 @@ func (w *wsConn) execStream(ctx context.Context, sandboxID string, argv []string
 				return r, err
 			}
 		case "TRUNCATED":
-			return r, fmt.Errorf("execOutput of %s: TRUNCATED after %d bytes of stdout", started.Exec.ExecID, r.stdoutBytes)
+			return r, fmt.Errorf("execOutput of %s: TRUNCATED after %d bytes of stdout", started.Payload.Exec.ExecID, r.stdoutBytes)
 		case "EXIT":
 			r.total, r.exited = elapsed, true
 			if res := ev.Result; res != nil {

@@ -235,17 +235,19 @@ func (c *client) destroy(ctx context.Context, id string) error {
 
 // gqlExecMutation is the exec mutation of both GraphQL transports.
 const gqlExecMutation = `mutation($id: ID!, $cmd: [String!]!) {
-  exec(sandboxId: $id, input: {command: $cmd, timeoutSec: 600}) { exitCode signal stdout stderr timedOut error }
+  exec(sandboxId: $id, input: {command: $cmd, timeoutSec: 600}) { exec { exitCode signal stdout stderr timedOut error } }
 }`
 
 type gqlExecData struct {
-	Exec *struct {
-		ExitCode int     `json:"exitCode"`
-		Signal   *string `json:"signal"`
-		Stdout   string  `json:"stdout"`
-		Stderr   string  `json:"stderr"`
-		TimedOut bool    `json:"timedOut"`
-		Error    *string `json:"error"`
+	Payload *struct {
+		Exec *struct {
+			ExitCode int     `json:"exitCode"`
+			Signal   *string `json:"signal"`
+			Stdout   string  `json:"stdout"`
+			Stderr   string  `json:"stderr"`
+			TimedOut bool    `json:"timedOut"`
+			Error    *string `json:"error"`
+		} `json:"exec"`
 	} `json:"exec"`
 }
 
@@ -266,15 +268,16 @@ func execResultOf(payload []byte) (execResult, error) {
 		return execResult{}, fmt.Errorf("GraphQL error: %s", a.Errors[0].Message)
 	}
 	var d gqlExecData
-	if err := json.Unmarshal(a.Data, &d); err != nil || d.Exec == nil {
+	if err := json.Unmarshal(a.Data, &d); err != nil || d.Payload == nil || d.Payload.Exec == nil {
 		return execResult{}, fmt.Errorf("GraphQL answer %q has no exec result (%v)", payload, err)
 	}
-	r := execResult{ExitCode: d.Exec.ExitCode, Stdout: d.Exec.Stdout, Stderr: d.Exec.Stderr, TimedOut: d.Exec.TimedOut}
-	if d.Exec.Signal != nil {
-		r.Signal = *d.Exec.Signal
+	ex := d.Payload.Exec
+	r := execResult{ExitCode: ex.ExitCode, Stdout: ex.Stdout, Stderr: ex.Stderr, TimedOut: ex.TimedOut}
+	if ex.Signal != nil {
+		r.Signal = *ex.Signal
 	}
-	if d.Exec.Error != nil {
-		r.Error = *d.Exec.Error
+	if ex.Error != nil {
+		r.Error = *ex.Error
 	}
 	return r, nil
 }

@@ -249,16 +249,18 @@ func TestTraceOfOneGraphQLExec(t *testing.T) {
 	var out struct {
 		Data struct {
 			Exec struct {
-				ExecID   string `json:"execId"`
-				ExitCode int    `json:"exitCode"`
+				Exec struct {
+					ExecID   string `json:"execId"`
+					ExitCode int    `json:"exitCode"`
+				} `json:"exec"`
 			} `json:"exec"`
 		} `json:"data"`
 		Errors []any `json:"errors"`
 	}
-	q := `mutation($id: ID!, $cmd: [String!]!) { exec(sandboxId: $id, input: {command: $cmd}) { execId exitCode } }`
+	q := `mutation($id: ID!, $cmd: [String!]!) { exec(sandboxId: $id, input: {command: $cmd}) { exec { execId exitCode } } }`
 	call(t, srv, http.MethodPost, "/graphql", "00-"+traceID+"-"+callerSpan+"-01",
 		map[string]any{"query": q, "variables": map[string]any{"id": sb.ID, "cmd": []string{"sh", "-c", "echo " + traceCommand}}}, &out)
-	if len(out.Errors) > 0 || out.Data.Exec.ExecID == "" {
+	if len(out.Errors) > 0 || out.Data.Exec.Exec.ExecID == "" {
 		t.Fatalf("exec: %+v", out)
 	}
 	const guest = "guest POST /v1/execs"
@@ -274,11 +276,11 @@ func TestTraceOfOneGraphQLExec(t *testing.T) {
 	op := parentOf(t, spans, "graphql.mutation", root)
 	field := parentOf(t, spans, "Mutation.exec", op)
 	parentOf(t, spans, "driver.Get", field)
-	if got := traceAttr(parentOf(t, spans, guest, field), "sandboxd.exec.id"); got != out.Data.Exec.ExecID {
-		t.Errorf("%s: exec %q, want %q", guest, got, out.Data.Exec.ExecID)
+	if got := traceAttr(parentOf(t, spans, guest, field), "sandboxd.exec.id"); got != out.Data.Exec.Exec.ExecID {
+		t.Errorf("%s: exec %q, want %q", guest, got, out.Data.Exec.Exec.ExecID)
 	}
-	if got := traceAttr(field, "sandboxd.exec.id"); got != out.Data.Exec.ExecID {
-		t.Errorf("Mutation.exec: exec %q, want %q", got, out.Data.Exec.ExecID)
+	if got := traceAttr(field, "sandboxd.exec.id"); got != out.Data.Exec.Exec.ExecID {
+		t.Errorf("Mutation.exec: exec %q, want %q", got, out.Data.Exec.Exec.ExecID)
 	}
 }
 

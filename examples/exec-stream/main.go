@@ -26,7 +26,7 @@ import (
 )
 
 const execMutation = `mutation($sandbox: ID!, $command: [String!]!) {
-  exec(sandboxId: $sandbox, input: {command: $command}, wait: false) { execId state } }`
+  exec(sandboxId: $sandbox, input: {command: $command}, wait: false) { exec { execId state } } }`
 
 func main() {
 	url := flag.String("url", "ws://127.0.0.1:8780/graphql", "the GraphQL WebSocket endpoint")
@@ -67,13 +67,15 @@ func run(ctx context.Context, url, key, sandbox, execID, after string, argv []st
 	if execID == "" {
 		var out struct {
 			Exec struct {
-				ExecID string `json:"execId"`
+				Exec struct {
+					ExecID string `json:"execId"`
+				} `json:"exec"`
 			} `json:"exec"`
 		}
 		if _, err := c.Do(ctx, execMutation, map[string]any{"sandbox": sandbox, "command": argv}, &out); err != nil {
 			return 0, err
 		}
-		execID = out.Exec.ExecID
+		execID = out.Exec.Exec.ExecID
 		fmt.Fprintln(os.Stderr, "exec-stream: started", execID)
 	}
 	sub, err := c.SubscribeExecOutput(ctx, execID, after)

@@ -93,6 +93,12 @@ type AgentRunEvent struct {
 	MissedBytes *int64 `json:"missedBytes,omitempty"`
 }
 
+// What cancelAgentRun did.
+type CancelAgentRunPayload struct {
+	// The run, CANCELLED.
+	AgentRun *AgentRun `json:"agentRun"`
+}
+
 // What createSandbox creates.
 type CreateSandboxInput struct {
 	// The profile to create from; null means the default profile (see profiles).
@@ -113,6 +119,12 @@ type CreateSandboxInput struct {
 	AutostopAction *AutostopAction `json:"autostopAction,omitempty"`
 	// Whether exec and file calls on the sandbox, PAUSED, resume it first; null means false.
 	AutoResume *bool `json:"autoResume,omitempty"`
+}
+
+// What createSandbox did.
+type CreateSandboxPayload struct {
+	// The sandbox as the call left it (RUNNING, or FAILED with stateReason).
+	Sandbox *Sandbox `json:"sandbox"`
 }
 
 // What deleteFile did.
@@ -201,6 +213,12 @@ type ExecOutputEvent struct {
 	Result *ExecResult `json:"result,omitempty"`
 }
 
+// What the exec mutation did.
+type ExecPayload struct {
+	// The command: its result when the call waited for it, else its id and state RUNNING.
+	Exec *ExecResult `json:"exec"`
+}
+
 // A command run in a sandbox: its status while it runs, its result once it ended. The exit fields
 // (exitCode, signal, durationMs, endedAt, error) are null, and timedOut is false, while it is
 // RUNNING. The output fields hold the output collected by exec (waiting) and read by the exec
@@ -256,6 +274,18 @@ func (ExecResult) IsNode() {}
 // The global id.
 func (this ExecResult) GetID() string { return this.ID }
 
+// A page of one folder's entries (Relay cursor connection), in byte order of their names.
+type FileConnection struct {
+	// The folder's path inside the sandbox, as it was given.
+	Path string `json:"path"`
+	// The entries of this page, each with its cursor, in byte order of their names.
+	Edges []*FileEdge `json:"edges"`
+	// The entries of this page, without cursors.
+	Nodes []*FileInfo `json:"nodes"`
+	// Where this page is in the whole folder.
+	PageInfo *PageInfo `json:"pageInfo"`
+}
+
 // The content of one file.
 type FileContent struct {
 	// The path inside the sandbox.
@@ -270,6 +300,14 @@ type FileContent struct {
 	Truncated bool `json:"truncated"`
 	// The file's metadata.
 	File *FileInfo `json:"file"`
+}
+
+// One entry of a folder in a page.
+type FileEdge struct {
+	// Pass as after to get the entries whose names follow this one.
+	Cursor string `json:"cursor"`
+	// The entry.
+	Node *FileInfo `json:"node"`
 }
 
 // One event of a file watch (watchFiles).
@@ -316,16 +354,6 @@ type FileInfo struct {
 	Type *FileType `json:"type,omitempty"`
 }
 
-// The entries of one folder.
-type FileListing struct {
-	// The folder's path inside the sandbox.
-	Path string `json:"path"`
-	// The entries, in the order the sandbox lists them.
-	Entries []*FileInfo `json:"entries"`
-	// Whether there were more entries than first.
-	Truncated bool `json:"truncated"`
-}
-
 // A label of a sandbox: a key/value tag in Kubernetes' label syntax.
 type Label struct {
 	// The key: an optional DNS subdomain prefix and "/", then a name of at most 63 characters of [A-Za-z0-9._-] that starts and ends alphanumeric.
@@ -356,6 +384,14 @@ type MakeDirectoryPayload struct {
 	Directory *FileInfo `json:"directory"`
 	// Whether it was made now (false: it existed already).
 	Created bool `json:"created"`
+}
+
+// What moveFile did.
+type MoveFilePayload struct {
+	// The path moved, as it was given (for a client cache to evict).
+	From string `json:"from"`
+	// The file or folder at its new path.
+	File *FileInfo `json:"file"`
 }
 
 // Changing sandboxes: lifecycle, commands and files.
@@ -405,6 +441,12 @@ type PageInfo struct {
 	EndCursor *string `json:"endCursor,omitempty"`
 }
 
+// What pauseSandbox did.
+type PauseSandboxPayload struct {
+	// The sandbox as the call left it.
+	Sandbox *Sandbox `json:"sandbox"`
+}
+
 // A host name of an egress allow list and the IPv4 addresses it was pinned to.
 type PinnedHost struct {
 	Host      string   `json:"host"`
@@ -445,6 +487,12 @@ type Quota struct {
 	InUse int `json:"inUse"`
 }
 
+// What resizeExecTty did.
+type ResizeExecTtyPayload struct {
+	// The command's status with its new terminal size.
+	Exec *ExecResult `json:"exec"`
+}
+
 // Limits of a sandbox.
 type Resources struct {
 	// CPU limit in thousandths of a core; 0 means no limit.
@@ -453,6 +501,12 @@ type Resources struct {
 	MemoryBytes int64 `json:"memoryBytes"`
 	// Workspace size in bytes; 0 means no limit.
 	DiskBytes int64 `json:"diskBytes"`
+}
+
+// What resumeSandbox did.
+type ResumeSandboxPayload struct {
+	// The sandbox as the call left it (stateReason says when its memory was not restored).
+	Sandbox *Sandbox `json:"sandbox"`
 }
 
 // A long-lived sandbox: one gVisor box whose /workspace survives stop and start.
@@ -562,6 +616,12 @@ type SandboxSourceInput struct {
 	GcsPrefix *string `json:"gcsPrefix,omitempty"`
 }
 
+// What signalExec did.
+type SignalExecPayload struct {
+	// The command's status as it was right after the signal (it may take a moment to end).
+	Exec *ExecResult `json:"exec"`
+}
+
 // A workspace snapshot: a checkpoint of one sandbox's /workspace, kept after the sandbox is gone.
 type Snapshot struct {
 	// The snapshot id (snap_…); pass it as CreateSandboxInput.source.snapshotId to create a sandbox from it.
@@ -605,6 +665,12 @@ type SnapshotEdge struct {
 	Node *Snapshot `json:"node"`
 }
 
+// What snapshotSandbox did.
+type SnapshotSandboxPayload struct {
+	// The snapshot taken (now the sandbox's latestSnapshot).
+	Snapshot *Snapshot `json:"snapshot"`
+}
+
 // What startAgentRun starts: the body of POST /sandbox/agent/v1/runs.
 type StartAgentRunInput struct {
 	// The catalog agent (e.g. "opencode"); it must have integration: sandbox.
@@ -621,14 +687,22 @@ type StartAgentRunInput struct {
 	Config map[string]any `json:"config,omitempty"`
 }
 
-// What writeExecStdin did.
-type StdinWriteResult struct {
-	// The bytes taken: all of them (a write is taken whole or refused).
-	Written int64 `json:"written"`
-	// The bytes the command has not read yet, this write's included.
-	Buffered int64 `json:"buffered"`
-	// Whether standard input is closed now (this call closed it, or the command ended).
-	Closed bool `json:"closed"`
+// What startAgentRun did.
+type StartAgentRunPayload struct {
+	// The run: RUNNING, or FAILED when the agent's binary is not in the sandbox's image.
+	AgentRun *AgentRun `json:"agentRun"`
+}
+
+// What startSandbox did.
+type StartSandboxPayload struct {
+	// The sandbox as the call left it.
+	Sandbox *Sandbox `json:"sandbox"`
+}
+
+// What stopSandbox did.
+type StopSandboxPayload struct {
+	// The sandbox as the call left it.
+	Sandbox *Sandbox `json:"sandbox"`
 }
 
 // Live streams. Use WebSocket (graphql-transport-ws or graphql-ws) or SSE (POST with
@@ -662,6 +736,28 @@ type UpdateSandboxInput struct {
 	AutostopSec *int `json:"autostopSec,omitempty"`
 	// Seconds after creation at which the sandbox expires, within the configured bounds; its expiry must stay after now.
 	TTLSec *int `json:"ttlSec,omitempty"`
+}
+
+// What updateSandbox did.
+type UpdateSandboxPayload struct {
+	// The sandbox with its new labels and deadlines.
+	Sandbox *Sandbox `json:"sandbox"`
+}
+
+// What writeExecStdin did.
+type WriteExecStdinPayload struct {
+	// The bytes taken: all of them (a write is taken whole or refused).
+	Written int64 `json:"written"`
+	// The bytes the command has not read yet, this write's included.
+	Buffered int64 `json:"buffered"`
+	// Whether standard input is closed now (this call closed it, or the command ended).
+	Closed bool `json:"closed"`
+}
+
+// What writeFile did.
+type WriteFilePayload struct {
+	// The file as written.
+	File *FileInfo `json:"file"`
 }
 
 // What an AgentRunEvent carries.

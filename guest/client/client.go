@@ -437,6 +437,30 @@ func (c *Client) ListDir(ctx context.Context, p string, limit int) ([]proto.File
 	return l.Entries, l.Truncated, err
 }
 
+// ErrUnordered is what ListDirAfter answers when the guest init predates listing in name
+// order (it would answer the folder's first entries again, whatever after is).
+var ErrUnordered = errors.New("the sandbox's init cannot list a folder in name order (it is older than this server)")
+
+// ListDirAfter lists the limit entries of a directory whose names sort after after ("": from
+// the first) in byte order, and whether more follow; limit as ListDir's.
+func (c *Client) ListDirAfter(ctx context.Context, p, after string, limit int) ([]proto.FileInfo, bool, error) {
+	q := url.Values{"path": {p}, "order": {"name"}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	var l proto.DirListing
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/dirs", q, nil, &l); err != nil {
+		return nil, false, err
+	}
+	if !l.Ordered {
+		return nil, false, ErrUnordered
+	}
+	return l.Entries, l.Truncated, nil
+}
+
 // Remove deletes a file or an empty directory, or a whole tree with recursive.
 func (c *Client) Remove(ctx context.Context, p string, recursive bool) error {
 	q := url.Values{"path": {p}}

@@ -25,6 +25,9 @@
 //	DELETE /v1/files?path=P&recursive=1        204
 //	… stat, mkdir, move and watches: files.go
 //	GET    /v1/dirs?path=P&limit=N             DirListing
+//	GET    /v1/dirs?path=P&limit=N&order=name&after=NAME
+//	                                           DirListing, Ordered: the first N entries whose
+//	                                           names sort after NAME (byte order)
 //	GET    /v1/workspace/tar                   the workspace as tar; trailer HeaderFiles
 //	PUT    /v1/workspace/tar?replace=1&max_bytes=N&max_files=N&external_symlinks=1
 //	                                           tar body → ImportResult
@@ -40,6 +43,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -303,8 +307,22 @@ type SignalRequest struct {
 // DirListing is the answer of GET /v1/dirs.
 type DirListing struct {
 	Entries []FileInfo `json:"entries"`
-	// Truncated is true when the directory holds more entries than the limit.
+	// Truncated is true when the directory holds more entries than the limit (with
+	// order=name: more entries after the last one answered).
 	Truncated bool `json:"truncated"`
+	// Ordered is true when the answer is a page in name order (order=name): the entries are
+	// the smallest names after the asked one. An init that predates order=name leaves it false.
+	Ordered bool `json:"ordered,omitempty"`
+}
+
+// MaxNameBytes is the longest name a folder entry can have (Linux NAME_MAX).
+const MaxNameBytes = 255
+
+// ValidEntryName reports whether name can be one entry of a folder: not empty, not . or ..,
+// at most MaxNameBytes bytes, without '/' or NUL. A listing's after must be one.
+func ValidEntryName(name string) bool {
+	return name != "" && name != "." && name != ".." && len(name) <= MaxNameBytes &&
+		!strings.ContainsAny(name, "/\x00")
 }
 
 // ImportResult is the answer of PUT /v1/workspace/tar.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"container/heap"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -399,6 +400,23 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 			limit = min(n, maxDirLimit)
 		}
 	}
+	ordered, after := false, q.Get("after")
+	switch o := q.Get("order"); o {
+	case "":
+		if after != "" {
+			writeError(w, errorf(proto.ErrCodeInvalid, "after needs order=name"))
+			return
+		}
+	case "name":
+		ordered = true
+		if after != "" && !proto.ValidEntryName(after) {
+			writeError(w, errorf(proto.ErrCodeInvalid, "after must be one name of the folder"))
+			return
+		}
+	default:
+		writeError(w, errorf(proto.ErrCodeInvalid, "bad order %q", o))
+		return
+	}
 	root, dir, f, perr := s.openInWorkspace(rel)
 	if perr != nil {
 		writeError(w, perr)
@@ -419,7 +437,14 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 	}
 	var entries []fs.DirEntry
 	truncated := false
-	for !truncated {
+	if ordered {
+		var err error
+		if entries, truncated, err = pageAfter(f, dir, after, limit); err != nil {
+			writeError(w, fsError(err))
+			return
+		}
+	}
+	for !ordered && !truncated {
 		batch, err := f.ReadDir(256)
 		for _, e := range batch {
 			if hiddenName(dir, e.Name()) {
@@ -436,7 +461,7 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
-	out := proto.DirListing{Entries: make([]proto.FileInfo, 0, len(entries)), Truncated: truncated}
+	out := proto.DirListing{Entries: make([]proto.FileInfo, 0, len(entries)), Truncated: truncated, Ordered: ordered}
 	for _, e := range entries {
 		fi, err := e.Info()
 		if err != nil {
@@ -450,6 +475,57 @@ func (s *Server) handleListDir(w http.ResponseWriter, r *http.Request) {
 		out.Entries = append(out.Entries, info)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// pageAfter reads the folder f (dir, relative to the workspace) to its end and answers the
+// limit entries with the smallest names after after ("": from the first), in byte order, and
+// whether more follow them. It keeps only limit+1 entries (a max-heap by name) and lstats
+// none, so a page costs O(limit) memory and answer bytes however large the folder is; the
+// names themselves are read in batches, as the kernel hands them out.
+func pageAfter(f *os.File, dir, after string, limit int) ([]fs.DirEntry, bool, error) {
+	h := &nameHeap{}
+	for {
+		batch, err := f.ReadDir(256)
+		for _, e := range batch {
+			name := e.Name()
+			if name <= after || hiddenName(dir, name) {
+				continue
+			}
+			switch {
+			case h.Len() <= limit:
+				heap.Push(h, e)
+			case name < (*h)[0].Name():
+				(*h)[0] = e
+				heap.Fix(h, 0)
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(batch) == 0) {
+			break
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	entries := []fs.DirEntry(*h)
+	slices.SortFunc(entries, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	if len(entries) > limit {
+		return entries[:limit], true, nil
+	}
+	return entries, false, nil
+}
+
+// nameHeap is a max-heap of folder entries by name (container/heap).
+type nameHeap []fs.DirEntry
+
+func (h nameHeap) Len() int           { return len(h) }
+func (h nameHeap) Less(i, j int) bool { return h[i].Name() > h[j].Name() }
+func (h nameHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *nameHeap) Push(x any)        { *h = append(*h, x.(fs.DirEntry)) }
+func (h *nameHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
 }
 
 // hiddenName reports the server's own transient files (temp files anywhere, import staging

@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -447,5 +448,70 @@ func TestWorkspaceFull(t *testing.T) {
 	})
 	if proto.IsNoSpace(errors.New(proto.NoSpaceMessage)) {
 		t.Error("IsNoSpace of a plain error: got true, want false")
+	}
+}
+
+// TestListDirAfter: order=name pages a folder in byte order of names, after a name, whatever
+// order the kernel hands them out in; an after that is not one name is refused, never a path.
+func TestListDirAfter(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 60*time.Second)
+	dir := filepath.Join(h.WS, "big")
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"sub"}
+	for i := range 2500 {
+		// Names in an order unlike their creation order (and unlike the kernel's).
+		name := fmt.Sprintf("f%05d-%c", (i*7919)%2500, 'a'+rune(i%26))
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, name)
+	}
+	// The init's own temp names are never listed.
+	if err := os.WriteFile(filepath.Join(dir, ".sbx-tmp-0123456789abcdef"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(want)
+
+	var got []string
+	after, pages := "", 0
+	for {
+		entries, more, err := h.C.ListDirAfter(ctx, "big", after, 1000)
+		if err != nil {
+			t.Fatalf("page %d after %q: %v", pages, after, err)
+		}
+		pages++
+		if len(entries) > 1000 {
+			t.Fatalf("page %d: got %d entries, want at most 1000", pages, len(entries))
+		}
+		for _, e := range entries {
+			got = append(got, e.Name)
+			if e.Path != "big/"+e.Name || (e.Name == "sub") != e.IsDir {
+				t.Errorf("entry %+v: want path big/%s, a folder only for sub", e, e.Name)
+			}
+		}
+		if !more {
+			break
+		}
+		after = entries[len(entries)-1].Name
+	}
+	if pages != 3 || !slices.Equal(got, want) {
+		t.Errorf("got %d pages of %d names (first %v), want 3 pages of the %d names in order", pages, len(got), got[:min(3, len(got))], len(want))
+	}
+
+	// After a name that is not in the folder: the names after its place.
+	entries, more, err := h.C.ListDirAfter(ctx, "big", "f02499", 10)
+	if err != nil || more || len(entries) != 2 || !strings.HasPrefix(entries[0].Name, "f02499-") || entries[1].Name != "sub" {
+		t.Errorf("after f02499: got %+v more=%v %v, want the two names after it", entries, more, err)
+	}
+	if entries, more, err := h.C.ListDirAfter(ctx, "big", "zzz", 10); err != nil || more || len(entries) != 0 {
+		t.Errorf("after the last name: got %d entries more=%v %v, want none", len(entries), more, err)
+	}
+	// Hostile afters: a path, dots, NUL, a name longer than NAME_MAX.
+	for _, bad := range []string{"../etc", "sub/x", "/etc/passwd", "..", ".", "a\x00b", strings.Repeat("x", 256)} {
+		_, _, err := h.C.ListDirAfter(ctx, "big", bad, 10)
+		wantCode(t, err, proto.ErrCodeInvalid)
 	}
 }

@@ -75,6 +75,8 @@ type Service interface {
 	WriteFile(ctx context.Context, p auth.Principal, id, path string, mode os.FileMode, r io.Reader) (sandbox.FileInfo, error)
 	// ListDir returns at most limit entries and whether there were more.
 	ListDir(ctx context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error)
+	// FilePage returns one page of a folder in name order, after a cursor it handed out.
+	FilePage(ctx context.Context, p auth.Principal, id, path string, opts sandbox.FileListOptions) (sandbox.FilePage, error)
 	// StatFile describes a path; a symlink is reported as one, never followed.
 	StatFile(ctx context.Context, p auth.Principal, id, path string) (sandbox.FileInfo, error)
 	// MakeDir makes a directory and its parents; created is false when it existed already.

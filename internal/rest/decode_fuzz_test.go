@@ -642,6 +642,11 @@ func (s *fzService) ListDir(_ context.Context, _ auth.Principal, _, path string,
 	return nil, false, nil
 }
 
+func (s *fzService) FilePage(context.Context, auth.Principal, string, string, sandbox.FileListOptions) (sandbox.FilePage, error) {
+	s.record("FilePage", nil)
+	return sandbox.FilePage{}, nil
+}
+
 func (s *fzService) Snapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {
 	s.record("Snapshot", id)
 	return sandbox.SnapshotInfo{SandboxID: id}, nil

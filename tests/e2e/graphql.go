@@ -51,7 +51,7 @@ func (g *GQLResult) OK(t *testing.T, field string, v any) {
 	if g.Resp.Status != http.StatusOK || len(g.Errors) > 0 {
 		t.Fatalf("%s: got status %d and %d errors, want 200 without errors", g, g.Resp.Status, len(g.Errors))
 	}
-	raw, ok := g.Data[field]
+	raw, ok := g.Dig(field)
 	if !ok {
 		t.Fatalf("%s: got no data.%s", g, field)
 	}
@@ -87,4 +87,21 @@ func (g *GQLResult) WantCode(t *testing.T, status int, code string, mention ...s
 			t.Errorf("%s: got message %q, want it to mention %q", g, e.Message, m)
 		}
 	}
+}
+
+// Dig is data at a dotted path ("stopSandbox.sandbox": a mutation payload's field), and
+// whether the answer has it.
+func (g *GQLResult) Dig(path string) (json.RawMessage, bool) {
+	root, rest, _ := strings.Cut(path, ".")
+	raw, ok := g.Data[root]
+	for ok && rest != "" {
+		var key string
+		key, rest, _ = strings.Cut(rest, ".")
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(raw, &obj) != nil {
+			return nil, false
+		}
+		raw, ok = obj[key]
+	}
+	return raw, ok
 }

@@ -192,13 +192,13 @@ type Call struct {
 	SandboxID string
 	// ID is the exec, snapshot or agent run the call names.
 	ID string
-	// After is the cursor of ExecOutput, Events, AgentRunEvents, SnapshotPage and
-	// AgentRunPage.
+	// After is the cursor of ExecOutput, Events, AgentRunEvents, SnapshotPage,
+	// AgentRunPage and FilePage.
 	After string
 	// Output is GetExec's output flag.
 	Output bool
 	// Path, MaxBytes, Mode and Data are the file calls' arguments (Data: what WriteFile
-	// read); Limit is ListDir's, ListSnapshots', SnapshotPage's and AgentRunPage's.
+	// read); Limit is ListDir's, FilePage's, ListSnapshots', SnapshotPage's and AgentRunPage's.
 	Path     string
 	MaxBytes int64
 	Mode     os.FileMode

@@ -211,6 +211,18 @@ func (f *Fake) WriteFile(_ context.Context, p auth.Principal, id, path string, m
 	return sandbox.FileInfo{Name: "b.bin", Path: "/workspace/" + path, Size: int64(len(data)), Mode: uint32(mode)}, nil
 }
 
+// FilePage answers ListDir's two entries as a page with a next cursor.
+func (f *Fake) FilePage(_ context.Context, p auth.Principal, id, path string, opts sandbox.FileListOptions) (sandbox.FilePage, error) {
+	f.record(Call{Method: "FilePage", Principal: p, SandboxID: id, Path: path, Limit: opts.Limit, After: opts.After})
+	if _, err := lookup(p, id); err != nil {
+		return sandbox.FilePage{}, err
+	}
+	return sandbox.FilePage{Entries: []sandbox.FileInfo{
+		{Name: "link", Path: "/workspace/link", Symlink: "src", Mode: 0o777},
+		{Name: "src", Path: "/workspace/src", IsDir: true, Mode: 0o755, ModTime: T0},
+	}, NextCursor: sandbox.FileCursor("src")}, nil
+}
+
 // ListDir answers a folder and a link to it, and that there were more entries.
 func (f *Fake) ListDir(_ context.Context, p auth.Principal, id, path string, limit int) ([]sandbox.FileInfo, bool, error) {
 	f.record(Call{Method: "ListDir", Principal: p, SandboxID: id, Path: path, Limit: limit})

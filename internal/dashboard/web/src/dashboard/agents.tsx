@@ -54,7 +54,7 @@ export function Agents({ sandbox, errors }: { sandbox: q.Sandbox; errors: Errors
     if (model.trim()) input.model = model.trim();
     const d = await errors.guard('start agent', () => gql<q.StartAgentRunData>(q.START_AGENT_RUN, { input }));
     if (d) {
-      follow(d.startAgentRun);
+      follow(d.startAgentRun.agentRun);
       void load();
     }
   };
@@ -104,7 +104,7 @@ export function Agents({ sandbox, errors }: { sandbox: q.Sandbox; errors: Errors
             <button
               type="button"
               class="danger"
-              onClick={() => void errors.guard('cancel run', async () => setCurrent((await gql<{ cancelAgentRun: q.AgentRun }>(q.CANCEL_AGENT_RUN, { id: current.id })).cancelAgentRun))}
+              onClick={() => void errors.guard('cancel run', async () => setCurrent((await gql<q.CancelAgentRunData>(q.CANCEL_AGENT_RUN, { id: current.id })).cancelAgentRun.agentRun))}
             >
               Cancel
             </button>

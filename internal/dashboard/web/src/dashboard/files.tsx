@@ -31,6 +31,15 @@ export function Files({ sandbox, errors }: { sandbox: q.Sandbox; errors: Errors 
       setDir(path);
     }
   };
+  // The next page of the folder shown, appended to it.
+  const more = async () => {
+    if (!listing?.pageInfo.endCursor) return;
+    const after = listing.pageInfo.endCursor;
+    const d = await errors.guard('list files', () =>
+      gql<q.ListFilesData>(q.LIST_FILES, { sandboxId: sandbox.id, path: listing.path, first: LIST_MAX, after }),
+    );
+    if (d) setListing({ ...d.listFiles, nodes: [...listing.nodes, ...d.listFiles.nodes] });
+  };
   useEffect(() => {
     if (running) void load('.');
   }, [sandbox.id, running]);
@@ -102,7 +111,7 @@ export function Files({ sandbox, errors }: { sandbox: q.Sandbox; errors: Errors 
       </div>
       <table id="files" class="files-table">
         <tbody>
-          {listing?.entries.map((f) => (
+          {listing?.nodes.map((f) => (
             <tr key={f.path} data-path={f.path}>
               <td class="name">
                 <button type="button" class="link" onClick={() => void open(f)}>
@@ -126,7 +135,13 @@ export function Files({ sandbox, errors }: { sandbox: q.Sandbox; errors: Errors 
           ))}
         </tbody>
       </table>
-      {listing?.truncated && <p class="hint">{`Only the first ${LIST_MAX} entries are shown.`}</p>}
+      {listing?.pageInfo.hasNextPage && (
+        <p class="hint">
+          <button type="button" id="files-more" onClick={() => void more()}>
+            {`Show the next ${LIST_MAX}`}
+          </button>
+        </p>
+      )}
       {viewing && (
         <>
           <h3>{viewing.path}</h3>

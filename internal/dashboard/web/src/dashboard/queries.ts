@@ -58,16 +58,17 @@ export interface CreateSandboxInput {
   source?: { snapshotId: string };
 }
 export const CREATE_SANDBOX = `mutation CreateSandbox($input: CreateSandboxInput!) {
-  createSandbox(input: $input) { ${SANDBOX_FIELDS} }
+  createSandbox(input: $input) { sandbox { ${SANDBOX_FIELDS} } }
 }`;
-export interface CreateSandboxData { createSandbox: Sandbox }
+export interface CreateSandboxData { createSandbox: { sandbox: Sandbox } }
 
-// The lifecycle verbs that take a sandbox id and answer the sandbox. pauseSandbox and
+// The lifecycle verbs that take a sandbox id and answer a payload with the sandbox. pauseSandbox and
 // resumeSandbox are in the schema only once the server can pause: a server without them
 // answers GRAPHQL_VALIDATION_FAILED, which the page shows like any other error.
 export type Verb = 'stopSandbox' | 'startSandbox' | 'pauseSandbox' | 'resumeSandbox';
 export const lifecycle = (verb: Verb) =>
-  `mutation Lifecycle($id: ID!) { ${verb}(id: $id) { ${SANDBOX_FIELDS} } }`;
+  `mutation Lifecycle($id: ID!) { ${verb}(id: $id) { sandbox { ${SANDBOX_FIELDS} } } }`;
+export type LifecycleData = Partial<Record<Verb, { sandbox: Sandbox }>>;
 
 export const DESTROY_SANDBOX = `mutation DestroySandbox($id: ID!) {
   destroySandbox(id: $id) { sandbox { id state } snapshotId }
@@ -117,9 +118,9 @@ export interface ExecInput {
   tty?: { rows: number; cols: number };
 }
 export const START_EXEC = `mutation StartExec($sandboxId: ID!, $input: ExecInput!) {
-  exec(sandboxId: $sandboxId, input: $input, wait: false) { ${EXEC_FIELDS} }
+  exec(sandboxId: $sandboxId, input: $input, wait: false) { exec { ${EXEC_FIELDS} } }
 }`;
-export interface StartExecData { exec: Exec }
+export interface StartExecData { exec: { exec: Exec } }
 
 export const EXEC = `query Exec($id: ID!) { exec(id: $id) { ${EXEC_FIELDS} } }`;
 export interface ExecData { exec: Exec | null }
@@ -130,7 +131,7 @@ export const EXECS = `query Execs($sandboxId: ID!, $first: Int) {
 export interface ExecsData { execs: { nodes: Exec[] } }
 
 export const SIGNAL_EXEC = `mutation SignalExec($execId: ID!, $signal: ExecSignal!) {
-  signalExec(execId: $execId, signal: $signal) { execId state }
+  signalExec(execId: $execId, signal: $signal) { exec { execId state } }
 }`;
 
 // One command's output from the cursor on; CHUNK events, TRUNCATED gaps, and EXIT last.
@@ -161,10 +162,15 @@ export interface FileInfo {
 }
 const FILE_FIELDS = `name path size mode isDir symlink modTime type`;
 
-export const LIST_FILES = `query ListFiles($sandboxId: ID!, $path: String, $first: Int) {
-  listFiles(sandboxId: $sandboxId, path: $path, first: $first) { path truncated entries { ${FILE_FIELDS} } }
+// One page of a folder in name order; the next one is after pageInfo.endCursor.
+export const LIST_FILES = `query ListFiles($sandboxId: ID!, $path: String, $first: Int, $after: String) {
+  listFiles(sandboxId: $sandboxId, path: $path, first: $first, after: $after) {
+    path nodes { ${FILE_FIELDS} } pageInfo { hasNextPage endCursor }
+  }
 }`;
-export interface ListFilesData { listFiles: { path: string; truncated: boolean; entries: FileInfo[] } }
+export interface ListFilesData {
+  listFiles: { path: string; nodes: FileInfo[]; pageInfo: { hasNextPage: boolean; endCursor: string | null } };
+}
 
 export const READ_FILE = `query ReadFile($sandboxId: ID!, $path: String!, $maxBytes: Int64) {
   readFile(sandboxId: $sandboxId, path: $path, maxBytes: $maxBytes) { path content size }
@@ -194,7 +200,7 @@ export const SNAPSHOTS = `query Snapshots($sandboxId: ID, $first: Int) {
 }`;
 export interface SnapshotsData { snapshots: { nodes: Snapshot[]; pageInfo: { hasNextPage: boolean } } | null }
 
-export const SNAPSHOT_SANDBOX = `mutation SnapshotSandbox($id: ID!) { snapshotSandbox(id: $id) { ${SNAPSHOT_FIELDS} } }`;
+export const SNAPSHOT_SANDBOX = `mutation SnapshotSandbox($id: ID!) { snapshotSandbox(id: $id) { snapshot { ${SNAPSHOT_FIELDS} } } }`;
 export const DELETE_SNAPSHOT = `mutation DeleteSnapshot($id: ID!) { deleteSnapshot(id: $id) { deletedSnapshotId } }`;
 
 export type AgentRunStatus = 'QUEUED' | 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'CANCELLED' | 'TIMED_OUT';
@@ -219,11 +225,12 @@ export interface AgentRunsData { agentRuns: { nodes: AgentRun[]; pageInfo: { has
 
 export interface StartAgentRunInput { agentId: string; model?: string; instruction: string; sandboxId: string }
 export const START_AGENT_RUN = `mutation StartAgentRun($input: StartAgentRunInput!) {
-  startAgentRun(input: $input) { ${RUN_FIELDS} }
+  startAgentRun(input: $input) { agentRun { ${RUN_FIELDS} } }
 }`;
-export interface StartAgentRunData { startAgentRun: AgentRun }
+export interface StartAgentRunData { startAgentRun: { agentRun: AgentRun } }
 
-export const CANCEL_AGENT_RUN = `mutation CancelAgentRun($id: ID!) { cancelAgentRun(id: $id) { ${RUN_FIELDS} } }`;
+export const CANCEL_AGENT_RUN = `mutation CancelAgentRun($id: ID!) { cancelAgentRun(id: $id) { agentRun { ${RUN_FIELDS} } } }`;
+export interface CancelAgentRunData { cancelAgentRun: { agentRun: AgentRun } }
 
 // One agent run: its status first, its output, and its status again once final.
 export const AGENT_RUN_EVENTS = `subscription AgentRunEvents($runId: ID!, $after: String) {

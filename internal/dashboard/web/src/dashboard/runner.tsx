@@ -122,7 +122,7 @@ export function Runner({ sandbox, store, errors }: { sandbox: q.Sandbox; store: 
       gql<q.StartExecData>(q.START_EXEC, { sandboxId: sandbox.id, input: { command: ['sh', '-c', command] } }),
     );
     if (d) {
-      show(d.exec);
+      show(d.exec.exec);
       void loadExecs();
     }
   };

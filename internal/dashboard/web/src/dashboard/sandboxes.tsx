@@ -42,8 +42,8 @@ export function CreateForm({ store, errors, onCreated }: { store: SandboxStore; 
         const d = await errors.guard('create', () => gql<q.CreateSandboxData>(q.CREATE_SANDBOX, { input }));
         setBusy(false);
         if (d) {
-          store.put(d.createSandbox);
-          onCreated(d.createSandbox.id);
+          store.put(d.createSandbox.sandbox);
+          onCreated(d.createSandbox.sandbox.id);
           setLabels('');
           setSnapshotId('');
         }
@@ -102,8 +102,9 @@ function Actions({ s, store, errors }: { s: q.Sandbox; store: SandboxStore; erro
           onClick={(e) => {
             e.stopPropagation();
             void act(v.label, async () => {
-              const d = await gql<Record<string, q.Sandbox>>(q.lifecycle(v.verb), { id: s.id });
-              store.put(d[v.verb]);
+              const d = await gql<q.LifecycleData>(q.lifecycle(v.verb), { id: s.id });
+              const sb = d[v.verb]?.sandbox;
+              if (sb) store.put(sb);
             });
           }}
         >

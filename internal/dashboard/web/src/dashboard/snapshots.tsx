@@ -59,7 +59,7 @@ export function Snapshots({ sandbox, store, errors }: { sandbox: q.Sandbox; stor
                       const d = await gql<q.CreateSandboxData>(q.CREATE_SANDBOX, {
                         input: { profile: sandbox.profileName, source: { snapshotId: s.id } },
                       });
-                      store.put(d.createSandbox);
+                      store.put(d.createSandbox.sandbox);
                     })
                   }
                 >

@@ -131,7 +131,7 @@ export function Terminal({ sandbox, errors }: { sandbox: q.Sandbox; errors: Erro
     });
     if (d) {
       setStatus('attaching…');
-      setExecId(d.exec.execId);
+      setExecId(d.exec.exec.execId);
     }
   };
 
