@@ -33,12 +33,9 @@ func benchNetwork(ctx context.Context, b *bench) (groups []*Group, err error) {
 func (b *bench) createThenRun(ctx context.Context, profile string, body []byte, created func(time.Duration)) (time.Duration, error) {
 	var id string
 	d, err := timed(func() error {
-		t0 := time.Now()
-		sb, err := b.api.createOf(ctx, profile, "")
-		took := time.Since(t0)
-		id = sb.ID
-		b.track(id)
-		if err != nil {
+		var took time.Duration
+		var err error
+		if id, took, err = b.createTracked(ctx, profile); err != nil {
 			return err
 		}
 		if created != nil {
@@ -52,4 +49,14 @@ func (b *bench) createThenRun(ctx context.Context, profile string, body []byte, 
 	})
 	b.finishSandbox(id, &err)
 	return d, err
+}
+
+// createTracked creates a sandbox of profile through REST, tracked for destruction even when
+// the create failed half way, and returns its id and the create call's own duration.
+func (b *bench) createTracked(ctx context.Context, profile string) (string, time.Duration, error) {
+	t0 := time.Now()
+	sb, err := b.api.createOf(ctx, profile, "")
+	took := time.Since(t0)
+	b.track(sb.ID)
+	return sb.ID, took, err
 }

@@ -111,12 +111,8 @@ func (b *bench) createThenRunTwice(ctx context.Context, profile string, body []b
 	var first time.Duration
 	var res execResult
 	d, err = timed(func() error {
-		t0 := time.Now()
-		sb, err := b.api.createOf(ctx, profile, "")
-		took := time.Since(t0)
-		id = sb.ID
-		b.track(id)
-		if err != nil {
+		var took time.Duration
+		if id, took, err = b.createTracked(ctx, profile); err != nil {
 			return err
 		}
 		if parts.create != nil {
