@@ -135,6 +135,36 @@ func (c *attachments) drop(id string) {
 	}
 }
 
+// dropBroken forgets the sandbox's attach stream when it broke. A failed call does not say
+// which stream it went over: the cached one may already be a newer attach that another
+// caller made after the break, with calls in flight (an exec's retry of its start), and
+// closing that one would fail them too.
+func (c *attachments) dropBroken(id string) {
+	c.mu.Lock()
+	a, ok := c.m[id]
+	if ok {
+		select {
+		case <-a.ready:
+			if a.client == nil {
+				ok = false
+				break
+			}
+			select {
+			case <-a.client.Done():
+				delete(c.m, id)
+			default:
+				ok = false
+			}
+		default:
+			ok = false // still attaching: a new stream
+		}
+	}
+	c.mu.Unlock()
+	if ok {
+		go a.close()
+	}
+}
+
 // closeAll closes every attach stream.
 func (c *attachments) closeAll() {
 	c.mu.Lock()
@@ -171,7 +201,7 @@ func (c *attachments) guestError(ctx context.Context, id string, err error) erro
 	if ctx.Err() != nil {
 		return apierror.Wrap(err, apierror.Unavailable, "the request was cancelled")
 	}
-	c.drop(id)
+	c.dropBroken(id)
 	box, gerr := c.driver.Get(context.WithoutCancel(ctx), id)
 	if gerr == nil && State(box.Record.State).KeepsProcesses() {
 		// A pause broke the stream: the sandbox did not fail, its processes are kept.
