@@ -93,7 +93,8 @@ type NetworkRequest struct {
 }
 
 // NetworkPolicy is a sandbox's effective network policy: the most specific entry of
-// EgressAllow, EgressDeny and AlwaysDeny holding a destination decides (deny wins a tie), none
+// EgressAllow, EgressDeny and AlwaysDeny holding a destination decides (at one prefix EgressDeny
+// beats EgressAllow, which beats AlwaysDeny), none
 // holding it denies; DNS only to DNSServers; host names allow the addresses in Pinned.
 type NetworkPolicy struct {
 	Mode        string              `json:"mode"`

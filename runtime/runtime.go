@@ -91,7 +91,7 @@ type BoxSpec struct {
 
 // NetworkPolicy is a box's effective egress policy. A new outbound connection's destination is
 // decided by the most specific entry of Allow, Deny and AlwaysDeny that holds it (the longest
-// prefix; deny wins a tie); no entry: denied. internal/netpolicy owns the rules over it
+// prefix; at one prefix Deny beats Allow, which beats AlwaysDeny); no entry: denied. internal/netpolicy owns the rules over it
 // (Rules); drivers render those rules and nothing else.
 type NetworkPolicy struct {
 	// Mode is "none" or "egress".

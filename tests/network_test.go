@@ -97,7 +97,7 @@ func networkProfiles(allow []string, deny []string) []map[string]any {
 // TestNetworkPolicyLocal: egress policies enforced on the local runtime, with real traffic only
 // to test hosts in namespaces the test made: an allowed CIDR answers, a denied one does not,
 // none has only loopback, the metadata range and private ranges stay closed under 0.0.0.0/0
-// unless listed, DNS goes only to the configured resolver, a host name allows only the address
+// unless listed (inside or exactly), DNS goes only to the configured resolver, a host name allows only the address
 // it was pinned to, no sandbox reaches another or the host, a create can narrow and never
 // widen, and nothing is left behind after destroy.
 func TestNetworkPolicyLocal(t *testing.T) {
@@ -112,7 +112,9 @@ func TestNetworkPolicyLocal(t *testing.T) {
 	M, P := meta.Addrs[0].String(), priv.Addrs[0].String()
 
 	srv := e2e.StartServer(t, e2e.ServerOptions{Extra: map[string]any{
-		"profiles": networkProfiles([]string{a.Subnet.String(), "svc.sandboxd.test", P}, []string{A5}),
+		// The listed profile names the link-local range exactly: listing an always-denied
+		// range opens it, as P (inside 10/8) opens just itself.
+		"profiles": networkProfiles([]string{a.Subnet.String(), "svc.sandboxd.test", P, "169.254.0.0/16"}, []string{A5}),
 		"network":  map[string]any{"dns_servers": []string{A2}},
 	}})
 
@@ -166,7 +168,7 @@ func TestNetworkPolicyLocal(t *testing.T) {
 				B3 + ":80":               "denied",        // not pinned
 				"other.sandboxd.test:80": "denied",        // resolves (DNS is allowed), but is not allowed
 				P + ":80":                "nethost " + P,  // a private address listed explicitly
-				M + ":80":                "denied",
+				M + ":80":                "nethost " + M,  // the always-denied range it names exactly
 				B2 + ":53":               "denied",
 			})
 		got := srv.Get(t, listed.SandboxID, e2e.HdrTenant1)

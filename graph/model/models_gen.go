@@ -399,10 +399,11 @@ type Mutation struct {
 }
 
 // A sandbox's network policy. A new outbound connection is decided by the most specific entry of
-// egressAllow, egressDeny and alwaysDeny holding its address (the longest prefix; deny wins a
-// tie); an address no entry holds is denied. So alwaysDeny (metadata, link-local, loopback,
-// private ranges) stays closed under an allow of 0.0.0.0/0, and opens only for an allow entry
-// inside it. DNS goes to dnsServers only. Only IPv4.
+// egressAllow, egressDeny and alwaysDeny holding its address (the longest prefix; at one prefix
+// egressDeny beats egressAllow, which beats alwaysDeny); an address no entry holds is denied. So
+// alwaysDeny (metadata, link-local, loopback, private ranges) stays closed under an allow of
+// 0.0.0.0/0, and opens only for an allow entry inside it or naming it exactly. DNS goes to
+// dnsServers only. Only IPv4.
 type NetworkPolicy struct {
 	// NONE (only loopback) or EGRESS.
 	Mode NetworkMode `json:"mode"`

@@ -4,9 +4,11 @@
 // rules as nftables rules, the Kubernetes driver as a NetworkPolicy.
 //
 // The decision rule is the routing table's: the most specific entry that holds an address
-// decides (the longest prefix), deny wins a tie, and an address no entry holds is denied. So
-// the always-denied ranges (metadata, link-local, loopback, private ranges) stay closed under
-// an allow of 0.0.0.0/0, and an allow inside one of them (10.1.2.3/32) opens just that.
+// decides (the longest prefix), and an address no entry holds is denied. At one prefix an
+// egress_deny entry beats an egress_allow entry, which beats an always-denied range. So the
+// always-denied ranges (metadata, link-local, loopback, private ranges) stay closed under an
+// allow of 0.0.0.0/0, an allow inside one of them (10.1.2.3/32) opens just that, and listing
+// one of them exactly (10.0.0.0/8) opens it.
 package netpolicy
 
 import (
@@ -242,24 +244,28 @@ func (r Rule) String() string {
 	return "deny " + r.Prefix.String()
 }
 
-// Rules returns a policy's decision list, the most specific entry first (deny before allow at
-// one length): the first rule holding an address decides, and none holding it denies. Host
-// names allow their pinned addresses, except those a deny entry or an always-denied range
-// holds: a name's resolution never opens what the policy closes.
+// Rules returns a policy's decision list, the most specific entry first: the first rule
+// holding an address decides, and none holding it denies. At one length an egress_deny entry
+// comes first, then an allow, then an always-denied range: an entry listed explicitly opens
+// the always-denied range it names. Host names allow their pinned addresses, except those a
+// deny entry or an always-denied range holds: a name's resolution never opens what the policy
+// closes.
 func Rules(allow, deny, alwaysDeny []string, pinned map[string][]string) []Rule {
 	var rules []Rule
-	seen := map[Rule]bool{}
-	add := func(r Rule) {
-		if !seen[r] {
-			seen[r] = true
+	// rank orders the rules of one length: an explicit deny 0, an allow 1, an always-denied
+	// range 2. A prefix listed twice keeps its first (most binding) rank.
+	rank := map[Rule]int{}
+	add := func(r Rule, k int) {
+		if _, ok := rank[r]; !ok {
+			rank[r] = k
 			rules = append(rules, r)
 		}
 	}
 	var denies []netip.Prefix
-	for _, list := range [][]string{deny, alwaysDeny} {
+	for k, list := range [][]string{deny, alwaysDeny} {
 		for _, e := range list {
 			if p, err := netip.ParsePrefix(e); err == nil {
-				add(Rule{Prefix: p})
+				add(Rule{Prefix: p}, 2*k)
 				denies = append(denies, p)
 			}
 		}
@@ -267,7 +273,7 @@ func Rules(allow, deny, alwaysDeny []string, pinned map[string][]string) []Rule 
 	for _, e := range allow {
 		if !IsHost(e) {
 			if p, err := netip.ParsePrefix(e); err == nil {
-				add(Rule{Prefix: p, Allow: true})
+				add(Rule{Prefix: p, Allow: true}, 1)
 			}
 			continue
 		}
@@ -276,15 +282,15 @@ func Rules(allow, deny, alwaysDeny []string, pinned map[string][]string) []Rule 
 			if err != nil || !addr.Is4() || slices.ContainsFunc(denies, func(d netip.Prefix) bool { return d.Contains(addr) }) {
 				continue
 			}
-			add(Rule{Prefix: netip.PrefixFrom(addr, 32), Allow: true})
+			add(Rule{Prefix: netip.PrefixFrom(addr, 32), Allow: true}, 1)
 		}
 	}
 	sort.SliceStable(rules, func(i, j int) bool {
 		if a, b := rules[i].Prefix.Bits(), rules[j].Prefix.Bits(); a != b {
 			return a > b
 		}
-		if rules[i].Allow != rules[j].Allow {
-			return !rules[i].Allow
+		if a, b := rank[rules[i]], rank[rules[j]]; a != b {
+			return a < b
 		}
 		return rules[i].Prefix.Addr().Less(rules[j].Prefix.Addr())
 	})
@@ -378,13 +384,13 @@ type IPBlock struct {
 }
 
 // IPBlocks expresses rules as a union of allowed blocks: each allow rule (but one a deny of
-// the same prefix overrides) with every deny rule strictly inside it as an exception. A more
-// specific allow inside such an exception is a block of its own, so the union decides every
-// address as Decide does.
+// the same prefix earlier in the list overrides) with every deny rule strictly inside it as
+// an exception. A more specific allow inside such an exception is a block of its own, so the
+// union decides every address as Decide does.
 func IPBlocks(rules []Rule) []IPBlock {
 	var out []IPBlock
-	for _, a := range rules {
-		if !a.Allow || slices.Contains(rules, Rule{Prefix: a.Prefix}) {
+	for i, a := range rules {
+		if !a.Allow || slices.Contains(rules[:i], Rule{Prefix: a.Prefix}) {
 			continue
 		}
 		b := IPBlock{CIDR: a.Prefix.String()}

@@ -75,6 +75,23 @@ func TestRulesMostSpecificWins(t *testing.T) {
 	if decide(t, Rules([]string{"198.18.0.0/16"}, []string{"198.18.0.0/16"}, nil, nil), "198.18.0.1") {
 		t.Error("an allow and a deny of one prefix: allowed")
 	}
+	// An always-denied range listed exactly is opened ("unless explicitly listed"), also in
+	// the NetworkPolicy's blocks; an egress_deny of it still closes it; 0/0 does not open it.
+	listed := Rules([]string{"0.0.0.0/0", "10.0.0.0/8", "169.254.0.0/16"}, nil, DefaultAlwaysDeny, nil)
+	for addr, want := range map[string]bool{"10.9.9.9": true, "169.254.169.254": true, "192.168.1.1": false, "1.1.1.1": true} {
+		if got := decide(t, listed, addr); got != want {
+			t.Errorf("explicitly listed ranges: %s allowed = %v, want %v (rules %v)", addr, got, want, listed)
+		}
+	}
+	if !slices.ContainsFunc(IPBlocks(listed), func(b IPBlock) bool { return b.CIDR == "10.0.0.0/8" && len(b.Except) == 0 }) {
+		t.Errorf("explicitly listed 10.0.0.0/8: no block of its own in %+v", IPBlocks(listed))
+	}
+	if decide(t, Rules([]string{"10.0.0.0/8"}, []string{"10.0.0.0/8"}, DefaultAlwaysDeny, nil), "10.9.9.9") {
+		t.Error("10.0.0.0/8 both allowed and denied: allowed")
+	}
+	if decide(t, Rules([]string{"pinned.example"}, nil, DefaultAlwaysDeny, map[string][]string{"pinned.example": {"10.9.9.9"}}), "10.9.9.9") {
+		t.Error("a host name resolving into an always-denied range opened it")
+	}
 	// Nothing listed: denied.
 	if decide(t, Rules(nil, nil, DefaultAlwaysDeny, nil), "1.1.1.1") {
 		t.Error("no allow entry: allowed")
