@@ -312,8 +312,11 @@ func TestNetworkPolicyKill(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		entries, _ := os.ReadDir(nsDir)
-		if len(entries) >= 2 || time.Now().After(deadline) {
+		if len(entries) >= 2 {
 			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second create made no network namespace in 30 s: the kill would not land in it")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -432,6 +432,26 @@ func (n *netState) reconcile(ctx context.Context, running func(ctx context.Conte
 			}
 		}
 	}
+	// Address slots of this state folder that no kept box holds: a create killed between
+	// taking its slot and writing its box file left one nothing else names.
+	slots, _ := os.ReadDir(n.slotDir())
+	for _, e := range slots {
+		path := filepath.Join(n.slotDir(), e.Name())
+		owner, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		id, ours := strings.CutPrefix(string(owner), n.dir+" ")
+		if !ours || owned[id] {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) < setupGrace {
+			continue // another server's create, before its box file
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			n.log.Warn("removing a leftover network slot", "box", id, "err", err)
+		}
+	}
 	// Interfaces and chains of this driver that no box owns.
 	if links, err := netlink.LinkList(); err == nil {
 		for _, l := range links {
