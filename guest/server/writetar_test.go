@@ -4,15 +4,25 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
 // TestWriteTarNeverFollowsLinks: a tree with links out of it (as untrusted code plants them)
 // is archived with the links as links, nothing of their targets.
 func TestWriteTarNeverFollowsLinks(t *testing.T) {
+	for name, write := range map[string]func(context.Context, string, io.Writer) (int, error){
+		"WriteTar": WriteTar, "WriteTarReadahead": WriteTarReadahead,
+	} {
+		t.Run(name, func(t *testing.T) { testWriteTarNeverFollowsLinks(t, write) })
+	}
+}
+
+func testWriteTarNeverFollowsLinks(t *testing.T, writeTar func(context.Context, string, io.Writer) (int, error)) {
 	dir := t.TempDir()
 	outside := t.TempDir()
 	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o600); err != nil {
@@ -31,7 +41,7 @@ func TestWriteTarNeverFollowsLinks(t *testing.T) {
 	must(os.WriteFile(filepath.Join(dir, randName(tmpPrefix)), []byte("x"), 0o600))
 
 	var buf bytes.Buffer
-	n, err := WriteTar(context.Background(), dir, &buf)
+	n, err := writeTar(context.Background(), dir, &buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,4 +86,60 @@ func keys(m map[string]*tar.Header) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestWriteTarReadaheadSameArchive: the readahead helper changes nothing in the archive, over
+// directories of more entries than one read of a directory returns, nested folders, links, a
+// FIFO and the guest's own temporary files; a cancelled walk ends with its helpers.
+func TestWriteTarReadaheadSameArchive(t *testing.T) {
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 1300 {
+		sub := filepath.Join(dir, "big")
+		if i%400 == 0 {
+			sub = filepath.Join(dir, "big", fmt.Sprintf("d%d", i), "e")
+		}
+		must(os.MkdirAll(sub, 0o755))
+		must(os.WriteFile(filepath.Join(sub, fmt.Sprintf("f%04d", i)), bytes.Repeat([]byte{byte(i)}, i*7), 0o644))
+	}
+	must(os.Symlink("/etc/passwd", filepath.Join(dir, "big", "link")))
+	must(syscall.Mkfifo(filepath.Join(dir, "big", "fifo"), 0o600))
+	must(os.WriteFile(filepath.Join(dir, randName(tmpPrefix)), []byte("x"), 0o600))
+
+	var plain, ahead bytes.Buffer
+	n1, err := WriteTar(context.Background(), dir, &plain)
+	must(err)
+	n2, err := WriteTarReadahead(context.Background(), dir, &ahead)
+	must(err)
+	if n1 != n2 || !bytes.Equal(plain.Bytes(), ahead.Bytes()) {
+		t.Fatalf("WriteTarReadahead wrote %d entries (%d bytes), WriteTar %d (%d bytes): the archives differ", n2, ahead.Len(), n1, plain.Len())
+	}
+	if n1 < 1300 {
+		t.Fatalf("%d entries, want the 1,300 files and their folders", n1)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &cancelAfter{n: 64 << 10, cancel: cancel}
+	if _, err := WriteTarReadahead(ctx, dir, w); err == nil {
+		t.Fatal("a walk cancelled midway: no error")
+	}
+}
+
+// cancelAfter cancels its context once n bytes were written to it.
+type cancelAfter struct {
+	n      int
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfter) Write(p []byte) (int, error) {
+	c.n -= len(p)
+	if c.n <= 0 {
+		c.cancel()
+	}
+	return len(p), nil
 }

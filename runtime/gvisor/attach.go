@@ -447,7 +447,7 @@ func (d *Driver) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser,
 	pr, pw := io.Pipe()
 	go func() {
 		defer release()
-		_, err := server.WriteTar(ctx, ws, pw)
+		_, err := server.WriteTarReadahead(ctx, ws, pw)
 		pw.CloseWithError(err)
 	}()
 	return pr, nil
