@@ -142,26 +142,32 @@ func (c *attachments) drop(id string) {
 func (c *attachments) dropBroken(id string) {
 	c.mu.Lock()
 	a, ok := c.m[id]
+	ok = ok && a.broken()
 	if ok {
-		select {
-		case <-a.ready:
-			if a.client == nil {
-				ok = false
-				break
-			}
-			select {
-			case <-a.client.Done():
-				delete(c.m, id)
-			default:
-				ok = false
-			}
-		default:
-			ok = false // still attaching: a new stream
-		}
+		delete(c.m, id)
 	}
 	c.mu.Unlock()
 	if ok {
 		go a.close()
+	}
+}
+
+// broken reports whether the attach was made and its stream has broken since (not while it
+// is still being made: that is a new stream).
+func (a *attachment) broken() bool {
+	select {
+	case <-a.ready:
+	default:
+		return false
+	}
+	if a.client == nil {
+		return false
+	}
+	select {
+	case <-a.client.Done():
+		return true
+	default:
+		return false
 	}
 }
 

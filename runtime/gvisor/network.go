@@ -442,8 +442,8 @@ func (n *netState) reconcile(ctx context.Context, running func(ctx context.Conte
 			continue
 		}
 		id, ours := strings.CutPrefix(string(owner), n.dir+" ")
-		if !ours || owned[id] {
-			continue
+		if !ours || !ValidID(id) || owned[id] {
+			continue // another state folder's (a path with a space is no box id), or kept
 		}
 		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) < setupGrace {
 			continue // another server's create, before its box file
