@@ -59,8 +59,10 @@ func probe(t *testing.T, srv *e2e.Server, id string, targets ...string) map[stri
 	return res
 }
 
-// wantProbes checks each target: "ok" wants a connection answered by that test host address,
-// "denied" wants no connection (refused, unreachable or timed out).
+// wantProbes checks each target: "nethost A" wants a connection answered by that test host
+// address, "refused" an answer that there is none (a reset, an ICMP error, no route: what the
+// policy's reject gives, at once), "denied" no connection in any way (refused, unreachable or
+// timed out: what a dropped packet gives).
 func wantProbes(t *testing.T, who string, got map[string]string, want map[string]string) {
 	t.Helper()
 	for target, w := range want {
@@ -73,6 +75,10 @@ func wantProbes(t *testing.T, who string, got map[string]string, want map[string
 		case w == "denied":
 			if strings.HasPrefix(g, "ok") || g == "" {
 				t.Errorf("%s → %s: got %q, want no connection", who, target, g)
+			}
+		case w == "refused":
+			if !strings.HasPrefix(g, "error ") {
+				t.Errorf("%s → %s: got %q, want the connection refused (error errno)", who, target, g)
 			}
 		default:
 			t.Fatalf("bad expectation %q", w)
@@ -137,7 +143,7 @@ func TestNetworkPolicyLocal(t *testing.T) {
 
 	t.Run("none has only loopback", func(t *testing.T) {
 		wantProbes(t, "none", probe(t, srv, none.SandboxID, A2+":80", B2+":80"),
-			map[string]string{A2 + ":80": "denied", B2 + ":80": "denied"})
+			map[string]string{A2 + ":80": "refused", B2 + ":80": "refused"})
 		links := srv.Run(t, none.SandboxID, []string{"python3", "-c", "import socket; print(sorted(n for _, n in socket.if_nameindex()))"}, e2e.HdrTenant1)
 		if strings.TrimSpace(links) != "['lo']" {
 			t.Errorf("a sandbox without network has interfaces %s, want only lo", links)
@@ -150,10 +156,10 @@ func TestNetworkPolicyLocal(t *testing.T) {
 			map[string]string{
 				A2 + ":80": "nethost " + A2, A5 + ":80": "nethost " + A5, B3 + ":80": "nethost " + B3,
 				"svc.sandboxd.test:80":     "nethost " + B2, // resolved by the configured resolver
-				M + ":80":                  "denied",        // the link-local (metadata) range, under 0.0.0.0/0
-				P + ":80":                  "denied",        // a private range, under 0.0.0.0/0
-				a.Gateway.String() + ":80": "denied",        // the host itself
-				B2 + ":53":                 "denied",        // DNS elsewhere than the resolver
+				M + ":80":                  "refused",       // the link-local (metadata) range, under 0.0.0.0/0
+				P + ":80":                  "refused",       // a private range, under 0.0.0.0/0
+				a.Gateway.String() + ":80": "refused",       // the host itself
+				B2 + ":53":                 "refused",       // DNS elsewhere than the resolver
 				A2 + ":53":                 "nethost " + A2,
 			})
 	})
@@ -163,13 +169,13 @@ func TestNetworkPolicyLocal(t *testing.T) {
 			"other.sandboxd.test:80", P+":80", M+":80", B2+":53"),
 			map[string]string{
 				A2 + ":80":               "nethost " + A2,
-				A5 + ":80":               "denied",        // egress_deny inside the allowed subnet
+				A5 + ":80":               "refused",       // egress_deny inside the allowed subnet
 				"svc.sandboxd.test:80":   "nethost " + B2, // the pinned address of an allowed name
-				B3 + ":80":               "denied",        // not pinned
-				"other.sandboxd.test:80": "denied",        // resolves (DNS is allowed), but is not allowed
+				B3 + ":80":               "refused",       // not pinned
+				"other.sandboxd.test:80": "refused",       // resolves (DNS is allowed), but is not allowed
 				P + ":80":                "nethost " + P,  // a private address listed explicitly
 				M + ":80":                "nethost " + M,  // the always-denied range it names exactly
-				B2 + ":53":               "denied",
+				B2 + ":53":               "refused",
 			})
 		got := srv.Get(t, listed.SandboxID, e2e.HdrTenant1)
 		r := srv.Curl(t, http.MethodGet, e2e.Prefix+"/"+got.SandboxID, nil, e2e.HdrTenant1)
@@ -205,7 +211,7 @@ func TestNetworkPolicyLocal(t *testing.T) {
 		}
 		srv.Curl(t, http.MethodPost, e2e.Prefix+"/"+listed.SandboxID+"/start", nil, e2e.HdrTenant1).Want(t, http.StatusOK)
 		wantProbes(t, "listed after a start", probe(t, srv, listed.SandboxID, A2+":80", A5+":80", "svc.sandboxd.test:80"),
-			map[string]string{A2 + ":80": "nethost " + A2, A5 + ":80": "denied", "svc.sandboxd.test:80": "nethost " + B2})
+			map[string]string{A2 + ":80": "nethost " + A2, A5 + ":80": "refused", "svc.sandboxd.test:80": "nethost " + B2})
 	})
 
 	t.Run("no sandbox reaches another", func(t *testing.T) {
@@ -234,9 +240,9 @@ func TestNetworkPolicyLocal(t *testing.T) {
 	t.Run("a create narrows and never widens", func(t *testing.T) {
 		narrowed := srv.Create(t, `{"profile":"open","network":{"mode":"egress","egress_allow":["`+a.Subnet.String()+`"]}}`, e2e.HdrTenant1)
 		wantProbes(t, "narrowed", probe(t, srv, narrowed.SandboxID, A2+":80", B2+":80"),
-			map[string]string{A2 + ":80": "nethost " + A2, B2 + ":80": "denied"})
+			map[string]string{A2 + ":80": "nethost " + A2, B2 + ":80": "refused"})
 		off := srv.Create(t, `{"profile":"open","network":"none"}`, e2e.HdrTenant1)
-		wantProbes(t, "narrowed to none", probe(t, srv, off.SandboxID, A2+":80"), map[string]string{A2 + ":80": "denied"})
+		wantProbes(t, "narrowed to none", probe(t, srv, off.SandboxID, A2+":80"), map[string]string{A2 + ":80": "refused"})
 		for _, c := range []struct {
 			body   string
 			status int

@@ -199,7 +199,7 @@ func TestPauseEgressSandbox(t *testing.T) {
 	}})
 	key := e2e.HdrTenant1
 	id := s.Create(t, `{"profile":"listed"}`, key).SandboxID
-	want := map[string]string{A2 + ":80": "nethost " + A2, A5 + ":80": "denied"}
+	want := map[string]string{A2 + ":80": "nethost " + A2, A5 + ":80": "refused"}
 	wantProbes(t, "before the pause", probe(t, s, id, A2+":80", A5+":80"), want)
 	runDetached(t, s, id, key, "sh", "-c", counterLoop)
 	time.Sleep(300 * time.Millisecond)
