@@ -83,6 +83,7 @@ func run(ctx context.Context, args []string, getenv func(string) string) error {
 	}
 	log := newLogger(cfg)
 	slog.SetDefault(log)
+	setMemoryLimit(getenv, log)
 	stopTracing, err := tracing.Setup(ctx, cfg.Tracing, tracing.Options{Logger: log, Version: version.Version})
 	if err != nil {
 		return fmt.Errorf("tracing: %w", err)
