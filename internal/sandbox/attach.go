@@ -82,18 +82,12 @@ func (c *attachments) get(ctx context.Context, id string) (*client.Client, error
 		if a.err != nil {
 			return nil, a.err
 		}
-		select {
-		case <-a.client.Done():
-			// The stream broke: forget it and attach again.
-			c.mu.Lock()
-			if c.m[id] == a {
-				delete(c.m, id)
-			}
-			c.mu.Unlock()
+		if a.broken() {
+			// The stream broke: forget it (closing what is left of it) and attach again.
+			c.dropBroken(id)
 			continue
-		default:
-			return a.client, nil
 		}
+		return a.client, nil
 	}
 }
 
