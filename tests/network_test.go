@@ -103,9 +103,9 @@ func networkProfiles(allow []string, deny []string) []map[string]any {
 // TestNetworkPolicyLocal: egress policies enforced on the local runtime, with real traffic only
 // to test hosts in namespaces the test made: an allowed CIDR answers, a denied one does not,
 // none has only loopback, the metadata range and private ranges stay closed under 0.0.0.0/0
-// unless listed (inside or exactly), DNS goes only to the configured resolver, a host name allows only the address
-// it was pinned to, no sandbox reaches another or the host, a create can narrow and never
-// widen, and nothing is left behind after destroy.
+// unless listed (inside or exactly), DNS goes only to the configured resolver, a host name
+// allows only the address it was pinned to, no sandbox reaches another or the host, a create
+// can narrow and never widen, and nothing is left behind after destroy.
 func TestNetworkPolicyLocal(t *testing.T) {
 	t.Parallel()
 	n := netSubnetOctet(0)

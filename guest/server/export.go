@@ -168,6 +168,10 @@ func (e *exporter) batch(dirfd int, ents []os.DirEntry, prefix string) error {
 			<-done // dirfd stays open until the helper is done with it
 		}()
 	}
+	parent := "."
+	if prefix != "" {
+		parent = strings.TrimSuffix(prefix, "/")
+	}
 	for i, ent := range ents {
 		at.Store(int64(i))
 		select {
@@ -175,10 +179,6 @@ func (e *exporter) batch(dirfd int, ents []os.DirEntry, prefix string) error {
 		default:
 		}
 		name := ent.Name()
-		parent := "."
-		if prefix != "" {
-			parent = strings.TrimSuffix(prefix, "/")
-		}
 		if hiddenName(parent, name) {
 			continue
 		}
