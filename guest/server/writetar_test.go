@@ -8,8 +8,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestWriteTarNeverFollowsLinks: a tree with links out of it (as untrusted code plants them)
@@ -142,4 +144,52 @@ func (c *cancelAfter) Write(p []byte) (int, error) {
 		c.cancel()
 	}
 	return len(p), nil
+}
+
+// TestReadaheadHostileSwap: files the workload swaps after the folder was listed (a FIFO, a
+// link to a FIFO outside, a link to a file outside) do not block the readahead helper (it
+// opens without following links and without waiting for a FIFO's writer).
+func TestReadaheadHostileSwap(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	for _, name := range []string{"fifo", "linkfifo", "linkfile"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ents, err := d.ReadDir(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Swapped after the listing, which still says regular files.
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(syscall.Mkfifo(filepath.Join(outside, "fifo"), 0o600))
+	must(os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o600))
+	for name, target := range map[string]string{"linkfifo": filepath.Join(outside, "fifo"), "linkfile": filepath.Join(outside, "secret")} {
+		must(os.Remove(filepath.Join(dir, name)))
+		must(os.Symlink(target, filepath.Join(dir, name)))
+	}
+	must(os.Remove(filepath.Join(dir, "fifo")))
+	must(syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+
+	var at atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		readahead(int(d.Fd()), ents, &at, make(chan struct{}), make(chan struct{}))
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the readahead helper blocked on a swapped entry")
+	}
 }
