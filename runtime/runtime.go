@@ -70,6 +70,9 @@ type BoxSpec struct {
 	Rootfs string `json:"rootfs,omitempty"`
 	// Image is the container image (Kubernetes driver).
 	Image string `json:"image,omitempty"`
+	// ImageHasInit says that Image carries the guest init at /.sbx/init (the images the project
+	// builds do): the Kubernetes driver then runs it without an init container.
+	ImageHasInit bool `json:"image_has_init,omitempty"`
 	// MilliCPU is the CPU limit in thousandths of a core; 0 means no limit.
 	MilliCPU int64 `json:"milli_cpu,omitempty"`
 	// MemoryBytes is the memory limit; 0 means no limit.

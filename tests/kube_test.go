@@ -33,7 +33,7 @@ func kubeServerOptions(t *testing.T, kubeconfig, redisURL string, st *e2e.StateD
 			"unschedulable_timeout_sec": 5,
 		},
 		"profiles": []map[string]any{
-			{"name": "sandboxes-default", "image": kubetest.BaseImage, "milli_cpu": 1000, "memory_mb": 1024, "disk_mb": 1024},
+			{"name": "sandboxes-default", "image": kubetest.BaseImage, "image_has_init": true, "milli_cpu": 1000, "memory_mb": 1024, "disk_mb": 1024},
 		},
 		"quota":                 map[string]any{"default_limit": 4},
 		"reconcile_interval_ms": 300,

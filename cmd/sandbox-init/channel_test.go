@@ -138,3 +138,150 @@ func TestInstallWritesChannelKey(t *testing.T) {
 		t.Errorf("install with a malformed key succeeded, want an error")
 	}
 }
+
+// TestServeAwaitsProvisionedKey: a PID 1 told to wait for its key (no init container wrote
+// it) does not listen until `connect provision` brings it; the key file is gone once the init
+// answers, and the init then serves only callers that prove that key.
+func TestServeAwaitsProvisionedKey(t *testing.T) {
+	bin := buildInit(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "init.sock")
+	keyFile := filepath.Join(dir, "channel.key")
+	env := append(os.Environ(), "SBX_SOCKET="+sock, "SBX_STATE_DIR="+filepath.Join(dir, "state"),
+		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), "SBX_REAP=0", proto.ChannelKeyFileEnv+"="+keyFile)
+	serve := exec.Command(bin, "serve")
+	serve.Env = append(env, proto.ChannelKeyAwaitEnv+"=1")
+	serveErr := &lockedBuffer{}
+	serve.Stderr = serveErr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		t.Fatalf("the init listens before it has its key")
+	}
+
+	key := proto.NewChannelKey()
+	cmd := exec.Command(bin, "connect", proto.ConnectProvision, keyFile)
+	cmd.Env = env
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	connErr := &lockedBuffer{}
+	cmd.Stderr = connErr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	}()
+	if _, err := stdin.Write([]byte(proto.EncodeChannelKey(key) + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	s := &stdioStream{Reader: &readyReader{r: stdout}, WriteCloser: stdin}
+	if _, err := s.Read(make([]byte, 0)); err != nil {
+		t.Fatalf("no ready byte: %v (connect: %s; serve: %s)", err, connErr, serveErr)
+	}
+	if _, err := os.Stat(keyFile); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the key file once the init answers: %v, want it gone", err)
+	}
+	if err := client.HostHandshake(s, key); err != nil {
+		t.Fatalf("handshake with the provisioned key: %v (connect: %s; serve: %s)", err, connErr, serveErr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gc, err := client.DialContext(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gc.Health(ctx); err != nil {
+		t.Errorf("Health: %v", err)
+	}
+	gc.Close()
+
+	// A second provisioning, once the init listens, writes nothing: the other key it brings
+	// does not become the init's, and no file is left.
+	other := exec.Command(bin, "connect", proto.ConnectProvision, keyFile)
+	other.Env = env
+	other.Stdin = strings.NewReader(proto.EncodeChannelKey(proto.NewChannelKey()) + "\n")
+	_ = other.Run()
+	if _, err := os.Stat(keyFile); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the key file after a second provisioning: %v, want none", err)
+	}
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := client.HostHandshake(c, key); err != nil {
+		t.Errorf("handshake with the first key after a second provisioning: %v", err)
+	}
+}
+
+// TestProvision: the key line is checked before anything is written; a listening init gets
+// nothing written; otherwise the key lands whole, mode 0400, with no temporary file left.
+func TestProvision(t *testing.T) {
+	key := proto.EncodeChannelKey(proto.NewChannelKey())
+	refused := func() (*net.UnixConn, error) { return nil, errors.New("not listening") }
+	for name, in := range map[string]string{
+		"short":      key[:10] + "\n",
+		"no newline": key + "x",
+		"not hex":    strings.Repeat("zz", proto.ChannelKeyLen) + "\n",
+		"empty":      "",
+	} {
+		dir := t.TempDir()
+		if _, err := provision(strings.NewReader(in), filepath.Join(dir, "channel.key"), refused); err == nil {
+			t.Errorf("%s: provision accepted %q", name, in)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Errorf("%s: files left: %v", name, ents)
+		}
+	}
+
+	dir := t.TempDir()
+	kf := filepath.Join(dir, "channel.key")
+	c, err := provision(strings.NewReader(key+"\nrest"), kf, refused)
+	if err != nil || c != nil {
+		t.Fatalf("provision: %v %v", c, err)
+	}
+	b, err := os.ReadFile(kf)
+	if err != nil || string(b) != key {
+		t.Errorf("key file %q (%v), want the key", b, err)
+	}
+	if st, err := os.Stat(kf); err != nil || st.Mode().Perm() != 0o400 {
+		t.Errorf("key file mode %v (%v), want 0400", st.Mode(), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("files in the folder: %v, want the key file only", ents)
+	}
+
+	sock := filepath.Join(t.TempDir(), "s")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir = t.TempDir()
+	c, err = provision(strings.NewReader(key+"\n"), filepath.Join(dir, "channel.key"), func() (*net.UnixConn, error) {
+		return net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+	})
+	if err != nil || c == nil {
+		t.Fatalf("provision to a listening init: %v %v, want its connection", c, err)
+	}
+	c.Close()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("provision to a listening init wrote %v", ents)
+	}
+}

@@ -4,6 +4,11 @@
 //	sandbox-init [serve]   PID-1 mode: reap orphans, serve the guest protocol on the socket
 //	sandbox-init connect   bridge stdin/stdout to the socket (what `runsc exec <id> /.sbx/init
 //	                       connect` runs: the host speaks HTTP/2 over that stdio)
+//	sandbox-init connect provision KEYFILE
+//	                       the same, after taking the box's channel key from the first line of
+//	                       stdin and writing it to KEYFILE for a PID 1 that waits for it
+//	                       (SBX_CHANNEL_KEY_AWAIT=1; provision.go): a Kubernetes pod whose image
+//	                       carries the init, on the runtime's first attach
 //	sandbox-init version   print the version, revision and Go version (also --version)
 //	sandbox-init install DEST
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
@@ -59,7 +64,7 @@ func main() {
 	case "serve":
 		os.Exit(serve())
 	case "connect":
-		os.Exit(connect())
+		os.Exit(connect(os.Args[2:]))
 	case "version", "-version", "--version":
 		fmt.Println(version.String("sandbox-init"))
 	case "install":
@@ -152,11 +157,19 @@ func serve() int {
 		}
 		reap = b
 	}
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	// The channel key: read and deleted before anything else of the box runs. A runtime that
 	// names a key file wants every connection to prove the key; without one (a test on a host)
-	// connections are served as they come.
+	// connections are served as they come. A runtime that brings the key with its first attach
+	// (proto.ChannelKeyAwaitEnv) has PID 1 wait for the file: nothing listens, so nothing can
+	// run in the box, until it is there.
 	var key []byte
 	if kf := os.Getenv(proto.ChannelKeyFileEnv); kf != "" {
+		if os.Getenv(proto.ChannelKeyAwaitEnv) == "1" && !awaitFile(kf, stop) {
+			log.Info("stopped before the runtime brought the channel key")
+			return 0
+		}
 		k, err := server.TakeChannelKey(kf)
 		if err != nil {
 			log.Error("reading the channel key", "err", err)
@@ -164,8 +177,6 @@ func serve() int {
 		}
 		key = k
 	}
-	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 
 	// A runtime that gives PID 1 CAP_SYS_ADMIN asks for every step below to be done
 	// (proto.RequireContainmentEnv): a box never runs with less than it promised.
@@ -351,7 +362,7 @@ func acceptLoop(log *slog.Logger, ln net.Listener, srv *server.Server, key []byt
 	}
 }
 
-func connect() int {
+func connect(args []string) int {
 	// A relay of the runtime's own stream: nothing in the box may trace or read it, and it
 	// needs no privilege at all.
 	_ = notDumpable()
@@ -360,11 +371,26 @@ func connect() int {
 		return 1
 	}
 	sock := env("SBX_SOCKET", proto.SocketPath)
-	deadline := time.Now().Add(connectWait)
+	dial := func() (*net.UnixConn, error) {
+		return net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+	}
 	var c *net.UnixConn
-	for {
+	switch {
+	case len(args) == 0:
+	case len(args) == 2 && args[0] == proto.ConnectProvision:
 		var err error
-		c, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+		if c, err = provision(os.Stdin, args[1], dial); err != nil {
+			fmt.Fprintf(os.Stderr, "sandbox-init connect: %v\n", err)
+			return 1
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "usage: sandbox-init connect [%s KEYFILE]\n", proto.ConnectProvision)
+		return 2
+	}
+	deadline := time.Now().Add(connectWait)
+	for c == nil {
+		var err error
+		c, err = dial()
 		if err == nil {
 			break
 		}
@@ -373,6 +399,14 @@ func connect() int {
 			return 1
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	if len(args) == 2 {
+		// PID 1 listens, so it took its key: whatever is left of the file is stale.
+		if err := os.Remove(args[1]); err != nil && !errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintf(os.Stderr, "sandbox-init connect: removing the key file: %v\n", err)
+			_ = c.Close()
+			return 1
+		}
 	}
 	// Tell the host the init is up before any protocol byte (proto.ConnectReady).
 	if _, err := os.Stdout.Write([]byte{proto.ConnectReady}); err != nil {

@@ -22,6 +22,10 @@ func TestDeployConfigImages(t *testing.T) {
 		if len(c.Profiles) == 0 || c.Profiles[0].Image != env["SANDBOXD_IMAGE"] {
 			t.Errorf("%s: the default profile's image: got %+v, want SANDBOXD_IMAGE's", f, c.Profiles)
 		}
+		// sandbox-default carries the guest init: its pods need no init container.
+		if len(c.Profiles) == 0 || !c.Profiles[0].ImageHasInit {
+			t.Errorf("%s: the default profile does not say its image carries the init: %+v", f, c.Profiles)
+		}
 		delete(env, "SANDBOXD_INIT_IMAGE")
 		delete(env, "SANDBOXD_IMAGE")
 		_, err = loadConfig(nil, func(k string) string { return env[k] })

@@ -38,6 +38,18 @@ const (
 	// ChannelKeyEnv carries the key to `sandbox-init install` (a Kubernetes init container),
 	// which writes it to the ChannelKeyFileEnv file of the sandbox container's shared folder.
 	ChannelKeyEnv = "SBX_CHANNEL_KEY"
+	// ChannelKeyAwaitEnv set to 1 makes PID 1 wait for its ChannelKeyFileEnv file instead of
+	// refusing to start without it: a Kubernetes pod whose image carries the init has no init
+	// container to write the key, so the runtime's first attach brings it (ConnectProvision).
+	// Nothing else runs in the box until PID 1 listens, which it does only with the key.
+	ChannelKeyAwaitEnv = "SBX_CHANNEL_KEY_AWAIT"
+	// ConnectProvision is `connect`'s argument (then the key file's path) with which the runtime's
+	// first attach of such a pod sends the key as the first line of the stream's stdin (hex,
+	// then "\n"). connect writes it to the file only while PID 1 is not listening yet, that is
+	// before anything of the workload can have run, and removes whatever is left of the file once
+	// PID 1 answers. The runtime provisions only the pod it just made and never again, so a
+	// `connect` the workload replaced later is never sent the key.
+	ConnectProvision = "provision"
 	// RequireContainmentEnv set to 1 makes PID 1 refuse to serve unless it could set up all of
 	// its containment: hide its host socket's folder (when it has one), track execs in
 	// cgroups, refuse mounts and drop CAP_SYS_ADMIN. The local runtime, which starts it with

@@ -17,10 +17,13 @@ type ProfileConfig struct {
 	// Rootfs is the read-only base root filesystem folder (local gVisor driver).
 	Rootfs string `json:"rootfs,omitempty"`
 	// Image is the container image (Kubernetes driver).
-	Image    string `json:"image,omitempty"`
-	MilliCPU int64  `json:"milli_cpu,omitempty"`
-	MemoryMB int64  `json:"memory_mb,omitempty"`
-	DiskMB   int64  `json:"disk_mb,omitempty"`
+	Image string `json:"image,omitempty"`
+	// ImageHasInit says that Image carries the guest init at /.sbx/init, as the images
+	// scripts/build-images.sh makes do: its pods need no init container (Kubernetes driver).
+	ImageHasInit bool  `json:"image_has_init,omitempty"`
+	MilliCPU     int64 `json:"milli_cpu,omitempty"`
+	MemoryMB     int64 `json:"memory_mb,omitempty"`
+	DiskMB       int64 `json:"disk_mb,omitempty"`
 	// Network is "none" (the default: only the box's own loopback) or "egress", with
 	// EgressAllow (IPv4 CIDRs and host names) and EgressDeny (CIDRs) deciding where a
 	// sandbox may connect (internal/netpolicy). A create may narrow it, never widen it.

@@ -194,7 +194,7 @@ func (p *pool) spec(ctx context.Context, prof ProfileConfig) (runtime.BoxSpec, e
 
 // specOf is the box spec of a create of prof.
 func specOf(prof ProfileConfig, mode string, policy *runtime.NetworkPolicy, env map[string]string) runtime.BoxSpec {
-	return runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, MilliCPU: prof.MilliCPU,
+	return runtime.BoxSpec{Profile: prof.Name, Rootfs: prof.Rootfs, Image: prof.Image, ImageHasInit: prof.ImageHasInit, MilliCPU: prof.MilliCPU,
 		MemoryBytes: prof.MemoryMB << 20, DiskBytes: prof.DiskMB << 20, Network: mode, NetworkPolicy: policy, Env: env}
 }
 

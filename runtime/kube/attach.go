@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
@@ -24,12 +25,18 @@ import (
 // attach execs the guest init's `connect` in the box's sandbox container through the API
 // server (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and
 // returns once the init answered with its ready byte and proved the pod's channel key
-// (client.HostHandshake; a peer that fails it is errTampered).
-func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.ReadWriteCloser, error) {
+// (client.HostHandshake; a peer that fails it is errTampered). With provision (only the first
+// attach of a pod it just made, whose PID 1 waits for its key) the key goes first, as the
+// first line of connect's stdin (proto.ConnectProvision).
+func (d *Driver) attach(ctx context.Context, id, name string, key []byte, provision bool) (io.ReadWriteCloser, error) {
+	command := []string{initPath, "connect"}
+	if provision {
+		command = append(command, proto.ConnectProvision, channelKeyFile)
+	}
 	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
 		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
 		Container: containerName,
-		Command:   []string{initPath, "connect"},
+		Command:   command,
 		Stdin:     true,
 		Stdout:    true,
 		Stderr:    true,
@@ -69,7 +76,13 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte) (io.Re
 	}()
 	ready := make(chan error, 1)
 	go func() {
-		err := client.AwaitReady(outR)
+		var err error
+		if provision {
+			_, err = s.Write([]byte(proto.EncodeChannelKey(key) + "\n"))
+		}
+		if err == nil {
+			err = client.AwaitReady(outR)
+		}
 		if err == nil {
 			err = client.HostHandshake(s, key)
 			// The pod's init answers a greeting at once; a peer that hangs up instead is not
@@ -175,11 +188,17 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}
+	if !provisioned(pod) {
+		// The cache may trail the create that brought the key: ask the API server.
+		if pod, err = d.cs.CoreV1().Pods(d.opts.Namespace).Get(ctx, name, metav1.GetOptions{}); err != nil || !provisioned(pod) {
+			return nil, fmt.Errorf("kube: box %s: its guest init has not got its channel key (a create or start was cut short; start it again): %w", id, runtime.ErrNotRunning)
+		}
+	}
 	key, err := podChannelKey(pod)
 	if err != nil {
 		return nil, fmt.Errorf("kube: box %s: %w: %w", id, err, runtime.ErrNotRunning)
 	}
-	rwc, err := d.attach(ctx, id, name, key)
+	rwc, err := d.attach(ctx, id, name, key, false)
 	if errors.Is(err, errTampered) {
 		if p, gerr := d.pods.Get(name); gerr != nil || p.UID != pod.UID || p.DeletionTimestamp != nil || !podReady(p) {
 			// The pod ended meanwhile: that, not tampering, is the news.

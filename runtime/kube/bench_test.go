@@ -29,8 +29,9 @@ import (
 
 // The benchmarks measure, side by side on the same cluster: a command through the guest init
 // over an existing attach against a bare pod exec (what `kubectl exec` does: one remotecommand
-// stream through the API server per command), and the driver's create-to-first-exec against
-// a bare PVC + pod (no init container) and one exec.
+// stream through the API server per command), and the driver's create-to-first-exec (with the
+// init container, or over an image that carries the init) against a bare PVC + pod (no init
+// container) and one exec.
 
 func BenchmarkBarePodExec(b *testing.B) {
 	c := kubetest.Require(b)
@@ -58,6 +59,10 @@ func BenchmarkAttachExec(b *testing.B) {
 }
 
 func BenchmarkCreateToFirstExec(b *testing.B) { createToFirstExec(b, spec) }
+
+// BenchmarkCreateToFirstExecImageHasInit is the same over an image that carries the guest init:
+// no init container, the key brought by the first attach.
+func BenchmarkCreateToFirstExecImageHasInit(b *testing.B) { createToFirstExec(b, initSpec) }
 
 // BenchmarkCreateToFirstExecEgress is the same with an egress policy: the sandbox's
 // NetworkPolicy, written before the pod either way, carries ipBlocks and the DNS rule instead of

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"sandboxd/runtime"
 )
@@ -73,9 +74,19 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 	if err != nil {
 		return err
 	}
-	rwc, err := d.attach(ctx, id, name, key)
+	// A pod whose PID 1 waits for its key gets it on this, its first attach, and never again:
+	// the mark goes on the pod before any call can run a command in it.
+	provision := !provisioned(pod)
+	rwc, err := d.attach(ctx, id, name, key, provision)
 	if err != nil {
 		return fmt.Errorf("kube: box %s: the guest init does not answer: %w", id, err)
+	}
+	if provision {
+		patch := []byte(`{"metadata":{"annotations":{"` + AnnChannelReady + `":"true"}}}`)
+		if _, err := d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			rwc.Close()
+			return fmt.Errorf("kube: box %s: marking its pod's channel ready: %w", id, err)
+		}
 	}
 	d.spares.Keep(id, rwc)
 	return nil

@@ -55,6 +55,11 @@ const (
 	// AnnTampered (driver-owned) says why the box's pod was deleted after its attach channel
 	// was found tampered with: the box is failed (not lost) until it is started again.
 	AnnTampered = annPrefix + "channel-tampered"
+	// AnnChannelKey (on a pod whose image carries the init) is the pod's channel key, which
+	// the box's first attach brings to PID 1 (proto.ConnectProvision); AnnChannelReady says
+	// that attach succeeded, so no later attach of the pod sends the key again.
+	AnnChannelKey   = annPrefix + "channel-key"
+	AnnChannelReady = annPrefix + "channel-ready"
 	// AnnFence (driver-owned) is the highest fence a write to the box has carried
 	// (runtime.WithFence), in decimal; a write with a lower one is refused.
 	AnnFence           = annPrefix + "fence"
@@ -331,8 +336,9 @@ func (s podSettings) newPVC(name string, rec runtime.Record) (*corev1.Persistent
 	return pvc, nil
 }
 
-// newPod is a box's compute: the guest init, put into an emptyDir by an init container, is
-// PID 1 of the sandbox container over the profile's image; the workspace is the PVC.
+// newPod is a box's compute: the guest init is PID 1 of the sandbox container over the
+// profile's image, the image's own /.sbx/init when it carries one (spec.ImageHasInit), else put
+// into an emptyDir by an init container; the workspace is the PVC.
 func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error) {
 	spec := rec.Spec
 	if spec.Image == "" {
@@ -411,6 +417,18 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 			},
 		},
 	}
+	if spec.ImageHasInit {
+		// No init container: the key is the pod's annotation, and PID 1 waits in the run
+		// folder for the first attach to bring it (runPod, proto.ConnectProvision). Nothing of
+		// the workload can run before PID 1 listens, which it does only once it has the key.
+		key := proto.EncodeChannelKey(proto.NewChannelKey())
+		pod.Annotations = map[string]string{AnnChannelKey: key}
+		pod.Spec.InitContainers = nil
+		c := &pod.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: proto.ChannelKeyAwaitEnv, Value: "1"})
+		c.VolumeMounts = slices.DeleteFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == initVolume })
+		pod.Spec.Volumes = slices.DeleteFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == initVolume })
+	}
 	if dns := podDNS(spec); dns != nil {
 		// The pod asks the policy's resolvers (on a cluster, usually the cluster DNS's
 		// Service address), without the cluster's search domains.
@@ -422,9 +440,20 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 // channelKeyFile is where the init container writes the pod's channel key and PID 1 takes it.
 const channelKeyFile = runDir + "/channel.key"
 
-// podChannelKey is the channel key a box's pod was made with (its init container's
-// environment; the pod's spec never changes).
+// provisioned reports whether the pod's PID 1 has its channel key: always for a pod made with
+// an init container, which wrote it; for one whose image carries the init, once its first
+// attach brought it (AnnChannelReady).
+func provisioned(pod *corev1.Pod) bool {
+	_, awaits := pod.Annotations[AnnChannelKey]
+	return !awaits || pod.Annotations[AnnChannelReady] == "true"
+}
+
+// podChannelKey is the channel key a box's pod was made with (its annotation when its image
+// carries the init, else its init container's environment; the pod's spec never changes).
 func podChannelKey(pod *corev1.Pod) ([]byte, error) {
+	if k, ok := pod.Annotations[AnnChannelKey]; ok {
+		return proto.ParseChannelKey(k)
+	}
 	for _, c := range pod.Spec.InitContainers {
 		if c.Name != initContainerName {
 			continue

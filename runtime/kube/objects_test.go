@@ -158,6 +158,60 @@ func TestBoxLabelsAndMirror(t *testing.T) {
 	}
 }
 
+// TestPodShapeImageHasInit: a profile whose image carries the init gets no init container and
+// no shared folder over /.sbx; the key is the pod's annotation, PID 1 waits for it, and the
+// sandbox container's spec never holds it.
+func TestPodShapeImageHasInit(t *testing.T) {
+	set := podSettings{namespace: "sandbox-jobs", initImage: "init:1", runtimeClass: "gvisor"}
+	rec := testRecord()
+	rec.Spec.ImageHasInit = true
+	pod, err := set.newPod("sbx-x", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := pod.Spec
+	if len(s.InitContainers) != 0 {
+		t.Errorf("init containers %+v, want none", s.InitContainers)
+	}
+	c := s.Containers[0]
+	if c.Image != "img:1" || strings.Join(c.Command, " ") != "/.sbx/init serve" {
+		t.Errorf("container %+v", c)
+	}
+	for _, v := range s.Volumes {
+		if v.Name == initVolume {
+			t.Errorf("volume %+v over the image's /.sbx", v)
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == initDir {
+			t.Errorf("mount %+v over the image's /.sbx", m)
+		}
+	}
+	key, err := podChannelKey(pod)
+	if err != nil {
+		t.Fatalf("podChannelKey: %v", err)
+	}
+	if b, _ := json.Marshal(s); strings.Contains(string(b), proto.EncodeChannelKey(key)) {
+		t.Errorf("the pod's spec carries the channel key")
+	}
+	for _, want := range []corev1.EnvVar{{Name: proto.ChannelKeyFileEnv, Value: channelKeyFile}, {Name: proto.ChannelKeyAwaitEnv, Value: "1"}} {
+		if !slices.Contains(c.Env, want) {
+			t.Errorf("the sandbox container's env %v lacks %v", c.Env, want)
+		}
+	}
+	if provisioned(pod) {
+		t.Errorf("a new pod whose PID 1 waits for its key counts as provisioned")
+	}
+	pod.Annotations[AnnChannelReady] = "true"
+	if !provisioned(pod) {
+		t.Errorf("a pod marked ready does not count as provisioned")
+	}
+	rec.Spec.ImageHasInit = false
+	if old, _ := set.newPod("sbx-x", rec); !provisioned(old) {
+		t.Errorf("a pod with an init container does not count as provisioned")
+	}
+}
+
 func fmtLabels(m map[string]string) string {
 	b, _ := json.Marshal(m)
 	return string(b)

@@ -1,0 +1,149 @@
+package kube_test
+
+import (
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sandboxd/guest/proto"
+	"sandboxd/internal/kubetest"
+	"sandboxd/runtime"
+	"sandboxd/runtime/kube"
+	"sandboxd/runtime/runtimetest"
+)
+
+// initSpec is spec over the same image, which carries the guest init: no init container.
+var initSpec = func() runtime.BoxSpec { s := spec; s.ImageHasInit = true; return s }()
+
+// TestConformanceImageHasInit runs the conformance suite on pods whose image carries the init.
+func TestConformanceImageHasInit(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	runtimetest.Run(t, func(t *testing.T) runtime.Driver { return newDriver(t, cfg) }, initSpec)
+}
+
+// TestImageInitKeyStaysOut: a box whose pod has no init container gets its key on the first
+// attach, and nothing of the workload finds it afterwards: not in the run folder, not in any
+// process's environment, not in the pod's spec. A workload that replaces /.sbx/init (the image's
+// file, writable by the box's root) with a program recording its stdin and arguments then sees
+// a later attach (another replica's, which brings no key) pass through it, never the key; the
+// attach works through a faithful relay, as for any box.
+func TestImageInitKeyStaysOut(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	d := newDriver(t, cfg)
+	id := runtimetest.CreateBox(t, d, initSpec)
+	name, _ := kube.ObjectName(id)
+	pod, err := c.Clientset(t).CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.InitContainers) != 0 {
+		t.Errorf("the pod has init containers: %+v", pod.Spec.InitContainers)
+	}
+	key := pod.Annotations[kube.AnnChannelKey]
+	if _, err := proto.ParseChannelKey(key); err != nil || pod.Annotations[kube.AnnChannelReady] != "true" {
+		t.Fatalf("pod annotations %v: want a channel key marked ready", pod.Annotations)
+	}
+
+	cl := runtimetest.Client(t, d, id)
+	look := runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"sh", "-c",
+		"ls -a /run/sbx; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'; env; grep -rl . /run/sbx 2>/dev/null | head -50; cat /proc/1/environ"}})
+	if strings.Contains(string(look.Stdout)+string(look.Stderr), key) {
+		t.Errorf("the workload finds the channel key: %s %s", look.Stdout, look.Stderr)
+	}
+	if strings.Contains(string(look.Stdout), "channel.key") {
+		t.Errorf("a key file is left in the run folder: %s", look.Stdout)
+	}
+
+	// The workload puts a recorder in the place of the image's init.
+	runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"sh", "-c", `set -e
+cp /.sbx/init /tmp/real-init
+cat > /tmp/fake <<'EOF'
+#!/bin/sh
+echo "$@" >> /workspace/args
+tee -a /workspace/stolen | /tmp/real-init "$@"
+EOF
+chmod 755 /tmp/fake
+cp /tmp/fake /.sbx/init.new && mv /.sbx/init.new /.sbx/init`}})
+
+	// Another replica: no spare, no provisioning; it attaches through the recorder.
+	d2 := newDriver(t, cfg)
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d2, id), proto.ExecRequest{Argv: []string{"sh", "-c", "cat /workspace/args; echo ---; cat /workspace/stolen | od -An -tx1 | tr -d ' \\n'"}})
+	out := string(res.Stdout)
+	args, stolen, _ := strings.Cut(out, "---")
+	if !strings.Contains(args, "connect") {
+		t.Fatalf("the recorder did not run (args %q): the test shows nothing", args)
+	}
+	if strings.Contains(args, proto.ConnectProvision) {
+		t.Errorf("a later attach asked to provision: args %q", args)
+	}
+	// The key must appear neither as its hex text nor as bytes in what passed through.
+	if strings.Contains(stolen, hex.EncodeToString([]byte(key))) || strings.Contains(stolen, key) {
+		t.Errorf("the recorder saw the channel key")
+	}
+}
+
+// TestImageInitUnprovisionedPod: a pod whose first attach never brought its key (a create or
+// start cut short, here a pod made again with the key but without the ready mark) is not
+// attached to (its PID 1 does not listen) and a start replaces it with one that works on the
+// kept workspace.
+func TestImageInitUnprovisionedPod(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	d := newDriver(t, cfg)
+	id := runtimetest.CreateBox(t, d, initSpec)
+	runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
+
+	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
+	name, _ := kube.ObjectName(id)
+	orig, err := pods.Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := int64(0)
+	if err := pods.Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
+	again := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels,
+		Annotations: map[string]string{kube.AnnChannelKey: orig.Annotations[kube.AnnChannelKey]}}, Spec: *orig.Spec.DeepCopy()}
+	again.Spec.NodeName = ""
+	if _, err := pods.Create(ctx(t), again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		b, err := d.Get(ctx(t), id)
+		if err == nil && b.Phase == runtime.PhaseRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod made again did not run: %+v %v", b, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rwc, err := d.Attach(ctx(t), id)
+	if err == nil {
+		rwc.Close()
+		t.Fatal("Attach to a pod whose PID 1 never got its key: got a stream")
+	}
+	if !errors.Is(err, runtime.ErrNotRunning) || !strings.Contains(err.Error(), "channel key") {
+		t.Errorf("Attach: got %v, want ErrNotRunning about the channel key", err)
+	}
+	if _, err := d.Start(ctx(t), id); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	res := runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"cat", "f"}})
+	if string(res.Stdout) != "kept\n" {
+		t.Errorf("after the start got %q, want the kept workspace", res.Stdout)
+	}
+	p, err := pods.Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil || p.UID == orig.UID || p.Annotations[kube.AnnChannelReady] != "true" {
+		t.Errorf("after the start: pod %v (%v), want a new pod marked ready", p.Annotations, err)
+	}
+}
