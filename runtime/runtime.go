@@ -237,6 +237,14 @@ type Pooler interface {
 	UpdatePool(ctx context.Context, id string, fn func(*Record) error) (Record, error)
 }
 
+// SharedPooler is a Pooler whose pools every replica shares (a cluster's, not one host's): the
+// domain keeps each profile's warm_pool once for all replicas, filled by one of them at a time.
+type SharedPooler interface {
+	Pooler
+	// PoolsShared marks the driver; it does nothing.
+	PoolsShared()
+}
+
 // ImageSource opens the stored copy of a box's memory image, when a driver's Resume needs it.
 type ImageSource func(ctx context.Context) (io.ReadCloser, error)
 

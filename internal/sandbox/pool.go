@@ -44,6 +44,12 @@ import (
 // profile changed since it was made) is never claimed. A create that asks for more than the
 // profile (a source to restore, a network policy narrower than the profile's) is created cold.
 //
+// The pools of a runtime whose boxes every replica sees (runtime.SharedPooler: a cluster's)
+// are kept once for all of them: warm_pool is then the cluster's number, and only the replica
+// holding the leader lock (pool-leader) fills, adopts and retires; the others claim only, and
+// retire what they own from a time they led. A leader killed leaves orphans, which the next
+// leader adopts.
+//
 // Every replica keeps a lock in Redis (pool-owner:<replica>) for its lifetime. A box whose
 // owner's lock can be taken is an orphan (its replica died): a ready, running box of the right
 // spec is adopted by the replica that finds it, while it has room; any other is retired
@@ -84,9 +90,13 @@ type pool struct {
 
 	// profs are the profiles that keep a pool (copies: New's caller keeps the config).
 	profs []ProfileConfig
+	// shared: the pools are the runtime's, one for all replicas (runtime.SharedPooler).
+	shared bool
 
 	mu        sync.Mutex
 	ownerLock *store.Lock
+	// leaderLock is held while this replica keeps the shared pools.
+	leaderLock *store.Lock
 	// backoff is, per profile, when the next fill may start after failures, and how long the
 	// last wait was.
 	backoff map[string]fillBackoff
@@ -98,7 +108,7 @@ type fillBackoff struct {
 }
 
 // newPool returns the replica's pools, or nil when no profile keeps one.
-func newPool(s *Service, pooler runtime.Pooler) (*pool, error) {
+func newPool(s *Service, pooler runtime.Pooler, shared bool) (*pool, error) {
 	var profs []ProfileConfig
 	for _, p := range s.cfg.Profiles {
 		if p.WarmPool > 0 {
@@ -112,7 +122,65 @@ func newPool(s *Service, pooler runtime.Pooler) (*pool, error) {
 		return nil, fmt.Errorf("sandbox: profile %q has a warm_pool, and the %s runtime keeps no warm boxes", profs[0].Name, s.driver.Name())
 	}
 	return &pool{s: s, pooler: pooler, owner: NewID("pool_"), kick: make(chan struct{}, 1), done: make(chan struct{}),
-		profs: profs, backoff: map[string]fillBackoff{}}, nil
+		profs: profs, shared: shared, backoff: map[string]fillBackoff{}}, nil
+}
+
+// poolLeaderLockID names the lock of the replica that keeps shared pools.
+const poolLeaderLockID = "pool-leader"
+
+// lead reports whether this replica keeps the shared pools: it holds the leader lock (still,
+// as Redis says), or takes it now.
+func (p *pool) lead(ctx context.Context) bool {
+	p.mu.Lock()
+	l := p.leaderLock
+	p.mu.Unlock()
+	if l != nil {
+		held, err := l.Renew(ctx)
+		if err != nil {
+			p.s.log.Warn("warm pool: cannot renew the leader lock; no fills in this pass", "err", err)
+			return false
+		}
+		if held {
+			return true
+		}
+		// Redis lost it or another replica took it after a lapse: take it again, if free.
+		p.mu.Lock()
+		p.leaderLock = nil
+		p.mu.Unlock()
+		l.Unlock(context.WithoutCancel(ctx))
+	}
+	nl, err := p.s.store.Lock(ctx, poolLeaderLockID, p.s.cfg.LockTTL)
+	if err != nil {
+		if !errors.Is(err, store.ErrLocked) {
+			p.s.log.Warn("warm pool: cannot take the leader lock", "err", err)
+		}
+		return false
+	}
+	p.mu.Lock()
+	p.leaderLock = nl
+	p.mu.Unlock()
+	p.s.log.Info("warm pool: this replica keeps the shared pools", "owner", p.owner)
+	return true
+}
+
+// standDown is a pass of a replica that does not keep the shared pools: it retires what it
+// owns (from a time it led).
+func (p *pool) standDown(ctx context.Context) {
+	boxes, err := p.pooler.ListPool(ctx)
+	if err != nil {
+		return
+	}
+	for _, b := range boxes {
+		if b.Record.Annotations[annPoolOwner] != p.owner {
+			continue
+		}
+		if b.Record.Annotations[annPoolState] == poolRetiring {
+			p.remove(ctx, b.Record.ID)
+		} else {
+			p.retire(ctx, b.Record.ID, p.owner)
+		}
+	}
+	p.report(ctx)
 }
 
 // ownerLockID is the name of the lock a live replica holds as the owner of its pool boxes.
@@ -179,7 +247,8 @@ func (p *pool) ownerGone(ctx context.Context, owner string) bool {
 	return true
 }
 
-// target is the number of boxes profile name keeps on this replica.
+// target is the number of boxes profile name keeps on this replica (on the leader, for shared
+// pools: the cluster's).
 func (p *pool) target(name string) int { return p.s.profiles[name].WarmPool }
 
 // spec is the spec of a box of prof's pool: what a create of prof without options builds,
@@ -216,6 +285,10 @@ func sameSpec(a, b runtime.BoxSpec, profEnv map[string]string) bool {
 func (p *pool) pass(ctx context.Context) {
 	s := p.s
 	if !p.holdOwner(ctx) {
+		return
+	}
+	if p.shared && !p.lead(ctx) {
+		p.standDown(ctx)
 		return
 	}
 	boxes, err := p.pooler.ListPool(ctx)
@@ -445,11 +518,14 @@ func (p *pool) drain() {
 		p.s.log.Warn("warm pool: listing the pool at shutdown failed; the next replica takes its boxes", "err", err)
 	}
 	p.mu.Lock()
-	l := p.ownerLock
-	p.ownerLock = nil
+	l, ll := p.ownerLock, p.leaderLock
+	p.ownerLock, p.leaderLock = nil, nil
 	p.mu.Unlock()
 	if l != nil {
 		l.Unlock(ctx)
+	}
+	if ll != nil {
+		ll.Unlock(ctx) // the next replica's pass takes the shared pools over and fills them
 	}
 	p.report(ctx)
 }

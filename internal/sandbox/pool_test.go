@@ -16,6 +16,7 @@ import (
 	"sandboxd/internal/domain/domaintest"
 	. "sandboxd/internal/sandbox"
 	"sandboxd/runtime"
+	"sandboxd/runtime/runtimetest"
 )
 
 // pooled is a domain whose profile "p" keeps a warm pool of n boxes per replica (e.Svc is
@@ -390,4 +391,74 @@ func procsWith(s string) []string {
 		}
 	}
 	return pids
+}
+
+// sharedFake is the Fake as a runtime whose pools every replica shares (a cluster's).
+type sharedFake struct{ *runtimetest.Fake }
+
+func (sharedFake) PoolsShared() {}
+
+// TestWarmPoolSharedKeepsOnePool: on a runtime whose pools all replicas share, warm_pool is the
+// cluster's number: two replicas keep 3 boxes in all, not 3 each, one of them filling; when it
+// closes (retiring its boxes) the other takes over and fills the pool again, and a create on
+// either replica claims from it.
+func TestWarmPoolSharedKeepsOnePool(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{}) // its first replica keeps no pool
+	cfg := e.Config
+	cfg.Profiles = []ProfileConfig{{Name: "p", MemoryMB: 64, WarmPool: 3}}
+	start := func() *domain.Service {
+		d := e.NewDeps()
+		d.Pooler = sharedFake{e.Fake}
+		svc, err := domain.New(cfg, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(svc.Close)
+		return svc
+	}
+	a, b := start(), start()
+	readyPool(t, e, 3)
+	owners := func() map[string]int {
+		boxes, err := e.Fake.ListPool(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int{}
+		for _, bx := range boxes {
+			m[bx.Record.Annotations["pool_owner"]]++
+		}
+		return m
+	}
+	// Two more passes of each replica (every 2 s): still 3 boxes, all of one owner.
+	for deadline := time.Now().Add(4500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if o := owners(); len(o) != 1 || o[firstKey(o)] > 3 {
+			t.Fatalf("pool owners %v: want one replica keeping at most 3 boxes", o)
+		}
+	}
+	sb, err := b.Create(context.Background(), alice, CreateRequest{Profile: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != Running {
+		t.Fatalf("create: %+v", sb)
+	}
+	readyPool(t, e, 3)
+	before := firstKey(owners())
+	a.Close()
+	b.Close()
+	c := start()
+	readyPool(t, e, 3)
+	if o := owners(); len(o) != 1 || o[before] != 0 {
+		t.Fatalf("after the replicas closed, pool owners %v: want only the new replica's", o)
+	}
+	if _, err := c.Create(context.Background(), alice, CreateRequest{Profile: "p"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func firstKey(m map[string]int) string {
+	for k := range m {
+		return k
+	}
+	return ""
 }

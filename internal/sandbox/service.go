@@ -124,6 +124,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	raw := d.Driver
 	cd := &cachedDriver{Driver: raw, c: cache, announce: func(id string) { announceChange(d.Store, d.Logger, id) }}
 	d.Driver = cd.wrap()
+	_, sharedPools := d.Pooler.(runtime.SharedPooler)
 	if d.Pooler != nil {
 		// The pools' claims go through the cache too (the Pooler given may not be the driver).
 		d.Pooler = cachedPooler{cd: cd, p: d.Pooler}
@@ -149,7 +150,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 	for _, p := range cfg.Profiles {
 		s.profiles[p.Name] = p
 	}
-	pl, err := newPool(s, d.Pooler)
+	pl, err := newPool(s, d.Pooler, sharedPools)
 	if err != nil {
 		s.cancel()
 		return nil, err

@@ -462,6 +462,16 @@ func (l *Lock) renew() {
 	}
 }
 
+// Renew renews the lock now and reports whether it is still ours: false when another holder
+// took it or Redis lost it (the background renewal then renews nothing any more).
+func (l *Lock) Renew(ctx context.Context) (bool, error) {
+	ok, err := lockScript.Run(ctx, l.s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), l.ttl.Milliseconds(), 1).Int()
+	if err != nil {
+		return false, fmt.Errorf("store renew %s: %w", l.key, err)
+	}
+	return ok == 1, nil
+}
+
 // Unlock releases the lock if it is still ours.
 func (l *Lock) Unlock(ctx context.Context) {
 	close(l.stop)

@@ -30,6 +30,9 @@ const (
 	LabelTenant    = "sandboxd.io/tenant"
 	LabelProject   = "sandboxd.io/project"
 	LabelProfile   = "sandboxd.io/profile"
+	// LabelPool marks the PVC and pod of a box of a warm pool (its value the profile's name as
+	// a label value; the record's AnnPool is the exact name). A claim removes it.
+	LabelPool = "sandboxd.io/pool"
 )
 
 // Annotations on a box's PVC: the sandbox's record. The PVC lives as long as the sandbox
@@ -51,6 +54,7 @@ const (
 	// AnnLabels is the JSON of Record.Labels, the record's copy of the sandbox's labels (the
 	// truth: the PVC's and pod's labels mirror it, beside the driver's own).
 	AnnLabels  = annPrefix + "labels"
+	AnnPool    = annPrefix + "pool"    // Record.Pool: the warm pool that holds the box
 	AnnCompute = annPrefix + "compute" // driver-owned: "running" while a pod should exist
 	// AnnTampered (driver-owned) says why the box's pod was deleted after its attach channel
 	// was found tampered with: the box is failed (not lost) until it is started again.
@@ -127,6 +131,9 @@ func boxLabels(rec runtime.Record) map[string]string {
 		LabelProject:   labelValue(rec.Project),
 		LabelProfile:   labelValue(rec.Spec.Profile),
 	})
+	if rec.Pool != "" {
+		l[LabelPool] = labelValue(rec.Pool)
+	}
 	return l
 }
 
@@ -187,6 +194,7 @@ func encodeRecord(ann map[string]string, rec runtime.Record) error {
 	set(AnnStateReason, rec.StateReason)
 	set(AnnDesiredState, rec.DesiredState)
 	set(AnnLatestCkpt, rec.LatestCheckpoint)
+	set(AnnPool, rec.Pool)
 	set(AnnAutostopSec, formatInt(rec.AutostopSec))
 	set(AnnTTLSec, formatInt(rec.TTLSec))
 	set(AnnCreatedAt, formatTime(rec.CreatedAt))
@@ -222,6 +230,7 @@ func decodeRecord(labels, ann map[string]string) (runtime.Record, error) {
 		StateReason:      ann[AnnStateReason],
 		DesiredState:     ann[AnnDesiredState],
 		LatestCheckpoint: ann[AnnLatestCkpt],
+		Pool:             ann[AnnPool],
 	}
 	if rec.ID == "" {
 		return rec, fmt.Errorf("no %s label", LabelSandboxID)

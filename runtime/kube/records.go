@@ -115,6 +115,9 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 		if err != nil {
 			return fmt.Errorf("kube: box %s: %w", id, err)
 		}
+		if r.Pool != "" {
+			return fmt.Errorf("kube: box %s is a warm pool's: %w", id, runtime.ErrNotFound)
+		}
 		if _, err := admitFence(ctx, pvc); err != nil {
 			return fmt.Errorf("kube: box %s: %w", id, err)
 		}
@@ -182,6 +185,9 @@ func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 	if err != nil {
 		return runtime.Box{}, err
 	}
+	if pvc.Annotations[AnnPool] != "" {
+		return runtime.Box{}, fmt.Errorf("kube: box %s is a warm pool's: %w", id, runtime.ErrNotFound)
+	}
 	return d.box(pvc)
 }
 
@@ -194,7 +200,7 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
 	slices.SortFunc(pvcs, func(a, b *corev1.PersistentVolumeClaim) int { return strings.Compare(a.Name, b.Name) })
 	boxes := make([]runtime.Box, 0, len(pvcs))
 	for _, pvc := range pvcs {
-		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" {
+		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" || pvc.Annotations[AnnPool] != "" {
 			continue
 		}
 		b, err := d.box(pvc)

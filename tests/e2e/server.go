@@ -322,6 +322,12 @@ func (s *Server) logTail(lines int) string {
 	return strings.Join(all, "\n")
 }
 
+// LogContains reports whether the server's log so far holds sub.
+func (s *Server) LogContains(sub string) bool {
+	data, err := os.ReadFile(s.logPath)
+	return err == nil && strings.Contains(string(data), sub)
+}
+
 func (s *Server) dumpLog(t *testing.T) {
 	t.Logf("sandboxd %s log (%s):\n%s", s.name, s.logPath, s.logTail(400))
 }

@@ -1,0 +1,127 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"sandboxd/runtime"
+)
+
+// Warm pools (runtime.Pooler). A box of a pool is an ordinary box (PVC, NetworkPolicy, pod)
+// whose record names the pool (AnnPool) and whose PVC and pod carry LabelPool. Get, List and
+// UpdateRecord leave it out; ListPool lists it. UpdatePool writes its record like UpdateRecord,
+// on the PVC's resourceVersion: of two replicas claiming one box, the second write conflicts,
+// reads the PVC again and finds the box claimed (ErrNotFound), so no box is claimed twice in
+// the cluster. The claim relabels the PVC in the same write (tenant, project, the caller's
+// labels, LabelPool gone) and then the pod with a merge patch. The pools are the cluster's,
+// shared by every replica (runtime.SharedPooler).
+
+var _ runtime.SharedPooler = (*Driver)(nil)
+
+// PoolsShared implements runtime.SharedPooler: every replica sees the cluster's pool boxes.
+func (d *Driver) PoolsShared() {}
+
+// ListPool implements runtime.Pooler: the boxes of every pool, from the watches' caches.
+func (d *Driver) ListPool(ctx context.Context) ([]runtime.Box, error) {
+	pvcs, err := d.pvcs.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(pvcs, func(a, b *corev1.PersistentVolumeClaim) int { return strings.Compare(a.Name, b.Name) })
+	var boxes []runtime.Box
+	for _, pvc := range pvcs {
+		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" || pvc.Annotations[AnnPool] == "" {
+			continue
+		}
+		b, err := d.box(pvc)
+		if err != nil {
+			d.log.Warn("skipping a pool PVC whose record cannot be read", "pvc", pvc.Name, "err", err)
+			continue
+		}
+		boxes = append(boxes, b)
+	}
+	return boxes, nil
+}
+
+// UpdatePool implements runtime.Pooler.
+func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
+	name, err := ObjectName(id)
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	var rec runtime.Record
+	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
+		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
+		if err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		if r.Pool == "" {
+			return fmt.Errorf("kube: box %s is no warm pool's (claimed already): %w", id, runtime.ErrNotFound)
+		}
+		if _, err := admitFence(ctx, pvc); err != nil {
+			return fmt.Errorf("kube: box %s: %w", id, err)
+		}
+		prev := maps.Clone(r.Labels)
+		if err := fn(&r); err != nil {
+			return err
+		}
+		if r.ID != id {
+			return fmt.Errorf("kube: box %s: an update may not change the id", id)
+		}
+		rec = r
+		if pvc.Labels == nil {
+			pvc.Labels = map[string]string{}
+		}
+		mirrorLabels(pvc.Labels, prev, r.Labels)
+		maps.Copy(pvc.Labels, ownLabels(r))
+		if r.Pool == "" {
+			delete(pvc.Labels, LabelPool)
+		}
+		return encodeRecord(pvc.Annotations, r)
+	})
+	if err != nil {
+		return runtime.Record{}, err
+	}
+	if rec.Pool == "" {
+		d.relabelClaimed(ctx, id, name, rec)
+	}
+	return rec, nil
+}
+
+// ownLabels are the driver's labels of a record (boxLabels without the caller's).
+func ownLabels(rec runtime.Record) map[string]string {
+	l := boxLabels(rec)
+	for k := range l {
+		if !ownLabel(k) {
+			delete(l, k)
+		}
+	}
+	return l
+}
+
+// relabelClaimed gives a claimed box's pod the labels of its sandbox (its owner's, the
+// caller's, no LabelPool) with a merge patch. The record is the truth and a new pod is made
+// from it: a pod that cannot be patched keeps the pool's labels until the sandbox starts again.
+func (d *Driver) relabelClaimed(ctx context.Context, id, name string, rec runtime.Record) {
+	set := map[string]any{LabelPool: nil}
+	for k, v := range boxLabels(rec) {
+		set[k] = v
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": set}})
+	if err == nil {
+		_, err = d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		d.log.Warn("could not relabel a claimed pool box's pod; it gets its labels when it starts again", "sandbox", id, "err", err)
+	}
+}

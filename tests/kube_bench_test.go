@@ -1,0 +1,75 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"sandboxd/internal/kubetest"
+	"sandboxd/internal/redistest"
+	"sandboxd/tests/e2e"
+)
+
+// TestKubeWarmPoolBench is a bench command, not a test: it runs only with
+// SANDBOXD_KUBE_BENCH=N (rounds) and prints a table, asserting nothing about time. On the kube
+// runtime it measures, round by round, a REST create + first exec (`true`) of a profile with a
+// warm pool (a hit: the pool is full before each) against the same of an identical profile
+// without one (cold), through one server on the test cluster:
+//
+//	SANDBOXD_KUBE_BENCH=20 go test -run TestKubeWarmPoolBench -v ./tests/
+func TestKubeWarmPoolBench(t *testing.T) {
+	rounds := 0
+	if _, err := fmt.Sscan(os.Getenv("SANDBOXD_KUBE_BENCH"), &rounds); err != nil || rounds < 1 {
+		t.Skip("a bench: set SANDBOXD_KUBE_BENCH to the number of rounds")
+	}
+	c := kubetest.Require(t)
+	_, kubeconfig := c.Gateway(t)
+	rs := redistest.Start(t)
+	opts := kubeServerOptions(t, kubeconfig, rs.URL, e2e.NewStateDir(t))
+	prof := func(name string, pool int) map[string]any {
+		return map[string]any{"name": name, "image": kubetest.BaseImage, "image_has_init": true,
+			"milli_cpu": 1000, "memory_mb": 512, "disk_mb": 1024, "warm_pool": pool}
+	}
+	opts.Extra["profiles"] = []map[string]any{prof("warm", 2), prof("cold", 0)}
+	opts.Extra["default_profile"] = "warm"
+	s := e2e.StartServer(t, opts)
+	once := func(profile string) (total, create time.Duration) {
+		t0 := time.Now()
+		sb := s.Create(t, `{"profile":"`+profile+`"}`, e2e.HdrDev)
+		create = time.Since(t0)
+		s.Run(t, sb.SandboxID, []string{"true"}, e2e.HdrDev)
+		total = time.Since(t0)
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrDev).Want(t, http.StatusOK)
+		return total, create
+	}
+	var warm, warmCreate, cold []time.Duration
+	once("cold") // the first create pays one-time costs (the image's first unpack on the node)
+	for range rounds {
+		waitPool(t, s, 2)
+		hits := claimsOf(t, s, "hit")
+		w, wc := once("warm")
+		if claimsOf(t, s, "hit") != hits+1 {
+			t.Fatalf("the warm create was not a pool hit")
+		}
+		warm, warmCreate = append(warm, w), append(warmCreate, wc)
+		cw, _ := once("cold")
+		cold = append(cold, cw)
+	}
+	for _, d := range [][]time.Duration{warm, warmCreate, cold} {
+		slices.Sort(d)
+	}
+	p50 := func(d []time.Duration) time.Duration { return percentile(d, 0.5) }
+	p99 := func(d []time.Duration) time.Duration { return percentile(d, 0.99) }
+	ratio := float64(p50(warm)) / float64(p50(cold))
+	t.Logf("kube runtime, %d rounds, alternating:\n"+
+		"| create → first exec `true` | p50 | p99 | against cold |\n| --- | ---: | ---: | ---: |\n"+
+		"| REST create (warm pool hit) + REST exec | %v | %v | %.2f× (%.1f× faster) |\n"+
+		"| of which the REST create (warm pool hit) | %v | %v | |\n"+
+		"| REST create (cold) + REST exec | %v | %v | (bare) |",
+		rounds, p50(warm).Round(10*time.Microsecond), p99(warm).Round(10*time.Microsecond), ratio, 1/ratio,
+		p50(warmCreate).Round(10*time.Microsecond), p99(warmCreate).Round(10*time.Microsecond),
+		p50(cold).Round(10*time.Microsecond), p99(cold).Round(10*time.Microsecond))
+}
