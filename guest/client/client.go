@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/net/http2"
 
 	"sandboxd/guest/proto"
@@ -470,14 +471,51 @@ func (c *Client) Remove(ctx context.Context, p string, recursive bool) error {
 	return c.doJSON(ctx, http.MethodDelete, "/v1/files", q, nil, nil)
 }
 
-// ExportWorkspace streams the workspace as an uncompressed tar. A stream that breaks midway
-// ends in an error, never in a clean EOF.
+// ExportWorkspace streams the workspace as an uncompressed tar. The guest compresses it for
+// the way (zstd), and it is decompressed here with a bounded window (an init that answers
+// uncompressed is read as it is). A stream that breaks midway ends in an error, never in a
+// clean EOF.
 func (c *Client) ExportWorkspace(ctx context.Context) (io.ReadCloser, error) {
-	resp, err := c.do(ctx, http.MethodGet, "/v1/workspace/tar", nil, nil)
+	resp, err := c.do(ctx, http.MethodGet, "/v1/workspace/tar", url.Values{"compress": {"zstd"}}, nil)
 	if err != nil {
 		return nil, err
 	}
-	return &bodyCloser{c: c, ctx: ctx, rc: resp.Body}, nil
+	body := &bodyCloser{c: c, ctx: ctx, rc: resp.Body}
+	switch enc := resp.Header.Get("Content-Encoding"); enc {
+	case "":
+		return body, nil
+	case "zstd":
+		// The init's window is 1 MiB; anything larger is refused, whatever the guest says.
+		zr, err := zstd.NewReader(body, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxWindow(8<<20), zstd.WithDecoderMaxMemory(64<<20))
+		if err != nil {
+			body.Close()
+			return nil, fmt.Errorf("guest: workspace export: %w", err)
+		}
+		return &zstdBody{zr: zr, body: body}, nil
+	default:
+		body.Close()
+		return nil, fmt.Errorf("guest: workspace export in an unknown encoding %q", enc)
+	}
+}
+
+// zstdBody is a compressed export's tar: the decoder over the response body.
+type zstdBody struct {
+	zr   *zstd.Decoder
+	body io.Closer
+}
+
+func (z *zstdBody) Read(p []byte) (int, error) {
+	n, err := z.zr.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("guest: workspace export: %w", err)
+	}
+	return n, err
+}
+
+func (z *zstdBody) Close() error {
+	z.zr.Close()
+	return z.body.Close()
 }
 
 // ImportOptions controls ImportWorkspace.

@@ -31,7 +31,7 @@ type checkpoints struct {
 // the latest checkpoint and applies retention. The caller holds the sandbox's lock.
 func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
 	start := c.now()
-	tarStream, err := c.export(ctx, rec.ID)
+	tarStream, err := c.export(ctx, rec)
 	if err != nil {
 		return checkpoint.Manifest{}, err
 	}
@@ -57,8 +57,11 @@ func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.
 }
 
 // export streams the workspace as tar: from the driver when it can read the
-// workspace itself (runtime.WorkspaceExporter), else from the guest init.
-func (c *checkpoints) export(ctx context.Context, id string) (io.ReadCloser, error) {
+// workspace itself (runtime.WorkspaceExporter), else from the guest init, whose stream is
+// bounded by the box's disk (exportLimit): whatever answers in the box cannot make a
+// checkpoint larger than its workspace could be.
+func (c *checkpoints) export(ctx context.Context, rec runtime.Record) (io.ReadCloser, error) {
+	id := rec.ID
 	if ex, ok := c.driver.(runtime.WorkspaceExporter); ok {
 		r, err := ex.ExportWorkspace(ctx, id)
 		if err != nil {
@@ -74,8 +77,42 @@ func (c *checkpoints) export(ctx context.Context, id string) (io.ReadCloser, err
 	if err != nil {
 		return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the workspace for a checkpoint")
 	}
-	return r, nil
+	return &boundedExport{ReadCloser: r, left: exportLimit(rec.Spec.DiskBytes) + 1}, nil
 }
+
+// exportLimit bounds a guest's workspace tar for a disk of diskBytes (0: 10 GiB, the largest
+// driver default): the data, and as much again for tar's headers and padding (a disk's worth
+// of inodes of empty files and folders stays far below it), plus 64 MiB.
+func exportLimit(diskBytes int64) int64 {
+	if diskBytes <= 0 {
+		diskBytes = 10 << 30
+	}
+	return 2*diskBytes + 64<<20
+}
+
+// boundedExport fails a guest's export stream once it has given more than its limit: left
+// starts at the limit plus one, and the read that takes it to zero fails.
+type boundedExport struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *boundedExport) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, errExportTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left <= 0 {
+		return n, errExportTooLarge
+	}
+	return n, err
+}
+
+var errExportTooLarge = errors.New("the sandbox's workspace export is larger than its disk could hold: refused")
 
 // restore extracts checkpoint snapID of scope sc into the workspace of the running sandbox
 // id, replacing what is there. The stream is hashed as it is read: a checkpoint whose hash

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -199,3 +200,87 @@ func BenchmarkNetworkPolicyWrite(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// benchWorkspaceScript writes 100 MB in 6,000 files under /workspace/bench-data (every third
+// file random bytes, the others text), as sandbox-bench's stop benchmark does.
+const benchWorkspaceScript = `import os, random
+rnd = random.Random(8)
+words = "the quick brown fox jumps over a lazy dog while sandbox workspace python import def return".split()
+corpus = "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(60000)).encode()
+n, per = 6000, 100000000 // 6000
+for i in range(n):
+    d = "/workspace/bench-data/d%03d" % (i // 100)
+    os.makedirs(d, exist_ok=True)
+    size = rnd.randint(per // 2, per * 3 // 2)
+    data = os.urandom(size) if i % 3 == 0 else corpus[rnd.randrange(0, len(corpus) - size):][:size]
+    open("%s/f%05d" % (d, i), "wb").write(data)
+`
+
+// BenchmarkWorkspaceExport reads one box's 100 MB, 6,000-file workspace as tar, three ways,
+// side by side on the same box: through the guest init over the driver's attach (what a kube
+// stop's checkpoint reads), a bare pods/exec of `tar -c` with its stdout through the API
+// server, `tar -c` piped into `wc -c` inside the box (the walk and the reads, no stream), and
+// `tar -c` into /dev/null inside the box (GNU tar then reads no file: the walk alone).
+func BenchmarkWorkspaceExport(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	d := newDriver(b, cfg)
+	sp := initSpec
+	sp.DiskBytes, sp.MilliCPU = 2<<30, 2000
+	id := runtimetest.CreateBox(b, d, sp)
+	cl := runtimetest.Client(b, d, id)
+	if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: []string{"python3", "-c", benchWorkspaceScript}}); res.Exit.ExitCode != 0 {
+		b.Fatalf("making the workspace: %+v %s", res.Exit, res.Stderr)
+	}
+	name, _ := kube.ObjectName(id)
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	b.Run("guest-export", func(b *testing.B) {
+		for b.Loop() {
+			r, err := cl.ExportWorkspace(benchCtx(b))
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, err := io.Copy(io.Discard, r)
+			r.Close()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(n)
+		}
+	})
+	b.Run("bare-pods-exec-tar", func(b *testing.B) {
+		for b.Loop() {
+			req := cs.CoreV1().RESTClient().Post().Namespace(kubetest.Namespace).Resource("pods").Name(name).
+				SubResource("exec").VersionedParams(&corev1.PodExecOptions{Container: "sandbox", Command: []string{"tar", "-cf", "-", "-C", "/workspace", "."},
+				Stdout: true, Stderr: true}, scheme.ParameterCodec)
+			ex, err := remotecommand.NewWebSocketExecutor(cfg, http.MethodGet, req.URL().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			cw := &countingWriter{}
+			var stderr bytes.Buffer
+			if err := ex.StreamWithContext(benchCtx(b), remotecommand.StreamOptions{Stdout: cw, Stderr: &stderr}); err != nil {
+				b.Fatalf("tar: %v (%s)", err, stderr.String())
+			}
+			b.SetBytes(cw.n)
+		}
+	})
+	b.Run("in-box-tar-read", func(b *testing.B) {
+		for b.Loop() {
+			if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: []string{"sh", "-c", "tar -cf - -C /workspace . | wc -c"}}); res.Exit.ExitCode != 0 {
+				b.Fatalf("tar: %+v", res.Exit)
+			}
+		}
+	})
+	b.Run("in-box-tar-devnull", func(b *testing.B) {
+		for b.Loop() {
+			if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: []string{"tar", "-cf", "/dev/null", "-C", "/workspace", "."}}); res.Exit.ExitCode != 0 {
+				b.Fatalf("tar: %+v", res.Exit)
+			}
+		}
+	})
+}
+
+type countingWriter struct{ n int64 }
+
+func (w *countingWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }

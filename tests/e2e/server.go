@@ -322,6 +322,18 @@ func (s *Server) logTail(lines int) string {
 	return strings.Join(all, "\n")
 }
 
+// LogLines returns the lines of the server's log so far that hold sub.
+func (s *Server) LogLines(sub string) []string {
+	data, _ := os.ReadFile(s.logPath)
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // LogContains reports whether the server's log so far holds sub.
 func (s *Server) LogContains(sub string) bool {
 	data, err := os.ReadFile(s.logPath)
