@@ -423,7 +423,8 @@ func kubeRESTConfig(path string) (*kuberest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", path)
 }
 
-// poolerOf is the driver's side of warm pools, when it keeps them (the local driver).
+// poolerOf is the driver's side of warm pools, when it keeps them (the local driver; the kube
+// driver, whose pools are the cluster's: runtime.SharedPooler).
 func poolerOf(d runtime.Driver) runtime.Pooler {
 	p, _ := d.(runtime.Pooler)
 	return p
