@@ -291,21 +291,26 @@ ln -s /etc /workspace/etc`)
 		// the kernel starts it at the RSS of the memory the child was forked from (this test
 		// binary's, over a GiB with the whole suite running in it).
 		peak := e2e.PeakRSS(cmd.Process.Pid)
+		// The stream keeps the newest 16 MiB of an exec's output: a reader that falls further
+		// behind (the suite's load) is told so on stderr, and the hole may fall inside a line, so
+		// that the line there joins the start of one number to the end of a later one. A break
+		// is a line that does not follow the line before it: a hole makes at most two (the joined
+		// line, and the first whole line after it), so more than two per hole said on stderr
+		// (output lost unsaid, repeated or out of order) fail below.
 		sc := bufio.NewScanner(stdout)
-		last, gaps, total := 0, 0, 0
+		last, breaks, total := 0, 0, 0
 		for sc.Scan() {
 			v, err := strconv.Atoi(sc.Text())
 			if err != nil {
 				t.Fatalf("line %q after %d: not a number", sc.Text(), last)
 			}
+			total += len(sc.Bytes()) + 1
 			if v != last+1 {
-				if v <= last {
-					t.Fatalf("got %d after %d: output repeated or out of order", v, last)
-				}
-				gaps++
+				breaks++
 			}
-			last, total = v, total+len(sc.Bytes())+1
+			last = v
 		}
+		gaps := breaks
 		rss := peak() >> 10 // before Wait: the process is still there to read, its output all read
 		mustT(t, cmd.Wait())
 		took := time.Since(start)
@@ -314,8 +319,9 @@ ln -s /etc /workspace/etc`)
 		if last != n {
 			t.Errorf("the output ended at %d, want %d", last, n)
 		}
-		if gaps > 0 && !strings.Contains(stderr.String(), "no longer kept") {
-			t.Errorf("%d gap(s) in the output and stderr %q, want each gap said", gaps, stderr.String())
+		if said := strings.Count(stderr.String(), "no longer kept"); breaks > 2*said {
+			t.Errorf("%d break(s) in the output and %d hole(s) said on stderr %q: want at most two breaks per hole said",
+				breaks, said, stderr.String())
 		}
 		if rss > 512 {
 			t.Errorf("sandboxctl used %d MiB, want its memory bounded (it streams)", rss)
