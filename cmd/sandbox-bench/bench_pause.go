@@ -158,7 +158,7 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 		"--image-path` of a container of the same OCI config (its init without a host socket) running the same workload, " +
 		"then (untimed) `runsc delete`; after a bare restore its python3 (a `runsc exec` process, which a restore does not " +
 		"bring back) is started again before the next checkpoint, untimed."
-	resume.Note = "ours: the slot; the runtime's kept copy of the image, its files checked against the sha256 sums taken " +
+	resume.Note = "ours: the slot; the runtime's kept copy of the image, its files checked against the CRC-32C sums taken " +
 		"when it was stored (the stored copy is read only when they do not match); the disk mounted again, the reopen " +
 		"marker, `runsc restore` of the box's bundle, the restored init finding the marker (it polls for it) and listening, " +
 		"the first attach; the answer is RUNNING with no state_reason (the memory restored). Bare: `runsc restore " +
