@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -61,6 +62,7 @@ func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Rec
 	}
 	var rec runtime.Record
 	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
+		ann, lbl := maps.Clone(pvc.Annotations), maps.Clone(pvc.Labels)
 		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
 		if err != nil {
 			return fmt.Errorf("kube: box %s: %w", id, err)
@@ -87,8 +89,17 @@ func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Rec
 		if r.Pool == "" {
 			delete(pvc.Labels, LabelPool)
 		}
-		return encodeRecord(pvc.Annotations, r)
+		if err := encodeRecord(pvc.Annotations, r); err != nil {
+			return err
+		}
+		if maps.Equal(ann, pvc.Annotations) && maps.Equal(lbl, pvc.Labels) {
+			return errUnchanged // a look (a claim's check that the box is still ready) writes nothing
+		}
+		return nil
 	})
+	if errors.Is(err, errUnchanged) {
+		return rec, nil
+	}
 	if err != nil {
 		return runtime.Record{}, err
 	}

@@ -76,6 +76,15 @@ func TestWarmPoolBoxes(t *testing.T) {
 		}
 	}
 
+	// A look (an update that changes nothing) writes nothing.
+	before, _ := cs.PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+	if _, err := d2.UpdatePool(ctx(t), rec.ID, func(*runtime.Record) error { return nil }); err != nil {
+		t.Fatalf("a look: %v", err)
+	}
+	if after, _ := cs.PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); after.ResourceVersion != before.ResourceVersion {
+		t.Errorf("a look wrote the PVC (resourceVersion %s → %s)", before.ResourceVersion, after.ResourceVersion)
+	}
+
 	// Both replicas claim it at once, each as its own caller.
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
