@@ -21,10 +21,7 @@ import (
 //
 //	SANDBOXD_KUBE_BENCH=20 go test -run TestKubeWarmPoolBench -v ./tests/
 func TestKubeWarmPoolBench(t *testing.T) {
-	rounds := 0
-	if _, err := fmt.Sscan(os.Getenv("SANDBOXD_KUBE_BENCH"), &rounds); err != nil || rounds < 1 {
-		t.Skip("a bench: set SANDBOXD_KUBE_BENCH to the number of rounds")
-	}
+	rounds := benchRounds(t, "SANDBOXD_KUBE_BENCH")
 	c := kubetest.Require(t)
 	_, kubeconfig := c.Gateway(t)
 	rs := redistest.Start(t)
@@ -72,4 +69,15 @@ func TestKubeWarmPoolBench(t *testing.T) {
 		rounds, p50(warm).Round(10*time.Microsecond), p99(warm).Round(10*time.Microsecond), ratio, 1/ratio,
 		p50(warmCreate).Round(10*time.Microsecond), p99(warmCreate).Round(10*time.Microsecond),
 		p50(cold).Round(10*time.Microsecond), p99(cold).Round(10*time.Microsecond))
+}
+
+// benchRounds is the number of rounds a bench command runs, from the environment variable
+// name; without it the bench is skipped (it is no test).
+func benchRounds(t *testing.T, name string) int {
+	t.Helper()
+	rounds := 0
+	if _, err := fmt.Sscan(os.Getenv(name), &rounds); err != nil || rounds < 1 {
+		t.Skipf("a bench: set %s to the number of rounds", name)
+	}
+	return rounds
 }

@@ -3,7 +3,6 @@ package tests
 import (
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,44 +55,15 @@ func TestKubeWarmPool(t *testing.T) {
 
 	t.Log("6 concurrent creates from both replicas")
 	const n = 6
-	ids := make([]string, n)
 	hdrOf := func(i int) string {
 		if i >= 4 {
 			return e2e.HdrTenant2
 		}
 		return e2e.HdrTenant1
 	}
-	var wg sync.WaitGroup
-	for i := range n {
-		s := []*e2e.Server{a, b}[i%2]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ids[i] = s.Create(t, fmt.Sprintf(`{"profile":"warm","env":{"WHO":"c%d"}}`, i), hdrOf(i)).SandboxID
-		}()
-	}
-	wg.Wait()
-	seen := map[string]int{}
+	ids := concurrentWarmCreates(t, a, b, n, hdrOf)
 	for i, id := range ids {
-		if j, dup := seen[id]; dup {
-			t.Fatalf("creates %d and %d got the same sandbox %s", j, i, id)
-		}
-		seen[id] = i
-	}
-	hits := claimsOf(t, a, "hit") + claimsOf(t, b, "hit")
-	misses := claimsOf(t, a, "miss") + claimsOf(t, b, "miss")
-	t.Logf("warm hits %d, misses %d", hits, misses)
-	if hits+misses != n || hits < 3 {
-		t.Fatalf("claims: %d hits and %d misses, want %d creates with at least 3 hits", hits, misses, n)
-	}
-	for i, id := range ids {
-		out := b.Run(t, id, []string{"sh", "-c",
-			`echo "$WHO|$PROFILE_VAR"; ls -A /workspace | wc -l; ls -A /tmp | wc -l; ` +
-				`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdrOf(i))
-		if want := fmt.Sprintf("c%d|p\n0\n0\n0\n", i); out != want {
-			t.Fatalf("sandbox %d (%s): got %q, want %q (env, /workspace and /tmp entries, other processes)", i, id, out, want)
-		}
-		b.Run(t, id, []string{"sh", "-c", "echo secret > /workspace/mine; echo x > /tmp/mine"}, hdrOf(i))
+		wantFreshWarm(t, b, id, fmt.Sprintf("c%d", i), hdrOf(i))
 		name, _ := kube.ObjectName(id)
 		pod, err := cs.Pods(kubetest.Namespace).Get(t.Context(), name, metav1.GetOptions{})
 		if err != nil {

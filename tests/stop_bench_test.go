@@ -1,41 +1,17 @@
 package tests
 
 import (
-	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"sandboxd/internal/benchws"
 	"sandboxd/internal/kubetest"
 	"sandboxd/internal/redistest"
 	"sandboxd/tests/e2e"
 )
-
-// benchWorkspace writes argv[1] bytes in argv[2] files under /workspace/bench-data, 100 files
-// a folder, every third file random bytes and the others text (sandbox-bench's workspace).
-const benchWorkspace = `import os, random, sys
-total, n = int(sys.argv[1]), int(sys.argv[2])
-rnd = random.Random(8)
-words = ("the quick brown fox jumps over a lazy dog while sandbox workspace python import def return "
-         "class self print value error test assert module package install build run exec start stop").split()
-corpus = "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(60000)).encode()
-per = max(total // n, 1)
-for i in range(n):
-    d = "/workspace/bench-data/d%03d" % (i // 100)
-    if i % 100 == 0:
-        os.makedirs(d, exist_ok=True)
-    size = rnd.randint(per // 2, per * 3 // 2)
-    if i % 3 == 0:
-        data = os.urandom(size)
-    else:
-        off = rnd.randrange(0, max(len(corpus) - size, 1))
-        data = corpus[off:off + size]
-    with open("%s/f%05d" % (d, i), "wb") as f:
-        f.write(data)
-`
 
 // TestStopBench is a bench command, not a test: it runs only with SANDBOXD_STOP_BENCH=N
 // (rounds) and prints a table, asserting nothing about time. It measures a REST stop (the
@@ -45,10 +21,7 @@ for i in range(n):
 //
 //	SANDBOXD_STOP_BENCH=3 go test -run TestStopBench -v ./tests/
 func TestStopBench(t *testing.T) {
-	rounds := 0
-	if _, err := fmt.Sscan(os.Getenv("SANDBOXD_STOP_BENCH"), &rounds); err != nil || rounds < 1 {
-		t.Skip("a bench: set SANDBOXD_STOP_BENCH to the number of rounds")
-	}
+	rounds := benchRounds(t, "SANDBOXD_STOP_BENCH")
 	c := kubetest.Require(t)
 	_, kubeconfig := c.Gateway(t)
 	rs := redistest.Start(t)
@@ -67,7 +40,7 @@ func TestStopBench(t *testing.T) {
 	sides := []*side{{name: "kube", s: k}, {name: "local", s: l}}
 	for _, sd := range sides {
 		sd.id = sd.s.Create(t, `{"profile":"sandboxes-default","autostop_sec":3600}`, e2e.HdrDev).SandboxID
-		sd.s.Run(t, sd.id, []string{"python3", "-c", benchWorkspace, "100000000", "6000"}, e2e.HdrDev)
+		sd.s.Run(t, sd.id, append([]string{"python3", "-c", benchws.Script}, benchws.Args...), e2e.HdrDev)
 		if got := sd.s.Run(t, sd.id, []string{"sh", "-c", "find /workspace -type f | wc -l"}, e2e.HdrDev); strings.TrimSpace(got) != "6000" {
 			t.Fatalf("%s: the workspace holds %s files, want 6000", sd.name, got)
 		}

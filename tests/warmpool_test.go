@@ -73,6 +73,57 @@ func claimsOf(t *testing.T, s *e2e.Server, result string) int {
 	return 0
 }
 
+// concurrentWarmCreates makes n creates of profile "warm" at once, the even ones through a and
+// the odd ones through b, create i as hdrOf(i) with env WHO=c<i>, and returns their sandbox ids:
+// no two the same, every create counted as a pool hit or miss, at least 3 hits.
+func concurrentWarmCreates(t *testing.T, a, b *e2e.Server, n int, hdrOf func(int) string) []string {
+	t.Helper()
+	ids := make([]string, n)
+	ms := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		s := []*e2e.Server{a, b}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			ids[i] = s.Create(t, fmt.Sprintf(`{"profile":"warm","env":{"WHO":"c%d"}}`, i), hdrOf(i)).SandboxID
+			ms[i] = time.Since(t0)
+		}()
+	}
+	wg.Wait()
+	t.Logf("create times: %v", ms)
+	seen := map[string]int{}
+	for i, id := range ids {
+		if j, dup := seen[id]; dup {
+			t.Fatalf("creates %d and %d got the same sandbox %s", j, i, id)
+		}
+		seen[id] = i
+	}
+	hits := claimsOf(t, a, "hit") + claimsOf(t, b, "hit")
+	misses := claimsOf(t, a, "miss") + claimsOf(t, b, "miss")
+	t.Logf("warm hits %d, misses %d", hits, misses)
+	if hits+misses != n || hits < 3 {
+		t.Fatalf("claims: got %d hits and %d misses, want %d creates with at least 3 hits", hits, misses, n)
+	}
+	return ids
+}
+
+// wantFreshWarm checks that warm sandbox id (created with env WHO=who, from profile "warm",
+// whose env has PROFILE_VAR=p) starts empty: the caller's env and the profile's, no file in
+// /workspace or /tmp, no process but the guest init's and the check's own; then it leaves
+// files and a process behind that no later claim may see.
+func wantFreshWarm(t *testing.T, s *e2e.Server, id, who, hdr string) {
+	t.Helper()
+	out := s.Run(t, id, []string{"sh", "-c",
+		`echo "$WHO|$PROFILE_VAR"; ls -A /workspace | wc -l; ls -A /tmp | wc -l; ` +
+			`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdr)
+	if want := who + "|p\n0\n0\n0\n"; out != want {
+		t.Fatalf("sandbox %s: got %q, want %q (env, /workspace and /tmp entries, other processes)", id, out, want)
+	}
+	s.Run(t, id, []string{"sh", "-c", "echo secret > /workspace/mine; echo x > /tmp/mine; (sleep 600 &) "}, hdr)
+}
+
 // TestWarmPoolAcrossReplicas: two replicas on one state folder and one Redis, each keeping a
 // pool of 3, take concurrent creates: no box is handed out twice, every warm sandbox starts
 // empty with its own caller's env, the pool boxes hold nobody's slot, a replica killed with
@@ -98,56 +149,17 @@ func TestWarmPoolAcrossReplicas(t *testing.T) {
 
 	t.Log("8 concurrent creates from both replicas")
 	const n = 8
-	ids := make([]string, n)
-	ms := make([]time.Duration, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		s, hdr := a, e2e.HdrTenant1
-		if i%2 == 1 {
-			s = b
-		}
+	hdrOf := func(i int) string {
 		if i >= 6 {
-			hdr = e2e.HdrTenant2
+			return e2e.HdrTenant2
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t0 := time.Now()
-			sb := s.Create(t, fmt.Sprintf(`{"profile":"warm","env":{"WHO":"c%d"}}`, i), hdr)
-			ms[i] = time.Since(t0)
-			ids[i] = sb.SandboxID
-		}()
+		return e2e.HdrTenant1
 	}
-	wg.Wait()
-	t.Logf("create times: %v", ms)
-	seen := map[string]int{}
-	for i, id := range ids {
-		if j, dup := seen[id]; dup {
-			t.Fatalf("creates %d and %d got the same sandbox %s", j, i, id)
-		}
-		seen[id] = i
-	}
-	hits := claimsOf(t, a, "hit") + claimsOf(t, b, "hit")
-	misses := claimsOf(t, a, "miss") + claimsOf(t, b, "miss")
-	t.Logf("warm hits %d, misses %d", hits, misses)
-	if hits+misses != n || hits < 3 {
-		t.Fatalf("claims: got %d hits and %d misses, want %d creates with at least 3 hits", hits, misses, n)
-	}
+	ids := concurrentWarmCreates(t, a, b, n, hdrOf)
 
 	t.Log("every sandbox starts empty, with its own caller's env")
 	for i, id := range ids {
-		s, hdr := b, e2e.HdrTenant1
-		if i >= 6 {
-			hdr = e2e.HdrTenant2
-		}
-		out := s.Run(t, id, []string{"sh", "-c",
-			`echo "$WHO|$PROFILE_VAR"; ls -A /workspace | wc -l; ls -A /tmp | wc -l; ` +
-				`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdr)
-		if want := fmt.Sprintf("c%d|p\n0\n0\n0\n", i); out != want {
-			t.Fatalf("sandbox %d (%s): got %q, want %q (env, /workspace and /tmp entries, other processes)", i, id, out, want)
-		}
-		// Leave something behind that a later claim must never see.
-		s.Run(t, id, []string{"sh", "-c", "echo secret > /workspace/mine; echo x > /tmp/mine; (sleep 600 &) "}, hdr)
+		wantFreshWarm(t, b, id, fmt.Sprintf("c%d", i), hdrOf(i))
 	}
 	// Another tenant's sandbox does not exist for you.
 	a.Curl(t, http.MethodGet, e2e.Prefix+"/"+ids[7], nil, e2e.HdrTenant1).WantError(t, http.StatusNotFound, "NOT_FOUND")

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -26,18 +28,7 @@ func TestServeChannelKey(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte(proto.EncodeChannelKey(key)), 0o400); err != nil {
 		t.Fatal(err)
 	}
-	serve := exec.Command(bin, "serve")
-	serve.Env = append(os.Environ(), "SBX_SOCKET="+sock, "SBX_STATE_DIR="+filepath.Join(dir, "state"),
-		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), "SBX_REAP=0", proto.ChannelKeyFileEnv+"="+keyFile)
-	serveErr := &lockedBuffer{}
-	serve.Stderr = serveErr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = serve.Process.Kill()
-		_ = serve.Wait()
-	}()
+	serveErr := startServe(t, bin, keyEnv(dir, sock, keyFile))
 	var c net.Conn
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -54,20 +45,7 @@ func TestServeChannelKey(t *testing.T) {
 		t.Errorf("the key file after the init started: %v, want it deleted", err)
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := client.HostHandshake(c, key); err != nil {
-		t.Fatalf("handshake with the key: %v (%s)", err, serveErr)
-	}
-	_ = c.SetDeadline(time.Time{})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	gc, err := client.DialContext(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := gc.Health(ctx); err != nil {
-		t.Errorf("Health after the handshake: %v", err)
-	}
-	gc.Close()
+	provesAndServes(t, c, key, serveErr)
 
 	// Without the key: the other key fails the handshake; raw HTTP/2 gets nothing.
 	c2, err := net.Dial("unix", sock)
@@ -96,6 +74,48 @@ func TestServeChannelKey(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // the log reaches us through a pipe
 	}
+}
+
+// keyEnv is the environment of an init serving on sock over the folder dir, its key in keyFile.
+func keyEnv(dir, sock, keyFile string) []string {
+	return append(os.Environ(), "SBX_SOCKET="+sock, "SBX_STATE_DIR="+filepath.Join(dir, "state"),
+		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), "SBX_REAP=0", proto.ChannelKeyFileEnv+"="+keyFile)
+}
+
+// startServe starts `serve` with env until the test ends and returns its stderr.
+func startServe(t *testing.T, bin string, env []string) *lockedBuffer {
+	t.Helper()
+	serve := exec.Command(bin, "serve")
+	serve.Env = env
+	serveErr := &lockedBuffer{}
+	serve.Stderr = serveErr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = serve.Process.Kill()
+		_ = serve.Wait()
+	})
+	return serveErr
+}
+
+// provesAndServes proves key over rwc to the init at its other end and checks that it then
+// answers the protocol; rwc is closed after (logs: the processes' output, for a failure).
+func provesAndServes(t *testing.T, rwc io.ReadWriteCloser, key []byte, logs ...fmt.Stringer) {
+	t.Helper()
+	if err := client.HostHandshake(rwc, key); err != nil {
+		t.Fatalf("handshake with the key: %v (%v)", err, logs)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gc, err := client.DialContext(ctx, rwc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gc.Health(ctx); err != nil {
+		t.Errorf("Health after the handshake: %v", err)
+	}
+	gc.Close()
 }
 
 // TestServeRequiresContainment: a runtime that requires containment gets no server from an
@@ -147,19 +167,8 @@ func TestServeAwaitsProvisionedKey(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "init.sock")
 	keyFile := filepath.Join(dir, "channel.key")
-	env := append(os.Environ(), "SBX_SOCKET="+sock, "SBX_STATE_DIR="+filepath.Join(dir, "state"),
-		"SBX_WORKSPACE="+filepath.Join(dir, "ws"), "SBX_REAP=0", proto.ChannelKeyFileEnv+"="+keyFile)
-	serve := exec.Command(bin, "serve")
-	serve.Env = append(env, proto.ChannelKeyAwaitEnv+"=1")
-	serveErr := &lockedBuffer{}
-	serve.Stderr = serveErr
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = serve.Process.Kill()
-		_ = serve.Wait()
-	}()
+	env := keyEnv(dir, sock, keyFile)
+	serveErr := startServe(t, bin, append(env, proto.ChannelKeyAwaitEnv+"=1"))
 	time.Sleep(300 * time.Millisecond)
 	if c, err := net.Dial("unix", sock); err == nil {
 		c.Close()
@@ -167,48 +176,21 @@ func TestServeAwaitsProvisionedKey(t *testing.T) {
 	}
 
 	key := proto.NewChannelKey()
-	cmd := exec.Command(bin, "connect", proto.ConnectProvision, keyFile)
-	cmd.Env = env
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	connErr := &lockedBuffer{}
-	cmd.Stderr = connErr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, s, connErr := startConnect(t, bin, env, proto.ConnectProvision, keyFile)
 	defer func() {
-		_ = stdin.Close()
+		_ = s.Close()
 		_ = cmd.Wait()
 	}()
-	if _, err := stdin.Write([]byte(proto.EncodeChannelKey(key) + "\n")); err != nil {
+	if _, err := s.Write([]byte(proto.EncodeChannelKey(key) + "\n")); err != nil {
 		t.Fatal(err)
 	}
-	s := &stdioStream{Reader: &readyReader{r: stdout}, WriteCloser: stdin}
 	if _, err := s.Read(make([]byte, 0)); err != nil {
 		t.Fatalf("no ready byte: %v (connect: %s; serve: %s)", err, connErr, serveErr)
 	}
 	if _, err := os.Stat(keyFile); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the key file once the init answers: %v, want it gone", err)
 	}
-	if err := client.HostHandshake(s, key); err != nil {
-		t.Fatalf("handshake with the provisioned key: %v (connect: %s; serve: %s)", err, connErr, serveErr)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	gc, err := client.DialContext(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := gc.Health(ctx); err != nil {
-		t.Errorf("Health: %v", err)
-	}
-	gc.Close()
+	provesAndServes(t, s, key, serveErr, connErr)
 
 	// A second provisioning, once the init listens, writes nothing: the other key it brings
 	// does not become the init's, and no file is left.

@@ -49,9 +49,9 @@ type stdioStream struct {
 	io.WriteCloser
 }
 
-func startConnect(t *testing.T, bin string, env []string) (*exec.Cmd, *stdioStream, *bytes.Buffer) {
+func startConnect(t *testing.T, bin string, env []string, args ...string) (*exec.Cmd, *stdioStream, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(bin, "connect")
+	cmd := exec.Command(bin, append([]string{"connect"}, args...)...)
 	cmd.Env = env
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

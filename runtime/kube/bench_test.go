@@ -22,6 +22,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 
 	"sandboxd/guest/proto"
+	"sandboxd/internal/benchws"
 	"sandboxd/internal/kubetest"
 	"sandboxd/runtime"
 	"sandboxd/runtime/kube"
@@ -201,21 +202,6 @@ func BenchmarkNetworkPolicyWrite(b *testing.B) {
 	}
 }
 
-// benchWorkspaceScript writes 100 MB in 6,000 files under /workspace/bench-data (every third
-// file random bytes, the others text), as sandbox-bench's stop benchmark does.
-const benchWorkspaceScript = `import os, random
-rnd = random.Random(8)
-words = "the quick brown fox jumps over a lazy dog while sandbox workspace python import def return".split()
-corpus = "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(60000)).encode()
-n, per = 6000, 100000000 // 6000
-for i in range(n):
-    d = "/workspace/bench-data/d%03d" % (i // 100)
-    os.makedirs(d, exist_ok=True)
-    size = rnd.randint(per // 2, per * 3 // 2)
-    data = os.urandom(size) if i % 3 == 0 else corpus[rnd.randrange(0, len(corpus) - size):][:size]
-    open("%s/f%05d" % (d, i), "wb").write(data)
-`
-
 // BenchmarkWorkspaceExport reads one box's 100 MB, 6,000-file workspace as tar, three ways,
 // side by side on the same box: through the guest init over the driver's attach (what a kube
 // stop's checkpoint reads), a bare pods/exec of `tar -c` with its stdout through the API
@@ -229,7 +215,7 @@ func BenchmarkWorkspaceExport(b *testing.B) {
 	sp.DiskBytes, sp.MilliCPU = 2<<30, 2000
 	id := runtimetest.CreateBox(b, d, sp)
 	cl := runtimetest.Client(b, d, id)
-	if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: []string{"python3", "-c", benchWorkspaceScript}}); res.Exit.ExitCode != 0 {
+	if res := runtimetest.MustRun(b, cl, proto.ExecRequest{Argv: append([]string{"python3", "-c", benchws.Script}, benchws.Args...)}); res.Exit.ExitCode != 0 {
 		b.Fatalf("making the workspace: %+v %s", res.Exit, res.Stderr)
 	}
 	name, _ := kube.ObjectName(id)

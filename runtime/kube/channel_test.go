@@ -17,10 +17,10 @@ import (
 	"sandboxd/runtime/runtimetest"
 )
 
-// replacePod deletes a box's pod and creates one of the same name from its spec, changed by
-// edit (as someone with the cluster's admin rights could), and waits until the driver sees it
-// running.
-func replacePod(t *testing.T, c *kubetest.Cluster, id string, edit func(*corev1.PodSpec)) {
+// replacePod deletes a box's pod and creates one of the same name from its spec and labels
+// (not its annotations), changed by edit (as someone with the cluster's admin rights could),
+// and waits until the driver sees it running.
+func replacePod(t *testing.T, c *kubetest.Cluster, id string, edit func(*corev1.Pod)) {
 	t.Helper()
 	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
 	name, _ := kube.ObjectName(id)
@@ -35,7 +35,7 @@ func replacePod(t *testing.T, c *kubetest.Cluster, id string, edit func(*corev1.
 	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
 	fake := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels}, Spec: *orig.Spec.DeepCopy()}
 	fake.Spec.NodeName = ""
-	edit(&fake.Spec)
+	edit(fake)
 	if _, err := pods.Create(ctx(t), fake, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -79,11 +79,11 @@ func TestKeylessPod(t *testing.T) {
 	d := newDriver(t, cfg)
 	id := runtimetest.CreateBox(t, d, spec)
 	runtimetest.MustRun(t, runtimetest.Client(t, d, id), proto.ExecRequest{Argv: []string{"sh", "-c", "echo kept > f"}})
-	replacePod(t, c, id, func(s *corev1.PodSpec) {
-		for i := range s.InitContainers {
-			s.InitContainers[i].Env = nil
+	replacePod(t, c, id, func(p *corev1.Pod) {
+		for i := range p.Spec.InitContainers {
+			p.Spec.InitContainers[i].Env = nil
 		}
-		dropKeyFile(s)
+		dropKeyFile(&p.Spec)
 	})
 	b, err := d.Get(ctx(t), id)
 	if err != nil {
@@ -119,7 +119,7 @@ func TestChannelImpostor(t *testing.T) {
 
 	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
 	name, _ := kube.ObjectName(a)
-	replacePod(t, c, a, dropKeyFile)
+	replacePod(t, c, a, func(p *corev1.Pod) { dropKeyFile(&p.Spec) })
 	// Wait until the driver sees the impostor's pod running.
 	deadline := time.Now().Add(60 * time.Second)
 	for {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,27 +105,9 @@ func TestImageInitUnprovisionedPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	zero := int64(0)
-	if err := pods.Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-		t.Fatal(err)
-	}
-	waitGone(t, func() error { _, err := pods.Get(ctx(t), name, metav1.GetOptions{}); return err })
-	again := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: orig.Name, Namespace: orig.Namespace, Labels: orig.Labels,
-		Annotations: map[string]string{kube.AnnChannelKey: orig.Annotations[kube.AnnChannelKey]}}, Spec: *orig.Spec.DeepCopy()}
-	again.Spec.NodeName = ""
-	if _, err := pods.Create(ctx(t), again, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		b, err := d.Get(ctx(t), id)
-		if err == nil && b.Phase == runtime.PhaseRunning {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pod made again did not run: %+v %v", b, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	replacePod(t, c, id, func(p *corev1.Pod) {
+		p.Annotations = map[string]string{kube.AnnChannelKey: orig.Annotations[kube.AnnChannelKey]}
+	})
 	rwc, err := d.Attach(ctx(t), id)
 	if err == nil {
 		rwc.Close()

@@ -4,15 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
-	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
 	"sandboxd/runtime"
@@ -33,26 +29,7 @@ var _ runtime.SharedPooler = (*Driver)(nil)
 func (d *Driver) PoolsShared() {}
 
 // ListPool implements runtime.Pooler: the boxes of every pool, from the watches' caches.
-func (d *Driver) ListPool(ctx context.Context) ([]runtime.Box, error) {
-	pvcs, err := d.pvcs.List(labels.Everything())
-	if err != nil {
-		return nil, err
-	}
-	slices.SortFunc(pvcs, func(a, b *corev1.PersistentVolumeClaim) int { return strings.Compare(a.Name, b.Name) })
-	var boxes []runtime.Box
-	for _, pvc := range pvcs {
-		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" || pvc.Annotations[AnnPool] == "" {
-			continue
-		}
-		b, err := d.box(pvc)
-		if err != nil {
-			d.log.Warn("skipping a pool PVC whose record cannot be read", "pvc", pvc.Name, "err", err)
-			continue
-		}
-		boxes = append(boxes, b)
-	}
-	return boxes, nil
-}
+func (d *Driver) ListPool(ctx context.Context) ([]runtime.Box, error) { return d.listBoxes(true) }
 
 // UpdatePool implements runtime.Pooler.
 func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Record) error) (runtime.Record, error) {
@@ -63,28 +40,11 @@ func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Rec
 	var rec runtime.Record
 	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
 		ann, lbl := maps.Clone(pvc.Annotations), maps.Clone(pvc.Labels)
-		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
+		r, _, err := applyRecord(ctx, id, pvc, true, fn)
 		if err != nil {
-			return fmt.Errorf("kube: box %s: %w", id, err)
-		}
-		if r.Pool == "" {
-			return fmt.Errorf("kube: box %s is no warm pool's (claimed already): %w", id, runtime.ErrNotFound)
-		}
-		if _, err := admitFence(ctx, pvc); err != nil {
-			return fmt.Errorf("kube: box %s: %w", id, err)
-		}
-		prev := maps.Clone(r.Labels)
-		if err := fn(&r); err != nil {
 			return err
 		}
-		if r.ID != id {
-			return fmt.Errorf("kube: box %s: an update may not change the id", id)
-		}
 		rec = r
-		if pvc.Labels == nil {
-			pvc.Labels = map[string]string{}
-		}
-		mirrorLabels(pvc.Labels, prev, r.Labels)
 		maps.Copy(pvc.Labels, ownLabels(r))
 		if r.Pool == "" {
 			delete(pvc.Labels, LabelPool)

@@ -109,40 +109,56 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	if err != nil {
 		return runtime.Record{}, err
 	}
-	var rec, prev runtime.Record
+	var rec runtime.Record
+	var prevLabels map[string]string
 	_, err = d.updatePVC(ctx, id, name, func(pvc *corev1.PersistentVolumeClaim) error {
-		r, err := decodeRecord(pvc.Labels, pvc.Annotations)
+		r, prev, err := applyRecord(ctx, id, pvc, false, fn)
 		if err != nil {
-			return fmt.Errorf("kube: box %s: %w", id, err)
-		}
-		if r.Pool != "" {
-			return fmt.Errorf("kube: box %s is a warm pool's: %w", id, runtime.ErrNotFound)
-		}
-		if _, err := admitFence(ctx, pvc); err != nil {
-			return fmt.Errorf("kube: box %s: %w", id, err)
-		}
-		prev = r
-		prev.Labels = maps.Clone(r.Labels)
-		if err := fn(&r); err != nil {
 			return err
 		}
-		if r.ID != id {
-			return fmt.Errorf("kube: box %s: an update may not change the id", id)
-		}
-		rec = r
-		if pvc.Labels == nil {
-			pvc.Labels = map[string]string{}
-		}
-		mirrorLabels(pvc.Labels, prev.Labels, r.Labels)
+		rec, prevLabels = r, prev
 		return encodeRecord(pvc.Annotations, r)
 	})
 	if err != nil {
 		return runtime.Record{}, err
 	}
-	if !maps.Equal(prev.Labels, rec.Labels) {
-		d.labelPod(ctx, id, name, prev.Labels, rec.Labels)
+	if !maps.Equal(prevLabels, rec.Labels) {
+		d.labelPod(ctx, id, name, prevLabels, rec.Labels)
 	}
 	return rec, nil
+}
+
+// applyRecord is the core of UpdateRecord and UpdatePool, on a fresh read of the box's PVC: it
+// decodes the record, which must be of a warm pool's box (pooled) or of any other (ErrNotFound
+// otherwise), admits ctx's fence (raising the PVC's), applies fn, and mirrors the record's
+// labels onto the PVC's. It returns the new record and its labels before fn; the caller encodes
+// the record into the PVC's annotations.
+func applyRecord(ctx context.Context, id string, pvc *corev1.PersistentVolumeClaim, pooled bool, fn func(*runtime.Record) error) (runtime.Record, map[string]string, error) {
+	r, err := decodeRecord(pvc.Labels, pvc.Annotations)
+	if err != nil {
+		return r, nil, fmt.Errorf("kube: box %s: %w", id, err)
+	}
+	switch {
+	case pooled && r.Pool == "":
+		return r, nil, fmt.Errorf("kube: box %s is no warm pool's (claimed already): %w", id, runtime.ErrNotFound)
+	case !pooled && r.Pool != "":
+		return r, nil, fmt.Errorf("kube: box %s is a warm pool's: %w", id, runtime.ErrNotFound)
+	}
+	if _, err := admitFence(ctx, pvc); err != nil {
+		return r, nil, fmt.Errorf("kube: box %s: %w", id, err)
+	}
+	prev := maps.Clone(r.Labels)
+	if err := fn(&r); err != nil {
+		return r, nil, err
+	}
+	if r.ID != id {
+		return r, nil, fmt.Errorf("kube: box %s: an update may not change the id", id)
+	}
+	if pvc.Labels == nil {
+		pvc.Labels = map[string]string{}
+	}
+	mirrorLabels(pvc.Labels, prev, r.Labels)
+	return r, prev, nil
 }
 
 // labelPod mirrors a record's changed labels onto the box's pod, if it has one, with a merge
@@ -191,8 +207,13 @@ func (d *Driver) Get(ctx context.Context, id string) (runtime.Box, error) {
 	return d.box(pvc)
 }
 
-// List implements runtime.Driver: every box of the namespace, from the watches' caches.
-func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
+// List implements runtime.Driver: every box of the namespace but the warm pools', from the
+// watches' caches.
+func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) { return d.listBoxes(false) }
+
+// listBoxes lists the boxes of the warm pools (pooled) or every other box, in name order, from
+// the watches' caches.
+func (d *Driver) listBoxes(pooled bool) ([]runtime.Box, error) {
 	pvcs, err := d.pvcs.List(labels.Everything())
 	if err != nil {
 		return nil, err
@@ -200,7 +221,7 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Box, error) {
 	slices.SortFunc(pvcs, func(a, b *corev1.PersistentVolumeClaim) int { return strings.Compare(a.Name, b.Name) })
 	boxes := make([]runtime.Box, 0, len(pvcs))
 	for _, pvc := range pvcs {
-		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" || pvc.Annotations[AnnPool] != "" {
+		if pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] == "" || (pvc.Annotations[AnnPool] != "") != pooled {
 			continue
 		}
 		b, err := d.box(pvc)
