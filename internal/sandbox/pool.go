@@ -166,9 +166,17 @@ func (p *pool) lead(ctx context.Context) bool {
 // standDown is a pass of a replica that does not keep the shared pools: it retires what it
 // owns (from a time it led).
 func (p *pool) standDown(ctx context.Context) {
+	if err := p.retireOwn(ctx); err != nil {
+		p.s.log.Warn("warm pool: listing the pool failed", "err", err)
+	}
+	p.report(ctx)
+}
+
+// retireOwn retires (and removes) every box this replica owns.
+func (p *pool) retireOwn(ctx context.Context) error {
 	boxes, err := p.pooler.ListPool(ctx)
 	if err != nil {
-		return
+		return err
 	}
 	for _, b := range boxes {
 		if b.Record.Annotations[annPoolOwner] != p.owner {
@@ -180,7 +188,7 @@ func (p *pool) standDown(ctx context.Context) {
 			p.retire(ctx, b.Record.ID, p.owner)
 		}
 	}
-	p.report(ctx)
+	return nil
 }
 
 // ownerLockID is the name of the lock a live replica holds as the owner of its pool boxes.
@@ -504,17 +512,7 @@ func (p *pool) remove(ctx context.Context, id string) {
 func (p *pool) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if boxes, err := p.pooler.ListPool(ctx); err == nil {
-		for _, b := range boxes {
-			if b.Record.Annotations[annPoolOwner] == p.owner {
-				if b.Record.Annotations[annPoolState] == poolRetiring {
-					p.remove(ctx, b.Record.ID)
-				} else {
-					p.retire(ctx, b.Record.ID, p.owner)
-				}
-			}
-		}
-	} else {
+	if err := p.retireOwn(ctx); err != nil {
 		p.s.log.Warn("warm pool: listing the pool at shutdown failed; the next replica takes its boxes", "err", err)
 	}
 	p.mu.Lock()

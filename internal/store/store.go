@@ -456,7 +456,7 @@ func (l *Lock) renew() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), l.ttl/3)
-			lockScript.Run(ctx, l.s.rdb, []string{l.key}, l.token, time.Now().UnixMilli(), l.ttl.Milliseconds(), 1)
+			_, _ = l.Renew(ctx)
 			cancel()
 		}
 	}

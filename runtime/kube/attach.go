@@ -12,7 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
@@ -188,11 +187,8 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}
-	if !provisioned(pod) {
-		// The cache may trail the create that brought the key: ask the API server.
-		if pod, err = d.cs.CoreV1().Pods(d.opts.Namespace).Get(ctx, name, metav1.GetOptions{}); err != nil || !provisioned(pod) {
-			return nil, fmt.Errorf("kube: box %s: its guest init has not got its channel key (a create or start was cut short; start it again): %w", id, runtime.ErrNotRunning)
-		}
+	if pod = d.freshUnlessProvisioned(ctx, name, pod); !provisioned(pod) {
+		return nil, fmt.Errorf("kube: box %s: its guest init has not got its channel key (a create or start was cut short; start it again): %w", id, runtime.ErrNotRunning)
 	}
 	key, err := podChannelKey(pod)
 	if err != nil {

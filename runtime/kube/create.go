@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"sandboxd/runtime"
 )
@@ -82,8 +81,7 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 		return fmt.Errorf("kube: box %s: the guest init does not answer: %w", id, err)
 	}
 	if provision {
-		patch := []byte(`{"metadata":{"annotations":{"` + AnnChannelReady + `":"true"}}}`)
-		if _, err := d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if err := d.patchPodMeta(ctx, name, "annotations", map[string]any{AnnChannelReady: "true"}); err != nil {
 			rwc.Close()
 			return fmt.Errorf("kube: box %s: marking its pod's channel ready: %w", id, err)
 		}

@@ -449,6 +449,19 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 // channelKeyFile is where the init container writes the pod's channel key and PID 1 takes it.
 const channelKeyFile = runDir + "/channel.key"
 
+// freshUnlessProvisioned is the pod (from the watch's cache) when it is provisioned, else the
+// API server's copy of it: the cache may trail the mark of the attach that brought the key. On
+// a failed read the cached pod is kept.
+func (d *Driver) freshUnlessProvisioned(ctx context.Context, name string, pod *corev1.Pod) *corev1.Pod {
+	if provisioned(pod) {
+		return pod
+	}
+	if fresh, err := d.cs.CoreV1().Pods(d.opts.Namespace).Get(ctx, name, metav1.GetOptions{}); err == nil {
+		return fresh
+	}
+	return pod
+}
+
 // provisioned reports whether the pod's PID 1 has its channel key: always for a pod made with
 // an init container, which wrote it; for one whose image carries the init, once its first
 // attach brought it (AnnChannelReady).

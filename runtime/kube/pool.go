@@ -2,14 +2,11 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"sandboxd/runtime"
 )
@@ -88,11 +85,7 @@ func (d *Driver) relabelClaimed(ctx context.Context, id, name string, rec runtim
 	for k, v := range boxLabels(rec) {
 		set[k] = v
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": set}})
-	if err == nil {
-		_, err = d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-	}
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err := d.patchPodMeta(ctx, name, "labels", set); err != nil && !apierrors.IsNotFound(err) {
 		d.log.Warn("could not relabel a claimed pool box's pod; it gets its labels when it starts again", "sandbox", id, "err", err)
 	}
 }

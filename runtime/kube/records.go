@@ -180,15 +180,20 @@ func (d *Driver) labelPod(ctx context.Context, id, name string, prev, next map[s
 	if len(set) == 0 {
 		return
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": set}})
-	if err != nil {
-		d.log.Warn("could not encode a pod's labels", "sandbox", id, "err", err)
-		return
-	}
-	_, err = d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	if err := d.patchPodMeta(ctx, name, "labels", set); err != nil && !apierrors.IsNotFound(err) {
 		d.log.Warn("could not label the sandbox's pod; it gets the labels when it starts again", "sandbox", id, "err", err)
 	}
+}
+
+// patchPodMeta merges set into the pod's metadata field (labels or annotations; a nil value
+// removes a key) with a merge patch.
+func (d *Driver) patchPodMeta(ctx context.Context, name, field string, set map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{field: set}})
+	if err != nil {
+		return err
+	}
+	_, err = d.cs.CoreV1().Pods(d.opts.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 // Get implements runtime.Driver: the record from the API server, the phase from the pod watch.

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Start implements runtime.Driver: the box's NetworkPolicy made what its record says, then a
@@ -34,12 +33,7 @@ func (d *Driver) Start(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	if pod, err := d.pods.Get(name); err == nil {
-		if !provisioned(pod) {
-			// The cache may trail the patch of the attach that brought the key.
-			if fresh, gerr := d.cs.CoreV1().Pods(d.opts.Namespace).Get(ctx, name, metav1.GetOptions{}); gerr == nil {
-				pod = fresh
-			}
-		}
+		pod = d.freshUnlessProvisioned(ctx, name, pod)
 		_, keyErr := podChannelKey(pod)
 		if pod.DeletionTimestamp == nil && podReady(pod) && pvc.Annotations[AnnCompute] == computeRunning && keyErr == nil && provisioned(pod) {
 			return false, nil
