@@ -89,6 +89,11 @@ func TestResumeWithoutItsMemory(t *testing.T) {
 			runDetached(t, s, id, key, "sh", "-c", counterLoop)
 			pid, _ := readCounter(t, s, id, key)
 			pauseVerb(t, s, id, "pause", key)
+			// The image is stored (and recorded) after the pause's answer; the kept copy's sums
+			// are written as it is read.
+			e2e.Eventually(t, 30*time.Second, "the memory image to be stored", func() (bool, string) {
+				return s.LogContains(`msg="memory image stored" sandbox=` + id), ""
+			})
 			files := memoryImages(t, st, id)
 			if len(files) != 1 {
 				t.Fatalf("stored memory images of the paused sandbox: %v, want one", files)

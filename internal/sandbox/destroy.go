@@ -54,7 +54,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 		return "", runtimeError(s.log, id, err, "could not remove the sandbox's runtime")
 	}
 	// A paused sandbox's memory goes with it (its workspace snapshots stay).
-	if rec.Annotations[annMemoryImage] != "" {
+	if memoryKept(rec) {
 		s.mem.discard(ctx, rec, "")
 	}
 	if err := s.store.Delete(ctx, entryOf(rec)); err != nil {

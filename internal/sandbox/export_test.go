@@ -18,6 +18,16 @@ const (
 	AnnSourceSnapshot = annSourceSnapshot
 )
 
+// AnnMemoryPending is the record annotation of a paused sandbox's image not stored yet.
+const AnnMemoryPending = annMemoryPending
+
+// MemoryStores is how many memory image stores s runs.
+func MemoryStores(s *Service) int {
+	n := 0
+	s.memStoring.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
 // ScopeOf is the checkpoint scope of a sandbox's record.
 func ScopeOf(rec runtime.Record) checkpoint.Scope { return scopeOf(rec) }
 

@@ -28,9 +28,14 @@ import (
 // state_reason "memory not restored: …": never a broken sandbox. A store that does not answer
 // is no such case: the resume fails with UNAVAILABLE and the sandbox stays PAUSED.
 //
-// The record carries the stored image's id (annMemoryImage) from the moment it is stored until
-// a resume, stop or destroy is done with it; whatever image of the sandbox is not recorded is
-// deleted by the next of them.
+// A pause answers once the runtime keeps the image (runsc's files on the host's disk) and the
+// box is released; the image goes to the store after the answer (storeMemory), since its upload
+// is most of a large sandbox's pause. Until it is stored the record names the kept image
+// (annMemoryPending, the pause's time) and a resume restores from the runtime's copy; a store
+// that fails leaves it so, and the reconciler stores it again. The record carries the stored
+// image's id (annMemoryImage) from the moment it is stored until a resume, stop or destroy is
+// done with it; whatever image of the sandbox is not recorded is deleted by the next of them,
+// and a store that ends after the sandbox moved on deletes what it stored.
 
 // MemoryPrefix is where the memory images live in the checkpoint store (beside "checkpoints").
 const MemoryPrefix = "memory"
@@ -39,6 +44,9 @@ const MemoryPrefix = "memory"
 const (
 	// annMemoryImage is the id of the paused sandbox's stored memory image.
 	annMemoryImage = "memory_image"
+	// annMemoryPending is set while the runtime keeps a paused sandbox's image and it is not
+	// stored yet: the time of the pause that made it, which the store checks before recording.
+	annMemoryPending = "memory_pending"
 	// annAutostopAction is "pause" when idle auto-stop pauses the sandbox instead of stopping it.
 	annAutostopAction = "autostop_action"
 	// annAutoResume is "true" when exec and file calls on the PAUSED sandbox resume it first.
@@ -55,6 +63,15 @@ const (
 // it last ran, to be brought back by a resume (PAUSING, PAUSED, RESUMING): a command running
 // in it has not ended.
 func (st State) KeepsProcesses() bool { return st == Pausing || st == Paused || st == Resuming }
+
+// memoryKept reports whether the record names a memory image of the sandbox: a stored one, or
+// one the runtime keeps that is on its way to the store.
+func memoryKept(rec runtime.Record) bool {
+	return rec.Annotations[annMemoryImage] != "" || rec.Annotations[annMemoryPending] != ""
+}
+
+// memoryStoreTimeout bounds the store of one memory image (up to the sandbox's memory size).
+const memoryStoreTimeout = 30 * time.Minute
 
 // memories store paused sandboxes' memory images.
 type memories struct {
@@ -183,16 +200,19 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 		s.log.Warn("a pause failed and ended the sandbox's processes; stopping it", "sandbox", id, "err", err)
 		return s.pauseFallback(ctx, rec, "its runtime could not save its memory ("+oneLine(err)+")")
 	}
-	// The image goes to the store while the workspace is checkpointed and the box released.
-	type saved struct {
-		m   checkpoint.Manifest
-		err error
+	// The runtime keeps the image: the record says so before anything else, so that whatever
+	// comes next (a crash, a store that fails) leaves a PAUSED sandbox a resume brings back.
+	token := s.now().UTC().Format(time.RFC3339Nano)
+	if _, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
+		if r.Annotations == nil {
+			r.Annotations = map[string]string{}
+		}
+		r.Annotations[annMemoryPending] = token
+		delete(r.Annotations, annMemoryImage)
+		return nil
+	}); err != nil {
+		return "", "", runtimeError(s.log, id, err, "could not record the memory image")
 	}
-	stored := make(chan saved, 1)
-	go func() {
-		m, err := s.mem.save(ctx, rec)
-		stored <- saved{m, err}
-	}()
 	reason := ""
 	werr := early
 	if exporter {
@@ -204,31 +224,67 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 		s.log.Warn("a pause's workspace checkpoint failed", "sandbox", id, "err", werr)
 		reason = "paused without a new workspace snapshot: " + apierror.From(werr).Message
 	}
-	serr := s.driver.Stop(ctx, id)
-	sv := <-stored
-	if serr != nil {
-		return "", "", runtimeError(s.log, id, serr, "could not release the paused sandbox's compute")
-	}
-	m, err := sv.m, sv.err
-	if err != nil {
-		s.log.Warn("storing a memory image failed; stopping the sandbox instead", "sandbox", id, "err", err)
-		return s.pauseFallback(ctx, rec, "its memory image could not be stored ("+oneLine(err)+")")
-	}
-	if _, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
-		if r.Annotations == nil {
-			r.Annotations = map[string]string{}
-		}
-		r.Annotations[annMemoryImage] = m.ID
-		return nil
-	}); err != nil {
-		return "", "", runtimeError(s.log, id, err, "could not record the memory image")
+	if err := s.driver.Stop(ctx, id); err != nil {
+		return "", "", runtimeError(s.log, id, err, "could not release the paused sandbox's compute")
 	}
 	// The compute is gone: the slot goes back before PAUSED is recorded (as a stop's). The
-	// runtime keeps its copy of the image: a resume on this host restores from it.
+	// runtime keeps its copy of the image (a resume on this host restores from it); the store's
+	// copy follows.
 	s.slots.release(ctx, rec.Tenant, rec.Project, id)
-	s.chore(func(ctx context.Context) { s.mem.discard(ctx, rec, m.ID) })
-	s.log.Info("memory image stored", "sandbox", id, "image", m.ID, "bytes", m.Size, "raw_bytes", m.RawSize)
+	s.storeMemory(rec, token)
 	return Paused, reason, nil
+}
+
+// errMovedOn is a stored memory image's record update refused: the sandbox is no longer paused
+// on the image the store read.
+var errMovedOn = errors.New("the sandbox is no longer paused on this image")
+
+// storeMemory stores, in the background, the image the runtime keeps for the sandbox's pause
+// token, and records it while the sandbox is still paused on that image; else it deletes what
+// it stored. One store per pause at a time on a replica. A store that fails leaves the record
+// as it was: the runtime's copy serves a resume, and the reconciler's next pass stores it again.
+func (s *Service) storeMemory(rec runtime.Record, token string) {
+	key := rec.ID + "/" + token
+	if _, busy := s.memStoring.LoadOrStore(key, struct{}{}); busy {
+		return
+	}
+	s.chores.Add(1)
+	go func() {
+		defer s.chores.Done()
+		defer s.memStoring.Delete(key)
+		ctx, cancel := context.WithTimeout(s.bg, memoryStoreTimeout)
+		defer cancel()
+		start := s.now()
+		m, err := s.mem.save(ctx, rec)
+		if errors.Is(err, runtime.ErrNotFound) {
+			return // resumed, stopped or destroyed meanwhile: the runtime's copy is gone
+		}
+		if err != nil {
+			s.log.Warn("storing a memory image failed; the runtime keeps it and the reconciler tries again",
+				"sandbox", rec.ID, "err", err)
+			return
+		}
+		_, err = s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
+			if st := State(r.State); r.Annotations[annMemoryPending] != token || st != Pausing && st != Paused {
+				return errMovedOn
+			}
+			r.Annotations[annMemoryImage] = m.ID
+			delete(r.Annotations, annMemoryPending)
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, errMovedOn) && !errors.Is(err, runtime.ErrNotFound) {
+				s.log.Warn("recording a stored memory image failed; deleting it", "sandbox", rec.ID, "err", err)
+			}
+			if derr := s.mem.store.Delete(context.WithoutCancel(ctx), scopeOf(rec), m.ID); derr != nil {
+				s.log.Warn("deleting a memory image nobody needs", "sandbox", rec.ID, "image", m.ID, "err", derr)
+			}
+			return
+		}
+		s.mem.discard(ctx, rec, m.ID)
+		s.log.Info("memory image stored", "sandbox", rec.ID, "image", m.ID, "bytes", m.Size, "raw_bytes", m.RawSize,
+			"ms", s.now().Sub(start).Milliseconds())
+	}()
 }
 
 // pauseFallback stops a box whose pause lost its memory (why says how): its workspace is
@@ -334,9 +390,13 @@ func (s *Service) resumeWork(ctx context.Context, rec runtime.Record) (reason st
 // keep everything (the store or the runtime did not answer).
 func (s *Service) restoreMemory(ctx context.Context, rec runtime.Record) (why string, err error) {
 	id := rec.ID
-	img := rec.Annotations[annMemoryImage]
+	img, pending := rec.Annotations[annMemoryImage], rec.Annotations[annMemoryPending]
+	name := img
+	if img == "" {
+		name = "(the runtime's copy of the pause at " + pending + ", never stored)"
+	}
 	if box, gerr := s.driver.Get(ctx, id); gerr == nil && box.Phase == runtime.PhaseRunning {
-		if img == "" {
+		if img == "" && pending == "" {
 			return "", nil // an interrupted resume got this far, and recorded it
 		}
 		// An interrupted resume restored it: make sure its init listens (no image is read).
@@ -344,14 +404,18 @@ func (s *Service) restoreMemory(ctx context.Context, rec runtime.Record) (why st
 			return nil, errors.New("the sandbox runs: no image to read")
 		}
 		if err := s.driver.Resume(ctx, id, noImage); err != nil {
-			return s.imageError(id, img, err)
+			return s.imageError(id, name, err)
 		}
 		return "", nil
 	}
-	if img == "" {
+	if img == "" && pending == "" {
 		return "the sandbox has no memory image", nil
 	}
 	stored := func(ctx context.Context) (io.ReadCloser, error) {
+		if img == "" {
+			// The runtime's copy was the only one: the store had not got it yet.
+			return nil, &imageStoreError{fmt.Errorf("the runtime's copy is gone and it was never stored: %w", checkpoint.ErrNotFound)}
+		}
 		r, _, err := s.mem.store.Open(ctx, scopeOf(rec), img)
 		if err != nil {
 			return nil, &imageStoreError{err}
@@ -359,7 +423,7 @@ func (s *Service) restoreMemory(ctx context.Context, rec runtime.Record) (why st
 		return r, nil
 	}
 	if err := s.driver.Resume(ctx, id, stored); err != nil {
-		return s.imageError(id, img, err)
+		return s.imageError(id, name, err)
 	}
 	return "", nil
 }
@@ -416,6 +480,7 @@ func imageReason(err error) string {
 func (s *Service) forgetMemory(ctx context.Context, rec runtime.Record) {
 	if _, err := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 		delete(r.Annotations, annMemoryImage)
+		delete(r.Annotations, annMemoryPending)
 		return nil
 	}); err != nil {
 		s.log.Warn("clearing a resumed sandbox's memory image", "sandbox", rec.ID, "err", err)

@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -46,11 +47,10 @@ func TestPauseAndResume(t *testing.T) {
 	if u := e.Usage(t); u.InUse != 0 {
 		t.Fatalf("quota in use while PAUSED: got %d, want 0", u.InUse)
 	}
-	// Its memory image is stored beside the checkpoints, in the same object store.
+	// Its memory image is stored beside the checkpoints, in the same object store, after the
+	// answer.
 	mem := e.Ckpt.Derive(MemoryPrefix)
-	if list, err := mem.List(ctx, checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: sb.ID}); err != nil || len(list) != 1 {
-		t.Fatalf("memory images: got %d, %v, want 1", len(list), err)
-	}
+	waitImages(t, mem, sb.ID, 1)
 	for name, call := range map[string]func() error{
 		"exec": func() error {
 			_, err := e.Svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"true"}})
@@ -151,6 +151,7 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 			if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
+			waitImages(t, e.Ckpt.Derive(MemoryPrefix), sb.ID, 1)
 			tc.lose(t, e, sb)
 			resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
 			if err != nil {
@@ -190,16 +191,23 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 // waitNoImages waits until alice's sandbox id has no stored memory image.
 func waitNoImages(t *testing.T, mem *checkpoint.Store, id string) {
 	t.Helper()
+	waitImages(t, mem, id, 0)
+}
+
+// waitImages waits until alice's sandbox id has n stored memory images (a pause's image is
+// stored after its answer).
+func waitImages(t *testing.T, mem *checkpoint.Store, id string, n int) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		list, err := mem.List(context.Background(), checkpoint.Scope{Tenant: "t1", Project: "p1", Sandbox: id})
-		if err == nil && len(list) == 0 {
+		if err == nil && len(list) == n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("stored memory images of %s: %d (%v), want none", id, len(list), err)
+			t.Fatalf("stored memory images of %s: %d (%v), want %d", id, len(list), err, n)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -229,6 +237,7 @@ func TestResumeFromTheKeptOrTheStoredImage(t *testing.T) {
 			if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
+			waitImages(t, e.Ckpt.Derive(MemoryPrefix), sb.ID, 1)
 			tc.harm(t, e, sb.ID)
 			resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
 			if err != nil || resumed.State != Running || resumed.StateReason != "" {
@@ -469,4 +478,140 @@ func setRecordState(t *testing.T, e *domaintest.Env, id string, st State, at tim
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPauseAnswersBeforeItsImageIsStored: a pause answers once the runtime keeps the image; the
+// store's copy follows. A resume before it is stored (or after the store failed) restores from
+// the runtime's copy; a failed store is done again by the reconciler; a store that ends after
+// the sandbox moved on (resumed, stopped, destroyed) deletes what it stored; and with the
+// runtime's copy gone before the store read it, the resume falls back to the workspace.
+func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	mem := e.Ckpt.Derive(MemoryPrefix)
+	pending := func(id string) string {
+		t.Helper()
+		b, err := e.Fake.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Record.Annotations[AnnMemoryPending]
+	}
+	storesDone := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for MemoryStores(e.Svc.Core) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the memory image store did not end")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	sb := e.CreateRunning(t, alice)
+	loop := detached(t, e, sb.ID, "sh", "-c", appendLoop)
+
+	t.Run("StoreFailsThenReconciled", func(t *testing.T) {
+		e.Fake.FailNext("MemoryImage", errors.New("the disk is slow today"))
+		paused, err := e.Svc.Pause(ctx, alice, sb.ID)
+		if err != nil || paused.State != Paused || paused.StateReason != "" {
+			t.Fatalf("pause: %+v, %v, want PAUSED", paused, err)
+		}
+		storesDone()
+		waitImages(t, mem, sb.ID, 0)
+		if pending(sb.ID) == "" {
+			t.Fatal("after a failed store the record does not name the runtime's image")
+		}
+		// The reconciler stores it.
+		if err := e.Svc.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitImages(t, mem, sb.ID, 1)
+		storesDone()
+		if p := pending(sb.ID); p != "" {
+			t.Fatalf("after the store the record still names a pending image %q", p)
+		}
+		resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
+		if err != nil || resumed.State != Running || resumed.StateReason != "" {
+			t.Fatalf("resume: %+v, %v, want RUNNING with its memory", resumed, err)
+		}
+		waitImages(t, mem, sb.ID, 0)
+	})
+
+	t.Run("ResumeBeforeTheStore", func(t *testing.T) {
+		open := e.Fake.GateMemoryImages()
+		defer open()
+		if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if MemoryStores(e.Svc.Core) != 1 {
+			t.Fatalf("stores in flight after the pause's answer: %d, want 1", MemoryStores(e.Svc.Core))
+		}
+		resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
+		if err != nil || resumed.State != Running || resumed.StateReason != "" {
+			t.Fatalf("resume while the image is stored: %+v, %v, want RUNNING with its memory", resumed, err)
+		}
+		if st, err := e.Svc.GetExec(ctx, alice, sb.ID, loop.ExecID, false); err != nil || st.State != ExecRunning {
+			t.Fatalf("the loop after resume: %+v, %v, want RUNNING", st, err)
+		}
+		// The store ends after the resume: what it stored is nobody's, and goes.
+		open()
+		storesDone()
+		waitImages(t, mem, sb.ID, 0)
+		if p := pending(sb.ID); p != "" {
+			t.Fatalf("a running sandbox's record names a pending image %q", p)
+		}
+	})
+
+	t.Run("StopAndDestroyBeforeTheStore", func(t *testing.T) {
+		open := e.Fake.GateMemoryImages()
+		defer open()
+		other := e.CreateRunning(t, alice)
+		for _, id := range []string{sb.ID, other.ID} {
+			if _, err := e.Svc.Pause(ctx, alice, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st, err := e.Svc.Stop(ctx, alice, sb.ID); err != nil || st.State != Stopped {
+			t.Fatalf("stop of a PAUSED sandbox whose image is being stored: %+v, %v", st, err)
+		}
+		if _, err := e.Svc.Destroy(ctx, alice, other.ID); err != nil {
+			t.Fatal(err)
+		}
+		open()
+		storesDone()
+		waitImages(t, mem, sb.ID, 0)
+		waitImages(t, mem, other.ID, 0)
+		if _, err := e.Svc.Start(ctx, alice, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("KeptCopyLost", func(t *testing.T) {
+		// The store had opened the image when the runtime's copy went: its copy serves.
+		open := e.Fake.GateMemoryImages()
+		if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		dropKept(t, e, sb.ID)
+		open()
+		storesDone()
+		waitImages(t, mem, sb.ID, 1)
+		resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
+		if err != nil || resumed.State != Running || resumed.StateReason != "" {
+			t.Fatalf("resume from the stored copy: %+v, %v, want RUNNING with its memory", resumed, err)
+		}
+		// The store failed and the runtime's copy went: the workspace, saying why.
+		e.Fake.FailNext("MemoryImage", errors.New("the disk is slow today"))
+		if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		storesDone()
+		dropKept(t, e, sb.ID)
+		resumed, err = e.Svc.Resume(ctx, alice, sb.ID)
+		if err != nil || resumed.State != Running || !strings.Contains(resumed.StateReason, "memory not restored") ||
+			!strings.Contains(resumed.StateReason, "never stored") {
+			t.Fatalf("resume without any copy: %+v, %v, want RUNNING on its workspace, saying the image was never stored", resumed, err)
+		}
+		waitImages(t, mem, sb.ID, 0)
+	})
 }

@@ -122,6 +122,10 @@ func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time,
 		if diedRunning(b) {
 			return State(s.Observe(ctx, b).State)
 		}
+	case Paused:
+		if token := rec.Annotations[annMemoryPending]; token != "" {
+			s.storeMemory(rec, token) // its store failed, or its replica died before it ended
+		}
 	}
 	facts := ClockFacts{State: st, CreatedAt: rec.CreatedAt, TTLSec: rec.TTLSec, AutostopSec: rec.AutostopSec,
 		LastActivity: lastActivity(activity, rec)}

@@ -91,6 +91,8 @@ type Service struct {
 	recovering sync.WaitGroup
 	// chores are background work that follows an answer (pause.go); Close waits for them.
 	chores sync.WaitGroup
+	// memStoring holds "<sandbox>/<pause>" while this replica stores that pause's memory image.
+	memStoring sync.Map
 }
 
 // New returns a Service.

@@ -34,7 +34,7 @@ func (s *Service) stop(ctx context.Context, p auth.Principal, id, why string) (S
 // stopWork checkpoints the workspace and stops the box. A paused sandbox's workspace was
 // checkpointed by its pause: its memory image is discarded.
 func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, error) {
-	if rec.Annotations[annMemoryImage] != "" && s.boxDead(ctx, rec.ID) {
+	if memoryKept(rec) && s.boxDead(ctx, rec.ID) {
 		s.attachs.drop(rec.ID)
 		if err := s.driver.Stop(ctx, rec.ID); err != nil {
 			return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")

@@ -10,6 +10,7 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -143,14 +144,33 @@ func writeImageTar(w io.Writer, names []string, files []*os.File) (imageSums, er
 	return sums, tw.Close()
 }
 
-// checkKept reports whether the kept image's files are the ones MemoryImage streamed (their
-// sums) and returns its meta.json; ok is false for an image without sums (never streamed) or
-// one that changed, and why says which.
+// checkKept reports whether the kept image may be restored and returns its meta.json. An
+// image with sums (MemoryImage streamed it) must still match them; ok is false for one that
+// changed, and why says which. An image without sums is one the store has not read yet (a
+// pause answers before its image is stored): runsc wrote it whole (the folder is named only
+// once it succeeded) and only MemoryImage reads it since, so it is what the store would sum;
+// it is restored (why "no sums") when its files are runsc's and its meta.json reads.
 func checkKept(dir string) (meta imageMeta, ok bool, why string) {
 	var sums imageSums
 	b, err := os.ReadFile(filepath.Join(dir, imageSumsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return meta, false, err.Error()
+		}
+		for _, e := range entries {
+			if n := e.Name(); !e.Type().IsRegular() || !imageName.MatchString(n) {
+				return meta, false, "an unexpected file " + n
+			}
+		}
+		b, err = os.ReadFile(filepath.Join(dir, imageMetaFile))
+		if err != nil || json.Unmarshal(b, &meta) != nil {
+			return meta, false, "unreadable meta.json"
+		}
+		return meta, true, "no sums"
+	}
 	if err != nil {
-		return meta, false, "no sums"
+		return meta, false, "unreadable sums"
 	}
 	if err := json.Unmarshal(b, &sums); err != nil || len(sums) == 0 {
 		return meta, false, "unreadable sums"

@@ -12,8 +12,9 @@ import (
 )
 
 // TestCheckKept: a kept image matches the sums MemoryImage's stream took (CRC-32C); a flipped
-// byte, a cut file, a file more or a missing sums file is refused, saying which; sums an
-// earlier sandboxd wrote (sha256) are still checked.
+// byte, a cut file or a file more is refused, saying which; sums an earlier sandboxd wrote
+// (sha256) are still checked. An image not streamed yet (no sums) is runsc's files as they
+// are, refused only with a file runsc does not write or an unreadable meta.json.
 func TestCheckKept(t *testing.T) {
 	mk := func(t *testing.T) (string, []string) {
 		dir := t.TempDir()
@@ -50,8 +51,29 @@ func TestCheckKept(t *testing.T) {
 		return sums
 	}
 	dir, names := mk(t)
-	if _, ok, why := checkKept(dir); ok || why != "no sums" {
-		t.Errorf("without sums: ok=%v %q, want refused: no sums", ok, why)
+	// Not streamed yet (a pause's store follows its answer): runsc's files as they are.
+	if meta, ok, why := checkKept(dir); !ok || why != "no sums" || meta.Box != "sbx_x" {
+		t.Errorf("without sums: ok=%v %q (meta %+v), want accepted: no sums", ok, why, meta)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, why := checkKept(dir); ok || !strings.Contains(why, "unexpected file notes.txt") {
+		t.Errorf("without sums, a file runsc does not write: ok=%v %q, want refused", ok, why)
+	}
+	if err := os.Remove(filepath.Join(dir, "notes.txt")); err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(dir, imageMetaFile)
+	mb, _ := os.ReadFile(meta)
+	if err := os.WriteFile(meta, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, why := checkKept(dir); ok || why != "unreadable meta.json" {
+		t.Errorf("without sums, a broken meta.json: ok=%v %q, want refused", ok, why)
+	}
+	if err := os.WriteFile(meta, mb, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	sums := stream(t, dir, names)
 	for n, e := range sums {
@@ -105,5 +127,42 @@ func TestCheckKept(t *testing.T) {
 	must(os.WriteFile(pages, b, 0o600))
 	if _, ok, _ := checkKept(dir); ok {
 		t.Errorf("sha256 sums of a changed image: accepted")
+	}
+}
+
+// TestWriteSumsOnlyBesideTheImageRead: a store that read one image writes its sums beside that
+// image only: not into the folder of the next pause's image (resumed and paused again while
+// it read; the folder may even get the same inode), nor into a dropped one.
+func TestWriteSumsOnlyBesideTheImageRead(t *testing.T) {
+	var d Driver
+	dir := filepath.Join(t.TempDir(), memoryDn)
+	mkImage := func(at string) []byte {
+		t.Helper()
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		meta := []byte(`{"format":1,"box":"sbx_x","created_at":"` + at + `"}`)
+		if err := os.WriteFile(filepath.Join(dir, imageMetaFile), meta, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return meta
+	}
+	made := mkImage("2026-12-02T21:00:00.000000001Z")
+	sums := imageSums{"pages.img": {Size: 1, CRC32C: "00000000"}}
+	if err := d.writeSums("sbx_x", dir, made, sums); err != nil {
+		t.Fatalf("sums beside the image read: %v", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.writeSums("sbx_x", dir, made, sums); err == nil {
+		t.Error("sums of a dropped image: written")
+	}
+	mkImage("2026-12-02T21:00:00.000000002Z") // the next pause's
+	if err := d.writeSums("sbx_x", dir, made, sums); err == nil {
+		t.Error("sums of one image written beside the next")
+	}
+	if _, err := os.Stat(filepath.Join(dir, imageSumsFile)); err == nil {
+		t.Error("the next image's folder holds the earlier image's sums")
 	}
 }

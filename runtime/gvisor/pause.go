@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -282,17 +283,36 @@ func (d *Driver) MemoryImage(ctx context.Context, id string) (io.ReadCloser, err
 		}
 		files = append(files, f)
 	}
+	// The image's meta.json (the pause's time, to the nanosecond) tells it from a later pause's.
+	made, err := os.ReadFile(filepath.Join(dir, imageMetaFile))
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("gvisor: memory image of %s: %w", id, err)
+	}
 	pr, pw := io.Pipe()
 	go func() {
 		defer closeAll()
 		sums, err := writeImageTar(pw, names, files)
 		if err == nil {
 			// The files' sums, taken on the way: what a resume here checks the kept copy against.
-			err = writeJSONAtomic(filepath.Join(dir, imageSumsFile), sums)
+			err = d.writeSums(id, dir, made, sums)
 		}
 		pw.CloseWithError(err)
 	}()
 	return pr, nil
+}
+
+// writeSums writes the sums of the image MemoryImage streamed beside its files, unless the
+// image was replaced meanwhile (resumed and paused again: made is the meta.json it read) or
+// dropped. Under the box's lock, which every pause and drop of its image holds.
+func (d *Driver) writeSums(id, dir string, made []byte, sums imageSums) error {
+	unlock := d.boxMu.lock(id)
+	defer unlock()
+	now, err := os.ReadFile(filepath.Join(dir, imageMetaFile))
+	if err != nil || !bytes.Equal(made, now) {
+		return fmt.Errorf("gvisor: memory image of %s: replaced or dropped while it was read", id)
+	}
+	return writeJSONAtomic(filepath.Join(dir, imageSumsFile), sums)
 }
 
 // DropMemoryImage implements runtime.Driver.
@@ -360,8 +380,11 @@ func (d *Driver) Resume(ctx context.Context, id string, stored runtime.ImageSour
 	dir := d.boxes.boxPath(id, memoryDn)
 	meta, ok, why := checkKept(dir)
 	source := "kept"
+	if ok && why == "no sums" {
+		source = "kept, not stored yet"
+	}
 	if !ok {
-		if why != "no sums" && d.hasImage(id) {
+		if d.hasImage(id) {
 			d.log.Warn("the kept memory image does not match its sums; using the stored one", "box", id, "why", why)
 		}
 		source = "stored"

@@ -35,6 +35,8 @@ type Fake struct {
 	fail   map[string]error
 	starts int
 	closed bool
+	// imageGate, while set, holds the images MemoryImage returns (GateMemoryImages).
+	imageGate chan struct{}
 }
 
 type fakeBox struct {

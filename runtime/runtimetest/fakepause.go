@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"sandboxd/runtime"
 )
@@ -107,16 +108,60 @@ func fakeImage(m fakeImageMeta) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// MemoryImage implements runtime.Driver.
+// MemoryImage implements runtime.Driver. While GateMemoryImages holds them, the images it
+// returns give nothing until the gate opens (or their reader's ctx ends).
 func (f *Fake) MemoryImage(ctx context.Context, id string) (io.ReadCloser, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := f.injected("MemoryImage"); err != nil {
+		return nil, err
+	}
 	b, ok := f.boxes[id]
 	if !ok || b.image == nil {
 		return nil, fmt.Errorf("fake: box %s has no kept memory image: %w", id, runtime.ErrNotFound)
 	}
-	return io.NopCloser(bytes.NewReader(b.image)), nil
+	r := io.NopCloser(bytes.NewReader(b.image))
+	if f.imageGate != nil {
+		return &gatedReader{ctx: ctx, gate: f.imageGate, r: r}, nil
+	}
+	return r, nil
 }
+
+// GateMemoryImages holds the images MemoryImage returns from now on until open is called: a
+// test's way to have a pause's store still reading while the sandbox moves on.
+func (f *Fake) GateMemoryImages() (open func()) {
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.imageGate = gate
+	f.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			f.imageGate = nil
+			f.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+// gatedReader reads r once gate is closed.
+type gatedReader struct {
+	ctx  context.Context
+	gate chan struct{}
+	r    io.ReadCloser
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	select {
+	case <-g.gate:
+		return g.r.Read(p)
+	case <-g.ctx.Done():
+		return 0, g.ctx.Err()
+	}
+}
+
+func (g *gatedReader) Close() error { return g.r.Close() }
 
 // DropMemoryImage implements runtime.Driver: the image goes; the server it names stays for a
 // Resume with a copy of it.
