@@ -211,12 +211,13 @@ func (b *bench) waitHeld(ctx context.Context, id string) error {
 }
 
 // newestMemoryManifest is the path of the newest stored memory image manifest of a sandbox in
-// the local checkpoint store under the state folder ("" for none).
+// the local checkpoint store under the state folder ("" for none): its manifests are
+// <n>.json (beside them, the local store keeps hidden .<key>.meta.json files).
 func (b *bench) newestMemoryManifest(id string) string {
 	if b.stateDir == "" {
 		return ""
 	}
-	matches, _ := filepath.Glob(filepath.Join(b.stateDir, "checkpoint-store", "memory", "*", "*", id, "*.json"))
+	matches, _ := filepath.Glob(filepath.Join(b.stateDir, "checkpoint-store", "memory", "*", "*", id, "[0-9]*.json"))
 	if len(matches) == 0 {
 		return ""
 	}
