@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -114,8 +115,22 @@ func New(code Code, format string, args ...any) *Error {
 }
 
 // Wrap returns an Error with a public message and err as its (private) cause.
+//
+// An UNAVAILABLE that Redis's maxmemory caused says so (reason "store_full", a Retry-After).
 func Wrap(err error, code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Err: err}
+	e := &Error{Code: code, Message: fmt.Sprintf(format, args...), Err: err}
+	if code == Unavailable && redisFull(err) {
+		e.Message += ": its state store is full (Redis reached its maxmemory); retry shortly"
+		e.RetryAfter = storeFullRetryAfter
+		e.WithDetail("reason", "store_full")
+	}
+	return e
+}
+
+// redisFull reports whether err is Redis refusing a write at its maxmemory.
+func redisFull(err error) bool {
+	var re redisError
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "OOM ")
 }
 
 // WithRetryAfter sets RetryAfter and returns e.
@@ -133,14 +148,19 @@ func (e *Error) WithDetail(key string, value any) *Error {
 	return e
 }
 
-// From returns the *Error in err's chain; else, for a network error without a code (a backing
-// service such as Redis that did not answer: restarting, or unreachable for a moment), an
-// Unavailable error with a Retry-After of a second; else an Internal error with the generic
-// message.
+// From returns the *Error in err's chain; else, for Redis refusing a write because it reached
+// its maxmemory, an Unavailable error with reason "store_full" and a Retry-After; for a network
+// error without a code (a backing service such as Redis that did not answer: restarting, or
+// unreachable for a moment), an Unavailable error with a Retry-After of a second; else an
+// Internal error with the generic message.
 func From(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
 		return e
+	}
+	if redisFull(err) {
+		return &Error{Code: Unavailable, Message: "the service's state store is full (Redis reached its maxmemory); retry shortly",
+			RetryAfter: storeFullRetryAfter, Details: map[string]any{"reason": "store_full"}, Err: err}
 	}
 	var op *net.OpError
 	if errors.As(err, &op) {
@@ -148,6 +168,17 @@ func From(err error) *Error {
 	}
 	return &Error{Code: Internal, Message: "internal error", Err: err}
 }
+
+// redisError is a command Redis refused (go-redis's redis.Error), matched by its method so that
+// this package needs no Redis client.
+type redisError interface {
+	error
+	RedisError()
+}
+
+// storeFullRetryAfter is the Retry-After of a refusal by a full Redis: its sweeps free ended
+// commands' output within seconds.
+const storeFullRetryAfter = 5 * time.Second
 
 // CodeOf returns the code of err (Internal when it has none).
 func CodeOf(err error) Code { return From(err).Code }
