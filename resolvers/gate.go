@@ -72,7 +72,7 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 		}
 		key := r.Header.Get(auth.HeaderAPIKey)
 		if ws {
-			r = r.WithContext(context.WithValue(r.Context(), websocketKey{}, true))
+			r = r.WithContext(withRawData(context.WithValue(r.Context(), websocketKey{}, true)))
 			if key == "" {
 				next.ServeHTTP(w, r) // the WebSocket authenticates in connection_init
 				return

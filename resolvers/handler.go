@@ -188,7 +188,9 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 	srv.AddTransport(httpGET{})
 	srv.AddTransport(transport.Options{})
 
-	srv.Use(tracingExtension{}) // first: its spans enclose the other extensions' work
+	// Outermost: every other extension sees a response's real data (wsraw.go).
+	srv.AroundResponses(stashData)
+	srv.Use(tracingExtension{}) // first of the rest: its spans enclose the other extensions' work
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.SetParserTokenLimit(maxQueryTokens)
 	if !opts.DisableIntrospection {

@@ -49,7 +49,7 @@ func (u coderWebsocket) Accept(w http.ResponseWriter, r *http.Request, options t
 	if err != nil {
 		return nil, err
 	}
-	c := &coderConn{conn: conn, maxOps: u.maxOps, active: map[string]bool{}}
+	c := &coderConn{conn: conn, maxOps: u.maxOps, active: map[string]bool{}, raw: rawDataFrom(r.Context())}
 	c.mu.Lock()
 	c.initTimer = time.AfterFunc(u.initTimeout, func() { c.closeWith(wsInitTimedOut, "Connection initialisation timeout") })
 	c.mu.Unlock()
@@ -77,6 +77,8 @@ type coderConn struct {
 	// active are the ids of the operations open: from the client's subscribe (start) until the
 	// client's complete (stop) or the server's complete or error.
 	active map[string]bool
+	// raw is the connection's stashed response data (wsraw.go); nil outside gate.wrap.
+	raw *rawData
 }
 
 // graphql-transport-ws close codes sent by the connection itself.
@@ -189,6 +191,9 @@ func (c *coderConn) WriteJSON(v any) error {
 	data, id, typ, err := encodeWSMessage(v)
 	if err != nil {
 		return err
+	}
+	if c.raw != nil {
+		data = c.raw.splice(data)
 	}
 	if id != "" && (typ == "complete" || typ == "error") {
 		c.mu.Lock()
