@@ -198,7 +198,12 @@ func (b *costBudget) walk(c *cost, set ast.SelectionSet, vars map[string]any, mu
 				c.Bytes = satAdd(c.Bytes, total)
 				c.Points = satAdd(c.Points, (total+bytesPerPoint-1)/bytesPerPoint)
 			}
-			b.walk(c, s.SelectionSet, vars, satMul(mult, b.listSize(s.ObjectDefinition.Name, s.Name, args)))
+			items := satMul(mult, b.listSize(s.ObjectDefinition.Name, s.Name, args))
+			if connectionFields[s.ObjectDefinition.Name+"."+s.Name] {
+				b.walkConnection(c, s.SelectionSet, vars, mult, items)
+			} else {
+				b.walk(c, s.SelectionSet, vars, items)
+			}
 		case *ast.InlineFragment:
 			if included(s.Directives, vars) {
 				b.walk(c, s.SelectionSet, vars, mult)
@@ -211,14 +216,45 @@ func (b *costBudget) walk(c *cost, set ast.SelectionSet, vars map[string]any, mu
 	}
 }
 
+// connectionFields return a page (a Relay-style connection): only its edges and nodes are
+// resolved once per item, the rest (pageInfo, path, the events cursor) once per page.
+var connectionFields = map[string]bool{
+	"Query.sandboxes": true, "Query.listFiles": true, "Query.snapshots": true, "Query.execs": true, "Query.agentRuns": true,
+}
+
+// walkConnection adds the price of a connection's selection set, selected on mult pages of at
+// most items/mult items each.
+func (b *costBudget) walkConnection(c *cost, set ast.SelectionSet, vars map[string]any, mult, items int64) {
+	for _, sel := range set {
+		switch s := sel.(type) {
+		case *ast.Field:
+			m := mult
+			if s.Name == "edges" || s.Name == "nodes" {
+				m = items
+			}
+			b.walk(c, ast.SelectionSet{s}, vars, m)
+		case *ast.InlineFragment:
+			if included(s.Directives, vars) {
+				b.walkConnection(c, s.SelectionSet, vars, mult, items)
+			}
+		case *ast.FragmentSpread:
+			if included(s.Directives, vars) && s.Definition != nil {
+				b.walkConnection(c, s.Definition.SelectionSet, vars, mult, items)
+			}
+		}
+	}
+}
+
 // listSize is how many items a field's selection may be resolved on.
 func (b *costBudget) listSize(typeName, field string, args map[string]any) int64 {
-	switch typeName + "." + field {
-	case "Query.sandboxes", "Query.listFiles", "Query.snapshots", "Query.execs", "Query.agentRuns":
+	key := typeName + "." + field
+	if connectionFields[key] {
 		if n, ok := intArg(args, "first"); ok && n > 0 {
 			return n
 		}
-		return b.listDefaults[typeName+"."+field]
+		return b.listDefaults[key]
+	}
+	switch key {
 	case "Query.nodes":
 		// One per id asked for.
 		if ids, ok := args["ids"].([]any); ok {
@@ -227,7 +263,7 @@ func (b *costBudget) listSize(typeName, field string, args map[string]any) int64
 		return MaxNodes
 	case "Sandbox.labels":
 		// The most labels a sandbox may have (limits.max_labels).
-		return b.listDefaults[typeName+"."+field]
+		return b.listDefaults[key]
 	case "NetworkPolicy.pinned":
 		// One per host name an allow list may hold.
 		return netpolicy.MaxEntries

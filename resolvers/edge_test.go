@@ -225,7 +225,8 @@ func TestCostIsReported(t *testing.T) {
 }
 
 // TestConnectionsPricedByFirst: snapshots and agentRuns multiply their selection by first
-// (its default when omitted), as sandboxes and execs do.
+// (its default when omitted), as sandboxes and execs do; only the items (edges, nodes), not the
+// page's own fields (pageInfo, path).
 func TestConnectionsPricedByFirst(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
 	run := `sandboxId: "` + apitest.SandboxRunning + `"`
@@ -239,6 +240,11 @@ func TestConnectionsPricedByFirst(t *testing.T) {
 		// 1 + first × (nodes 1 + id 1)
 		{"snapshots-first", `{ snapshots(first: 7) { nodes { id } } }`, 1 + 7*2},
 		{"snapshots-default", `{ snapshots { nodes { id } } }`, 1 + 50*2},
+		// A page's pageInfo is resolved once, not once per item: 1 + 10 × (edges, node, id) +
+		// pageInfo 1 + its 2 fields; also through a fragment.
+		{"page-info-once", `{ sandboxes(first: 10) { edges { node { id } } pageInfo { hasNextPage endCursor } } }`, 1 + 10*3 + 3},
+		{"page-info-fragment", `{ snapshots(first: 10) { ...page } } fragment page on SnapshotConnection { nodes { id } pageInfo { endCursor } }`, 1 + 10*2 + 2},
+		{"files-path-once", `{ listFiles(` + run + `, first: 100) { path nodes { name } } }`, 1 + backendPoints + 1 + 100*2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := e.post(t, apitest.UserKey, tc.query, nil)
