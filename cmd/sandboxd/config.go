@@ -419,13 +419,15 @@ func (c *Config) validate() error {
 			}
 		}
 	case "kube":
-		if c.Kube.InitImage == "" {
-			s := c.setting(&c.Kube.InitImage)
-			errs = append(errs, fmt.Sprintf("the kube runtime needs %s (%s): the image holding /sandbox-init", s.key, s.hint()))
-		}
 		for _, p := range c.Profiles {
 			if p.Image == "" {
 				errs = append(errs, fmt.Sprintf("profile %s has no image (%s, or profiles[].image)", p.Name, c.setting(&c.Image).hint()))
+			}
+			// An image without the guest init gets it from the init image, in an init container.
+			if !p.ImageHasInit && c.Kube.InitImage == "" {
+				s := c.setting(&c.Kube.InitImage)
+				errs = append(errs, fmt.Sprintf("profile %s needs %s (%s): the image holding /sandbox-init, since its image "+
+					"does not carry the guest init (image_has_init is false)", p.Name, s.key, s.hint()))
 			}
 		}
 		errs = problems(errs, c.Kube.Validate())

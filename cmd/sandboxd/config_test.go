@@ -214,6 +214,15 @@ func TestRuntimeConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "kube.init_image") || !strings.Contains(err.Error(), "has no image") {
 		t.Errorf("kube without images: got %v, want both named", err)
 	}
+	// A profile whose image carries the guest init needs no init image; one without it does.
+	withInit, err := load(t, "runtime: kube\nprofiles:\n  - {name: a, image: img:1, image_has_init: true}\n")
+	if err != nil || withInit.Kube.InitImage != "" {
+		t.Errorf("kube, every image with the init, no init image: %v", err)
+	}
+	_, err = load(t, "runtime: kube\nprofiles:\n  - {name: a, image: img:1, image_has_init: true}\n  - {name: b, image: img:2}\n")
+	if err == nil || !strings.Contains(err.Error(), "profile b needs kube.init_image") || strings.Contains(err.Error(), "profile a needs") {
+		t.Errorf("kube, one image without the init, no init image: got %v, want profile b named", err)
+	}
 	env["SANDBOXD_RUNTIME"] = "docker"
 	if _, err = loadConfig(nil, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "runtime must be gvisor or kube") {
 		t.Errorf("an unknown runtime: got %v", err)

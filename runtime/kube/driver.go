@@ -44,7 +44,8 @@ type Options struct {
 	Config *rest.Config
 	// Namespace holds the sandboxes' pods and PVCs; default "sandbox-jobs".
 	Namespace string
-	// InitImage is the image holding the static guest init at /sandbox-init. Required.
+	// InitImage is the image holding the static guest init at /sandbox-init, for the boxes whose
+	// image does not carry it (BoxSpec.ImageHasInit false): required for those.
 	InitImage string
 	// RuntimeClass is the pods' runtimeClassName; default "gvisor".
 	RuntimeClass string
@@ -92,9 +93,6 @@ var _ runtime.Driver = (*Driver)(nil)
 func New(ctx context.Context, opts Options) (*Driver, error) {
 	if opts.Config == nil {
 		return nil, errors.New("kube: Options.Config is required")
-	}
-	if opts.InitImage == "" {
-		return nil, errors.New("kube: Options.InitImage is required (the image holding /sandbox-init)")
 	}
 	if opts.Namespace == "" {
 		opts.Namespace = "sandbox-jobs"

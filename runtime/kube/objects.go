@@ -353,6 +353,9 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 	if spec.Image == "" {
 		return nil, fmt.Errorf("kube: profile %q names no image (profiles[].image)", spec.Profile)
 	}
+	if !spec.ImageHasInit && s.initImage == "" {
+		return nil, fmt.Errorf("kube: profile %q: its image does not carry the guest init (image_has_init false) and no init image is set (kube.init_image)", spec.Profile)
+	}
 	env := make([]corev1.EnvVar, 0, len(spec.Env))
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, corev1.EnvVar{Name: k, Value: spec.Env[k]})

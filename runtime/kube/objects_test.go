@@ -161,6 +161,22 @@ func TestBoxLabelsAndMirror(t *testing.T) {
 // TestPodShapeImageHasInit: a profile whose image carries the init gets no init container and
 // no shared folder over /.sbx; the key is the pod's annotation, PID 1 waits for it, and the
 // sandbox container's spec never holds it.
+// TestPodInitImageOnlyWhenNeeded: a driver without an init image makes pods for images that
+// carry the init, and refuses, naming both settings, the others.
+func TestPodInitImageOnlyWhenNeeded(t *testing.T) {
+	set := podSettings{namespace: "sandbox-jobs", runtimeClass: "gvisor"}
+	rec := testRecord()
+	_, err := set.newPod("sbx-x", rec)
+	if err == nil || !strings.Contains(err.Error(), "image_has_init") || !strings.Contains(err.Error(), "kube.init_image") {
+		t.Errorf("an image without the init, no init image: got %v, want a refusal naming both settings", err)
+	}
+	rec.Spec.ImageHasInit = true
+	pod, err := set.newPod("sbx-x", rec)
+	if err != nil || len(pod.Spec.InitContainers) != 0 {
+		t.Errorf("an image with the init, no init image: %v, %d init containers, want a pod without any", err, len(pod.Spec.InitContainers))
+	}
+}
+
 func TestPodShapeImageHasInit(t *testing.T) {
 	set := podSettings{namespace: "sandbox-jobs", initImage: "init:1", runtimeClass: "gvisor"}
 	rec := testRecord()
