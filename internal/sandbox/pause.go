@@ -73,6 +73,10 @@ func memoryKept(rec runtime.Record) bool {
 // memoryStoreTimeout bounds the store of one memory image (up to the sandbox's memory size).
 const memoryStoreTimeout = 30 * time.Minute
 
+// memoryStoreRetry is how long the reconciler waits after a failed store of a pause's image
+// before it reads the image again.
+const memoryStoreRetry = time.Minute
+
 // memories store paused sandboxes' memory images.
 type memories struct {
 	store  *checkpoint.Store
@@ -242,9 +246,13 @@ var errMovedOn = errors.New("the sandbox is no longer paused on this image")
 // storeMemory stores, in the background, the image the runtime keeps for the sandbox's pause
 // token, and records it while the sandbox is still paused on that image; else it deletes what
 // it stored. One store per pause at a time on a replica. A store that fails leaves the record
-// as it was: the runtime's copy serves a resume, and the reconciler's next pass stores it again.
+// as it was: the runtime's copy serves a resume, and the reconciler stores it again once
+// memoryStoreRetry has passed.
 func (s *Service) storeMemory(rec runtime.Record, token string) {
 	key := rec.ID + "/" + token
+	if failed, ok := s.memStoreFailed.Load(key); ok && s.now().Sub(failed.(time.Time)) < memoryStoreRetry {
+		return
+	}
 	if _, busy := s.memStoring.LoadOrStore(key, struct{}{}); busy {
 		return
 	}
@@ -257,13 +265,16 @@ func (s *Service) storeMemory(rec runtime.Record, token string) {
 		start := s.now()
 		m, err := s.mem.save(ctx, rec)
 		if errors.Is(err, runtime.ErrNotFound) {
+			s.memStoreFailed.Delete(key)
 			return // resumed, stopped or destroyed meanwhile: the runtime's copy is gone
 		}
 		if err != nil {
+			s.memStoreFailed.Store(key, s.now())
 			s.log.Warn("storing a memory image failed; the runtime keeps it and the reconciler tries again",
-				"sandbox", rec.ID, "err", err)
+				"sandbox", rec.ID, "retry_in", memoryStoreRetry, "err", err)
 			return
 		}
+		s.memStoreFailed.Delete(key)
 		_, err = s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 			if st := State(r.State); r.Annotations[annMemoryPending] != token || st != Pausing && st != Paused {
 				return errMovedOn

@@ -521,7 +521,14 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 		if pending(sb.ID) == "" {
 			t.Fatal("after a failed store the record does not name the runtime's image")
 		}
-		// The reconciler stores it.
+		// The reconciler stores it, not at once (the image is not read again on every pass),
+		// but once the retry delay passed.
+		if err := e.Svc.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		storesDone()
+		waitImages(t, mem, sb.ID, 0)
+		e.Clock.Advance(2 * time.Minute)
 		if err := e.Svc.Reconcile(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -91,8 +91,9 @@ type Service struct {
 	recovering sync.WaitGroup
 	// chores are background work that follows an answer (pause.go); Close waits for them.
 	chores sync.WaitGroup
-	// memStoring holds "<sandbox>/<pause>" while this replica stores that pause's memory image.
-	memStoring sync.Map
+	// memStoring holds "<sandbox>/<pause>" while this replica stores that pause's memory image;
+	// memStoreFailed, when its last store failed (pause.go).
+	memStoring, memStoreFailed sync.Map
 }
 
 // New returns a Service.
