@@ -55,6 +55,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	}
 	// A paused sandbox's memory goes with it (its workspace snapshots stay).
 	if memoryKept(rec) {
+		s.forgetStores(rec)
 		s.mem.discard(ctx, rec, "")
 	}
 	if err := s.store.Delete(ctx, entryOf(rec)); err != nil {

@@ -275,6 +275,8 @@ func (s *Service) storeMemory(rec runtime.Record, token string) {
 			return
 		}
 		s.memStoreFailed.Delete(key)
+		// Without the pause's fence (its lock is long gone): the check below, atomic with the
+		// write, is what keeps a late store from naming an image the sandbox is no longer on.
 		_, err = s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 			if st := State(r.State); r.Annotations[annMemoryPending] != token || st != Pausing && st != Paused {
 				return errMovedOn
@@ -487,8 +489,17 @@ func imageReason(err error) string {
 	return oneLine(err)
 }
 
+// forgetStores forgets the failed stores of the image rec names as pending (the sandbox is done
+// with it).
+func (s *Service) forgetStores(rec runtime.Record) {
+	if token := rec.Annotations[annMemoryPending]; token != "" {
+		s.memStoreFailed.Delete(rec.ID + "/" + token)
+	}
+}
+
 // forgetMemory clears the record's image and deletes the stored ones: the sandbox runs.
 func (s *Service) forgetMemory(ctx context.Context, rec runtime.Record) {
+	s.forgetStores(rec)
 	if _, err := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 		delete(r.Annotations, annMemoryImage)
 		delete(r.Annotations, annMemoryPending)
