@@ -16,7 +16,8 @@ type Config struct {
 	// Namespace holds the sandboxes' pods and PVCs (default sandbox-jobs).
 	Namespace string `json:"namespace"`
 	// InitImage is the image holding the static guest init at /sandbox-init (its init
-	// container copies it into each pod). Required by the kube runtime.
+	// container copies it into each pod whose image does not carry the init). Required when a
+	// profile's image lacks the init (image_has_init false).
 	InitImage string `json:"init_image"`
 	// StorageClass is the workspace PVCs' storage class; empty takes the cluster's default.
 	StorageClass string `json:"storage_class"`
@@ -33,8 +34,8 @@ type Config struct {
 	DNSPeer DNSPeer `json:"dns_peer"`
 }
 
-// Validate reports the problems of c's own values. (That the kube runtime needs InitImage is
-// the caller's check: it knows where else the image may come from.)
+// Validate reports the problems of c's own values. (Whether the kube runtime needs InitImage
+// is the caller's check: it knows the profiles, and where else the image may come from.)
 func (c Config) Validate() error {
 	if c.ReadyTimeoutSec < 0 || c.UnschedulableTimeoutSec < 0 {
 		return errors.New("kube: ready_timeout_sec and unschedulable_timeout_sec must not be negative")
