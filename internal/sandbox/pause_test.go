@@ -14,6 +14,7 @@ import (
 	"sandboxd/internal/domain/domaintest"
 	. "sandboxd/internal/sandbox"
 	"sandboxd/runtime"
+	"sandboxd/runtime/runtimetest"
 )
 
 // A background loop of the fake's host shell: it appends a line to a file of the workspace
@@ -151,7 +152,7 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 			if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
-			waitImages(t, e.Ckpt.Derive(MemoryPrefix), sb.ID, 1)
+			waitStored(t, e, sb.ID)
 			tc.lose(t, e, sb)
 			resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
 			if err != nil {
@@ -192,6 +193,26 @@ func TestResumeWithoutMemoryStartsOnTheWorkspace(t *testing.T) {
 func waitNoImages(t *testing.T, mem *checkpoint.Store, id string) {
 	t.Helper()
 	waitImages(t, mem, id, 0)
+}
+
+// waitStored waits until alice's paused sandbox id has its memory image stored and recorded
+// (the store is done: its manifest appears a moment before the record names it).
+func waitStored(t *testing.T, e *domaintest.Env, id string) {
+	t.Helper()
+	waitImages(t, e.Ckpt.Derive(MemoryPrefix), id, 1)
+	waitNoStores(t, e)
+}
+
+// waitNoStores waits until the replica runs no memory image store.
+func waitNoStores(t *testing.T, e *domaintest.Env) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for MemoryStores(e.Svc.Core) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the memory image store did not end")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // waitImages waits until alice's sandbox id has n stored memory images (a pause's image is
@@ -237,7 +258,7 @@ func TestResumeFromTheKeptOrTheStoredImage(t *testing.T) {
 			if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 				t.Fatal(err)
 			}
-			waitImages(t, e.Ckpt.Derive(MemoryPrefix), sb.ID, 1)
+			waitStored(t, e, sb.ID)
 			tc.harm(t, e, sb.ID)
 			resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
 			if err != nil || resumed.State != Running || resumed.StateReason != "" {
@@ -497,14 +518,20 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 		}
 		return b.Record.Annotations[AnnMemoryPending]
 	}
-	storesDone := func() {
+	// opened waits until the pause's store has the image of each sandbox in hand.
+	opened := func(g *runtimetest.ImageGate, ids ...string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for MemoryStores(e.Svc.Core) != 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("the memory image store did not end")
+		want := map[string]bool{}
+		for _, id := range ids {
+			want[id] = true
+		}
+		for len(want) > 0 {
+			select {
+			case id := <-g.Opened():
+				delete(want, id)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the store did not open the images of %v", want)
 			}
-			time.Sleep(5 * time.Millisecond)
 		}
 	}
 	sb := e.CreateRunning(t, alice)
@@ -516,7 +543,7 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 		if err != nil || paused.State != Paused || paused.StateReason != "" {
 			t.Fatalf("pause: %+v, %v, want PAUSED", paused, err)
 		}
-		storesDone()
+		waitNoStores(t, e)
 		waitImages(t, mem, sb.ID, 0)
 		if pending(sb.ID) == "" {
 			t.Fatal("after a failed store the record does not name the runtime's image")
@@ -526,14 +553,14 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 		if err := e.Svc.Reconcile(ctx); err != nil {
 			t.Fatal(err)
 		}
-		storesDone()
+		waitNoStores(t, e)
 		waitImages(t, mem, sb.ID, 0)
 		e.Clock.Advance(2 * time.Minute)
 		if err := e.Svc.Reconcile(ctx); err != nil {
 			t.Fatal(err)
 		}
 		waitImages(t, mem, sb.ID, 1)
-		storesDone()
+		waitNoStores(t, e)
 		if p := pending(sb.ID); p != "" {
 			t.Fatalf("after the store the record still names a pending image %q", p)
 		}
@@ -545,11 +572,12 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 	})
 
 	t.Run("ResumeBeforeTheStore", func(t *testing.T) {
-		open := e.Fake.GateMemoryImages()
-		defer open()
+		gate := e.Fake.GateMemoryImages()
+		defer gate.Open()
 		if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 			t.Fatal(err)
 		}
+		opened(gate, sb.ID)
 		if MemoryStores(e.Svc.Core) != 1 {
 			t.Fatalf("stores in flight after the pause's answer: %d, want 1", MemoryStores(e.Svc.Core))
 		}
@@ -561,8 +589,8 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 			t.Fatalf("the loop after resume: %+v, %v, want RUNNING", st, err)
 		}
 		// The store ends after the resume: what it stored is nobody's, and goes.
-		open()
-		storesDone()
+		gate.Open()
+		waitNoStores(t, e)
 		waitImages(t, mem, sb.ID, 0)
 		if p := pending(sb.ID); p != "" {
 			t.Fatalf("a running sandbox's record names a pending image %q", p)
@@ -570,22 +598,23 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 	})
 
 	t.Run("StopAndDestroyBeforeTheStore", func(t *testing.T) {
-		open := e.Fake.GateMemoryImages()
-		defer open()
+		gate := e.Fake.GateMemoryImages()
+		defer gate.Open()
 		other := e.CreateRunning(t, alice)
 		for _, id := range []string{sb.ID, other.ID} {
 			if _, err := e.Svc.Pause(ctx, alice, id); err != nil {
 				t.Fatal(err)
 			}
 		}
+		opened(gate, sb.ID, other.ID)
 		if st, err := e.Svc.Stop(ctx, alice, sb.ID); err != nil || st.State != Stopped {
 			t.Fatalf("stop of a PAUSED sandbox whose image is being stored: %+v, %v", st, err)
 		}
 		if _, err := e.Svc.Destroy(ctx, alice, other.ID); err != nil {
 			t.Fatal(err)
 		}
-		open()
-		storesDone()
+		gate.Open()
+		waitNoStores(t, e)
 		waitImages(t, mem, sb.ID, 0)
 		waitImages(t, mem, other.ID, 0)
 		if _, err := e.Svc.Start(ctx, alice, sb.ID); err != nil {
@@ -595,13 +624,14 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 
 	t.Run("KeptCopyLost", func(t *testing.T) {
 		// The store had opened the image when the runtime's copy went: its copy serves.
-		open := e.Fake.GateMemoryImages()
+		gate := e.Fake.GateMemoryImages()
 		if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 			t.Fatal(err)
 		}
+		opened(gate, sb.ID)
 		dropKept(t, e, sb.ID)
-		open()
-		storesDone()
+		gate.Open()
+		waitNoStores(t, e)
 		waitImages(t, mem, sb.ID, 1)
 		resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
 		if err != nil || resumed.State != Running || resumed.StateReason != "" {
@@ -612,7 +642,7 @@ func TestPauseAnswersBeforeItsImageIsStored(t *testing.T) {
 		if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 			t.Fatal(err)
 		}
-		storesDone()
+		waitNoStores(t, e)
 		dropKept(t, e, sb.ID)
 		resumed, err = e.Svc.Resume(ctx, alice, sb.ID)
 		if err != nil || resumed.State != Running || !strings.Contains(resumed.StateReason, "memory not restored") ||

@@ -36,7 +36,7 @@ type Fake struct {
 	starts int
 	closed bool
 	// imageGate, while set, holds the images MemoryImage returns (GateMemoryImages).
-	imageGate chan struct{}
+	imageGate *ImageGate
 }
 
 type fakeBox struct {

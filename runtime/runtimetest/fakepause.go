@@ -108,8 +108,8 @@ func fakeImage(m fakeImageMeta) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// MemoryImage implements runtime.Driver. While GateMemoryImages holds them, the images it
-// returns give nothing until the gate opens (or their reader's ctx ends).
+// MemoryImage implements runtime.Driver. While an ImageGate (GateMemoryImages) holds them, the
+// images it returns give nothing until the gate opens (or their reader's ctx ends).
 func (f *Fake) MemoryImage(ctx context.Context, id string) (io.ReadCloser, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -121,28 +121,45 @@ func (f *Fake) MemoryImage(ctx context.Context, id string) (io.ReadCloser, error
 		return nil, fmt.Errorf("fake: box %s has no kept memory image: %w", id, runtime.ErrNotFound)
 	}
 	r := io.NopCloser(bytes.NewReader(b.image))
-	if f.imageGate != nil {
-		return &gatedReader{ctx: ctx, gate: f.imageGate, r: r}, nil
+	if g := f.imageGate; g != nil {
+		select {
+		case g.opened <- id:
+		default:
+		}
+		return &gatedReader{ctx: ctx, gate: g.gate, r: r}, nil
 	}
 	return r, nil
 }
 
-// GateMemoryImages holds the images MemoryImage returns from now on until open is called: a
-// test's way to have a pause's store still reading while the sandbox moves on.
-func (f *Fake) GateMemoryImages() (open func()) {
-	gate := make(chan struct{})
+// ImageGate holds the memory images the Fake hands out (GateMemoryImages): a test's way to have
+// a pause's store still reading while the sandbox moves on.
+type ImageGate struct {
+	f      *Fake
+	gate   chan struct{}
+	opened chan string
+	once   sync.Once
+}
+
+// GateMemoryImages holds the images MemoryImage returns from now on until the gate's Open.
+func (f *Fake) GateMemoryImages() *ImageGate {
+	g := &ImageGate{f: f, gate: make(chan struct{}), opened: make(chan string, 64)}
 	f.mu.Lock()
-	f.imageGate = gate
+	f.imageGate = g
 	f.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			f.mu.Lock()
-			f.imageGate = nil
-			f.mu.Unlock()
-			close(gate)
-		})
-	}
+	return g
+}
+
+// Opened delivers the id of each image handed out while the gate holds them.
+func (g *ImageGate) Opened() <-chan string { return g.opened }
+
+// Open lets the held images be read, and the later ones go ungated.
+func (g *ImageGate) Open() {
+	g.once.Do(func() {
+		g.f.mu.Lock()
+		g.f.imageGate = nil
+		g.f.mu.Unlock()
+		close(g.gate)
+	})
 }
 
 // gatedReader reads r once gate is closed.
