@@ -35,6 +35,9 @@ type rawKey struct{}
 // rawData is one WebSocket's stashed response data.
 type rawData struct {
 	prefix string // random per connection: tokens cannot be guessed or forged by a client
+	// quoted is prefix as it appears in an encoded message: a JSON string's opening quote and
+	// prefix, \u0000 for its NUL, without a closing quote.
+	quoted []byte
 	mu     sync.Mutex
 	seq    uint64
 	m      map[string]json.RawMessage
@@ -43,7 +46,9 @@ type rawData struct {
 func newRawData() *rawData {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	return &rawData{prefix: "\x00sbx-raw-" + hex.EncodeToString(b[:]) + "-", m: map[string]json.RawMessage{}}
+	prefix := "\x00sbx-raw-" + hex.EncodeToString(b[:]) + "-"
+	quoted, _ := json.Marshal(prefix)
+	return &rawData{prefix: prefix, quoted: quoted[:len(quoted)-1], m: map[string]json.RawMessage{}}
 }
 
 func withRawData(ctx context.Context) context.Context {
@@ -78,18 +83,16 @@ func (d *rawData) splice(msg []byte) []byte {
 	if len(d.m) == 0 {
 		return msg
 	}
-	quotedPrefix, _ := json.Marshal(d.prefix)
-	quotedPrefix = quotedPrefix[:len(quotedPrefix)-1] // `"\u0000sbx-raw-…-` without its closing quote
 	for {
-		i := bytes.Index(msg, quotedPrefix)
+		i := bytes.Index(msg, d.quoted)
 		if i < 0 {
 			return msg
 		}
-		end := bytes.IndexByte(msg[i+len(quotedPrefix):], '"')
+		end := bytes.IndexByte(msg[i+len(d.quoted):], '"')
 		if end < 0 {
 			return msg
 		}
-		end += i + len(quotedPrefix) + 1
+		end += i + len(d.quoted) + 1
 		var token string
 		if json.Unmarshal(msg[i:end], &token) != nil {
 			return msg
