@@ -82,9 +82,10 @@ type Options struct {
 	// ZstdLevel is a zstd command-line level (default 1, like `zstd -1`). The encoder has four
 	// speeds: 1-2 fastest, 3-5 default, 6-9 better, 10 and up best.
 	ZstdLevel int
-	// EncoderConcurrency bounds the zstd encoder's goroutines for one Save (default
-	// GOMAXPROCS: blocks are compressed while the next ones are read; 1: all on the
-	// goroutine that reads the tar stream).
+	// EncoderConcurrency bounds the zstd encoders of one Save (default GOMAXPROCS). Above 1,
+	// the stream is compressed as independent frames of 1 MiB, that many at once (see
+	// frameCompressor); 1: one frame, on the goroutine that reads the tar stream and one
+	// that writes its blocks.
 	EncoderConcurrency int
 	// GCGrace is how old a data object or claim without a manifest must be before GC removes
 	// it (default 1h). It must exceed the longest Save.
@@ -99,6 +100,7 @@ type Store struct {
 	objs   ObjectStore
 	prefix string
 	enc    []zstd.EOption
+	frames *frameCompressor // nil: one frame (EncoderConcurrency 1)
 	grace  time.Duration
 	now    func() time.Time
 }
@@ -128,6 +130,9 @@ func New(objs ObjectStore, opts Options) *Store {
 		// Not WithConcurrentBlocks: its 16 MiB jobs took the heap to 170-230 MiB during a Save
 		// (it must stay flat) for no gain on two cores.
 		zstd.WithEncoderConcurrency(conc),
+	}
+	if conc > 1 {
+		s.frames = newFrameCompressor(conc, zstd.EncoderLevelFromZstd(level))
 	}
 	return s
 }
@@ -356,6 +361,14 @@ func (s *Store) upload(ctx context.Context, m *Manifest, tarStream io.Reader) er
 // compress writes the zstd compression of r to pw, closes pw (with the error, if any: the
 // reader then never sees io.EOF) and returns the bytes read from r.
 func (s *Store) compress(ctx context.Context, pw *io.PipeWriter, r io.Reader) (int64, error) {
+	if s.frames != nil {
+		n, err := s.frames.compress(ctx, pw, r)
+		if err != nil {
+			pw.CloseWithError(err)
+			return n, err
+		}
+		return n, pw.Close()
+	}
 	enc, err := zstd.NewWriter(pw, s.enc...)
 	if err != nil {
 		err = fmt.Errorf("zstd: %w", err)
