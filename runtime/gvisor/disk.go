@@ -175,7 +175,7 @@ func (d *disks) ensureDisk(ctx context.Context, id string, spec runtime.BoxSpec)
 // exportableWorkspace returns the host folder of a box's workspace for reading. A disk that is
 // not mounted (a stopped box's; a failed one's after a host reboot) is mounted for the read:
 // release, called once the reading is done, unmounts it again, and lifecycle calls on the box
-// wait until then. A box made before disks has its workspace folder read as it is.
+// wait until then, as they do for a stopped box whose disk its stop kept mounted. A box made before disks has its workspace folder read as it is.
 func (d *Driver) exportableWorkspace(id string) (string, func(), error) {
 	unlock := d.boxMu.lock(id)
 	noWorkspace := fmt.Errorf("gvisor: box %s has no workspace: %w", id, runtime.ErrNotFound)
@@ -213,10 +213,13 @@ func (d *Driver) exportableWorkspace(id string) (string, func(), error) {
 		}
 		return "", nil, err
 	}
-	if !mounted {
+	if !mounted && !d.kept.has(id) {
+		// A running box's: read while it runs, without holding up its lifecycle.
 		unlock()
 		return ws, func() {}, nil
 	}
+	// Mounted here, or kept mounted by its stop: no start, delete or unmount of the box
+	// until the read is done.
 	return ws, release, nil
 }
 
@@ -509,6 +512,44 @@ func loopBacks(dev uint64, img string) (bool, error) {
 func sameFilePath(a, b string) bool {
 	var sa, sb unix.Stat_t
 	return unix.Stat(a, &sa) == nil && unix.Stat(b, &sb) == nil && sa.Dev == sb.Dev && sa.Ino == sb.Ino
+}
+
+// dropStaleMount unmounts what a box's mount point holds of a disk image that has since been
+// removed from the box's folder (deleted, or replaced by another file): a disk a stop kept
+// mounted (keptmounts.go) whose image was then lost. Only called while the box has no
+// container. Any other mount there is left for diskMounted to refuse.
+func (d *disks) dropStaleMount(id string) error {
+	mnt := d.diskMount(id)
+	var mst, pst unix.Stat_t
+	if err := unix.Stat(mnt, &mst); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("gvisor: disk mount point: %w", &fs.PathError{Op: "stat", Path: mnt, Err: err})
+	}
+	if err := unix.Stat(d.boxes.boxDir(id), &pst); err != nil {
+		return fmt.Errorf("gvisor: box folder: %w", err)
+	}
+	if mst.Dev == pst.Dev || unix.Major(mst.Dev) != loopMajor {
+		return nil
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(mst.Dev), unix.Minor(mst.Dev)))
+	if err != nil {
+		return nil
+	}
+	backing, gone := strings.CutSuffix(strings.TrimSpace(string(b)), " (deleted)")
+	if !gone || filepath.Base(backing) != diskImageFile || !sameFilePath(filepath.Dir(backing), d.boxes.boxDir(id)) {
+		return nil
+	}
+	d.log.Warn("the disk image of a stopped box is gone: unmounting what was mounted of it", "box", id)
+	err = unix.Unmount(mnt, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	if err != nil {
+		return fmt.Errorf("gvisor: unmount the gone disk image of %s: %w", id, err)
+	}
+	return nil
 }
 
 // unmountDisk unmounts the box's disk (every mount of it stacked there); the loop device goes

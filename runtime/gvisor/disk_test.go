@@ -3,6 +3,7 @@ package gvisor_test
 import (
 	"archive/tar"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
+	"sandboxd/runtime"
 	"sandboxd/runtime/gvisor"
 	"sandboxd/runtime/runtimetest"
 )
@@ -132,10 +134,11 @@ func TestDiskEnforced(t *testing.T) {
 	}
 }
 
-// TestDiskLifecycle: stop unmounts the disk and frees its loop device, start mounts it again on
-// the same data, an export of a stopped box mounts it only for the read, delete leaves nothing.
+// TestDiskLifecycle, with no kept mounts: stop unmounts the disk and frees its loop device,
+// start mounts it again on the same data, an export of a stopped box mounts it only for the
+// read, delete leaves nothing.
 func TestDiskLifecycle(t *testing.T) {
-	d := newDriver(t)
+	d := newDriverWith(t, gvisor.Options{KeptMounts: -1})
 	id := runtimetest.CreateBox(t, d, defaultSpec())
 	box := boxDirOf(t, d, id)
 	run(t, runtimetest.Client(t, d, id), "echo kept > /workspace/f")
@@ -196,6 +199,161 @@ func TestDiskLifecycle(t *testing.T) {
 	waitNoDisk(t, box)
 	if _, err := os.Stat(box); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("box folder after delete: got %v, want gone", err)
+	}
+}
+
+// exportNames reads a box's workspace export: file name → content.
+func exportNames(t *testing.T, d *gvisor.Driver, id string) map[string]string {
+	t.Helper()
+	rc, err := d.ExportWorkspace(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	names := map[string]string{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		names[h.Name] = string(b)
+	}
+}
+
+// TestStopKeepsDiskMounted: by default a stop leaves the disk mounted (its page cache with
+// it); an export of the stopped box reads it there, a start finds it, a delete unmounts it.
+func TestStopKeepsDiskMounted(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	box := boxDirOf(t, d, id)
+	run(t, runtimetest.Client(t, d, id), "echo kept > /workspace/f")
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if m, l := mountsUnder(t, box), loopsBacking(t, box); len(m) != 1 || m[0] != filepath.Join(box, "disk") || len(l) != 1 {
+		t.Fatalf("after stop: mounts %q, loop devices %q; want the disk's, kept", m, l)
+	}
+	if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseStopped {
+		t.Fatalf("Get of the stopped box: %+v, %v", b, err)
+	}
+	if names := exportNames(t, d, id); len(names) != 1 || names["f"] != "kept\n" {
+		t.Errorf("export of the stopped box: got %v, want only f = kept", names)
+	}
+	if m := mountsUnder(t, box); len(m) != 1 {
+		t.Errorf("mounts after the export: got %q, want the kept disk", m)
+	}
+	fresh, err := d.Start(ctxT(t), id)
+	if err != nil || fresh {
+		t.Fatalf("Start: got (%v, %v), want (false, nil)", fresh, err)
+	}
+	if res := run(t, runtimetest.Client(t, d, id), "cat /workspace/f; echo more >> /workspace/f"); string(res.Stdout) != "kept\n" {
+		t.Errorf("after stop and start: got %q, want the file kept", res.Stdout)
+	}
+	if m := mountsUnder(t, box); len(m) != 1 {
+		t.Errorf("mounts after start: got %q, want one", m)
+	}
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if names := exportNames(t, d, id); names["f"] != "kept\nmore\n" {
+		t.Errorf("export after the second stop: got %v", names)
+	}
+	if err := d.Delete(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	waitNoDisk(t, box)
+}
+
+// waitMounted waits until exactly the boxes in want have their disk mounted.
+func waitMounted(t *testing.T, d *gvisor.Driver, want map[string]bool, all ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var wrong []string
+		for _, id := range all {
+			if got := len(mountsUnder(t, boxDirOf(t, d, id))) > 0; got != want[id] {
+				wrong = append(wrong, fmt.Sprintf("%s mounted=%v", id, got))
+			}
+		}
+		if len(wrong) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kept disks: %v, want mounted exactly %v", wrong, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestKeptMountsBound: at most KeptMounts stopped boxes keep their disk mounted, the ones
+// stopped last; an unmounted one starts as before; a new driver on the same folder (a server
+// restart) finds the kept disks and holds its own bound.
+func TestKeptMountsBound(t *testing.T) {
+	d := newDriverWith(t, gvisor.Options{KeptMounts: 2})
+	ids := make([]string, 3)
+	for i := range ids {
+		ids[i] = runtimetest.CreateBox(t, d, defaultSpec())
+		run(t, runtimetest.Client(t, d, ids[i]), fmt.Sprintf("echo %d > /workspace/f", i))
+	}
+	a, b, c := ids[0], ids[1], ids[2]
+	for _, id := range ids {
+		if err := d.Stop(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitMounted(t, d, map[string]bool{b: true, c: true}, ids...)
+	waitNoDisk(t, boxDirOf(t, d, a)) // its loop device too
+
+	// a was unmounted: its start mounts it again, on its data.
+	if fresh, err := d.Start(ctxT(t), a); err != nil || fresh {
+		t.Fatalf("Start of the unmounted box: got (%v, %v), want (false, nil)", fresh, err)
+	}
+	if res := run(t, runtimetest.Client(t, d, a), "cat /workspace/f"); string(res.Stdout) != "0\n" {
+		t.Errorf("after its disk was unmounted: got %q", res.Stdout)
+	}
+	// A running box is never unmounted: b and c stay kept, a runs.
+	waitMounted(t, d, map[string]bool{a: true, b: true, c: true}, ids...)
+	if err := d.Stop(ctxT(t), a); err != nil {
+		t.Fatal(err)
+	}
+	waitMounted(t, d, map[string]bool{c: true, a: true}, ids...)
+
+	// A restart with a bound of 1: of c and a, one is unmounted.
+	d2, err := gvisor.New(gvisor.Options{Runsc: components.runsc, StateDir: stateDirOf(t, d), InitBinary: components.init,
+		Logger: testLogger(), KeptMounts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d2.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := 0
+		for _, id := range ids {
+			n += len(mountsUnder(t, boxDirOf(t, d, id)))
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a restart with KeptMounts 1: %d disks mounted, want 1", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for i, id := range ids {
+		if fresh, err := d2.Start(ctxT(t), id); err != nil || fresh {
+			t.Fatalf("Start %s: got (%v, %v), want (false, nil)", id, fresh, err)
+		}
+		if res := run(t, runtimetest.Client(t, d2, id), "cat /workspace/f"); string(res.Stdout) != fmt.Sprintf("%d\n", i) {
+			t.Errorf("box %d after the restart: got %q", i, res.Stdout)
+		}
+		if err := d2.Delete(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -394,7 +552,7 @@ func TestNullNetNSNotStacked(t *testing.T) {
 // its stop even while other boxes, created after it, run: their sandboxes' mount namespaces do
 // not keep copies of it.
 func TestDiskReleasedWhileOthersRun(t *testing.T) {
-	d := newDriver(t)
+	d := newDriverWith(t, gvisor.Options{KeptMounts: -1})
 	a := runtimetest.CreateBox(t, d, defaultSpec())
 	b := runtimetest.CreateBox(t, d, defaultSpec())
 	if err := d.Stop(ctxT(t), a); err != nil {

@@ -66,6 +66,10 @@ type Options struct {
 	// LocalSubnet is the IPv4 range boxes with egress get a /30 each from (default
 	// DefaultLocalSubnet).
 	LocalSubnet string
+	// KeptMounts is how many stopped boxes keep their disk mounted, and its page cache, for
+	// their next start and stop (default DefaultKeptMounts; negative: none, every stop
+	// unmounts). See keptMounts.
+	KeptMounts int
 }
 
 // Driver is the local gVisor runtime driver. It implements runtime.Driver.
@@ -85,6 +89,8 @@ type Driver struct {
 	spares runtime.Spares
 	// pool is the index of the boxes of warm pools (pool.go).
 	pool poolIndex
+	// kept is the stopped boxes whose disks stay mounted (keptmounts.go).
+	kept keptMounts
 
 	// boxMu serializes lifecycle operations on one box within this process (boxes serializes
 	// record read-modify-writes).
@@ -144,6 +150,12 @@ func New(opts Options) (*Driver, error) {
 	if opts.DefaultDiskBytes < MinDiskBytes {
 		return nil, fmt.Errorf("gvisor: Options.DefaultDiskBytes %d is below %d MiB", opts.DefaultDiskBytes, MinDiskBytes>>20)
 	}
+	switch {
+	case opts.KeptMounts == 0:
+		opts.KeptMounts = DefaultKeptMounts
+	case opts.KeptMounts < 0:
+		opts.KeptMounts = 0
+	}
 	if opts.Mkfs == "" {
 		// A missing mkfs.ext4 is reported by Check (readiness) and by every create.
 		opts.Mkfs, _ = findMkfs()
@@ -167,6 +179,7 @@ func New(opts Options) (*Driver, error) {
 		rootDir: filepath.Join(opts.StateDir, "runsc-root"),
 		initDir: filepath.Join(opts.StateDir, "init"),
 		pool:    poolIndex{dir: filepath.Join(opts.StateDir, poolDn)},
+		kept:    keptMounts{max: opts.KeptMounts},
 	}
 	for _, dir := range []string{d.boxes.dir, d.rootDir, d.initDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -196,6 +209,7 @@ func New(opts Options) (*Driver, error) {
 	// An earlier server on this folder may have stopped (or died) with runsc's shared mount
 	// still there and no container left.
 	d.cleanSharedMounts()
+	d.adoptKeptMounts()
 	return d, nil
 }
 
@@ -204,6 +218,7 @@ func New(opts Options) (*Driver, error) {
 // (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
 	d.disks.pool.close()
+	d.kept.wg.Wait()
 	d.net.removeTableIfIdle()
 	d.cleanSharedMounts()
 	return nil
@@ -344,8 +359,13 @@ func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) 
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return false, err
 	}
-	// The disk is mounted again (a stop unmounted it, a host reboot did); a box without one,
-	// or without a workspace on it, starts fresh.
+	// The disk is mounted again unless a stop kept it mounted (a stop beyond the kept ones
+	// unmounted it, a host reboot did); a box without one, or without a workspace on it,
+	// starts fresh.
+	d.kept.forget(id)
+	if err := d.disks.dropStaleMount(id); err != nil {
+		return false, err
+	}
 	fresh, err = d.disks.ensureDisk(ctx, id, rec.Spec)
 	if err != nil {
 		return false, err
@@ -381,8 +401,9 @@ func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) 
 	return fresh && !seeded, nil
 }
 
-// Stop implements runtime.Driver: kill and delete the container, unmount the disk, keep the
-// disk image (the workspace) and the record.
+// Stop implements runtime.Driver: kill and delete the container, keep the disk image (the
+// workspace) and the record. The disk stays mounted, with its page cache, until more than
+// Options.KeptMounts stopped boxes hold theirs (keptmounts.go).
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
@@ -399,8 +420,12 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return err
 	}
 	d.clearPausing(id)
-	if err := d.disks.unmountDisk(id); err != nil {
-		return err
+	if d.kept.max == 0 {
+		if err := d.disks.unmountDisk(id); err != nil {
+			return err
+		}
+	} else {
+		d.keepMounted(id)
 	}
 	d.log.Info("box stopped", "box", id)
 	return nil
@@ -421,6 +446,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
+	d.kept.forget(id)
 	if err := d.disks.unmountDisk(id); err != nil {
 		return err
 	}

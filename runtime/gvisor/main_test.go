@@ -140,12 +140,20 @@ func defaultSpec() runtime.BoxSpec {
 // container and no mount is left, then removes the folder.
 func newDriver(t testing.TB) *gvisor.Driver {
 	t.Helper()
+	return newDriverWith(t, gvisor.Options{})
+}
+
+// newDriverWith is newDriver with opts (their runsc, state folder, init and logger are the
+// test's).
+func newDriverWith(t testing.TB, opts gvisor.Options) *gvisor.Driver {
+	t.Helper()
 	need(t)
 	dir, err := os.MkdirTemp("", "sbxg")
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := gvisor.New(gvisor.Options{Runsc: components.runsc, StateDir: dir, InitBinary: components.init, Logger: testLogger()})
+	opts.Runsc, opts.StateDir, opts.InitBinary, opts.Logger = components.runsc, dir, components.init, testLogger()
+	d, err := gvisor.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -430,7 +430,12 @@ func (d *Driver) Resume(ctx context.Context, id string, stored runtime.ImageSour
 	if err := d.destroyContainer(ctx, id); err != nil {
 		return err
 	}
-	// The workspace the image's open files refer to: the same disk, at the same path.
+	// The workspace the image's open files refer to: the same disk, at the same path (still
+	// mounted when the pause's stop kept it).
+	d.kept.forget(id)
+	if err := d.disks.dropStaleMount(id); err != nil {
+		return err
+	}
 	fresh, err := d.disks.ensureDisk(ctx, id, rec.Spec)
 	if err != nil {
 		return err
