@@ -67,8 +67,8 @@ func hostBytes(t *testing.T, path string) int64 {
 }
 
 // TestDiskLimit: a sandbox of a 64 MiB profile that writes 200 MiB gets ENOSPC; the host keeps
-// at most 64 MiB (plus the documented slack) of it; df inside shows the disk; stop, start and
-// destroy leave no mount and no loop device behind.
+// at most 64 MiB (plus the documented slack) of it; df inside shows the disk; a stop keeps the
+// disk mounted for the next start; destroy leaves no mount and no loop device behind.
 func TestDiskLimit(t *testing.T) {
 	s := diskServer(t, nil)
 	key := e2e.HdrTenant1
@@ -108,10 +108,13 @@ func TestDiskLimit(t *testing.T) {
 		s.Run(t, id, []string{"bash", "-c", "echo kept > /workspace/kept.txt"}, key)
 	})
 
-	e2e.Step(t, "stop-start-leave-no-mount", func(t *testing.T) {
+	e2e.Step(t, "stop-keeps-the-disk-mounted-start-finds-it", func(t *testing.T) {
 		r := s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, key)
 		r.Want(t, http.StatusOK)
-		wantNoDisk(t, box)
+		// The disk stays mounted, its page cache with it (the driver's KeptMounts bound).
+		if m, l := e2e.MountsUnder(box), e2e.LoopsBacking(box); len(m) != 1 || len(l) != 1 {
+			t.Errorf("the stopped sandbox's disk: mounts %q, loop devices %q; want it kept mounted", m, l)
+		}
 		if _, err := os.Stat(filepath.Join(box, "disk.img")); err != nil {
 			t.Fatalf("the stopped sandbox's disk image: %v", err)
 		}

@@ -161,7 +161,11 @@ func (c *checkpoints) restoreError(ctx context.Context, sc checkpoint.Scope, sna
 func (c *checkpoints) seed(sc checkpoint.Scope, snapID string) runtime.Seed {
 	return func(ctx context.Context) (io.ReadCloser, error) {
 		r, _, err := c.store.Open(ctx, sc, snapID)
-		return r, err
+		if err != nil {
+			return nil, err
+		}
+		// The runtime writes the files while the next ones are read and decompressed.
+		return checkpoint.Prefetch(r), nil
 	}
 }
 
