@@ -33,6 +33,9 @@ type importOptions struct {
 	maxBytes      int64
 	maxFiles      int64
 	externalLinks bool
+	// writers is how many goroutines write small files' content (0: the reading goroutine
+	// writes everything; see fileWriters).
+	writers int
 }
 
 // handleImport extracts a tar into a staging folder inside the workspace, and only when the
@@ -45,6 +48,7 @@ func (s *Server) handleImport(w http.ResponseWriter, r *http.Request) {
 		maxBytes:      defaultImportMaxBytes,
 		maxFiles:      defaultImportMaxFiles,
 		externalLinks: isTrue(q.Get("external_symlinks")),
+		writers:       s.opts.ImportWriters,
 	}
 	for _, p := range []struct {
 		name string
@@ -82,6 +86,10 @@ type ImportTarOptions struct {
 	MaxBytes, MaxFiles int64
 	// AllowExternalSymlinks keeps symlinks whose target lies outside the folder.
 	AllowExternalSymlinks bool
+	// Writers is how many goroutines write the content of small files while the tar is read
+	// on (0: none, the reading goroutine writes every file). Each file is still created, in
+	// the tar's order, by the reading goroutine.
+	Writers int
 }
 
 // ImportTar extracts a workspace tar into dir with the rules of the guest's import (a staging
@@ -90,7 +98,8 @@ type ImportTarOptions struct {
 // the whole stream was read without error. The local runtime extracts a new box's workspace on
 // the host with it, before the box starts. Errors are *proto.Error.
 func ImportTar(dir string, body io.Reader, o ImportTarOptions) (proto.ImportResult, error) {
-	opts := importOptions{replace: o.Replace, maxBytes: o.MaxBytes, maxFiles: o.MaxFiles, externalLinks: o.AllowExternalSymlinks}
+	opts := importOptions{replace: o.Replace, maxBytes: o.MaxBytes, maxFiles: o.MaxFiles, externalLinks: o.AllowExternalSymlinks,
+		writers: o.Writers}
 	if opts.maxBytes <= 0 {
 		opts.maxBytes = defaultImportMaxBytes
 	}
@@ -201,6 +210,11 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 	defer bufPool.Put(bp)
 	dc := newDirCache(sroot)
 	defer dc.close()
+	var fw *fileWriters
+	if opts.writers > 0 {
+		fw = newFileWriters(opts.writers)
+		defer fw.stop() // before dc.close: the writers' files are in its folders
+	}
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -278,6 +292,23 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 			if err != nil {
 				return res, entryError(hdr.Name, err)
 			}
+			if fw != nil && hdr.Size <= fileJobMax {
+				// The file exists now, in the tar's order (a later entry of the same name
+				// finds it, a hard link links to it); its content follows on a writer.
+				j := fw.job()
+				n, err := io.ReadFull(tr, j.buf[:hdr.Size])
+				res.Bytes += int64(n)
+				if err != nil {
+					f.Close()
+					fw.put(j)
+					return res, fail(err)
+				}
+				j.f, j.n, j.name, j.mode, j.mtime = f, n, hdr.Name, goMode(hdr.Mode), hdr.ModTime
+				if perr := fw.submit(j); perr != nil {
+					return res, perr
+				}
+				continue
+			}
 			n, err := io.CopyBuffer(f, tr, *bp)
 			res.Bytes += n
 			if err == nil {
@@ -333,6 +364,11 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 	// Read the body to its end: a caller that checks a hash fails the request only there.
 	if _, err := io.CopyBuffer(io.Discard, br, *bp); err != nil || br.err != nil {
 		return res, fail(err)
+	}
+	if fw != nil {
+		if perr := fw.wait(); perr != nil {
+			return res, perr
+		}
 	}
 	// Directory modes last (a read-only directory must not stop its own extraction), deepest
 	// first.

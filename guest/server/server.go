@@ -66,6 +66,10 @@ type Options struct {
 	// are tracked by process group and parentage, which misses processes that left the group
 	// and were re-parented (see killTree). The server does not close it.
 	Cgroups *Cgroups
+	// ImportWriters is how many goroutines write the content of small files during a
+	// workspace import (PUT /v1/workspace/tar) while the tar is read on (0: the reading
+	// goroutine writes every file). See fileWriters.
+	ImportWriters int
 	// Quiesce, when set, closes the init's host socket for a pause (POST /v1/quiesce, see
 	// proto/pause.go) and reports whether it was open. Without it the endpoint refuses.
 	Quiesce func() (closed bool, err error)

@@ -23,6 +23,7 @@ import (
 const (
 	fzReplace       = 1 << 0
 	fzExternalLinks = 1 << 1
+	fzWriters       = 1 << 2 // two goroutines write small files' content (Options.ImportWriters)
 )
 
 // FuzzImportTar feeds a tar stream from fuzz data to the workspace import (PUT
@@ -65,6 +66,9 @@ func FuzzImportTar(f *testing.F) {
 		{0, []e{{Name: "dev", Typ: tar.TypeChar}, {Name: "fifo", Typ: tar.TypeFifo}}},
 		{0, []e{{Name: strings.Repeat("n", 300), Body: "long"}}},
 		{0, []e{{Name: "big", Body: strings.Repeat("z", 70000)}}},
+		{fzWriters, []e{{Name: "f", Body: "1"}, {Name: "f", Body: "22"}, {Name: "h", Typ: tar.TypeLink, Link: "f"}, {Name: "f", Typ: tar.TypeSymlink, Link: "../outside/canary"}}},
+		{fzWriters | fzReplace, []e{{Name: "a/", Typ: tar.TypeDir, Mode: 0o500}, {Name: "a/f", Body: "x"}, {Name: "big", Body: strings.Repeat("z", 300000)}, {Name: "evil/x", Body: "y"}}},
+		{fzWriters, []e{{Name: "h", Typ: tar.TypeLink, Link: "evil/canary"}, {Name: "f/x", Body: "below a file"}}},
 	}
 	for _, s := range seeds {
 		f.Add(s.flags, tarsafetest.Tar(f, s.ents))
@@ -91,6 +95,9 @@ func FuzzImportTar(f *testing.F) {
 		fzLayout(t, ws, outside)
 		before := fzSnapshot(t, parent, "ws")
 		s := &Server{ws: ws, log: logger}
+		if flags&fzWriters != 0 {
+			s.opts.ImportWriters = 2
+		}
 
 		q := "max_bytes=131072&max_files=64"
 		if flags&fzReplace != 0 {

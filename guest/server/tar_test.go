@@ -138,49 +138,59 @@ func tarNames(t testing.TB, tarball []byte) []string {
 	}
 }
 
+// forImportWriters runs an import test with the reading goroutine writing every file, and
+// with two writers writing small files' content beside it (what the host's restore uses).
+func forImportWriters(t *testing.T, test func(t *testing.T, o server.Options)) {
+	for _, w := range []int{0, 2} {
+		t.Run(fmt.Sprintf("writers=%d", w), func(t *testing.T) { test(t, server.Options{ImportWriters: w}) })
+	}
+}
+
 func TestWorkspaceRoundTrip(t *testing.T) {
-	src := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
-	populate(t, src.WS)
-	// A FIFO and a socket are skipped, a hard link becomes a regular file.
-	must(t, exec("mkfifo", filepath.Join(src.WS, "fifo")))
-	must(t, os.Link(filepath.Join(src.WS, "src/main.go"), filepath.Join(src.WS, "hardlink")))
-	want := snapshot(t, src.WS)
-	delete(want, "fifo")
+	forImportWriters(t, func(t *testing.T, o server.Options) {
+		src := guesttest.New(t, o, guesttest.OverSocketpair)
+		populate(t, src.WS)
+		// A FIFO and a socket are skipped, a hard link becomes a regular file.
+		must(t, exec("mkfifo", filepath.Join(src.WS, "fifo")))
+		must(t, os.Link(filepath.Join(src.WS, "src/main.go"), filepath.Join(src.WS, "hardlink")))
+		want := snapshot(t, src.WS)
+		delete(want, "fifo")
 
-	tarball := export(t, src.C)
-	names := tarNames(t, tarball)
-	if len(names) != len(want) {
-		t.Errorf("tar entries: got %d (%v), want %d", len(names), names, len(want))
-	}
+		tarball := export(t, src.C)
+		names := tarNames(t, tarball)
+		if len(names) != len(want) {
+			t.Errorf("tar entries: got %d (%v), want %d", len(names), names, len(want))
+		}
 
-	dst := guesttest.New(t, server.Options{}, guesttest.OverNetPipe)
-	writeTree(t, dst.WS, map[string]string{"old.txt": "old", "src/old.go": "old"})
-	res, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true})
-	if err != nil {
-		t.Fatalf("ImportWorkspace: %v", err)
-	}
-	if res.Files != int64(len(want)) {
-		t.Errorf("import files: got %d, want %d", res.Files, len(want))
-	}
-	if d := diffSnapshots(snapshot(t, dst.WS), want); d != "" {
-		t.Errorf("workspace after round trip:\n%s", d)
-	}
-	fi, err := os.Stat(filepath.Join(dst.WS, "src/deep/a/b/c.txt"))
-	want0, _ := os.Stat(filepath.Join(src.WS, "src/deep/a/b/c.txt"))
-	if err != nil || !fi.ModTime().Equal(want0.ModTime().Round(time.Second)) {
-		t.Errorf("mtime: got %v, want %v", fi.ModTime(), want0.ModTime())
-	}
+		dst := guesttest.New(t, o, guesttest.OverNetPipe)
+		writeTree(t, dst.WS, map[string]string{"old.txt": "old", "src/old.go": "old"})
+		res, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{Replace: true})
+		if err != nil {
+			t.Fatalf("ImportWorkspace: %v", err)
+		}
+		if res.Files != int64(len(want)) {
+			t.Errorf("import files: got %d, want %d", res.Files, len(want))
+		}
+		if d := diffSnapshots(snapshot(t, dst.WS), want); d != "" {
+			t.Errorf("workspace after round trip:\n%s", d)
+		}
+		fi, err := os.Stat(filepath.Join(dst.WS, "src/deep/a/b/c.txt"))
+		want0, _ := os.Stat(filepath.Join(src.WS, "src/deep/a/b/c.txt"))
+		if err != nil || !fi.ModTime().Equal(want0.ModTime().Round(time.Second)) {
+			t.Errorf("mtime: got %v, want %v", fi.ModTime(), want0.ModTime())
+		}
 
-	// Without replace, the tar is merged over what is there.
-	writeTree(t, dst.WS, map[string]string{"extra/keep.txt": "keep"})
-	must(t, os.WriteFile(filepath.Join(dst.WS, "README.md"), []byte("changed"), 0o644))
-	if _, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
-		t.Fatalf("ImportWorkspace merge: %v", err)
-	}
-	got := snapshot(t, dst.WS)
-	if !strings.HasPrefix(got["extra/keep.txt"], "file") || got["README.md"] != want["README.md"] {
-		t.Errorf("merge: got extra %q README %q, want kept and restored", got["extra/keep.txt"], got["README.md"])
-	}
+		// Without replace, the tar is merged over what is there.
+		writeTree(t, dst.WS, map[string]string{"extra/keep.txt": "keep"})
+		must(t, os.WriteFile(filepath.Join(dst.WS, "README.md"), []byte("changed"), 0o644))
+		if _, err := dst.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
+			t.Fatalf("ImportWorkspace merge: %v", err)
+		}
+		got := snapshot(t, dst.WS)
+		if !strings.HasPrefix(got["extra/keep.txt"], "file") || got["README.md"] != want["README.md"] {
+			t.Errorf("merge: got extra %q README %q, want kept and restored", got["extra/keep.txt"], got["README.md"])
+		}
+	})
 }
 
 // TestImportExternalSymlinks: a symlink out of the workspace is refused unless allowed.
@@ -242,105 +252,107 @@ func buildTar(t testing.TB, entries []tarEntry) []byte {
 }
 
 func TestImportHostile(t *testing.T) {
-	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
-	populate(t, h.WS)
-	before := snapshot(t, h.WS)
-	outside := t.TempDir()
-	must(t, os.WriteFile(filepath.Join(outside, "target"), []byte("outside"), 0o644))
-	outsideBefore := snapshot(t, outside)
-	rel := func(p string) string { r, _ := filepath.Rel(h.WS, p); return r }
+	forImportWriters(t, func(t *testing.T, o server.Options) {
+		h := guesttest.New(t, o, guesttest.OverSocketpair)
+		populate(t, h.WS)
+		before := snapshot(t, h.WS)
+		outside := t.TempDir()
+		must(t, os.WriteFile(filepath.Join(outside, "target"), []byte("outside"), 0o644))
+		outsideBefore := snapshot(t, outside)
+		rel := func(p string) string { r, _ := filepath.Rel(h.WS, p); return r }
 
-	many := make([]tarEntry, 6)
-	for i := range many {
-		many[i] = tarEntry{name: fmt.Sprintf("f%d", i), body: "x"}
-	}
-	tests := []struct {
-		name    string
-		entries []tarEntry
-		opts    client.ImportOptions
-		code    string
-	}{
-		{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"symlink-to-etc-then-write", []tarEntry{
-			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
-			{name: "etc/evil", body: "evil"},
-		}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"symlink-to-etc-then-write-allowed", []tarEntry{
-			{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
-			{name: "etc/evil", body: "evil"},
-		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
-		{"symlink-relative-out-then-write", []tarEntry{
-			{name: "d/up", typ: tar.TypeSymlink, link: "../../" + filepath.Base(outside)},
-			{name: "d/up/target", body: "evil"},
-		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
-		{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"symlink-then-dir-through-it", []tarEntry{
-			{name: "l", typ: tar.TypeSymlink, link: outside},
-			{name: "l/sub/", typ: tar.TypeDir},
-		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
-		{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-through-symlink", []tarEntry{
-			{name: "l", typ: tar.TypeSymlink, link: outside},
-			{name: "h", typ: tar.TypeLink, link: "l/target"},
-		}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
-		{"below-a-symlink-inside", []tarEntry{
-			{name: "d/", typ: tar.TypeDir},
-			{name: "l", typ: tar.TypeSymlink, link: "d"},
-			{name: "l/x", body: "through a link that stays inside"},
-		}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"dir-over-symlink", []tarEntry{
-			{name: "d/", typ: tar.TypeDir},
-			{name: "l", typ: tar.TypeSymlink, link: "d"},
-			{name: "l/", typ: tar.TypeDir},
-		}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-through-symlink-inside", []tarEntry{
-			{name: "d/f", body: "x"},
-			{name: "l", typ: tar.TypeSymlink, link: "d"},
-			{name: "h", typ: tar.TypeLink, link: "l/f"},
-		}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-to-symlink", []tarEntry{
-			{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"},
-			{name: "h", typ: tar.TypeLink, link: "a/b/l"},
-		}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"too-many-files", many, client.ImportOptions{MaxFiles: 5}, proto.ErrCodeTooLarge},
-		{"too-many-bytes", []tarEntry{{name: "a", body: strings.Repeat("a", 60)}, {name: "b", body: strings.Repeat("b", 60)}},
-			client.ImportOptions{MaxBytes: 100}, proto.ErrCodeTooLarge},
-		{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-		{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			tt.opts.Replace = true
-			_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(buildTar(t, tt.entries)), tt.opts)
-			wantCode(t, err, tt.code)
-			if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
-				t.Errorf("workspace changed:\n%s", d)
-			}
-			if d := diffSnapshots(snapshot(t, outside), outsideBefore); d != "" {
-				t.Errorf("outside changed:\n%s", d)
-			}
-			for _, p := range []string{"/etc/evil", "/tmp/evil-abs", filepath.Join(filepath.Dir(h.WS), "evil")} {
-				if _, err := os.Lstat(p); err == nil {
-					os.Remove(p)
-					t.Errorf("%s was created", p)
+		many := make([]tarEntry, 6)
+		for i := range many {
+			many[i] = tarEntry{name: fmt.Sprintf("f%d", i), body: "x"}
+		}
+		tests := []struct {
+			name    string
+			entries []tarEntry
+			opts    client.ImportOptions
+			code    string
+		}{
+			{"dotdot", []tarEntry{{name: "ok.txt", body: "ok"}, {name: "../evil", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"dotdot-inner", []tarEntry{{name: "a/../../evil", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"dotdot-to-outside", []tarEntry{{name: rel(filepath.Join(outside, "target")), body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"absolute", []tarEntry{{name: "/tmp/evil-abs", body: "evil"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"symlink-to-etc-then-write", []tarEntry{
+				{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
+				{name: "etc/evil", body: "evil"},
+			}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"symlink-to-etc-then-write-allowed", []tarEntry{
+				{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
+				{name: "etc/evil", body: "evil"},
+			}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+			{"symlink-relative-out-then-write", []tarEntry{
+				{name: "d/up", typ: tar.TypeSymlink, link: "../../" + filepath.Base(outside)},
+				{name: "d/up/target", body: "evil"},
+			}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+			{"symlink-relative-out", []tarEntry{{name: "d/up", typ: tar.TypeSymlink, link: "../../x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"symlink-then-dir-through-it", []tarEntry{
+				{name: "l", typ: tar.TypeSymlink, link: outside},
+				{name: "l/sub/", typ: tar.TypeDir},
+			}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+			{"hardlink-absolute", []tarEntry{{name: "h", typ: tar.TypeLink, link: filepath.Join(outside, "target")}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"hardlink-dotdot", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../" + rel(filepath.Join(outside, "target"))}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"hardlink-through-symlink", []tarEntry{
+				{name: "l", typ: tar.TypeSymlink, link: outside},
+				{name: "h", typ: tar.TypeLink, link: "l/target"},
+			}, client.ImportOptions{AllowExternalSymlinks: true}, proto.ErrCodeInvalid},
+			{"below-a-symlink-inside", []tarEntry{
+				{name: "d/", typ: tar.TypeDir},
+				{name: "l", typ: tar.TypeSymlink, link: "d"},
+				{name: "l/x", body: "through a link that stays inside"},
+			}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"dir-over-symlink", []tarEntry{
+				{name: "d/", typ: tar.TypeDir},
+				{name: "l", typ: tar.TypeSymlink, link: "d"},
+				{name: "l/", typ: tar.TypeDir},
+			}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"hardlink-through-symlink-inside", []tarEntry{
+				{name: "d/f", body: "x"},
+				{name: "l", typ: tar.TypeSymlink, link: "d"},
+				{name: "h", typ: tar.TypeLink, link: "l/f"},
+			}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"hardlink-to-symlink", []tarEntry{
+				{name: "a/b/l", typ: tar.TypeSymlink, link: "../../x"},
+				{name: "h", typ: tar.TypeLink, link: "a/b/l"},
+			}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"hardlink-to-dir", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "h", typ: tar.TypeLink, link: "d"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"char-device", []tarEntry{{name: "null", typ: tar.TypeChar}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"block-device", []tarEntry{{name: "sda", typ: tar.TypeBlock}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"fifo", []tarEntry{{name: "pipe", typ: tar.TypeFifo}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"too-many-files", many, client.ImportOptions{MaxFiles: 5}, proto.ErrCodeTooLarge},
+			{"too-many-bytes", []tarEntry{{name: "a", body: strings.Repeat("a", 60)}, {name: "b", body: strings.Repeat("b", 60)}},
+				client.ImportOptions{MaxBytes: 100}, proto.ErrCodeTooLarge},
+			{"replaces-dir-with-file", []tarEntry{{name: "d/", typ: tar.TypeDir}, {name: "d", body: "x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+			{"long-component", []tarEntry{{name: "a/" + strings.Repeat("n", 256), body: "x"}}, client.ImportOptions{}, proto.ErrCodeInvalid},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				tt.opts.Replace = true
+				_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(buildTar(t, tt.entries)), tt.opts)
+				wantCode(t, err, tt.code)
+				if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
+					t.Errorf("workspace changed:\n%s", d)
 				}
-			}
-		})
-	}
-	// A garbage body is a bad tar, nothing more.
-	_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), client.ImportOptions{Replace: true})
-	wantCode(t, err, proto.ErrCodeInvalid)
-	if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
-		t.Errorf("workspace changed by garbage:\n%s", d)
-	}
+				if d := diffSnapshots(snapshot(t, outside), outsideBefore); d != "" {
+					t.Errorf("outside changed:\n%s", d)
+				}
+				for _, p := range []string{"/etc/evil", "/tmp/evil-abs", filepath.Join(filepath.Dir(h.WS), "evil")} {
+					if _, err := os.Lstat(p); err == nil {
+						os.Remove(p)
+						t.Errorf("%s was created", p)
+					}
+				}
+			})
+		}
+		// A garbage body is a bad tar, nothing more.
+		_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), strings.NewReader(strings.Repeat("garbage!", 200)), client.ImportOptions{Replace: true})
+		wantCode(t, err, proto.ErrCodeInvalid)
+		if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
+			t.Errorf("workspace changed by garbage:\n%s", d)
+		}
+	})
 }
 
 // failingReader yields r, then fails: a caller's hash check that aborts the request.
@@ -358,44 +370,46 @@ func (f *failingReader) Read(p []byte) (int, error) {
 }
 
 func TestImportAbortedMidway(t *testing.T) {
-	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
-	populate(t, h.WS)
-	before := snapshot(t, h.WS)
-	big := make([]tarEntry, 0, 50)
-	for i := range 50 {
-		big = append(big, tarEntry{name: fmt.Sprintf("new/f%d", i), body: strings.Repeat("z", 50000)})
-	}
-	tarball := buildTar(t, big)
-	errHash := errors.New("sha256 mismatch")
-	tests := []struct {
-		name string
-		body io.Reader
-	}{
-		{"midway", &failingReader{r: bytes.NewReader(tarball[:len(tarball)/2]), fail: errHash}},
-		{"at-the-end", &failingReader{r: bytes.NewReader(tarball), fail: errHash}},
-		{"truncated-inside-a-file", bytes.NewReader(tarball[:len(tarball)/2+100])},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), tt.body, client.ImportOptions{Replace: true})
-			if err == nil {
-				t.Fatal("ImportWorkspace: got no error, want one")
-			}
-			// The server cleans its staging folder after answering.
-			waitFor(t, func() bool {
-				m, _ := filepath.Glob(filepath.Join(h.WS, ".sbx-import-*"))
-				return len(m) == 0
+	forImportWriters(t, func(t *testing.T, o server.Options) {
+		h := guesttest.New(t, o, guesttest.OverSocketpair)
+		populate(t, h.WS)
+		before := snapshot(t, h.WS)
+		big := make([]tarEntry, 0, 50)
+		for i := range 50 {
+			big = append(big, tarEntry{name: fmt.Sprintf("new/f%d", i), body: strings.Repeat("z", 50000)})
+		}
+		tarball := buildTar(t, big)
+		errHash := errors.New("sha256 mismatch")
+		tests := []struct {
+			name string
+			body io.Reader
+		}{
+			{"midway", &failingReader{r: bytes.NewReader(tarball[:len(tarball)/2]), fail: errHash}},
+			{"at-the-end", &failingReader{r: bytes.NewReader(tarball), fail: errHash}},
+			{"truncated-inside-a-file", bytes.NewReader(tarball[:len(tarball)/2+100])},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				_, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), tt.body, client.ImportOptions{Replace: true})
+				if err == nil {
+					t.Fatal("ImportWorkspace: got no error, want one")
+				}
+				// The server cleans its staging folder after answering.
+				waitFor(t, func() bool {
+					m, _ := filepath.Glob(filepath.Join(h.WS, ".sbx-import-*"))
+					return len(m) == 0
+				})
+				if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
+					t.Errorf("workspace changed:\n%s", d)
+				}
 			})
-			if d := diffSnapshots(snapshot(t, h.WS), before); d != "" {
-				t.Errorf("workspace changed:\n%s", d)
-			}
-		})
-	}
-	// The same stream, whole, goes in.
-	res, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{})
-	if err != nil || res.Files != 50 || res.Bytes != 50*50000 {
-		t.Fatalf("ImportWorkspace: got %+v %v, want 50 files", res, err)
-	}
+		}
+		// The same stream, whole, goes in.
+		res, err := h.C.ImportWorkspace(guesttest.Ctx(t, 30*time.Second), bytes.NewReader(tarball), client.ImportOptions{})
+		if err != nil || res.Files != 50 || res.Bytes != 50*50000 {
+			t.Fatalf("ImportWorkspace: got %+v %v, want 50 files", res, err)
+		}
+	})
 }
 
 func exec(name string, args ...string) error {
@@ -430,27 +444,29 @@ func fileExists(p string) bool {
 // TestImportLaterEntriesReplaceEarlierOnes: a file given twice ends with its last content; a
 // file over an earlier symlink replaces the link and never writes through it.
 func TestImportLaterEntriesReplaceEarlierOnes(t *testing.T) {
-	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
-	ctx := guesttest.Ctx(t, 30*time.Second)
-	must(t, os.WriteFile(filepath.Join(h.WS, "outside-target"), []byte("untouched"), 0o644))
-	tarball := buildTar(t, []tarEntry{
-		{name: "a/b/same.txt", body: "first"},
-		{name: "a/b/same.txt", body: "second"},
-		{name: "a/link", typ: tar.TypeSymlink, link: "../outside-target"},
-		{name: "a/link", body: "a file now"},
-	})
-	if _, err := h.C.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
-		t.Fatalf("ImportWorkspace: %v", err)
-	}
-	for p, want := range map[string]string{"a/b/same.txt": "second", "a/link": "a file now", "outside-target": "untouched"} {
-		got, err := os.ReadFile(filepath.Join(h.WS, p))
-		if err != nil || string(got) != want {
-			t.Errorf("%s: got %q %v, want %q", p, got, err, want)
+	forImportWriters(t, func(t *testing.T, o server.Options) {
+		h := guesttest.New(t, o, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 30*time.Second)
+		must(t, os.WriteFile(filepath.Join(h.WS, "outside-target"), []byte("untouched"), 0o644))
+		tarball := buildTar(t, []tarEntry{
+			{name: "a/b/same.txt", body: "first"},
+			{name: "a/b/same.txt", body: "second"},
+			{name: "a/link", typ: tar.TypeSymlink, link: "../outside-target"},
+			{name: "a/link", body: "a file now"},
+		})
+		if _, err := h.C.ImportWorkspace(ctx, bytes.NewReader(tarball), client.ImportOptions{}); err != nil {
+			t.Fatalf("ImportWorkspace: %v", err)
 		}
-	}
-	if fi, err := os.Lstat(filepath.Join(h.WS, "a/link")); err != nil || !fi.Mode().IsRegular() {
-		t.Errorf("a/link: got %v %v, want a regular file", fi, err)
-	}
+		for p, want := range map[string]string{"a/b/same.txt": "second", "a/link": "a file now", "outside-target": "untouched"} {
+			got, err := os.ReadFile(filepath.Join(h.WS, p))
+			if err != nil || string(got) != want {
+				t.Errorf("%s: got %q %v, want %q", p, got, err, want)
+			}
+		}
+		if fi, err := os.Lstat(filepath.Join(h.WS, "a/link")); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("a/link: got %v %v, want a regular file", fi, err)
+		}
+	})
 }
 
 // TestReservedLookAlikesSurvive: names a command makes that start like the server's own

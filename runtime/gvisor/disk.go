@@ -48,6 +48,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -592,7 +593,7 @@ func (d *Driver) seed(ctx context.Context, id string, spec runtime.BoxSpec, seed
 	}
 	defer r.Close()
 	res, err := server.ImportTar(d.disks.workspacePath(id), r, server.ImportTarOptions{Replace: true,
-		MaxBytes: d.disks.diskBytes(spec), AllowExternalSymlinks: true})
+		MaxBytes: d.disks.diskBytes(spec), AllowExternalSymlinks: true, Writers: goruntime.GOMAXPROCS(0)})
 	if err != nil {
 		return &runtime.SeedError{Err: err}
 	}
