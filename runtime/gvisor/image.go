@@ -185,6 +185,11 @@ func checkKept(dir string) (meta imageMeta, ok bool, why string) {
 		}
 	}
 	for name, want := range sums {
+		if name == imageSumsFile {
+			// A sum of the sums file itself, which an earlier build took when a store was
+			// retried: rewriting the file made it wrong. The image's files decide.
+			continue
+		}
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
 			return meta, false, err.Error()
@@ -225,6 +230,9 @@ func extractImage(r io.Reader, dir string, max int64) (imageMeta, error) {
 		}
 		if h.Typeflag != tar.TypeReg || !imageName.MatchString(h.Name) || seen[h.Name] {
 			return meta, &runtime.ImageError{Reason: fmt.Sprintf("the image holds an unexpected entry %q", h.Name), Corrupt: true}
+		}
+		if h.Name == imageSumsFile {
+			continue // stored by an earlier build with a retried store: the host's note, not runsc's
 		}
 		seen[h.Name] = true
 		if len(seen) > maxImageFiles {

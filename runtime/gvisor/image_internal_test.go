@@ -110,6 +110,20 @@ func TestCheckKept(t *testing.T) {
 	}
 	must(os.Remove(filepath.Join(dir, "extra.img")))
 
+	// Sums an earlier build wrote when a store was retried: they named sums.json itself, with
+	// the sum of the file they then replaced. The image's own files decide.
+	withSelf := imageSums{}
+	for n, e := range sums {
+		withSelf[n] = e
+	}
+	self := withSelf[imageMetaFile]
+	self.Size, self.CRC32C = 3, "00000000"
+	withSelf[imageSumsFile] = self
+	must(writeJSONAtomic(filepath.Join(dir, imageSumsFile), withSelf))
+	if _, ok, why := checkKept(dir); !ok {
+		t.Errorf("sums naming sums.json: refused (%s), want the intact image accepted", why)
+	}
+
 	// Sums of an earlier sandboxd: sha256.
 	old := imageSums{}
 	for _, n := range names {

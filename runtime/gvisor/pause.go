@@ -262,9 +262,11 @@ func (d *Driver) MemoryImage(ctx context.Context, id string) (io.ReadCloser, err
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: memory image of %s: %w", id, err)
 	}
+	// runsc's files only: sums.json is the host's note of an earlier read (a store retried
+	// after a crash reads the image again), never part of the image.
 	names := []string{imageMetaFile}
 	for _, e := range entries {
-		if e.Name() != imageMetaFile && e.Type().IsRegular() && imageName.MatchString(e.Name()) {
+		if n := e.Name(); n != imageMetaFile && n != imageSumsFile && e.Type().IsRegular() && imageName.MatchString(n) {
 			names = append(names, e.Name())
 		}
 	}
