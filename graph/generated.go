@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"sandboxd/graph/model"
+	"sandboxd/internal/gqlbytes"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -6025,8 +6026,8 @@ func (ec *executionContext) _AgentRunEvent_dataBase64(ctx context.Context, field
 			return obj.DataBase64, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
-			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *gqlbytes.Base64) graphql.Marshaler {
+			return ec.marshalOString2ᚖsandboxdᚋinternalᚋgqlbytesᚐBase64(ctx, selections, v)
 		},
 		true,
 		false,
@@ -6502,8 +6503,8 @@ func (ec *executionContext) _ExecOutputEvent_dataBase64(ctx context.Context, fie
 			return obj.DataBase64, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
-			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *gqlbytes.Base64) graphql.Marshaler {
+			return ec.marshalOString2ᚖsandboxdᚋinternalᚋgqlbytesᚐBase64(ctx, selections, v)
 		},
 		true,
 		false,
@@ -17973,6 +17974,22 @@ func (ec *executionContext) marshalOString2ᚕstringᚄ(ctx context.Context, sel
 	}
 
 	return ret
+}
+
+func (ec *executionContext) unmarshalOString2ᚖsandboxdᚋinternalᚋgqlbytesᚐBase64(ctx context.Context, v any) (*gqlbytes.Base64, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(gqlbytes.Base64)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOString2ᚖsandboxdᚋinternalᚋgqlbytesᚐBase64(ctx context.Context, sel ast.SelectionSet, v *gqlbytes.Base64) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
 }
 
 func (ec *executionContext) unmarshalOString2ᚖstring(ctx context.Context, v any) (*string, error) {

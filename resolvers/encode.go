@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql"
+
+	"sandboxd/internal/gqlbytes"
 )
 
 // Bytes reach clients in two encodings, text (when valid UTF-8) and base64, in sibling fields
@@ -68,11 +70,12 @@ func base64Of(b []byte, sel fieldSet, field string) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-// optBase64 is b in base64 when the field is selected, else nil.
-func optBase64(b []byte, sel fieldSet, field string) *string {
+// optBase64 is b as base64 (encoded when the response is written) when the field is
+// selected, else nil.
+func optBase64(b []byte, sel fieldSet, field string) *gqlbytes.Base64 {
 	if !sel.has(field) {
 		return nil
 	}
-	s := base64.StdEncoding.EncodeToString(b)
-	return &s
+	v := gqlbytes.Base64(b) // encoded when the response is written (output bytes never change)
+	return &v
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"sandboxd/internal/gqlbytes"
 	"strconv"
 	"time"
 )
@@ -88,7 +89,7 @@ type AgentRunEvent struct {
 	// The output as UTF-8 text; null unless kind is CHUNK, and null when the chunk is not valid UTF-8 (dataBase64 has the exact bytes).
 	Data *string `json:"data,omitempty"`
 	// The output, base64-encoded (standard alphabet, padded); null unless kind is CHUNK.
-	DataBase64 *string `json:"dataBase64,omitempty"`
+	DataBase64 *gqlbytes.Base64 `json:"dataBase64,omitempty"`
 	// How many bytes were dropped before this event; null unless kind is TRUNCATED.
 	MissedBytes *int64 `json:"missedBytes,omitempty"`
 }
@@ -206,7 +207,7 @@ type ExecOutputEvent struct {
 	// The output as UTF-8 text; null unless kind is CHUNK, and null when the chunk is not valid UTF-8. A multi-byte character may be split across two chunks (then both are null here): dataBase64 always has the exact bytes.
 	Data *string `json:"data,omitempty"`
 	// The output, base64-encoded (standard alphabet, padded); null unless kind is CHUNK.
-	DataBase64 *string `json:"dataBase64,omitempty"`
+	DataBase64 *gqlbytes.Base64 `json:"dataBase64,omitempty"`
 	// How many bytes were dropped before this event, counted in the command's output log (the output plus a few bytes per chunk; 0 when unknown); null unless kind is TRUNCATED.
 	MissedBytes *int64 `json:"missedBytes,omitempty"`
 	// The command's final status, without output; null unless kind is EXIT.
