@@ -176,7 +176,8 @@ func (d *disks) ensureDisk(ctx context.Context, id string, spec runtime.BoxSpec)
 // exportableWorkspace returns the host folder of a box's workspace for reading. A disk that is
 // not mounted (a stopped box's; a failed one's after a host reboot) is mounted for the read:
 // release, called once the reading is done, unmounts it again, and lifecycle calls on the box
-// wait until then, as they do for a stopped box whose disk its stop kept mounted. A box made before disks has its workspace folder read as it is.
+// wait until then, as they do while a stopped box's kept disk (keptmounts.go) is read. A box
+// made before disks has its workspace folder read as it is.
 func (d *Driver) exportableWorkspace(id string) (string, func(), error) {
 	unlock := d.boxMu.lock(id)
 	noWorkspace := fmt.Errorf("gvisor: box %s has no workspace: %w", id, runtime.ErrNotFound)
