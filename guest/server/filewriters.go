@@ -31,7 +31,7 @@ type fileWriters struct {
 	pending sync.WaitGroup
 	mu      sync.Mutex
 	err     *proto.Error
-	stopped bool
+	stopped sync.Once
 }
 
 type fileJob struct {
@@ -83,13 +83,7 @@ func (w *fileWriters) failure() *proto.Error {
 
 // stop ends the writers after the jobs submitted; it may be called more than once.
 func (w *fileWriters) stop() {
-	w.mu.Lock()
-	stopped := w.stopped
-	w.stopped = true
-	w.mu.Unlock()
-	if !stopped {
-		close(w.work)
-	}
+	w.stopped.Do(func() { close(w.work) })
 	w.workers.Wait()
 }
 
@@ -97,16 +91,7 @@ func (w *fileWriters) run() {
 	defer w.workers.Done()
 	for j := range w.work {
 		_, err := j.f.Write(j.buf[:j.n])
-		if err == nil {
-			err = j.f.Chmod(j.mode)
-		}
-		if err == nil && !j.mtime.IsZero() {
-			setFileTimes(j.f, j.mtime)
-		}
-		if cerr := j.f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
+		if err = finishFile(j.f, j.mode, j.mtime, err); err != nil {
 			w.mu.Lock()
 			if w.err == nil {
 				w.err = entryError(j.name, err)

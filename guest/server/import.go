@@ -311,16 +311,7 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 			}
 			n, err := io.CopyBuffer(f, tr, *bp)
 			res.Bytes += n
-			if err == nil {
-				err = f.Chmod(goMode(hdr.Mode))
-			}
-			if err == nil && !hdr.ModTime.IsZero() {
-				setFileTimes(f, hdr.ModTime)
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
+			if err = finishFile(f, goMode(hdr.Mode), hdr.ModTime, err); err != nil {
 				if br.over || br.err != nil || errors.Is(err, io.ErrUnexpectedEOF) {
 					return res, fail(err)
 				}
@@ -387,6 +378,21 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 		}
 	}
 	return res, nil
+}
+
+// finishFile gives a file the extraction wrote (err: the writing's) its mode and time, unless
+// the writing failed, and closes it; it returns the first error.
+func finishFile(f *os.File, mode fs.FileMode, mtime time.Time, err error) error {
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil && !mtime.IsZero() {
+		setFileTimes(f, mtime)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // setFileTimes sets the access and modification times of the open file f to t, as futimens

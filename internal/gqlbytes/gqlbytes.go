@@ -22,9 +22,7 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 96<<10); return &
 // MarshalGQL writes the bytes' base64 as a JSON string.
 func (b Base64) MarshalGQL(w io.Writer) {
 	bp := bufPool.Get().(*[]byte)
-	buf := append((*bp)[:0], '"')
-	buf = base64.StdEncoding.AppendEncode(buf, b)
-	buf = append(buf, '"')
+	buf := b.appendJSON((*bp)[:0])
 	_, _ = w.Write(buf)
 	if cap(buf) <= 1<<20 { // an unusually large one is not kept
 		*bp = buf[:0]
@@ -35,10 +33,14 @@ func (b Base64) MarshalGQL(w io.Writer) {
 // MarshalJSON is MarshalGQL's encoding for encoding/json (a nil Base64 is "", as in GraphQL;
 // encoding/json's own []byte encoding would give null).
 func (b Base64) MarshalJSON() ([]byte, error) {
-	buf := make([]byte, 0, base64.StdEncoding.EncodedLen(len(b))+2)
-	buf = append(buf, '"')
-	buf = base64.StdEncoding.AppendEncode(buf, b)
-	return append(buf, '"'), nil
+	return b.appendJSON(make([]byte, 0, base64.StdEncoding.EncodedLen(len(b))+2)), nil
+}
+
+// appendJSON appends the bytes' base64 between quotes: a JSON string that needs no escape.
+func (b Base64) appendJSON(dst []byte) []byte {
+	dst = append(dst, '"')
+	dst = base64.StdEncoding.AppendEncode(dst, b)
+	return append(dst, '"')
 }
 
 // UnmarshalGQL reads a base64 string (the type is output only in the schema; this makes it a

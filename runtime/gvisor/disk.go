@@ -438,27 +438,34 @@ func (d *disks) checkDisks() error {
 // diskMounted reports whether the box's image is mounted at its mount point. Something else
 // mounted there is an error: the driver never binds a workspace it cannot vouch for.
 func (d *disks) diskMounted(id string) (bool, error) {
+	dev, ok, err := d.mountedDevice(id)
+	if err != nil || !ok {
+		return false, err
+	}
+	if ok, err := loopBacks(dev, d.diskImage(id)); err != nil || !ok {
+		if err == nil {
+			err = errors.New("it is not the box's disk image")
+		}
+		return false, fmt.Errorf("gvisor: %s holds a mount the driver did not make: %w", d.diskMount(id), err)
+	}
+	return true, nil
+}
+
+// mountedDevice returns the device of what is mounted at the box's mount point; ok is false
+// when nothing is.
+func (d *disks) mountedDevice(id string) (dev uint64, ok bool, err error) {
 	var mst, pst unix.Stat_t
 	mnt := d.diskMount(id)
 	if err := unix.Stat(mnt, &mst); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return false, nil
+			return 0, false, nil
 		}
-		return false, fmt.Errorf("gvisor: disk mount point: %w", &fs.PathError{Op: "stat", Path: mnt, Err: err})
+		return 0, false, fmt.Errorf("gvisor: disk mount point: %w", &fs.PathError{Op: "stat", Path: mnt, Err: err})
 	}
 	if err := unix.Stat(d.boxes.boxDir(id), &pst); err != nil {
-		return false, fmt.Errorf("gvisor: box folder: %w", err)
+		return 0, false, fmt.Errorf("gvisor: box folder: %w", err)
 	}
-	if mst.Dev == pst.Dev {
-		return false, nil
-	}
-	if ok, err := loopBacks(mst.Dev, d.diskImage(id)); err != nil || !ok {
-		if err == nil {
-			err = errors.New("it is not the box's disk image")
-		}
-		return false, fmt.Errorf("gvisor: %s holds a mount the driver did not make: %w", mnt, err)
-	}
-	return true, nil
+	return mst.Dev, mst.Dev != pst.Dev, nil
 }
 
 // imageFreeWait is how long a mount waits for an earlier, lazily detached mount of the same
@@ -503,11 +510,18 @@ func loopBacks(dev uint64, img string) (bool, error) {
 	if unix.Major(dev) != loopMajor {
 		return false, nil
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(dev), unix.Minor(dev)))
+	backing, err := loopBackingFile(dev)
 	if err != nil {
 		return false, err
 	}
-	return sameFilePath(strings.TrimSpace(string(b)), img), nil
+	return sameFilePath(backing, img), nil
+}
+
+// loopBackingFile is the path the loop device dev names as its backing file (with " (deleted)"
+// after it when that file was removed).
+func loopBackingFile(dev uint64) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(dev), unix.Minor(dev)))
+	return strings.TrimSpace(string(b)), err
 }
 
 // sameFilePath reports whether paths a and b name the same file (device and inode).
@@ -521,34 +535,20 @@ func sameFilePath(a, b string) bool {
 // mounted (keptmounts.go) whose image was then lost. Only called while the box has no
 // container. Any other mount there is left for diskMounted to refuse.
 func (d *disks) dropStaleMount(id string) error {
-	mnt := d.diskMount(id)
-	var mst, pst unix.Stat_t
-	if err := unix.Stat(mnt, &mst); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("gvisor: disk mount point: %w", &fs.PathError{Op: "stat", Path: mnt, Err: err})
+	dev, ok, err := d.mountedDevice(id)
+	if err != nil || !ok || unix.Major(dev) != loopMajor {
+		return err
 	}
-	if err := unix.Stat(d.boxes.boxDir(id), &pst); err != nil {
-		return fmt.Errorf("gvisor: box folder: %w", err)
-	}
-	if mst.Dev == pst.Dev || unix.Major(mst.Dev) != loopMajor {
-		return nil
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(mst.Dev), unix.Minor(mst.Dev)))
+	b, err := loopBackingFile(dev)
 	if err != nil {
 		return nil
 	}
-	backing, gone := strings.CutSuffix(strings.TrimSpace(string(b)), " (deleted)")
+	backing, gone := strings.CutSuffix(b, " (deleted)")
 	if !gone || filepath.Base(backing) != diskImageFile || !sameFilePath(filepath.Dir(backing), d.boxes.boxDir(id)) {
 		return nil
 	}
 	d.log.Warn("the disk image of a stopped box is gone: unmounting what was mounted of it", "box", id)
-	err = unix.Unmount(mnt, 0)
-	if errors.Is(err, unix.EBUSY) {
-		err = unix.Unmount(mnt, unix.MNT_DETACH)
-	}
-	if err != nil {
+	if err := d.unmountOnce(id); err != nil {
 		return fmt.Errorf("gvisor: unmount the gone disk image of %s: %w", id, err)
 	}
 	return nil
@@ -558,22 +558,12 @@ func (d *disks) dropStaleMount(id string) error {
 // with the last one. A disk still busy after a short wait is detached lazily: the kernel
 // unmounts it, and frees its loop device, once the last open file on it is closed.
 func (d *disks) unmountDisk(id string) error {
-	mnt := d.diskMount(id)
 	for range 16 {
 		ok, err := d.diskMounted(id)
 		if err != nil || !ok {
 			return err
 		}
-		err = unix.Unmount(mnt, 0)
-		for wait := 0; errors.Is(err, unix.EBUSY) && wait < 10; wait++ {
-			time.Sleep(20 * time.Millisecond)
-			err = unix.Unmount(mnt, 0)
-		}
-		if errors.Is(err, unix.EBUSY) {
-			d.log.Warn("disk busy, detaching it lazily", "box", id)
-			err = unix.Unmount(mnt, unix.MNT_DETACH)
-		}
-		if err != nil && !errors.Is(err, unix.EINVAL) {
+		if err := d.unmountOnce(id); err != nil && !errors.Is(err, unix.EINVAL) {
 			return fmt.Errorf("gvisor: unmount the disk of %s: %w", id, err)
 		}
 	}
@@ -581,6 +571,22 @@ func (d *disks) unmountDisk(id string) error {
 		return err
 	}
 	return fmt.Errorf("gvisor: the disk of %s is still mounted after 16 unmounts", id)
+}
+
+// unmountOnce unmounts the top mount at the box's mount point, waiting up to 200 ms while it is
+// busy, then detaching it lazily.
+func (d *disks) unmountOnce(id string) error {
+	mnt := d.diskMount(id)
+	err := unix.Unmount(mnt, 0)
+	for wait := 0; errors.Is(err, unix.EBUSY) && wait < 10; wait++ {
+		time.Sleep(20 * time.Millisecond)
+		err = unix.Unmount(mnt, 0)
+	}
+	if errors.Is(err, unix.EBUSY) {
+		d.log.Warn("disk busy, detaching it lazily", "box", id)
+		err = unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+	return err
 }
 
 // seed extracts a workspace tar into the box's mounted workspace before its container starts,

@@ -362,8 +362,7 @@ func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) 
 	// The disk is mounted again unless a stop kept it mounted (a stop beyond the kept ones
 	// unmounted it, a host reboot did); a box without one, or without a workspace on it,
 	// starts fresh.
-	d.kept.forget(id)
-	if err := d.disks.dropStaleMount(id); err != nil {
+	if err := d.takeKept(id); err != nil {
 		return false, err
 	}
 	fresh, err = d.disks.ensureDisk(ctx, id, rec.Spec)

@@ -95,6 +95,14 @@ func (d *Driver) keepMounted(id string) {
 	}()
 }
 
+// takeKept takes a box that is about to run again off the kept disks (its disk, if still
+// mounted, is used as it is) and unmounts a kept disk whose image was removed since, so that
+// the box starts on a new one (dropStaleMount). Under the box's lock, with no container.
+func (d *Driver) takeKept(id string) error {
+	d.kept.forget(id)
+	return d.disks.dropStaleMount(id)
+}
+
 // unmountKept unmounts the disk of a stopped box taken off the kept disks, unless it started
 // (or was stopped again, or deleted) meanwhile.
 func (d *Driver) unmountKept(id string) {

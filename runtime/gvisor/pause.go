@@ -434,8 +434,7 @@ func (d *Driver) Resume(ctx context.Context, id string, stored runtime.ImageSour
 	}
 	// The workspace the image's open files refer to: the same disk, at the same path (still
 	// mounted when the pause's stop kept it).
-	d.kept.forget(id)
-	if err := d.disks.dropStaleMount(id); err != nil {
+	if err := d.takeKept(id); err != nil {
 		return err
 	}
 	fresh, err := d.disks.ensureDisk(ctx, id, rec.Spec)
