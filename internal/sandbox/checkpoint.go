@@ -30,6 +30,24 @@ type checkpoints struct {
 // save streams the workspace from the guest into the checkpoint store, records it as
 // the latest checkpoint and applies retention. The caller holds the sandbox's lock.
 func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
+	m, err := c.capture(ctx, rec)
+	if err != nil {
+		return checkpoint.Manifest{}, err
+	}
+	if _, err := c.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
+		r.LatestCheckpoint = m.ID
+		return nil
+	}); err != nil {
+		return checkpoint.Manifest{}, runtimeError(c.log, rec.ID, err, "could not record the checkpoint")
+	}
+	c.retain(ctx, rec, m.ID)
+	return m, nil
+}
+
+// capture is save without the record: the caller records m.ID as the record's
+// LatestCheckpoint in a write of its own (a pause's final one), then calls retain. A checkpoint
+// captured and never recorded (the replica died) is an older one for retention to delete.
+func (c *checkpoints) capture(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
 	start := c.now()
 	tarStream, err := c.export(ctx, rec)
 	if err != nil {
@@ -44,15 +62,8 @@ func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.
 	if err != nil {
 		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
 	}
-	if _, err := c.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
-		r.LatestCheckpoint = m.ID
-		return nil
-	}); err != nil {
-		return checkpoint.Manifest{}, runtimeError(c.log, rec.ID, err, "could not record the checkpoint")
-	}
 	c.metrics.lifecycle("checkpoint", "ok", c.now().Sub(start))
 	c.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", c.now().Sub(start).Milliseconds())
-	c.retain(ctx, rec, m.ID)
 	return m, nil
 }
 

@@ -132,7 +132,7 @@ func (s *Service) pause(ctx context.Context, p auth.Principal, id, why string) (
 	}
 	// The work must finish even if the client goes away: the record says where it is going.
 	wctx := context.WithoutCancel(ctx)
-	to, reason, err := s.pauseWork(wctx, rec)
+	o, err := s.pauseWork(wctx, rec)
 	if err != nil {
 		s.metrics.lifecycle(string(VerbPause), "error", s.now().Sub(start))
 		if errors.Is(err, runtime.ErrFenced) {
@@ -147,31 +147,73 @@ func (s *Service) pause(ctx context.Context, p auth.Principal, id, why string) (
 		}
 		return Sandbox{}, err
 	}
+	reason := o.reason
 	if reason == "" {
 		reason = why
 	}
-	rec, err = s.setState(wctx, id, Pausing, to, reason)
+	rec, err = s.setStateWith(wctx, id, Pausing, o.to, reason, o.mark)
 	s.metrics.lifecycle(string(VerbPause), outcome(err), s.now().Sub(start))
 	if err != nil {
 		return Sandbox{}, err
 	}
-	s.log.Info("sandbox paused", "sandbox", id, "state", to, "ms", s.now().Sub(start).Milliseconds())
+	s.pauseRecorded(rec, o)
+	s.log.Info("sandbox paused", "sandbox", id, "state", o.to, "ms", s.now().Sub(start).Milliseconds())
 	return toSandbox(rec), nil
+}
+
+// pauseOutcome is what a pause's work leaves: the state it ends in and why, and what the final
+// record write carries with that state.
+type pauseOutcome struct {
+	to     State
+	reason string
+	// token is the time of the pause whose image the runtime keeps (annMemoryPending), for the
+	// store to take after the answer.
+	token string
+	// checkpoint is the workspace checkpoint the pause took, the record's latest from then on.
+	checkpoint string
+}
+
+// mark applies the outcome to the record, in the write that moves it to o.to: one write (and
+// fsync) for the state, the kept image and the checkpoint, not three. A replica that dies
+// before it leaves the record PAUSING, and the reconciler's pauseWork finds the kept image
+// (the runtime's Pause of a box it paused before is a no-op) and takes the checkpoint again.
+func (o pauseOutcome) mark(r *runtime.Record) {
+	if o.token != "" {
+		if r.Annotations == nil {
+			r.Annotations = map[string]string{}
+		}
+		r.Annotations[annMemoryPending] = o.token
+		delete(r.Annotations, annMemoryImage)
+	}
+	if o.checkpoint != "" {
+		r.LatestCheckpoint = o.checkpoint
+	}
+}
+
+// pauseRecorded starts what follows a pause's final record write, after the answer: the old
+// workspace checkpoints' retention, and the store of the memory image.
+func (s *Service) pauseRecorded(rec runtime.Record, o pauseOutcome) {
+	if o.checkpoint != "" {
+		s.chore(func(ctx context.Context) { s.ckpts.retain(ctx, rec, o.checkpoint) })
+	}
+	if o.token != "" {
+		s.storeMemory(rec, o.token)
+	}
 }
 
 // pauseWork saves the box's memory and workspace and releases its compute and slot. It
 // returns the state the pause ends in: PAUSED, or STOPPED with the reason when the memory
-// could not be kept after all (a checkpoint that failed ended the box; the image could not be
-// stored). An error means the box runs on as before (or, with its compute gone, that the
-// reconciler must finish).
-func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, string, error) {
+// could not be kept after all (a checkpoint that failed ended the box), with what the final
+// record write carries (pauseOutcome.mark). An error means the box runs on as before (or,
+// with its compute gone, that the reconciler must finish).
+func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (pauseOutcome, error) {
 	id := rec.ID
 	if img := rec.Annotations[annMemoryImage]; img != "" && s.boxDead(ctx, id) {
 		// An interrupted pause stored and recorded its image already (the reconciler
 		// finishing it): what is left is to release the slot.
 		if _, err := s.mem.store.Get(ctx, scopeOf(rec), img); err == nil {
 			s.slots.release(ctx, rec.Tenant, rec.Project, id)
-			return Paused, "", nil
+			return pauseOutcome{to: Paused}, nil
 		}
 	}
 	// The workspace checkpoint is taken once the processes are saved and ended, so that it
@@ -185,58 +227,51 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (State, str
 	s.attachs.drop(id)
 	if err := s.driver.Pause(ctx, id); err != nil {
 		if errors.Is(err, runtime.ErrFenced) {
-			return "", "", fencedOff(s.log, id, err)
+			return pauseOutcome{}, fencedOff(s.log, id, err)
 		}
 		if errors.Is(err, runtime.ErrUnsupported) {
-			return "", "", apierror.Wrap(err, apierror.Unsupported,
+			return pauseOutcome{}, apierror.Wrap(err, apierror.Unsupported,
 				"the %s runtime cannot pause a sandbox (it cannot keep a sandbox's memory): stop it instead", s.driver.Name()).
 				WithDetail("reason", "pause_unsupported")
 		}
 		var ge *proto.Error
 		if errors.As(err, &ge) && ge.Code == proto.ErrCodeState {
-			return "", "", apierror.Wrap(err, apierror.InvalidState, "cannot pause sandbox %s: %s", id, ge.Message).
+			return pauseOutcome{}, apierror.Wrap(err, apierror.InvalidState, "cannot pause sandbox %s: %s", id, ge.Message).
 				WithDetail("state", string(Running)).WithDetail("reason", "pause_refused")
 		}
 		if !s.boxDead(ctx, id) {
-			return "", "", apierror.Wrap(err, apierror.Unavailable, "could not pause the sandbox; it runs on").WithRetryAfter(time.Second)
+			return pauseOutcome{}, apierror.Wrap(err, apierror.Unavailable, "could not pause the sandbox; it runs on").WithRetryAfter(time.Second)
 		}
 		// The failed checkpoint ended the box: keep its workspace, as a stop of a dead box does.
 		s.log.Warn("a pause failed and ended the sandbox's processes; stopping it", "sandbox", id, "err", err)
-		return s.pauseFallback(ctx, rec, "its runtime could not save its memory ("+oneLine(err)+")")
+		to, reason, err := s.pauseFallback(ctx, rec, "its runtime could not save its memory ("+oneLine(err)+")")
+		return pauseOutcome{to: to, reason: reason}, err
 	}
-	// The runtime keeps the image: the record says so before anything else, so that whatever
-	// comes next (a crash, a store that fails) leaves a PAUSED sandbox a resume brings back.
-	token := s.now().UTC().Format(time.RFC3339Nano)
-	if _, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
-		if r.Annotations == nil {
-			r.Annotations = map[string]string{}
-		}
-		r.Annotations[annMemoryPending] = token
-		delete(r.Annotations, annMemoryImage)
-		return nil
-	}); err != nil {
-		return "", "", runtimeError(s.log, id, err, "could not record the memory image")
-	}
-	reason := ""
+	// The runtime keeps the image: the final write names it (the pause's time, which the store
+	// checks before recording), so that whatever comes after it (a crash, a store that fails)
+	// leaves a PAUSED sandbox a resume brings back.
+	o := pauseOutcome{to: Paused, token: s.now().UTC().Format(time.RFC3339Nano)}
 	werr := early
 	if exporter {
-		_, werr = s.ckpts.save(ctx, rec)
+		var m checkpoint.Manifest
+		if m, werr = s.ckpts.capture(ctx, rec); werr == nil {
+			o.checkpoint = m.ID
+		}
 	}
 	if werr != nil {
-		// The workspace is on the sandbox's disk and the memory image is stored: the pause
-		// holds. Only the fallback snapshot is older.
+		// The workspace is on the sandbox's disk and the runtime keeps the memory image: the
+		// pause holds. Only the fallback snapshot is older.
 		s.log.Warn("a pause's workspace checkpoint failed", "sandbox", id, "err", werr)
-		reason = "paused without a new workspace snapshot: " + apierror.From(werr).Message
+		o.reason = "paused without a new workspace snapshot: " + apierror.From(werr).Message
 	}
 	if err := s.driver.Stop(ctx, id); err != nil {
-		return "", "", runtimeError(s.log, id, err, "could not release the paused sandbox's compute")
+		return pauseOutcome{}, runtimeError(s.log, id, err, "could not release the paused sandbox's compute")
 	}
 	// The compute is gone: the slot goes back before PAUSED is recorded (as a stop's). The
 	// runtime keeps its copy of the image (a resume on this host restores from it); the store's
-	// copy follows.
+	// copy follows the final write (pauseRecorded).
 	s.slots.release(ctx, rec.Tenant, rec.Project, id)
-	s.storeMemory(rec, token)
-	return Paused, reason, nil
+	return o, nil
 }
 
 // errMovedOn is a stored memory image's record update refused: the sandbox is no longer paused

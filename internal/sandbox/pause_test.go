@@ -489,6 +489,55 @@ func TestReconcilerFinishesInterruptedPauseAndResume(t *testing.T) {
 	}
 }
 
+// TestReconcilerFinishesAPauseCutAfterItsCheckpoint: the replica died after the runtime saved
+// and ended the box, before the pause's one final record write (the state, the kept image and
+// the workspace checkpoint together). The record says PAUSING and names no image; the
+// reconciler finishes the pause on the image the runtime kept, and the resume brings the same
+// processes back.
+func TestReconcilerFinishesAPauseCutAfterItsCheckpoint(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{Limit: 1})
+	ctx := context.Background()
+	sb := e.CreateRunning(t, alice)
+	loop := detached(t, e, sb.ID, "sh", "-c", appendLoop)
+	before, err := e.Fake.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setRecordState(t, e, sb.ID, Pausing, e.Clock.Now().Add(-time.Minute))
+	if err := e.Fake.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Svc.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.Fake.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := b.Record
+	// The fake reads a workspace only through its guest (no runtime.WorkspaceExporter), which
+	// the paused box no longer has: the reason says the snapshot is the older one.
+	if State(rec.State) != Paused || rec.Annotations[AnnMemoryPending] == "" ||
+		!strings.HasPrefix(rec.StateReason, "paused without a new workspace snapshot") {
+		t.Fatalf("the finished pause: got %s %q, memory_pending %q, want PAUSED naming the kept image",
+			rec.State, rec.StateReason, rec.Annotations[AnnMemoryPending])
+	}
+	if rec.LatestCheckpoint != before.Record.LatestCheckpoint {
+		t.Fatalf("the latest checkpoint changed without a new one: %q (before: %q)", rec.LatestCheckpoint, before.Record.LatestCheckpoint)
+	}
+	if u := e.Usage(t); u.InUse != 0 {
+		t.Fatalf("quota after a finished pause: %d, want 0", u.InUse)
+	}
+	waitImages(t, e.Ckpt.Derive(MemoryPrefix), sb.ID, 1)
+	resumed, err := e.Svc.Resume(ctx, alice, sb.ID)
+	if err != nil || resumed.State != Running || resumed.StateReason != "" {
+		t.Fatalf("resume: %+v, %v, want RUNNING with its memory", resumed, err)
+	}
+	if st, err := e.Svc.GetExec(ctx, alice, sb.ID, loop.ExecID, false); err != nil || st.State != ExecRunning {
+		t.Fatalf("the loop after resume: %+v, %v, want RUNNING", st, err)
+	}
+}
+
 // setRecordState writes a state into a sandbox's record as a replica that died would have left
 // it.
 func setRecordState(t *testing.T, e *domaintest.Env, id string, st State, at time.Time) {

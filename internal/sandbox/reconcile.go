@@ -222,6 +222,9 @@ func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
 	rec = b.Record
 	from := State(rec.State)
 	to, reason := from, ""
+	// mark is applied to the record with the final state; after runs once it is written.
+	var mark func(*runtime.Record)
+	var after func(runtime.Record)
 	switch from {
 	case Creating:
 		if b.Phase == runtime.PhaseRunning {
@@ -253,10 +256,11 @@ func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
 		}
 		to, reason = Stopped, why
 	case Pausing:
-		st, why, err := s.pauseWork(ctx, rec)
+		o, err := s.pauseWork(ctx, rec)
 		switch {
 		case err == nil:
-			to, reason = st, why
+			to, reason, mark = o.to, o.reason, o.mark
+			after = func(rec runtime.Record) { s.pauseRecorded(rec, o) }
 		case !s.boxDead(ctx, id):
 			to = Running // the pause cannot be done; the box runs on as before
 		default:
@@ -283,9 +287,13 @@ func (r *reconciler) finish(ctx context.Context, b runtime.Box) State {
 	default:
 		return from
 	}
-	if _, err := s.setState(ctx, id, from, to, reason); err != nil {
+	done, err := s.setStateWith(ctx, id, from, to, reason, mark)
+	if err != nil {
 		r.actionFailed(id, "finish", err)
 		return from
+	}
+	if after != nil {
+		after(done)
 	}
 	if !holdsSlot(to) {
 		s.slots.release(ctx, rec.Tenant, rec.Project, id)

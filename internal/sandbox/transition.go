@@ -15,10 +15,19 @@ import (
 // setState moves a sandbox's record from one state to another (only if it is still in from),
 // updates the lookup and publishes the event.
 func (s *Service) setState(ctx context.Context, id string, from, to State, reason string) (runtime.Record, error) {
+	return s.setStateWith(ctx, id, from, to, reason, nil)
+}
+
+// setStateWith is setState, with mark (when not nil) applied to the record in the same write:
+// what the transition leaves besides the state, recorded atomically with it.
+func (s *Service) setStateWith(ctx context.Context, id string, from, to State, reason string, mark func(*runtime.Record)) (runtime.Record, error) {
 	ctx = context.WithoutCancel(ctx)
 	rec, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
 		if State(r.State) != from {
 			return apierror.New(apierror.InvalidState, "sandbox %s is %s, not %s", id, r.State, from).WithDetail("state", r.State)
+		}
+		if mark != nil {
+			mark(r)
 		}
 		r.State = string(to)
 		r.StateReason = reason
