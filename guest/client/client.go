@@ -54,6 +54,21 @@ func Dial(rwc io.ReadWriteCloser) (*Client, error) {
 
 // DialContext is Dial with the caller's deadline for the health call.
 func DialContext(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error) {
+	c, err := DialUnchecked(ctx, rwc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Health(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// DialUnchecked is DialContext without the health call, one round trip less: for a stream made
+// for one call, whose answer tells as well whether the init is there (the driver's quiesce of
+// a pause, on a stream its handshake already proved to be the box's init).
+func DialUnchecked(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error) {
 	conn := newStreamConn(rwc)
 	// The HTTP/2 preface is written synchronously; an unresponsive stream must not hang us.
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
@@ -72,12 +87,7 @@ func DialContext(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error) {
 		}
 		return nil, fmt.Errorf("%w: dial: %v", ErrClosed, err)
 	}
-	c := &Client{conn: conn, cc: cc}
-	if _, err := c.Health(ctx); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
-	return c, nil
+	return &Client{conn: conn, cc: cc}, nil
 }
 
 // Close ends the stream; calls in flight fail with ErrClosed. Running execs are not affected.

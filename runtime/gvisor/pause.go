@@ -179,14 +179,14 @@ func (d *Driver) quiesce(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("gvisor: pause %s: reaching its guest init: %w", id, err)
 	}
-	c, err := client.Dial(conn)
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := client.DialUnchecked(qctx, conn)
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("gvisor: pause %s: %w", id, err)
 	}
 	defer c.Close()
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	if _, err := c.Quiesce(qctx); err != nil {
 		return fmt.Errorf("gvisor: pause %s: %w", id, err)
 	}
