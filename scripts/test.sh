@@ -11,37 +11,6 @@ apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs iproute2
 # The dashboard's browser test (tests/dashboard_test.go) drives Debian's Chromium with chromedp.
 export SANDBOXD_CHROMIUM; SANDBOXD_CHROMIUM=$(command -v chromium)
 
-# A cold run's serial parts wait on the network and the disk as much as on the CPU: the test
-# cluster's programs (cold ~7 min of compiling, then cached) build in the background meanwhile.
-work=$(mktemp -d /tmp/sandboxd-test.XXXXXX)
-background=()
-# start_background runs a command as a job of its own process group (its pid is the group's):
-# what it starts is ended with it.
-start_background() {
-	set -m
-	"$@" &
-	last_background=$!
-	set +m
-	background+=("$last_background")
-}
-kube_pid=""
-kube_dir=""
-cleanup() {
-	for pid in "${background[@]}"; do
-		kill -TERM -- "-$pid" 2>/dev/null || true
-	done
-	if [ -n "$kube_pid" ]; then
-		kill -TERM "$kube_pid" 2>/dev/null || true
-		wait "$kube_pid" 2>/dev/null || true
-	fi
-	wait 2>/dev/null || true
-	[ -z "$kube_dir" ] || rm -rf "$kube_dir"
-	rm -rf "$work"
-}
-trap cleanup EXIT
-start_background scripts/ensure-kubeenv.sh >"$work/kubeenv-bin" 2>"$work/kubeenv-build.log"
-kube_build_pid=$last_background
-
 export SANDBOXD_RUNSC; SANDBOXD_RUNSC=$(scripts/ensure-runsc.sh)
 export SANDBOXD_ROOTFS; SANDBOXD_ROOTFS=$(scripts/ensure-rootfs.sh sandboxes-default)
 # graphql-http's GraphQL-over-HTTP server audits, run by tests/graphql_http_audit_test.go (the
@@ -67,25 +36,24 @@ stale=$(git status --porcelain -- internal/dashboard)
 # The Kubernetes test cluster (tests/kubeenv: kube-apiserver, etcd, controllers, scheduler and a
 # virtual-kubelet node whose pods are runsc containers) for the kube runtime's tests: built once
 # (cold ~10 min, then cached), started on loopback, stopped by its PID when the tests end.
-# Its build was started in the background above.
-wait "$kube_build_pid" || { cat "$work/kubeenv-build.log" >&2; die "building the test cluster's programs failed"; }
-cat "$work/kubeenv-build.log" >&2
-kube_bin=$(cat "$work/kubeenv-bin")
-kube_dir=$(mktemp -d /tmp/sandboxd-kubeenv.XXXXXX)
-# The node runs the images deploy/ ships: scripts/build-images.sh's OCI layouts of the guest init
-# and the default sandbox base, which the node unpacks as a kubelet would pull them. They build
-# while the smoke test below waits on a cluster of its own.
-start_background scripts/build-images.sh "$kube_dir/images" >"$work/images.log" 2>&1
-images_pid=$last_background
+kube_bin=$(scripts/ensure-kubeenv.sh)
 log "tests/kubeenv (its own module): vet, and its smoke test of a cluster of its own"
 (cd tests/kubeenv && go vet ./... && KUBEENV_BIN="$kube_bin" go test -count=1 -timeout 10m ./...)
-wait "$images_pid" || { cat "$work/images.log" >&2; die "building the images failed"; }
-cat "$work/images.log" >&2
+kube_dir=$(mktemp -d /tmp/sandboxd-kubeenv.XXXXXX)
+# The node runs the images deploy/ ships: scripts/build-images.sh's OCI layouts of the guest init
+# and the default sandbox base, which the node unpacks as a kubelet would pull them.
+scripts/build-images.sh "$kube_dir/images" >&2
 log "starting the Kubernetes test cluster in $kube_dir"
 "$kube_bin/kubeenv" up --dir "$kube_dir/cluster" --bin "$kube_bin" --runsc "$SANDBOXD_RUNSC" \
 	--oci-layout "$kube_dir/images/sandbox-init" --oci-layout "$kube_dir/images/sandbox-default" \
 	>"$kube_dir/kubeenv.log" 2>&1 &
 kube_pid=$!
+stop_cluster() {
+	kill -TERM "$kube_pid" 2>/dev/null || true
+	wait "$kube_pid" 2>/dev/null || true
+	rm -rf "$kube_dir"
+}
+trap stop_cluster EXIT
 for _ in $(seq 1 240); do
 	[ -f "$kube_dir/cluster/ready" ] && break
 	kill -0 "$kube_pid" 2>/dev/null || { cat "$kube_dir/kubeenv.log" >&2; die "the Kubernetes test cluster did not start"; }
@@ -94,40 +62,24 @@ done
 [ -f "$kube_dir/cluster/ready" ] || { cat "$kube_dir/kubeenv.log" >&2; die "the Kubernetes test cluster was not ready in 120 s"; }
 export SANDBOXD_KUBEENV="$kube_dir/cluster" SANDBOXD_KUBECTL="$kube_bin/kubectl"
 
-# The native fuzz targets, each mutating for a short fixed number of inputs after the tests (go
-# test -fuzz takes one target per run; their seed corpora, f.Add and testdata/fuzz/, run with the
-# tests as plain tests), about 8 s each on 2 cores. A count, not a time: Go 1.26's fuzzing
-# coordinator can fail a run whose -fuzztime ends while a worker is busy ("context deadline
-# exceeded" with no failing input, golang/go#75804, fixed in Go 1.27). SANDBOXD_FUZZTIME
-# (a time or a count) replaces every target's. New interesting inputs stay in GOCACHE's fuzz
-# cache; a failing input is written to the package's testdata/fuzz/<Target>/ (commit it, with
-# the fix, as a regression seed). Minimizing each new input is capped, or it would take the
-# whole time of a run.
-fuzz_targets=(
-	"./internal/rest FuzzRESTDecode 5000x"
-	"./resolvers FuzzGraphQLInputs 8000x"
-	"./internal/tarsafe FuzzCleanName 300000x"
-	"./internal/source FuzzArchive 6000x"
-	"./guest/server FuzzImportTar 12000x"
-	"./guest/server FuzzResolvePath 60000x"
-)
-# Their instrumented builds (cold: minutes, every package compiled again with coverage) are made
-# at the lowest priority while the tests run, on the CPU the end-to-end tests leave idle while
-# they wait on sandboxes: one input each, its result left to the runs below.
-build_fuzzers() {
-	for target in "${fuzz_targets[@]}"; do
-		read -r pkg name _ <<<"$target"
-		nice -n 19 go test -run '^$' -fuzz "^$name\$" -fuzztime 1x "$pkg" || true
-	done
-}
-start_background build_fuzzers >"$work/fuzz-build.log" 2>&1
-fuzz_build_pid=$last_background
-
 log "go test -race ./..."
 go test -race -count=1 -timeout 60m ./... "$@"
 
-wait "$fuzz_build_pid" || true
-for target in "${fuzz_targets[@]}"; do
+# The native fuzz targets, each mutating for a short fixed number of inputs (go test -fuzz takes
+# one target per run; their seed corpora, f.Add and testdata/fuzz/, already ran above as plain
+# tests), about 8 s each on 2 cores. A count, not a time: Go 1.26's fuzzing coordinator can fail
+# a run whose -fuzztime ends while a worker is busy ("context deadline exceeded" with no failing
+# input, golang/go#75804, fixed in Go 1.27). SANDBOXD_FUZZTIME (a time or a count) replaces
+# every target's. New interesting inputs stay in GOCACHE's fuzz cache; a failing input is written
+# to the package's testdata/fuzz/<Target>/ (commit it, with the fix, as a regression seed).
+# Minimizing each new input is capped, or it would take the whole time of a run.
+for target in \
+	"./internal/rest FuzzRESTDecode 5000x" \
+	"./resolvers FuzzGraphQLInputs 8000x" \
+	"./internal/tarsafe FuzzCleanName 300000x" \
+	"./internal/source FuzzArchive 6000x" \
+	"./guest/server FuzzImportTar 12000x" \
+	"./guest/server FuzzResolvePath 60000x"; do
 	read -r pkg name fuzz_time <<<"$target"
 	fuzz_time="${SANDBOXD_FUZZTIME:-$fuzz_time}"
 	log "fuzz $name in $pkg for $fuzz_time"
