@@ -169,3 +169,34 @@ func TestDialFailsOnDeadStream(t *testing.T) {
 		t.Errorf("Dial on a dead stream: got %v, want ErrClosed", err)
 	}
 }
+
+// TestDialUnchecked: without the health call, the client serves calls on a live stream, and on a
+// dead one its first call, not the dial, fails with ErrClosed.
+func TestDialUnchecked(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	a, b := guesttest.Socketpair(t)
+	go h.Srv.ServeConn(a)
+	c, err := client.DialUnchecked(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Health(ctx); err != nil {
+		t.Fatalf("Health on an unchecked client: %v", err)
+	}
+
+	dead, other := guesttest.Socketpair(t)
+	_ = dead.Close()
+	c2, err := client.DialUnchecked(ctx, other)
+	if err != nil {
+		if !errors.Is(err, client.ErrClosed) {
+			t.Fatalf("DialUnchecked on a dead stream: got %v, want nil or ErrClosed", err)
+		}
+		return
+	}
+	defer c2.Close()
+	if _, err := c2.Health(ctx); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("the first call on a dead stream: got %v, want ErrClosed", err)
+	}
+}
