@@ -54,6 +54,7 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 		// No attach starts while the box is saved (a `runsc exec` in it would be saved too).
 		return nil, fmt.Errorf("gvisor: box %s is being paused: %w", id, runtime.ErrNotRunning)
 	}
+	d.warmIdentity() // a box that runs may be paused: see warmIdentity
 	if s := d.spares.Take(id); s != nil {
 		return s, nil
 	}

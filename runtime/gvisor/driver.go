@@ -91,6 +91,8 @@ type Driver struct {
 	pool poolIndex
 	// kept is the stopped boxes whose disks stay mounted (keptmounts.go).
 	kept keptMounts
+	// teardowns is the paused boxes' containers being deleted in the background (teardown.go).
+	teardowns teardowns
 
 	// boxMu serializes lifecycle operations on one box within this process (boxes serializes
 	// record read-modify-writes).
@@ -218,6 +220,7 @@ func New(opts Options) (*Driver, error) {
 // (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
 	d.disks.pool.close()
+	d.teardowns.wg.Wait()
 	d.kept.wg.Wait()
 	d.net.removeTableIfIdle()
 	d.cleanSharedMounts()
@@ -304,6 +307,7 @@ func (d *Driver) CreateSeeded(ctx context.Context, rec runtime.Record, seed runt
 		return err
 	}
 	d.disks.refillDiskPool(d.disks.diskBytes(rec.Spec)) // for the next create, now that this one is up
+	d.warmIdentity()
 	d.log.Info("box created", "box", id, "ms", time.Since(start).Milliseconds())
 	return nil
 }
@@ -396,6 +400,7 @@ func (d *Driver) StartSeeded(ctx context.Context, id string, seed runtime.Seed) 
 	if err := d.dropImages(id); err != nil {
 		d.log.Warn("removing a started box's memory image", "box", id, "err", err)
 	}
+	d.warmIdentity()
 	d.log.Info("box started", "box", id, "fresh", fresh, "seeded", seeded, "ms", time.Since(start).Milliseconds())
 	return fresh && !seeded, nil
 }
@@ -415,8 +420,12 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := d.boxes.admitFence(ctx, id); err != nil {
 		return err
 	}
-	if err := d.destroyContainer(ctx, id); err != nil {
-		return err
+	// A paused box's processes ended with its checkpoint; the deletion of what runsc keeps of
+	// its container may go on in the background (teardown.go) while its disk stays mounted.
+	if d.kept.max == 0 || !d.teardowns.pending(id) {
+		if err := d.destroyContainer(ctx, id); err != nil {
+			return err
+		}
 	}
 	d.clearPausing(id)
 	if d.kept.max == 0 {

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"sandboxd/runtime"
@@ -116,6 +117,15 @@ type identCache struct {
 	identOnce sync.Once
 	ident     identity
 	identErr  error
+	warming   atomic.Bool
+}
+
+// warmIdentity computes the identity in the background once a box runs: hashing runsc takes
+// about 90 ms here, which the first pause (or resume) of a server would otherwise wait for.
+func (d *Driver) warmIdentity() {
+	if d.warming.CompareAndSwap(false, true) {
+		go func() { _, _ = d.identity() }()
+	}
 }
 
 // writeImageTar writes the files as a tar stream and returns their sizes and sums.

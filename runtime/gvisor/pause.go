@@ -3,6 +3,7 @@ package gvisor
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,10 +26,12 @@ import (
 // on a host folder; proto/pause.go), then `runsc checkpoint` saves the box's memory and
 // processes into StateDir/boxes/<id>/memory.new/ and ends the sandbox; the folder is renamed
 // to memory/ once complete, with meta.json beside runsc's files (what made the image: the runsc
-// binary's hash and the host; image.go). Stop then releases the container's leftovers and the
-// disk, as for a crashed box. While a pause runs, the file `pausing` in the box's folder makes
-// Attach refuse: no `runsc exec` attach may start in the box while it is saved. MemoryImage
-// streams the kept image as tar and writes its files' sums (sums.json) on the way.
+// binary's hash and the host; image.go). The deletion of what runsc keeps of the container
+// (its processes ended with the checkpoint) starts in the background as Pause returns
+// (teardown.go); Stop then releases the disk, as for a crashed box. While a pause runs, the
+// file `pausing` in the box's folder makes Attach refuse: no `runsc exec` attach may start in
+// the box while it is saved. MemoryImage streams the kept image as tar and writes its files'
+// sums (sums.json) on the way.
 //
 // A resume restores from the kept image when its files still match their sums, else extracts
 // the stored copy (the tar stream MemoryImage made) into memory.restore/; it checks meta.json
@@ -85,7 +88,10 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("gvisor: box %s is %s: nothing to pause: %w", id, phase, runtime.ErrNotRunning)
 	}
 	start := time.Now()
-	if err := writeFileAtomic(d.boxes.boxPath(id, pausingFile), []byte(start.UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
+	// Neither this marker nor meta.json below is synced to the disk: they matter only while
+	// this host runs (a host that restarts has no box left to attach to, and its kept image
+	// is checked against its sums, or refused, before a resume).
+	if err := os.WriteFile(d.boxes.boxPath(id, pausingFile), []byte(start.UTC().Format(time.RFC3339Nano)), 0o600); err != nil {
 		return fmt.Errorf("gvisor: %w", err)
 	}
 	defer d.clearPausing(id)
@@ -114,7 +120,11 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 	// only when runsc succeeded), which the pause that finishes this one takes.
 	meta := imageMeta{Format: imageFormat, Box: id, Runsc: ident.runsc, Host: ident.host,
 		Network: rec.Spec.Network, CreatedAt: time.Now().UTC()}
-	if err := writeJSONAtomic(filepath.Join(newDir, imageMetaFile), meta); err != nil {
+	mb, err := json.MarshalIndent(meta, "", "  ")
+	if err == nil {
+		err = os.WriteFile(filepath.Join(newDir, imageMetaFile), append(mb, '\n'), 0o600)
+	}
+	if err != nil {
 		d.reopen(ctx, id, flags)
 		return fmt.Errorf("gvisor: pause %s: %w", id, err)
 	}
@@ -131,6 +141,9 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		}
 		return fmt.Errorf("gvisor: pause %s: the checkpoint failed and ended the sandbox (its workspace is intact): %w", id, err)
 	}
+	// The sandbox and its gofer ended with the checkpoint: the rest of the container's
+	// deletion follows in the background (teardown.go).
+	d.startTeardown(id)
 	t2 := time.Now()
 	d.log.Info("box paused", "box", id, "quiesce_ms", t1.Sub(start).Milliseconds(),
 		"checkpoint_ms", t2.Sub(t1).Milliseconds(), "ms", time.Since(start).Milliseconds())

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -340,4 +341,75 @@ func withMeta(t *testing.T, img []byte, old, new string) []byte {
 	}
 	tw.Close()
 	return out.Bytes()
+}
+
+// A pause returns once the checkpoint has stopped the box's kernel for good; what runsc keeps of
+// the container is deleted in the background, and whatever comes next (a stop, a resume, a
+// delete) waits for that deletion instead of meeting a container half deleted.
+func TestPauseEndsTheBoxThenDeletesItsContainer(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, c, "/tmp/counter")
+	pid1, _ := readCounter(t, c)
+
+	for round := range 3 {
+		spid, err := d.SandboxPid(ctxT(t), id)
+		if err != nil || spid <= 0 {
+			t.Fatalf("SandboxPid: %d, %v", spid, err)
+		}
+		if err := d.Pause(ctxT(t), id); err != nil {
+			t.Fatalf("Pause: %v", err)
+		}
+		// The checkpoint stopped the box's kernel for good; its sandbox process exits by itself
+		// (or is killed by the background deletion) without any other call.
+		for deadline := time.Now().Add(5 * time.Second); hostProcessRuns(spid); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the sandbox process %d still runs 5 s after Pause returned", round, spid)
+			}
+		}
+		if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseStopped {
+			t.Fatalf("round %d: right after Pause the box is %s (%s, %v), want stopped", round, b.Phase, b.Reason, err)
+		}
+		switch round {
+		case 0, 1:
+			if round == 0 {
+				if err := d.Stop(ctxT(t), id); err != nil {
+					t.Fatalf("Stop after Pause: %v", err)
+				}
+			}
+			// Round 1 resumes without a stop between (a pause whose stop was cut short).
+			if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+				t.Fatalf("round %d: Resume straight after Pause: %v", round, err)
+			}
+			c = runtimetest.Client(t, d, id)
+			if pid, _ := readCounter(t, c); pid != pid1 {
+				t.Fatalf("round %d: after resume the loop is pid %d, want %d", round, pid, pid1)
+			}
+		case 2:
+			// A delete straight after the pause: nothing is left behind (newDriver's cleanup
+			// checks runsc's containers and the mounts).
+			if err := d.Delete(ctxT(t), id); err != nil {
+				t.Fatalf("Delete straight after Pause: %v", err)
+			}
+			out, err := exec.Command(components.runsc, "--root="+d.RootDir(), "list", "-quiet").Output()
+			if err != nil || strings.TrimSpace(string(out)) != "" {
+				t.Fatalf("containers after Delete: %q, %v", out, err)
+			}
+		}
+	}
+}
+
+// hostProcessRuns reports whether pid is a live process on the host (not gone, not a zombie).
+func hostProcessRuns(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }

@@ -263,6 +263,10 @@ func (d *Driver) observe(ctx context.Context, id string) (runtime.Phase, string,
 	if reason, err := os.ReadFile(d.boxes.boxPath(id, tamperedFile)); err == nil {
 		return runtime.PhaseFailed, string(reason), nil
 	}
+	if d.teardowns.pending(id) {
+		// A checkpoint ended its processes; runsc's state is being deleted (teardown.go).
+		return runtime.PhaseStopped, "", nil
+	}
 	st, exists, err := d.readState(ctx, id)
 	if err != nil {
 		return "", "", err
@@ -376,8 +380,17 @@ func fieldValue(b []byte, key string) (int64, bool) {
 
 // destroyContainer ends a box's container: delete -force, then the leftovers runsc does
 // not always clean (the box's cgroups; the shared null-netns mount once no container is left).
-// It is idempotent and a no-op when there is no container.
+// It is idempotent and a no-op when there is no container. It waits first for the background
+// deletion a pause started (teardown.go).
 func (d *Driver) destroyContainer(ctx context.Context, id string) error {
+	if err := d.teardowns.wait(ctx, id); err != nil {
+		return err
+	}
+	return d.destroyContainerNow(ctx, id)
+}
+
+// destroyContainerNow is destroyContainer without the wait: the teardown's own steps.
+func (d *Driver) destroyContainerNow(ctx context.Context, id string) error {
 	d.spares.Drop(id)
 	st, exists, err := d.readState(ctx, id)
 	if err != nil {
