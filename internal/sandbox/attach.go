@@ -129,6 +129,44 @@ func (c *attachments) drop(id string) {
 	}
 }
 
+// forPause ends this replica's attach to the sandbox for its pause. When the attach is whole,
+// the returned context lets the driver quiesce the guest init over it (runtime.WithQuiesce),
+// which ends it; end, called once the driver's Pause returned, ends it otherwise.
+func (c *attachments) forPause(ctx context.Context, id string) (pctx context.Context, end func()) {
+	a := c.take(id)
+	if a == nil {
+		return ctx, func() {}
+	}
+	var once sync.Once
+	end = func() { once.Do(a.close) }
+	return runtime.WithQuiesce(ctx, func(qctx context.Context) error {
+		defer end()
+		_, err := a.client.Quiesce(qctx)
+		return err
+	}), end
+}
+
+// take forgets the sandbox's attach stream and returns it when it is ready and whole; else it
+// drops it as drop does and returns nil. The caller closes what it took.
+func (c *attachments) take(id string) *attachment {
+	c.mu.Lock()
+	a, ok := c.m[id]
+	delete(c.m, id)
+	c.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	select {
+	case <-a.ready:
+		if a.client != nil && !a.broken() {
+			return a
+		}
+	default:
+	}
+	go a.close()
+	return nil
+}
+
 // dropBroken forgets the sandbox's attach stream when it broke. A failed call does not say
 // which stream it went over: the cached one may already be a newer attach that another
 // caller made after the break, with calls in flight (an exec's retry of its start), and

@@ -224,8 +224,10 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (pauseOutco
 	if !exporter {
 		_, early = s.ckpts.save(ctx, rec)
 	}
-	s.attachs.drop(id)
-	if err := s.driver.Pause(ctx, id); err != nil {
+	pctx, endAttach := s.attachs.forPause(ctx, id)
+	err := s.driver.Pause(pctx, id)
+	endAttach()
+	if err != nil {
 		if errors.Is(err, runtime.ErrFenced) {
 			return pauseOutcome{}, fencedOff(s.log, id, err)
 		}

@@ -95,9 +95,8 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("gvisor: %w", err)
 	}
 	defer d.clearPausing(id)
-	d.spares.Drop(id)
 
-	if err := d.quiesce(ctx, id); err != nil {
+	if err := d.quiesce(ctx, id, d.spares.Take(id)); err != nil {
 		return err
 	}
 	t1 := time.Now()
@@ -172,10 +171,36 @@ func (d *Driver) checkpointInto(ctx context.Context, id string, spec runtime.Box
 	return nil
 }
 
-// quiesce asks the box's guest init to close its host socket, over that socket. A box whose
-// socket does not answer may have been quiesced by a pause that was cut short: it is asked to
-// listen again first.
-func (d *Driver) quiesce(ctx context.Context, id string) error {
+// quiesce asks the box's guest init to close its host socket. It asks over the caller's
+// attach when ctx carries one (runtime.WithQuiesce), else over spare (the attach that proved
+// the box's last start or resume ready, whose handshake is done), else over a stream of its
+// own on that socket; a stream that fails (not the guest's refusal, which is the answer) leaves
+// it to the next. A box whose socket does not answer may have been quiesced by a pause that was
+// cut short: it is asked to listen again first. quiesce closes spare.
+func (d *Driver) quiesce(ctx context.Context, id string, spare io.ReadWriteCloser) error {
+	answered := func(err error) bool {
+		var ge *proto.Error
+		return err == nil || errors.As(err, &ge)
+	}
+	if fn := runtime.QuiesceFrom(ctx); fn != nil {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := fn(qctx)
+		cancel()
+		if answered(err) {
+			if spare != nil {
+				spare.Close()
+			}
+			return wrapQuiesce(id, err)
+		}
+		d.log.Info("quiescing a box over the caller's attach failed", "box", id, "err", err)
+	}
+	if spare != nil {
+		err := quiesceOver(ctx, spare)
+		if answered(err) {
+			return wrapQuiesce(id, err)
+		}
+		d.log.Info("quiescing a box over its spare attach failed", "box", id, "err", err)
+	}
 	key, err := d.channelKey(id)
 	if err != nil {
 		return err
@@ -192,15 +217,26 @@ func (d *Driver) quiesce(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("gvisor: pause %s: reaching its guest init: %w", id, err)
 	}
+	return wrapQuiesce(id, quiesceOver(ctx, conn))
+}
+
+// quiesceOver makes the quiesce call on conn, a stream whose handshake is done (no health
+// call: its one call answers too), and closes it.
+func quiesceOver(ctx context.Context, conn io.ReadWriteCloser) error {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c, err := client.DialUnchecked(qctx, conn)
 	if err != nil {
 		conn.Close()
-		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+		return err
 	}
 	defer c.Close()
-	if _, err := c.Quiesce(qctx); err != nil {
+	_, err = c.Quiesce(qctx)
+	return err
+}
+
+func wrapQuiesce(id string, err error) error {
+	if err != nil {
 		return fmt.Errorf("gvisor: pause %s: %w", id, err)
 	}
 	return nil

@@ -413,3 +413,82 @@ func hostProcessRuns(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
+
+// A pause quiesces the guest init over the caller's attach when the context carries one
+// (runtime.WithQuiesce), else over the spare attach of the box's last resume, else over a
+// stream of its own (also when the caller's attach fails); the guest's refusal over the
+// caller's attach is the pause's answer.
+func TestPauseQuiescesOverTheCallersAttach(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, c, "/tmp/counter")
+	pid1, _ := readCounter(t, c)
+
+	pauseWith := func(c *client.Client, fail error) (called bool) {
+		t.Helper()
+		ctx := runtime.WithQuiesce(ctxT(t), func(ctx context.Context) error {
+			called = true
+			defer c.Close()
+			if fail != nil {
+				return fail
+			}
+			_, err := c.Quiesce(ctx)
+			return err
+		})
+		if err := d.Pause(ctx, id); err != nil {
+			t.Fatalf("Pause: %v", err)
+		}
+		if err := d.Stop(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		return called
+	}
+	// Over the caller's attach.
+	if !pauseWith(c, nil) {
+		t.Fatal("the driver did not quiesce over the caller's attach")
+	}
+	c = runtimetest.Client(t, d, id)
+	if pid, _ := readCounter(t, c); pid != pid1 {
+		t.Fatalf("after the pause the loop is pid %d, want %d", pid, pid1)
+	}
+	// The caller's attach broken: the driver's own stream.
+	if !pauseWith(c, client.ErrClosed) {
+		t.Fatal("the driver did not try the caller's attach")
+	}
+	// Straight after that resume, no attach taken: over the spare attach the resume kept.
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause right after a resume: %v", err)
+	}
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	c = runtimetest.Client(t, d, id)
+	if pid, _ := readCounter(t, c); pid != pid1 {
+		t.Fatalf("after the third pause the loop is pid %d, want %d", pid, pid1)
+	}
+	// The guest refuses over the caller's attach: that is the answer, and the box runs on.
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"python3", "-c",
+		"import socket,time; s=socket.socket(socket.AF_UNIX); s.bind('/workspace/app.sock'); s.listen(); open('/tmp/ready','w').close(); time.sleep(600)"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, c, "/tmp/ready")
+	err := d.Pause(runtime.WithQuiesce(ctxT(t), func(ctx context.Context) error {
+		_, err := c.Quiesce(ctx)
+		return err
+	}), id)
+	var pe *proto.Error
+	if !errors.As(err, &pe) || pe.Code != proto.ErrCodeState {
+		t.Fatalf("Pause refused over the caller's attach: got %v, want the guest's invalid_state", err)
+	}
+	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
+}
