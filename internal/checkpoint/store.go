@@ -202,7 +202,7 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 			return Manifest{}, fmt.Errorf("save checkpoint: parent: %w", err)
 		}
 	}
-	n, err := s.claim(ctx, sc)
+	n, leftovers, err := s.claim(ctx, sc)
 	if err != nil {
 		return Manifest{}, fmt.Errorf("save checkpoint of %s: %w", sc.Sandbox, err)
 	}
@@ -221,7 +221,9 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 	mkey := s.key(sc, n, kindManifest)
 	_, err = s.objs.Put(ctx, mkey, bytes.NewReader(b), PutOptions{IfNotExists: true, ContentType: "application/json"})
 	if err == nil {
-		s.gcAfterSave(ctx, sc)
+		if leftovers || n%gcEvery == 0 {
+			s.gcAfterSave(ctx, sc)
+		}
 		return m, nil
 	}
 	// A Put may fail after storing the object (a lost response), and a store that retries a
@@ -242,9 +244,16 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 	return Manifest{}, fmt.Errorf("save checkpoint %s: manifest: %w", m.ID, err)
 }
 
+// gcEvery is how often (in sequence numbers) a Save collects garbage when its claim's listing
+// saw none: a Save killed before its claim was written leaves only a temporary file, which no
+// listing shows.
+const gcEvery = 16
+
 // gcAfterSave removes what earlier Saves of the sandbox left behind when their process died
 // mid-upload (older than the grace period). It is best effort: the new checkpoint is complete
-// whatever happens here, and the next Save tries again.
+// whatever happens here, and the next Save tries again. Save runs it when its claim's listing
+// saw anything but whole checkpoints (a claim, or a data object without its manifest: another
+// Save in flight, or one that died), and every gcEvery numbers.
 func (s *Store) gcAfterSave(ctx context.Context, sc Scope) {
 	c, cancel := detached(ctx)
 	defer cancel()
@@ -267,35 +276,45 @@ func (s *Store) cleanup(ctx context.Context, key string) error {
 }
 
 // claim takes the sandbox's next free sequence number: the first n above every number in use
-// (by a manifest, data object or claim) whose claim object this Save creates.
-func (s *Store) claim(ctx context.Context, sc Scope) (int64, error) {
+// (by a manifest, data object or claim) whose claim object this Save creates. It also reports
+// whether its listing held anything but whole checkpoints (leftovers, for gcAfterSave).
+func (s *Store) claim(ctx context.Context, sc Scope) (n int64, leftovers bool, err error) {
 	objs, err := s.objs.List(ctx, s.dir(sc))
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	var last int64
+	complete := map[int64]bool{}
 	for _, o := range objs {
-		if n, _, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok && n > last {
-			last = n
+		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok {
+			last = max(last, n)
+			if kind == kindManifest {
+				complete[n] = true
+			}
+		}
+	}
+	for _, o := range objs {
+		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok && (kind == kindClaim || !complete[n]) {
+			leftovers = true
 		}
 	}
 	body, err := json.Marshal(struct {
 		CreatedAt time.Time `json:"created_at"`
 	}{s.now().UTC()})
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	for n := last + 1; n <= last+maxClaims; n++ {
 		if n > maxSeq {
-			return 0, fmt.Errorf("%w: sequence numbers exhausted", ErrConflict)
+			return 0, false, fmt.Errorf("%w: sequence numbers exhausted", ErrConflict)
 		}
 		ckey := s.key(sc, n, kindClaim)
-		_, err := s.objs.Put(ctx, ckey, bytes.NewReader(body), PutOptions{IfNotExists: true, ContentType: "application/json"})
+		_, err := s.objs.Put(ctx, ckey, bytes.NewReader(body), PutOptions{IfNotExists: true})
 		if errors.Is(err, ErrPrecondition) {
 			continue // another Save holds n
 		}
 		if err != nil {
-			return 0, fmt.Errorf("claim %s: %w", ckey, err)
+			return 0, false, fmt.Errorf("claim %s: %w", ckey, err)
 		}
 		// n is ours, but a Save that finished since our List has released its claim of n:
 		// make sure nothing else uses n.
@@ -306,17 +325,17 @@ func (s *Store) claim(ctx context.Context, sc Scope) (int64, error) {
 				used = true
 			} else if !errors.Is(err, ErrNotExist) {
 				s.cleanup(ctx, ckey)
-				return 0, fmt.Errorf("claim %s: %w", ckey, err)
+				return 0, false, fmt.Errorf("claim %s: %w", ckey, err)
 			}
 		}
 		if !used {
-			return n, nil
+			return n, leftovers, nil
 		}
 		if err := s.objs.Delete(ctx, ckey); err != nil && !errors.Is(err, ErrNotExist) {
-			return 0, fmt.Errorf("release %s: %w", ckey, err)
+			return 0, false, fmt.Errorf("release %s: %w", ckey, err)
 		}
 	}
-	return 0, fmt.Errorf("%w: %d numbers after %d taken", ErrConflict, maxClaims, last)
+	return 0, false, fmt.Errorf("%w: %d numbers after %d taken", ErrConflict, maxClaims, last)
 }
 
 // upload streams tarStream → zstd → (sha256, count) → the data object of m, and fills in
