@@ -263,3 +263,28 @@ func TestSaveRemovesWhatAKilledSaveLeft(t *testing.T) {
 		}
 	}
 }
+
+// TestSaveRemovesALoneTempFile: a process killed before its claim was written leaves only a
+// temporary file, which no listing shows; Saves collect it every 16 sequence numbers.
+func TestSaveRemovesALoneTempFile(t *testing.T) {
+	now := time.Now()
+	st, objs := newStore(t, checkpoint.Options{GCGrace: time.Hour, Now: func() time.Time { return now }})
+	sc := newScope()
+	tarball, _ := smallTar(t, 22)
+	first := save(t, st, sc, tarball, "")
+	folder, _ := objs.Path(path.Dir(first.Object))
+	stale := filepath.Join(folder, ".tmp-killed-before-its-claim")
+	if err := os.WriteFile(stale, []byte("half a claim"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := now.Add(-2 * time.Hour)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	for range 15 {
+		save(t, st, sc, tarball, "")
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("after 16 Saves the stale temporary file is still there (%v)", err)
+	}
+}
