@@ -348,13 +348,7 @@ func withMeta(t *testing.T, img []byte, old, new string) []byte {
 // delete) waits for that deletion instead of meeting a container half deleted.
 func TestPauseEndsTheBoxThenDeletesItsContainer(t *testing.T) {
 	d := newDriver(t)
-	id := runtimetest.CreateBox(t, d, defaultSpec())
-	c := runtimetest.Client(t, d, id)
-	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, c, "/tmp/counter")
-	pid1, _ := readCounter(t, c)
+	id, c, pid1 := boxWithCounter(t, d)
 
 	for round := range 3 {
 		spid, err := d.SandboxPid(ctxT(t), id)
@@ -403,6 +397,20 @@ func TestPauseEndsTheBoxThenDeletesItsContainer(t *testing.T) {
 	}
 }
 
+// boxWithCounter creates a box running counterLoop and returns it, an attach to it and the
+// loop's pid.
+func boxWithCounter(t *testing.T, d *gvisor.Driver) (string, *client.Client, int) {
+	t.Helper()
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, c, "/tmp/counter")
+	pid, _ := readCounter(t, c)
+	return id, c, pid
+}
+
 // hostProcessRuns reports whether pid is a live process on the host (not gone, not a zombie).
 func hostProcessRuns(pid int) bool {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
@@ -420,13 +428,7 @@ func hostProcessRuns(pid int) bool {
 // caller's attach is the pause's answer.
 func TestPauseQuiescesOverTheCallersAttach(t *testing.T) {
 	d := newDriver(t)
-	id := runtimetest.CreateBox(t, d, defaultSpec())
-	c := runtimetest.Client(t, d, id)
-	if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", counterLoop}}); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, c, "/tmp/counter")
-	pid1, _ := readCounter(t, c)
+	id, c, pid1 := boxWithCounter(t, d)
 
 	pauseWith := func(c *client.Client, fail error) (called bool) {
 		t.Helper()
