@@ -202,7 +202,8 @@ type Driver interface {
 	// workspace is still readable (ExportWorkspace), and Stop releases the rest. A box whose
 	// compute is gone and that has a kept image was paused already: no error. A driver that
 	// cannot keep a box's memory returns an error wrapping ErrUnsupported; a box whose state
-	// cannot be saved (a guest that refuses, with its reason) keeps running.
+	// cannot be saved (a guest that refuses, with its reason) keeps running. ctx may carry the
+	// caller's way to quiesce the guest init over an attach it holds (WithQuiesce).
 	Pause(ctx context.Context, id string) error
 	// MemoryImage opens the image the last Pause kept, as an uncompressed tar stream, for the
 	// caller to store elsewhere; ErrNotFound when none is kept. The driver keeps its copy (a
