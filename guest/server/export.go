@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"io/fs"
 	"net/http"
@@ -82,7 +83,10 @@ func WriteTarReadahead(ctx context.Context, dir string, w io.Writer) (int, error
 }
 
 func writeTar(ctx context.Context, dir string, w io.Writer, readahead bool) (int, error) {
-	top, err := os.Open(dir)
+	top, err := os.OpenFile(dir, os.O_RDONLY|unix.O_NOATIME, 0)
+	if errors.Is(err, unix.EPERM) {
+		top, err = os.Open(dir)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -227,7 +231,12 @@ func (e *exporter) entry(dirfd int, name, p string) error {
 		ModTime: time.Unix(st.Mtim.Unix())}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
-		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		// O_NOATIME: reading a folder for a checkpoint is no change of it (nor a write of the
+		// disk, which a workspace's version counts: runtime.WorkspaceExporter).
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOATIME, 0)
+		if err == unix.EPERM { // O_NOATIME on a folder that is not ours
+			fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
 		if err != nil {
 			if err == unix.ENOENT || err == unix.ELOOP || err == unix.ENOTDIR {
 				return nil
@@ -257,7 +266,10 @@ func (e *exporter) entry(dirfd int, name, p string) error {
 		e.files++
 		return e.tw.WriteHeader(hdr)
 	case unix.S_IFREG:
-		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOATIME, 0)
+		if err == unix.EPERM {
+			fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		}
 		if err != nil {
 			if err == unix.ENOENT || err == unix.ELOOP {
 				return nil
