@@ -253,8 +253,23 @@ type ImageSource func(ctx context.Context) (io.ReadCloser, error)
 // guest init (the local driver reads the host folder, ten times faster than through gVisor's
 // file system, and also when the box has died). The stream is an uncompressed tar that never
 // follows a symlink; the domain prefers it for checkpoints and falls back to the guest's export.
+//
+// Such a driver also tells, without reading it, whether a box's workspace has changed since an
+// earlier moment (the local driver: its disk's mount and the count of what was written to it),
+// or that it cannot tell. The domain uses it to let a pause whose workspace is unchanged since
+// the latest checkpoint keep that checkpoint instead of writing the same bytes again.
 type WorkspaceExporter interface {
 	ExportWorkspace(ctx context.Context, id string) (io.ReadCloser, error)
+	// WorkspaceVersion returns the workspace's version now, "" when the driver cannot tell
+	// (the version then never matches). Call it only while nothing in the box runs (after its
+	// Pause): a checkpoint of the workspace taken before the box runs again holds the
+	// workspace at that version. unchanged is true only when since is a version an earlier
+	// call returned and nothing has changed in the workspace since that call; a write the
+	// host has not put on the disk yet counts as a change. With settle, the host first puts
+	// every such write on the disk: the version is then that of what the workspace holds now.
+	// Without it the version can be an earlier one (a later call then finds the workspace
+	// changed, which only costs a checkpoint), and it costs nothing when nothing is pending.
+	WorkspaceVersion(ctx context.Context, id, since string, settle bool) (version string, unchanged bool, err error)
 }
 
 // Seed opens the workspace tar a seeded create or start extracts (a checkpoint, hashed as it is

@@ -197,6 +197,13 @@ func (p tracedExporter) ExportWorkspace(ctx context.Context, id string) (io.Read
 	return rc, err
 }
 
+func (p tracedExporter) WorkspaceVersion(ctx context.Context, id, since string, settle bool) (string, bool, error) {
+	ctx, span := p.t.start(ctx, "WorkspaceVersion", id)
+	v, unchanged, err := p.ex.WorkspaceVersion(ctx, id, since, settle)
+	end(span, err)
+	return v, unchanged, err
+}
+
 // tracedSeeder is the part of the wrapper of a driver that extracts workspaces itself.
 type tracedSeeder struct {
 	t  *tracedDriver

@@ -29,6 +29,10 @@ func (exporting) ExportWorkspace(ctx context.Context, id string) (io.ReadCloser,
 	return io.NopCloser(strings.NewReader("tar")), nil
 }
 
+func (exporting) WorkspaceVersion(ctx context.Context, id, since string, settle bool) (string, bool, error) {
+	return "v1", since == "v1", nil
+}
+
 func TestTracedDriverKeepsWorkspaceExporter(t *testing.T) {
 	if _, ok := tracing.Driver(runtimetest.NewFakeT(t)).(runtime.WorkspaceExporter); ok {
 		t.Error("the wrapper of a driver without ExportWorkspace has one")
@@ -45,9 +49,15 @@ func TestTracedDriverKeepsWorkspaceExporter(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.Close()
+	if v, unchanged, err := ex.WorkspaceVersion(ctx, "sbx_1", "v1", false); v != "v1" || !unchanged || err != nil {
+		t.Errorf("WorkspaceVersion through the wrapper: %q, %v, %v", v, unchanged, err)
+	}
 	parent.End()
-	if names := spanNames(rec.Ended()); !strings.Contains(names, "driver.ExportWorkspace") {
-		t.Errorf("spans %s, want driver.ExportWorkspace", names)
+	names := spanNames(rec.Ended())
+	for _, want := range []string{"driver.ExportWorkspace", "driver.WorkspaceVersion"} {
+		if !strings.Contains(names, want) {
+			t.Errorf("spans %s, want %s", names, want)
+		}
 	}
 }
 
