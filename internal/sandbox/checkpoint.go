@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"sandboxd/guest/client"
@@ -65,6 +66,67 @@ func (c *checkpoints) capture(ctx context.Context, rec runtime.Record) (checkpoi
 	c.metrics.lifecycle("checkpoint", "ok", c.now().Sub(start))
 	c.log.Info("workspace checkpointed", "sandbox", rec.ID, "snapshot", m.ID, "bytes", m.Size, "ms", c.now().Sub(start).Milliseconds())
 	return m, nil
+}
+
+// settled is what captureSettled leaves: the checkpoint that holds the workspace now, the
+// runtime's version of the workspace it holds ("" for none) and whether it is the latest one
+// kept rather than a new one.
+type settled struct {
+	checkpoint string
+	version    string
+	kept       bool
+}
+
+// captureSettled is capture for a box in which nothing runs (a paused one). When the runtime
+// tells that the workspace has not changed since the latest checkpoint was captured this way
+// (runtime.WorkspaceExporter's WorkspaceVersion, annWorkspaceVersion), that checkpoint holds
+// the same bytes and stays the latest: nothing is read or written (for an idle sandbox's
+// pause, most of its checkpoint's cost on the local store, a round trip or more on GCS).
+func (c *checkpoints) captureSettled(ctx context.Context, rec runtime.Record) (settled, error) {
+	ex, ok := c.driver.(runtime.WorkspaceExporter)
+	if !ok {
+		m, err := c.capture(ctx, rec)
+		return settled{checkpoint: m.ID}, err
+	}
+	since := ""
+	if ckpt, v, ok := strings.Cut(rec.Annotations[annWorkspaceVersion], " "); ok && ckpt != "" && ckpt == rec.LatestCheckpoint {
+		since = v
+	}
+	v, unchanged, err := ex.WorkspaceVersion(ctx, rec.ID, since, false)
+	if err != nil {
+		c.log.Warn("reading the workspace's version; checkpointing it", "sandbox", rec.ID, "err", err)
+	}
+	if unchanged {
+		// Only a checkpoint still there stands for a new one.
+		_, err := c.store.Get(ctx, scopeOf(rec), rec.LatestCheckpoint)
+		if err == nil {
+			c.log.Info("workspace unchanged since its latest checkpoint", "sandbox", rec.ID, "snapshot", rec.LatestCheckpoint)
+			return settled{checkpoint: rec.LatestCheckpoint, version: v, kept: true}, nil
+		}
+		c.log.Warn("the workspace is unchanged but its latest checkpoint cannot be read; checkpointing it",
+			"sandbox", rec.ID, "snapshot", rec.LatestCheckpoint, "err", err)
+	}
+	// A new checkpoint. Beside it the host writes the workspace back, so that the version
+	// recorded with it is the one of what it holds: one read with writes pending would be an
+	// earlier one, and cost the next pause of an unchanged workspace a checkpoint.
+	var out settled
+	done := make(chan struct{})
+	if v != "" {
+		go func() {
+			defer close(done)
+			sv, _, err := ex.WorkspaceVersion(ctx, rec.ID, "", true)
+			if err != nil {
+				c.log.Warn("reading the workspace's version", "sandbox", rec.ID, "err", err)
+			}
+			out.version = sv
+		}()
+	} else {
+		close(done)
+	}
+	m, err := c.capture(ctx, rec)
+	<-done
+	out.checkpoint = m.ID
+	return out, err
 }
 
 // export streams the workspace as tar: from the driver when it can read the

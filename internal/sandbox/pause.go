@@ -47,6 +47,11 @@ const (
 	// annMemoryPending is set while the runtime keeps a paused sandbox's image and it is not
 	// stored yet: the time of the pause that made it, which the store checks before recording.
 	annMemoryPending = "memory_pending"
+	// annWorkspaceVersion pairs the latest checkpoint a pause took with the runtime's version of
+	// the workspace it holds ("<checkpoint> <version>", runtime.WorkspaceExporter): a later
+	// pause that finds the same version keeps that checkpoint. Any other checkpoint recorded as
+	// the latest (a stop's, a snapshot's, a deletion's) unpairs it.
+	annWorkspaceVersion = "workspace_version"
 	// annAutostopAction is "pause" when idle auto-stop pauses the sandbox instead of stopping it.
 	annAutostopAction = "autostop_action"
 	// annAutoResume is "true" when exec and file calls on the PAUSED sandbox resume it first.
@@ -169,8 +174,12 @@ type pauseOutcome struct {
 	// token is the time of the pause whose image the runtime keeps (annMemoryPending), for the
 	// store to take after the answer.
 	token string
-	// checkpoint is the workspace checkpoint the pause took, the record's latest from then on.
-	checkpoint string
+	// checkpoint is the workspace checkpoint the pause took, the record's latest from then on:
+	// the latest one already when keptCheckpoint (the workspace had not changed since it was
+	// taken). version is the runtime's version of the workspace it holds (annWorkspaceVersion).
+	checkpoint     string
+	version        string
+	keptCheckpoint bool
 }
 
 // mark applies the outcome to the record, in the write that moves it to o.to: one write (and
@@ -187,13 +196,21 @@ func (o pauseOutcome) mark(r *runtime.Record) {
 	}
 	if o.checkpoint != "" {
 		r.LatestCheckpoint = o.checkpoint
+		if r.Annotations == nil {
+			r.Annotations = map[string]string{}
+		}
+		if o.version != "" {
+			r.Annotations[annWorkspaceVersion] = o.checkpoint + " " + o.version
+		} else {
+			delete(r.Annotations, annWorkspaceVersion)
+		}
 	}
 }
 
 // pauseRecorded starts what follows a pause's final record write, after the answer: the old
 // workspace checkpoints' retention, and the store of the memory image.
 func (s *Service) pauseRecorded(rec runtime.Record, o pauseOutcome) {
-	if o.checkpoint != "" {
+	if o.checkpoint != "" && !o.keptCheckpoint {
 		s.chore(func(ctx context.Context) { s.ckpts.retain(ctx, rec, o.checkpoint) })
 	}
 	if o.token != "" {
@@ -255,9 +272,9 @@ func (s *Service) pauseWork(ctx context.Context, rec runtime.Record) (pauseOutco
 	o := pauseOutcome{to: Paused, token: s.now().UTC().Format(time.RFC3339Nano)}
 	werr := early
 	if exporter {
-		var m checkpoint.Manifest
-		if m, werr = s.ckpts.capture(ctx, rec); werr == nil {
-			o.checkpoint = m.ID
+		var ws settled
+		if ws, werr = s.ckpts.captureSettled(ctx, rec); werr == nil {
+			o.checkpoint, o.version, o.keptCheckpoint = ws.checkpoint, ws.version, ws.kept
 		}
 	}
 	if werr != nil {
