@@ -44,6 +44,7 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	size := &Group{Name: "memory image, " + name}
 	groups = []*Group{pause, resume, size}
 	oursPause := pause.result("REST POST …/pause", false)
+	oursPauseWritten := pause.result("REST POST …/pause, a file written in /workspace before it", false)
 	barePause := pause.result("bare runsc checkpoint --image-path", true)
 	oursStored := pause.result("REST POST …/pause, until its image is stored", false)
 	oursResume := resume.result("REST POST …/resume", false)
@@ -130,13 +131,36 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	// The pause answers before its image is stored: the store is waited for (untimed for the
 	// pause, and before the resume, which it would otherwise share the cores with) and timed
 	// as a row of its own, from the pause's request.
+	//
+	// Every other pause follows a write in /workspace (untimed), so that the pause takes a new
+	// workspace checkpoint; the others find the workspace unchanged since the pause before and
+	// keep its checkpoint. Each kind is a row of its own.
 	var images [][2]int64
 	var storedIn []time.Duration
 	watchSize := step{oursPause, steps[0].run}
+	pauses := 0
+	steps[0].res = &Result{Label: "REST POST …/pause"} // the rows are added to below
 	steps[0].run = func(ctx context.Context) (time.Duration, error) {
+		k := pauses
+		pauses++
+		if k%2 == 1 {
+			body := execBody([]string{"sh", "-c", fmt.Sprintf("echo %d > /workspace/pause-%d", k, k%4)}, "")
+			if res, err := b.api.exec(ctx, id, body); err != nil {
+				return 0, err
+			} else if err := res.check(""); err != nil {
+				return 0, err
+			}
+		}
 		before := b.newestMemoryManifest(id)
 		t0 := time.Now()
 		d, err := watchSize.run(ctx)
+		switch {
+		case err != nil || k == 0: // the warm-up round's
+		case k%2 == 1:
+			oursPauseWritten.add(d)
+		default:
+			oursPause.add(d)
+		}
 		if err != nil || b.stateDir == "" {
 			return d, err
 		}
@@ -177,8 +201,10 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 		what = fmt.Sprintf("a sandbox whose python3 holds %d MiB of random bytes (incompressible)", mib)
 	}
 	pause.Note = what + ". Ours: the guest init closes its host socket, `runsc checkpoint` into the box's folder, the " +
-		"record naming the kept image, a workspace checkpoint, `runsc delete` and the disk's unmount; the slot, the " +
-		"answer. The image (tar) is then compressed (Go zstd level 1) with its CRC-32C sums into the local checkpoint " +
+		"workspace's version (its disk's mount and write count), a workspace checkpoint unless the workspace is " +
+		"unchanged since the latest one (the row \"a file written in /workspace before it\": every other pause follows " +
+		"such a write, untimed, and takes a new one; the others keep the one before), the record; the box's " +
+		"container deleted after the answer; the slot, the answer. The image (tar) is then compressed (Go zstd level 1) with its CRC-32C sums into the local checkpoint " +
 		"store (fsynced) after the answer: the row \"until its image is stored\" times that, from the pause's request to " +
 		"the stored manifest (polled every 2 ms), and the benchmark waits for it before the resume. Bare: `runsc checkpoint " +
 		"--image-path` of a container of the same OCI config (its init without a host socket) running the same workload, " +
