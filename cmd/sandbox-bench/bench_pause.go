@@ -132,9 +132,11 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	// pause, and before the resume, which it would otherwise share the cores with) and timed
 	// as a row of its own, from the pause's request.
 	//
-	// Every other pause follows a write in /workspace (untimed), so that the pause takes a new
-	// workspace checkpoint; the others find the workspace unchanged since the pause before and
-	// keep its checkpoint. Each kind is a row of its own.
+	// Half the pauses follow a write in /workspace (untimed), so that they take a new workspace
+	// checkpoint; the others find the workspace unchanged since the pause before and keep its
+	// checkpoint. Each kind is a row of its own. The kinds go in pairs of rounds (written
+	// when k/2 is odd), so that each kind comes after ours and after the bare side alike: the
+	// bare side's 200 MiB image is still being written back when a pause that follows it runs.
 	var images [][2]int64
 	var storedIn []time.Duration
 	watchSize := step{oursPause, steps[0].run}
@@ -143,7 +145,8 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	steps[0].run = func(ctx context.Context) (time.Duration, error) {
 		k := pauses
 		pauses++
-		if k%2 == 1 {
+		written := k/2%2 == 1
+		if written {
 			body := execBody([]string{"sh", "-c", fmt.Sprintf("echo %d > /workspace/pause-%d", k, k%4)}, "")
 			if res, err := b.api.exec(ctx, id, body); err != nil {
 				return 0, err
@@ -156,7 +159,7 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 		d, err := watchSize.run(ctx)
 		switch {
 		case err != nil || k == 0: // the warm-up round's
-		case k%2 == 1:
+		case written:
 			oursPauseWritten.add(d)
 		default:
 			oursPause.add(d)
@@ -202,8 +205,8 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	}
 	pause.Note = what + ". Ours: the guest init closes its host socket, `runsc checkpoint` into the box's folder, the " +
 		"workspace's version (its disk's mount and write count), a workspace checkpoint unless the workspace is " +
-		"unchanged since the latest one (the row \"a file written in /workspace before it\": every other pause follows " +
-		"such a write, untimed, and takes a new one; the others keep the one before), the record; the box's " +
+		"unchanged since the latest one (the row \"a file written in /workspace before it\": half the pauses, in pairs of " +
+		"rounds, follow such a write, untimed, and take a new one; the others keep the one before), the record; the box's " +
 		"container deleted after the answer; the slot, the answer. The image (tar) is then compressed (Go zstd level 1) with its CRC-32C sums into the local checkpoint " +
 		"store (fsynced) after the answer: the row \"until its image is stored\" times that, from the pause's request to " +
 		"the stored manifest (polled every 2 ms), and the benchmark waits for it before the resume. Bare: `runsc checkpoint " +
