@@ -70,16 +70,19 @@ func TestPauseKeepsAnUnchangedWorkspacesCheckpoint(t *testing.T) {
 		// (from before the change) becomes its latest; the next pause must not let it stand
 		// for the workspace, which has not changed since the deleted one.
 		s.Run(t, id, []string{"sh", "-c", "echo d > d.txt"}, key)
-		latest = pauseResume()
-		s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+latest, nil, key).Want(t, http.StatusOK)
+		deleted := pauseResume()
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+deleted, nil, key).Want(t, http.StatusOK)
 		older := s.Get(t, id, key).LatestSnapshotID
-		if older == latest || older == "" {
-			t.Fatalf("after deleting the latest snapshot %s the sandbox's latest is %q", latest, older)
+		if older == deleted || older == "" {
+			t.Fatalf("after deleting the latest snapshot %s the sandbox's latest is %q", deleted, older)
 		}
+		// A new one, whose id is not the deleted one's either (a deleted id never names
+		// another snapshot).
 		got := pauseResume()
-		if got == older || !slices.Contains(snaps(), got) {
-			t.Fatalf("the pause after the latest snapshot's deletion named %s (older %s; snapshots %v), want a new one", got, older, snaps())
+		if got == older || got == deleted || !slices.Contains(snaps(), got) {
+			t.Fatalf("the pause after the latest snapshot's deletion named %s (deleted %s, older %s; snapshots %v), want a new one", got, deleted, older, snaps())
 		}
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/snapshots/"+deleted, nil, key).WantError(t, http.StatusNotFound, "NOT_FOUND")
 		latest = got // what it holds is checked below
 	})
 

@@ -144,14 +144,16 @@ func TestRetain(t *testing.T) {
 	if got, want := ids(deleted), ids(all[4:]); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("Retain(0, protect %s) deleted %q, want %q", all[3].ID, got, want)
 	}
-	if got := objectKeys(t, objs); len(got) != 2 || got[1] != all[3].Object {
-		t.Errorf("objects after Retain(0, protect) = %q, want only checkpoint 4", got)
+	// The newest deleted keeps its number taken (a tombstone).
+	tomb5 := strings.TrimSuffix(all[4].Object, ".tar.zst") + ".deleted"
+	if got := objectKeys(t, objs); len(got) != 3 || got[1] != all[3].Object || got[2] != tomb5 {
+		t.Errorf("objects after Retain(0, protect) = %q, want only checkpoint 4 and the tombstone of 5", got)
 	}
 	if _, err := st.Retain(t.Context(), sc, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := objectKeys(t, objs); len(got) != 0 {
-		t.Errorf("objects after Retain(0) = %q, want none", got)
+	if got := objectKeys(t, objs); len(got) != 1 || got[0] != tomb5 {
+		t.Errorf("objects after Retain(0) = %q, want the tombstone of 5 alone", got)
 	}
 }
 

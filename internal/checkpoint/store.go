@@ -103,11 +103,13 @@ type Store struct {
 	frames *frameCompressor // nil: one frame (EncoderConcurrency 1)
 	grace  time.Duration
 	now    func() time.Time
+	// tombstones: a deleted checkpoint's number is never taken again (kindDeleted).
+	tombstones bool
 }
 
 // New returns a Store over objs.
 func New(objs ObjectStore, opts Options) *Store {
-	s := &Store{objs: objs, prefix: strings.Trim(opts.Prefix, "/"), grace: opts.GCGrace, now: opts.Now}
+	s := &Store{objs: objs, prefix: strings.Trim(opts.Prefix, "/"), grace: opts.GCGrace, now: opts.Now, tombstones: true}
 	if s.prefix == "" {
 		s.prefix = "checkpoints"
 	}
@@ -140,10 +142,13 @@ func New(objs ObjectStore, opts Options) *Store {
 // Derive returns a Store over the same object store, with the same options, whose keys start
 // with prefix instead: another kind of object kept with the same guarantees (atomic saves,
 // sha256-checked reads) beside the checkpoints, as the memory images of paused sandboxes are.
-// Its objects never show in this Store's lists.
+// Its objects never show in this Store's lists. Unlike a checkpoint's, the id of one deleted
+// may be given again (its ids are the records' to keep, not callers'): a deletion leaves
+// nothing behind.
 func (s *Store) Derive(prefix string) *Store {
 	d := *s
 	d.prefix = strings.Trim(prefix, "/")
+	d.tombstones = false
 	return &d
 }
 
@@ -152,6 +157,10 @@ const (
 	kindData     = ".tar.zst"
 	kindManifest = ".json"
 	kindClaim    = ".claim"
+	// kindDeleted is a deleted checkpoint's tombstone: its number stays taken, so that an id a
+	// caller saw never names another checkpoint. Claims count it; GC removes it once a higher
+	// number exists (a claim never goes below the highest number anyway).
+	kindDeleted = ".deleted"
 )
 
 // maxClaims bounds how many numbers Save tries before giving up with ErrConflict.
@@ -171,7 +180,7 @@ func parseName(name string) (n int64, kind string, ok bool) {
 		return 0, "", false
 	}
 	digits, kind := name[:seqDigits], name[seqDigits:]
-	if kind != kindData && kind != kindManifest && kind != kindClaim {
+	if kind != kindData && kind != kindManifest && kind != kindClaim && kind != kindDeleted {
 		return 0, "", false
 	}
 	for i := 0; i < len(digits); i++ {
@@ -184,6 +193,21 @@ func parseName(name string) (n int64, kind string, ok bool) {
 		return 0, "", false
 	}
 	return n, kind, true
+}
+
+// removable reports whether GC removes an object of number n and kind (not a manifest) given
+// the scope's highest number last and its complete checkpoints, grace aside: a claim, a part of
+// an incomplete checkpoint, a tombstone below the highest number.
+func removable(n int64, kind string, last int64, complete map[int64]bool) bool {
+	switch kind {
+	case kindManifest:
+		return false
+	case kindDeleted:
+		return n < last
+	case kindClaim:
+		return true
+	}
+	return !complete[n]
 }
 
 // Save stores the tar stream as the sandbox's next checkpoint and returns its manifest.
@@ -294,7 +318,7 @@ func (s *Store) claim(ctx context.Context, sc Scope) (n int64, leftovers bool, e
 		}
 	}
 	for _, o := range objs {
-		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok && (kind == kindClaim || !complete[n]) {
+		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok && removable(n, kind, last, complete) {
 			leftovers = true
 		}
 	}
@@ -580,8 +604,16 @@ func (s *Store) Latest(ctx context.Context, sc Scope) (Manifest, error) {
 }
 
 // Delete removes a checkpoint: its manifest first (from then on it does not exist), then its
-// data object. It does not read the manifest, so a corrupt checkpoint can be deleted.
+// data object. It does not read the manifest, so a corrupt checkpoint can be deleted. Its
+// number stays taken: when it is the scope's highest, a tombstone (kindDeleted) is written
+// before anything is removed.
 func (s *Store) Delete(ctx context.Context, sc Scope, id string) error {
+	return s.delete(ctx, sc, id, s.tombstones)
+}
+
+// delete is Delete, with a tombstone or without (the checkpoint is not the scope's newest, or
+// the store's ids may be given again).
+func (s *Store) delete(ctx context.Context, sc Scope, id string, tombstone bool) error {
 	if err := sc.check(); err != nil {
 		return fmt.Errorf("delete checkpoint: %w", err)
 	}
@@ -592,6 +624,11 @@ func (s *Store) Delete(ctx context.Context, sc Scope, id string) error {
 	if sandbox != sc.Sandbox {
 		return fmt.Errorf("delete checkpoint %s of sandbox %s: %w", id, sc.Sandbox, ErrNotFound)
 	}
+	if tombstone {
+		if err := s.tombstone(ctx, sc, n); err != nil {
+			return fmt.Errorf("delete checkpoint %s: %w", id, err)
+		}
+	}
 	if err := s.objs.Delete(ctx, s.key(sc, n, kindManifest)); err != nil {
 		if errors.Is(err, ErrNotExist) {
 			return fmt.Errorf("delete checkpoint %s: %w", id, ErrNotFound)
@@ -600,6 +637,38 @@ func (s *Store) Delete(ctx context.Context, sc Scope, id string) error {
 	}
 	if err := s.objs.Delete(ctx, s.key(sc, n, kindData)); err != nil && !errors.Is(err, ErrNotExist) {
 		return fmt.Errorf("delete checkpoint %s: data (GC removes it later): %w", id, err)
+	}
+	return nil
+}
+
+// tombstone writes checkpoint n's tombstone when n is the scope's highest number (a higher one
+// keeps it taken already). A checkpoint that does not exist is ErrNotFound and gets none: a
+// made-up number must not take the numbers below it.
+func (s *Store) tombstone(ctx context.Context, sc Scope, n int64) error {
+	objs, err := s.objs.List(ctx, s.dir(sc))
+	if err != nil {
+		return err
+	}
+	found, highest := false, true
+	for _, o := range objs {
+		m, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc)))
+		switch {
+		case !ok:
+		case m == n && kind == kindManifest:
+			found = true
+		case m > n:
+			highest = false
+		}
+	}
+	if !found {
+		return ErrNotFound
+	}
+	if !highest {
+		return nil
+	}
+	_, err = s.objs.Put(ctx, s.key(sc, n, kindDeleted), bytes.NewReader(nil), PutOptions{IfNotExists: true})
+	if err != nil && !errors.Is(err, ErrPrecondition) {
+		return fmt.Errorf("its tombstone: %w", err)
 	}
 	return nil
 }
@@ -616,9 +685,13 @@ func (s *Store) GC(ctx context.Context, sc Scope) ([]string, error) {
 		return nil, fmt.Errorf("gc checkpoints: %w", err)
 	}
 	complete := map[int64]bool{}
+	var last int64
 	for _, o := range objs {
-		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok && kind == kindManifest {
-			complete[n] = true
+		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok {
+			last = max(last, n)
+			if kind == kindManifest {
+				complete[n] = true
+			}
 		}
 	}
 	cutoff := s.now().Add(-s.grace)
@@ -628,7 +701,11 @@ func (s *Store) GC(ctx context.Context, sc Scope) ([]string, error) {
 		if !ok || kind == kindManifest {
 			continue
 		}
-		if complete[n] {
+		if kind == kindDeleted {
+			if n >= last {
+				continue // the highest number: it keeps the number taken
+			}
+		} else if complete[n] {
 			if kind != kindClaim {
 				continue
 			}
@@ -673,7 +750,9 @@ func (s *Store) Retain(ctx context.Context, sc Scope, keep int, protect ...strin
 		if slices.Contains(protect, m.ID) {
 			continue
 		}
-		if err := s.Delete(ctx, sc, m.ID); err != nil && !errors.Is(err, ErrNotFound) {
+		// Only the newest needs a tombstone: a higher number keeps the others taken.
+		newest := m.ID == all[len(all)-1].ID
+		if err := s.delete(ctx, sc, m.ID, s.tombstones && newest); err != nil && !errors.Is(err, ErrNotFound) {
 			return deleted, fmt.Errorf("retain checkpoints: %w", err)
 		}
 		deleted = append(deleted, m)

@@ -319,3 +319,66 @@ func TestDerive(t *testing.T) {
 		t.Errorf("the checkpoint beside it: %v", err)
 	}
 }
+
+// A deleted checkpoint's id never names another one: the newest deleted leaves a tombstone
+// that keeps its number taken (by Delete, and by Retain with nothing kept), which GC removes
+// once a higher number exists. A Delete of a checkpoint that does not exist leaves nothing (a
+// made-up number must not take the numbers up to it). A derived store's numbers are given
+// again, and its deletions leave nothing.
+func TestDeletedNumbersAreNotGivenAgain(t *testing.T) {
+	st, objs := newStore(t, checkpoint.Options{})
+	sc := newScope()
+	tarball, _ := smallTar(t, 3)
+	save(t, st, sc, tarball, "")
+	m2 := save(t, st, sc, tarball, "")
+	if err := st.Delete(t.Context(), sc, m2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(t.Context(), sc, m2.ID); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Fatalf("Get of a deleted checkpoint: %v, want ErrNotFound", err)
+	}
+	if l, err := st.Latest(t.Context(), sc); err != nil || l.N != 1 {
+		t.Fatalf("Latest after deleting the newest: %+v, %v; want number 1", l, err)
+	}
+	if removed, err := st.GC(t.Context(), sc); err != nil || len(removed) != 0 {
+		t.Fatalf("GC while the tombstone is the highest number: removed %v, %v; want nothing", removed, err)
+	}
+	m3 := save(t, st, sc, tarball, "")
+	if m3.N != 3 || m3.ID == m2.ID {
+		t.Fatalf("the Save after deleting number 2 took number %d (%s)", m3.N, m3.ID)
+	}
+	if removed, err := st.GC(t.Context(), sc); err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], "0000000002.deleted") {
+		t.Fatalf("GC with a higher number: removed %v, %v; want the tombstone of 2", removed, err)
+	}
+
+	// Retain with nothing kept deletes the newest too: its number stays taken.
+	if deleted, err := st.Retain(t.Context(), sc, 0); err != nil || len(deleted) != 2 {
+		t.Fatalf("Retain(0): %v, %v", deleted, err)
+	}
+	if m := save(t, st, sc, tarball, ""); m.N != 4 {
+		t.Fatalf("the Save after Retain(0) took number %d, want 4", m.N)
+	}
+
+	// A made-up number: NOT_FOUND, and it takes nothing.
+	bogus := fmt.Sprintf("snap_%s_%010d", strings.TrimPrefix(sc.Sandbox, "sbx_"), 9_000_000_000)
+	if err := st.Delete(t.Context(), sc, bogus); !errors.Is(err, checkpoint.ErrNotFound) {
+		t.Fatalf("Delete of a checkpoint that never was: %v, want ErrNotFound", err)
+	}
+	if m := save(t, st, sc, tarball, ""); m.N != 5 {
+		t.Fatalf("the Save after deleting a made-up number took number %d, want 5", m.N)
+	}
+
+	mem := st.Derive("memory")
+	d1 := save(t, mem, sc, tarball, "")
+	if err := mem.Delete(t.Context(), sc, d1.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range objectKeys(t, objs) {
+		if strings.HasPrefix(k, "memory/") {
+			t.Fatalf("a derived store's deletion left %s", k)
+		}
+	}
+	if d := save(t, mem, sc, tarball, ""); d.N != 1 {
+		t.Fatalf("a derived store's Save after its deletion took number %d, want 1", d.N)
+	}
+}
