@@ -642,8 +642,8 @@ func (s *Store) delete(ctx context.Context, sc Scope, id string, tombstone bool)
 }
 
 // tombstone writes checkpoint n's tombstone when n is the scope's highest number (a higher one
-// keeps it taken already). A checkpoint that does not exist is ErrNotFound and gets none: a
-// made-up number must not take the numbers below it.
+// keeps it taken already). A checkpoint that does not exist is ErrNotFound and gets none: the
+// delete of a made-up number must not use up the sequence below it.
 func (s *Store) tombstone(ctx context.Context, sc Scope, n int64) error {
 	objs, err := s.objs.List(ctx, s.dir(sc))
 	if err != nil {
