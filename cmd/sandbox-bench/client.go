@@ -301,6 +301,9 @@ func (c *client) gqlExec(ctx context.Context, body []byte) (execResult, error) {
 type wsConn struct {
 	c    *websocket.Conn
 	next int
+	// data is the buffer execOutputEvent decodes a chunk's dataBase64 into, reused: an event's
+	// data is good until the next event.
+	data []byte
 }
 
 type wsMsg struct {
