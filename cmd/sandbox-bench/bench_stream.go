@@ -49,6 +49,9 @@ type streamRun struct {
 	exited         bool
 	// outputBytes is what the exit says the command wrote (stdout and stderr), -1 unknown.
 	outputBytes int64
+	// data is the buffer a REST chunk's data_base64 is decoded into, reused (output keeps a
+	// copy of the head only).
+	data []byte
 }
 
 // output records one piece of output of stream ("stdout" or "stderr") received at elapsed.
@@ -187,7 +190,7 @@ func (w *wsConn) execOutputEvent(ctx context.Context, op string) (*gqlExecOutput
 		if err != nil {
 			return nil, fmt.Errorf("websocket read: %w", err)
 		}
-		b, data64 := splitDataBase64(b)
+		b, data64 := splitBase64(b, gqlDataKey)
 		var m struct {
 			ID      string `json:"id"`
 			Type    string `json:"type"`
@@ -238,17 +241,20 @@ func (w *wsConn) execOutputEvent(ctx context.Context, op string) (*gqlExecOutput
 	}
 }
 
-// dataBase64Key starts a chunk's data in an execOutput message.
-var dataBase64Key = []byte(`"dataBase64":"`)
+// The keys that start a chunk's base64 data: in an execOutput message, in a REST chunk event.
+var (
+	gqlDataKey  = []byte(`"dataBase64":"`)
+	restDataKey = []byte(`"data_base64":"`)
+)
 
-// splitDataBase64 returns msg with its dataBase64 string emptied, and that string's content
+// splitBase64 returns msg with the string that key starts emptied, and that string's content
 // (nil when msg has none). Base64 needs no JSON escape, so the string ends at the next quote.
-func splitDataBase64(msg []byte) (rest, data []byte) {
-	i := bytes.Index(msg, dataBase64Key)
+func splitBase64(msg, key []byte) (rest, data []byte) {
+	i := bytes.Index(msg, key)
 	if i < 0 {
 		return msg, nil
 	}
-	start := i + len(dataBase64Key)
+	start := i + len(key)
 	end := bytes.IndexByte(msg[start:], '"')
 	if end < 0 {
 		return msg, nil
@@ -318,13 +324,16 @@ func (r *streamRun) sseEvent(event string, data []byte, elapsed time.Duration) e
 	switch event {
 	case "started":
 	case "chunk":
+		// The base64 data is cut out and decoded straight into a reused buffer; encoding/json
+		// decodes the rest (execOutputEvent does the same).
+		rest, data64 := splitBase64(data, restDataKey)
 		var ch struct {
 			Stream     string  `json:"stream"`
 			Data       *string `json:"data"`
 			DataBase64 *string `json:"data_base64"`
 		}
-		if err := json.Unmarshal(data, &ch); err != nil {
-			return fmt.Errorf("chunk %.200q: %w", data, err)
+		if err := json.Unmarshal(rest, &ch); err != nil {
+			return fmt.Errorf("chunk %.200q: %w", rest, err)
 		}
 		var out []byte
 		var err error
@@ -332,9 +341,13 @@ func (r *streamRun) sseEvent(event string, data []byte, elapsed time.Duration) e
 		case ch.Data != nil && ch.DataBase64 == nil:
 			out = []byte(*ch.Data)
 		case ch.DataBase64 != nil && ch.Data == nil:
-			if out, err = base64.StdEncoding.DecodeString(*ch.DataBase64); err != nil {
+			if data64 == nil {
+				data64 = []byte(*ch.DataBase64)
+			}
+			if r.data, err = base64.StdEncoding.AppendDecode(r.data[:0], data64); err != nil {
 				return fmt.Errorf("chunk data_base64: %w", err)
 			}
+			out = r.data
 		default:
 			return fmt.Errorf("chunk with neither or both of data and data_base64: %.200q", data)
 		}

@@ -114,16 +114,16 @@ func TestIsRedisServer(t *testing.T) {
 	}
 }
 
-func TestSplitDataBase64(t *testing.T) {
+func TestSplitBase64(t *testing.T) {
 	for _, tc := range []struct{ in, rest, data string }{
 		{`{"id":"1","type":"next","payload":{"data":{"execOutput":{"kind":"CHUNK","stream":"STDOUT","dataBase64":"aGVsbG8=","result":null}}}}`,
 			`{"id":"1","type":"next","payload":{"data":{"execOutput":{"kind":"CHUNK","stream":"STDOUT","dataBase64":"","result":null}}}}`, "aGVsbG8="},
 		{`{"type":"ping"}`, `{"type":"ping"}`, ""},
 		{`{"dataBase64":"abc`, `{"dataBase64":"abc`, ""}, // no closing quote: left to encoding/json
 	} {
-		rest, data := splitDataBase64([]byte(tc.in))
+		rest, data := splitBase64([]byte(tc.in), gqlDataKey)
 		if string(rest) != tc.rest || string(data) != tc.data {
-			t.Errorf("splitDataBase64(%s) = %s, %q; want %s, %q", tc.in, rest, data, tc.rest, tc.data)
+			t.Errorf("splitBase64(%s) = %s, %q; want %s, %q", tc.in, rest, data, tc.rest, tc.data)
 		}
 	}
 }

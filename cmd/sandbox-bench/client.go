@@ -302,7 +302,7 @@ type wsConn struct {
 	c    *websocket.Conn
 	next int
 	// data is the buffer execOutputEvent decodes a chunk's dataBase64 into, reused: an event's
-	// data is good until the next event.
+	// data is good until the next event (streamRun.output keeps a copy of the head only).
 	data []byte
 }
 
