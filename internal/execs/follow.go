@@ -437,6 +437,9 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 	if !f.exitAppended {
 		f.append(nil, exit)
 	}
+	if f.exitAppended {
+		s.endedOutput(f.stored)
+	}
 	r := sandbox.ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
 	if f.meta.TtyRows > 0 && f.meta.TtyCols > 0 {
 		r.Tty = &sandbox.TtySize{Rows: f.meta.TtyRows, Cols: f.meta.TtyCols}

@@ -77,12 +77,12 @@ func TestTakeoverAfterTheLogDroppedOutput(t *testing.T) {
 	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
 	sb := e.CreateRunning(t, alice)
-	// Replicas whose Redis streams hold the whole guest log, so that the only hole is the
-	// guest's own.
+	// Replicas whose Redis streams hold the whole guest log (and whose ended execs may hold as
+	// much, as sandboxd's config requires), so that the only hole is the guest's own.
 	base := e.NewDeps
 	e.NewDeps = func() domain.Deps {
 		d := base()
-		d.Execs = execstream.New(e.Redis.Client, execstream.Options{MaxBytes: 256 << 20, Now: e.Clock.Now, Block: 200 * time.Millisecond})
+		d.Execs = execstream.New(e.Redis.Client, execstream.Options{MaxBytes: 256 << 20, MaxEndedBytes: 256 << 20, Now: e.Clock.Now, Block: 200 * time.Millisecond})
 		return d
 	}
 	first, second := e.Replica(t), e.Replica(t)

@@ -86,6 +86,9 @@ type Service struct {
 	following map[string]bool // exec ids this replica follows
 	subs      atomic.Int64    // exec output streams this replica serves
 	lastSweep atomic.Int64
+	// endedSinceSweep is the output of the execs that ended here since the last sweep
+	// (endedOutput).
+	endedSinceSweep atomic.Int64
 }
 
 // New returns a Service. cfg is the checked config (sandbox.Service.Config).
