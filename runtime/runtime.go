@@ -268,7 +268,8 @@ type WorkspaceExporter interface {
 	// host has not put on the disk yet counts as a change. With settle, the host first puts
 	// every such write on the disk: the version is then that of what the workspace holds now.
 	// Without it the version can be an earlier one (a later call then finds the workspace
-	// changed, which only costs a checkpoint), and it costs nothing when nothing is pending.
+	// changed, which only costs a checkpoint), and nothing is written back unless the version
+	// matches since.
 	WorkspaceVersion(ctx context.Context, id, since string, settle bool) (version string, unchanged bool, err error)
 }
 
