@@ -437,7 +437,10 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 	if !f.exitAppended {
 		f.append(nil, exit)
 	}
-	if f.exitAppended {
+	if f.exitAppended && f.stored > 0 {
+		// An exec that wrote something ran on this follower's goroutine (one that never
+		// started is finished on its request's, which must not start a sweep: Close waits
+		// for followers only).
 		s.endedOutput(f.stored)
 	}
 	r := sandbox.ExecResult{ExecID: f.meta.ID, SandboxID: f.meta.Sandbox, Command: f.meta.Argv, StartedAt: f.meta.StartedAt, EndedAt: s.now()}
