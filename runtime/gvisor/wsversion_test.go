@@ -18,6 +18,9 @@ import (
 func TestWorkspaceVersion(t *testing.T) {
 	d := newDriver(t)
 	id, c, _ := boxWithCounter(t, d) // it writes /tmp every 20 ms, never /workspace
+	if v, _, err := d.WorkspaceVersion(ctxT(t), id, "", false); err == nil && v == "" {
+		t.Skip("this host has no workspace versions (a kernel before 6.8, or a loop device without I/O statistics): every pause checkpoints")
+	}
 	run := func(c *client.Client, script string) {
 		t.Helper()
 		runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"sh", "-c", script}})
