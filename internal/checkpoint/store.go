@@ -195,9 +195,24 @@ func parseName(name string) (n int64, kind string, ok bool) {
 	return n, kind, true
 }
 
-// removable reports whether GC removes an object of number n and kind (not a manifest) given
-// the scope's highest number last and its complete checkpoints, grace aside: a claim, a part of
-// an incomplete checkpoint, a tombstone below the highest number.
+// numbers reads a listing of the scope's folder dir: its highest number in use (by any kind of
+// object) and the numbers whose checkpoint is complete (has its manifest).
+func numbers(objs []ObjectAttrs, dir string) (last int64, complete map[int64]bool) {
+	complete = map[int64]bool{}
+	for _, o := range objs {
+		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, dir)); ok {
+			last = max(last, n)
+			if kind == kindManifest {
+				complete[n] = true
+			}
+		}
+	}
+	return last, complete
+}
+
+// removable reports whether GC removes an object of number n and kind given the scope's
+// highest number last and its complete checkpoints, grace aside: a claim, a part of an
+// incomplete checkpoint, a tombstone below the highest number; never a manifest.
 func removable(n int64, kind string, last int64, complete map[int64]bool) bool {
 	switch kind {
 	case kindManifest:
@@ -307,16 +322,7 @@ func (s *Store) claim(ctx context.Context, sc Scope) (n int64, leftovers bool, e
 	if err != nil {
 		return 0, false, err
 	}
-	var last int64
-	complete := map[int64]bool{}
-	for _, o := range objs {
-		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok {
-			last = max(last, n)
-			if kind == kindManifest {
-				complete[n] = true
-			}
-		}
-	}
+	last, complete := numbers(objs, s.dir(sc))
 	for _, o := range objs {
 		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok && removable(n, kind, last, complete) {
 			leftovers = true
@@ -674,8 +680,8 @@ func (s *Store) tombstone(ctx context.Context, sc Scope, n int64) error {
 }
 
 // GC removes the scope's garbage and returns the keys it removed: data objects and claims
-// without a manifest that are older than Options.GCGrace (a crashed Save), and claims whose
-// checkpoint is complete.
+// without a manifest that are older than Options.GCGrace (a crashed Save), claims whose
+// checkpoint is complete, and tombstones below the highest number (removable).
 func (s *Store) GC(ctx context.Context, sc Scope) ([]string, error) {
 	if err := sc.check(); err != nil {
 		return nil, fmt.Errorf("gc checkpoints: %w", err)
@@ -684,32 +690,17 @@ func (s *Store) GC(ctx context.Context, sc Scope) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gc checkpoints: %w", err)
 	}
-	complete := map[int64]bool{}
-	var last int64
-	for _, o := range objs {
-		if n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc))); ok {
-			last = max(last, n)
-			if kind == kindManifest {
-				complete[n] = true
-			}
-		}
-	}
+	last, complete := numbers(objs, s.dir(sc))
 	cutoff := s.now().Add(-s.grace)
 	var removed []string
 	for _, o := range objs {
 		n, kind, ok := parseName(strings.TrimPrefix(o.Key, s.dir(sc)))
-		if !ok || kind == kindManifest {
+		if !ok || !removable(n, kind, last, complete) {
 			continue
 		}
-		if kind == kindDeleted {
-			if n >= last {
-				continue // the highest number: it keeps the number taken
-			}
-		} else if complete[n] {
-			if kind != kindClaim {
-				continue
-			}
-		} else if !o.Created.Before(cutoff) {
+		// A part of an incomplete checkpoint may be a Save in flight: it goes once it is older
+		// than the grace.
+		if kind != kindDeleted && !complete[n] && !o.Created.Before(cutoff) {
 			continue
 		}
 		if err := s.objs.Delete(ctx, o.Key); err != nil && !errors.Is(err, ErrNotExist) {
