@@ -249,6 +249,41 @@ type SharedPooler interface {
 // ImageSource opens the stored copy of a box's memory image, when a driver's Resume needs it.
 type ImageSource func(ctx context.Context) (io.ReadCloser, error)
 
+// Capability returns the driver under d's wrappers (those with an Unwrap method, as the
+// domain's cache and the tracing wrapper have) that implements T, as errors.As finds an error.
+// It is for optional interfaces a wrapper does not carry itself (StoppedWorkspaceReader):
+// their calls bypass the wrappers.
+func Capability[T any](d Driver) (T, bool) {
+	for d != nil {
+		if t, ok := d.(T); ok {
+			return t, true
+		}
+		u, ok := d.(interface{ Unwrap() Driver })
+		if !ok {
+			break
+		}
+		d = u.Unwrap()
+	}
+	var zero T
+	return zero, false
+}
+
+// StoppedWorkspaceReader is implemented by drivers whose stopped box keeps its workspace on a
+// volume they can read beside the box, at the speed of the node's own file system (the kube
+// driver: a short-lived pod on the cluster's native runtime mounts the box's PVC read-only).
+// The domain then stops the box first and checkpoints its workspace after: the workspace does
+// not change once the box is stopped, and no byte goes through the box's own kernel.
+type StoppedWorkspaceReader interface {
+	// ReadsStoppedWorkspaces reports whether the driver is set up to (the kube driver: only
+	// when its workspace reader is configured).
+	ReadsStoppedWorkspaces() bool
+	// ExportStoppedWorkspace streams the workspace of stopped box id as an uncompressed tar
+	// that never follows a symlink (WorkspaceExporter's format). A read error, not io.EOF,
+	// ends a stream whose reader failed, also when what came before is a whole tar. Closing
+	// it releases what the read held (the reader pod).
+	ExportStoppedWorkspace(ctx context.Context, id string) (io.ReadCloser, error)
+}
+
 // WorkspaceExporter is implemented by drivers that can read a box's workspace without its
 // guest init (the local driver reads the host folder, ten times faster than through gVisor's
 // file system, and also when the box has died). The stream is an uncompressed tar that never

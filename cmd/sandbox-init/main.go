@@ -9,6 +9,12 @@
 //	                       stdin and writing it to KEYFILE for a PID 1 that waits for it
 //	                       (SBX_CHANNEL_KEY_AWAIT=1; provision.go): a Kubernetes pod whose image
 //	                       carries the init, on the runtime's first attach
+//	sandbox-init idle      wait for SIGTERM: the process of the Kubernetes driver's workspace
+//	                       reader pod (reader.go)
+//	sandbox-init export DIR
+//	                       write DIR as a zstd-compressed tar to stdout, never following a
+//	                       symlink: what the driver execs in that pod to read a stopped
+//	                       sandbox's PVC beside it
 //	sandbox-init version   print the version, revision and Go version (also --version)
 //	sandbox-init install DEST
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
@@ -65,6 +71,10 @@ func main() {
 		os.Exit(serve())
 	case "connect":
 		os.Exit(connect(os.Args[2:]))
+	case "idle":
+		os.Exit(idle())
+	case "export":
+		os.Exit(exportDir(os.Args[2:]))
 	case "version", "-version", "--version":
 		fmt.Println(version.String("sandbox-init"))
 	case "install":
@@ -77,7 +87,7 @@ func main() {
 			os.Exit(1)
 		}
 	default:
-		fmt.Fprintf(os.Stderr, "usage: %s [serve|connect|version|install DEST]\n", filepath.Base(os.Args[0]))
+		fmt.Fprintf(os.Stderr, "usage: %s [serve|connect|version|install DEST|idle|export DIR]\n", filepath.Base(os.Args[0]))
 		os.Exit(2)
 	}
 }

@@ -38,8 +38,7 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request) {
 	var zw *zstd.Encoder
 	if r.URL.Query().Get("compress") == "zstd" {
 		var err error
-		zw, err = zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1),
-			zstd.WithWindowSize(ExportWindow), zstd.WithLowerEncoderMem(true))
+		zw, err = NewExportEncoder(w, 1)
 		if err != nil {
 			writeError(w, errorf(proto.ErrCodeInternal, "zstd: %v", err))
 			return
@@ -63,6 +62,14 @@ func (s *Server) handleExport(w http.ResponseWriter, r *http.Request) {
 
 // ExportWindow is the zstd window of a compressed export: what a client's decoder must hold.
 const ExportWindow = 1 << 20
+
+// NewExportEncoder is the encoder of a compressed export: the fastest level and an
+// ExportWindow window, on up to concurrency goroutines (1 in the guest, whose init runs on one
+// thread under gVisor).
+func NewExportEncoder(w io.Writer, concurrency int) (*zstd.Encoder, error) {
+	return zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(max(concurrency, 1)),
+		zstd.WithWindowSize(ExportWindow), zstd.WithLowerEncoderMem(true))
+}
 
 // WriteTar writes the tree under dir to w as an uncompressed tar (directories, regular files,
 // symlinks as symlinks; sockets, devices and FIFOs skipped; the guest's own temporary files

@@ -47,6 +47,10 @@ const (
 	// GatewayNamespace and GatewayAccount are deploy/base's ServiceAccount of the control plane.
 	GatewayNamespace = "sandbox"
 	GatewayAccount   = "sandbox-gateway"
+	// NativeRuntimeClass is the RuntimeClass of the node's native runtime (runc, no gVisor),
+	// which `kubeenv up` creates: what a real cluster's default runtime is, for the pods that
+	// are no sandbox (the kube driver's workspace reader).
+	NativeRuntimeClass = ""
 )
 
 // Cluster is the running test cluster.

@@ -187,6 +187,9 @@ func withCache(d runtime.Driver, c *boxCache, announce func(id string)) runtime.
 	return (&cachedDriver{Driver: d, c: c, announce: announce}).wrap()
 }
 
+// Unwrap returns the wrapped driver (runtime.Capability).
+func (cd *cachedDriver) Unwrap() runtime.Driver { return cd.Driver }
+
 // wrap returns cd with the optional interfaces of the driver it wraps.
 func (cd *cachedDriver) wrap() runtime.Driver {
 	d := cd.Driver

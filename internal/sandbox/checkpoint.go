@@ -31,12 +31,33 @@ type checkpoints struct {
 // save streams the workspace from the guest into the checkpoint store, records it as
 // the latest checkpoint and applies retention. The caller holds the sandbox's lock.
 func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
-	m, err := c.capture(ctx, rec)
+	return c.record(ctx, rec, c.export)
+}
+
+// saveStopped is save for a stopped box whose workspace the driver reads beside it
+// (runtime.StoppedWorkspaceReader).
+func (c *checkpoints) saveStopped(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (checkpoint.Manifest, error) {
+	return c.record(ctx, rec, func(ctx context.Context, rec runtime.Record) (io.ReadCloser, error) {
+		r, err := sr.ExportStoppedWorkspace(ctx, rec.ID)
+		if err != nil {
+			return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the stopped sandbox's workspace for a checkpoint")
+		}
+		// Bounded like the guest's stream: the volume may hold more than the box's disk
+		// (a sparse file, a volume without a quota).
+		return &boundedExport{ReadCloser: r, left: exportLimit(rec.Spec.DiskBytes) + 1}, nil
+	})
+}
+
+// record captures the workspace from the stream open gives and records it as the latest
+// checkpoint (one that a stop could not take is no longer owed: annCheckpointOwed).
+func (c *checkpoints) record(ctx context.Context, rec runtime.Record, open exportFunc) (checkpoint.Manifest, error) {
+	m, err := c.captureFrom(ctx, rec, open)
 	if err != nil {
 		return checkpoint.Manifest{}, err
 	}
 	if _, err := c.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
 		r.LatestCheckpoint = m.ID
+		delete(r.Annotations, annCheckpointOwed)
 		return nil
 	}); err != nil {
 		return checkpoint.Manifest{}, runtimeError(c.log, rec.ID, err, "could not record the checkpoint")
@@ -49,8 +70,16 @@ func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.
 // LatestCheckpoint in a write of its own (a pause's final one), then calls retain. A checkpoint
 // captured and never recorded (the replica died) is an older one for retention to delete.
 func (c *checkpoints) capture(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
+	return c.captureFrom(ctx, rec, c.export)
+}
+
+// exportFunc opens a box's workspace as an uncompressed tar.
+type exportFunc func(ctx context.Context, rec runtime.Record) (io.ReadCloser, error)
+
+// captureFrom is capture from the stream open gives.
+func (c *checkpoints) captureFrom(ctx context.Context, rec runtime.Record, open exportFunc) (checkpoint.Manifest, error) {
 	start := c.now()
-	tarStream, err := c.export(ctx, rec)
+	tarStream, err := open(ctx, rec)
 	if err != nil {
 		return checkpoint.Manifest{}, err
 	}

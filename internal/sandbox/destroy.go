@@ -49,6 +49,16 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 			snapshot = m.ID
 		}
 	}
+	// A stopped box whose stop could not checkpoint it (stopThenCheckpoint): its volume is
+	// read now, and a destroy that cannot read it fails, keeping the volume.
+	if sr, ok := runtime.Capability[runtime.StoppedWorkspaceReader](s.driver); ok && sr.ReadsStoppedWorkspaces() &&
+		err == nil && box.Phase == runtime.PhaseStopped && rec.Annotations[annCheckpointOwed] != "" {
+		m, err := s.ckpts.saveStopped(ctx, rec, sr)
+		if err != nil {
+			return "", err
+		}
+		snapshot = m.ID
+	}
 	s.attachs.drop(id)
 	if err := s.driver.Delete(ctx, id); err != nil {
 		return "", runtimeError(s.log, id, err, "could not remove the sandbox's runtime")

@@ -2,7 +2,9 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 
+	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/runtime"
 )
@@ -45,6 +47,9 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 		s.forgetMemory(ctx, rec)
 		return "", nil
 	}
+	if sr, ok := runtime.Capability[runtime.StoppedWorkspaceReader](s.driver); ok && sr.ReadsStoppedWorkspaces() {
+		return s.stopThenCheckpoint(ctx, rec, sr)
+	}
 	reason := ""
 	if _, err := s.ckpts.save(ctx, rec); err != nil {
 		if !s.boxDead(ctx, rec.ID) {
@@ -59,6 +64,45 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 		return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
 	}
 	return reason, nil
+}
+
+// annCheckpointOwed is set on a stopped sandbox whose stop could not checkpoint its
+// workspace, which its runtime keeps (stopThenCheckpoint): a destroy checkpoints it before the
+// runtime goes. The next checkpoint recorded clears it.
+const annCheckpointOwed = "checkpoint_owed"
+
+// stopThenCheckpoint is stopWork for a runtime that reads a stopped box's workspace beside it
+// (runtime.StoppedWorkspaceReader, the kube driver's reader pod): the box stops first, so the
+// workspace no longer changes, and is checkpointed from its kept volume at the node's speed
+// rather than through the box's own kernel and guest.
+//
+// The compute is released either way. When the checkpoint fails (the reader could not run or
+// read), the workspace is still on the runtime's volume and start uses it: the stop succeeds,
+// says so in its reason, and marks the checkpoint owed, which a destroy takes before removing
+// the volume (or fails, keeping it).
+func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (string, error) {
+	s.attachs.drop(rec.ID)
+	if err := s.driver.Stop(ctx, rec.ID); err != nil {
+		return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
+	}
+	_, err := s.ckpts.saveStopped(ctx, rec, sr)
+	if err == nil {
+		return "", nil
+	}
+	if errors.Is(err, runtime.ErrFenced) {
+		return "", err
+	}
+	s.log.Warn("a stopped sandbox's workspace could not be checkpointed; its runtime keeps it", "sandbox", rec.ID, "err", err)
+	if _, uerr := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
+		if r.Annotations == nil {
+			r.Annotations = map[string]string{}
+		}
+		r.Annotations[annCheckpointOwed] = "true"
+		return nil
+	}); uerr != nil {
+		return "", runtimeError(s.log, rec.ID, uerr, "could not record that the stopped sandbox's checkpoint is owed")
+	}
+	return "stopped without a new checkpoint (its workspace is kept on its volume): " + apierror.From(err).Message, nil
 }
 
 // Start takes a concurrency slot, restores the workspace if the runtime lost it and starts the

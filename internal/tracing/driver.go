@@ -47,6 +47,9 @@ type tracedDriver struct {
 	name attribute.KeyValue
 }
 
+// Unwrap returns the wrapped driver (runtime.Capability).
+func (t *tracedDriver) Unwrap() runtime.Driver { return t.d }
+
 // start starts the span of one call (inside a trace only); id is "" for calls on no one box.
 func (t *tracedDriver) start(ctx context.Context, call, id string) (context.Context, trace.Span) {
 	attrs := []attribute.KeyValue{t.name}

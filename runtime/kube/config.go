@@ -32,6 +32,10 @@ type Config struct {
 	// k8s-app: kube-dns), where an egress sandbox's DNS may go besides network.dns_servers'
 	// addresses; disabled: true leaves them out.
 	DNSPeer DNSPeer `json:"dns_peer"`
+	// WorkspaceReader reads a stopped sandbox's PVC beside it for the stop's checkpoint (a
+	// short-lived pod on the cluster's native runtime), instead of through the sandbox's guest
+	// before its pod goes. Off by default.
+	WorkspaceReader WorkspaceReader `json:"workspace_reader"`
 }
 
 // Validate reports the problems of c's own values. (Whether the kube runtime needs InitImage
@@ -39,6 +43,12 @@ type Config struct {
 func (c Config) Validate() error {
 	if c.ReadyTimeoutSec < 0 || c.UnschedulableTimeoutSec < 0 {
 		return errors.New("kube: ready_timeout_sec and unschedulable_timeout_sec must not be negative")
+	}
+	if w := c.WorkspaceReader; w.Enabled && c.InitImage == "" {
+		return errors.New("kube: workspace_reader needs init_image (the reader pod runs its init)")
+	}
+	if w := c.WorkspaceReader; w.MilliCPU < 0 || w.MemoryBytes < 0 {
+		return errors.New("kube: workspace_reader's milli_cpu and memory_bytes must not be negative")
 	}
 	return c.DNSPeer.Validate()
 }
@@ -54,6 +64,7 @@ func (c Config) Options(rc *rest.Config, log *slog.Logger) Options {
 		ReadyTimeout:         time.Duration(c.ReadyTimeoutSec) * time.Second,
 		UnschedulableTimeout: time.Duration(c.UnschedulableTimeoutSec) * time.Second,
 		DNSPeer:              c.DNSPeer,
+		WorkspaceReader:      c.WorkspaceReader,
 		Logger:               log,
 	}
 }

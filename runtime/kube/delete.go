@@ -24,9 +24,13 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	}
 	d.spares.Drop(id)
 	zero := int64(0)
-	err = d.cs.CoreV1().Pods(d.opts.Namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("kube: delete pod %s: %w", name, err)
+	// The box's pod, and a workspace reader left on its PVC (which would hold the PVC's
+	// deletion until the reader's deadline).
+	for _, pod := range []string{name, name + readerSuffix} {
+		err = d.cs.CoreV1().Pods(d.opts.Namespace).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("kube: delete pod %s: %w", pod, err)
+		}
 	}
 	// The PVC owns the policy (the garbage collector would delete it too); deleted here so
 	// that nothing of the box is left once Delete returns.

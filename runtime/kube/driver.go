@@ -60,6 +60,9 @@ type Options struct {
 	// DNSPeer is the cluster DNS's pods, where an egress sandbox's DNS queries may go besides
 	// its policy's resolver addresses; its empty fields take kube-system and k8s-app=kube-dns.
 	DNSPeer DNSPeer
+	// WorkspaceReader reads stopped boxes' workspaces beside them (reader.go); off when not
+	// Enabled. Enabled needs InitImage.
+	WorkspaceReader WorkspaceReader
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -111,6 +114,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 	}
 	if err := opts.DNSPeer.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.WorkspaceReader.Enabled && opts.InitImage == "" {
+		return nil, errors.New("kube: the workspace reader needs Options.InitImage (the reader pod runs its init)")
 	}
 	cfg := rest.CopyConfig(opts.Config)
 	if cfg.UserAgent == "" {

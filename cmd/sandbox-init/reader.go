@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"sandboxd/guest/server"
+)
+
+// The workspace reader's two commands. The Kubernetes driver reads a stopped sandbox's
+// workspace beside it: a short-lived pod on the cluster's native runtime mounts the sandbox's
+// PVC read-only and runs `idle` as its process; the driver execs `export` in it and reads the
+// compressed tar from its stdout. Nothing of the tenant's runs there: the reader only walks
+// the files, never following a symlink (server.WriteTarReadahead), and a tree the tenant made
+// hostile (FIFOs, devices, links out of the workspace, names of every kind) is what that walk
+// is written for.
+
+// idle waits for SIGTERM or SIGINT: the reader pod's process, which keeps the pod running
+// while the driver execs into it.
+func idle() int {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	<-ch
+	return 0
+}
+
+// exportDir writes the tree under dir to stdout as a zstd-compressed tar (the guest export's
+// format: server.NewExportEncoder) and reports the number of entries on stderr. A failure
+// exits non-zero: the driver then refuses the stream, even if what came before it decodes.
+func exportDir(args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: sandbox-init export DIR")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGPIPE)
+	defer stop()
+	out := bufio.NewWriterSize(os.Stdout, 1<<20)
+	zw, err := server.NewExportEncoder(out, runtime.GOMAXPROCS(0))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init export: %v\n", err)
+		return 1
+	}
+	files, err := server.WriteTarReadahead(ctx, args[0], zw)
+	if err == nil {
+		err = zw.Close()
+	}
+	if err == nil {
+		err = out.Flush()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init export: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "%d entries\n", files)
+	return 0
+}

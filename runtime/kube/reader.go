@@ -1,0 +1,337 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+
+	"sandboxd/runtime"
+)
+
+// The workspace reader: a stopped box's workspace read beside it. Inside gVisor, reading the
+// PVC alone takes longer than the local runtime's whole stop (every read crosses the box's
+// own kernel), and the guest's tar then goes through the API server's exec stream on one
+// thread. Once the box's pod is gone, nothing changes the workspace any more: a short-lived
+// pod on the cluster's native runtime (WorkspaceReader.RuntimeClass; usually runc) mounts the
+// PVC read-only and the driver execs the init's `export` in it, which walks the files at the
+// node's file system speed and compresses the tar on every core it has before the stream.
+//
+// What the reader trusts: nothing of the workspace. The tenant's code never runs in the
+// reader pod (its process is the init's `idle`, from the init image, not the tenant's
+// image); the walk never follows a symlink, opens no FIFO or device for reading, and the
+// domain bounds the stream by the box's disk (a sparse file cannot make it endless). The pod
+// runs as root to read files of every owner, with every capability dropped but DAC_OVERRIDE
+// (DAC_READ_SEARCH would be enough, but the namespace's "baseline" Pod Security refuses it;
+// the volume is read-only either way), a read-only root, no service account token and no
+// privilege escalation; it ends by itself after readerDeadline even if no replica is left to
+// delete it.
+
+// readerSuffix makes a box's reader pod's name from the box's object name.
+const readerSuffix = "-reader"
+
+// LabelRole marks a pod that is no box's compute: "workspace-reader".
+const LabelRole = "sandboxd.io/role"
+
+const roleReader = "workspace-reader"
+
+// readerDeadline is the reader pod's activeDeadlineSeconds: the node ends a reader left behind
+// by a replica that died while reading.
+const readerDeadline = 3600
+
+// readerContainer is the reader pod's container name.
+const readerContainer = "reader"
+
+// readerInitPath is where the init image holds the init (the init container runs it there).
+const readerInitPath = "/sandbox-init"
+
+// WorkspaceReader configures reading a stopped box's workspace beside it (the zero value: off,
+// every checkpoint then comes through the box's guest).
+type WorkspaceReader struct {
+	// Enabled turns the reader on. It needs the init image (kube.init_image), whose init the
+	// reader pod runs.
+	Enabled bool `json:"enabled"`
+	// RuntimeClass is the reader pods' runtimeClassName; empty takes the cluster's default
+	// runtime (on most clusters runc: the native runtime the reader is for).
+	RuntimeClass string `json:"runtime_class"`
+	// MilliCPU and MemoryBytes are the reader pod's limits (defaults 2000 and 512 MiB): its
+	// compression runs on as many cores as it gets.
+	MilliCPU    int64 `json:"milli_cpu"`
+	MemoryBytes int64 `json:"memory_bytes"`
+}
+
+func (w WorkspaceReader) withDefaults() WorkspaceReader {
+	if w.MilliCPU <= 0 {
+		w.MilliCPU = 2000
+	}
+	if w.MemoryBytes <= 0 {
+		w.MemoryBytes = 512 << 20
+	}
+	return w
+}
+
+var _ runtime.StoppedWorkspaceReader = (*Driver)(nil)
+
+// ReadsStoppedWorkspaces implements runtime.StoppedWorkspaceReader.
+func (d *Driver) ReadsStoppedWorkspaces() bool { return d.opts.WorkspaceReader.Enabled }
+
+// ExportStoppedWorkspace implements runtime.StoppedWorkspaceReader: a reader pod on the box's
+// PVC, the init's export exec'd in it, its zstd stream decoded here. The pod is deleted when
+// the stream is closed.
+func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
+	if !d.opts.WorkspaceReader.Enabled {
+		return nil, errors.New("kube: the workspace reader is not configured (kube.workspace_reader)")
+	}
+	name, err := ObjectName(id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.getPVC(ctx, id, name); err != nil {
+		return nil, err
+	}
+	if _, err := d.pods.Get(name); err == nil {
+		return nil, fmt.Errorf("kube: box %s: its pod is still there: %w", id, runtime.ErrNotRunning)
+	}
+	rname := name + readerSuffix
+	// A reader left by an earlier read (a replica that died) goes first: it may be of an
+	// earlier life of the box, and its name is taken.
+	if err := d.deletePod(ctx, rname, 0); err != nil {
+		return nil, err
+	}
+	pod := d.set.newReaderPod(rname, name, id, d.opts.WorkspaceReader)
+	created, err := d.cs.CoreV1().Pods(d.opts.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("kube: create the workspace reader of %s: %w", id, err)
+	}
+	release := func() {
+		// Not waited for: the pod only reads, and the next reader of the box deletes a
+		// leftover first.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		zero := int64(0)
+		err := d.cs.CoreV1().Pods(d.opts.Namespace).Delete(cctx, rname, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &created.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			d.log.Warn("deleting a workspace reader", "box", id, "pod", rname, "err", err)
+		}
+	}
+	if err := d.waitReader(ctx, id, rname, created.UID); err != nil {
+		release()
+		return nil, err
+	}
+	rc, err := d.execExport(id, rname)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return &readerStream{exportStream: rc, release: release}, nil
+}
+
+// waitReader waits until the reader pod runs, or fails with why it cannot.
+func (d *Driver) waitReader(ctx context.Context, id, name string, uid types.UID) error {
+	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
+	defer cancel()
+	last := "the pod is not in the watch yet"
+	err := d.waitFor(ctx, time.Second, func() (bool, error) {
+		pod, err := d.pods.Get(name)
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if pod.UID != uid {
+			last = "an older reader pod of the same name is still there"
+			return false, nil
+		}
+		if pod.DeletionTimestamp != nil {
+			return false, errors.New("the reader pod was deleted while starting")
+		}
+		if why := podCannotRun(pod); why != "" {
+			return false, errors.New(why)
+		}
+		if msg, ok := unschedulable(pod); ok {
+			last = "the reader pod cannot be scheduled: " + msg
+			return false, nil
+		}
+		if pod.Status.Phase != corev1.PodRunning {
+			last = "the reader pod is " + string(pod.Status.Phase) + waitingReason(pod)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("not running within %v: %s", d.opts.ReadyTimeout, last)
+	}
+	if err != nil {
+		return fmt.Errorf("kube: the workspace reader of %s: %w", id, err)
+	}
+	return nil
+}
+
+// execExport execs the init's export of the workspace in reader pod name and returns its tar,
+// decoded from the zstd stream. The stream's end is the exec's: a reader that failed (its
+// exit status, or the stream cut) ends the tar with that error, never with io.EOF.
+func (d *Driver) execExport(id, name string) (*exportStream, error) {
+	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
+		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
+		Container: readerContainer,
+		Command:   []string{readerInitPath, "export", workspacePath},
+		Stdout:    true,
+		Stderr:    true,
+	}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(d.opts.Config, http.MethodGet, req.URL().String())
+	if err != nil {
+		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(d.opts.Config, http.MethodPost, req.URL())
+	if err != nil {
+		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
+	}
+	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
+	}
+	outR, outW := io.Pipe()
+	sctx, cancel := context.WithCancel(context.Background())
+	s := &exportStream{pipe: outR, cancel: cancel, done: make(chan struct{})}
+	stderr := &capped{max: 4 << 10}
+	go func() {
+		defer close(s.done)
+		err := exec.StreamWithContext(sctx, remotecommand.StreamOptions{Stdout: outW, Stderr: stderr})
+		if err != nil {
+			if msg := stderr.String(); msg != "" {
+				err = fmt.Errorf("%w (stderr: %s)", err, msg)
+			}
+			s.err = fmt.Errorf("kube: workspace reader of %s: %w", id, err)
+			outW.CloseWithError(s.err)
+			return
+		}
+		outW.Close()
+	}()
+	// The export's window is 1 MiB (server.ExportWindow); anything larger is refused.
+	zr, err := zstd.NewReader(outR, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxWindow(8<<20), zstd.WithDecoderMaxMemory(64<<20))
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
+	}
+	s.zr = zr
+	return s, nil
+}
+
+// exportStream is a reader pod's export: the tar decoded from its stdout.
+type exportStream struct {
+	zr     *zstd.Decoder
+	pipe   *io.PipeReader
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // the exec's failure; read after done is closed
+	once   sync.Once
+}
+
+func (s *exportStream) Read(p []byte) (int, error) {
+	n, err := s.zr.Read(p)
+	if err == io.EOF {
+		// The compressed stream ended: the tar is whole only if the export said so.
+		<-s.done
+		if s.err != nil {
+			return n, s.err
+		}
+	}
+	return n, err
+}
+
+func (s *exportStream) Close() error {
+	s.once.Do(func() {
+		s.cancel()
+		_ = s.pipe.Close()
+		<-s.done
+		if s.zr != nil {
+			s.zr.Close()
+		}
+	})
+	return nil
+}
+
+// readerStream is ExportStoppedWorkspace's stream: closing it also deletes the reader pod.
+type readerStream struct {
+	*exportStream
+	release func()
+	once    sync.Once
+}
+
+func (r *readerStream) Close() error {
+	err := r.exportStream.Close()
+	r.once.Do(r.release)
+	return err
+}
+
+// newReaderPod is the reader pod of box id (object name box) under name: the init image's
+// init idling, the box's PVC mounted read-only at /workspace.
+func (s podSettings) newReaderPod(name, box, id string, w WorkspaceReader) *corev1.Pod {
+	w = w.withDefaults()
+	no, yes, root, grace, deadline := false, true, int64(0), int64(0), int64(readerDeadline)
+	cpu := *resource.NewMilliQuantity(w.MilliCPU, resource.DecimalSI)
+	mem := *resource.NewQuantity(w.MemoryBytes, resource.BinarySI)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace, Labels: map[string]string{
+			LabelManagedBy: managedBy,
+			LabelSandboxID: id,
+			LabelRole:      roleReader,
+		}},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			TerminationGracePeriodSeconds: &grace,
+			ActiveDeadlineSeconds:         &deadline,
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:    readerContainer,
+				Image:   s.initImage,
+				Command: []string{readerInitPath, "idle"},
+				Resources: corev1.ResourceRequirements{
+					Limits:   corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem},
+					Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(100, resource.DecimalSI), corev1.ResourceMemory: mem},
+				},
+				VolumeMounts: []corev1.VolumeMount{{Name: workspaceVolume, MountPath: workspacePath, ReadOnly: true}},
+				SecurityContext: &corev1.SecurityContext{
+					RunAsUser:                &root,
+					RunAsNonRoot:             &no,
+					AllowPrivilegeEscalation: &no,
+					ReadOnlyRootFilesystem:   &yes,
+					Capabilities: &corev1.Capabilities{
+						Drop: []corev1.Capability{"ALL"},
+						Add:  []corev1.Capability{"DAC_OVERRIDE"},
+					},
+				},
+			}},
+			Volumes: []corev1.Volume{{Name: workspaceVolume, VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: box, ReadOnly: true},
+			}}},
+		},
+	}
+	if w.RuntimeClass != "" {
+		rc := w.RuntimeClass
+		pod.Spec.RuntimeClassName = &rc
+	}
+	return pod
+}

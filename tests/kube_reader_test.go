@@ -1,0 +1,147 @@
+package tests
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sandboxd/internal/kubetest"
+	"sandboxd/internal/redistest"
+	"sandboxd/runtime/kube"
+	"sandboxd/tests/e2e"
+)
+
+// withReader is kubeServerOptions with the workspace reader on, its pods of runtimeClass.
+func withReader(opts e2e.ServerOptions, runtimeClass string) e2e.ServerOptions {
+	k := map[string]any{}
+	for key, v := range opts.Extra["kube"].(map[string]any) {
+		k[key] = v
+	}
+	k["workspace_reader"] = map[string]any{"enabled": true, "runtime_class": runtimeClass}
+	extra := map[string]any{}
+	for key, v := range opts.Extra {
+		extra[key] = v
+	}
+	extra["kube"] = k
+	opts.Extra = extra
+	return opts
+}
+
+// TestKubeStopReadsTheVolume: with the workspace reader on, a stop releases the pod first and
+// checkpoints the PVC beside it; the checkpoint holds the workspace (a link out of it as a
+// link), and a sandbox made from it has it. When the reader cannot run, the stop still
+// releases the compute and its slot, says why no checkpoint was taken, and keeps the
+// workspace on the PVC (a start finds it); the checkpoint is owed, and a destroy takes it
+// before the PVC goes (a control plane whose reader works again: the files written after
+// the last checkpoint are in the destroy's snapshot), or fails and keeps the PVC.
+func TestKubeStopReadsTheVolume(t *testing.T) {
+	c := kubetest.Require(t)
+	_, kubeconfig := c.Gateway(t)
+	cs := c.Clientset(t)
+	rs := redistest.Start(t)
+	st := e2e.NewStateDir(t)
+	base := kubeServerOptions(t, kubeconfig, rs.URL, st)
+	s := e2e.StartServer(t, withReader(base, kubetest.NativeRuntimeClass))
+	ctx := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	readerGone := func(t *testing.T, id string) {
+		t.Helper()
+		name, _ := kube.ObjectName(id)
+		e2e.Eventually(t, 30*time.Second, "the reader pod is gone", func() (bool, string) {
+			_, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name+"-reader", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), errString(err)
+		})
+	}
+
+	var id string
+	e2e.Step(t, "stop-checkpoints-the-volume", func(t *testing.T) {
+		id = s.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrDev).SandboxID
+		s.Run(t, id, []string{"sh", "-c", "mkdir -p src && echo 'the work' > src/a.txt && ln -s /etc/shadow leak && mkfifo pipe"}, e2e.HdrDev)
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		sb := s.Get(t, id, e2e.HdrDev)
+		if sb.State != "STOPPED" || sb.StateReason != "" || sb.LatestSnapshotID == "" {
+			t.Fatalf("after the stop: %+v, want STOPPED with a snapshot and no reason", sb)
+		}
+		if !s.LogContains("workspace checkpointed") {
+			t.Error("the server's log has no checkpoint")
+		}
+		readerGone(t, id)
+		if q := s.Quota(t, e2e.HdrDev); q.InUse != 0 {
+			t.Errorf("a stopped sandbox holds %d slots, want 0", q.InUse)
+		}
+
+		from := s.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+sb.LatestSnapshotID+`"}}`, e2e.HdrDev).SandboxID
+		got := s.Run(t, from, []string{"sh", "-c", "cat src/a.txt; readlink leak; test -e pipe && echo pipe || echo no-pipe"}, e2e.HdrDev)
+		if got != "the work\n/etc/shadow\nno-pipe\n" {
+			t.Errorf("a sandbox from the stop's snapshot has %q, want the file, the link as a link, no FIFO", got)
+		}
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+from, nil, e2e.HdrDev).Want(t, http.StatusOK)
+	})
+
+	e2e.Step(t, "start-and-stop-again", func(t *testing.T) {
+		before := s.Get(t, id, e2e.HdrDev).LatestSnapshotID
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		if got := s.Run(t, id, []string{"cat", "src/a.txt"}, e2e.HdrDev); got != "the work\n" {
+			t.Errorf("after start: %q", got)
+		}
+		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		if sb := s.Get(t, id, e2e.HdrDev); sb.LatestSnapshotID == "" || sb.LatestSnapshotID == before {
+			t.Errorf("the second stop's snapshot %q, want a new one (the first was %q)", sb.LatestSnapshotID, before)
+		}
+		readerGone(t, id)
+	})
+
+	// The same sandbox under a control plane whose reader cannot run.
+	s.Stop(t)
+	broken := e2e.StartServer(t, withReader(base, "no-such-class"))
+	var lastGood string
+	e2e.Step(t, "a-reader-that-cannot-run", func(t *testing.T) {
+		broken.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		lastGood = broken.Get(t, id, e2e.HdrDev).LatestSnapshotID
+		broken.Run(t, id, []string{"sh", "-c", "echo 'after the last checkpoint' > late.txt"}, e2e.HdrDev)
+		broken.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		sb := broken.Get(t, id, e2e.HdrDev)
+		if sb.State != "STOPPED" || !strings.Contains(sb.StateReason, "without a new checkpoint") || sb.LatestSnapshotID != lastGood {
+			t.Fatalf("after the stop: %+v, want STOPPED saying no checkpoint was taken, the latest snapshot unchanged", sb)
+		}
+		t.Logf("reason: %s", sb.StateReason)
+		if q := broken.Quota(t, e2e.HdrDev); q.InUse != 0 {
+			t.Errorf("the stopped sandbox holds %d slots, want 0", q.InUse)
+		}
+		// A destroy owes the checkpoint and cannot take it: refused, the PVC kept.
+		broken.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrDev).WantError(t, http.StatusServiceUnavailable, "UNAVAILABLE")
+		if sb := broken.Get(t, id, e2e.HdrDev); sb.State != "STOPPED" {
+			t.Errorf("after the refused destroy: %s, want STOPPED", sb.State)
+		}
+		name, _ := kube.ObjectName(id)
+		if _, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); err != nil {
+			t.Errorf("the PVC after a refused destroy: %v, want it kept", err)
+		}
+	})
+
+	broken.Stop(t)
+	s = e2e.StartServer(t, withReader(base, kubetest.NativeRuntimeClass))
+	e2e.Step(t, "destroy-takes-the-owed-checkpoint", func(t *testing.T) {
+		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrDev)
+		r.Want(t, http.StatusOK)
+		var res e2e.SandboxJSON
+		r.Decode(t, &res)
+		if res.SnapshotID == "" || res.SnapshotID == lastGood {
+			t.Fatalf("the destroy's snapshot %q, want a new one (the last was %q)", res.SnapshotID, lastGood)
+		}
+		from := s.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+res.SnapshotID+`"}}`, e2e.HdrDev).SandboxID
+		if got := s.Run(t, from, []string{"cat", "late.txt", "src/a.txt"}, e2e.HdrDev); got != "after the last checkpoint\nthe work\n" {
+			t.Errorf("the destroy's snapshot holds %q, want the file written after the last checkpoint", got)
+		}
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+from, nil, e2e.HdrDev).Want(t, http.StatusOK)
+		readerGone(t, id)
+	})
+}
