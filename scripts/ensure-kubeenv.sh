@@ -4,9 +4,13 @@
 # tests/kubeenv/go.mod) and tests/kubeenv's own etcd, vknode and kubeenv, in ONE `go build` (they
 # share most packages). The folder is keyed by a hash of tests/kubeenv's go.mod, go.sum, all its .go
 # files and `go version`; an unchanged tree costs nothing. Cold: ~10 min and ~3 GB of memory on 2 cores.
+# Also installs Debian's runc when missing: the node runs the pods of RuntimeClass "runc" (handler
+# runc, which `kubeenv up` creates) natively with it.
 # usage: ensure-kubeenv.sh      (then: "$dir/kubeenv" up --dir ... --bin "$dir" ...)
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
+
+[ -x /usr/sbin/runc ] || command -v runc >/dev/null || apt_install runc
 
 K8S_VERSION="v1.37.2"
 programs="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl vknode kubeenv"

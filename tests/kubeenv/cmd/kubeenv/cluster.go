@@ -153,10 +153,13 @@ func (s *supervisor) startControlPlane(ctx context.Context, f *files) error {
 	if err := provisioner.EnsureStorageClass(ctx, client, c.storageClass); err != nil {
 		return err
 	}
-	if c.runtimeClass != "" {
-		rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: c.runtimeClass}, Handler: "runsc"}
-		if _, err := client.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create runtime class %s: %w", c.runtimeClass, err)
+	for _, rc := range []struct{ name, handler string }{{c.runtimeClass, "runsc"}, {c.runcRuntimeClass, "runc"}} {
+		if rc.name == "" {
+			continue
+		}
+		obj := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: rc.name}, Handler: rc.handler}
+		if _, err := client.NodeV1().RuntimeClasses().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create runtime class %s: %w", rc.name, err)
 		}
 	}
 	return nil
@@ -212,14 +215,17 @@ func (s *supervisor) startNodeAndControllers(ctx context.Context, f *files) erro
 		"--data-dir=" + s.path("node"),
 		"--storage-class=" + c.storageClass,
 	}
+	if c.runcRuntimeClass != "" {
+		nodeArgs = append(nodeArgs, "--runc="+c.runcPath)
+	}
 	for _, img := range c.images {
 		nodeArgs = append(nodeArgs, "--image="+img)
 	}
 	for _, l := range c.layouts {
 		nodeArgs = append(nodeArgs, "--oci-layout="+l)
 	}
-	// SIGTERM, not SIGKILL, when the supervisor dies: the node then still deletes its runsc
-	// containers (sandboxes are not its children: killing it would leave them running).
+	// SIGTERM, not SIGKILL, when the supervisor dies: the node then still deletes its
+	// containers (they are not its children: killing it would leave them running).
 	node, err := s.spawn("vknode", syscall.SIGTERM, nodeArgs...)
 	if err != nil {
 		return err

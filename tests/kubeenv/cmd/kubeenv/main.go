@@ -1,8 +1,9 @@
 // Command kubeenv runs a real, local Kubernetes cluster for tests, in the foreground:
 // embedded etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a
-// virtual-kubelet node (vknode) whose pods are real gVisor containers, all on 127.0.0.1.
+// virtual-kubelet node (vknode) whose pods are real gVisor containers (or native runc
+// containers, for RuntimeClass "runc"), all on 127.0.0.1.
 //
-//	kubeenv up --dir DIR --runsc PATH [--bin BINDIR] [--image NAME=ROOTFS ...] [--oci-layout DIR ...] [flags]
+//	kubeenv up --dir DIR --runsc PATH [--runc PATH] [--bin BINDIR] [--image NAME=ROOTFS ...] [--oci-layout DIR ...] [flags]
 //	kubeenv down --dir DIR
 //
 // `up` makes a fresh cluster in DIR (it replaces what an earlier `up` left there):
@@ -11,7 +12,7 @@
 //	DIR/admin.kubeconfig     cluster-admin (client certificate in system:masters)
 //	DIR/admin.token          a bearer token in system:masters (same rights)
 //	DIR/etcd/                etcd's data
-//	DIR/node/                the node's runsc root, pod folders and provisioned volumes (pv/)
+//	DIR/node/                the node's runsc and runc roots, pod folders and provisioned volumes (pv/)
 //	DIR/logs/<name>.log      each program's output (kept after exit)
 //	DIR/env                  shell variables: KUBECONFIG=..., KUBEENV_SERVER=..., KUBEENV_PID=...
 //	DIR/pid                  the supervisor's pid
@@ -19,7 +20,7 @@
 //
 // Once ready it prints "KUBECONFIG=DIR/admin.kubeconfig" (and a summary) on stdout; progress
 // goes to stderr. On SIGTERM or SIGINT it stops every child by its pid (SIGTERM, SIGKILL
-// after 5 s; the node first, so it deletes its runsc containers), removes any runsc
+// after 5 s; the node first, so it deletes its containers), removes any runsc or runc
 // container left in DIR/node and exits 0. If a child exits on its own it prints the tail of
 // its log and exits 1. `down` sends SIGTERM to the supervisor whose pid DIR/pid holds and
 // waits for it to exit.
@@ -31,12 +32,15 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"sandboxd/tests/kubeenv/internal/runc"
 )
 
 func init() {
@@ -68,7 +72,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage:\n  kubeenv up --dir DIR --runsc PATH [--bin BINDIR] [--image NAME=ROOTFS ...] [--oci-layout DIR ...] [flags]\n  kubeenv down --dir DIR\nrun `kubeenv up -h` for the flags\n")
+	fmt.Fprintf(os.Stderr, "usage:\n  kubeenv up --dir DIR --runsc PATH [--runc PATH] [--bin BINDIR] [--image NAME=ROOTFS ...] [--oci-layout DIR ...] [flags]\n  kubeenv down --dir DIR\nrun `kubeenv up -h` for the flags\n")
 	os.Exit(2)
 }
 
@@ -88,6 +92,7 @@ type config struct {
 	images, layouts               multiFlag
 	nodeName, storageClass        string
 	runtimeClass                  string
+	runcPath, runcRuntimeClass    string
 	apiserverPort, etcdPort       int
 	etcdPeerPort, kubeletPort     int
 	cmPort, schedulerPort         int
@@ -110,6 +115,8 @@ func up(args []string) error {
 	fs.StringVar(&c.nodeName, "node-name", "sandbox-node", "name of the node")
 	fs.StringVar(&c.storageClass, "storage-class", "sandbox-local", "StorageClass created as the default class, served by the node's hostPath provisioner")
 	fs.StringVar(&c.runtimeClass, "runtime-class", "", "also create a RuntimeClass of this name with handler runsc (default: none)")
+	fs.StringVar(&c.runcRuntimeClass, "runc-runtime-class", "runc", "create a RuntimeClass of this name with handler runc, whose pods the node runs natively with runc (empty: none, and the node runs no runc)")
+	fs.StringVar(&c.runcPath, "runc", "", "runc binary (default: runc on $PATH, else "+runc.DefaultPath+"; Debian package runc)")
 	fs.IntVar(&c.apiserverPort, "apiserver-port", 16443, "kube-apiserver port on 127.0.0.1")
 	fs.IntVar(&c.etcdPort, "etcd-port", 12379, "etcd client port")
 	fs.IntVar(&c.etcdPeerPort, "etcd-peer-port", 12380, "etcd peer port")
@@ -144,6 +151,17 @@ func up(args []string) error {
 	if _, err := os.Stat(c.runscPath); err != nil {
 		return fmt.Errorf("--runsc: %w", err)
 	}
+	if c.runcRuntimeClass != "" {
+		if c.runcPath == "" {
+			c.runcPath = findRunc()
+		}
+		if c.runcPath == "" {
+			return fmt.Errorf("runc is not installed (Debian package runc; scripts/ensure-kubeenv.sh installs it): pass --runc PATH, or --runc-runtime-class= for a node without runc")
+		}
+		if _, err := os.Stat(c.runcPath); err != nil {
+			return fmt.Errorf("--runc: %w", err)
+		}
+	}
 	for _, kv := range c.images {
 		name, dir, ok := strings.Cut(kv, "=")
 		if !ok || name == "" || dir == "" {
@@ -170,6 +188,20 @@ func up(args []string) error {
 	}
 	s := &supervisor{cfg: c, start: time.Now()}
 	return s.run()
+}
+
+// findRunc returns runc on $PATH, else Debian's /usr/sbin/runc (often not on a user's
+// $PATH), else "".
+func findRunc() string {
+	if p, err := exec.LookPath("runc"); err == nil {
+		if abs, err := filepath.Abs(p); err == nil {
+			return abs
+		}
+	}
+	if fi, err := os.Stat(runc.DefaultPath); err == nil && fi.Mode()&0o111 != 0 {
+		return runc.DefaultPath
+	}
+	return ""
 }
 
 func readPid(path string) int {

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"sandboxd/tests/kubeenv/internal/runc"
 	"sandboxd/tests/kubeenv/internal/runsc"
 )
 
@@ -21,6 +22,8 @@ type supervisor struct {
 	children []*child
 	// runsc is the CLI over the node's runsc root, with the node's global flags.
 	runsc *runsc.CLI
+	// runc is the CLI over the node's runc root (nil when the node runs no runc).
+	runc *runc.CLI
 }
 
 func (s *supervisor) path(parts ...string) string {
@@ -33,6 +36,10 @@ func (s *supervisor) run() error {
 		Path:  c.runscPath,
 		Root:  runsc.RootFor(s.path("node")),
 		Flags: []string{"--platform=" + c.platform, "--network=none", "--overlay2=root:memory"},
+	}
+	if c.runcRuntimeClass != "" {
+		node := s.path("node")
+		s.runc = &runc.CLI{Path: c.runcPath, Root: runc.RootFor(node), CgroupParent: runc.CgroupParentFor(node)}
 	}
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -107,6 +114,9 @@ func (s *supervisor) prepareDir() error {
 		return fmt.Errorf("remove runsc containers an earlier cluster left: %w", err)
 	} else if len(ids) > 0 {
 		logf("removed %d runsc containers an earlier cluster left", len(ids))
+	}
+	if err := s.destroyRunc(context.Background(), "an earlier cluster left"); err != nil {
+		return err
 	}
 	for _, name := range []string{"ready", "env", "pid", "admin.kubeconfig", "admin.token", "pki", "etcd", "node", "logs"} {
 		if err := os.RemoveAll(s.path(name)); err != nil {
@@ -273,6 +283,9 @@ func (s *supervisor) stopAll() {
 	} else if len(ids) > 0 {
 		logf("removed %d runsc containers the node left", len(ids))
 	}
+	if err := s.destroyRunc(ctx, "the node left"); err != nil {
+		logf("%v", err)
+	}
 	if !strings.HasPrefix(s.runsc.Root, s.cfg.dir+"/") {
 		// The short runsc root outside the folder (see runsc.RootFor): remove it once empty
 		// of containers.
@@ -281,6 +294,22 @@ func (s *supervisor) stopAll() {
 		}
 	}
 	_ = os.Remove(s.path("pid"))
+}
+
+// destroyRunc removes the runc containers in the node's runc root (their cgroups and
+// overlay roots) and unmounts whatever is still mounted in the pods' folders.
+func (s *supervisor) destroyRunc(ctx context.Context, who string) error {
+	if s.runc != nil {
+		if ids, err := s.runc.DestroyAll(ctx); err != nil {
+			return fmt.Errorf("remove runc containers %s: %w", who, err)
+		} else if len(ids) > 0 {
+			logf("removed %d runc containers %s", len(ids), who)
+		}
+	}
+	if err := runc.UnmountUnder(s.path("node", "pods")); err != nil {
+		return fmt.Errorf("unmount what %s in %s: %w", who, s.path("node", "pods"), err)
+	}
+	return nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -1,17 +1,18 @@
 // Command vknode is the test cluster's node: a virtual-kubelet (v1.14.1, nodeutil.NewNode)
-// whose pods run as real gVisor containers with runsc on this host (package provider), plus
-// a small hostPath volume provisioner for one StorageClass (package provisioner).
+// whose pods run as real gVisor containers with runsc on this host, or as native runc
+// containers when their RuntimeClass has handler runc (package provider), plus a small
+// hostPath volume provisioner for one StorageClass (package provisioner).
 //
 //	vknode --kubeconfig FILE --ca-cert CA --tls-cert CRT --tls-key KEY \
-//	       --runsc PATH --data-dir DIR [--image NAME=DIR ...] [--oci-layout DIR ...]
+//	       --runsc PATH [--runc PATH] --data-dir DIR [--image NAME=DIR ...] [--oci-layout DIR ...]
 //
 // The node registers Ready, with no taints, InternalIP 127.0.0.1 and a large allocatable
 // (cpu 64, memory 256Gi, pods 500). Its kubelet API (exec, logs) is served over TLS with the
 // given certificate and requires a client certificate of the same CA: the API server's
 // kubelet client (CN kube-apiserver-kubelet-client) or a member of system:masters.
 //
-// On SIGTERM or SIGINT it tears every pod down (runsc containers killed and deleted, pod
-// folders removed) and exits. At start it removes what an earlier run left in its data dir.
+// On SIGTERM or SIGINT it tears every pod down (runsc and runc containers killed and
+// deleted, pod folders removed) and exits. At start it removes what an earlier run left in its data dir.
 package main
 
 import (
@@ -45,6 +46,7 @@ import (
 	"sandboxd/tests/kubeenv/internal/ocilayout"
 	"sandboxd/tests/kubeenv/internal/provider"
 	"sandboxd/tests/kubeenv/internal/provisioner"
+	"sandboxd/tests/kubeenv/internal/runc"
 	"sandboxd/tests/kubeenv/internal/runsc"
 	"sandboxd/tests/kubeenv/internal/shim"
 )
@@ -63,6 +65,7 @@ type options struct {
 	port                          int
 	caCert, tlsCert, tlsKey       string
 	runscPath, platform, dataDir  string
+	runcPath                      string
 	runscFlags, images, layouts   multiFlag
 	storageClass, logLevel        string
 	allowedClient                 string
@@ -83,6 +86,7 @@ func main() {
 	flag.StringVar(&o.tlsKey, "tls-key", "", "key of the serving certificate (required)")
 	flag.StringVar(&o.allowedClient, "allowed-client", "kube-apiserver-kubelet-client", "client certificate CN allowed on the kubelet API (besides group system:masters)")
 	flag.StringVar(&o.runscPath, "runsc", "", "runsc binary (required)")
+	flag.StringVar(&o.runcPath, "runc", "", "runc binary (Debian's: /usr/sbin/runc): runs the pods of RuntimeClass handler runc (empty: such pods fail)")
 	flag.StringVar(&o.platform, "platform", "systrap", "runsc --platform")
 	flag.Var(&o.runscFlags, "runsc-flag", "extra runsc global flag (repeatable), e.g. --runsc-flag=--debug")
 	flag.StringVar(&o.dataDir, "data-dir", "", "folder of the node's state: runsc root, pod folders, volumes (required)")
@@ -158,7 +162,15 @@ func run(o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := provider.Cleanup(ctx, cli, dataDir); err != nil {
+	var runcCLI *runc.CLI
+	runcVersion := "none"
+	if o.runcPath != "" {
+		runcCLI = &runc.CLI{Path: o.runcPath, Root: runc.RootFor(dataDir), CgroupParent: runc.CgroupParentFor(dataDir)}
+		if runcVersion, err = runcCLI.Version(ctx); err != nil {
+			return err
+		}
+	}
+	if err := provider.Cleanup(ctx, provider.Config{DataDir: dataDir, Runsc: cli, Runc: runcCLI}); err != nil {
 		return err
 	}
 
@@ -195,7 +207,7 @@ func run(o options, logger *slog.Logger) error {
 	var prov *provider.Provider
 	newProvider := func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		p, err := provider.New(provider.Config{
-			NodeName: o.name, DataDir: dataDir, Runsc: cli, Images: images, Self: self,
+			NodeName: o.name, DataDir: dataDir, Runsc: cli, Runc: runcCLI, Images: images, Self: self,
 			Client: client, Pods: pc.Pods, Logger: logger.With("component", "provider"),
 		})
 		if err != nil {
@@ -240,7 +252,7 @@ func run(o options, logger *slog.Logger) error {
 		shutdown(prov, o.shutdownTimeout, logger)
 		return fmt.Errorf("node not ready: %w", err)
 	}
-	logger.Info("node ready", "name", o.name, "kubelet_api", addr, "runsc", runscVersion, "images", len(images), "ms", time.Since(start).Milliseconds())
+	logger.Info("node ready", "name", o.name, "kubelet_api", addr, "runsc", runscVersion, "runc", runcVersion, "images", len(images), "ms", time.Since(start).Milliseconds())
 
 	select {
 	case <-ctx.Done():
@@ -266,7 +278,7 @@ func run(o options, logger *slog.Logger) error {
 	return nil
 }
 
-// shutdown tears every pod down and removes the runsc containers left in the node's root.
+// shutdown tears every pod down and removes the containers left in the node's roots.
 func shutdown(p *provider.Provider, timeout time.Duration, logger *slog.Logger) error {
 	if p == nil {
 		return nil

@@ -11,13 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	utilexec "k8s.io/utils/exec"
+
+	"sandboxd/tests/kubeenv/internal/engine"
 )
 
 // Exec stream tuning.
@@ -34,10 +35,10 @@ const (
 	execKillWait = 3 * time.Second
 )
 
-// exec runs cmd in the container with `runsc exec`, copying the streams both ways as data
-// arrives. The child's stdin is closed when the client's stdin ends. When ctx ends (the
-// client went away), the command is killed inside the sandbox (killing only the host
-// `runsc exec` would leave it running).
+// exec runs cmd in the container with `runsc exec` or `runc exec` (the pod's engine),
+// copying the streams both ways as data arrives. The child's stdin is closed when the
+// client's stdin ends. When ctx ends (the client went away), the command itself is killed
+// (killing only the host `runsc exec` would leave it running in the sandbox).
 func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attach api.AttachIO) error {
 	if len(cmd) == 0 {
 		return errdefs.InvalidInput("exec: no command")
@@ -45,6 +46,7 @@ func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attac
 	pr.mu.Lock()
 	c, err := pr.container(name)
 	running := err == nil && c.started && c.state.Running != nil && !pr.deleting
+	eng := pr.eng
 	pr.mu.Unlock()
 	if err != nil {
 		return errdefs.AsNotFound(err)
@@ -69,9 +71,7 @@ func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attac
 	_, _ = rand.Read(rnd[:])
 	pidFile := filepath.Join(pr.dir, "exec-"+hex.EncodeToString(rnd[:])+".pid")
 	defer os.Remove(pidFile)
-	cli := pr.p.cfg.Runsc
-	args := append([]string{"exec", "--internal-pid-file=" + pidFile, c.id}, cmd...)
-	proc := cli.Command(args...)
+	proc := eng.Exec(pidFile, c.id, cmd)
 
 	// *os.File stdio, so exec.Cmd starts no copying goroutines of its own that Wait would
 	// wait for (the sandbox may hold the far ends open after the host process is gone).
@@ -155,7 +155,7 @@ func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attac
 	select {
 	case waitErr = <-waited:
 	case <-ctx.Done():
-		pr.killExec(pidFile, c.id)
+		pr.killExec(eng, pidFile, c.id)
 		select {
 		case waitErr = <-waited:
 		case <-time.After(execKillWait):
@@ -195,20 +195,12 @@ func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attac
 	return nil
 }
 
-// killExec kills an exec'd command (and its process group) inside the sandbox.
-func (pr *podRuntime) killExec(pidFile, id string) {
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return
-	}
+// killExec kills an exec'd command (its pid is in pidFile).
+func (pr *podRuntime) killExec(eng engine.Engine, pidFile, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), execKillWait)
 	defer cancel()
-	if _, err := pr.p.cfg.Runsc.Run(ctx, "kill", "--pid="+strconv.Itoa(pid), id, "KILL"); err != nil {
-		pr.p.log.Debug("kill exec", "pod", pr.key, "pid", pid, "err", err)
+	if err := eng.KillExec(ctx, pidFile, id); err != nil {
+		pr.p.log.Debug("kill exec", "pod", pr.key, "err", err)
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"sandboxd/tests/kubeenv/internal/engine"
+	"sandboxd/tests/kubeenv/internal/runc"
 	"sandboxd/tests/kubeenv/internal/runsc"
 	"sandboxd/tests/kubeenv/internal/shim"
 )
@@ -37,8 +39,8 @@ const (
 // teardownTimeout bounds the teardown of a pod after its grace period.
 const teardownTimeout = 30 * time.Second
 
-// livenessPoll is how often a container whose `runsc wait` failed is checked until its
-// sandbox process is gone (normally it already is).
+// livenessPoll is how often a container whose shim left no exit status is checked until its
+// process is gone (normally it already is).
 const livenessPoll = 200 * time.Millisecond
 
 // podRuntime is one pod on the node: its folders, its containers and the status the node
@@ -61,8 +63,9 @@ type podRuntime struct {
 	pushMu sync.Mutex
 
 	mu           sync.Mutex
-	pod          *corev1.Pod // spec and metadata; the status is built from the fields below
-	ctrs         []*ctr      // init containers, then containers, in spec order
+	pod          *corev1.Pod   // spec and metadata; the status is built from the fields below
+	eng          engine.Engine // the pod's runtime (by its RuntimeClass); set before any container
+	ctrs         []*ctr        // init containers, then containers, in spec order
 	byName       map[string]*ctr
 	volumes      map[string]hostVolume
 	startTime    *metav1.Time
@@ -77,11 +80,11 @@ type podRuntime struct {
 type ctr struct {
 	spec    corev1.Container
 	init    bool
-	id      string // runsc container id: fixed length, never a prefix of another
+	id      string // container id: fixed length, never a prefix of another (runsc matches prefixes)
 	logPath string
 	bundle  string
-	// created is set before `runsc create` runs and stays set: the teardown destroys the
-	// container (a no-op when there is none).
+	// created is set before the bundle is prepared (runc mounts its root there) and stays
+	// set: the teardown destroys the container (a no-op when there is none).
 	created bool
 	// exited is closed once the container's exit was recorded (state terminated).
 	exited  chan struct{}
@@ -152,6 +155,19 @@ func (pr *podRuntime) run() {
 	now := metav1.Now()
 	pr.mu.Lock()
 	pr.startTime = &now
+	class := pr.pod.Spec.RuntimeClassName
+	pr.mu.Unlock()
+
+	// The runtime first, as a kubelet creates the pod's sandbox before pulling images.
+	eng, msg := pr.p.engineFor(ctx, class)
+	if eng == nil {
+		if ctx.Err() == nil {
+			pr.fail(nil, reasonSandboxCreate, msg)
+		}
+		return
+	}
+	pr.mu.Lock()
+	pr.eng = eng
 	pr.mu.Unlock()
 
 	for _, c := range pr.ctrs {
@@ -273,13 +289,15 @@ func (pr *podRuntime) fail(c *ctr, reason, message string) {
 	pr.push()
 }
 
-// startContainer writes the container's bundle, creates the runsc container through its
-// shim (which stays the sandbox's parent and reports the exit status), starts it, and starts
-// the goroutine that records its exit.
+// startContainer writes the container's bundle (the runtime completes it: runc gets its
+// overlay root), creates the container through its shim (which stays the parent of the
+// container's process and reports the exit status), starts it, and starts the goroutine that
+// records its exit.
 func (pr *podRuntime) startContainer(ctx context.Context, c *ctr) error {
 	rootfs, _ := pr.p.image(c.spec.Image)
 	pr.mu.Lock()
 	spec, err := pr.buildSpec(c, rootfs)
+	eng := pr.eng
 	pr.mu.Unlock()
 	if err != nil {
 		return err
@@ -287,17 +305,19 @@ func (pr *podRuntime) startContainer(ctx context.Context, c *ctr) error {
 	if err := os.MkdirAll(c.bundle, 0o700); err != nil {
 		return fmt.Errorf("container %s: bundle: %w", c.spec.Name, err)
 	}
+	pr.mu.Lock()
+	c.created = true
+	pr.mu.Unlock()
+	if err := eng.Prepare(spec, c.bundle, c.id); err != nil {
+		return fmt.Errorf("container %s: bundle: %w", c.spec.Name, err)
+	}
 	if err := writeJSON(filepath.Join(c.bundle, "config.json"), spec); err != nil {
 		return fmt.Errorf("container %s: bundle: %w", c.spec.Name, err)
 	}
 
 	t0 := time.Now()
-	pr.mu.Lock()
-	c.created = true
-	pr.mu.Unlock()
-	cli := pr.p.cfg.Runsc
 	sh, err := shim.Start(ctx, shim.Config{
-		Self: pr.p.cfg.Self, Runsc: cli, Bundle: c.bundle, ID: c.id, Log: c.logPath,
+		Self: pr.p.cfg.Self, Engine: eng, Bundle: c.bundle, ID: c.id, Log: c.logPath,
 		StatusFile: shim.StatusPath(c.bundle), ShimLog: filepath.Join(c.bundle, "shim.log"),
 	})
 	if err != nil {
@@ -307,7 +327,7 @@ func (pr *podRuntime) startContainer(ctx context.Context, c *ctr) error {
 	// O_APPEND: the sandbox writes at its own offset otherwise, overwriting earlier output.
 	log, err := os.OpenFile(c.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err == nil {
-		err = cli.RunLogged(ctx, log, "start", c.id)
+		err = eng.Start(ctx, log, c.id)
 		log.Close()
 	}
 	if err != nil {
@@ -319,13 +339,13 @@ func (pr *podRuntime) startContainer(ctx context.Context, c *ctr) error {
 	c.started = true
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
 	pr.mu.Unlock()
-	pr.p.log.Info("container started", "pod", pr.key, "container", c.spec.Name, "id", c.id,
+	pr.p.log.Info("container started", "pod", pr.key, "container", c.spec.Name, "id", c.id, "runtime", eng.Handler(),
 		"create_ms", t1.Sub(t0).Milliseconds(), "start_ms", time.Since(t1).Milliseconds())
 
 	pr.p.wg.Add(1)
 	go func() {
 		defer pr.p.wg.Done()
-		pr.watch(c, sh, now)
+		pr.watch(eng, c, sh, now)
 	}()
 	return nil
 }
@@ -334,18 +354,18 @@ func (pr *podRuntime) startContainer(ctx context.Context, c *ctr) error {
 // state: the exit code, "OOMKilled" when the memory cgroup counted an OOM kill, else
 // "Completed" or "Error". A container that ended on its own is then deleted (freeing its
 // cgroups); the log file stays for GetContainerLogs. The pod's status is pushed.
-func (pr *podRuntime) watch(c *ctr, sh *shim.Process, startedAt metav1.Time) {
-	cli := pr.p.cfg.Runsc
+func (pr *podRuntime) watch(eng engine.Engine, c *ctr, sh *shim.Process, startedAt metav1.Time) {
 	st, err := sh.Wait()
 	message := ""
 	if err != nil {
-		// The shim itself was killed: the container's end is seen on its sandbox process.
+		// The shim itself was killed: the container's end is seen in the runtime's state
+		// (runsc: its sandbox process; runc: `runc state`).
 		pr.p.log.Warn("no exit status from the shim", "pod", pr.key, "container", c.spec.Name, "err", err)
-		for cli.Alive(c.id) {
+		for eng.Alive(c.id) {
 			time.Sleep(livenessPoll)
 		}
 		st = shim.Status{ExitCode: 137}
-		message = "the container's sandbox process ended; its exit status is unknown (its shim was killed)"
+		message = "the container's process ended; its exit status is unknown (its shim was killed)"
 	}
 	code, reason := st.ExitCode, reasonCompleted
 	if code != 0 {
@@ -356,7 +376,7 @@ func (pr *podRuntime) watch(c *ctr, sh *shim.Process, startedAt metav1.Time) {
 	switch {
 	case st.OOMKilled:
 		reason, code = reasonOOMKilled, 137
-		message = "the container's memory cgroup OOM-killed its sandbox"
+		message = "the container's memory cgroup OOM-killed its process"
 	case deleting && st.Signal != 0:
 		message = "killed: the pod was deleted"
 	case code != 0 && message == "" && c.spec.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError:
@@ -364,12 +384,12 @@ func (pr *podRuntime) watch(c *ctr, sh *shim.Process, startedAt metav1.Time) {
 	}
 	c.state = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 		ExitCode: int32(code), Signal: int32(st.Signal), Reason: reason, Message: message,
-		StartedAt: startedAt, FinishedAt: metav1.Now(), ContainerID: "runsc://" + c.id,
+		StartedAt: startedAt, FinishedAt: metav1.Now(), ContainerID: eng.Handler() + "://" + c.id,
 	}}
 	pr.mu.Unlock()
 	pr.p.log.Info("container exited", "pod", pr.key, "container", c.spec.Name, "exit", code, "reason", reason)
 	if !deleting {
-		if err := cli.Destroy(context.Background(), c.id, "/"+c.id); err != nil {
+		if err := eng.Destroy(context.Background(), c.id, c.bundle); err != nil {
 			pr.p.log.Warn("delete exited container", "pod", pr.key, "container", c.spec.Name, "err", err)
 		}
 	}
@@ -408,9 +428,9 @@ func (pr *podRuntime) beginTeardown(grace time.Duration) {
 func (pr *podRuntime) teardown(grace time.Duration) {
 	start := time.Now()
 	<-pr.runDone
-	cli := pr.p.cfg.Runsc
 	var running []*ctr
 	pr.mu.Lock()
+	eng := pr.eng
 	for _, c := range pr.ctrs {
 		if c.started && c.state.Running != nil {
 			running = append(running, c)
@@ -420,7 +440,7 @@ func (pr *podRuntime) teardown(grace time.Duration) {
 	if grace > 0 && len(running) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), grace)
 		for _, c := range running {
-			if _, err := cli.Run(ctx, "kill", c.id, "TERM"); err != nil {
+			if err := eng.Signal(ctx, c.id, "TERM"); err != nil {
 				pr.p.log.Debug("SIGTERM container", "pod", pr.key, "container", c.spec.Name, "err", err)
 			}
 		}
@@ -449,6 +469,10 @@ func (pr *podRuntime) teardown(grace time.Duration) {
 			pr.p.log.Warn("container exit not seen after teardown", "pod", pr.key, "container", c.spec.Name)
 		}
 	}
+	// Destroy unmounted the runc containers' overlay roots; never remove through a mount.
+	if err := runc.UnmountUnder(pr.dir); err != nil {
+		pr.p.log.Warn("unmount in pod folder", "pod", pr.key, "err", err)
+	}
 	if err := os.RemoveAll(pr.dir); err != nil {
 		pr.p.log.Warn("remove pod folder", "pod", pr.key, "err", err)
 	}
@@ -461,12 +485,16 @@ func (pr *podRuntime) teardown(grace time.Duration) {
 	pr.p.deleteFromAPI(ctx, pr)
 }
 
-// destroyContainers destroys every runsc container the pod created, in parallel.
+// destroyContainers destroys every container the pod created, in parallel.
 func (pr *podRuntime) destroyContainers(ctx context.Context) {
 	var wg sync.WaitGroup
 	pr.mu.Lock()
 	ctrs := append([]*ctr(nil), pr.ctrs...)
+	eng := pr.eng
 	pr.mu.Unlock()
+	if eng == nil {
+		return // no runtime, no container
+	}
 	for _, c := range ctrs {
 		pr.mu.Lock()
 		created := c.created
@@ -475,7 +503,7 @@ func (pr *podRuntime) destroyContainers(ctx context.Context) {
 			continue
 		}
 		wg.Go(func() {
-			if err := pr.p.cfg.Runsc.Destroy(ctx, c.id, "/"+c.id); err != nil {
+			if err := eng.Destroy(ctx, c.id, c.bundle); err != nil {
 				pr.p.log.Warn("destroy container", "pod", pr.key, "container", c.spec.Name, "err", err)
 			}
 		})
@@ -526,7 +554,7 @@ func (pr *podRuntime) status() corev1.PodStatus {
 			RestartCount: 0,
 		}
 		if c.started {
-			cs.ContainerID = "runsc://" + c.id
+			cs.ContainerID = pr.eng.Handler() + "://" + c.id
 		}
 		if c.init {
 			cs.Ready = c.state.Terminated != nil && c.state.Terminated.ExitCode == 0

@@ -1,9 +1,11 @@
-// Package provider is the virtual-kubelet provider of the test cluster's node: it runs every
-// pod container as a real gVisor container with runsc on this host.
+// Package provider is the virtual-kubelet provider of the test cluster's node: it runs pod
+// containers as real gVisor containers with runsc on this host, or, for pods whose
+// RuntimeClass has handler runc, as native containers with runc (package engine; see
+// runtime.go).
 //
-// Each container is its own runsc sandbox (one `runsc create` + `runsc start`), created from
-// an OCI bundle over a local rootfs folder that stands for the container's image (the node's
-// --image NAME=DIR map). Pod volumes are host folders bind-mounted into every container that
+// Each container is its own runsc sandbox or runc container (one `create` + `start`),
+// created from an OCI bundle over a local rootfs folder that stands for the container's image
+// (the node's --image NAME=DIR map). Pod volumes are host folders bind-mounted into every container that
 // mounts them: emptyDir (a folder per pod), persistentVolumeClaim (the bound PV's hostPath or
 // local path), hostPath, and configMap/secret/downwardAPI/projected (files written by the
 // node). Init containers run one by one to completion, then the containers start.
@@ -17,7 +19,8 @@
 // Status is pushed to virtual-kubelet through the NotifyPods callback whenever it changes. A
 // container's exit is reported by its shim (package shim), the parent of its sandbox process,
 // with the exit status and the memory cgroup's OOM verdict: no polling. Only if a shim is
-// killed itself is the sandbox's liveness checked every 200 ms (state file pid and /proc).
+// killed itself is the container's liveness checked every 200 ms (runsc: state file pid and
+// /proc; runc: `runc state`).
 package provider
 
 import (
@@ -42,6 +45,8 @@ import (
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"sandboxd/tests/kubeenv/internal/engine"
+	"sandboxd/tests/kubeenv/internal/runc"
 	"sandboxd/tests/kubeenv/internal/runsc"
 )
 
@@ -51,8 +56,12 @@ type Config struct {
 	NodeName string
 	// DataDir holds the pods' folders (DataDir/pods).
 	DataDir string
-	// Runsc runs runsc with the node's root folder and global flags.
+	// Runsc runs runsc with the node's root folder and global flags: the runtime of pods
+	// without a RuntimeClass and of RuntimeClass handler runsc.
 	Runsc *runsc.CLI
+	// Runc runs runc with the node's root folder and cgroup parent: the runtime of
+	// RuntimeClass handler runc. Optional: without it such pods fail.
+	Runc *runc.CLI
 	// Self is the node's binary: each container's shim runs it (`Self shim …`, package shim).
 	Self string
 	// Images maps an image name (as written in pod specs) to a local rootfs folder.
@@ -82,6 +91,9 @@ type Provider struct {
 	gone map[types.UID]time.Time
 	// closed is set by Shutdown: no pod is created after it.
 	closed bool
+
+	// engines are the runtimes by RuntimeClass handler (runsc, and runc when configured).
+	engines map[string]engine.Engine
 
 	notifyMu sync.RWMutex
 	notify   func(*corev1.Pod)
@@ -115,8 +127,13 @@ func New(cfg Config) (*Provider, error) {
 		start:   time.Now(),
 		pods:    map[string]*podRuntime{},
 		gone:    map[types.UID]time.Time{},
+		engines: engines(cfg),
 	}
-	for _, dir := range []string{p.podsDir, cfg.Runsc.Root} {
+	dirs := []string{p.podsDir}
+	for _, e := range p.engines {
+		dirs = append(dirs, e.Root())
+	}
+	for _, dir := range dirs {
 		if err := os.MkdirAll(dir, 0o711); err != nil {
 			return nil, fmt.Errorf("provider: %w", err)
 		}
@@ -124,17 +141,34 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-// Cleanup destroys every runsc container in the node's runsc root and removes the pods'
-// folders: what a node that died without shutting down left behind.
-func Cleanup(ctx context.Context, cli *runsc.CLI, dataDir string) error {
-	ids, err := cli.DestroyAll(ctx)
-	if err != nil {
-		return fmt.Errorf("provider: remove leftover containers: %w", err)
+// engines returns the configured runtimes by handler.
+func engines(cfg Config) map[string]engine.Engine {
+	m := map[string]engine.Engine{engine.Runsc: engine.NewRunsc(cfg.Runsc)}
+	if cfg.Runc != nil {
+		m[engine.Runc] = engine.NewRunc(cfg.Runc)
 	}
-	if len(ids) > 0 {
-		slog.Info("removed leftover runsc containers", "count", len(ids))
+	return m
+}
+
+// Cleanup destroys every container in the node's runsc and runc roots, unmounts what is left
+// mounted in the pods' folders (runc containers' overlay roots) and removes those folders:
+// what a node that died without shutting down left behind. cfg needs DataDir, Runsc and Runc
+// (when configured).
+func Cleanup(ctx context.Context, cfg Config) error {
+	for _, e := range engines(cfg) {
+		ids, err := e.DestroyAll(ctx)
+		if err != nil {
+			return fmt.Errorf("provider: remove leftover %s containers: %w", e.Handler(), err)
+		}
+		if len(ids) > 0 {
+			slog.Info("removed leftover containers", "runtime", e.Handler(), "count", len(ids))
+		}
 	}
-	if err := os.RemoveAll(filepath.Join(dataDir, "pods")); err != nil {
+	podsDir := filepath.Join(cfg.DataDir, "pods")
+	if err := runc.UnmountUnder(podsDir); err != nil {
+		return fmt.Errorf("provider: unmount leftovers in the pod folders: %w", err)
+	}
+	if err := os.RemoveAll(podsDir); err != nil {
 		return fmt.Errorf("provider: remove leftover pod folders: %w", err)
 	}
 	return nil
@@ -318,7 +352,7 @@ func (p *Provider) deleteFromAPI(ctx context.Context, pr *podRuntime) {
 }
 
 // Shutdown tears every pod down at once (grace 0) and waits for it, then destroys whatever
-// runsc container is left in the node's root. The node calls it when it stops.
+// runsc or runc container is left in the node's roots. The node calls it when it stops.
 func (p *Provider) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
@@ -342,8 +376,13 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 	}
-	_, err := p.cfg.Runsc.DestroyAll(context.WithoutCancel(ctx))
-	return err
+	var errs []error
+	for _, e := range p.engines {
+		if _, err := e.DestroyAll(context.WithoutCancel(ctx)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // GetContainerLogs implements nodeutil.Provider: the container's log file.
@@ -355,7 +394,7 @@ func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, con
 	return pr.logs(ctx, containerName, opts)
 }
 
-// RunInContainer implements nodeutil.Provider: `runsc exec` in the container, its stdio wired
+// RunInContainer implements nodeutil.Provider: `runsc exec` or `runc exec` in the container, its stdio wired
 // to the streams. A non-zero exit is returned as a k8s.io/utils/exec.CodeExitError.
 func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
 	pr := p.lookup(namespace, podName)
@@ -371,8 +410,8 @@ func (p *Provider) AttachToContainer(ctx context.Context, namespace, podName, co
 	return errdefs.InvalidInput("attach is not supported by this node (container output goes to its log: use logs or exec)")
 }
 
-// PortForward implements nodeutil.Provider. Not supported: every container runs with
-// --network=none.
+// PortForward implements nodeutil.Provider. Not supported: no container has a network
+// (runsc --network=none; runc: a network namespace of its own with only loopback).
 func (p *Provider) PortForward(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
 	return errdefs.InvalidInput("port-forward is not supported by this node (containers have no network)")
 }

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 
+	"sandboxd/tests/kubeenv/internal/engine"
 	"sandboxd/tests/kubeenv/internal/runsc"
 )
 
@@ -24,10 +25,14 @@ const (
 	shmBytes        = 64 << 20
 )
 
-// buildSpec returns the OCI config of a container. The root filesystem is the image's
-// folder; unless the container asks for readOnlyRootFilesystem, runsc runs with
-// --overlay2=root:memory, so writes outside volumes land in the sandbox's memory and the
-// folder (shared by every container of that image) is never written. Called with pr.mu held.
+// buildSpec returns the OCI config of a container, common to both runtimes. The root
+// filesystem is the image's folder; unless the container asks for readOnlyRootFilesystem,
+// runsc runs with --overlay2=root:memory, so writes outside volumes land in the sandbox's
+// memory and the folder (shared by every container of that image) is never written. For
+// runc, the engine's Prepare completes the spec (an overlay root in the bundle, masked and
+// read-only paths, device cgroup, the cgroup under the node's parent; package runc). The
+// pod's seccomp profile is applied by neither (runsc: gVisor is the sandbox; runc: see
+// runc.CLI.Complete). Called with pr.mu held.
 func (pr *podRuntime) buildSpec(c *ctr, rootfs string) (*runsc.Spec, error) {
 	pod, cs := pr.pod, c.spec
 
@@ -80,7 +85,7 @@ func (pr *podRuntime) buildSpec(c *ctr, rootfs string) (*runsc.Spec, error) {
 		return nil, err
 	}
 	for _, m := range mounts {
-		if m.Type == "bind" {
+		if m.Type == "bind" && pr.eng.Handler() == engine.Runsc {
 			if _, err := os.Lstat(filepath.Join(rootfs, m.Destination)); err != nil {
 				// runsc creates a missing bind mount point in the image folder itself.
 				pr.p.log.Debug("mount point missing in image: runsc creates it in the image folder",

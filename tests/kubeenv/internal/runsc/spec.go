@@ -61,11 +61,15 @@ type Mount struct {
 	Options     []string `json:"options,omitempty"`
 }
 
-// Linux holds the namespaces, resources and cgroup of the container.
+// Linux holds the namespaces, resources and cgroup of the container. The masked and
+// read-only paths are only set for runc (package runc): gVisor's /proc and /sys expose
+// nothing of the host to mask.
 type Linux struct {
-	Namespaces  []Namespace `json:"namespaces"`
-	Resources   *Resources  `json:"resources,omitempty"`
-	CgroupsPath string      `json:"cgroupsPath,omitempty"`
+	Namespaces    []Namespace `json:"namespaces"`
+	Resources     *Resources  `json:"resources,omitempty"`
+	CgroupsPath   string      `json:"cgroupsPath,omitempty"`
+	MaskedPaths   []string    `json:"maskedPaths,omitempty"`
+	ReadonlyPaths []string    `json:"readonlyPaths,omitempty"`
 }
 
 // Namespace is one namespace the container gets.
@@ -75,9 +79,17 @@ type Namespace struct {
 
 // Resources are the container's cgroup limits.
 type Resources struct {
-	Memory *Memory `json:"memory,omitempty"`
-	CPU    *CPU    `json:"cpu,omitempty"`
-	Pids   *Pids   `json:"pids,omitempty"`
+	// Devices is the device cgroup's rules (set for runc only: see package runc).
+	Devices []DeviceRule `json:"devices,omitempty"`
+	Memory  *Memory      `json:"memory,omitempty"`
+	CPU     *CPU         `json:"cpu,omitempty"`
+	Pids    *Pids        `json:"pids,omitempty"`
+}
+
+// DeviceRule is one rule of the device cgroup.
+type DeviceRule struct {
+	Allow  bool   `json:"allow"`
+	Access string `json:"access,omitempty"`
 }
 
 // Memory is the memory limit in bytes.

@@ -1,6 +1,6 @@
 // Package shim is the node's per-container shim: a small process (the node's own binary run
-// as `vknode shim …`) that creates one runsc container and stays its sandbox's parent, so it
-// learns the container's exit status.
+// as `vknode shim …`) that creates one container (runsc or runc, package engine) and stays
+// the parent of its process, so it learns the container's exit status.
 //
 // Why: runsc reports a container's exit status through `runsc wait`, which asks the sandbox;
 // the sandbox exits together with its root container, and when it is gone first (a fast
@@ -10,6 +10,11 @@
 // the shim is one. It reaps them, and when the sandbox ends it writes the exit status (the
 // sandbox's, which is the container's) and the memory cgroup's OOM verdict to a file, then
 // exits. The node runs `runsc start` itself once the shim reported the container created.
+//
+// runc containers work the same way: `runc create` exits once the container's init waits
+// for `runc start`, and the init (made with CLONE_PARENT, so runc create's child) is
+// reparented to the shim. Its exit status is the container's; when it ends, the kernel kills
+// every other process of the container's pid namespace.
 //
 // When the node dies, the shim gets SIGTERM (its parent-death signal) and deletes the
 // container, so no sandbox outlives the node.
@@ -32,6 +37,7 @@ import (
 	"syscall"
 	"time"
 
+	"sandboxd/tests/kubeenv/internal/engine"
 	"sandboxd/tests/kubeenv/internal/runsc"
 )
 
@@ -54,9 +60,9 @@ const Subcommand = "shim"
 type Config struct {
 	// Self is the node's binary (it runs `Self shim …`).
 	Self string
-	// Runsc is the CLI (binary, root, global flags) of the container.
-	Runsc *runsc.CLI
-	// Bundle is the container's OCI bundle folder; ID its runsc id.
+	// Engine is the container's runtime (its binary, root and global flags are passed on).
+	Engine engine.Engine
+	// Bundle is the container's OCI bundle folder; ID its container id.
 	Bundle, ID string
 	// Log receives the container's stdout and stderr (and runsc create's output).
 	Log string
@@ -76,13 +82,8 @@ type Process struct {
 // Start runs a shim and waits until it reports the container created (the node then runs
 // `runsc start`). On failure the shim has exited and left no container.
 func Start(ctx context.Context, cfg Config) (*Process, error) {
-	args := []string{Subcommand,
-		"--runsc=" + cfg.Runsc.Path, "--root=" + cfg.Runsc.Root,
-		"--bundle=" + cfg.Bundle, "--id=" + cfg.ID, "--log=" + cfg.Log, "--status=" + cfg.StatusFile,
-	}
-	for _, f := range cfg.Runsc.Flags {
-		args = append(args, "--runsc-flag="+f)
-	}
+	args := append([]string{Subcommand}, cfg.Engine.ShimArgs()...)
+	args = append(args, "--bundle="+cfg.Bundle, "--id="+cfg.ID, "--log="+cfg.Log, "--status="+cfg.StatusFile)
 	shimLog, err := os.OpenFile(cfg.ShimLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("shim log: %w", err)
@@ -177,15 +178,12 @@ func (p *Process) status() (Status, error) {
 	return st, nil
 }
 
-// Main is the shim process: `vknode shim --runsc … --root … --bundle … --id … --log … --status …`.
-// It returns the process's exit code.
+// Main is the shim process: `vknode shim --handler … --runtime … --root … --bundle … --id …
+// --log … --status …` (engine.Flags). It returns the process's exit code.
 func Main(args []string) int {
 	fs := flag.NewFlagSet(Subcommand, flag.ContinueOnError)
-	var cli runsc.CLI
-	var flags multiFlag
-	fs.StringVar(&cli.Path, "runsc", "", "runsc binary")
-	fs.StringVar(&cli.Root, "root", "", "runsc --root")
-	fs.Var(&flags, "runsc-flag", "runsc global flag (repeatable)")
+	var ef engine.Flags
+	ef.Register(fs)
 	bundle := fs.String("bundle", "", "OCI bundle folder")
 	id := fs.String("id", "", "container id")
 	logPath := fs.String("log", "", "container log file")
@@ -193,7 +191,11 @@ func Main(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cli.Flags = flags
+	eng, err := ef.Engine()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "shim: %v\n", err)
+		return 2
+	}
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "%s shim %s: %s\n", time.Now().UTC().Format(time.RFC3339Nano), *id, fmt.Sprintf(format, a...))
 	}
@@ -210,11 +212,11 @@ func Main(args []string) int {
 		writeStatus(Status{ExitCode: 128, Error: msg})
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = cli.Destroy(ctx, *id, "/"+*id)
+		_ = eng.Destroy(ctx, *id, *bundle)
 		return 1
 	}
-	if cli.Path == "" || cli.Root == "" || *bundle == "" || *id == "" || *logPath == "" || *statusPath == "" {
-		fmt.Fprintln(os.Stderr, "shim: --runsc, --root, --bundle, --id, --log and --status are required")
+	if *bundle == "" || *id == "" || *logPath == "" || *statusPath == "" {
+		fmt.Fprintln(os.Stderr, "shim: --bundle, --id, --log and --status are required")
 		return 2
 	}
 	// Orphans of the processes it starts (runsc create's sandbox and gofer) become its children.
@@ -229,18 +231,14 @@ func Main(args []string) int {
 		return fail("container log: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	err = cli.RunLogged(ctx, log, "create", "--bundle="+*bundle, *id)
+	sandboxPid, cgroup, err := eng.Create(ctx, log, *bundle, *id)
 	cancel()
 	log.Close()
 	if err != nil {
 		return fail("create container: %v: %s", err, runsc.LogLine(*logPath, 600))
 	}
-	st, exists, err := cli.ReadState(*id)
-	if err != nil || !exists || st.SandboxPid() <= 0 {
-		return fail("create container: no sandbox pid in runsc's state (%v)", err)
-	}
-	sandboxPid := st.SandboxPid()
-	cgroup := st.Cgroup("/" + *id)
+	// sandboxPid is runsc's sandbox or runc's container init: the process whose status is
+	// the container's.
 	fmt.Fprintf(os.Stdout, "created %d\n", sandboxPid)
 
 	// Reap everything; the sandbox's status is the container's. After the sandbox, the
@@ -307,7 +305,7 @@ func Main(args []string) int {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					defer cancel()
 					// Its own wait may find its child reaped by the loop above: ignore that.
-					_ = cli.Destroy(ctx, *id, cgroup)
+					_ = eng.Destroy(ctx, *id, *bundle)
 				}()
 			}
 		}
@@ -318,11 +316,6 @@ func Main(args []string) int {
 	writeStatus(status)
 	return 0
 }
-
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 // setChildSubreaper makes the process a child subreaper (PR_SET_CHILD_SUBREAPER = 36).
 func setChildSubreaper() error {
