@@ -277,6 +277,11 @@ type StoppedWorkspaceReader interface {
 	// ReadsStoppedWorkspaces reports whether the driver is set up to (the kube driver: only
 	// when its workspace reader is configured).
 	ReadsStoppedWorkspaces() bool
+	// StopAndExport stops box id as Stop does, then streams its workspace as
+	// ExportStoppedWorkspace does (the driver may prepare the read while the box stops). The
+	// error is the stop's; once the box is stopped, a read that cannot be made is the
+	// stream's first read error.
+	StopAndExport(ctx context.Context, id string) (io.ReadCloser, error)
 	// ExportStoppedWorkspace streams the workspace of stopped box id as an uncompressed tar
 	// that never follows a symlink (WorkspaceExporter's format). A read error, not io.EOF,
 	// ends a stream whose reader failed, also when what came before is a whole tar. Closing

@@ -50,7 +50,7 @@ const (
 	// NativeRuntimeClass is the RuntimeClass of the node's native runtime (runc, no gVisor),
 	// which `kubeenv up` creates: what a real cluster's default runtime is, for the pods that
 	// are no sandbox (the kube driver's workspace reader).
-	NativeRuntimeClass = ""
+	NativeRuntimeClass = "runc"
 )
 
 // Cluster is the running test cluster.

@@ -36,9 +36,11 @@ func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.
 
 // saveStopped is save for a stopped box whose workspace the driver reads beside it
 // (runtime.StoppedWorkspaceReader).
-func (c *checkpoints) saveStopped(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (checkpoint.Manifest, error) {
+// open is the reader's stream (runtime.StoppedWorkspaceReader's StopAndExport or
+// ExportStoppedWorkspace).
+func (c *checkpoints) saveStopped(ctx context.Context, rec runtime.Record, open func(ctx context.Context, id string) (io.ReadCloser, error)) (checkpoint.Manifest, error) {
 	return c.record(ctx, rec, func(ctx context.Context, rec runtime.Record) (io.ReadCloser, error) {
-		r, err := sr.ExportStoppedWorkspace(ctx, rec.ID)
+		r, err := open(ctx, rec.ID)
 		if err != nil {
 			return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the stopped sandbox's workspace for a checkpoint")
 		}

@@ -53,7 +53,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	// read now, and a destroy that cannot read it fails, keeping the volume.
 	if sr, ok := runtime.Capability[runtime.StoppedWorkspaceReader](s.driver); ok && sr.ReadsStoppedWorkspaces() &&
 		err == nil && box.Phase == runtime.PhaseStopped && rec.Annotations[annCheckpointOwed] != "" {
-		m, err := s.ckpts.saveStopped(ctx, rec, sr)
+		m, err := s.ckpts.saveStopped(ctx, rec, sr.ExportStoppedWorkspace)
 		if err != nil {
 			return "", err
 		}

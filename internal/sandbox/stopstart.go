@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -82,10 +83,11 @@ const annCheckpointOwed = "checkpoint_owed"
 // the volume (or fails, keeping it).
 func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (string, error) {
 	s.attachs.drop(rec.ID)
-	if err := s.driver.Stop(ctx, rec.ID); err != nil {
+	stream, err := sr.StopAndExport(ctx, rec.ID)
+	if err != nil {
 		return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
 	}
-	_, err := s.ckpts.saveStopped(ctx, rec, sr)
+	_, err = s.ckpts.saveStopped(ctx, rec, func(context.Context, string) (io.ReadCloser, error) { return stream, nil })
 	if err == nil {
 		return "", nil
 	}

@@ -265,6 +265,41 @@ func BenchmarkWorkspaceExport(b *testing.B) {
 			}
 		}
 	})
+	// The stopped box's PVC read beside it by the workspace reader (a pod on the node's
+	// native runtime): the whole read, and the reader's start alone (its first byte).
+	if err := d.Stop(benchCtx(b), id); err != nil {
+		b.Fatal(err)
+	}
+	rd := newDriver(b, cfg, func(o *kube.Options) {
+		o.WorkspaceReader = kube.WorkspaceReader{Enabled: true, RuntimeClass: kubetest.NativeRuntimeClass}
+	})
+	b.Run("reader", func(b *testing.B) {
+		for b.Loop() {
+			r, err := rd.ExportStoppedWorkspace(benchCtx(b), id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, err := io.Copy(io.Discard, r)
+			r.Close()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(n)
+		}
+	})
+	b.Run("reader-first-byte", func(b *testing.B) {
+		for b.Loop() {
+			r, err := rd.ExportStoppedWorkspace(benchCtx(b), id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, err = io.ReadFull(r, make([]byte, 1))
+			r.Close()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 type countingWriter struct{ n int64 }

@@ -93,7 +93,7 @@ func (d *Driver) ReadsStoppedWorkspaces() bool { return d.opts.WorkspaceReader.E
 // the stream is closed.
 func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
 	if !d.opts.WorkspaceReader.Enabled {
-		return nil, errors.New("kube: the workspace reader is not configured (kube.workspace_reader)")
+		return nil, errReaderOff
 	}
 	name, err := ObjectName(id)
 	if err != nil {
@@ -105,16 +105,85 @@ func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.Read
 	if _, err := d.pods.Get(name); err == nil {
 		return nil, fmt.Errorf("kube: box %s: its pod is still there: %w", id, runtime.ErrNotRunning)
 	}
+	rd, err := d.startReader(ctx, id, name, "")
+	if err != nil {
+		return nil, err
+	}
+	return d.readWith(id, rd)
+}
+
+// StopAndExport implements runtime.StoppedWorkspaceReader: Stop, while the reader pod starts
+// beside the box's terminating pod, on the node that pod ran on (where the PVC is attached: no
+// detach and attach again, and no scheduling). The reader execs its export once Stop returned,
+// that is once the box's pod is gone and nothing writes the workspace any more.
+func (d *Driver) StopAndExport(ctx context.Context, id string) (io.ReadCloser, error) {
+	if !d.opts.WorkspaceReader.Enabled {
+		return nil, errReaderOff
+	}
+	name, err := ObjectName(id)
+	if err != nil {
+		return nil, err
+	}
+	node := ""
+	if pod, err := d.pods.Get(name); err == nil && pod.DeletionTimestamp == nil {
+		node = pod.Spec.NodeName
+	}
+	started := make(chan readerOrError, 1)
+	go func() {
+		rd, err := d.startReader(ctx, id, name, node)
+		started <- readerOrError{rd, err}
+	}()
+	err = d.Stop(ctx, id)
+	st := <-started
+	if err != nil {
+		if st.err == nil {
+			st.rd.release()
+		}
+		return nil, err
+	}
+	if st.err != nil {
+		return failedStream{st.err}, nil
+	}
+	rc, err := d.readWith(id, st.rd)
+	if err != nil {
+		return failedStream{err}, nil
+	}
+	return rc, nil
+}
+
+var errReaderOff = errors.New("kube: the workspace reader is not configured (kube.workspace_reader)")
+
+// readerPod is a started reader pod of a box.
+type readerPod struct {
+	name    string
+	release func() // deletes the pod, not waiting
+}
+
+type readerOrError struct {
+	rd  readerPod
+	err error
+}
+
+// failedStream is a workspace stream whose reader failed before its first byte.
+type failedStream struct{ err error }
+
+func (f failedStream) Read([]byte) (int, error) { return 0, f.err }
+func (f failedStream) Close() error             { return nil }
+
+// startReader makes the reader pod of box id (object name) and waits until it runs; on node
+// when not empty (the pod then bypasses the scheduler), else where the scheduler puts it.
+func (d *Driver) startReader(ctx context.Context, id, name, node string) (readerPod, error) {
 	rname := name + readerSuffix
 	// A reader left by an earlier read (a replica that died) goes first: it may be of an
 	// earlier life of the box, and its name is taken.
 	if err := d.deletePod(ctx, rname, 0); err != nil {
-		return nil, err
+		return readerPod{}, err
 	}
 	pod := d.set.newReaderPod(rname, name, id, d.opts.WorkspaceReader)
+	pod.Spec.NodeName = node
 	created, err := d.cs.CoreV1().Pods(d.opts.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("kube: create the workspace reader of %s: %w", id, err)
+		return readerPod{}, fmt.Errorf("kube: create the workspace reader of %s: %w", id, err)
 	}
 	release := func() {
 		// Not waited for: the pod only reads, and the next reader of the box deletes a
@@ -130,14 +199,19 @@ func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.Read
 	}
 	if err := d.waitReader(ctx, id, rname, created.UID); err != nil {
 		release()
-		return nil, err
+		return readerPod{}, err
 	}
-	rc, err := d.execExport(id, rname)
+	return readerPod{name: rname, release: release}, nil
+}
+
+// readWith execs the export in started reader rd; the pod goes with the stream.
+func (d *Driver) readWith(id string, rd readerPod) (io.ReadCloser, error) {
+	rc, err := d.execExport(id, rd.name)
 	if err != nil {
-		release()
+		rd.release()
 		return nil, err
 	}
-	return &readerStream{exportStream: rc, release: release}, nil
+	return &readerStream{exportStream: rc, release: rd.release}, nil
 }
 
 // waitReader waits until the reader pod runs, or fails with why it cannot.
@@ -260,7 +334,9 @@ func (s *exportStream) Read(p []byte) (int, error) {
 func (s *exportStream) Close() error {
 	s.once.Do(func() {
 		s.cancel()
-		_ = s.pipe.Close()
+		// Drained rather than closed: the stream's own copier would log a write to a closed
+		// pipe as an error. The cancel ends the stream soon.
+		go func() { _, _ = io.Copy(io.Discard, s.pipe) }()
 		<-s.done
 		if s.zr != nil {
 			s.zr.Close()
