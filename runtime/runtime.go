@@ -282,8 +282,10 @@ type StoppedWorkspaceReader interface {
 	// error is the stop's; once the box is stopped, a read that cannot be made is the
 	// stream's first read error.
 	StopAndExport(ctx context.Context, id string) (io.ReadCloser, error)
-	// ExportStoppedWorkspace streams the workspace of stopped box id as an uncompressed tar
-	// that never follows a symlink (WorkspaceExporter's format). A read error, not io.EOF,
+	// ExportStoppedWorkspace streams the workspace of stopped box id as a zstd-compressed tar
+	// (a window of at most 8 MiB: the reader compresses it on the node's cores, and the
+	// checkpoint store keeps it as it comes) that never follows a symlink (otherwise
+	// WorkspaceExporter's tar). A read error, not io.EOF,
 	// ends a stream whose reader failed, also when what came before is a whole tar. Closing
 	// it releases what the read held (the reader pod).
 	ExportStoppedWorkspace(ctx context.Context, id string) (io.ReadCloser, error)

@@ -231,6 +231,65 @@ func removable(n int64, kind string, last int64, complete map[int64]bool) bool {
 // or ctx ends it leaves no manifest and no data object. Save returns only after it has stopped
 // reading tarStream, so tarStream should unblock when ctx ends (as a request body does).
 func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent string) (saved Manifest, err error) {
+	return s.save(ctx, sc, parent, func(pw *io.PipeWriter) (int64, error) { return s.compress(ctx, pw, tarStream) })
+}
+
+// SaveCompressed is Save for a stream that is already a zstd-compressed tar (a runtime's
+// workspace reader compressed it beside the box, on the node's cores): it is stored as it
+// comes, not decompressed and compressed again. It is decoded on the way all the same (a
+// window of at most 8 MiB), so that a stream that does not decode whole, or whose tar is
+// larger than maxRaw bytes, is never kept, and the manifest's RawSize is the tar's size, which
+// Open checks. As for Save, zstream ends with an error, never io.EOF, when what produced it
+// failed: a stream cut between two frames decodes as a shorter tar.
+func (s *Store) SaveCompressed(ctx context.Context, sc Scope, zstream io.Reader, parent string, maxRaw int64) (saved Manifest, err error) {
+	return s.save(ctx, sc, parent, func(pw *io.PipeWriter) (int64, error) { return passThrough(ctx, pw, zstream, maxRaw) })
+}
+
+// errTooLarge fails a SaveCompressed whose tar is larger than its bound.
+var errTooLarge = errors.New("the tar is larger than its bound")
+
+// passThrough copies the zstd stream zr to pw while a decoder checks it, closes pw (with the
+// error, if any) and returns the decoded size.
+func passThrough(ctx context.Context, pw *io.PipeWriter, zr io.Reader, maxRaw int64) (int64, error) {
+	dr, dw := io.Pipe()
+	var raw int64
+	decoded := make(chan error, 1)
+	go func() {
+		dec, err := zstd.NewReader(dr, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxWindow(8<<20), zstd.WithDecoderMaxMemory(64<<20))
+		if err == nil {
+			raw, err = io.CopyBuffer(io.Discard, io.LimitReader(dec, maxRaw+1), make([]byte, 128<<10))
+			dec.Close()
+		}
+		switch {
+		case err != nil:
+			err = fmt.Errorf("the compressed tar does not decode: %w", err)
+		case raw > maxRaw:
+			err = fmt.Errorf("%w (%d bytes)", errTooLarge, maxRaw)
+		}
+		dr.CloseWithError(err) // the copy below then stops at its next write
+		decoded <- err
+	}()
+	_, err := io.CopyBuffer(pw, io.TeeReader(ctxReader{ctx: ctx, r: zr}, dw), make([]byte, 128<<10))
+	if err != nil {
+		err = fmt.Errorf("read the compressed tar: %w", err)
+	}
+	dw.CloseWithError(err) // nil: EOF, the decoder checks that the stream ended whole
+	// The decoder's failure, when the copy stopped because of it (its write to the decoder
+	// failed with that error) or ended well.
+	if derr := <-decoded; err == nil || (derr != nil && errors.Is(err, derr)) {
+		err = derr
+	}
+	if err != nil {
+		pw.CloseWithError(err)
+		return raw, err
+	}
+	return raw, pw.Close()
+}
+
+// save is Save with the data object's bytes from produce, which writes them to pw, closes it
+// (with its error, if any) and returns the tar's size.
+func (s *Store) save(ctx context.Context, sc Scope, parent string, produce func(pw *io.PipeWriter) (int64, error)) (saved Manifest, err error) {
 	ctx, span := startSpan(ctx, "checkpoint.save", sc, "")
 	defer func() { endSpan(span, saved, err) }()
 	if err := sc.check(); err != nil {
@@ -249,7 +308,7 @@ func (s *Store) Save(ctx context.Context, sc Scope, tarStream io.Reader, parent 
 
 	m := Manifest{ID: formatID(sc.Sandbox, n), Tenant: sc.Tenant, Project: sc.Project,
 		Sandbox: sc.Sandbox, N: n, Parent: parent, Object: s.key(sc, n, kindData), Format: Format}
-	if err := s.upload(ctx, &m, tarStream); err != nil {
+	if err := s.upload(ctx, &m, produce); err != nil {
 		return Manifest{}, fmt.Errorf("save checkpoint %s: %w", m.ID, err)
 	}
 	m.CreatedAt = s.now().UTC()
@@ -368,10 +427,11 @@ func (s *Store) claim(ctx context.Context, sc Scope) (n int64, leftovers bool, e
 	return 0, false, fmt.Errorf("%w: %d numbers after %d taken", ErrConflict, maxClaims, last)
 }
 
-// upload streams tarStream → zstd → (sha256, count) → the data object of m, and fills in
+// upload streams what produce writes (the tar compressed, or a compressed tar checked) →
+// (sha256, count) → the data object of m, and fills in
 // m's sizes and hash. On failure no data object is left (a Put leaves nothing when its
 // reader fails; an object stored without the whole stream is deleted).
-func (s *Store) upload(ctx context.Context, m *Manifest, tarStream io.Reader) error {
+func (s *Store) upload(ctx context.Context, m *Manifest, produce func(pw *io.PipeWriter) (int64, error)) error {
 	pr, pw := io.Pipe()
 	var (
 		raw   int64
@@ -380,7 +440,7 @@ func (s *Store) upload(ctx context.Context, m *Manifest, tarStream io.Reader) er
 	)
 	go func() {
 		defer close(done)
-		raw, encEr = s.compress(ctx, pw, tarStream)
+		raw, encEr = produce(pw)
 	}()
 
 	h := sha256.New()

@@ -31,29 +31,30 @@ type checkpoints struct {
 // save streams the workspace from the guest into the checkpoint store, records it as
 // the latest checkpoint and applies retention. The caller holds the sandbox's lock.
 func (c *checkpoints) save(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
-	return c.record(ctx, rec, c.export)
+	return c.record(ctx, rec, c.export, c.store.Save)
 }
 
 // saveStopped is save for a stopped box whose workspace the driver reads beside it
-// (runtime.StoppedWorkspaceReader).
-// open is the reader's stream (runtime.StoppedWorkspaceReader's StopAndExport or
-// ExportStoppedWorkspace).
+// (runtime.StoppedWorkspaceReader): open is the reader's stream (its StopAndExport or
+// ExportStoppedWorkspace), a compressed tar that is stored as it comes
+// (checkpoint.Store.SaveCompressed), bounded like the guest's stream by the box's disk (the
+// volume may hold more: a sparse file, a volume without a quota).
 func (c *checkpoints) saveStopped(ctx context.Context, rec runtime.Record, open func(ctx context.Context, id string) (io.ReadCloser, error)) (checkpoint.Manifest, error) {
 	return c.record(ctx, rec, func(ctx context.Context, rec runtime.Record) (io.ReadCloser, error) {
 		r, err := open(ctx, rec.ID)
 		if err != nil {
 			return nil, apierror.Wrap(err, apierror.Unavailable, "could not read the stopped sandbox's workspace for a checkpoint")
 		}
-		// Bounded like the guest's stream: the volume may hold more than the box's disk
-		// (a sparse file, a volume without a quota).
-		return &boundedExport{ReadCloser: r, left: exportLimit(rec.Spec.DiskBytes) + 1}, nil
+		return r, nil
+	}, func(ctx context.Context, sc checkpoint.Scope, r io.Reader, parent string) (checkpoint.Manifest, error) {
+		return c.store.SaveCompressed(ctx, sc, r, parent, exportLimit(rec.Spec.DiskBytes))
 	})
 }
 
 // record captures the workspace from the stream open gives and records it as the latest
 // checkpoint (one that a stop could not take is no longer owed: annCheckpointOwed).
-func (c *checkpoints) record(ctx context.Context, rec runtime.Record, open exportFunc) (checkpoint.Manifest, error) {
-	m, err := c.captureFrom(ctx, rec, open)
+func (c *checkpoints) record(ctx context.Context, rec runtime.Record, open exportFunc, store storeFunc) (checkpoint.Manifest, error) {
+	m, err := c.captureFrom(ctx, rec, open, store)
 	if err != nil {
 		return checkpoint.Manifest{}, err
 	}
@@ -72,14 +73,18 @@ func (c *checkpoints) record(ctx context.Context, rec runtime.Record, open expor
 // LatestCheckpoint in a write of its own (a pause's final one), then calls retain. A checkpoint
 // captured and never recorded (the replica died) is an older one for retention to delete.
 func (c *checkpoints) capture(ctx context.Context, rec runtime.Record) (checkpoint.Manifest, error) {
-	return c.captureFrom(ctx, rec, c.export)
+	return c.captureFrom(ctx, rec, c.export, c.store.Save)
 }
 
-// exportFunc opens a box's workspace as an uncompressed tar.
+// exportFunc opens a box's workspace as a tar (for storeFunc).
 type exportFunc func(ctx context.Context, rec runtime.Record) (io.ReadCloser, error)
 
-// captureFrom is capture from the stream open gives.
-func (c *checkpoints) captureFrom(ctx context.Context, rec runtime.Record, open exportFunc) (checkpoint.Manifest, error) {
+// storeFunc stores a workspace's tar stream as a checkpoint (checkpoint.Store.Save, or its
+// SaveCompressed for a stream compressed already).
+type storeFunc func(ctx context.Context, sc checkpoint.Scope, r io.Reader, parent string) (checkpoint.Manifest, error)
+
+// captureFrom is capture from the stream open gives, stored by store.
+func (c *checkpoints) captureFrom(ctx context.Context, rec runtime.Record, open exportFunc, store storeFunc) (checkpoint.Manifest, error) {
 	start := c.now()
 	tarStream, err := open(ctx, rec)
 	if err != nil {
@@ -90,7 +95,7 @@ func (c *checkpoints) captureFrom(ctx context.Context, rec runtime.Record, open 
 	if parent == "" {
 		parent = sourceOf(rec)
 	}
-	m, err := c.store.Save(ctx, scopeOf(rec), tarStream, parent)
+	m, err := store(ctx, scopeOf(rec), tarStream, parent)
 	if err != nil {
 		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
 	}

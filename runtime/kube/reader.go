@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -89,8 +88,8 @@ var _ runtime.StoppedWorkspaceReader = (*Driver)(nil)
 func (d *Driver) ReadsStoppedWorkspaces() bool { return d.opts.WorkspaceReader.Enabled }
 
 // ExportStoppedWorkspace implements runtime.StoppedWorkspaceReader: a reader pod on the box's
-// PVC, the init's export exec'd in it, its zstd stream decoded here. The pod is deleted when
-// the stream is closed.
+// PVC, the init's export exec'd in it, its zstd stream returned as it comes. The pod is
+// deleted when the stream is closed.
 func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
 	if !d.opts.WorkspaceReader.Enabled {
 		return nil, errReaderOff
@@ -256,9 +255,9 @@ func (d *Driver) waitReader(ctx context.Context, id, name string, uid types.UID)
 	return nil
 }
 
-// execExport execs the init's export of the workspace in reader pod name and returns its tar,
-// decoded from the zstd stream. The stream's end is the exec's: a reader that failed (its
-// exit status, or the stream cut) ends the tar with that error, never with io.EOF.
+// execExport execs the init's export of the workspace in reader pod name and returns its
+// stdout, the zstd-compressed tar. The stream's end is the exec's: a reader that failed (its
+// exit status, or the stream cut) ends it with that error, never with io.EOF.
 func (d *Driver) execExport(id, name string) (*exportStream, error) {
 	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
 		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
@@ -292,44 +291,23 @@ func (d *Driver) execExport(id, name string) (*exportStream, error) {
 			if msg := stderr.String(); msg != "" {
 				err = fmt.Errorf("%w (stderr: %s)", err, msg)
 			}
-			s.err = fmt.Errorf("kube: workspace reader of %s: %w", id, err)
-			outW.CloseWithError(s.err)
+			outW.CloseWithError(fmt.Errorf("kube: workspace reader of %s: %w", id, err))
 			return
 		}
 		outW.Close()
 	}()
-	// The export's window is 1 MiB (server.ExportWindow); anything larger is refused.
-	zr, err := zstd.NewReader(outR, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
-		zstd.WithDecoderMaxWindow(8<<20), zstd.WithDecoderMaxMemory(64<<20))
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
-	}
-	s.zr = zr
 	return s, nil
 }
 
-// exportStream is a reader pod's export: the tar decoded from its stdout.
+// exportStream is a reader pod's export: its stdout.
 type exportStream struct {
-	zr     *zstd.Decoder
 	pipe   *io.PipeReader
 	cancel context.CancelFunc
 	done   chan struct{}
-	err    error // the exec's failure; read after done is closed
 	once   sync.Once
 }
 
-func (s *exportStream) Read(p []byte) (int, error) {
-	n, err := s.zr.Read(p)
-	if err == io.EOF {
-		// The compressed stream ended: the tar is whole only if the export said so.
-		<-s.done
-		if s.err != nil {
-			return n, s.err
-		}
-	}
-	return n, err
-}
+func (s *exportStream) Read(p []byte) (int, error) { return s.pipe.Read(p) }
 
 func (s *exportStream) Close() error {
 	s.once.Do(func() {
@@ -338,9 +316,6 @@ func (s *exportStream) Close() error {
 		// pipe as an error. The cancel ends the stream soon.
 		go func() { _, _ = io.Copy(io.Discard, s.pipe) }()
 		<-s.done
-		if s.zr != nil {
-			s.zr.Close()
-		}
 	})
 	return nil
 }

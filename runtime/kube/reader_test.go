@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -66,9 +67,15 @@ func TestStoppedWorkspaceReader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The stream is the reader's compressed tar, with a window the checkpoint store takes.
+	zr, err := zstd.NewReader(r, zstd.WithDecoderMaxWindow(8<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zr.Close()
 	got := map[string]*tar.Header{}
 	content := map[string]string{}
-	tr := tar.NewReader(r)
+	tr := tar.NewReader(zr)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
