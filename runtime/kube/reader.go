@@ -42,8 +42,14 @@ import (
 // readerSuffix makes a box's reader pod's name from the box's object name.
 const readerSuffix = "-reader"
 
-// LabelRole marks a pod that is no box's compute: "workspace-reader".
-const LabelRole = "sandboxd.io/role"
+// LabelRole marks a pod that is no box's compute: "workspace-reader". LabelReaderOf is the
+// sandbox id whose PVC a reader pod reads: not LabelSandboxID, which the box's NetworkPolicy
+// selects, so that no policy lets a reader's traffic out (the namespace's default deny holds
+// it; the reader needs no network).
+const (
+	LabelRole     = "sandboxd.io/role"
+	LabelReaderOf = "sandboxd.io/reader-of"
+)
 
 const roleReader = "workspace-reader"
 
@@ -343,7 +349,7 @@ func (s podSettings) newReaderPod(name, box, id string, w WorkspaceReader) *core
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.namespace, Labels: map[string]string{
 			LabelManagedBy: managedBy,
-			LabelSandboxID: id,
+			LabelReaderOf:  id,
 			LabelRole:      roleReader,
 		}},
 		Spec: corev1.PodSpec{

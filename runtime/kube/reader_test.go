@@ -145,6 +145,20 @@ func TestStoppedWorkspaceReader(t *testing.T) {
 	if _, err := io.ReadFull(r, make([]byte, 1024)); err != nil {
 		t.Fatal(err)
 	}
+	// The reader pod as it runs: the native runtime, the PVC read-only, root with one
+	// capability on a read-only root, no token, and no label the box's NetworkPolicy selects.
+	rp, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name+"-reader", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rp.Spec.Containers[0]
+	if rp.Spec.RuntimeClassName == nil || *rp.Spec.RuntimeClassName != kubetest.NativeRuntimeClass ||
+		rp.Spec.Volumes[0].PersistentVolumeClaim == nil || !rp.Spec.Volumes[0].PersistentVolumeClaim.ReadOnly || !rc.VolumeMounts[0].ReadOnly ||
+		rc.SecurityContext == nil || !*rc.SecurityContext.ReadOnlyRootFilesystem || *rc.SecurityContext.AllowPrivilegeEscalation ||
+		len(rc.SecurityContext.Capabilities.Add) != 1 || *rp.Spec.AutomountServiceAccountToken ||
+		rp.Labels[kube.LabelSandboxID] != "" || rp.Labels[kube.LabelReaderOf] != id {
+		t.Errorf("the reader pod: %+v", rp.Spec)
+	}
 	zero := int64(0)
 	if err := cs.CoreV1().Pods(kubetest.Namespace).Delete(ctx(t), name+"-reader", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
