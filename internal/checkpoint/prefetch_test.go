@@ -4,10 +4,30 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
 )
+
+// framesInput is n bytes, half text-like and half random.
+func framesInput(n int) []byte {
+	r := rand.New(rand.NewPCG(uint64(n), 7))
+	b := make([]byte, n)
+	for i := 0; i < n; i += 64 << 10 {
+		chunk := b[i:min(i+64<<10, n)]
+		if (i/(64<<10))%2 == 0 {
+			for k := range chunk {
+				chunk[k] = "sandbox workspace\n"[k%18]
+			}
+		} else {
+			for k := range chunk {
+				chunk[k] = byte(r.Uint32())
+			}
+		}
+	}
+	return b
+}
 
 type closeCounter struct {
 	io.Reader

@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"sandboxd/internal/zframes"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -84,7 +86,7 @@ type Options struct {
 	ZstdLevel int
 	// EncoderConcurrency bounds the zstd encoders of one Save (default GOMAXPROCS). Above 1,
 	// the stream is compressed as independent frames of 1 MiB, that many at once (see
-	// frameCompressor); 1: one frame, on the goroutine that reads the tar stream and one
+	// zframes); 1: one frame, on the goroutine that reads the tar stream and one
 	// that writes its blocks.
 	EncoderConcurrency int
 	// GCGrace is how old a data object or claim without a manifest must be before GC removes
@@ -100,7 +102,7 @@ type Store struct {
 	objs   ObjectStore
 	prefix string
 	enc    []zstd.EOption
-	frames *frameCompressor // nil: one frame (EncoderConcurrency 1)
+	frames *zframes.Compressor // nil: one frame (EncoderConcurrency 1)
 	grace  time.Duration
 	now    func() time.Time
 	// tombstones: a deleted checkpoint's number is never taken again (kindDeleted).
@@ -134,7 +136,7 @@ func New(objs ObjectStore, opts Options) *Store {
 		zstd.WithEncoderConcurrency(conc),
 	}
 	if conc > 1 {
-		s.frames = newFrameCompressor(conc, zstd.EncoderLevelFromZstd(level))
+		s.frames = zframes.New(conc, zstd.EncoderLevelFromZstd(level))
 	}
 	return s
 }
@@ -471,7 +473,7 @@ func (s *Store) upload(ctx context.Context, m *Manifest, produce func(pw *io.Pip
 // reader then never sees io.EOF) and returns the bytes read from r.
 func (s *Store) compress(ctx context.Context, pw *io.PipeWriter, r io.Reader) (int64, error) {
 	if s.frames != nil {
-		n, err := s.frames.compress(ctx, pw, r)
+		n, err := s.frames.Compress(ctx, pw, r)
 		if err != nil {
 			pw.CloseWithError(err)
 			return n, err

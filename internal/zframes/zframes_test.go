@@ -1,4 +1,4 @@
-package checkpoint
+package zframes
 
 import (
 	"bytes"
@@ -78,18 +78,18 @@ func countFrames(t *testing.T, b []byte) int {
 
 func TestFramesRoundTrip(t *testing.T) {
 	for _, workers := range []int{2, 3} {
-		for _, n := range []int{0, 1, frameBytes - 1, frameBytes, frameBytes + 1, 5*frameBytes + 12345} {
+		for _, n := range []int{0, 1, FrameBytes - 1, FrameBytes, FrameBytes + 1, 5*FrameBytes + 12345} {
 			in := framesInput(n)
-			f := newFrameCompressor(workers, zstd.SpeedFastest)
+			f := New(workers, zstd.SpeedFastest)
 			var out bytes.Buffer
-			got, err := f.compress(t.Context(), &out, bytes.NewReader(in))
+			got, err := f.Compress(t.Context(), &out, bytes.NewReader(in))
 			if err != nil || got != int64(n) {
 				t.Fatalf("workers %d, %d bytes: compress = %d, %v", workers, n, got, err)
 			}
 			if dec := decodeAll(t, out.Bytes()); !bytes.Equal(dec, in) {
 				t.Fatalf("workers %d, %d bytes: decoded %d bytes, not the input", workers, n, len(dec))
 			}
-			if want := max(1, (n+frameBytes-1)/frameBytes); countFrames(t, out.Bytes()) != want {
+			if want := max(1, (n+FrameBytes-1)/FrameBytes); countFrames(t, out.Bytes()) != want {
 				t.Fatalf("workers %d, %d bytes: want %d frames", workers, n, want)
 			}
 		}
@@ -99,11 +99,11 @@ func TestFramesRoundTrip(t *testing.T) {
 // A compressor used again reuses its encoders and buffers: nothing of the last stream shows
 // in the next.
 func TestFramesReuse(t *testing.T) {
-	f := newFrameCompressor(2, zstd.SpeedFastest)
-	for i, n := range []int{3*frameBytes + 7, 10, 2 * frameBytes, 0} {
+	f := New(2, zstd.SpeedFastest)
+	for i, n := range []int{3*FrameBytes + 7, 10, 2 * FrameBytes, 0} {
 		in := framesInput(n + i)
 		var out bytes.Buffer
-		if _, err := f.compress(t.Context(), &out, bytes.NewReader(in)); err != nil {
+		if _, err := f.Compress(t.Context(), &out, bytes.NewReader(in)); err != nil {
 			t.Fatal(err)
 		}
 		if dec := decodeAll(t, out.Bytes()); !bytes.Equal(dec, in) {
@@ -137,15 +137,15 @@ func (c *countReader) Read(p []byte) (int, error) {
 
 // A failed write stops the reading within the frames in flight: an endless stream ends.
 func TestFramesWriteFailureStopsReading(t *testing.T) {
-	f := newFrameCompressor(2, zstd.SpeedFastest)
+	f := New(2, zstd.SpeedFastest)
 	src := &countReader{}
-	_, err := f.compress(t.Context(), &failingWriter{failAt: 3}, src)
+	_, err := f.Compress(t.Context(), &failingWriter{failAt: 3}, src)
 	if err == nil || err.Error() != "store went away" {
 		t.Fatalf("compress = %v, want the write's error", err)
 	}
 	// Two frames written, the third failed; at most 2 per worker were in flight, and the
 	// reader may have taken one more buffer before it saw the failure.
-	if max := int64(3+2*2+1) * frameBytes; src.n > max {
+	if max := int64(3+2*2+1) * FrameBytes; src.n > max {
 		t.Fatalf("read %d bytes after the write failed, want at most %d", src.n, max)
 	}
 }
@@ -165,14 +165,14 @@ func (b *brokenReader) Read(p []byte) (int, error) {
 
 // A read that fails is the compressor's error, and a canceled context is too.
 func TestFramesReadFailure(t *testing.T) {
-	f := newFrameCompressor(2, zstd.SpeedFastest)
-	_, err := f.compress(t.Context(), io.Discard, &brokenReader{left: 2*frameBytes + 100})
+	f := New(2, zstd.SpeedFastest)
+	_, err := f.Compress(t.Context(), io.Discard, &brokenReader{left: 2*FrameBytes + 100})
 	if err == nil || err.Error() != "read tar stream: disk gone" {
 		t.Fatalf("compress = %v, want the read's error", err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := f.compress(ctx, io.Discard, &countReader{}); !errors.Is(err, context.Canceled) {
+	if _, err := f.Compress(ctx, io.Discard, &countReader{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("compress with a canceled context = %v", err)
 	}
 }

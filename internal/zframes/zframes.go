@@ -1,4 +1,8 @@
-package checkpoint
+// Package zframes compresses a stream as independent zstd frames of FrameBytes, several at
+// once: what the checkpoint store writes (internal/checkpoint) and what the kube runtime's
+// workspace reader sends (cmd/sandbox-init's export), so that the store can keep a reader's
+// stream as it comes.
+package zframes
 
 import (
 	"context"
@@ -11,23 +15,22 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// frameBytes is how much of the tar stream one zstd frame holds when a Save compresses on
-// several cores (frameCompressor). Frames are independent (each its own window), so a frame
-// this size costs about 2% of the ratio of one long frame at level 1, and bounds a Save's
-// buffers to 4 per worker of about this size.
-const frameBytes = 1 << 20
+// FrameBytes is how much of the stream one zstd frame holds. Frames are independent (each its
+// own window), so a frame this size costs about 2% of the ratio of one long frame at level 1,
+// and bounds a Compress's buffers to 4 per worker of about this size.
+const FrameBytes = 1 << 20
 
-// frameCompressor compresses a stream as a series of independent zstd frames, several at
+// Compressor compresses a stream as a series of independent zstd frames, several at
 // once: a zstd stream of concatenated frames is one valid stream to any decoder (Open's,
 // `zstd -d`). klauspost's stream encoder cannot do it within a flat heap: its own parallel
 // mode (WithConcurrentBlocks) held 50-350 MiB during one Save, its default mode compresses
 // one block at a time. Here a Save's memory is its in-flight frames, at most 2 per worker,
 // and its encoders, which are kept for the next Save.
-type frameCompressor struct {
+type Compressor struct {
 	workers  int
 	opts     []zstd.EOption
 	encoders sync.Pool // *zstd.Encoder, each used by one goroutine at a time (EncodeAll)
-	buffers  sync.Pool // *frameJob with in of frameBytes
+	buffers  sync.Pool // *frameJob with in of FrameBytes
 }
 
 type frameJob struct {
@@ -38,35 +41,36 @@ type frameJob struct {
 	done chan struct{}
 }
 
-func newFrameCompressor(workers int, level zstd.EncoderLevel) *frameCompressor {
-	return &frameCompressor{workers: workers, opts: []zstd.EOption{
+// New returns a Compressor of frames at level on up to workers goroutines.
+func New(workers int, level zstd.EncoderLevel) *Compressor {
+	return &Compressor{workers: workers, opts: []zstd.EOption{
 		zstd.WithEncoderLevel(level),
 		zstd.WithEncoderConcurrency(1),
-		zstd.WithWindowSize(frameBytes),
+		zstd.WithWindowSize(FrameBytes),
 		// An empty stream is one empty frame, so that every object decodes.
 		zstd.WithZeroFrames(true),
 	}}
 }
 
-func (f *frameCompressor) encoder() (*zstd.Encoder, error) {
+func (f *Compressor) encoder() (*zstd.Encoder, error) {
 	if e, ok := f.encoders.Get().(*zstd.Encoder); ok {
 		return e, nil
 	}
 	return zstd.NewWriter(nil, f.opts...)
 }
 
-func (f *frameCompressor) job() *frameJob {
+func (f *Compressor) job() *frameJob {
 	if j, ok := f.buffers.Get().(*frameJob); ok {
 		return j
 	}
-	return &frameJob{in: make([]byte, frameBytes), done: make(chan struct{}, 1)}
+	return &frameJob{in: make([]byte, FrameBytes), done: make(chan struct{}, 1)}
 }
 
-// compress writes the compression of r to w and returns the bytes read from r. Frames are
+// Compress writes the compression of r to w and returns the bytes read from r. Frames are
 // written in order; a failed write stops the reading at the next frame, and a failed read
 // writes nothing after the frames before it (the caller fails the object: a stream cut at a
 // frame boundary decodes as a shorter tar, so it must never be kept).
-func (f *frameCompressor) compress(ctx context.Context, w io.Writer, r io.Reader) (int64, error) {
+func (f *Compressor) Compress(ctx context.Context, w io.Writer, r io.Reader) (int64, error) {
 	inflight := 2 * f.workers
 	work := make(chan *frameJob)
 	order := make(chan *frameJob, inflight)
@@ -152,4 +156,17 @@ func (f *frameCompressor) compress(ctx context.Context, w io.Writer, r io.Reader
 		return total, readErr
 	}
 	return total, werr
+}
+
+// ctxReader fails its reads once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
