@@ -33,9 +33,9 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
 
 	"sandboxd/internal/zframes"
-	"golang.org/x/sync/errgroup"
 )
 
 // Format is the format of the checkpoints this package writes and reads.
