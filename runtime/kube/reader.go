@@ -372,7 +372,10 @@ func (s podSettings) newReaderPod(name, box, id string, w WorkspaceReader) *core
 				Command: []string{readerInitPath, "idle"},
 				Resources: corev1.ResourceRequirements{
 					Limits:   corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem},
-					Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(100, resource.DecimalSI), corev1.ResourceMemory: mem},
+					// Small requests: a reader lives for one read, and one left by a replica
+					// that died holds no more than this until its deadline.
+					Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(100, resource.DecimalSI),
+						corev1.ResourceMemory: *resource.NewQuantity(min(w.MemoryBytes, 128<<20), resource.BinarySI)},
 				},
 				VolumeMounts: []corev1.VolumeMount{{Name: workspaceVolume, MountPath: workspacePath, ReadOnly: true}},
 				SecurityContext: &corev1.SecurityContext{
