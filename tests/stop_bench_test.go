@@ -80,7 +80,7 @@ func TestStopBench(t *testing.T) {
 	}
 	t.Log(table)
 	for _, sd := range sides {
-		for _, l := range sd.s.LogLines("workspace checkpointed") {
+		for _, l := range append(sd.s.LogLines("workspace checkpointed"), sd.s.LogLines("reader running")...) {
 			t.Logf("%s: %s", sd.name, l)
 		}
 		if got := sd.s.Run(t, sd.id, []string{"sh", "-c", "find /workspace -type f | wc -l"}, e2e.HdrDev); strings.TrimSpace(got) != "6000" {
