@@ -86,6 +86,24 @@ func TestKubeStopReadsTheVolume(t *testing.T) {
 		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+from, nil, e2e.HdrDev).Want(t, http.StatusOK)
 	})
 
+	e2e.Step(t, "destroy-running-checkpoints-the-volume", func(t *testing.T) {
+		other := s.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrDev).SandboxID
+		s.Run(t, other, []string{"sh", "-c", "echo 'last words' > final.txt"}, e2e.HdrDev)
+		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+other, nil, e2e.HdrDev)
+		r.Want(t, http.StatusOK)
+		var res e2e.SandboxJSON
+		r.Decode(t, &res)
+		if res.SnapshotID == "" {
+			t.Fatalf("the destroy of a running sandbox answered %+v, want its final snapshot", res)
+		}
+		from := s.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+res.SnapshotID+`"}}`, e2e.HdrDev).SandboxID
+		if got := s.Run(t, from, []string{"cat", "final.txt"}, e2e.HdrDev); got != "last words\n" {
+			t.Errorf("the final snapshot holds %q", got)
+		}
+		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+from, nil, e2e.HdrDev).Want(t, http.StatusOK)
+		readerGone(t, other)
+	})
+
 	e2e.Step(t, "start-and-stop-again", func(t *testing.T) {
 		before := s.Get(t, id, e2e.HdrDev).LatestSnapshotID
 		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrDev).Want(t, http.StatusOK)
@@ -109,7 +127,7 @@ func TestKubeStopReadsTheVolume(t *testing.T) {
 		broken.Run(t, id, []string{"sh", "-c", "echo 'after the last checkpoint' > late.txt"}, e2e.HdrDev)
 		broken.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
 		sb := broken.Get(t, id, e2e.HdrDev)
-		if sb.State != "STOPPED" || !strings.Contains(sb.StateReason, "without a new checkpoint") || sb.LatestSnapshotID != lastGood {
+		if sb.State != "STOPPED" || !strings.Contains(sb.StateReason, "without a new checkpoint") || !strings.Contains(sb.StateReason, "could not read") || sb.LatestSnapshotID != lastGood {
 			t.Fatalf("after the stop: %+v, want STOPPED saying no checkpoint was taken, the latest snapshot unchanged", sb)
 		}
 		t.Logf("reason: %s", sb.StateReason)
@@ -125,6 +143,18 @@ func TestKubeStopReadsTheVolume(t *testing.T) {
 		if _, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{}); err != nil {
 			t.Errorf("the PVC after a refused destroy: %v, want it kept", err)
 		}
+		// A destroy of the running sandbox stops it, cannot read it, and leaves it STOPPED
+		// with its checkpoint owed and its slot given back.
+		broken.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/start", nil, e2e.HdrDev).Want(t, http.StatusOK)
+		broken.Run(t, id, []string{"sh", "-c", "echo 'even later' >> late.txt"}, e2e.HdrDev)
+		broken.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrDev).WantError(t, http.StatusServiceUnavailable, "UNAVAILABLE")
+		sb = broken.Get(t, id, e2e.HdrDev)
+		if sb.State != "STOPPED" || !strings.Contains(sb.StateReason, "not destroyed") || sb.LatestSnapshotID != lastGood {
+			t.Errorf("after a destroy that could not checkpoint: %+v, want STOPPED, not destroyed, the latest snapshot unchanged", sb)
+		}
+		if q := broken.Quota(t, e2e.HdrDev); q.InUse != 0 {
+			t.Errorf("the stopped sandbox holds %d slots, want 0", q.InUse)
+		}
 	})
 
 	broken.Stop(t)
@@ -138,7 +168,7 @@ func TestKubeStopReadsTheVolume(t *testing.T) {
 			t.Fatalf("the destroy's snapshot %q, want a new one (the last was %q)", res.SnapshotID, lastGood)
 		}
 		from := s.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+res.SnapshotID+`"}}`, e2e.HdrDev).SandboxID
-		if got := s.Run(t, from, []string{"cat", "late.txt", "src/a.txt"}, e2e.HdrDev); got != "after the last checkpoint\nthe work\n" {
+		if got := s.Run(t, from, []string{"cat", "late.txt", "src/a.txt"}, e2e.HdrDev); got != "after the last checkpoint\neven later\nthe work\n" {
 			t.Errorf("the destroy's snapshot holds %q, want the file written after the last checkpoint", got)
 		}
 		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+from, nil, e2e.HdrDev).Want(t, http.StatusOK)

@@ -47,8 +47,29 @@ func (c *checkpoints) saveStopped(ctx context.Context, rec runtime.Record, open 
 		}
 		return r, nil
 	}, func(ctx context.Context, sc checkpoint.Scope, r io.Reader, parent string) (checkpoint.Manifest, error) {
-		return c.store.SaveCompressed(ctx, sc, r, parent, exportLimit(rec.Spec.DiskBytes))
+		rr := &readFailure{r: r}
+		m, err := c.store.SaveCompressed(ctx, sc, rr, parent, exportLimit(rec.Spec.DiskBytes))
+		if err != nil && rr.err != nil {
+			// The reader failed (it could not run, or its stream broke): say so, rather
+			// than that the store could not write.
+			return m, apierror.Wrap(err, apierror.Unavailable, "could not read the stopped sandbox's workspace for a checkpoint")
+		}
+		return m, err
 	})
+}
+
+// readFailure remembers the first error other than io.EOF that its reader returned.
+type readFailure struct {
+	r   io.Reader
+	err error
+}
+
+func (f *readFailure) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err != nil && err != io.EOF && f.err == nil {
+		f.err = err
+	}
+	return n, err
 }
 
 // record captures the workspace from the stream open gives and records it as the latest
@@ -96,6 +117,9 @@ func (c *checkpoints) captureFrom(ctx context.Context, rec runtime.Record, open 
 		parent = sourceOf(rec)
 	}
 	m, err := store(ctx, scopeOf(rec), tarStream, parent)
+	if ae := (*apierror.Error)(nil); errors.As(err, &ae) {
+		return checkpoint.Manifest{}, err // the store function said what failed
+	}
 	if err != nil {
 		return checkpoint.Manifest{}, apierror.Wrap(err, apierror.Unavailable, "could not write the workspace checkpoint")
 	}

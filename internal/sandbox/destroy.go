@@ -2,7 +2,10 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"io"
 
+	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
 	"sandboxd/runtime"
 )
@@ -38,9 +41,30 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	snapshot := rec.LatestCheckpoint
 	box, err := s.driver.Get(ctx, id)
 	_, exporter := s.driver.(runtime.WorkspaceExporter)
+	sr, reads := runtime.Capability[runtime.StoppedWorkspaceReader](s.driver)
+	reads = reads && sr.ReadsStoppedWorkspaces()
 	// A running box is checkpointed; so is a failed one whose workspace the driver can
 	// still read. A stopped box's latest checkpoint was taken when it stopped.
-	if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
+	if err == nil && box.Phase == runtime.PhaseRunning && reads {
+		// Stopped first and read beside it, as a stop does (stopThenCheckpoint). A read that
+		// fails leaves the sandbox STOPPED, its checkpoint owed, and the destroy refused.
+		s.attachs.drop(id)
+		stream, err := sr.StopAndExport(ctx, id)
+		if err != nil {
+			return "", runtimeError(s.log, id, err, "could not stop the sandbox's runtime")
+		}
+		m, err := s.ckpts.saveStopped(ctx, rec, func(context.Context, string) (io.ReadCloser, error) { return stream, nil })
+		if err != nil {
+			if errors.Is(err, runtime.ErrFenced) {
+				return "", err
+			}
+			s.slots.release(ctx, rec.Tenant, rec.Project, id)
+			return "", &leftAt{err: err, state: Stopped,
+				reason: "stopped, not destroyed: its final checkpoint could not be taken (its workspace is kept on its volume): " + apierror.From(err).Message,
+				mark:   owe}
+		}
+		snapshot = m.ID
+	} else if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
 		m, err := s.ckpts.save(ctx, rec)
 		if err != nil && !s.boxDead(ctx, id) {
 			return "", err
@@ -51,8 +75,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	}
 	// A stopped box whose stop could not checkpoint it (stopThenCheckpoint): its volume is
 	// read now, and a destroy that cannot read it fails, keeping the volume.
-	if sr, ok := runtime.Capability[runtime.StoppedWorkspaceReader](s.driver); ok && sr.ReadsStoppedWorkspaces() &&
-		err == nil && box.Phase == runtime.PhaseStopped && rec.Annotations[annCheckpointOwed] != "" {
+	if reads && err == nil && box.Phase == runtime.PhaseStopped && rec.Annotations[annCheckpointOwed] != "" {
 		m, err := s.ckpts.saveStopped(ctx, rec, sr.ExportStoppedWorkspace)
 		if err != nil {
 			return "", err

@@ -72,6 +72,14 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 // runtime goes. The next checkpoint recorded clears it.
 const annCheckpointOwed = "checkpoint_owed"
 
+// owe marks r's checkpoint owed (annCheckpointOwed).
+func owe(r *runtime.Record) {
+	if r.Annotations == nil {
+		r.Annotations = map[string]string{}
+	}
+	r.Annotations[annCheckpointOwed] = "true"
+}
+
 // stopThenCheckpoint is stopWork for a runtime that reads a stopped box's workspace beside it
 // (runtime.StoppedWorkspaceReader, the kube driver's reader pod): the box stops first, so the
 // workspace no longer changes, and is checkpointed from its kept volume at the node's speed
@@ -96,10 +104,7 @@ func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr
 	}
 	s.log.Warn("a stopped sandbox's workspace could not be checkpointed; its runtime keeps it", "sandbox", rec.ID, "err", err)
 	if _, uerr := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
-		if r.Annotations == nil {
-			r.Annotations = map[string]string{}
-		}
-		r.Annotations[annCheckpointOwed] = "true"
+		owe(r)
 		return nil
 	}); uerr != nil {
 		return "", runtimeError(s.log, rec.ID, uerr, "could not record that the stopped sandbox's checkpoint is owed")

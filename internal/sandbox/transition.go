@@ -107,13 +107,17 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	}
 	if werr != nil {
 		var back State
-		switch verb {
-		case VerbStart:
+		var mark func(*runtime.Record)
+		var la *leftAt
+		switch {
+		case errors.As(werr, &la):
+			back, reason, mark = la.state, la.reason, la.mark
+		case verb == VerbStart:
 			back, reason = Failed, "start failed: "+apierror.From(werr).Message
 		default:
 			back = from
 		}
-		if _, err := s.setState(wctx, id, transient, back, reason); err != nil {
+		if _, err := s.setStateWith(wctx, id, transient, back, reason, mark); err != nil {
 			s.log.Error("could not roll a failed transition back", "sandbox", id, "verb", verb, "err", err)
 		}
 		s.metrics.lifecycle(string(verb), "error", s.now().Sub(start))
@@ -127,6 +131,19 @@ func (s *Service) transition(ctx context.Context, p auth.Principal, id string, v
 	s.metrics.lifecycle(string(verb), outcome(err), s.now().Sub(start))
 	return rec, err
 }
+
+// leftAt is the error of a transition's work that failed after it had changed the box: the
+// sandbox is then in state (with reason, and mark applied to its record in the same write),
+// not back where it came from.
+type leftAt struct {
+	err    error
+	state  State
+	reason string
+	mark   func(*runtime.Record)
+}
+
+func (l *leftAt) Error() string { return l.err.Error() }
+func (l *leftAt) Unwrap() error { return l.err }
 
 // lock takes the sandbox's operation lock; a held one is INVALID_STATE with Retry-After. The
 // caller makes its driver writes with the lock's fence (runtime.WithFence).
