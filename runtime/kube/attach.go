@@ -32,25 +32,7 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte, provis
 	if provision {
 		command = append(command, proto.ConnectProvision, channelKeyFile)
 	}
-	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
-		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
-		Container: containerName,
-		Command:   command,
-		Stdin:     true,
-		Stdout:    true,
-		Stderr:    true,
-	}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(d.opts.Config, http.MethodGet, req.URL().String())
-	if err != nil {
-		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(d.opts.Config, http.MethodPost, req.URL())
-	if err != nil {
-		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
-	}
-	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
+	exec, err := d.executor(name, containerName, command, true, false)
 	if err != nil {
 		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
 	}
@@ -109,6 +91,35 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte, provis
 		return nil, fmt.Errorf("kube: attach %s: %w", id, err)
 	}
 	return s, nil
+}
+
+// executor is a pods/exec of command in container of pod name through the API server:
+// WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket; with spdyFirst
+// the other way round.
+func (d *Driver) executor(pod, container string, command []string, stdin, spdyFirst bool) (remotecommand.Executor, error) {
+	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(pod).
+		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
+		Container: container,
+		Command:   command,
+		Stdin:     stdin,
+		Stdout:    true,
+		Stderr:    true,
+	}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(d.opts.Config, http.MethodGet, req.URL().String())
+	if err != nil {
+		return nil, err
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(d.opts.Config, http.MethodPost, req.URL())
+	if err != nil {
+		return nil, err
+	}
+	first, second := ws, spdy
+	if spdyFirst {
+		first, second = spdy, ws
+	}
+	return remotecommand.NewFallbackExecutor(first, second, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
 }
 
 // handshakeTimeout bounds an attach's wait for the ready byte and the handshake after the

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"sync"
 	"time"
 
@@ -14,8 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
 	"sandboxd/runtime"
@@ -267,27 +264,9 @@ func (d *Driver) waitReader(ctx context.Context, id, name string, uid types.UID)
 // stdout, the zstd-compressed tar. The stream's end is the exec's: a reader that failed (its
 // exit status, or the stream cut) ends it with that error, never with io.EOF.
 func (d *Driver) execExport(id, name string) (*exportStream, error) {
-	req := d.cs.CoreV1().RESTClient().Post().Namespace(d.opts.Namespace).Resource("pods").Name(name).
-		SubResource("exec").VersionedParams(&corev1.PodExecOptions{
-		Container: readerContainer,
-		Command:   []string{readerInitPath, "export", workspacePath},
-		Stdout:    true,
-		Stderr:    true,
-	}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(d.opts.Config, http.MethodGet, req.URL().String())
-	if err != nil {
-		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(d.opts.Config, http.MethodPost, req.URL())
-	if err != nil {
-		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
-	}
 	// SPDY first, unlike the attach: for one bulk stream out of the pod it carried 50 MB in
-	// 240-254 ms on the test cluster, against 312-348 ms for WebSocket. WebSocket where SPDY
-	// cannot be upgraded to (a proxy, a server without it).
-	exec, err := remotecommand.NewFallbackExecutor(spdy, ws, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
+	// 240-254 ms on the test cluster, against 312-348 ms for WebSocket.
+	exec, err := d.executor(name, readerContainer, []string{readerInitPath, "export", workspacePath}, false, true)
 	if err != nil {
 		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
 	}
@@ -371,7 +350,7 @@ func (s podSettings) newReaderPod(name, box, id string, w WorkspaceReader) *core
 				Image:   s.initImage,
 				Command: []string{readerInitPath, "idle"},
 				Resources: corev1.ResourceRequirements{
-					Limits:   corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem},
+					Limits: corev1.ResourceList{corev1.ResourceCPU: cpu, corev1.ResourceMemory: mem},
 					// Small requests: a reader lives for one read, and one left by a replica
 					// that died holds no more than this until its deadline.
 					Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(100, resource.DecimalSI),
