@@ -175,3 +175,60 @@ func TestKubeStopReadsTheVolume(t *testing.T) {
 		readerGone(t, id)
 	})
 }
+
+// TestKubeStopKilledWhileReading: a replica killed with -9 while the reader reads a stopped
+// sandbox's volume (its pod gone, no checkpoint recorded yet) leaves the sandbox STOPPING with
+// its checkpoint owed on its record; the replica after it finishes the stop with a checkpoint
+// that holds every file, and no reader pod is left.
+func TestKubeStopKilledWhileReading(t *testing.T) {
+	c := kubetest.Require(t)
+	_, kubeconfig := c.Gateway(t)
+	cs := c.Clientset(t)
+	rs := redistest.Start(t)
+	st := e2e.NewStateDir(t)
+	opts := withReader(kubeServerOptions(t, kubeconfig, rs.URL, st), kubetest.NativeRuntimeClass)
+	a := e2e.StartServer(t, opts)
+	ctx := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	id := a.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrDev).SandboxID
+	before := a.Get(t, id, e2e.HdrDev).LatestSnapshotID
+	// Enough random bytes that the read lasts a while after the reader runs.
+	sum := a.Run(t, id, []string{"sh", "-c", "head -c 150000000 /dev/urandom > big && echo marker > m.txt && sha256sum big | cut -d' ' -f1"}, e2e.HdrDev)
+	name, _ := kube.ObjectName(id)
+
+	go func() { _, _ = a.Send(http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev) }()
+	e2e.Eventually(t, time.Minute, "the reader runs", func() (bool, string) {
+		return a.LogContains("workspace reader running"), ""
+	})
+	a.Kill(t)
+	pvc, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pvc.Annotations[kube.AnnState] != "STOPPING" || !strings.Contains(pvc.Annotations[kube.AnnRecordExtra], "checkpoint_owed") {
+		t.Fatalf("after the kill: state %q, annotations %s; want STOPPING with the checkpoint owed", pvc.Annotations[kube.AnnState], pvc.Annotations[kube.AnnRecordExtra])
+	}
+
+	b := e2e.StartServer(t, opts)
+	b.Track(id, e2e.HdrDev)
+	var sb e2e.SandboxJSON
+	e2e.Eventually(t, 2*time.Minute, "the next replica finishes the stop", func() (bool, string) {
+		sb = b.Get(t, id, e2e.HdrDev)
+		return sb.State == "STOPPED", sb.State
+	})
+	if sb.StateReason != "" || sb.LatestSnapshotID == "" || sb.LatestSnapshotID == before {
+		t.Fatalf("the finished stop: %+v, want a new checkpoint", sb)
+	}
+	from := b.Create(t, `{"profile":"sandboxes-default","source":{"snapshot_id":"`+sb.LatestSnapshotID+`"}}`, e2e.HdrDev).SandboxID
+	b.Track(from, e2e.HdrDev)
+	if got := b.Run(t, from, []string{"sh", "-c", "cat m.txt && sha256sum big | cut -d' ' -f1"}, e2e.HdrDev); got != "marker\n"+sum {
+		t.Errorf("the finished stop's snapshot holds %q, want the marker and the big file (%q)", got, sum)
+	}
+	e2e.Eventually(t, 30*time.Second, "no reader pod is left", func() (bool, string) {
+		_, err := cs.CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name+"-reader", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), errString(err)
+	})
+}

@@ -48,6 +48,9 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	if err == nil && box.Phase == runtime.PhaseRunning && reads {
 		// Stopped first and read beside it, as a stop does (stopThenCheckpoint). A read that
 		// fails leaves the sandbox STOPPED, its checkpoint owed, and the destroy refused.
+		if err := s.oweCheckpoint(ctx, id); err != nil {
+			return "", err
+		}
 		s.attachs.drop(id)
 		stream, err := sr.StopAndExport(ctx, id)
 		if err != nil {
@@ -60,8 +63,7 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 			}
 			s.slots.release(ctx, rec.Tenant, rec.Project, id)
 			return "", &leftAt{err: err, state: Stopped,
-				reason: "stopped, not destroyed: its final checkpoint could not be taken (its workspace is kept on its volume): " + apierror.From(err).Message,
-				mark:   owe}
+				reason: "stopped, not destroyed: its final checkpoint could not be taken (its workspace is kept on its volume): " + apierror.From(err).Message}
 		}
 		snapshot = m.ID
 	} else if err == nil && (box.Phase == runtime.PhaseRunning || (exporter && box.Phase == runtime.PhaseFailed)) {
@@ -73,8 +75,9 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 			snapshot = m.ID
 		}
 	}
-	// A stopped box whose stop could not checkpoint it (stopThenCheckpoint): its volume is
-	// read now, and a destroy that cannot read it fails, keeping the volume.
+	// A stopped box whose stop did not checkpoint it (stopThenCheckpoint: the read failed, or
+	// its replica died before it was recorded): its volume is read now, and a destroy that
+	// cannot read it fails, keeping the volume.
 	if reads && err == nil && box.Phase == runtime.PhaseStopped && rec.Annotations[annCheckpointOwed] != "" {
 		m, err := s.ckpts.saveStopped(ctx, rec, sr.ExportStoppedWorkspace)
 		if err != nil {

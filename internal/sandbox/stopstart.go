@@ -72,12 +72,22 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 // runtime goes. The next checkpoint recorded clears it.
 const annCheckpointOwed = "checkpoint_owed"
 
-// owe marks r's checkpoint owed (annCheckpointOwed).
-func owe(r *runtime.Record) {
-	if r.Annotations == nil {
-		r.Annotations = map[string]string{}
+// oweCheckpoint marks sandbox id's checkpoint owed (annCheckpointOwed) before its box stops
+// for a checkpoint read beside it: a replica that dies between the stop and the recorded
+// checkpoint leaves the mark, so that nothing (a destroy finished by the reconciler, say)
+// removes the volume without that checkpoint. The checkpoint's record clears it.
+func (s *Service) oweCheckpoint(ctx context.Context, id string) error {
+	_, err := s.driver.UpdateRecord(ctx, id, func(r *runtime.Record) error {
+		if r.Annotations == nil {
+			r.Annotations = map[string]string{}
+		}
+		r.Annotations[annCheckpointOwed] = "true"
+		return nil
+	})
+	if err != nil {
+		return runtimeError(s.log, id, err, "could not record that the sandbox's checkpoint is owed")
 	}
-	r.Annotations[annCheckpointOwed] = "true"
+	return nil
 }
 
 // stopThenCheckpoint is stopWork for a runtime that reads a stopped box's workspace beside it
@@ -86,10 +96,13 @@ func owe(r *runtime.Record) {
 // rather than through the box's own kernel and guest.
 //
 // The compute is released either way. When the checkpoint fails (the reader could not run or
-// read), the workspace is still on the runtime's volume and start uses it: the stop succeeds,
-// says so in its reason, and marks the checkpoint owed, which a destroy takes before removing
-// the volume (or fails, keeping it).
+// read), the workspace is still on the runtime's volume and start uses it: the stop succeeds
+// and says so in its reason; the checkpoint stays owed (oweCheckpoint, marked before the
+// stop), and a destroy takes it before removing the volume (or fails, keeping it).
 func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (string, error) {
+	if err := s.oweCheckpoint(ctx, rec.ID); err != nil {
+		return "", err
+	}
 	s.attachs.drop(rec.ID)
 	stream, err := sr.StopAndExport(ctx, rec.ID)
 	if err != nil {
@@ -103,12 +116,6 @@ func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr
 		return "", err
 	}
 	s.log.Warn("a stopped sandbox's workspace could not be checkpointed; its runtime keeps it", "sandbox", rec.ID, "err", err)
-	if _, uerr := s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
-		owe(r)
-		return nil
-	}); uerr != nil {
-		return "", runtimeError(s.log, rec.ID, uerr, "could not record that the stopped sandbox's checkpoint is owed")
-	}
 	return "stopped without a new checkpoint (its workspace is kept on its volume): " + apierror.From(err).Message, nil
 }
 
