@@ -101,7 +101,13 @@ func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.Read
 	if err != nil {
 		return nil, err
 	}
-	if _, err := d.getPVC(ctx, id, name); err != nil {
+	pvc, err := d.getPVC(ctx, id, name)
+	if err != nil {
+		return nil, err
+	}
+	// A caller fenced off must not start a reader: startReader deletes the box's reader pod
+	// that may be another replica's, reading.
+	if _, err := d.fence(ctx, id, name, pvc); err != nil {
 		return nil, err
 	}
 	if _, err := d.pods.Get(name); err == nil {
@@ -124,6 +130,14 @@ func (d *Driver) StopAndExport(ctx context.Context, id string) (io.ReadCloser, e
 	}
 	name, err := ObjectName(id)
 	if err != nil {
+		return nil, err
+	}
+	pvc, err := d.getPVC(ctx, id, name)
+	if err != nil {
+		return nil, err
+	}
+	// As in ExportStoppedWorkspace, the fence before any reader (Stop checks it again).
+	if _, err := d.fence(ctx, id, name, pvc); err != nil {
 		return nil, err
 	}
 	node := ""
