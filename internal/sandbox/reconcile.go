@@ -126,6 +126,10 @@ func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time,
 		if token := rec.Annotations[annMemoryPending]; token != "" {
 			s.storeMemory(rec, token) // its store failed, or its replica died before it ended
 		}
+	case Stopped:
+		if rec.Annotations[annCheckpointOwed] != "" {
+			s.payOwedCheckpoint(rec.ID) // its stop's read failed
+		}
 	}
 	facts := ClockFacts{State: st, CreatedAt: rec.CreatedAt, TTLSec: rec.TTLSec, AutostopSec: rec.AutostopSec,
 		LastActivity: lastActivity(activity, rec)}

@@ -94,6 +94,9 @@ type Service struct {
 	// memStoring holds "<sandbox>/<pause>" while this replica stores that pause's memory image;
 	// memStoreFailed, when its last store failed (pause.go).
 	memStoring, memStoreFailed sync.Map
+	// owedPaying holds a sandbox's id while this replica takes the checkpoint its stop owes;
+	// owedFailed, when its last try failed (stopstart.go).
+	owedPaying, owedFailed sync.Map
 }
 
 // New returns a Service.

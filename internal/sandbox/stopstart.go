@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -117,6 +118,68 @@ func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr
 	}
 	s.log.Warn("a stopped sandbox's workspace could not be checkpointed; its runtime keeps it", "sandbox", rec.ID, "err", err)
 	return "stopped without a new checkpoint (its workspace is kept on its volume): " + apierror.From(err).Message, nil
+}
+
+// owedRetry is how long the reconciler waits after a failed try to take a stopped sandbox's
+// owed checkpoint before it tries again.
+const owedRetry = time.Minute
+
+// payOwedCheckpoint takes, in the background, the checkpoint a stop could not take
+// (annCheckpointOwed), so that the workspace is in the checkpoint store again and not on the
+// runtime's volume alone. One try at a time per sandbox on a replica, then owedRetry after a
+// failure; a sandbox whose lock is held (a start, a destroy) is left to that operation.
+func (s *Service) payOwedCheckpoint(id string) {
+	sr, ok := runtime.Capability[runtime.StoppedWorkspaceReader](s.driver)
+	if !ok || !sr.ReadsStoppedWorkspaces() {
+		return
+	}
+	if failed, ok := s.owedFailed.Load(id); ok && s.now().Sub(failed.(time.Time)) < owedRetry {
+		return
+	}
+	if _, busy := s.owedPaying.LoadOrStore(id, struct{}{}); busy {
+		return
+	}
+	s.chores.Add(1)
+	go func() {
+		defer s.chores.Done()
+		defer s.owedPaying.Delete(id)
+		ctx, cancel := context.WithTimeout(s.bg, memoryStoreTimeout)
+		defer cancel()
+		if err := s.payOwed(ctx, id, sr); err != nil {
+			s.owedFailed.Store(id, s.now())
+			s.log.Warn("taking a stopped sandbox's owed checkpoint failed; the reconciler tries again",
+				"sandbox", id, "retry_in", owedRetry, "err", err)
+			return
+		}
+		s.owedFailed.Delete(id)
+	}()
+}
+
+// payOwed is payOwedCheckpoint's try, under the sandbox's operation lock: a sandbox still
+// STOPPED with its checkpoint owed is read beside its box, and its state reason cleared.
+func (s *Service) payOwed(ctx context.Context, id string, sr runtime.StoppedWorkspaceReader) error {
+	lock, err := s.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock(ctx)
+	ctx = runtime.WithFence(ctx, lock.Fence())
+	s.cache.forget(id)
+	b, err := s.driver.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	rec := b.Record
+	if State(rec.State) != Stopped || rec.Annotations[annCheckpointOwed] == "" || b.Phase != runtime.PhaseStopped {
+		return nil
+	}
+	m, err := s.ckpts.saveStopped(ctx, rec, sr.ExportStoppedWorkspace)
+	if err != nil {
+		return err
+	}
+	s.log.Info("took the checkpoint a stop could not", "sandbox", id, "snapshot", m.ID)
+	_, err = s.setState(ctx, id, Stopped, Stopped, "")
+	return err
 }
 
 // Start takes a concurrency slot, restores the workspace if the runtime lost it and starts the
