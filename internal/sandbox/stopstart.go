@@ -68,9 +68,11 @@ func (s *Service) stopWork(ctx context.Context, rec runtime.Record) (string, err
 	return reason, nil
 }
 
-// annCheckpointOwed is set on a stopped sandbox whose stop could not checkpoint its
-// workspace, which its runtime keeps (stopThenCheckpoint): a destroy checkpoints it before the
-// runtime goes. The next checkpoint recorded clears it.
+// annCheckpointOwed says that the sandbox's runtime holds a newer workspace than its latest
+// checkpoint and nothing is taking that checkpoint: set before a stop that checkpoints beside
+// the stopped box (stopThenCheckpoint), cleared by the checkpoint it records. Left set (the
+// read failed, or the replica died), the reconciler takes it in the background and a destroy
+// takes it before the runtime goes.
 const annCheckpointOwed = "checkpoint_owed"
 
 // oweCheckpoint marks sandbox id's checkpoint owed (annCheckpointOwed) before its box stops
@@ -145,7 +147,11 @@ func (s *Service) payOwedCheckpoint(id string) {
 		defer s.owedPaying.Delete(id)
 		ctx, cancel := context.WithTimeout(s.bg, memoryStoreTimeout)
 		defer cancel()
-		if err := s.payOwed(ctx, id, sr); err != nil {
+		err := s.payOwed(ctx, id, sr)
+		if apierror.Is(err, apierror.InvalidState) {
+			return // its lock is held: the next pass tries again
+		}
+		if err != nil {
 			s.owedFailed.Store(id, s.now())
 			s.log.Warn("taking a stopped sandbox's owed checkpoint failed; the reconciler tries again",
 				"sandbox", id, "retry_in", owedRetry, "err", err)
