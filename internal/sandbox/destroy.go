@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"io"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
@@ -48,17 +47,9 @@ func (s *Service) destroyWork(ctx context.Context, rec runtime.Record, final Sta
 	if err == nil && box.Phase == runtime.PhaseRunning && reads {
 		// Stopped first and read beside it, as a stop does (stopThenCheckpoint). A read that
 		// fails leaves the sandbox STOPPED, its checkpoint owed, and the destroy refused.
-		if err := s.oweCheckpoint(ctx, id); err != nil {
-			return "", err
-		}
-		s.attachs.drop(id)
-		stream, err := sr.StopAndExport(ctx, id)
+		m, stopped, err := s.stopAndRead(ctx, rec, sr)
 		if err != nil {
-			return "", runtimeError(s.log, id, err, "could not stop the sandbox's runtime")
-		}
-		m, err := s.ckpts.saveStopped(ctx, rec, func(context.Context, string) (io.ReadCloser, error) { return stream, nil })
-		if err != nil {
-			if errors.Is(err, runtime.ErrFenced) {
+			if !stopped || errors.Is(err, runtime.ErrFenced) {
 				return "", err
 			}
 			s.slots.release(ctx, rec.Tenant, rec.Project, id)

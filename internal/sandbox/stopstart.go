@@ -8,6 +8,7 @@ import (
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/checkpoint"
 	"sandboxd/runtime"
 )
 
@@ -103,23 +104,31 @@ func (s *Service) oweCheckpoint(ctx context.Context, id string) error {
 // and says so in its reason; the checkpoint stays owed (oweCheckpoint, marked before the
 // stop), and a destroy takes it before removing the volume (or fails, keeping it).
 func (s *Service) stopThenCheckpoint(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (string, error) {
-	if err := s.oweCheckpoint(ctx, rec.ID); err != nil {
-		return "", err
-	}
-	s.attachs.drop(rec.ID)
-	stream, err := sr.StopAndExport(ctx, rec.ID)
-	if err != nil {
-		return "", runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
-	}
-	_, err = s.ckpts.saveStopped(ctx, rec, func(context.Context, string) (io.ReadCloser, error) { return stream, nil })
+	_, stopped, err := s.stopAndRead(ctx, rec, sr)
 	if err == nil {
 		return "", nil
 	}
-	if errors.Is(err, runtime.ErrFenced) {
+	if !stopped || errors.Is(err, runtime.ErrFenced) {
 		return "", err
 	}
 	s.log.Warn("a stopped sandbox's workspace could not be checkpointed; its runtime keeps it", "sandbox", rec.ID, "err", err)
 	return "stopped without a new checkpoint (its workspace is kept on its volume): " + apierror.From(err).Message, nil
+}
+
+// stopAndRead marks the checkpoint owed, stops the box and checkpoints its workspace read
+// beside it (runtime.StoppedWorkspaceReader's StopAndExport): stop and destroy share it.
+// stopped reports that the box is stopped; err is then the checkpoint's.
+func (s *Service) stopAndRead(ctx context.Context, rec runtime.Record, sr runtime.StoppedWorkspaceReader) (m checkpoint.Manifest, stopped bool, err error) {
+	if err := s.oweCheckpoint(ctx, rec.ID); err != nil {
+		return checkpoint.Manifest{}, false, err
+	}
+	s.attachs.drop(rec.ID)
+	stream, err := sr.StopAndExport(ctx, rec.ID)
+	if err != nil {
+		return checkpoint.Manifest{}, false, runtimeError(s.log, rec.ID, err, "could not stop the sandbox's runtime")
+	}
+	m, err = s.ckpts.saveStopped(ctx, rec, func(context.Context, string) (io.ReadCloser, error) { return stream, nil })
+	return m, true, err
 }
 
 // owedRetry is how long the reconciler waits after a failed try to take a stopped sandbox's

@@ -94,20 +94,8 @@ func (d *Driver) ReadsStoppedWorkspaces() bool { return d.opts.WorkspaceReader.E
 // PVC, the init's export exec'd in it, its zstd stream returned as it comes. The pod is
 // deleted when the stream is closed.
 func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.ReadCloser, error) {
-	if !d.opts.WorkspaceReader.Enabled {
-		return nil, errReaderOff
-	}
-	name, err := ObjectName(id)
+	name, err := d.readerTarget(ctx, id)
 	if err != nil {
-		return nil, err
-	}
-	pvc, err := d.getPVC(ctx, id, name)
-	if err != nil {
-		return nil, err
-	}
-	// A caller fenced off must not start a reader: startReader deletes the box's reader pod
-	// that may be another replica's, reading.
-	if _, err := d.fence(ctx, id, name, pvc); err != nil {
 		return nil, err
 	}
 	if _, err := d.pods.Get(name); err == nil {
@@ -125,19 +113,8 @@ func (d *Driver) ExportStoppedWorkspace(ctx context.Context, id string) (io.Read
 // detach and attach again, and no scheduling). The reader execs its export once Stop returned,
 // that is once the box's pod is gone and nothing writes the workspace any more.
 func (d *Driver) StopAndExport(ctx context.Context, id string) (io.ReadCloser, error) {
-	if !d.opts.WorkspaceReader.Enabled {
-		return nil, errReaderOff
-	}
-	name, err := ObjectName(id)
+	name, err := d.readerTarget(ctx, id)
 	if err != nil {
-		return nil, err
-	}
-	pvc, err := d.getPVC(ctx, id, name)
-	if err != nil {
-		return nil, err
-	}
-	// As in ExportStoppedWorkspace, the fence before any reader (Stop checks it again).
-	if _, err := d.fence(ctx, id, name, pvc); err != nil {
 		return nil, err
 	}
 	node := ""
@@ -149,7 +126,7 @@ func (d *Driver) StopAndExport(ctx context.Context, id string) (io.ReadCloser, e
 		rd, err := d.startReader(ctx, id, name, node)
 		started <- readerOrError{rd, err}
 	}()
-	err = d.Stop(ctx, id)
+	err = d.stopBox(ctx, id, name) // fenced above
 	st := <-started
 	if err != nil {
 		if st.err == nil {
@@ -165,6 +142,28 @@ func (d *Driver) StopAndExport(ctx context.Context, id string) (io.ReadCloser, e
 		return failedStream{err}, nil
 	}
 	return rc, nil
+}
+
+// readerTarget is the object name of box id, whose workspace a reader may read: the reader
+// is on, the box exists, and the caller's fence is admitted. A caller fenced off must not
+// start a reader: startReader deletes the box's reader pod, which may be another replica's,
+// reading.
+func (d *Driver) readerTarget(ctx context.Context, id string) (string, error) {
+	if !d.opts.WorkspaceReader.Enabled {
+		return "", errReaderOff
+	}
+	name, err := ObjectName(id)
+	if err != nil {
+		return "", err
+	}
+	pvc, err := d.getPVC(ctx, id, name)
+	if err != nil {
+		return "", err
+	}
+	if _, err := d.fence(ctx, id, name, pvc); err != nil {
+		return "", err
+	}
+	return name, nil
 }
 
 var errReaderOff = errors.New("kube: the workspace reader is not configured (kube.workspace_reader)")

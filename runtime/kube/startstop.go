@@ -80,6 +80,11 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if _, err := d.fence(ctx, id, name, pvc); err != nil {
 		return err
 	}
+	return d.stopBox(ctx, id, name)
+}
+
+// stopBox is Stop once the box's PVC was read and the caller's fence admitted.
+func (d *Driver) stopBox(ctx context.Context, id, name string) error {
 	d.spares.Drop(id)
 	if err := d.setCompute(ctx, id, name, computeStopped); err != nil {
 		return err
