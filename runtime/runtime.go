@@ -231,7 +231,9 @@ type Pooler interface {
 	// UpdatePool applies fn to a box of a pool and stores the result atomically, as
 	// UpdateRecord does (fence included), across every process sharing the driver's state
 	// (durably or not: a pool box does not outlive a host crash, and the sandbox's next
-	// UpdateRecord makes a claim durable).
+	// UpdateRecord makes a claim durable). What a claim leaves to finish beside the caller's
+	// next steps (the kube runtime's relabel of the box's pod) has finished when that
+	// UpdateRecord returns.
 	// ErrNotFound when id is not, or no longer, a box of a pool. An fn that clears Pool claims
 	// the box: from then on it is an ordinary box (Get, List, UpdateRecord), and every later
 	// UpdatePool of it is ErrNotFound, so no box is claimed twice.

@@ -39,6 +39,7 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 		}
 		return fmt.Errorf("kube: create PVC %s: %w", name, err)
 	}
+	d.copies.keep(created.DeepCopy())
 	defer func() {
 		if err != nil {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -82,6 +83,12 @@ type Driver struct {
 	// changed is closed and replaced whenever the informers see a change: waiters re-check.
 	changeMu sync.Mutex
 	changed  chan struct{}
+
+	// copies holds the PVCs this replica last read or wrote until the watch has them.
+	copies pvcCopies
+
+	// relabels holds the claimed pool boxes' pod relabels under way (pool.go).
+	relabels relabeling
 
 	// spares holds, per box, the ready attach of its last create or start.
 	spares runtime.Spares
@@ -163,6 +170,25 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 			return nil, fmt.Errorf("kube: %w", err)
 		}
 		d.synced = append(d.synced, inf.HasSynced)
+	}
+	seen := func(obj any) {
+		if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+			d.copies.seen(pvc)
+		}
+	}
+	if _, err := pvcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, obj any) { seen(obj) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+				d.copies.forget(pvc.Name)
+			}
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("kube: %w", err)
 	}
 	d.pods = podInf.Lister().Pods(opts.Namespace)
 	d.pvcs = pvcInf.Lister().PersistentVolumeClaims(opts.Namespace)

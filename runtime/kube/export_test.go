@@ -22,3 +22,14 @@ func RenderNetworkPolicy(ns string, rec runtime.Record, pvc *corev1.PersistentVo
 // CheckDefaultDeny is checkDefaultDeny: the manifests' policies for sandbox-jobs are the
 // default deny alone.
 func CheckDefaultDeny(t *testing.T, r io.Reader) { checkDefaultDeny(t, r) }
+
+// PlantCopy makes pvc the driver's own copy of its PVC, as if it had last read or written
+// it (the tests plant stale copies).
+func PlantCopy(d *Driver, pvc *corev1.PersistentVolumeClaim) {
+	d.copies.mu.Lock()
+	defer d.copies.mu.Unlock()
+	if d.copies.m == nil {
+		d.copies.m = map[string]*corev1.PersistentVolumeClaim{}
+	}
+	d.copies.m[pvc.Name] = pvc
+}

@@ -126,6 +126,14 @@ func TestWarmPoolBoxes(t *testing.T) {
 	if _, err := d2.UpdatePool(ctx(t), rec.ID, func(*runtime.Record) error { return nil }); !errors.Is(err, runtime.ErrNotFound) {
 		t.Errorf("UpdatePool of a claimed box: %v, want ErrNotFound", err)
 	}
+	// The claim's next record write (the service's RUNNING) returns once the pod's relabel,
+	// which runs beside it, has ended.
+	if _, err := []*kube.Driver{d1, d2}[won].UpdateRecord(ctx(t), rec.ID, func(r *runtime.Record) error {
+		r.State = "RUNNING"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	pvc, _ = cs.PersistentVolumeClaims(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
 	pod, _ = cs.Pods(kubetest.Namespace).Get(ctx(t), name, metav1.GetOptions{})
 	for what, l := range map[string]map[string]string{"PVC": pvc.Labels, "pod": pod.Labels} {

@@ -73,23 +73,56 @@ func (d *Driver) fence(ctx context.Context, id, name string, pvc *corev1.Persist
 	return out, err
 }
 
+// localPVC is the freshest copy of box id's PVC held by this replica (its own last read or
+// write, or the watch's), nil when there is none or it is not the box's live PVC.
+func (d *Driver) localPVC(id, name string) *corev1.PersistentVolumeClaim {
+	watched, _ := d.pvcs.Get(name)
+	pvc := d.copies.freshest(name, watched)
+	if pvc == nil || pvc.DeletionTimestamp != nil || pvc.Labels[LabelSandboxID] != id {
+		return nil
+	}
+	if pvc.Annotations == nil {
+		pvc.Annotations = map[string]string{}
+	}
+	return pvc
+}
+
 // updatePVC applies fn to the box's PVC and writes it, again with a fresh read on a conflict
 // (another replica, or another goroutine, wrote in between) until ctx ends.
 func (d *Driver) updatePVC(ctx context.Context, id, name string, fn func(*corev1.PersistentVolumeClaim) error) (*corev1.PersistentVolumeClaim, error) {
+	// The first attempt starts from the freshest copy at hand (copies.go). What fn decides on
+	// a copy that turns out stale is never written (the write's resourceVersion conflicts),
+	// and an answer other than a write (a refusal, nothing to change) is asked again on a
+	// fresh read, as it would be wrong on a stale copy.
+	pvc := d.localPVC(id, name)
 	for attempt := 0; ; attempt++ {
-		pvc, err := d.getPVC(ctx, id, name)
-		if err != nil {
-			return nil, err
+		local := pvc != nil
+		if !local {
+			var err error
+			if pvc, err = d.getPVC(ctx, id, name); err != nil {
+				return nil, err
+			}
+			d.copies.keep(pvc.DeepCopy())
 		}
 		if err := fn(pvc); err != nil {
+			if local {
+				pvc = nil
+				continue
+			}
 			return nil, err
 		}
 		out, err := d.cs.CoreV1().PersistentVolumeClaims(d.opts.Namespace).Update(ctx, pvc, metav1.UpdateOptions{})
+		pvc = nil
 		if err == nil {
+			d.copies.keep(out.DeepCopy())
 			return out, nil
 		}
 		if !apierrors.IsConflict(err) {
 			return nil, fmt.Errorf("kube: update PVC %s: %w", name, err)
+		}
+		d.copies.forget(name)
+		if local {
+			continue // a stale copy: read it now, no wait (nobody collided with a read)
 		}
 		// Jittered, growing to 100 ms: writers that collided do not collide again in step.
 		wait := time.Duration(rand.Int64N(int64(min(time.Millisecond<<min(attempt, 7), 100*time.Millisecond)) + 1))
@@ -119,6 +152,7 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 		rec, prevLabels = r, prev
 		return encodeRecord(pvc.Annotations, r)
 	})
+	d.relabels.await(ctx, name)
 	if err != nil {
 		return runtime.Record{}, err
 	}
