@@ -61,6 +61,23 @@ func BenchmarkAttachExec(b *testing.B) {
 	}
 }
 
+// BenchmarkAttachHealth is the transport's floor: one request/response over an existing
+// attach, no process started.
+func BenchmarkAttachHealth(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	d := newDriver(b, cfg)
+	id := runtimetest.CreateBox(b, d, spec)
+	cl := runtimetest.Client(b, d, id)
+	ctx := benchCtx(b)
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := cl.Health(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkCreateToFirstExec(b *testing.B) { createToFirstExec(b, spec) }
 
 // BenchmarkCreateToFirstExecImageHasInit is the same over an image that carries the guest init:
