@@ -1,10 +1,13 @@
 package tests
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,13 +36,43 @@ func TestKubeWarmPoolBench(t *testing.T) {
 	opts.Extra["profiles"] = []map[string]any{prof("warm", 2), prof("cold", 0)}
 	opts.Extra["default_profile"] = "warm"
 	s := e2e.StartServer(t, opts)
+	// The timed requests go through a plain client: the harness's own client checks every
+	// exchange against the OpenAPI document, which is no part of what a caller waits for.
+	plain := &http.Client{Timeout: time.Minute}
+	call := func(method, path, body string, want int) []byte {
+		t.Helper()
+		req, err := http.NewRequest(method, s.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Api-Key", e2e.KeyDev)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := plain.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("%s %s: %d %s (%v), want %d", method, path, resp.StatusCode, data, err, want)
+		}
+		return data
+	}
 	once := func(profile string) (total, create time.Duration) {
 		t0 := time.Now()
-		sb := s.Create(t, `{"profile":"`+profile+`"}`, e2e.HdrDev)
+		var sb e2e.SandboxJSON
+		if err := json.Unmarshal(call(http.MethodPost, e2e.Prefix, `{"profile":"`+profile+`"}`, http.StatusCreated), &sb); err != nil {
+			t.Fatal(err)
+		}
 		create = time.Since(t0)
-		s.Run(t, sb.SandboxID, []string{"true"}, e2e.HdrDev)
+		var res struct {
+			ExitCode int `json:"exit_code"`
+		}
+		if err := json.Unmarshal(call(http.MethodPost, e2e.Prefix+"/"+sb.SandboxID+"/exec", `{"command":["true"]}`, http.StatusOK), &res); err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec true: %+v %v", res, err)
+		}
 		total = time.Since(t0)
-		s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, nil, e2e.HdrDev).Want(t, http.StatusOK)
+		call(http.MethodDelete, e2e.Prefix+"/"+sb.SandboxID, "", http.StatusOK)
 		return total, create
 	}
 	var warm, warmCreate, cold []time.Duration
