@@ -97,7 +97,11 @@ func New(rdb redis.UniversalClient, source Source, opts Options) *Quota {
 func (q *Quota) Limit(tenant, project string) int { return q.opts.Limits.For(tenant, project) }
 
 // Usage is the limit of a project and the slots in use. Limit 0 means unlimited.
-type Usage struct{ Limit, InUse int }
+type Usage struct {
+	Limit, InUse int
+	// Held (Acquire only): id held a live slot before the call, which renewed it.
+	Held bool
+}
 
 // scope names the keys of one tenant:project; all share the hash tag {tenant:project}.
 type scope struct {
@@ -123,7 +127,7 @@ const (
 	resRebuild = -1 // the marker is missing: rebuild, then try again
 	resFull    = 0
 	resAdded   = 1
-	resRenewed = 2
+	resRenewed = 2 // id held a live slot already
 )
 
 // Acquire takes one slot for sandbox id (idempotent: a holder acquiring again just renews).
@@ -144,7 +148,7 @@ func (q *Quota) Acquire(ctx context.Context, tenant, project, id string) (Usage,
 		if len(res) != 2 {
 			return false, fmt.Errorf("unexpected script result %v", res)
 		}
-		u = Usage{Limit: limit, InUse: int(res[1])}
+		u = Usage{Limit: limit, InUse: int(res[1]), Held: res[0] == resRenewed}
 		full = res[0] == resFull
 		return res[0] != resRebuild, nil
 	})

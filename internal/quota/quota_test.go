@@ -67,18 +67,18 @@ func TestAcquireRelease(t *testing.T) {
 		op       string // acquire, release, held
 		id       string
 		wantFull bool // acquire: QUOTA_EXCEEDED
-		wantHeld bool // held
+		wantHeld bool // held; acquire: the answer's Held (a renewal)
 		wantUse  int  // slots in use after the step
 	}
 	steps := []step{
 		{op: "acquire", id: "a", wantUse: 1},
-		{op: "acquire", id: "a", wantUse: 1}, // a holder acquiring again holds one slot
+		{op: "acquire", id: "a", wantHeld: true, wantUse: 1}, // a holder acquiring again holds one slot
 		{op: "acquire", id: "b", wantUse: 2},
 		{op: "acquire", id: "c", wantFull: true, wantUse: 2},
 		{op: "held", id: "c", wantHeld: false, wantUse: 2},
 		{op: "release", id: "c", wantUse: 2}, // a non-holder releasing is fine
 		{op: "release", id: "never", wantUse: 2},
-		{op: "acquire", id: "b", wantUse: 2}, // a holder still renews when the project is full
+		{op: "acquire", id: "b", wantHeld: true, wantUse: 2}, // a holder still renews when the project is full
 		{op: "release", id: "a", wantUse: 1},
 		{op: "release", id: "a", wantUse: 1}, // twice is fine
 		{op: "held", id: "a", wantHeld: false, wantUse: 1},
@@ -98,8 +98,8 @@ func TestAcquireRelease(t *testing.T) {
 				} else if err != nil {
 					t.Fatalf("step %d: acquire %s: %v", i, st.id, err)
 				}
-				if u != (Usage{Limit: 2, InUse: st.wantUse}) {
-					t.Fatalf("step %d: acquire %s: got %+v, want limit 2, in use %d", i, st.id, u, st.wantUse)
+				if u != (Usage{Limit: 2, InUse: st.wantUse, Held: st.wantHeld}) {
+					t.Fatalf("step %d: acquire %s: got %+v, want limit 2, in use %d, held %v", i, st.id, u, st.wantUse, st.wantHeld)
 				}
 			case "release":
 				if err := q.Release(ctx, "t", "p", st.id); err != nil {

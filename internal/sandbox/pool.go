@@ -666,9 +666,13 @@ func (s *Service) claimWarm(ctx context.Context, p auth.Principal, req CreateReq
 }
 
 // claimOne claims box rec.ID for the sandbox rec describes. ok false, err nil: the box went to
-// another claim (or away). Every claimer of a box takes the box's operation lock first and
-// looks under it whether the box is still ready; only then does it take a slot and claim, so a
-// claimer that lost touches neither the winner's slot nor its lookup entry.
+// another claim (or away). Every claimer of a box takes the box's operation lock first, then
+// a slot, then claims with one write that the runtime makes atomic (UpdatePool): a claimer
+// that lost touches neither the winner's slot nor its lookup entry. A slot it took itself is
+// given back when its claim fails. A slot the box's id held already in the project is a
+// claim of that project's that won before (a box's id holds no slot while in the pool): the
+// box is read under the lock to tell that from a slot a claimer killed before its claim left
+// behind, and only a box still ready is claimed.
 func (s *Service) claimOne(ctx context.Context, prof ProfileConfig, rec runtime.Record, start time.Time) (Sandbox, bool, error) {
 	id := rec.ID
 	lock, err := s.store.Lock(ctx, id, s.cfg.LockTTL)
@@ -685,16 +689,19 @@ func (s *Service) claimOne(ctx context.Context, prof ProfileConfig, rec runtime.
 		}
 		return nil
 	}
-	// The look changes nothing and carries no fence, so the runtime writes nothing for it;
-	// the claim's write below carries the lock's fence.
-	if _, err := s.pool.pooler.UpdatePool(ctx, id, ready); err != nil {
-		return Sandbox{}, false, nil // claimed, retired or adopted meanwhile
-	}
-	ctx = runtime.WithFence(ctx, lock.Fence())
 	// A full project is answered now; the box stays in the pool.
-	if err := s.slots.acquire(ctx, rec.Tenant, rec.Project, id); err != nil {
+	held, err := s.slots.take(ctx, rec.Tenant, rec.Project, id)
+	if err != nil {
 		return Sandbox{}, false, err
 	}
+	if held {
+		// The look changes nothing and carries no fence, so the runtime writes nothing for
+		// it; the claim's write below carries the lock's fence.
+		if _, err := s.pool.pooler.UpdatePool(ctx, id, ready); err != nil {
+			return Sandbox{}, false, nil // claimed (the slot is the winner's), retired or adopted
+		}
+	}
+	ctx = runtime.WithFence(ctx, lock.Fence())
 	claimed, err := s.pool.pooler.UpdatePool(ctx, id, func(r *runtime.Record) error {
 		if err := ready(r); err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
 	"sandboxd/internal/domain"
 	"sandboxd/internal/domain/domaintest"
 	. "sandboxd/internal/sandbox"
@@ -461,4 +462,81 @@ func firstKey(m map[string]int) string {
 		return k
 	}
 	return ""
+}
+
+// staleList lists the pool as it was when stale was set: every create then tries boxes that
+// earlier creates claimed, as a replica whose view trails another's would.
+type staleList struct {
+	runtime.Pooler
+	mu    sync.Mutex
+	stale bool
+	boxes []runtime.Box
+}
+
+func (s *staleList) ListPool(ctx context.Context) ([]runtime.Box, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale && s.boxes != nil {
+		return slices.Clone(s.boxes), nil
+	}
+	boxes, err := s.Pooler.ListPool(ctx)
+	if s.stale {
+		s.boxes = boxes
+	}
+	return boxes, err
+}
+
+// TestWarmPoolClaimOfAClaimedBoxKeepsTheSlots: a claim of a box that another claim took (a
+// stale candidate) gives back only a slot it took itself. In the winner's project the box's
+// slot is the winner's: the loser must leave it held; in another project the loser's own
+// fresh slot goes back.
+func TestWarmPoolClaimOfAClaimedBoxKeepsTheSlots(t *testing.T) {
+	list := &staleList{}
+	e := domaintest.New(t, domaintest.Options{Limit: 3,
+		Config: func(c *Config) { c.Profiles[0].WarmPool = 3 },
+		Deps: func(d *domain.Deps) {
+			list.Pooler = d.Driver.(runtime.Pooler)
+			d.Pooler = list
+		}})
+	readyPool(t, e, 3)
+	list.mu.Lock()
+	list.stale = true
+	list.mu.Unlock()
+	ctx := context.Background()
+	inUse := func(p auth.Principal) int {
+		u, err := e.Svc.Quota(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.InUse
+	}
+	var ids []string
+	for i := range 3 {
+		sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
+		if err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		ids = append(ids, sb.ID)
+		if got := inUse(alice); got != i+1 {
+			t.Fatalf("after create %d: %d slots in use, want %d (a losing claim gave back the winner's slot)", i, got, i+1)
+		}
+	}
+	if _, err := e.Svc.Create(ctx, alice, CreateRequest{}); apierror.CodeOf(err) != apierror.QuotaExceeded {
+		t.Fatalf("a fourth create in a project of 3: got %v, want QUOTA_EXCEEDED", err)
+	}
+	for _, id := range ids {
+		if got := run(t, e.Svc, id, "echo ok"); got != "ok" {
+			t.Fatalf("sandbox %s: got %q", id, got)
+		}
+	}
+	// Another project's creates try the same claimed boxes first: their own slots only.
+	if _, err := e.Svc.Create(ctx, bob, CreateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inUse(bob); got != 1 {
+		t.Fatalf("bob: %d slots in use, want 1", got)
+	}
+	if got := inUse(alice); got != 3 {
+		t.Fatalf("alice after bob's create: %d slots in use, want 3", got)
+	}
 }

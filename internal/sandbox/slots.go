@@ -26,17 +26,24 @@ type slots struct {
 
 // acquire takes a concurrency slot for sandbox id of tenant:project.
 func (s slots) acquire(ctx context.Context, tenant, project, id string) error {
+	_, err := s.take(ctx, tenant, project, id)
+	return err
+}
+
+// take is acquire that also tells whether id held a live slot already (the call renewed it).
+func (s slots) take(ctx context.Context, tenant, project, id string) (held bool, err error) {
 	if s.quota == nil {
-		return nil
+		return false, nil
 	}
-	if _, err := s.quota.Acquire(ctx, tenant, project, id); err != nil {
+	u, err := s.quota.Acquire(ctx, tenant, project, id)
+	if err != nil {
 		if apierror.Is(err, apierror.QuotaExceeded) {
 			s.metrics.quotaRejections.Inc()
-			return err
+			return false, err
 		}
-		return apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable").WithRetryAfter(time.Second)
+		return false, apierror.Wrap(err, apierror.Unavailable, "the quota store is unavailable").WithRetryAfter(time.Second)
 	}
-	return nil
+	return u.Held, nil
 }
 
 // release gives sandbox id's slot back. A failure only delays it: the lease runs out.
