@@ -117,12 +117,14 @@ func (d *Driver) updatePVC(ctx context.Context, id, name string, fn func(*corev1
 			d.copies.keep(out.DeepCopy())
 			return out, nil
 		}
+		if local && (apierrors.IsConflict(err) || apierrors.IsNotFound(err)) {
+			// A stale copy (of a PVC since deleted, too): read it now, no wait (nobody
+			// collided with a read); a deleted PVC is then ErrNotFound, as a read says.
+			d.copies.forget(name)
+			continue
+		}
 		if !apierrors.IsConflict(err) {
 			return nil, fmt.Errorf("kube: update PVC %s: %w", name, err)
-		}
-		d.copies.forget(name)
-		if local {
-			continue // a stale copy: read it now, no wait (nobody collided with a read)
 		}
 		// Jittered, growing to 100 ms: writers that collided do not collide again in step.
 		wait := time.Duration(rand.Int64N(int64(min(time.Millisecond<<min(attempt, 7), 100*time.Millisecond)) + 1))

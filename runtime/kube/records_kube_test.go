@@ -152,4 +152,19 @@ func TestRecordWritesFromTheFreshestCopy(t *testing.T) {
 	if _, err := d.UpdateRecord(ctx, id, func(r *runtime.Record) error { return errNotReady }); !errors.Is(err, errNotReady) {
 		t.Errorf("a refusal on a fresh read: got %v", err)
 	}
+
+	// A copy of a PVC deleted since (by another replica): the write is ErrNotFound, as a read
+	// of it would be.
+	last, err := cs.CoreV1().PersistentVolumeClaims(kubetest.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newDriver(t, cfg).Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	last.ResourceVersion = "999999999999"
+	kube.PlantCopy(d, last)
+	if _, err := d.UpdateRecord(ctx, id, set("test.after-delete", "yes")); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("a write from a copy of a deleted PVC: got %v, want ErrNotFound", err)
+	}
 }
