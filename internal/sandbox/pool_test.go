@@ -492,7 +492,7 @@ func (s *staleList) ListPool(ctx context.Context) ([]runtime.Box, error) {
 // fresh slot goes back.
 func TestWarmPoolClaimOfAClaimedBoxKeepsTheSlots(t *testing.T) {
 	list := &staleList{}
-	e := domaintest.New(t, domaintest.Options{Limit: 3,
+	e := domaintest.New(t, domaintest.Options{Limit: 3, RealRedis: true,
 		Config: func(c *Config) { c.Profiles[0].WarmPool = 3 },
 		Deps: func(d *domain.Deps) {
 			list.Pooler = d.Driver.(runtime.Pooler)
