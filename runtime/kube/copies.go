@@ -12,8 +12,9 @@ import (
 // one, or the watch's when that is as new) instead of a GET: the write carries that copy's
 // resourceVersion, so the API server refuses it when the copy is stale, and only then is the
 // PVC read again. Two writes in a row (a warm claim and its RUNNING) cost two round trips
-// instead of four. A copy goes when the watch shows its version or a later one, or the PVC's
-// deletion, so the map holds only writes the watch has not delivered yet.
+// instead of four. A copy goes when the watch shows a later version or the PVC's deletion,
+// or when a lookup finds the watch's as new: the map holds at most one copy per live PVC
+// (a read the watch had already delivered stays until the PVC's next use or change).
 type pvcCopies struct {
 	mu sync.Mutex
 	m  map[string]*corev1.PersistentVolumeClaim
