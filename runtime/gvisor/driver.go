@@ -92,7 +92,7 @@ type Driver struct {
 	// kept is the stopped boxes whose disks stay mounted (keptmounts.go).
 	kept keptMounts
 	// teardowns is the paused boxes' containers being deleted in the background (teardown.go).
-	teardowns teardowns
+	teardowns runtime.Jobs
 
 	// boxMu serializes lifecycle operations on one box within this process (boxes serializes
 	// record read-modify-writes).
@@ -220,7 +220,7 @@ func New(opts Options) (*Driver, error) {
 // (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
 	d.disks.pool.close()
-	d.teardowns.wg.Wait()
+	d.teardowns.WaitAll()
 	d.kept.wg.Wait()
 	d.net.removeTableIfIdle()
 	d.cleanSharedMounts()
@@ -422,7 +422,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	// A paused box's processes ended with its checkpoint; the deletion of what runsc keeps of
 	// its container may go on in the background (teardown.go) while its disk stays mounted.
-	if d.kept.max == 0 || !d.teardowns.pending(id) {
+	if d.kept.max == 0 || !d.teardowns.Pending(id) {
 		if err := d.destroyContainer(ctx, id); err != nil {
 			return err
 		}

@@ -263,7 +263,7 @@ func (d *Driver) observe(ctx context.Context, id string) (runtime.Phase, string,
 	if reason, err := os.ReadFile(d.boxes.boxPath(id, tamperedFile)); err == nil {
 		return runtime.PhaseFailed, string(reason), nil
 	}
-	if d.teardowns.pending(id) {
+	if d.teardowns.Pending(id) {
 		// A checkpoint ended its processes; runsc's state is being deleted (teardown.go).
 		return runtime.PhaseStopped, "", nil
 	}
@@ -383,7 +383,7 @@ func fieldValue(b []byte, key string) (int64, bool) {
 // It is idempotent and a no-op when there is no container. It waits first for the background
 // deletion a pause started (teardown.go).
 func (d *Driver) destroyContainer(ctx context.Context, id string) error {
-	if err := d.teardowns.wait(ctx, id); err != nil {
+	if err := d.teardowns.Wait(ctx, id); err != nil {
 		return err
 	}
 	return d.destroyContainerNow(ctx, id)

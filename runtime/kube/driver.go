@@ -87,8 +87,10 @@ type Driver struct {
 	// copies holds the PVCs this replica last read or wrote until the watch has them.
 	copies pvcCopies
 
-	// relabels holds the claimed pool boxes' pod relabels under way (pool.go).
-	relabels relabeling
+	// relabels runs the claimed pool boxes' pod relabels beside the claim's next steps
+	// (pool.go): the box's next UpdateRecord waits for its relabel, so the claim answers
+	// once its pod is labelled, and patches of one pod never cross.
+	relabels runtime.Jobs
 
 	// spares holds, per box, the ready attach of its last create or start.
 	spares runtime.Spares

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,7 +19,7 @@ import (
 // reads the PVC again and finds the box claimed (ErrNotFound), so no box is claimed twice in
 // the cluster. The claim relabels the PVC in the same write (tenant, project, the caller's
 // labels, LabelPool gone) and then the pod with a merge patch, which runs beside the claimer's
-// next steps until the box's next UpdateRecord (relabeling). The pools are the cluster's,
+// next steps until the box's next UpdateRecord (Driver.relabels). The pools are the cluster's,
 // shared by every replica (runtime.SharedPooler).
 
 var _ runtime.SharedPooler = (*Driver)(nil)
@@ -64,7 +63,7 @@ func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Rec
 		return runtime.Record{}, err
 	}
 	if rec.Pool == "" {
-		d.relabels.start(name, func() {
+		d.relabels.Start(name, func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), relabelTimeout)
 			defer cancel()
 			d.relabelClaimed(rctx, id, name, rec)
@@ -75,54 +74,6 @@ func (d *Driver) UpdatePool(ctx context.Context, id string, fn func(*runtime.Rec
 
 // relabelTimeout bounds a claimed box's pod relabel.
 const relabelTimeout = 30 * time.Second
-
-// relabeling runs a claimed box's pod relabel beside what the claim does next (its lookup
-// entry, its RUNNING record): the next write of the box's record, or of its pod's labels,
-// waits for it (await), so the claim answers once its pod is labelled, and patches of one
-// pod never cross.
-type relabeling struct {
-	mu      sync.Mutex
-	pending map[string]chan struct{}
-}
-
-func (r *relabeling) start(name string, relabel func()) {
-	done := make(chan struct{})
-	r.mu.Lock()
-	prev := r.pending[name]
-	if r.pending == nil {
-		r.pending = map[string]chan struct{}{}
-	}
-	r.pending[name] = done
-	r.mu.Unlock()
-	go func() {
-		defer func() {
-			r.mu.Lock()
-			if r.pending[name] == done {
-				delete(r.pending, name)
-			}
-			r.mu.Unlock()
-			close(done)
-		}()
-		if prev != nil {
-			<-prev
-		}
-		relabel()
-	}()
-}
-
-// await returns once the relabel of name's pod under way (if any) has ended, or ctx has.
-func (r *relabeling) await(ctx context.Context, name string) {
-	r.mu.Lock()
-	done := r.pending[name]
-	r.mu.Unlock()
-	if done == nil {
-		return
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-}
 
 // ownLabels are the driver's labels of a record (boxLabels without the caller's).
 func ownLabels(rec runtime.Record) map[string]string {

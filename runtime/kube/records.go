@@ -154,7 +154,7 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 		rec, prevLabels = r, prev
 		return encodeRecord(pvc.Annotations, r)
 	})
-	d.relabels.await(ctx, name)
+	_ = d.relabels.Wait(ctx, name) // ctx ended: the write stands, and its caller sees ctx end
 	if err != nil {
 		return runtime.Record{}, err
 	}
