@@ -22,11 +22,7 @@ const (
 const AnnMemoryPending = annMemoryPending
 
 // MemoryStores is how many memory image stores s runs.
-func MemoryStores(s *Service) int {
-	n := 0
-	s.memStoring.Range(func(any, any) bool { n++; return true })
-	return n
-}
+func MemoryStores(s *Service) int { return s.memStores.count() }
 
 // ScopeOf is the checkpoint scope of a sandbox's record.
 func ScopeOf(rec runtime.Record) checkpoint.Scope { return scopeOf(rec) }

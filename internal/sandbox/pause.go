@@ -304,31 +304,28 @@ var errMovedOn = errors.New("the sandbox is no longer paused on this image")
 // memoryStoreRetry has passed.
 func (s *Service) storeMemory(rec runtime.Record, token string) {
 	key := rec.ID + "/" + token
-	if failed, ok := s.memStoreFailed.Load(key); ok && s.now().Sub(failed.(time.Time)) < memoryStoreRetry {
-		return
-	}
-	if _, busy := s.memStoring.LoadOrStore(key, struct{}{}); busy {
+	if !s.memStores.begin(key, s.now()) {
 		return
 	}
 	s.chores.Add(1)
 	go func() {
 		defer s.chores.Done()
-		defer s.memStoring.Delete(key)
+		defer s.memStores.end(key)
 		ctx, cancel := context.WithTimeout(s.bg, memoryStoreTimeout)
 		defer cancel()
 		start := s.now()
 		m, err := s.mem.save(ctx, rec)
 		if errors.Is(err, runtime.ErrNotFound) {
-			s.memStoreFailed.Delete(key)
+			s.memStores.forget(key)
 			return // resumed, stopped or destroyed meanwhile: the runtime's copy is gone
 		}
 		if err != nil {
-			s.memStoreFailed.Store(key, s.now())
+			s.memStores.fail(key, s.now())
 			s.log.Warn("storing a memory image failed; the runtime keeps it and the reconciler tries again",
 				"sandbox", rec.ID, "retry_in", memoryStoreRetry, "err", err)
 			return
 		}
-		s.memStoreFailed.Delete(key)
+		s.memStores.forget(key)
 		// Without the pause's fence (its lock is long gone): the check below, atomic with the
 		// write, is what keeps a late store from naming an image the sandbox is no longer on.
 		_, err = s.driver.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error {
@@ -547,7 +544,7 @@ func imageReason(err error) string {
 // with it).
 func (s *Service) forgetStores(rec runtime.Record) {
 	if token := rec.Annotations[annMemoryPending]; token != "" {
-		s.memStoreFailed.Delete(rec.ID + "/" + token)
+		s.memStores.forget(rec.ID + "/" + token)
 	}
 }
 

@@ -91,12 +91,10 @@ type Service struct {
 	recovering sync.WaitGroup
 	// chores are background work that follows an answer (pause.go); Close waits for them.
 	chores sync.WaitGroup
-	// memStoring holds "<sandbox>/<pause>" while this replica stores that pause's memory image;
-	// memStoreFailed, when its last store failed (pause.go).
-	memStoring, memStoreFailed sync.Map
-	// owedPaying holds a sandbox's id while this replica takes the checkpoint its stop owes;
-	// owedFailed, when its last try failed (stopstart.go).
-	owedPaying, owedFailed sync.Map
+	// memStores are the stores of pauses' memory images, by "<sandbox>/<pause>" (pause.go).
+	memStores tries
+	// owedPays are the tries of the checkpoints stops owe, by sandbox id (stopstart.go).
+	owedPays tries
 }
 
 // New returns a Service.
@@ -136,7 +134,8 @@ func New(cfg Config, d Deps) (*Service, error) {
 		d.Pooler = cachedPooler{cd: cd, p: d.Pooler}
 	}
 	s := &Service{cfg: cfg, profiles: map[string]ProfileConfig{}, driver: d.Driver, raw: raw, cache: cache, store: d.Store, events: d.Events,
-		metrics: d.Metrics, log: d.Logger, now: d.Now, streams: fairshare.New(cfg.MaxStreamsPerProject)}
+		metrics: d.Metrics, log: d.Logger, now: d.Now, streams: fairshare.New(cfg.MaxStreamsPerProject),
+		memStores: tries{retry: memoryStoreRetry}, owedPays: tries{retry: owedRetry}}
 	s.resolve = d.Resolve
 	if s.resolve == nil {
 		s.resolve = NewResolver(cfg.Network.DNSServers)

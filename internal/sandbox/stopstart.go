@@ -144,16 +144,13 @@ func (s *Service) payOwedCheckpoint(id string) {
 	if !ok || !sr.ReadsStoppedWorkspaces() {
 		return
 	}
-	if failed, ok := s.owedFailed.Load(id); ok && s.now().Sub(failed.(time.Time)) < owedRetry {
-		return
-	}
-	if _, busy := s.owedPaying.LoadOrStore(id, struct{}{}); busy {
+	if !s.owedPays.begin(id, s.now()) {
 		return
 	}
 	s.chores.Add(1)
 	go func() {
 		defer s.chores.Done()
-		defer s.owedPaying.Delete(id)
+		defer s.owedPays.end(id)
 		ctx, cancel := context.WithTimeout(s.bg, memoryStoreTimeout)
 		defer cancel()
 		err := s.payOwed(ctx, id, sr)
@@ -161,12 +158,12 @@ func (s *Service) payOwedCheckpoint(id string) {
 			return // its lock is held: the next pass tries again
 		}
 		if err != nil {
-			s.owedFailed.Store(id, s.now())
+			s.owedPays.fail(id, s.now())
 			s.log.Warn("taking a stopped sandbox's owed checkpoint failed; the reconciler tries again",
 				"sandbox", id, "retry_in", owedRetry, "err", err)
 			return
 		}
-		s.owedFailed.Delete(id)
+		s.owedPays.forget(id)
 	}()
 }
 
