@@ -233,40 +233,12 @@ func (d *Driver) readWith(id string, rd readerPod) (io.ReadCloser, error) {
 
 // waitReader waits until the reader pod runs, or fails with why it cannot.
 func (d *Driver) waitReader(ctx context.Context, id, name string, uid types.UID) error {
-	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
-	defer cancel()
-	last := "the pod is not in the watch yet"
-	err := d.waitFor(ctx, time.Second, func() (bool, error) {
-		pod, err := d.pods.Get(name)
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		if pod.UID != uid {
-			last = "an older reader pod of the same name is still there"
-			return false, nil
-		}
-		if pod.DeletionTimestamp != nil {
-			return false, errors.New("the reader pod was deleted while starting")
-		}
-		if why := podCannotRun(pod); why != "" {
-			return false, errors.New(why)
-		}
-		if msg, ok := unschedulable(pod); ok {
-			last = "the reader pod cannot be scheduled: " + msg
-			return false, nil
-		}
+	err := d.waitPod(ctx, name, uid, podWait{what: "the reader pod", ready: func(pod *corev1.Pod) string {
 		if pod.Status.Phase != corev1.PodRunning {
-			last = "the reader pod is " + string(pod.Status.Phase) + waitingReason(pod)
-			return false, nil
+			return "the reader pod is " + string(pod.Status.Phase) + waitingReason(pod)
 		}
-		return true, nil
-	})
-	if err != nil && ctx.Err() != nil {
-		err = fmt.Errorf("not running within %v: %s", d.opts.ReadyTimeout, last)
-	}
+		return ""
+	}})
 	if err != nil {
 		return fmt.Errorf("kube: the workspace reader of %s: %w", id, err)
 	}

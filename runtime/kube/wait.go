@@ -55,15 +55,58 @@ func (d *Driver) waitFor(ctx context.Context, recheck time.Duration, cond func()
 // pod cannot run: unschedulable for longer than UnschedulableTimeout, an image that cannot be
 // pulled or started, a container or init container that ended.
 func (d *Driver) waitRunning(ctx context.Context, id, name string, uid types.UID) error {
+	err := d.waitPod(ctx, name, uid, podWait{what: "the pod", unschedulableFor: d.opts.UnschedulableTimeout,
+		ready: func(pod *corev1.Pod) string {
+			if !podReady(pod) {
+				return "the pod is " + strings.ToLower(string(pod.Status.Phase)) + waitingReason(pod)
+			}
+			if _, err := d.pvcs.Get(name); err != nil {
+				return "the PVC is not in the watch yet"
+			}
+			return ""
+		}})
+	if nr, ok := errors.AsType[*podNotRunning](err); ok {
+		if nr.deleted {
+			return fmt.Errorf("kube: box %s: %s", id, nr.reason)
+		}
+		return &runtime.StartError{Reason: nr.reason}
+	}
+	return err
+}
+
+// podWait is what waitPod waits for.
+type podWait struct {
+	// what names the pod in the reasons ("the pod", "the reader pod").
+	what string
+	// ready says what the pod still lacks ("" once it is ready).
+	ready func(pod *corev1.Pod) string
+	// unschedulableFor is how long the pod may stay unschedulable (0: until ReadyTimeout).
+	unschedulableFor time.Duration
+}
+
+// podNotRunning is why a pod waitPod waited for will not run: it cannot (podCannotRun), it
+// stayed unschedulable, it did not become ready within ReadyTimeout, or (deleted) it was
+// deleted meanwhile.
+type podNotRunning struct {
+	reason  string
+	deleted bool
+}
+
+func (e *podNotRunning) Error() string { return e.reason }
+
+// waitPod waits on the pod watch until pod name of uid is ready by w.ready; an older pod of
+// the same name is waited out. An unschedulable pod brings no watch event to time it out
+// with, so the pod is also checked every second. Errors other than *podNotRunning are the
+// informer's.
+func (d *Driver) waitPod(ctx context.Context, name string, uid types.UID, w podWait) error {
 	ctx, cancel := context.WithTimeout(ctx, d.opts.ReadyTimeout)
 	defer cancel()
-	var last string
+	last := w.what + " is not in the watch yet"
 	var unschedSince time.Time
-	// An unschedulable pod brings no watch event to time it out with: recheck every second.
 	err := d.waitFor(ctx, time.Second, func() (bool, error) {
 		pod, err := d.pods.Get(name)
 		if apierrors.IsNotFound(err) {
-			last = "the pod is not in the watch yet"
+			last = w.what + " is not in the watch yet"
 			return false, nil
 		}
 		if err != nil {
@@ -74,34 +117,30 @@ func (d *Driver) waitRunning(ctx context.Context, id, name string, uid types.UID
 			return false, nil
 		}
 		if pod.DeletionTimestamp != nil {
-			return false, fmt.Errorf("kube: box %s: the pod was deleted while starting", id)
+			return false, &podNotRunning{reason: w.what + " was deleted while starting", deleted: true}
 		}
 		if why := podCannotRun(pod); why != "" {
-			return false, &runtime.StartError{Reason: why}
+			return false, &podNotRunning{reason: why}
 		}
 		if msg, ok := unschedulable(pod); ok {
 			if unschedSince.IsZero() {
 				unschedSince = time.Now()
 			}
-			last = "the pod cannot be scheduled: " + msg
-			if time.Since(unschedSince) > d.opts.UnschedulableTimeout {
-				return false, &runtime.StartError{Reason: last}
+			last = w.what + " cannot be scheduled: " + msg
+			if w.unschedulableFor > 0 && time.Since(unschedSince) > w.unschedulableFor {
+				return false, &podNotRunning{reason: last}
 			}
 			return false, nil
 		}
 		unschedSince = time.Time{}
-		if !podReady(pod) {
-			last = "the pod is " + strings.ToLower(string(pod.Status.Phase)) + waitingReason(pod)
-			return false, nil
-		}
-		if _, err := d.pvcs.Get(name); err != nil {
-			last = "the PVC is not in the watch yet"
+		if why := w.ready(pod); why != "" {
+			last = why
 			return false, nil
 		}
 		return true, nil
 	})
-	if err != nil && ctx.Err() != nil && !errors.As(err, new(*runtime.StartError)) {
-		return &runtime.StartError{Reason: fmt.Sprintf("the pod did not run within %v: %s", d.opts.ReadyTimeout, last)}
+	if err != nil && ctx.Err() != nil && !errors.As(err, new(*podNotRunning)) {
+		return &podNotRunning{reason: fmt.Sprintf("%s did not run within %v: %s", w.what, d.opts.ReadyTimeout, last)}
 	}
 	return err
 }
