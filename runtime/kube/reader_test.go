@@ -202,3 +202,50 @@ func TestStoppedWorkspaceReaderCannotRun(t *testing.T) {
 		t.Errorf("a refused reader left a pod: %v", err)
 	}
 }
+
+// TestStoppedWorkspaceReaderImageCannotRun: a reader pod whose image the node cannot run fails
+// the read at once with the node's reason (not after ReadyTimeout, and not as a StartError,
+// which would say the sandbox itself cannot run), and its pod goes.
+func TestStoppedWorkspaceReaderImageCannotRun(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	d := newDriver(t, cfg)
+	id := runtimetest.CreateBox(t, d, spec)
+	if err := d.Stop(ctx(t), id); err != nil {
+		t.Fatal(err)
+	}
+	broken := newDriver(t, cfg, func(o *kube.Options) {
+		o.InitImage = "sandboxd/no-such-init:1"
+		o.ReadyTimeout = 40 * time.Second
+		o.WorkspaceReader = kube.WorkspaceReader{Enabled: true, RuntimeClass: kubetest.NativeRuntimeClass}
+	})
+	start := time.Now()
+	rc, err := broken.ExportStoppedWorkspace(ctx(t), id)
+	if err == nil {
+		rc.Close()
+		t.Fatal("a reader whose image cannot run read the workspace")
+	}
+	took := time.Since(start)
+	t.Logf("failed after %v: %v", took.Round(time.Millisecond), err)
+	if !strings.Contains(err.Error(), "no-such-init") || !strings.Contains(err.Error(), "workspace reader of "+id) {
+		t.Errorf("got %v, want the reader's failure naming its image", err)
+	}
+	if errors.As(err, new(*runtime.StartError)) {
+		t.Errorf("got a StartError (%v): the sandbox itself can run", err)
+	}
+	if took > 20*time.Second {
+		t.Errorf("the read failed after %v: it waited for the timeout instead of the node's reason", took)
+	}
+	name, _ := kube.ObjectName(id)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p, err := c.Clientset(t).CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name+"-reader", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err == nil && p.DeletionTimestamp != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed reader's pod is still there: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
