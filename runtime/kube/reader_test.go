@@ -237,15 +237,6 @@ func TestStoppedWorkspaceReaderImageCannotRun(t *testing.T) {
 		t.Errorf("the read failed after %v: it waited for the timeout instead of the node's reason", took)
 	}
 	name, _ := kube.ObjectName(id)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		p, err := c.Clientset(t).CoreV1().Pods(kubetest.Namespace).Get(ctx(t), name+"-reader", metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || err == nil && p.DeletionTimestamp != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the failed reader's pod is still there: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	pods := c.Clientset(t).CoreV1().Pods(kubetest.Namespace)
+	waitGone(t, func() error { _, err := pods.Get(ctx(t), name+"-reader", metav1.GetOptions{}); return err })
 }
