@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -791,4 +793,64 @@ func TestForget(t *testing.T) {
 			t.Errorf("a new exec of the forgotten id: got %q, %v", again.Stdout, err)
 		}
 	})
+}
+
+// readCountingConn records the size of every read the server makes of its stream.
+type readCountingConn struct {
+	net.Conn
+	mu    sync.Mutex
+	reads int
+	small int // reads that asked for fewer than 4 KiB
+}
+
+func (c *readCountingConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	c.reads++
+	if len(p) < 4<<10 {
+		c.small++
+	}
+	c.mu.Unlock()
+	return c.Conn.Read(p)
+}
+
+// TestLogReadsTheStreamBuffered: while a client follows a large log it sends the server a
+// pair of WINDOW_UPDATE frames per read of the body. The server must not read each frame's
+// 9-byte header and 4-byte payload from the stream one by one: under gVisor every read of the
+// host socket is a context switch. Every read of the stream asks for a buffer's worth, and the
+// output arrives whole.
+func TestLogReadsTheStreamBuffered(t *testing.T) {
+	srv, err := server.New(server.Options{Workspace: t.TempDir(), StateDir: guesttest.TmpfsDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := guesttest.Socketpair(t)
+	counted := &readCountingConn{Conn: a}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.ServeConn(counted)
+	}()
+	c, err := client.Dial(b)
+	if err != nil {
+		srv.Close()
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = c.Close()
+		srv.Close()
+		<-served
+	}()
+	const size = 16 << 20
+	res, err := c.Run(guesttest.Ctx(t, 60*time.Second), proto.ExecRequest{ID: "flood", Argv: []string{"head", "-c", strconv.Itoa(size), "/dev/zero"}}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Stdout) != size || res.Exit.ExitCode != 0 {
+		t.Fatalf("stdout: got %d bytes (exit %d), want %d", len(res.Stdout), res.Exit.ExitCode, size)
+	}
+	counted.mu.Lock()
+	defer counted.mu.Unlock()
+	if counted.reads == 0 || counted.small > 0 {
+		t.Errorf("the server read its stream %d times, %d of them for fewer than 4 KiB: want every read buffered", counted.reads, counted.small)
+	}
 }
