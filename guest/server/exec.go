@@ -382,14 +382,37 @@ type collector struct {
 	linger time.Duration
 
 	eof []bool
-	buf []byte
+	buf []byte // taken while run runs
 	// pend is output read but not yet in the log, all of kind pendKind.
 	pend     []byte
 	pendKind byte
 }
 
 func newCollector(log *execLog, fds []int, kinds []byte) *collector {
-	return &collector{log: log, fds: fds, kinds: kinds, linger: outputLinger, eof: make([]bool, len(fds)), buf: make([]byte, maxCollect)}
+	return &collector{log: log, fds: fds, kinds: kinds, linger: outputLinger, eof: make([]bool, len(fds))}
+}
+
+// spareReadBufs keeps the read buffers (maxCollect bytes each) of the last collectors that
+// ended, for the next execs. One made per exec was the init's largest garbage by far: PID 1
+// then collected every exec or two and gave the freed pages back to the kernel, madvise calls
+// that cost a host round trip each under gVisor, on the exec's path. Two are kept (more execs
+// at once make their own); a sync.Pool would empty itself within two collections.
+var spareReadBufs = make(chan []byte, 2)
+
+func takeReadBuf() []byte {
+	select {
+	case b := <-spareReadBufs:
+		return b
+	default:
+		return make([]byte, maxCollect)
+	}
+}
+
+func giveReadBuf(b []byte) {
+	select {
+	case spareReadBufs <- b:
+	default:
+	}
 }
 
 // allEOF reports whether every descriptor reached its end.
@@ -404,6 +427,11 @@ func (c *collector) allEOF() bool {
 
 // run collects until every descriptor reaches its end or stopAt passes, then flushes.
 func (c *collector) run() {
+	c.buf = takeReadBuf()
+	defer func() {
+		giveReadBuf(c.buf)
+		c.buf = nil
+	}()
 	defer c.flush()
 	quiet := true // nothing was read since the last wait for output
 	for {

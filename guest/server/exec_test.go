@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -852,5 +853,36 @@ func TestLogReadsTheStreamBuffered(t *testing.T) {
 	defer counted.mu.Unlock()
 	if counted.reads == 0 || counted.small > 0 {
 		t.Errorf("the server read its stream %d times, %d of them for fewer than 4 KiB: want every read buffered", counted.reads, counted.small)
+	}
+}
+
+// TestExecAllocatesLittle: an exec of a command without output allocates little (the server and
+// its client together, both in this process). Each exec's collector used to make its own 1 MiB
+// read buffer: PID 1 then collected every exec or two and gave the pages back with madvise, a
+// host round trip each under gVisor, on the exec's path.
+func TestExecAllocatesLittle(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 60*time.Second)
+	run := func(i int) {
+		t.Helper()
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "alloc-" + strconv.Itoa(i), Argv: []string{"true"}}, 0, 0)
+		if err != nil || res.Exit.ExitCode != 0 {
+			t.Fatalf("exec %d: %v (exit %d)", i, err, res.Exit.ExitCode)
+		}
+	}
+	for i := range 5 {
+		run(i) // the connection's and the pools' first allocations
+	}
+	const n = 20
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range n {
+		run(5 + i)
+	}
+	runtime.ReadMemStats(&after)
+	per := (after.TotalAlloc - before.TotalAlloc) / n
+	t.Logf("an exec of true allocated %d KiB", per>>10)
+	if per > 512<<10 {
+		t.Errorf("an exec of true allocated %d KiB, want under 512 KiB", per>>10)
 	}
 }
