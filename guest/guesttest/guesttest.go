@@ -43,6 +43,13 @@ const (
 // New starts a Harness; t's cleanup closes the client and the server.
 func New(t testing.TB, opts server.Options, tr Transport) *Harness {
 	t.Helper()
+	return NewWrapped(t, opts, tr, nil)
+}
+
+// NewWrapped is New with the server serving wrap(its end of the stream) when wrap is not nil:
+// a test's view of what the server reads and writes.
+func NewWrapped(t testing.TB, opts server.Options, tr Transport, wrap func(net.Conn) net.Conn) *Harness {
+	t.Helper()
 	h := &Harness{WS: t.TempDir(), State: TmpfsDir(t)}
 	opts.Workspace, opts.StateDir = h.WS, h.State
 	opts.Logger = slog.New(slog.DiscardHandler)
@@ -59,9 +66,13 @@ func New(t testing.TB, opts server.Options, tr Transport) *Harness {
 		h.ServerEnd, clientEnd = Socketpair(t)
 	}
 	served := make(chan struct{})
+	serverEnd := h.ServerEnd
+	if wrap != nil {
+		serverEnd = wrap(serverEnd)
+	}
 	go func() {
 		defer close(served)
-		srv.ServeConn(h.ServerEnd)
+		srv.ServeConn(serverEnd)
 	}()
 	c, err := client.Dial(clientEnd)
 	if err != nil {

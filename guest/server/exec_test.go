@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -820,29 +819,13 @@ func (c *readCountingConn) Read(p []byte) (int, error) {
 // host socket is a context switch. Every read of the stream asks for a buffer's worth, and the
 // output arrives whole.
 func TestLogReadsTheStreamBuffered(t *testing.T) {
-	srv, err := server.New(server.Options{Workspace: t.TempDir(), StateDir: guesttest.TmpfsDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := guesttest.Socketpair(t)
-	counted := &readCountingConn{Conn: a}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.ServeConn(counted)
-	}()
-	c, err := client.Dial(b)
-	if err != nil {
-		srv.Close()
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = c.Close()
-		srv.Close()
-		<-served
-	}()
+	var counted *readCountingConn
+	h := guesttest.NewWrapped(t, server.Options{}, guesttest.OverSocketpair, func(c net.Conn) net.Conn {
+		counted = &readCountingConn{Conn: c}
+		return counted
+	})
 	const size = 16 << 20
-	res, err := c.Run(guesttest.Ctx(t, 60*time.Second), proto.ExecRequest{ID: "flood", Argv: []string{"head", "-c", strconv.Itoa(size), "/dev/zero"}}, 0, 0)
+	res, err := h.C.Run(guesttest.Ctx(t, 60*time.Second), proto.ExecRequest{ID: "flood", Argv: []string{"head", "-c", strconv.Itoa(size), "/dev/zero"}}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -871,7 +854,7 @@ func TestExecAllocatesLittle(t *testing.T) {
 		}
 	}
 	for i := range 5 {
-		run(i) // the connection's and the pools' first allocations
+		run(i) // the connection's first allocations, the first spare read buffer
 	}
 	const n = 20
 	var before, after runtime.MemStats
