@@ -347,7 +347,7 @@ func (s *Server) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	bp := bufPool.Get().(*[]byte)
-	n, err := io.CopyBuffer(f, io.LimitReader(r.Body, limit+1), *bp)
+	n, err := io.CopyBuffer(onlyWrite(f), io.LimitReader(r.Body, limit+1), *bp)
 	bufPool.Put(bp)
 	if err == nil {
 		err = f.Chmod(goMode(mode))

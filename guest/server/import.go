@@ -309,7 +309,7 @@ func extract(ws string, sroot *os.Root, body io.Reader, opts importOptions) (pro
 				}
 				continue
 			}
-			n, err := io.CopyBuffer(f, tr, *bp)
+			n, err := io.CopyBuffer(onlyWrite(f), tr, *bp)
 			res.Bytes += n
 			if err = finishFile(f, goMode(hdr.Mode), hdr.ModTime, err); err != nil {
 				if br.over || br.err != nil || errors.Is(err, io.ErrUnexpectedEOF) {

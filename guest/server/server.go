@@ -412,6 +412,12 @@ func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request) {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
+// onlyWrite hides w's ReadFrom from io.CopyBuffer, which would use it and ignore the buffer it
+// was given: os.File's ReadFrom, with no splice or copy_file_range path for the source (a
+// request body, a tar entry), makes a 32 KiB buffer per call. Garbage in PID 1 means
+// collections and pages given back, host round trips under gVisor.
+func onlyWrite(w io.Writer) io.Writer { return struct{ io.Writer }{w} }
+
 // handleLog streams an exec's log from an offset; with follow=1 until the exit record.
 func (s *Server) handleLog(w http.ResponseWriter, r *http.Request) {
 	e := s.lookup(r.PathValue("id"))
