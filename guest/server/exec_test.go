@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -846,24 +845,15 @@ func TestLogReadsTheStreamBuffered(t *testing.T) {
 func TestExecAllocatesLittle(t *testing.T) {
 	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
 	ctx := guesttest.Ctx(t, 60*time.Second)
-	run := func(i int) {
+	i := 0
+	per := allocatedPer(5, 20, func() {
 		t.Helper()
+		i++
 		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "alloc-" + strconv.Itoa(i), Argv: []string{"true"}}, 0, 0)
 		if err != nil || res.Exit.ExitCode != 0 {
 			t.Fatalf("exec %d: %v (exit %d)", i, err, res.Exit.ExitCode)
 		}
-	}
-	for i := range 5 {
-		run(i) // the connection's first allocations, the first spare read buffer
-	}
-	const n = 20
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for i := range n {
-		run(5 + i)
-	}
-	runtime.ReadMemStats(&after)
-	per := (after.TotalAlloc - before.TotalAlloc) / n
+	})
 	t.Logf("an exec of true allocated %d KiB", per>>10)
 	if per > 512<<10 {
 		t.Errorf("an exec of true allocated %d KiB, want under 512 KiB", per>>10)

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -530,23 +529,12 @@ func TestWriteFileAllocatesLittle(t *testing.T) {
 	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
 	ctx := guesttest.Ctx(t, 60*time.Second)
 	data := bytes.Repeat([]byte("x"), 2000)
-	write := func() {
+	per := allocatedPer(5, 50, func() {
 		t.Helper()
 		if _, err := h.C.WriteFile(ctx, "small.txt", 0o644, bytes.NewReader(data)); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for range 5 {
-		write() // the connection's first allocations
-	}
-	const n = 50
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for range n {
-		write()
-	}
-	runtime.ReadMemStats(&after)
-	per := (after.TotalAlloc - before.TotalAlloc) / n
+	})
 	t.Logf("a write of a 2,000-byte file allocated %d KiB", per>>10)
 	if per > 24<<10 {
 		t.Errorf("a write of a 2,000-byte file allocated %d KiB, want under 24 KiB", per>>10)

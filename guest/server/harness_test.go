@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -74,4 +75,20 @@ func writeTree(t testing.TB, root string, files map[string]string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// allocatedPer calls f warm times (first allocations: the connection's, pools', spares'), then
+// n times, and returns the bytes this process allocated per call of the n: the server's and its
+// client's alike, both run here.
+func allocatedPer(warm, n int, f func()) uint64 {
+	for range warm {
+		f()
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range n {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return (after.TotalAlloc - before.TotalAlloc) / uint64(n)
 }
