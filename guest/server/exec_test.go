@@ -859,3 +859,24 @@ func TestExecAllocatesLittle(t *testing.T) {
 		t.Errorf("an exec of true allocated %d KiB, want under 512 KiB", per>>10)
 	}
 }
+
+// TestReusedReadBufferCarriesNothingOver: the collectors' read buffers are kept for the next
+// execs; a short output after a long one is exactly what the second command wrote, never
+// bytes the first left in the buffer.
+func TestReusedReadBufferCarriesNothingOver(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 30*time.Second)
+	long, err := h.C.Run(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' A"}}, 0, 0)
+	if err != nil || len(long.Stdout) != 300000 {
+		t.Fatalf("long: %v, %d bytes", err, len(long.Stdout))
+	}
+	for i := range 3 {
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "short-" + strconv.Itoa(i), Argv: []string{"printf", "b"}}, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(res.Stdout) != "b" || len(res.Stderr) != 0 || res.Exit.StdoutBytes != 1 {
+			t.Fatalf("short %d: stdout %q (%d bytes), stderr %q, want exactly b", i, res.Stdout[:min(len(res.Stdout), 20)], res.Exit.StdoutBytes, res.Stderr)
+		}
+	}
+}
