@@ -169,7 +169,7 @@ func checkKept(dir string) (meta imageMeta, ok bool, why string) {
 			return meta, false, err.Error()
 		}
 		for _, e := range entries {
-			if n := e.Name(); !e.Type().IsRegular() || !imageName.MatchString(n) {
+			if n := e.Name(); n != imageDoneFile && (!e.Type().IsRegular() || !imageName.MatchString(n)) {
 				return meta, false, "an unexpected file " + n
 			}
 		}
@@ -190,7 +190,7 @@ func checkKept(dir string) (meta imageMeta, ok bool, why string) {
 		return meta, false, err.Error()
 	}
 	for _, e := range entries {
-		if n := e.Name(); n != imageSumsFile && sums[n].CRC32C == "" && sums[n].SHA256 == "" {
+		if n := e.Name(); n != imageSumsFile && n != imageDoneFile && sums[n].CRC32C == "" && sums[n].SHA256 == "" {
 			return meta, false, "an unexpected file " + n
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -25,8 +24,9 @@ import (
 // A pause asks the box's guest init to close its host socket (runsc cannot save a socket bound
 // on a host folder; proto/pause.go), then `runsc checkpoint` saves the box's memory and
 // processes into StateDir/boxes/<id>/memory.new/ and ends the sandbox; the folder is renamed
-// to memory/ once complete, with meta.json beside runsc's files (what made the image: the runsc
-// binary's hash and the host; image.go). The deletion of what runsc keeps of the container
+// to memory/ once complete (checkpointer.go: the shell that runs runsc marks it so), with
+// meta.json beside runsc's files (what made the image: the runsc binary's hash and the host;
+// image.go). The deletion of what runsc keeps of the container
 // (its processes ended with the checkpoint) starts in the background as Pause returns
 // (teardown.go); Stop then releases the disk, as for a crashed box. While a pause runs, the
 // file `pausing` in the box's folder makes Attach refuse: no `runsc exec` attach may start in
@@ -54,6 +54,9 @@ const (
 	// MemoryImage streamed them: a resume on this host restores from the kept image only when
 	// its files still match.
 	imageSumsFile = "sums.json"
+	// imageDoneFile, an empty file among an image's files, is the checkpoint's shell's mark
+	// that runsc saved the box completely (checkpointer.go); never part of the image.
+	imageDoneFile = "complete"
 )
 
 // Pause implements runtime.Driver.
@@ -79,7 +82,9 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		return err
 	}
 	if phase != runtime.PhaseRunning {
-		if d.hasImage(id) {
+		if ok, err := d.settleImage(id); err != nil {
+			return err
+		} else if ok {
 			return nil // paused before
 		}
 		if reason != "" {
@@ -88,6 +93,12 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("gvisor: box %s is %s: nothing to pause: %w", id, phase, runtime.ErrNotRunning)
 	}
 	start := time.Now()
+	flags, err := d.containerFlags(id)
+	if err != nil {
+		return err
+	}
+	newDir := d.boxes.boxPath(id, memoryNewDn)
+	keep := d.boxes.boxPath(id, memoryDn)
 	// Neither this marker nor meta.json below is synced to the disk: they matter only while
 	// this host runs (a host that restarts has no box left to attach to, and its kept image
 	// is checked against its sums, or refused, before a resume).
@@ -96,43 +107,32 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 	}
 	defer d.clearPausing(id)
 
+	// The checkpoint's shell starts while the box is asked to quiesce (checkpointer.go).
+	cp, err := d.startCheckpointer(ctx, id, flags, newDir, imageTimeout(rec.Spec))
+	if err != nil {
+		return err
+	}
+	// meta.json first, then the checkpoint: a server killed while runsc saves the box still
+	// leaves a complete image, which the pause that finishes this one takes (settleImage).
+	meta := imageMeta{Format: imageFormat, Box: id, Runsc: ident.runsc, Host: ident.host,
+		Network: rec.Spec.Network, CreatedAt: start.UTC()}
+	if err := prepareImageDirs(newDir, keep, meta); err != nil {
+		cp.abort()
+		return fmt.Errorf("gvisor: pause %s: %w", id, err)
+	}
 	if err := d.quiesce(ctx, id, d.spares.Take(id)); err != nil {
+		cp.abort()
 		return err
 	}
 	t1 := time.Now()
-	flags, err := d.containerFlags(id)
-	if err != nil {
-		d.reopen(ctx, id, flags)
-		return err
-	}
-	newDir := d.boxes.boxPath(id, memoryNewDn)
-	if err := os.RemoveAll(newDir); err != nil {
-		d.reopen(ctx, id, flags)
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	if err := os.Mkdir(newDir, 0o700); err != nil {
-		d.reopen(ctx, id, flags)
-		return fmt.Errorf("gvisor: %w", err)
-	}
-	// meta.json first, then the checkpoint and the rename in one shell that outlives this
-	// process: a server killed while runsc saves the box still leaves a complete image (renamed
-	// only when runsc succeeded), which the pause that finishes this one takes.
-	meta := imageMeta{Format: imageFormat, Box: id, Runsc: ident.runsc, Host: ident.host,
-		Network: rec.Spec.Network, CreatedAt: time.Now().UTC()}
-	mb, err := json.MarshalIndent(meta, "", "  ")
+	err = cp.run()
 	if err == nil {
-		err = os.WriteFile(filepath.Join(newDir, imageMetaFile), append(mb, '\n'), 0o600)
+		var ok bool
+		if ok, err = d.settleImage(id); err == nil && !ok {
+			err = fmt.Errorf("runsc checkpoint left no image in %s", newDir)
+		}
 	}
 	if err != nil {
-		d.reopen(ctx, id, flags)
-		return fmt.Errorf("gvisor: pause %s: %w", id, err)
-	}
-	keep := d.boxes.boxPath(id, memoryDn)
-	if err := os.RemoveAll(keep); err != nil {
-		d.reopen(ctx, id, flags)
-		return fmt.Errorf("gvisor: pause %s: %w", id, err)
-	}
-	if err := d.checkpointInto(ctx, id, rec.Spec, flags, newDir, keep); err != nil {
 		_ = os.RemoveAll(newDir)
 		if phase, _, oerr := d.observe(ctx, id); oerr == nil && phase == runtime.PhaseRunning {
 			d.reopen(ctx, id, flags)
@@ -149,26 +149,23 @@ func (d *Driver) Pause(ctx context.Context, id string) (err error) {
 	return nil
 }
 
-// checkpointInto runs `runsc checkpoint --image-path=newDir` and, when it succeeds, renames
-// newDir to keep, both in a shell of their own (sh -c, the paths as its arguments): when this
-// process dies meanwhile, the shell finishes, so a complete image is never left unnamed.
-func (d *Driver) checkpointInto(ctx context.Context, id string, spec runtime.BoxSpec, flags []string, newDir, keep string) error {
-	ctx, cancel := context.WithTimeout(ctx, imageTimeout(spec))
-	defer cancel()
-	args := append([]string{"-c", `new=$1 keep=$2; shift 2; "$@" && exec mv -T -- "$new" "$keep"`, "sh", newDir, keep, d.opts.Runsc},
-		append(append([]string{}, flags...), "checkpoint", "--image-path="+newDir, id)...)
-	cmd := exec.CommandContext(ctx, "/bin/sh", args...)
-	var stderr limitedBuffer
-	stderr.max = 4 << 10
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	cmd.WaitDelay = time.Second
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc checkpoint: %w: %s", err, strings.TrimSpace(stderr.String()))
+// prepareImageDirs makes newDir afresh with the image's meta.json in it, and removes keep (the
+// image of an earlier pause, which this box's resume consumed).
+func prepareImageDirs(newDir, keep string, meta imageMeta) error {
+	if err := os.RemoveAll(newDir); err != nil {
+		return err
 	}
-	if !d.hasImage(id) {
-		return fmt.Errorf("runsc checkpoint left no image in %s", keep)
+	if err := os.Mkdir(newDir, 0o700); err != nil {
+		return err
 	}
-	return nil
+	mb, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(newDir, imageMetaFile), append(mb, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.RemoveAll(keep)
 }
 
 // quiesce asks the box's guest init to close its host socket. It asks over the caller's
@@ -428,6 +425,9 @@ func (d *Driver) Resume(ctx context.Context, id string, stored runtime.ImageSour
 		return err
 	}
 	// The kept copy when it is intact (no download, no extraction); else the stored one.
+	if _, err := d.settleImage(id); err != nil {
+		return err
+	}
 	dir := d.boxes.boxPath(id, memoryDn)
 	meta, ok, why := checkKept(dir)
 	source := "kept"

@@ -174,6 +174,33 @@ func TestPauseResumeKeepsProcesses(t *testing.T) {
 	if pid5, _ := readCounter(t, c); pid5 != pid1 {
 		t.Fatalf("after a resume from the stored copy the loop is pid %d, want %d", pid5, pid1)
 	}
+
+	// A server that died after runsc saved the box, before it named the folder: its shell
+	// marked memory.new complete. The pause that finishes it (the box no longer runs) names it
+	// memory, and a resume from that kept copy brings the loop back.
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	boxDir := filepath.Join(stateDirOf(t, d), "boxes", id)
+	if err := os.Rename(filepath.Join(boxDir, "memory"), filepath.Join(boxDir, "memory.new")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause of a box whose marked image is in memory.new: %v, want it taken as paused", err)
+	}
+	if _, err := os.Stat(filepath.Join(boxDir, "memory", "meta.json")); err != nil {
+		t.Fatalf("the marked image was not named memory: %v", err)
+	}
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+		t.Fatalf("Resume from the settled image: %v", err)
+	}
+	c = runtimetest.Client(t, d, id)
+	if pid6, _ := readCounter(t, c); pid6 != pid1 {
+		t.Fatalf("after a resume from the settled image the loop is pid %d, want %d", pid6, pid1)
+	}
 }
 
 func imageNames(t *testing.T, img []byte) []string {
