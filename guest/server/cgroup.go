@@ -59,7 +59,16 @@ type Cgroups struct {
 	// pending are the cgroups of forgotten execs that still held processes when they were
 	// removed; each later remove tries them again.
 	pending map[string]struct{}
+	// free are the emptied cgroups of ended execs, for the next execs to take (recycle):
+	// gVisor keeps about a kilobyte of its kernel's state for every cgroup ever made, removed
+	// or not, which every pause of the box saves and every resume restores. At most
+	// maxFreeCgroups.
+	free []string
 }
+
+// maxFreeCgroups bounds the emptied cgroups kept for reuse: more execs than this running at
+// once make new ones, removed when they end.
+const maxFreeCgroups = 16
 
 // cgroupController is the controller whose hierarchy holds the execs' cgroups: gVisor's own
 // "job" controller, which has no limits and which runsc does not mount in a container.
@@ -365,6 +374,14 @@ func installMountFilter(all bool) error {
 // create makes the cgroup of a new exec and returns its name: the exec's id, or the id with a
 // suffix when a cgroup of that name still holds processes of a forgotten exec of the same id.
 func (c *Cgroups) create(id string) (string, error) {
+	c.mu.Lock()
+	if n := len(c.free); n > 0 {
+		name := c.free[n-1]
+		c.free = c.free[:n-1]
+		c.mu.Unlock()
+		return name, nil
+	}
+	c.mu.Unlock()
 	name := id
 	for range 3 {
 		err := unix.Mkdirat(c.root, name, 0o700)
@@ -480,6 +497,25 @@ func (c *Cgroups) signal(name string, sig syscall.Signal) {
 
 // killRounds bounds the rounds of a SIGKILL (about a second and a half of retries).
 const killRounds = 80
+
+// recycle takes back cgroup name of an ended exec when it holds no process: kept for the next
+// exec (create), or removed when maxFreeCgroups are kept. It reports whether the exec gave it
+// up; one that still holds processes stays the exec's. Nothing can enter an empty exec cgroup
+// (only the spawner's thread moves into one, for an exec's start), so the next exec to take it
+// finds only its own processes there.
+func (c *Cgroups) recycle(name string) bool {
+	if pids, err := c.procs(name); err != nil || len(pids) > 0 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.free) < maxFreeCgroups {
+		c.free = append(c.free, name)
+		return true
+	}
+	err := unix.Unlinkat(c.root, name, unix.AT_REMOVEDIR)
+	return err == nil || errors.Is(err, unix.ENOENT)
+}
 
 // remove removes the cgroup of a forgotten exec. One that still holds processes (what a
 // command left running in the background) is kept and tried again at every later remove.

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -34,17 +33,21 @@ type execState struct {
 	dir     string
 	log     *execLog
 	started time.Time
-	// done is closed once the server is done with the exec (its status file written).
+	// done is closed once the server is done with the exec (its exit recorded, its cgroup
+	// given back when empty).
 	done chan struct{}
 
 	mu sync.Mutex
 	// cg and cgroup are the exec's cgroup (see Cgroups); cg is nil where the init has none,
 	// and its processes are then tracked by process group and parentage (killTree).
-	cg       *Cgroups
-	cgroup   string
-	pid      int
-	reaped   bool // the main process was waited for: its pid may be reused
-	timedOut bool
+	// cgroupGone: the exec ended with its cgroup empty and gave it up (dropEmptyCgroup): it
+	// may be another exec's now, so nothing of this one's signals it or removes it.
+	cg         *Cgroups
+	cgroup     string
+	cgroupGone bool
+	pid        int
+	reaped     bool // the main process was waited for: its pid may be reused
+	timedOut   bool
 	// in feeds the command's stdin (nil: /dev/null); term is its terminal (nil: pipes).
 	// Both are set once, before startExec answers.
 	in   *stdinFeed
@@ -77,13 +80,29 @@ func (e *execState) info() proto.ExecInfo {
 // ended: the processes of its cgroup, or without cgroups what killTree finds.
 func (e *execState) kill(sig syscall.Signal) {
 	e.mu.Lock()
-	cg, name, pid, running := e.cg, e.cgroup, e.pid, !e.reaped
+	cg, name, gone, pid, running := e.cg, e.cgroup, e.cgroupGone, e.pid, !e.reaped
 	e.mu.Unlock()
 	if cg != nil {
-		cg.signal(name, sig)
+		if !gone {
+			cg.signal(name, sig)
+		}
 		return
 	}
 	killTree(pid, running, sig)
+}
+
+// dropEmptyCgroup gives the cgroup of an ended exec back (Cgroups.recycle) when nothing it
+// started lives on: an empty exec cgroup has no use left. A cgroup per exec, kept until the
+// exec is forgotten, was state of the box's kernel that every pause saved and every resume
+// restored (and gVisor keeps some of it even for a removed one): 300 execs made an idle box's
+// pause twice as slow. A cgroup that still holds processes (what the command left running in
+// the background) stays the exec's, for kill and forget.
+func (e *execState) dropEmptyCgroup() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cg != nil && !e.cgroupGone && e.cg.recycle(e.cgroup) {
+		e.cgroupGone = true
+	}
 }
 
 // proc is a started exec's process and its stdio.
@@ -180,7 +199,6 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 			EndedAt:    now,
 			Error:      serr.msg,
 		})
-		s.writeStatus(e)
 		close(e.done)
 		return e.info(), nil
 	}
@@ -324,7 +342,7 @@ wait:
 		DurationMs: exited.Sub(e.started).Milliseconds(),
 		EndedAt:    exited,
 	})
-	s.writeStatus(e)
+	e.dropEmptyCgroup()
 }
 
 // maxCollect is the most one read of an output pipe takes (and the size pipes are grown to).
@@ -558,9 +576,9 @@ func (s *Server) retire(e *execState) {
 func (e *execState) discard() {
 	_ = os.RemoveAll(e.dir)
 	e.mu.Lock()
-	cg, name := e.cg, e.cgroup
+	cg, name, gone := e.cg, e.cgroup, e.cgroupGone
 	e.mu.Unlock()
-	if cg != nil {
+	if cg != nil && !gone {
 		cg.remove(name)
 	}
 }
@@ -583,24 +601,11 @@ func (s *Server) forgetExec(id string) *proto.Error {
 	delete(s.execs, id)
 	s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
 	s.mu.Unlock()
-	// Its exit record is out; its status file follows at once.
+	// Its exit record is out; its cgroup's recycling follows at once.
 	<-e.done
 	e.kill(syscall.SIGKILL) // what it left in the background (none: nothing to signal)
 	e.discard()
 	return nil
-}
-
-// writeStatus records the ended exec's ExecInfo in StateDir/<id>/status (for people
-// debugging a sandbox; the server itself keeps the truth in memory).
-func (s *Server) writeStatus(e *execState) {
-	b, err := json.Marshal(e.info())
-	if err != nil {
-		return
-	}
-	tmp := filepath.Join(e.dir, ".status.tmp")
-	if os.WriteFile(tmp, append(b, '\n'), 0o600) == nil {
-		_ = os.Rename(tmp, filepath.Join(e.dir, "status"))
-	}
 }
 
 // cwd resolves an exec's working directory: relative to the workspace, and a path under

@@ -213,6 +213,44 @@ sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 &
 		}
 		waitMarked(t, c, m, 0)
 	})
+	t.Run("SignalEndedSparesTheNext", func(t *testing.T) {
+		id := CreateBox(t, d, spec)
+		c := Client(t, d, id)
+		cgroups := tracking(t, c)
+		// An exec that ended with nothing left running gives its cgroup up, and the next exec
+		// may run in it: a signal to the ended exec, and forgetting it, must not reach the
+		// next one's processes, which its own signal still ends (with cgroups, a double-forked
+		// one too).
+		ended := NewExecID()
+		MustRun(t, c, proto.ExecRequest{ID: ended, Argv: []string{"true"}})
+		time.Sleep(100 * time.Millisecond) // the guest takes the cgroup back after the exit record
+		m := markers(2)
+		script := fmt.Sprintf("exec sleep %s\n", m[0])
+		ms := m[:1]
+		if cgroups {
+			script = fmt.Sprintf("(setsid env -i sleep %s &)\n", m[1]) + script
+			ms = m
+		}
+		running := NewExecID()
+		if _, err := c.StartExec(ctxT(t), proto.ExecRequest{ID: running, Argv: []string{"sh", "-c", script}}); err != nil {
+			t.Fatalf("StartExec: %v", err)
+		}
+		waitMarked(t, c, ms, len(ms))
+		if err := c.Signal(ctxT(t), ended, "SIGKILL"); err != nil {
+			t.Fatalf("Signal of the ended exec: %v", err)
+		}
+		if err := c.Forget(ctxT(t), ended); err != nil {
+			t.Fatalf("Forget of the ended exec: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if got, ps := marked(t, c, ms); len(got) != len(ms) {
+			t.Fatalf("after the ended exec's signal and forget, %d of the next exec's %d processes are left; ps:\n%s", len(got), len(ms), ps)
+		}
+		if err := c.Signal(ctxT(t), running, "SIGKILL"); err != nil {
+			t.Fatalf("Signal: %v", err)
+		}
+		waitMarked(t, c, ms, 0)
+	})
 	t.Run("Terminal", func(t *testing.T) { testTerminal(t, d, spec) })
 	t.Run("StdinStream", func(t *testing.T) { testStdin(t, d, spec) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, d, spec, !cfg.skipHost) })
