@@ -179,6 +179,13 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	}
 	n := b.opts.stopStart + 2
 	err = interleaveOrdered(ctx, pause.Name, 1, n, steps, order)
+	if err == nil && mib == 0 {
+		// A long-lived sandbox has run many commands: the idle pause again once it ran
+		// historyExecs more, each remembered by its guest init.
+		oursHistory := pause.result(fmt.Sprintf("REST POST …/pause, after %d more commands ran in it", historyExecs), false)
+		rawHistory := size.valueResult(fmt.Sprintf("ours: image (tar), after %d more commands", historyExecs), "MiB", false)
+		err = b.pauseAfterHistory(ctx, id, steps[1], oursHistory, rawHistory, n)
+	}
 	for k, im := range images {
 		if k == 0 {
 			continue // the warm-up round's
@@ -212,7 +219,8 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 		"the stored manifest (polled every 2 ms), and the benchmark waits for it before the resume. Bare: `runsc checkpoint " +
 		"--image-path` of a container of the same OCI config (its init without a host socket) running the same workload, " +
 		"then (untimed) `runsc delete`; after a bare restore its python3 (a `runsc exec` process, which a restore does not " +
-		"bring back) is started again before the next checkpoint, untimed."
+		"bring back) is started again before the next checkpoint, untimed." +
+		historyNote(mib)
 	resume.Note = "ours: the slot; the runtime's kept copy of the image, its files checked against the CRC-32C sums taken " +
 		"when it was stored (the stored copy is read only when they do not match); the disk mounted again, the reopen " +
 		"marker, `runsc restore` of the box's bundle, the restored init finding the marker (it polls for it) and listening, " +
@@ -221,6 +229,62 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 	size.Note = "per pause: the stored object and the image's tar (memory/… in the checkpoint store); bare: the bytes of " +
 		"runsc's image folder (checkpoint.img, pages_meta.img, pages.img)."
 	return groups, err
+}
+
+// historyNote describes the rows after historyExecs commands (idle load only).
+func historyNote(mib int) string {
+	if mib > 0 {
+		return ""
+	}
+	return fmt.Sprintf(" The row \"after %d more commands ran in it\": once the rounds above are done, %d execs of `true` "+
+		"through REST, then rounds of a pause (timed), its stored image (untimed) and a resume (untimed), against the same bare row.",
+		historyExecs, historyExecs)
+}
+
+// historyExecs is how many commands the sandbox runs before the pause rows "after … more
+// commands".
+const historyExecs = 300
+
+// pauseAfterHistory runs historyExecs commands (`true`) in the sandbox, then n rounds of a
+// timed pause (res; the first a warm-up), the wait for its stored image (its tar's size into
+// raw) and an untimed resume.
+func (b *bench) pauseAfterHistory(ctx context.Context, id string, resume step, res, raw *Result, n int) error {
+	progress("pause: running %d commands in %s", historyExecs, id)
+	for i := range historyExecs {
+		r, err := b.api.exec(ctx, id, execBody([]string{"true"}, ""))
+		if err == nil {
+			err = r.check("")
+		}
+		if err != nil {
+			return fmt.Errorf("command %d of %d: %w", i+1, historyExecs, err)
+		}
+	}
+	for k := range n {
+		before := b.newestMemoryManifest(id)
+		d, err := timed(func() error {
+			_, err := b.api.lifecycle(ctx, id, "pause", "PAUSED")
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if k > 0 {
+			res.add(d)
+		}
+		if b.stateDir != "" {
+			m, err := b.waitMemoryManifest(ctx, id, before)
+			if err != nil {
+				return err
+			}
+			if _, rawSize, ok := memoryImageSize(m); ok && k > 0 {
+				raw.addValue(float64(rawSize) / (1 << 20))
+			}
+		}
+		if _, err := resume.run(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // waitHeld waits until the sandbox's python3 holds its memory (/tmp/held exists).
