@@ -30,7 +30,6 @@ var execIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 type execState struct {
 	id      string
 	argv    []string
-	dir     string
 	log     *execLog
 	started time.Time
 	// done is closed once the server is done with the exec (its exit recorded, its cgroup
@@ -156,17 +155,14 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 		s.mu.Unlock()
 		return proto.ExecInfo{}, errorf(proto.ErrCodeUnavailable, "too many running execs (%d)", s.opts.MaxRunning)
 	}
-	dir := filepath.Join(s.opts.StateDir, req.ID)
-	err := os.Mkdir(dir, 0o700)
-	if errors.Is(err, fs.ErrExist) {
-		// Left over from an exec dropped earlier, or from an earlier server.
-		_ = os.RemoveAll(dir)
-		err = os.Mkdir(dir, 0o700)
+	// The log's segments are files of the state folder itself (<id>.log.<n>), with no folder
+	// of their own: every file and folder the init keeps is state of the box's kernel that a
+	// pause saves, per remembered exec.
+	logPath := filepath.Join(s.opts.StateDir, req.ID+".log")
+	if _, err := os.Lstat(logPath + ".0"); err == nil {
+		removeLogFiles(logPath) // left over from an earlier server
 	}
-	var log *execLog
-	if err == nil {
-		log, err = newExecLog(filepath.Join(dir, "log"), maxLog)
-	}
+	log, err := newExecLog(logPath, maxLog)
 	if err != nil {
 		s.mu.Unlock()
 		return proto.ExecInfo{}, errorf(proto.ErrCodeInternal, "creating the exec log: %v", err)
@@ -174,7 +170,6 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 	e := &execState{
 		id:      req.ID,
 		argv:    append([]string(nil), req.Argv...),
-		dir:     dir,
 		log:     log,
 		started: time.Now().UTC(),
 		done:    make(chan struct{}),
@@ -572,9 +567,9 @@ func (s *Server) retire(e *execState) {
 	}
 }
 
-// discard removes what a forgotten exec kept: its folder (log and status) and its cgroup.
+// discard removes what a forgotten exec kept: its log's files and its cgroup.
 func (e *execState) discard() {
-	_ = os.RemoveAll(e.dir)
+	e.log.remove()
 	e.mu.Lock()
 	cg, name, gone := e.cg, e.cgroup, e.cgroupGone
 	e.mu.Unlock()

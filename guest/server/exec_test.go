@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -109,8 +108,8 @@ func TestExec(t *testing.T) {
 				if info.Running || info.Exit == nil || info.Exit.ExitCode != tt.wantCode {
 					t.Errorf("Exec: got %+v, want ended with code %d", info, tt.wantCode)
 				}
-				if segs, err := filepath.Glob(filepath.Join(h.State, tt.req.ID, "log.*")); err != nil || len(segs) == 0 {
-					t.Errorf("state dir: got log segments %v (%v), want some", segs, err)
+				if segs := execFiles(t, h.State, tt.req.ID); len(segs) == 0 {
+					t.Errorf("state dir: got no log segment of %s, want some", tt.req.ID)
 				}
 			})
 		}
@@ -533,8 +532,8 @@ func TestKeepEndedBytes(t *testing.T) {
 		t.Errorf("after four 40 KiB execs: got %s, want %s", got, want)
 	}
 	for _, id := range []string{"big-0", "big-1"} {
-		if _, err := os.Stat(filepath.Join(h.State, id)); !os.IsNotExist(err) {
-			t.Errorf("%s's files: %v, want them deleted", id, err)
+		if files := execFiles(t, h.State, id); len(files) > 0 {
+			t.Errorf("%s's files: %v, want them deleted", id, files)
 		}
 	}
 	// One ended exec bigger than the bound on its own is kept while it is the newest.
@@ -560,6 +559,77 @@ func TestKeepEndedBytes(t *testing.T) {
 	run("small-1", 10)
 	if got, want := listed(), "small-0,small-1"; got != want {
 		t.Errorf("after two small execs: got %s, want %s", got, want)
+	}
+}
+
+// execFiles lists the files of exec id in the state folder (its log's segments, <id>.log.<n>).
+func execFiles(t *testing.T, state, id string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), id+".") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// TestExecStateFiles: what the init keeps of an exec is its log's segments as files of the
+// state folder, with no folder per exec (each file or folder is kernel state a pause saves);
+// forgetting the exec deletes them; files an earlier server left under an exec's id are
+// deleted when an exec of that id starts, and never read as its output.
+func TestExecStateFiles(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 20*time.Second)
+	for _, n := range []string{"left.log.0", "left.log.5", "left.log.x", "leftover.log.0"} {
+		if err := os.WriteFile(filepath.Join(h.State, n), []byte("stale"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"quiet", "loud", "left"} {
+		argv := []string{"true"}
+		if id != "quiet" {
+			argv = []string{"printf", id}
+		}
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: id, Argv: argv}, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[string]string{"quiet": "", "loud": "loud", "left": "left"}[id]; string(res.Stdout) != want {
+			t.Fatalf("%s's output: %q, want %q", id, res.Stdout, want)
+		}
+	}
+	entries, err := os.ReadDir(h.State)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			t.Errorf("the state folder holds a folder %s", e.Name())
+		}
+	}
+	if got := execFiles(t, h.State, "left"); !slices.Equal(got, []string{"left.log.0", "left.log.x"}) {
+		t.Errorf("files of exec left: %v, want its own segment and the file that is no segment", got)
+	}
+	if got := execFiles(t, h.State, "loud"); !slices.Equal(got, []string{"loud.log.0"}) {
+		t.Errorf("files of exec loud: %v, want [loud.log.0]", got)
+	}
+	for _, id := range []string{"quiet", "loud", "left"} {
+		if err := h.C.Forget(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"quiet", "loud"} {
+		if got := execFiles(t, h.State, id); len(got) > 0 {
+			t.Errorf("after its forget, exec %s left %v", id, got)
+		}
+	}
+	if got := execFiles(t, h.State, "leftover"); !slices.Equal(got, []string{"leftover.log.0"}) {
+		t.Errorf("another id's file: %v, want it untouched", got)
 	}
 }
 
@@ -603,8 +673,8 @@ func TestExecLimits(t *testing.T) {
 	for _, id := range []string{"run-1", "run-2", "done-0"} {
 		_, err := h.C.Exec(ctx, id)
 		wantCode(t, err, proto.ErrCodeNotFound)
-		if _, err := os.Stat(filepath.Join(h.State, id)); !os.IsNotExist(err) {
-			t.Errorf("state of dropped exec %s: got %v, want removed", id, err)
+		if files := execFiles(t, h.State, id); len(files) > 0 {
+			t.Errorf("state of dropped exec %s: got %v, want removed", id, files)
 		}
 	}
 	// Under its own bound, an exec starts.
@@ -769,8 +839,8 @@ func TestForget(t *testing.T) {
 		wantCode(t, err, proto.ErrCodeNotFound)
 		wantCode(t, h.C.Signal(ctx, "gone", "SIGKILL"), proto.ErrCodeNotFound)
 		wantCode(t, h.C.Forget(ctx, "gone"), proto.ErrCodeNotFound)
-		if _, err := os.Stat(filepath.Join(h.State, "gone")); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("the forgotten exec's folder: got %v, want it gone", err)
+		if files := execFiles(t, h.State, "gone"); len(files) > 0 {
+			t.Errorf("the forgotten exec's files: got %v, want them gone", files)
 		}
 		infos, err := h.C.Execs(ctx)
 		if err != nil {

@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 
 	"sandboxd/guest/proto"
@@ -82,6 +85,33 @@ func newExecLog(path string, limit int64) (*execLog, error) {
 }
 
 func (l *execLog) segPath(seq int) string { return fmt.Sprintf("%s.%d", l.path, seq) }
+
+// remove deletes the log's files: its exec is forgotten. A reader with a segment open reads
+// on; no new one finds the exec.
+func (l *execLog) remove() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f != nil {
+		_ = l.f.Close()
+		l.f = nil
+	}
+	for _, sg := range l.segs {
+		_ = os.Remove(l.segPath(sg.seq))
+	}
+}
+
+// removeLogFiles deletes every segment file of the log at path (<path>.<n>).
+func removeLogFiles(path string) {
+	dir, base := filepath.Split(path)
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if seq, ok := strings.CutPrefix(e.Name(), base+"."); ok {
+			if _, err := strconv.Atoi(seq); err == nil {
+				_ = os.Remove(filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+}
 
 // maxPayload is the largest record payload that fits in one segment.
 func (l *execLog) maxPayload() int {
