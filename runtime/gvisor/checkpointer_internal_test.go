@@ -33,6 +33,23 @@ exit "${FAKE_EXIT:-0}"
 	return p
 }
 
+// startFakeShell starts a checkpoint shell of box sbx_a with fakeRunsc, into a fresh
+// memory.new: it returns the fake's folder, the image's folder and the shell.
+func startFakeShell(t *testing.T, flags []string, timeout time.Duration) (tmp, newDir string, cp *checkpointer) {
+	t.Helper()
+	tmp = t.TempDir()
+	d := testDriverFor(t, fakeRunsc(t, tmp))
+	newDir = filepath.Join(tmp, "memory.new")
+	if err := os.Mkdir(newDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := d.startCheckpointer(context.Background(), "sbx_a", flags, newDir, timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tmp, newDir, cp
+}
+
 func testDriverFor(t *testing.T, runsc string) *Driver {
 	state := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(state, "boxes", "sbx_a"), 0o700); err != nil {
@@ -45,18 +62,8 @@ func testDriverFor(t *testing.T, runsc string) *Driver {
 // only once told to go, and marks the folder complete only when runsc succeeded; a failure
 // carries runsc's stderr. A shell ended without its go runs nothing.
 func TestCheckpointShell(t *testing.T) {
-	ctx := context.Background()
 	t.Run("go", func(t *testing.T) {
-		tmp := t.TempDir()
-		d := testDriverFor(t, fakeRunsc(t, tmp))
-		newDir := filepath.Join(tmp, "memory.new")
-		if err := os.Mkdir(newDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		cp, err := d.startCheckpointer(ctx, "sbx_a", []string{"--root=/r"}, newDir, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tmp, newDir, cp := startFakeShell(t, []string{"--root=/r"}, time.Minute)
 		time.Sleep(100 * time.Millisecond)
 		if _, err := os.Stat(filepath.Join(tmp, "ran")); err == nil {
 			t.Fatal("runsc ran before the shell was told to go")
@@ -74,19 +81,10 @@ func TestCheckpointShell(t *testing.T) {
 		}
 	})
 	t.Run("runsc fails", func(t *testing.T) {
-		tmp := t.TempDir()
-		d := testDriverFor(t, fakeRunsc(t, tmp))
-		newDir := filepath.Join(tmp, "memory.new")
-		if err := os.Mkdir(newDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
 		t.Setenv("FAKE_EXIT", "3")
 		t.Setenv("FAKE_ERR", "encoding error: cannot save it")
-		cp, err := d.startCheckpointer(ctx, "sbx_a", nil, newDir, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = cp.run()
+		_, newDir, cp := startFakeShell(t, nil, time.Minute)
+		err := cp.run()
 		if err == nil || !strings.Contains(err.Error(), "encoding error: cannot save it") {
 			t.Fatalf("run = %v, want runsc's error with its stderr", err)
 		}
@@ -95,16 +93,7 @@ func TestCheckpointShell(t *testing.T) {
 		}
 	})
 	t.Run("abort", func(t *testing.T) {
-		tmp := t.TempDir()
-		d := testDriverFor(t, fakeRunsc(t, tmp))
-		newDir := filepath.Join(tmp, "memory.new")
-		if err := os.Mkdir(newDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		cp, err := d.startCheckpointer(ctx, "sbx_a", nil, newDir, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
+		tmp, newDir, cp := startFakeShell(t, nil, time.Minute)
 		cp.abort()
 		if _, err := os.Stat(filepath.Join(tmp, "ran")); err == nil {
 			t.Fatal("runsc ran after the shell was aborted")
@@ -114,17 +103,8 @@ func TestCheckpointShell(t *testing.T) {
 		}
 	})
 	t.Run("timeout", func(t *testing.T) {
-		tmp := t.TempDir()
-		d := testDriverFor(t, fakeRunsc(t, tmp))
-		newDir := filepath.Join(tmp, "memory.new")
-		if err := os.Mkdir(newDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
 		t.Setenv("FAKE_SLEEP", "3")
-		cp, err := d.startCheckpointer(ctx, "sbx_a", nil, newDir, 200*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, _, cp := startFakeShell(t, nil, 200*time.Millisecond)
 		start := time.Now()
 		if err := cp.run(); err == nil {
 			t.Fatal("a checkpoint past its timeout succeeded")
