@@ -371,17 +371,18 @@ func installMountFilter(all bool) error {
 	return nil
 }
 
-// create makes the cgroup of a new exec and returns its name: the exec's id, or the id with a
-// suffix when a cgroup of that name still holds processes of a forgotten exec of the same id.
+// create takes a recycled cgroup for a new exec, or makes one, and returns its name: the
+// exec's id, or the id with a suffix when a cgroup of that name still holds processes of a
+// forgotten exec of the same id. It holds c.mu throughout: the one it may remove in its way
+// (empty, of a forgotten or ended exec) is then never one recycle has just made free.
 func (c *Cgroups) create(id string) (string, error) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if n := len(c.free); n > 0 {
 		name := c.free[n-1]
 		c.free = c.free[:n-1]
-		c.mu.Unlock()
 		return name, nil
 	}
-	c.mu.Unlock()
 	name := id
 	for range 3 {
 		err := unix.Mkdirat(c.root, name, 0o700)
@@ -392,9 +393,7 @@ func (c *Cgroups) create(id string) (string, error) {
 			return "", fmt.Errorf("making the exec's cgroup: %w", err)
 		}
 		if unix.Unlinkat(c.root, name, unix.AT_REMOVEDIR) == nil {
-			c.mu.Lock()
 			delete(c.pending, name)
-			c.mu.Unlock()
 			continue
 		}
 		name = fmt.Sprintf("%s.%d", id, c.seq.Add(1))
