@@ -590,6 +590,19 @@ func TestExecStateFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A link planted under a coming exec's segment name is removed, never written through.
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.WriteFile(target, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(h.State, "loud.log.0")); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if b, _ := os.ReadFile(target); string(b) != "kept" {
+			t.Errorf("the planted link's target holds %q, want it untouched", b)
+		}
+	}()
 	for _, id := range []string{"quiet", "loud", "left"} {
 		argv := []string{"true"}
 		if id != "quiet" {

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"sandboxd/guest/proto"
 )
@@ -122,7 +123,9 @@ func (l *execLog) maxPayload() int {
 // rather than kept. When the file cannot be made, nothing changes.
 func (l *execLog) newSegmentLocked() error {
 	seq := l.next
-	f, err := os.OpenFile(l.segPath(seq), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	// Never through a link: commands run as root in the box and could plant one in the state
+	// folder under a coming segment's name.
+	f, err := os.OpenFile(l.segPath(seq), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
