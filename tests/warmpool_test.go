@@ -254,7 +254,8 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 
 	// Nothing of the box's warm-up (a command every pool box runs before it is ready) is left
 	// for its claimer: no exec listed, and in the box the guest init's exec folder holds the
-	// claimer's first command only, with no other process but the init and it.
+	// claimer's first command's log only (<exec id>.log.0), with no other process but the init
+	// and it.
 	var list struct {
 		Execs []struct {
 			ExecID string `json:"exec_id"`
@@ -264,7 +265,7 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 	if len(list.Execs) != 0 {
 		t.Fatalf("execs of a freshly claimed sandbox: got %+v, want none", list.Execs)
 	}
-	first := s.Run(t, sb.SandboxID, []string{"sh", "-c", `ls -A /run/sbx/execs | grep -c "^$SBX_EXEC_ID$"; ls -A /run/sbx/execs | grep -v "^$SBX_EXEC_ID$"; ` +
+	first := s.Run(t, sb.SandboxID, []string{"sh", "-c", `ls -A /run/sbx/execs | grep -c "^$SBX_EXEC_ID\.log\.0$"; ls -A /run/sbx/execs | grep -v "^$SBX_EXEC_ID\.log\.[0-9]*$"; ` +
 		`echo procs:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -v -e '^/.sbx/init ' -e '^sh -c ' -e '^tr ' -e '^grep ' -e '^$'; ` +
 		`echo workspace:; ls -A /workspace; echo end`}, e2e.HdrTenant1)
 	if first != "1\nprocs:\nworkspace:\nend\n" {

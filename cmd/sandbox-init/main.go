@@ -31,7 +31,7 @@
 //
 //	SBX_SOCKET     the unix socket (default @sbx-init: an abstract socket, which nothing in
 //	               the box can unlink or replace; a path for a socket file)
-//	SBX_STATE_DIR  exec logs and status (default /run/sbx/execs)
+//	SBX_STATE_DIR  exec logs, <exec id>.log.<n> (default /run/sbx/execs)
 //	SBX_WORKSPACE  the workspace (default /workspace)
 //	SBX_REAP       1 or 0: reap every child with one SIGCHLD loop (default: only as PID 1;
 //	               outside PID 1 the process becomes a child subreaper)
