@@ -184,7 +184,7 @@ func (b *bench) pauseGroups(ctx context.Context, name string, mib int) (groups [
 		// historyExecs more, each remembered by its guest init.
 		oursHistory := pause.result(fmt.Sprintf("REST POST …/pause, after %d more commands ran in it", historyExecs), false)
 		rawHistory := size.valueResult(fmt.Sprintf("ours: image (tar), after %d more commands", historyExecs), "MiB", false)
-		err = b.pauseAfterHistory(ctx, id, steps[1], oursHistory, rawHistory, n)
+		err = b.pauseAfterHistory(ctx, id, watchSize, steps[1], oursHistory, rawHistory, n)
 	}
 	for k, im := range images {
 		if k == 0 {
@@ -246,9 +246,9 @@ func historyNote(mib int) string {
 const historyExecs = 300
 
 // pauseAfterHistory runs historyExecs commands (`true`) in the sandbox, then n rounds of a
-// timed pause (res; the first a warm-up), the wait for its stored image (its tar's size into
-// raw) and an untimed resume.
-func (b *bench) pauseAfterHistory(ctx context.Context, id string, resume step, res, raw *Result, n int) error {
+// timed pause (the rounds' own pause step; into res, the first a warm-up), the wait for its
+// stored image (its tar's size into raw) and an untimed resume (the rounds' resume step).
+func (b *bench) pauseAfterHistory(ctx context.Context, id string, pause, resume step, res, raw *Result, n int) error {
 	progress("pause: running %d commands in %s", historyExecs, id)
 	for i := range historyExecs {
 		r, err := b.api.exec(ctx, id, execBody([]string{"true"}, ""))
@@ -261,10 +261,7 @@ func (b *bench) pauseAfterHistory(ctx context.Context, id string, resume step, r
 	}
 	for k := range n {
 		before := b.newestMemoryManifest(id)
-		d, err := timed(func() error {
-			_, err := b.api.lifecycle(ctx, id, "pause", "PAUSED")
-			return err
-		})
+		d, err := pause.run(ctx)
 		if err != nil {
 			return err
 		}
