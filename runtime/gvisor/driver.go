@@ -91,8 +91,11 @@ type Driver struct {
 	pool poolIndex
 	// kept is the stopped boxes whose disks stay mounted (keptmounts.go).
 	kept keptMounts
-	// teardowns is the paused boxes' containers being deleted in the background (teardown.go).
-	teardowns runtime.Jobs
+	// teardowns is the paused boxes' containers being deleted in the background, each held
+	// by its gate until the pause is recorded or teardownHold has passed (teardown.go).
+	teardowns     runtime.Jobs
+	teardownGates gates
+	teardownHold  time.Duration
 
 	// boxMu serializes lifecycle operations on one box within this process (boxes serializes
 	// record read-modify-writes).
@@ -182,6 +185,8 @@ func New(opts Options) (*Driver, error) {
 		initDir: filepath.Join(opts.StateDir, "init"),
 		pool:    poolIndex{dir: filepath.Join(opts.StateDir, poolDn)},
 		kept:    keptMounts{max: opts.KeptMounts},
+
+		teardownHold: teardownHold,
 	}
 	for _, dir := range []string{d.boxes.dir, d.rootDir, d.initDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -220,6 +225,7 @@ func New(opts Options) (*Driver, error) {
 // (and their disks mounted): they outlive the server.
 func (d *Driver) Close() error {
 	d.disks.pool.close()
+	d.teardownGates.releaseAll()
 	d.teardowns.WaitAll()
 	d.kept.wg.Wait()
 	d.net.removeTableIfIdle()
@@ -510,12 +516,17 @@ func (d *Driver) UpdateRecord(ctx context.Context, id string, fn func(*runtime.R
 	if err := checkID(id); err != nil {
 		return runtime.Record{}, err
 	}
-	return d.boxes.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) {
+	rec, err := d.boxes.updateStored(ctx, id, func(rec *runtime.Record) (bool, error) {
 		if rec.Pool != "" {
 			return false, errPooled(id) // pool.go
 		}
 		return true, fn(rec)
 	})
+	if err == nil {
+		// A pause's caller recorded it: the box's container may go now (teardown.go).
+		d.teardownGates.release(id)
+	}
+	return rec, err
 }
 
 // Check implements runtime.Driver: runsc runs, StateDir is writable, the guest init exists,

@@ -424,6 +424,86 @@ func TestPauseEndsTheBoxThenDeletesItsContainer(t *testing.T) {
 	}
 }
 
+// A pause's container deletion waits for the pause to be recorded (the box's next record
+// write), so that its `runsc delete` does not share the host with the pause's last steps. The
+// box's compute is gone meanwhile, and what needs the container deleted (a resume, a delete)
+// lets the deletion go at once instead of waiting for the write.
+func TestPauseTeardownWaitsForTheRecord(t *testing.T) {
+	d := newDriver(t)
+	d.SetTeardownHold(10 * time.Minute) // longer than any step below may take
+	id, _, pid1 := boxWithCounter(t, d)
+	kept := func() bool {
+		t.Helper()
+		ok, err := d.ContainerKept(ctxT(t), id)
+		if err != nil {
+			t.Fatalf("ContainerKept: %v", err)
+		}
+		return ok
+	}
+	gone := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); kept(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("runsc still keeps the container 20 s after %s", what)
+			}
+		}
+	}
+
+	spid, err := d.SandboxPid(ctxT(t), id)
+	if err != nil || spid <= 0 {
+		t.Fatalf("SandboxPid: %d, %v", spid, err)
+	}
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); hostProcessRuns(spid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox process %d still runs 5 s after Pause returned, its deletion held", spid)
+		}
+	}
+	if !kept() {
+		t.Fatal("the container was deleted before the pause was recorded")
+	}
+	if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseStopped {
+		t.Fatalf("a paused box whose deletion is held is %s (%s, %v), want stopped", b.Phase, b.Reason, err)
+	}
+	if _, err := d.UpdateRecord(ctxT(t), id, func(*runtime.Record) error { return nil }); err != nil {
+		t.Fatalf("UpdateRecord: %v", err)
+	}
+	gone("the record write")
+
+	// A resume straight after a pause, with no record write between: it lets the held deletion
+	// go (its context ends long before the hold would).
+	if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("second Pause: %v", err)
+	}
+	if !kept() {
+		t.Fatal("the second pause's container was deleted before anything asked for it")
+	}
+	if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+		t.Fatalf("Resume straight after Pause: %v", err)
+	}
+	c := runtimetest.Client(t, d, id)
+	if pid, _ := readCounter(t, c); pid != pid1 {
+		t.Fatalf("after the resume the loop is pid %d, want %d", pid, pid1)
+	}
+
+	// A delete straight after a pause.
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("third Pause: %v", err)
+	}
+	if err := d.Delete(ctxT(t), id); err != nil {
+		t.Fatalf("Delete straight after Pause: %v", err)
+	}
+	out, err := exec.Command(components.runsc, "--root="+d.RootDir(), "list", "-quiet").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Fatalf("containers after Delete: %q, %v", out, err)
+	}
+}
+
 // boxWithCounter creates a box running counterLoop and returns it, an attach to it and the
 // loop's pid.
 func boxWithCounter(t *testing.T, d *gvisor.Driver) (string, *client.Client, int) {

@@ -383,6 +383,7 @@ func fieldValue(b []byte, key string) (int64, bool) {
 // It is idempotent and a no-op when there is no container. It waits first for the background
 // deletion a pause started (teardown.go).
 func (d *Driver) destroyContainer(ctx context.Context, id string) error {
+	d.teardownGates.release(id)
 	if err := d.teardowns.Wait(ctx, id); err != nil {
 		return err
 	}
