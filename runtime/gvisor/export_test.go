@@ -23,3 +23,6 @@ func (d *Driver) ContainerKept(ctx context.Context, id string) (bool, error) {
 // SetTeardownHold sets how long a pause's container deletion waits for the box's next record
 // write at most (teardown.go).
 func (d *Driver) SetTeardownHold(hold time.Duration) { d.teardownHold = hold }
+
+// BoxLog returns the end of a box's runsc log (its init's log among runsc's lines).
+func (d *Driver) BoxLog(id string) string { return string(d.readLogTail(id, 64<<10)) }

@@ -126,6 +126,13 @@ func TestPauseResumeKeepsProcesses(t *testing.T) {
 	if string(res.Stdout) != "kept\ntmp\n" {
 		t.Fatalf("files after resume: %q", res.Stdout)
 	}
+	// The restored init pays its first clone's cost in the background (Server.Warm), not in
+	// the first exec after the resume.
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(d.BoxLog(id), "exec starts warmed up after a restore"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the restored init did not warm up its exec starts within 20 s; its log ends: %s", d.BoxLog(id))
+		}
+	}
 
 	// A second pause and resume of the same box, from the driver's kept copy, whose image
 	// was read twice (a store retried after a crash): the second read is runsc's files only,
