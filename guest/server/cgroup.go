@@ -533,15 +533,22 @@ func (c *Cgroups) remove(name string) {
 // Warm makes one clone through the spawner, in a cgroup of its own: gVisor sets up a seccomp
 // filter's state for a task at its first clone, which would otherwise land on the box's first
 // exec. The child only fails to execute a path that cannot exist (a file under the init
-// binary) and exits, so nothing runs. PID 1 does it in the background once it serves; an exec
-// that comes meanwhile waits for the spawner. start starts a process the way the server starts
-// an exec's (its waiter, which keeps a failing start from racing the reaper).
+// binary) and exits, so nothing runs. PID 1 does it in the background once it serves, and
+// again after a restore; an exec that comes meanwhile waits for the spawner. start starts a
+// process the way the server starts an exec's (its waiter, which keeps a failing start from
+// racing the reaper). The cgroup is an ended exec's when one is free, and is given back for
+// the next exec: a cgroup made and removed at every restore would leave its trace in every
+// later checkpoint (see recycle).
 func (c *Cgroups) Warm(start func(fork func() (*os.Process, error)) error) error {
 	name, err := c.create(".warm")
 	if err != nil {
 		return err
 	}
-	defer c.remove(name)
+	defer func() {
+		if !c.recycle(name) {
+			c.remove(name)
+		}
+	}()
 	self, err := os.Executable()
 	if err != nil {
 		return err

@@ -25,4 +25,4 @@ func (d *Driver) ContainerKept(ctx context.Context, id string) (bool, error) {
 func (d *Driver) SetTeardownHold(hold time.Duration) { d.teardownHold = hold }
 
 // BoxLog returns the end of a box's runsc log (its init's log among runsc's lines).
-func (d *Driver) BoxLog(id string) string { return string(d.readLogTail(id, 64<<10)) }
+func (d *Driver) BoxLog(id string) string { return string(d.readLogTail(id, 4<<20)) }

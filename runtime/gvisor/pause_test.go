@@ -648,4 +648,30 @@ func TestPauseImageGrowsLittlePerExec(t *testing.T) {
 	if per > 600 {
 		t.Errorf("each ended exec adds %d bytes to the box's saved kernel state, want at most 600", per)
 	}
+
+	// Nor does each pause and resume: a restored init warms up its exec starts (Server.Warm),
+	// in a recycled cgroup, never in one it makes and removes each time.
+	const warmed = "exec starts warmed up after a restore"
+	waitWarm := func(want int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); strings.Count(d.BoxLog(id), warmed) < want; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the restored init did not warm up %d times within 20 s", want)
+			}
+		}
+	}
+	waitWarm(2)
+	start := kernelState()
+	const cycles = 8
+	for i := range cycles - 1 {
+		waitWarm(3 + i)
+		kernelState()
+	}
+	waitWarm(2 + cycles)
+	end := kernelState()
+	perCycle := (end - start) / cycles
+	t.Logf("checkpoint.img: %d bytes, then %d after %d more pauses and resumes: %d bytes per cycle", start, end, cycles, perCycle)
+	if perCycle > 300 {
+		t.Errorf("each pause and resume adds %d bytes to the box's saved kernel state, want at most 300", perCycle)
+	}
 }
