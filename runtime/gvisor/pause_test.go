@@ -385,20 +385,7 @@ func TestPauseEndsTheBoxThenDeletesItsContainer(t *testing.T) {
 	id, c, pid1 := boxWithCounter(t, d)
 
 	for round := range 3 {
-		spid, err := d.SandboxPid(ctxT(t), id)
-		if err != nil || spid <= 0 {
-			t.Fatalf("SandboxPid: %d, %v", spid, err)
-		}
-		if err := d.Pause(ctxT(t), id); err != nil {
-			t.Fatalf("Pause: %v", err)
-		}
-		// The checkpoint stopped the box's kernel for good; its sandbox process exits by itself
-		// (or is killed by the background deletion) without any other call.
-		for deadline := time.Now().Add(5 * time.Second); hostProcessRuns(spid); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: the sandbox process %d still runs 5 s after Pause returned", round, spid)
-			}
-		}
+		pauseUntilGone(t, d, id)
 		if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseStopped {
 			t.Fatalf("round %d: right after Pause the box is %s (%s, %v), want stopped", round, b.Phase, b.Reason, err)
 		}
@@ -456,18 +443,7 @@ func TestPauseTeardownWaitsForTheRecord(t *testing.T) {
 		}
 	}
 
-	spid, err := d.SandboxPid(ctxT(t), id)
-	if err != nil || spid <= 0 {
-		t.Fatalf("SandboxPid: %d, %v", spid, err)
-	}
-	if err := d.Pause(ctxT(t), id); err != nil {
-		t.Fatalf("Pause: %v", err)
-	}
-	for deadline := time.Now().Add(5 * time.Second); hostProcessRuns(spid); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sandbox process %d still runs 5 s after Pause returned, its deletion held", spid)
-		}
-	}
+	pauseUntilGone(t, d, id) // its compute is gone, though its deletion is held
 	if !kept() {
 		t.Fatal("the container was deleted before the pause was recorded")
 	}
@@ -508,6 +484,25 @@ func TestPauseTeardownWaitsForTheRecord(t *testing.T) {
 	out, err := exec.Command(components.runsc, "--root="+d.RootDir(), "list", "-quiet").Output()
 	if err != nil || strings.TrimSpace(string(out)) != "" {
 		t.Fatalf("containers after Delete: %q, %v", out, err)
+	}
+}
+
+// pauseUntilGone pauses box id and waits until its sandbox process has left the host: the
+// checkpoint stopped the box's kernel for good, and its sandbox process exits by itself (or is
+// killed by the background deletion) without any other call, within 5 s.
+func pauseUntilGone(t *testing.T, d *gvisor.Driver, id string) {
+	t.Helper()
+	spid, err := d.SandboxPid(ctxT(t), id)
+	if err != nil || spid <= 0 {
+		t.Fatalf("SandboxPid: %d, %v", spid, err)
+	}
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); hostProcessRuns(spid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox process %d still runs 5 s after Pause returned", spid)
+		}
 	}
 }
 
