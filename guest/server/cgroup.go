@@ -258,6 +258,14 @@ func (c *Cgroups) spawnLoop(ch chan spawnReq, ready chan<- error) {
 		ready <- err
 		return
 	}
+	// The root's tasks file, kept open for the way back after every fork: an open and a close
+	// fewer per exec, each a trap into gVisor's kernel.
+	back, err := unix.Openat(c.root, "tasks", unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		ready <- fmt.Errorf("opening the root cgroup's tasks: %w", err)
+		return
+	}
+	defer unix.Close(back)
 	ready <- nil
 	tid := strconv.Itoa(unix.Gettid())
 	for req := range ch {
@@ -266,7 +274,7 @@ func (c *Cgroups) spawnLoop(ch chan spawnReq, ready chan<- error) {
 			continue
 		}
 		p, err := req.fork()
-		if werr := c.write("tasks", tid); werr != nil {
+		if _, werr := unix.Write(back, []byte(tid)); werr != nil {
 			req.done <- spawnResult{p, err}
 			go c.spawnLoop(ch, make(chan error, 1)) // on a new thread, filtered before it serves
 			return

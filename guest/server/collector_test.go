@@ -2,9 +2,12 @@ package server
 
 import (
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"sandboxd/guest/proto"
 )
@@ -83,4 +86,54 @@ func TestCollectorSeesTheEndAfterFirstOutput(t *testing.T) {
 		t.Fatal("the collector did not notice the pipe's end within 10 s (it waited for the linger)")
 	}
 	waitLog(t, l, "x\n")
+}
+
+// TestCollectorGrowsBusyPipesOnly: an output pipe keeps its default size while a command
+// writes little, and is grown to maxCollect by the first read that brings growAt bytes.
+func TestCollectorGrowsBusyPipesOnly(t *testing.T) {
+	l, _ := newTestLog(t, 4<<20)
+	r, w, err := outputPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(r) })
+	size := func() int {
+		n, err := unix.FcntlInt(uintptr(r), unix.F_GETPIPE_SZ, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	initial := size()
+	if initial >= maxCollect {
+		t.Skipf("pipes start at %d bytes here", initial)
+	}
+	c := newCollector(l, []int{r}, []byte{proto.RecordStdout})
+	c.grow = true
+	c.linger = time.Millisecond // output that flows is read again after a linger
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run()
+	}()
+	t.Cleanup(func() {
+		_ = w.Close()
+		c.stopAt.Store(1)
+		<-done
+	})
+	if _, err := w.Write([]byte("small\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, l, "small\n")
+	if got := size(); got != initial {
+		t.Fatalf("after a small write the pipe holds %d bytes, want its initial %d", got, initial)
+	}
+	big := strings.Repeat("y", growAt)
+	if _, err := w.Write([]byte(big)); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, l, "small\n"+big)
+	if got := size(); got != maxCollect {
+		t.Fatalf("after a write of %d bytes the pipe holds %d bytes, want %d", growAt, got, maxCollect)
+	}
 }

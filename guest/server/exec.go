@@ -158,11 +158,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 	// The log's segments are files of the state folder itself (<id>.log.<n>), with no folder
 	// of their own: every file and folder the init keeps is state of the box's kernel that a
 	// pause saves, per remembered exec.
-	logPath := filepath.Join(s.opts.StateDir, req.ID+".log")
-	if _, err := os.Lstat(logPath + ".0"); err == nil {
-		removeLogFiles(logPath) // left over from an earlier server
-	}
-	log, err := newExecLog(logPath, maxLog)
+	log, err := newExecLog(filepath.Join(s.opts.StateDir, req.ID+".log"), maxLog)
 	if err != nil {
 		s.mu.Unlock()
 		return proto.ExecInfo{}, errorf(proto.ErrCodeInternal, "creating the exec log: %v", err)
@@ -286,6 +282,7 @@ func (s *Server) supervise(e *execState, p *proc, timeout time.Duration) {
 	defer s.wg.Done()
 	defer close(e.done)
 	col := newCollector(e.log, p.io.out, p.io.kinds)
+	col.grow = p.io.term == nil
 	collected := make(chan struct{})
 	go func() {
 		defer close(collected)
@@ -343,24 +340,36 @@ wait:
 // maxCollect is the most one read of an output pipe takes (and the size pipes are grown to).
 const maxCollect = 1 << 20
 
+// growAt is how much one read of an output pipe must bring for the collector to grow the pipe
+// to maxCollect: half of a pipe's default 64 KiB. A command that writes little never needs
+// more, and the fcntl per pipe was two more traps into gVisor's kernel for every exec.
+const growAt = 32 << 10
+
 // fSetPipeSize is fcntl's F_SETPIPE_SZ.
 const fSetPipeSize = 0x407
 
 // outputPipe makes a pipe for a command's stdout or stderr: the write end a blocking *os.File
-// for the child, the read end a raw non-blocking descriptor grown to maxCollect (where the
-// kernel allows) that the collector reads without Go's poller.
+// for the child, the read end a raw non-blocking descriptor that the collector reads without
+// Go's poller (and grows to maxCollect once output flows: growPipe).
 func outputPipe() (r int, w *os.File, err error) {
 	var fds [2]int
 	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
 		return -1, nil, err
 	}
-	if err := syscall.SetNonblock(fds[0], true); err != nil {
+	// The read end's status flags are O_RDONLY alone: set O_NONBLOCK without reading them
+	// first (syscall.SetNonblock's F_GETFL is one more trap into gVisor per pipe).
+	if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
 		_ = syscall.Close(fds[0])
 		_ = syscall.Close(fds[1])
 		return -1, nil, err
 	}
-	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fds[0]), fSetPipeSize, maxCollect)
 	return fds[0], os.NewFile(uintptr(fds[1]), "|output"), nil
+}
+
+// growPipe grows the pipe of descriptor fd to maxCollect, where the kernel allows: a command
+// that writes fast then blocks less often while the collector lingers.
+func growPipe(fd int) {
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), fSetPipeSize, maxCollect)
 }
 
 // Output is coalesced before it goes into the log. Most commands write 4–8 KiB at a time; under
@@ -395,14 +404,18 @@ type collector struct {
 	linger time.Duration
 
 	eof []bool
-	buf []byte // taken while run runs
+	// grow says the descriptors are pipes, grown by the first read that brings growAt bytes
+	// or more (grown); a terminal's master is not a pipe.
+	grow  bool
+	grown []bool
+	buf   []byte // taken while run runs
 	// pend is output read but not yet in the log, all of kind pendKind.
 	pend     []byte
 	pendKind byte
 }
 
 func newCollector(log *execLog, fds []int, kinds []byte) *collector {
-	return &collector{log: log, fds: fds, kinds: kinds, linger: outputLinger, eof: make([]bool, len(fds))}
+	return &collector{log: log, fds: fds, kinds: kinds, linger: outputLinger, eof: make([]bool, len(fds)), grown: make([]bool, len(fds))}
 }
 
 // spareReadBufs keeps the read buffers (maxCollect bytes each) of the last collectors that
@@ -446,6 +459,9 @@ func (c *collector) run() {
 		c.buf = nil
 	}()
 	defer c.flush()
+	// A command just started has written nothing yet, most likely: wait for output before the
+	// first read rather than find the pipes empty (a read per pipe, each a trap into gVisor).
+	c.poll(quietPoll)
 	quiet := true // nothing was read since the last wait for output
 	for {
 		if stop := c.stopAt.Load(); stop != 0 && time.Now().UnixNano() >= stop {
@@ -484,6 +500,10 @@ func (c *collector) readRound() bool {
 		n, err := syscall.Read(c.fds[j], c.buf)
 		switch {
 		case n > 0:
+			if c.grow && n >= growAt && !c.grown[j] {
+				growPipe(c.fds[j])
+				c.grown[j] = true
+			}
 			if len(c.pend) > 0 && c.pendKind != c.kinds[j] {
 				c.flush() // the other stream's output came first
 			}

@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"sandboxd/guest/proto"
 )
@@ -79,7 +81,14 @@ type execLog struct {
 func newExecLog(path string, limit int64) (*execLog, error) {
 	limit = max(limit, minLogBytes)
 	l := &execLog{path: path, max: limit, segMax: limit / segmentsPerLog, changed: make(chan struct{})}
-	if err := l.newSegmentLocked(); err != nil {
+	// The first segment must be new: segments left by an earlier server under this exec's id
+	// are removed first (found by the exclusive create, without a look of its own per exec).
+	err := l.newSegment(unix.O_EXCL)
+	if errors.Is(err, fs.ErrExist) {
+		removeLogFiles(path)
+		err = l.newSegment(unix.O_EXCL)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -121,11 +130,14 @@ func (l *execLog) maxPayload() int {
 
 // newSegmentLocked begins a new segment at the log's end. An empty newest segment is replaced
 // rather than kept. When the file cannot be made, nothing changes.
-func (l *execLog) newSegmentLocked() error {
+func (l *execLog) newSegmentLocked() error { return l.newSegment(0) }
+
+// newSegment is newSegmentLocked with more flags for the segment's open.
+func (l *execLog) newSegment(flags int) error {
 	seq := l.next
 	// Never through a link: commands run as root in the box and could plant one in the state
 	// folder under a coming segment's name.
-	f, err := os.OpenFile(l.segPath(seq), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	f, err := openLogFile(l.segPath(seq), flags|unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
@@ -340,7 +352,7 @@ func (l *execLog) checkOffset(off int64) (int64, error) {
 	base := seg.base
 	l.mu.Unlock()
 
-	f, err := os.Open(l.segPath(seq))
+	f, err := openLogFile(l.segPath(seq), unix.O_RDONLY, 0)
 	if err != nil {
 		return size, nil // dropped meanwhile: no longer kept
 	}
@@ -409,6 +421,9 @@ var errLogBroken = errors.New("guest: an exec's log file broke under its reader"
 // batch: whole records, with a RecordTruncated wherever the reader's position is no longer
 // kept, and the exit record last. With follow it waits for more until the exit record or
 // ctx's end; without, it stops at the current end. It returns w's error, errLogBroken, or nil.
+// What it wrote after the last batch (the exit record, the tail of a log that ended) is left
+// for the caller to flush: an HTTP/2 handler that returns then sends it in one frame with the
+// stream's end, one write to the host where a flush would make two.
 func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, off int64, follow bool) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
@@ -452,7 +467,7 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			closeRd()
 			continue
 		case rd == nil && v.hold >= 0:
-			f, err := os.Open(l.segPath(v.hold))
+			f, err := openLogFile(l.segPath(v.hold), unix.O_RDONLY, 0)
 			if err != nil {
 				continue // dropped just now: look again
 			}
@@ -479,7 +494,7 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 					return err
 				}
 			}
-			return flush()
+			return nil
 		}
 		if !follow {
 			return flush()
@@ -517,4 +532,16 @@ func copyRange(w io.Writer, f *os.File, buf []byte, pos *int64, base, limit int6
 		}
 	}
 	return nil
+}
+
+// openLogFile opens a segment of a log (flags without O_CLOEXEC, which it adds) as a plain
+// blocking file. os.OpenFile would first try to add it to Go's poller, which takes four fcntl
+// calls and an epoll_ctl that a regular file always refuses: five system calls per exec
+// started and per segment a reader opens, each a trap into gVisor's kernel.
+func openLogFile(path string, flags int, perm uint32) (*os.File, error) {
+	fd, err := retryEINTR(func() (int, error) { return unix.Open(path, flags|unix.O_CLOEXEC, perm) })
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
