@@ -287,16 +287,6 @@ func (s *Store) Create(ctx context.Context, m Meta, token string, now time.Time,
 	if token != "" {
 		leaseUntil = now.Add(lease).UnixMilli()
 	}
-	// Indexes first, both in one round trip: an index member without a meta hash is harmless
-	// (Orphans drops it after a grace period, a listing skips it), a running exec missing
-	// from the running index would never be found orphaned.
-	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAddNX(ctx, runningKey, redis.Z{Score: float64(now.UnixMilli()), Member: m.ID})
-		s.indexSandbox(ctx, p, m)
-		return nil
-	}); err != nil {
-		return fmt.Errorf("execstream create %s: %w", m.ID, err)
-	}
 	stdin, tty := "0", ""
 	if m.StdinOpen {
 		stdin = "1"
@@ -304,8 +294,32 @@ func (s *Store) Create(ctx context.Context, m Meta, token string, now time.Time,
 	if m.TtyRows > 0 && m.TtyCols > 0 {
 		tty = ttyValue(m.TtyRows, m.TtyCols)
 	}
-	n, err := createScript.Run(ctx, s.rdb, []string{metaKey(m.ID)},
-		m.Tenant, m.Project, m.Sandbox, apierror.Truncate(m.Argv, maxArgv), now.UnixMilli(), token, leaseUntil, stdin, tty).Int()
+	keys := []string{metaKey(m.ID)}
+	args := []any{m.Tenant, m.Project, m.Sandbox, apierror.Truncate(m.Argv, maxArgv), now.UnixMilli(), token, leaseUntil, stdin, tty}
+	// The indexes before the meta hash, in one round trip: Redis runs a connection's commands
+	// in order. An index member without a meta hash is harmless (Orphans drops it after a grace
+	// period, a listing skips it); a running exec missing from the running index would never
+	// be found orphaned, so a hash made while an index write failed is deleted again.
+	var created *redis.Cmd
+	cmds, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAddNX(ctx, runningKey, redis.Z{Score: float64(now.UnixMilli()), Member: m.ID})
+		s.indexSandbox(ctx, p, m)
+		created = createScript.EvalSha(ctx, p, keys, args...)
+		return nil
+	})
+	for _, c := range cmds {
+		if c != created && c.Err() != nil {
+			if n, _ := created.Int(); n == 1 {
+				_ = s.rdb.Del(context.WithoutCancel(ctx), keys[0]).Err()
+			}
+			return fmt.Errorf("execstream create %s: %w", m.ID, c.Err())
+		}
+	}
+	if err != nil && redis.HasErrorPrefix(created.Err(), "NOSCRIPT") {
+		// A Redis that does not have the script yet (new, restarted, flushed): sent whole.
+		created = createScript.Run(ctx, s.rdb, keys, args...)
+	}
+	n, err := created.Int()
 	if err != nil {
 		return fmt.Errorf("execstream create %s: %w", m.ID, err)
 	}
