@@ -3,6 +3,7 @@ package execs_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/domain/domaintest"
 	"sandboxd/internal/execs"
+	"sandboxd/internal/execstream"
 	"sandboxd/internal/sandbox"
 )
 
@@ -213,5 +215,23 @@ func TestExecWithStdinAndLargeOutput(t *testing.T) {
 	stdout, _, _ := domaintest.Collect(t, ch)
 	if !bytes.Equal(stdout, in) {
 		t.Fatalf("streamed output: got %d bytes, want %d", len(stdout), len(in))
+	}
+}
+
+// TestEndedExecIsIndexedByItsAnswer: by the time a waiting caller gets an exec's result, the
+// exec stands in the ended index that the sweep reads (its follower moved it, beside the
+// EXEC_ENDED event), without waiting for a reconciler pass to repair the index.
+func TestEndedExecIsIndexedByItsAnswer(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb := e.CreateRunning(t, alice)
+	res := e.MustExec(t, alice, sb.ID, "true")
+	store := execstream.New(e.Redis.Client, execstream.Options{Retention: time.Minute, Now: e.Clock.Now})
+	n, err := store.Sweep(ctx, e.Clock.Now().Add(time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("a sweep past the retention right after the answer: swept %d (%v), want the ended exec", n, err)
+	}
+	if _, err := store.Get(ctx, res.ExecID); !errors.Is(err, execstream.ErrNotFound) {
+		t.Fatalf("the swept exec: %v, want ErrNotFound", err)
 	}
 }

@@ -453,12 +453,23 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 	}
 	applyExit(&r, exit)
 	// The command's end is activity: auto-stop counts idle time from exactly here. It is
-	// recorded beside EXEC_ENDED (two round trips to Redis at once, not one after the other);
-	// both are done before a waiting caller gets its answer.
+	// recorded beside EXEC_ENDED and the move to the ended index (three round trips to Redis
+	// at once, not one after the other); all are done before a waiting caller gets its answer.
 	touched := make(chan struct{})
 	go func() {
 		defer close(touched)
 		s.sandboxes.TouchNow(s.bg, f.meta.Sandbox)
+	}()
+	indexed := make(chan struct{})
+	go func() {
+		defer close(indexed)
+		if f.exitAppended {
+			ctx, cancel := context.WithTimeout(s.bg, 5*time.Second)
+			defer cancel()
+			if err := s.store.Ended(ctx, f.meta.ID); err != nil {
+				s.log.Debug("moving an ended exec to the ended index; the reconciler does it later", "exec", f.meta.ID, "err", err)
+			}
+		}
 	}()
 	if f.exitAppended {
 		if f.startedSent != nil {
@@ -467,6 +478,7 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 		s.publish(f.meta, sandbox.EventExecEnded, r)
 	}
 	<-touched
+	<-indexed
 	if c != nil {
 		r.Stdout, r.Stderr = c.stdout.Bytes(), c.stderr.Bytes()
 		r.StdoutTruncated, r.StderrTruncated = cutFlags(exit, r.Stdout, r.Stderr, c.stdout.Cut() || c.gap, c.stderr.Cut() || c.gap)

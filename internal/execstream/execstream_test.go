@@ -91,10 +91,16 @@ func numbered(from, to int) [][]byte {
 	return out
 }
 
+// mustAppend appends as a follower does: an appended exit is followed by Ended.
 func mustAppend(t testing.TB, s *Store, id, token string, chunks []Chunk, exit *Exit) {
 	t.Helper()
 	if err := s.Append(context.Background(), id, token, chunks, exit); err != nil {
 		t.Fatal(err)
+	}
+	if exit != nil {
+		if err := s.Ended(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

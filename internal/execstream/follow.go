@@ -87,7 +87,9 @@ return 1`)
 // checks that token holds a live lease (by the Store's clock): ErrNotFollower otherwise, and
 // nothing is written. The first chunk must start at the stored offset and each next chunk where
 // the previous one ended: ErrOffset otherwise (nothing written). ErrEnded once the exit status
-// is in the stream; ErrNotFound for an unknown exec. After the exit the lease is over.
+// is in the stream; ErrNotFound for an unknown exec. After the exit the lease is over, and the
+// follower moves the exec to the ended index with Ended (beside whatever else it does then:
+// the indexes are no part of what a reader of the exec sees).
 func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk, exit *Exit) error {
 	if !validID(execID) {
 		return fmt.Errorf("execstream append %q: %w", execID, ErrNotFound)
@@ -142,15 +144,25 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 	}
 	// Redis has the batch: this replica's subscribers may have it from memory now.
 	s.live.publish(execID, chunks, exit, res[1])
-	if exit != nil {
-		// The indexes live in other hash slots, so they are moved by separate commands. A failure
-		// here loses nothing: Orphans moves an ended exec it still finds in the running index.
-		bg := context.WithoutCancel(ctx)
-		_, _ = s.rdb.Pipelined(bg, func(p redis.Pipeliner) error {
-			p.ZAdd(bg, endedKey, redis.Z{Score: float64(now.UnixMilli()), Member: execID})
-			p.ZRem(bg, runningKey, execID)
-			return nil
-		})
+	return nil
+}
+
+// Ended moves an exec whose exit status Append wrote from the running index to the ended one
+// (Sweep's), in one round trip. The indexes live in other hash slots than the exec's keys, so
+// they are not moved by Append's script. A failure here (or a follower that died before it)
+// loses nothing: Orphans moves an ended exec it still finds in the running index.
+func (s *Store) Ended(ctx context.Context, execID string) error {
+	if !validID(execID) {
+		return fmt.Errorf("execstream ended %q: %w", execID, ErrNotFound)
+	}
+	now := s.opts.Now()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, endedKey, redis.Z{Score: float64(now.UnixMilli()), Member: execID})
+		p.ZRem(ctx, runningKey, execID)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("execstream ended %s: %w", execID, err)
 	}
 	return nil
 }

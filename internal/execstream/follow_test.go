@@ -137,6 +137,39 @@ func TestTryFollowRace(t *testing.T) {
 	})
 }
 
+// TestEndedMovesTheIndexes: Append of an exit leaves the indexes to Ended, which moves the exec
+// from the running index to the ended one.
+func TestEndedMovesTheIndexes(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{})
+		ctx := context.Background()
+		create(t, s, c, "exec_done")
+		if err := s.Append(ctx, "exec_done", "A", series(0, []byte("out")), &Exit{}); err != nil {
+			t.Fatal(err)
+		}
+		indexes := func() (running, ended []string) {
+			running, _ = srv.Client.ZRange(ctx, runningKey, 0, -1).Result()
+			ended, _ = srv.Client.ZRange(ctx, endedKey, 0, -1).Result()
+			return running, ended
+		}
+		if running, ended := indexes(); !slices.Equal(running, []string{"exec_done"}) || len(ended) != 0 {
+			t.Fatalf("after the exit's append: running %v ended %v, want it still running in the index", running, ended)
+		}
+		if m, err := s.Get(ctx, "exec_done"); err != nil || m.State != Ended {
+			t.Fatalf("after the exit's append: %+v %v, want state ended", m, err)
+		}
+		if err := s.Ended(ctx, "exec_done"); err != nil {
+			t.Fatal(err)
+		}
+		if running, ended := indexes(); len(running) != 0 || !slices.Equal(ended, []string{"exec_done"}) {
+			t.Fatalf("after Ended: running %v ended %v, want it moved", running, ended)
+		}
+		if err := s.Ended(ctx, "exec_{bad}"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Ended of an invalid id: %v, want ErrNotFound", err)
+		}
+	})
+}
+
 func TestOrphans(t *testing.T) {
 	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
 		s, c := newStore(srv, Options{})
@@ -145,11 +178,12 @@ func TestOrphans(t *testing.T) {
 		if err := s.Create(ctx, Meta{ID: "exec_unfollowed", Tenant: "t", Project: "p", Sandbox: "sbx_2"}, "", c.Now(), 0); err != nil {
 			t.Fatal(err)
 		}
+		// An ended exec the index still lists (its follower died before Ended, or Ended failed),
+		// and a member whose meta hash is gone, long ago.
 		create(t, s, c, "exec_over")
-		mustAppend(t, s, "exec_over", "A", nil, &Exit{})
-		// An ended exec the index still lists (the index move failed), and a member whose meta
-		// hash is gone, long ago.
-		srv.Client.ZAdd(ctx, runningKey, redisZ("exec_over", c.Now()))
+		if err := s.Append(ctx, "exec_over", "A", nil, &Exit{}); err != nil {
+			t.Fatal(err)
+		}
 		srv.Client.ZAdd(ctx, runningKey, redisZ("exec_gone", c.Now().Add(-time.Hour)))
 		ids := func(ms []Meta) []string {
 			var out []string
