@@ -53,6 +53,8 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		return nil, err
 	}
 	defer ws.close()
+	// The CPU of the sandbox's processes around each run of the first group's paths.
+	boxCPU := map[*Result]*cpuMeter{}
 
 	for _, c := range []struct {
 		name string
@@ -131,6 +133,11 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 				return d, err
 			}})
 		}
+		if len(groups) == 1 {
+			for i := range steps {
+				steps[i] = b.meteredStep(id, steps[i], boxCPU)
+			}
+		}
 		if err := interleave(ctx, g.Name, b.opts.warmup, b.opts.execN, steps); err != nil {
 			return groups, err
 		}
@@ -140,11 +147,43 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"bare: `runsc <the driver's global flags> exec <sandbox id> …` on the same sandbox (no guest init in its path). " +
 		"The paths alternate round by round, the first one rotating."
 	floor := groups[0].reference("floor: posix_spawn + waitpid of /bin/true inside the sandbox")
-	if err := b.execFloor(ctx, id, floor); err != nil {
+	floorCPU, err := b.execFloor(ctx, id, floor)
+	if err != nil {
 		return groups, fmt.Errorf("the in-sandbox floor: %w", err)
 	}
-	groups[0].Note += " " + floorNote(groups[0], floor, max(b.opts.warmup, 1))
+	groups[0].Note += " " + floorNote(groups[0], floor, max(b.opts.warmup, 1)) + " " + boxCPUNote(groups[0], boxCPU, floorCPU)
 	return groups, nil
+}
+
+// meteredStep wraps s so that the CPU the sandbox's processes use during each of its runs
+// (untimed snapshots around the timed call) is summed into meters[s.res].
+func (b *bench) meteredStep(id string, s step, meters map[*Result]*cpuMeter) step {
+	m := &cpuMeter{}
+	meters[s.res] = m
+	run := s.run
+	s.run = func(ctx context.Context) (time.Duration, error) {
+		before := b.cpuSnapshot(id)
+		d, err := run(ctx)
+		m.add(before, b.cpuSnapshot(id))
+		return d, err
+	}
+	return s
+}
+
+// boxCPUNote gives the CPU the sandbox's processes (gVisor's kernel, its gofer and the
+// processes' host stubs) used per exec of each path, next to what one spawn of the floor costs
+// them. A sandbox gets one CPU's quota: on a host where traps into gVisor are dear, an exec is
+// about as slow as the CPU it makes the sandbox spend.
+func boxCPUNote(g *Group, meters map[*Result]*cpuMeter, floor time.Duration) string {
+	var parts []string
+	for _, r := range g.Results {
+		if m := meters[r]; m != nil && m.runs > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s", r.Label, fmtDuration(m.total.box/time.Duration(m.runs))))
+		}
+	}
+	return fmt.Sprintf("CPU of the sandbox's processes per exec (/proc ticks of 10 ms, over every round, warm-ups included): %s; "+
+		"per spawn of the floor %s (python's own start, measured by an exec of `python3 -c pass`, taken off).",
+		strings.Join(parts, "; "), fmtDuration(floor))
 }
 
 // floorScript times posix_spawn + waitpid of /bin/true inside the sandbox, the way Go's os/exec
@@ -170,27 +209,37 @@ print(json.dumps(out))
 const floorSpawns = 50
 
 // execFloor runs floorScript in sandbox id by one REST exec (untimed from outside) and records
-// each spawn it timed into res.
-func (b *bench) execFloor(ctx context.Context, id string, res *Result) error {
-	n := max(b.opts.execN, floorSpawns)
-	out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", floorScript, fmt.Sprint(n), fmt.Sprint(max(b.opts.warmup, 1))}, ""))
-	if err != nil {
-		return err
+// each spawn it timed into res. It returns the CPU the sandbox's processes spent per spawn:
+// that exec's, less an exec of python3 that spawns nothing, over every spawn.
+func (b *bench) execFloor(ctx context.Context, id string, res *Result) (time.Duration, error) {
+	n, warm := max(b.opts.execN, floorSpawns), max(b.opts.warmup, 1)
+	before := b.cpuSnapshot(id)
+	if out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", "pass"}, "")); err != nil {
+		return 0, err
+	} else if err := out.check(""); err != nil {
+		return 0, err
 	}
+	mid := b.cpuSnapshot(id)
+	out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", floorScript, fmt.Sprint(n), fmt.Sprint(warm)}, ""))
+	if err != nil {
+		return 0, err
+	}
+	after := b.cpuSnapshot(id)
 	if err := out.check(""); err != nil {
-		return err
+		return 0, err
 	}
 	var ns []int64
 	if err := json.Unmarshal([]byte(out.Stdout), &ns); err != nil {
-		return fmt.Errorf("decoding the script's timings %q: %w", out.Stdout, err)
+		return 0, fmt.Errorf("decoding the script's timings %q: %w", out.Stdout, err)
 	}
 	if len(ns) != n {
-		return fmt.Errorf("got %d timings, want %d", len(ns), n)
+		return 0, fmt.Errorf("got %d timings, want %d", len(ns), n)
 	}
 	for _, v := range ns {
 		res.add(time.Duration(v))
 	}
-	return nil
+	spawns := after.box - mid.box - (mid.box - before.box)
+	return max(spawns, 0) / time.Duration(n+warm), nil
 }
 
 // floorNote says how the floor row was measured and what each of the group's paths costs
