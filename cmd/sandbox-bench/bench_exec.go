@@ -172,8 +172,8 @@ func (b *bench) meteredStep(id string, s step, meters map[*Result]*cpuMeter) ste
 
 // boxCPUNote gives the CPU the sandbox's processes (gVisor's kernel, its gofer and the
 // processes' host stubs) used per exec of each path, next to what one spawn of the floor costs
-// them. A sandbox gets one CPU's quota: on a host where traps into gVisor are dear, an exec is
-// about as slow as the CPU it makes the sandbox spend.
+// them: it follows the traps into gVisor an exec makes and the threads it wakes, which on a
+// host where those are dear is most of an exec's time.
 func boxCPUNote(g *Group, meters map[*Result]*cpuMeter, floor time.Duration) string {
 	var parts []string
 	for _, r := range g.Results {
