@@ -19,6 +19,15 @@ import (
 // pipe's write end, the log, and a channel closed when the collector returns.
 func startCollector(t *testing.T) (*os.File, *execLog, <-chan struct{}) {
 	t.Helper()
+	_, w, l, done := runCollector(t, func(c *collector) { c.linger = time.Hour })
+	return w, l, done
+}
+
+// runCollector runs a collector, set up by set, on one new output pipe and returns the pipe's
+// read end (the collector's), its write end, the log, and a channel closed when the collector
+// returns.
+func runCollector(t *testing.T, set func(*collector)) (int, *os.File, *execLog, <-chan struct{}) {
+	t.Helper()
 	l, _ := newTestLog(t, 1<<20)
 	r, w, err := outputPipe()
 	if err != nil {
@@ -26,7 +35,7 @@ func startCollector(t *testing.T) (*os.File, *execLog, <-chan struct{}) {
 	}
 	t.Cleanup(func() { _ = syscall.Close(r) })
 	c := newCollector(l, []int{r}, []byte{proto.RecordStdout})
-	c.linger = time.Hour
+	set(c)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -37,7 +46,7 @@ func startCollector(t *testing.T) (*os.File, *execLog, <-chan struct{}) {
 		c.stopAt.Store(1) // ends a collector the test left waiting
 		<-done
 	})
-	return w, l, done
+	return r, w, l, done
 }
 
 // waitLog waits until the log holds want as its stdout (failing after 10 s).
@@ -91,12 +100,10 @@ func TestCollectorSeesTheEndAfterFirstOutput(t *testing.T) {
 // TestCollectorGrowsBusyPipesOnly: an output pipe keeps its default size while a command
 // writes little, and is grown to maxCollect by the first read that brings growAt bytes.
 func TestCollectorGrowsBusyPipesOnly(t *testing.T) {
-	l, _ := newTestLog(t, 4<<20)
-	r, w, err := outputPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Close(r) })
+	r, w, l, _ := runCollector(t, func(c *collector) {
+		c.grow = true
+		c.linger = time.Millisecond // output that flows is read again after a linger
+	})
 	size := func() int {
 		n, err := unix.FcntlInt(uintptr(r), unix.F_GETPIPE_SZ, 0)
 		if err != nil {
@@ -108,19 +115,6 @@ func TestCollectorGrowsBusyPipesOnly(t *testing.T) {
 	if initial >= maxCollect {
 		t.Skipf("pipes start at %d bytes here", initial)
 	}
-	c := newCollector(l, []int{r}, []byte{proto.RecordStdout})
-	c.grow = true
-	c.linger = time.Millisecond // output that flows is read again after a linger
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c.run()
-	}()
-	t.Cleanup(func() {
-		_ = w.Close()
-		c.stopAt.Store(1)
-		<-done
-	})
 	if _, err := w.Write([]byte("small\n")); err != nil {
 		t.Fatal(err)
 	}
