@@ -345,9 +345,6 @@ const maxCollect = 1 << 20
 // more, and the fcntl per pipe was two more traps into gVisor's kernel for every exec.
 const growAt = 32 << 10
 
-// fSetPipeSize is fcntl's F_SETPIPE_SZ.
-const fSetPipeSize = 0x407
-
 // outputPipe makes a pipe for a command's stdout or stderr: the write end a blocking *os.File
 // for the child, the read end a raw non-blocking descriptor that the collector reads without
 // Go's poller (and grows to maxCollect once output flows: growPipe).
@@ -369,7 +366,7 @@ func outputPipe() (r int, w *os.File, err error) {
 // growPipe grows the pipe of descriptor fd to maxCollect, where the kernel allows: a command
 // that writes fast then blocks less often while the collector lingers.
 func growPipe(fd int) {
-	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), fSetPipeSize, maxCollect)
+	_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, maxCollect)
 }
 
 // Output is coalesced before it goes into the log. Most commands write 4–8 KiB at a time; under

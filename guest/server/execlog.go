@@ -83,10 +83,10 @@ func newExecLog(path string, limit int64) (*execLog, error) {
 	l := &execLog{path: path, max: limit, segMax: limit / segmentsPerLog, changed: make(chan struct{})}
 	// The first segment must be new: segments left by an earlier server under this exec's id
 	// are removed first (found by the exclusive create, without a look of its own per exec).
-	err := l.newSegment(unix.O_EXCL)
+	err := l.newSegmentLocked(unix.O_EXCL)
 	if errors.Is(err, fs.ErrExist) {
 		removeLogFiles(path)
-		err = l.newSegment(unix.O_EXCL)
+		err = l.newSegmentLocked(unix.O_EXCL)
 	}
 	if err != nil {
 		return nil, err
@@ -129,11 +129,9 @@ func (l *execLog) maxPayload() int {
 }
 
 // newSegmentLocked begins a new segment at the log's end. An empty newest segment is replaced
-// rather than kept. When the file cannot be made, nothing changes.
-func (l *execLog) newSegmentLocked() error { return l.newSegment(0) }
-
-// newSegment is newSegmentLocked with more flags for the segment's open.
-func (l *execLog) newSegment(flags int) error {
+// rather than kept. When the file cannot be made, nothing changes. flags are added to the
+// segment's open (O_EXCL for a log's first).
+func (l *execLog) newSegmentLocked(flags int) error {
 	seq := l.next
 	// Never through a link: commands run as root in the box and could plant one in the state
 	// folder under a coming segment's name.
@@ -177,7 +175,7 @@ func (l *execLog) write(kind byte, p []byte) {
 			// The newest segment is full (or a failed write left a gap after it): write what
 			// is buffered, then begin the next one.
 			changed = l.flushLocked() || changed
-			if err := l.newSegmentLocked(); err != nil {
+			if err := l.newSegmentLocked(0); err != nil {
 				// No segment: the output is lost, and readers will see the gap.
 				l.end += proto.RecordHeaderLen + int64(len(p))
 				l.lost += int64(len(p))
