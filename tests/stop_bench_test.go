@@ -19,7 +19,8 @@ import (
 // workspace checkpoint and the compute released) and a REST start of a sandbox holding the
 // same 100 MB, 6,000-file workspace on the kube runtime (the test cluster) through the guest,
 // on the kube runtime with the workspace reader (the PVC read beside the stopped sandbox by a
-// reader pod on the node's native runtime), and on the local runtime, round by round:
+// reader pod on the node's native runtime), and on the local runtime, round by round; and,
+// for each, the host's CPU time per stop by process name (every part shares the host's cores):
 //
 //	SANDBOXD_STOP_BENCH=3 go test -run TestStopBench -v ./tests/
 func TestStopBench(t *testing.T) {
@@ -41,9 +42,11 @@ func TestStopBench(t *testing.T) {
 		s           *e2e.Server
 		id          string
 		stop, start []time.Duration
+		cpu         map[string]time.Duration // the host's, during its stops
 	}
 	sides := []*side{{name: "kube, through the guest", s: k}, {name: "kube, the reader beside it", s: kr}, {name: "local", s: l}}
 	for _, sd := range sides {
+		sd.cpu = map[string]time.Duration{}
 		sd.id = sd.s.Create(t, `{"profile":"sandboxes-default","autostop_sec":3600}`, e2e.HdrDev).SandboxID
 		sd.s.Run(t, sd.id, append([]string{"python3", "-c", benchws.Script}, benchws.Args...), e2e.HdrDev)
 		if got := sd.s.Run(t, sd.id, []string{"sh", "-c", "find /workspace -type f | wc -l"}, e2e.HdrDev); strings.TrimSpace(got) != "6000" {
@@ -52,9 +55,10 @@ func TestStopBench(t *testing.T) {
 	}
 	for range rounds {
 		for _, sd := range sides {
-			t0 := time.Now()
+			cpu, t0 := startCPUSampler(), time.Now()
 			sd.s.Curl(t, http.MethodPost, e2e.Prefix+"/"+sd.id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
 			sd.stop = append(sd.stop, time.Since(t0))
+			cpu.end(sd.cpu)
 			if sb := sd.s.Get(t, sd.id, e2e.HdrDev); sb.StateReason != "" {
 				t.Fatalf("%s: the stop took no checkpoint: %s", sd.name, sb.StateReason)
 			}
@@ -77,6 +81,9 @@ func TestStopBench(t *testing.T) {
 	}
 	for _, sd := range sides {
 		table += fmt.Sprintf("%s: stops %v, starts %v\n", sd.name, sd.stop, sd.start)
+	}
+	for _, sd := range sides {
+		table += fmt.Sprintf("%s, the host's CPU per stop: %s\n", sd.name, topCPU(sd.cpu, rounds, 8))
 	}
 	t.Log(table)
 	for _, sd := range sides {
