@@ -54,6 +54,8 @@ type options struct {
 	subsWait                          time.Duration
 	streamMB, streamN, firstByteN     int
 	warmN, warmPool                   int
+	vsSandboxd, vsInit                string
+	vsRounds                          int
 }
 
 // suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
@@ -62,20 +64,23 @@ type options struct {
 type suite struct {
 	name string
 	run  func(ctx context.Context, b *bench) ([]*Group, error)
+	// optIn: the suite runs only when --only names it.
+	optIn bool
 }
 
 var suites = []suite{
-	{"exec", benchExec},
-	{"create", benchCreate},
-	{"warm", benchWarm},
-	{"network", benchNetwork},
-	{"stopstart", benchStopStart},
-	{"pause", benchPause},
-	{"stream", benchStream},
-	{"reads", benchReads},
-	{"quota", benchQuota},
-	{"memory", benchMemory},
-	{"subscriptions", benchSubscriptions},
+	{name: "exec", run: benchExec},
+	{name: "create", run: benchCreate},
+	{name: "warm", run: benchWarm},
+	{name: "network", run: benchNetwork},
+	{name: "stopstart", run: benchStopStart},
+	{name: "pause", run: benchPause},
+	{name: "stream", run: benchStream},
+	{name: "reads", run: benchReads},
+	{name: "quota", run: benchQuota},
+	{name: "memory", run: benchMemory},
+	{name: "subscriptions", run: benchSubscriptions},
+	{name: "vs", run: benchVs, optIn: true},
 }
 
 // suiteNames lists the suites, for the usage and errors.
@@ -104,7 +109,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.tmpDir, "tmp-dir", os.TempDir(), "where the run's temporary folder goes (state, checkpoints, tar files)")
 	flag.BoolVar(&o.json, "json", false, "print JSON instead of a Markdown table")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary folder (server log, state) for inspection")
-	flag.StringVar(&o.only, "only", "", "comma-separated suites to run ("+suiteNames()+"); default all")
+	flag.StringVar(&o.only, "only", "", "comma-separated suites to run ("+suiteNames()+"); default all but vs")
 	flag.IntVar(&o.warmup, "warmup", 3, "unrecorded warm-up rounds of the exec and create groups")
 	flag.IntVar(&o.execN, "exec-n", 30, "recorded rounds of each exec group")
 	flag.IntVar(&o.createN, "create-n", 6, "recorded rounds of create → first exec")
@@ -125,6 +130,9 @@ func parseFlags() *options {
 	flag.IntVar(&o.firstByteN, "first-byte-n", 30, "recorded rounds of the first-byte-of-stdout group")
 	flag.IntVar(&o.warmN, "warm-n", 20, "recorded rounds of the warm suite (warm and cold create → first exec)")
 	flag.IntVar(&o.warmPool, "warm-pool", 1, "warm_pool of the warm suite's profile")
+	flag.StringVar(&o.vsSandboxd, "vs-sandboxd", "", "the vs suite's second server: its sandboxd binary (default --sandboxd)")
+	flag.StringVar(&o.vsInit, "vs-init-binary", "", "the vs suite's second server: its sandbox-init binary (default --init-binary)")
+	flag.IntVar(&o.vsRounds, "vs-rounds", 20, "alternating rounds of the vs suite (each of --exec-n execs per server)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
 		flag.PrintDefaults()
@@ -213,7 +221,13 @@ func run() int {
 
 func selectSuites(only string) ([]suite, error) {
 	if only == "" {
-		return suites, nil
+		var all []suite
+		for _, s := range suites {
+			if !s.optIn {
+				all = append(all, s)
+			}
+		}
+		return all, nil
 	}
 	var out []suite
 	for name := range strings.SplitSeq(only, ",") {

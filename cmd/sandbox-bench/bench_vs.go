@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// benchVs: an exec of `true` through REST on this run's server and on a second server of
+// another build (--vs-sandboxd, --vs-init-binary), one sandbox each, in alternating rounds of
+// --exec-n execs (the side that goes first alternates too). A change worth a fraction of a
+// millisecond shows in how many rounds one build was faster and in the median of the rounds'
+// differences, where two runs of the exec suite one after the other cannot show it: on a
+// noisy host their medians move by more than that. Only with --only vs.
+func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
+	o := b.opts
+	if b.server == nil {
+		return nil, errors.New("the vs suite starts its own second server: it does not run with --url")
+	}
+	if o.vsSandboxd == "" && o.vsInit == "" {
+		return nil, errors.New("the vs suite needs --vs-sandboxd or --vs-init-binary (the build to compare with)")
+	}
+	vo := *o
+	if o.vsSandboxd != "" {
+		vo.sandboxd = o.vsSandboxd
+	}
+	if o.vsInit != "" {
+		vo.initBin = o.vsInit
+	}
+	for _, c := range []struct{ what, path string }{{"--vs-sandboxd", vo.sandboxd}, {"--vs-init-binary", vo.initBin}} {
+		if err := checkFile(c.what, c.path, "scripts/build.sh"); err != nil {
+			return nil, err
+		}
+	}
+	dir := filepath.Join(b.tmp, "vs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	vs, err := startServer(ctx, &vo, dir)
+	if vs != nil {
+		defer func() { err = errors.Join(err, b.stopVs(vs)) }()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("starting the --vs server: %w", err)
+	}
+
+	type side struct {
+		label  string
+		api    *client
+		id     string
+		res    *Result
+		rounds []time.Duration // each round's median
+		box    time.Duration   // the sandbox's processes' CPU over the recorded rounds
+		execs  int
+	}
+	g := &Group{Name: fmt.Sprintf("exec of `true` through REST, this build against another (%d alternating rounds of %d)", o.vsRounds, o.execN)}
+	this := &side{label: "this build", api: b.api}
+	other := &side{label: "the --vs build", api: newClient(vs.url, vs.key)}
+	this.res = g.result(this.label, false)
+	other.res = g.result(other.label, true)
+	sides := []*side{this, other}
+	for _, s := range sides {
+		sb, err := s.api.create(ctx, "")
+		if s == this {
+			b.track(sb.ID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("creating the sandbox on %s: %w", s.label, err)
+		}
+		s.id = sb.ID
+	}
+	defer b.finishSandbox(this.id, &err)
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if derr := other.api.destroy(dctx, other.id); derr != nil {
+			err = errors.Join(err, fmt.Errorf("destroying the --vs server's sandbox: %w", derr))
+		}
+	}()
+
+	body := execBody([]string{"true"}, "")
+	round := func(s *side, n int, record bool) error {
+		var ds []time.Duration
+		before := b.cpuSnapshot(s.id).box
+		for range n {
+			t0 := time.Now()
+			r, err := s.api.exec(ctx, s.id, body)
+			d := time.Since(t0)
+			if err == nil {
+				err = r.check("")
+			}
+			if err != nil {
+				return fmt.Errorf("%s: exec: %w", s.label, err)
+			}
+			ds = append(ds, d)
+		}
+		if !record {
+			return nil
+		}
+		s.box += b.cpuSnapshot(s.id).box - before
+		s.execs += n
+		for _, d := range ds {
+			s.res.add(d)
+		}
+		slices.Sort(ds)
+		s.rounds = append(s.rounds, median(ds))
+		return nil
+	}
+	for range max(o.warmup, 1) {
+		for _, s := range sides {
+			if err := round(s, 5, false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for i := range o.vsRounds {
+		order := sides
+		if i%2 == 1 {
+			order = []*side{other, this}
+		}
+		for _, s := range order {
+			if err := round(s, o.execN, true); err != nil {
+				return []*Group{g}, err
+			}
+		}
+	}
+	g.Note = vsNote(this.rounds, other.rounds, this.box/time.Duration(max(this.execs, 1)), other.box/time.Duration(max(other.execs, 1)))
+	return []*Group{g}, nil
+}
+
+// vsNote sums up the rounds of the vs suite: in how many this build's median was lower, the
+// median of the rounds' differences (this minus the other), and the CPU of each sandbox's
+// processes per exec.
+func vsNote(this, other []time.Duration, thisCPU, otherCPU time.Duration) string {
+	n := min(len(this), len(other))
+	faster := 0
+	diffs := make([]time.Duration, 0, n)
+	for i := range n {
+		if this[i] < other[i] {
+			faster++
+		}
+		diffs = append(diffs, this[i]-other[i])
+	}
+	slices.Sort(diffs)
+	md := "none"
+	if n > 0 {
+		md = fmt.Sprintf("%+.2f ms", float64(median(diffs))/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("This build was faster in %d of %d rounds; the median of the rounds' differences (this build's median minus the other's) is %s. "+
+		"CPU of the sandbox's processes per exec (/proc ticks of 10 ms): this build %s, the --vs build %s.",
+		faster, n, md, fmtDuration(thisCPU), fmtDuration(otherCPU))
+}
+
+// stopVs stops the vs suite's server and deletes what it left in its runsc root.
+func (b *bench) stopVs(vs *server) error {
+	var errs []error
+	if err := vs.stop(); err != nil {
+		errs = append(errs, fmt.Errorf("the --vs sandboxd exited with %v after SIGTERM (log: %s)", err, vs.logPath))
+	}
+	if b.runsc != "" {
+		left, err := leftoverContainers(b.runsc, runscRoot(vs.stateDir))
+		if err != nil {
+			errs = append(errs, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, id := range left {
+			errs = append(errs, fmt.Errorf("the --vs server left runsc container %s behind: deleting it", id))
+			_ = b.runscRun(ctx, []string{"--root=" + runscRoot(vs.stateDir)}, "delete", "-force", id)
+			removeCgroups(id)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestVsNote(t *testing.T) {
+	ms := func(v ...float64) []time.Duration {
+		var out []time.Duration
+		for _, x := range v {
+			out = append(out, time.Duration(x*float64(time.Millisecond)))
+		}
+		return out
+	}
+	// Rounds 1, 2 and 4 faster; differences -1, -2, +1, -0.5: median -0.75 ms.
+	got := vsNote(ms(10, 10, 12, 9.5), ms(11, 12, 11, 10), 27*time.Millisecond, 29*time.Millisecond)
+	for _, want := range []string{"faster in 3 of 4 rounds", "is -0.75 ms", "this build 27.0 ms, the --vs build 29.0 ms"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("vsNote = %q, want it to say %q", got, want)
+		}
+	}
+	if got := vsNote(ms(12), ms(11), 0, 0); !strings.Contains(got, "faster in 0 of 1 rounds") || !strings.Contains(got, "+1.00 ms") {
+		t.Errorf("vsNote of a slower round = %q", got)
+	}
+	if got := vsNote(nil, nil, 0, 0); !strings.Contains(got, "0 of 0 rounds") || !strings.Contains(got, "is none") {
+		t.Errorf("vsNote of no rounds = %q", got)
+	}
+}
+
+func TestVsSuiteIsOptIn(t *testing.T) {
+	all, err := selectSuites("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all {
+		if s.name == "vs" {
+			t.Error("the default run includes the vs suite, which needs a second build")
+		}
+	}
+	if len(all) != len(suites)-1 {
+		t.Errorf("the default run has %d suites, want every one but vs (%d)", len(all), len(suites)-1)
+	}
+	only, err := selectSuites("vs")
+	if err != nil || len(only) != 1 || only[0].name != "vs" {
+		t.Errorf("--only vs selects %v (%v)", only, err)
+	}
+}
