@@ -24,6 +24,9 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	if o.vsSandboxd == "" && o.vsInit == "" {
 		return nil, errors.New("the vs suite needs --vs-sandboxd or --vs-init-binary (the build to compare with)")
 	}
+	if o.vsRounds < 1 || o.execN < 1 {
+		return nil, fmt.Errorf("the vs suite needs --vs-rounds and --exec-n of at least 1 (got %d and %d)", o.vsRounds, o.execN)
+	}
 	vo := *o
 	if o.vsSandboxd != "" {
 		vo.sandboxd = o.vsSandboxd
