@@ -57,8 +57,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 		id     string
 		res    *Result
 		rounds []time.Duration // each round's median
-		box    time.Duration   // the sandbox's processes' CPU over the recorded rounds
-		execs  int
+		cpu    cpuMeter        // around each recorded round
 	}
 	g := &Group{Name: fmt.Sprintf("exec of `true` through REST, this build against another (%d alternating rounds of %d)", o.vsRounds, o.execN)}
 	this := &side{label: "this build", api: b.api}
@@ -88,7 +87,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	body := execBody([]string{"true"}, "")
 	round := func(s *side, n int, record bool) error {
 		var ds []time.Duration
-		before := b.cpuSnapshot(s.id).box
+		before := b.cpuSnapshot(s.id)
 		for range n {
 			t0 := time.Now()
 			r, err := s.api.exec(ctx, s.id, body)
@@ -104,8 +103,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 		if !record {
 			return nil
 		}
-		s.box += b.cpuSnapshot(s.id).box - before
-		s.execs += n
+		s.cpu.add(before, b.cpuSnapshot(s.id))
 		for _, d := range ds {
 			s.res.add(d)
 		}
@@ -131,7 +129,8 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 			}
 		}
 	}
-	g.Note = vsNote(this.rounds, other.rounds, this.box/time.Duration(max(this.execs, 1)), other.box/time.Duration(max(other.execs, 1)))
+	perExec := func(s *side) time.Duration { return s.cpu.total.box / time.Duration(s.cpu.runs*o.execN) }
+	g.Note = vsNote(this.rounds, other.rounds, perExec(this), perExec(other))
 	return []*Group{g}, nil
 }
 
@@ -160,22 +159,11 @@ func vsNote(this, other []time.Duration, thisCPU, otherCPU time.Duration) string
 
 // stopVs stops the vs suite's server and deletes what it left in its runsc root.
 func (b *bench) stopVs(vs *server) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var errs []error
-	if err := vs.stop(); err != nil {
-		errs = append(errs, fmt.Errorf("the --vs sandboxd exited with %v after SIGTERM (log: %s)", err, vs.logPath))
-	}
-	if b.runsc != "" {
-		left, err := leftoverContainers(b.runsc, runscRoot(vs.stateDir))
-		if err != nil {
-			errs = append(errs, err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		for _, id := range left {
-			errs = append(errs, fmt.Errorf("the --vs server left runsc container %s behind: deleting it", id))
-			_ = b.runscRun(ctx, []string{"--root=" + runscRoot(vs.stateDir)}, "delete", "-force", id)
-			removeCgroups(id)
-		}
+	for _, msg := range b.stopServer(ctx, vs) {
+		errs = append(errs, errors.New("the --vs server: "+msg))
 	}
 	return errors.Join(errs...)
 }

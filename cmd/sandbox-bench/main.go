@@ -357,6 +357,28 @@ func (b *bench) destroySandbox(ctx context.Context, id string) error {
 	return nil
 }
 
+// stopServer stops a server the run started and deletes what it left in its runsc root (a
+// sandbox that was not destroyed). It returns what went wrong, one message each.
+func (b *bench) stopServer(ctx context.Context, s *server) []string {
+	var msgs []string
+	if err := s.stop(); err != nil {
+		msgs = append(msgs, fmt.Sprintf("sandboxd exited with %v after SIGTERM (log: %s)", err, s.logPath))
+	}
+	if b.runsc == "" {
+		return msgs
+	}
+	left, err := leftoverContainers(b.runsc, runscRoot(s.stateDir))
+	if err != nil {
+		msgs = append(msgs, err.Error())
+	}
+	for _, id := range left {
+		msgs = append(msgs, fmt.Sprintf("runsc container %s was left behind: deleting it", id))
+		_ = b.runscRun(ctx, []string{"--root=" + runscRoot(s.stateDir)}, "delete", "-force", id)
+		removeCgroups(id)
+	}
+	return msgs
+}
+
 // cleanup destroys what the run made, stops the sandboxd it started and removes the
 // temporary folder. It runs once; errors are reported on stderr and in the exit code.
 func (b *bench) cleanup() {
@@ -389,20 +411,8 @@ func (b *bench) cleanup() {
 			}
 		}
 		if b.server != nil {
-			if err := b.server.stop(); err != nil {
-				fail("sandboxd exited with %v after SIGTERM (log: %s)", err, b.server.logPath)
-			}
-			// Anything left in its runsc root is a sandbox that was not destroyed.
-			if b.runsc != "" {
-				left, err := leftoverContainers(b.runsc, runscRoot(b.server.stateDir))
-				if err != nil {
-					fail("%v", err)
-				}
-				for _, id := range left {
-					fail("runsc container %s was left behind: deleting it", id)
-					_ = b.runscRun(ctx, []string{"--root=" + runscRoot(b.server.stateDir)}, "delete", "-force", id)
-					removeCgroups(id)
-				}
+			for _, msg := range b.stopServer(ctx, b.server) {
+				fail("%s", msg)
 			}
 		}
 		if !unmountUnder(b.tmp) {
