@@ -55,6 +55,9 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 	defer ws.close()
 	// The CPU of the sandbox's processes around each run of the first group's paths.
 	boxCPU := map[*Result]*cpuMeter{}
+	// The first group's floor, measured in its rounds (floorStep).
+	var floor *Result
+	perRound := floorPerRound(b.opts.execN)
 
 	for _, c := range []struct {
 		name string
@@ -137,6 +140,8 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 			for i := range steps {
 				steps[i] = b.meteredStep(id, steps[i], boxCPU)
 			}
+			floor = g.reference("floor: posix_spawn + waitpid of /bin/true inside the sandbox")
+			steps = append(steps, b.floorStep(id, floorWait, floor, b.opts.warmup, perRound))
 		}
 		if err := interleave(ctx, g.Name, b.opts.warmup, b.opts.execN, steps); err != nil {
 			return groups, err
@@ -146,12 +151,12 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"WebSocket: one graphql-transport-ws connection kept open, the exec mutation sent as `subscribe`, timed until its `next`; " +
 		"bare: `runsc <the driver's global flags> exec <sandbox id> …` on the same sandbox (no guest init in its path). " +
 		"The paths alternate round by round, the first one rotating."
-	floor := groups[0].reference("floor: posix_spawn + waitpid of /bin/true inside the sandbox")
-	floorCPU, err := b.execFloor(ctx, id, floor)
+	floorCPU, err := b.floorSpawnCPU(ctx, id)
 	if err != nil {
-		return groups, fmt.Errorf("the in-sandbox floor: %w", err)
+		return groups, fmt.Errorf("the in-sandbox floor's CPU: %w", err)
 	}
-	groups[0].Note += " " + floorNote(groups[0], floor, max(b.opts.warmup, 1)) + " " + boxCPUNote(groups[0], boxCPU, floorCPU)
+	groups[0].Note += " " + floorNote(groups[0], floor, perRound, "`os.posix_spawn(\"/bin/true\")` + `os.waitpid`") +
+		" " + boxCPUNote(groups[0], boxCPU, floorCPU)
 	return groups, nil
 }
 
@@ -182,37 +187,130 @@ func boxCPUNote(g *Group, meters map[*Result]*cpuMeter, floor time.Duration) str
 		}
 	}
 	return fmt.Sprintf("CPU of the sandbox's processes per exec (/proc ticks of 10 ms, over every round, warm-ups included): %s; "+
-		"per spawn of the floor %s (python's own start, measured by an exec of `python3 -c pass`, taken off).",
-		strings.Join(parts, "; "), fmtDuration(floor))
+		"per spawn of the floor %s (one exec of %d spawns after the rounds, untimed; python's own start, measured by an exec of "+
+		"`python3 -c pass`, taken off).",
+		strings.Join(parts, "; "), fmtDuration(floor), floorSpawns+floorWarm)
 }
 
-// floorScript times posix_spawn + waitpid of /bin/true inside the sandbox, the way Go's os/exec
-// starts a process: argv[1] recorded spawns after argv[2] unrecorded ones; prints the recorded
-// times (ns) as a JSON list. A spawn that does not exit 0 fails the script.
+// floorScript times spawns of a tiny command inside the sandbox with python's posix_spawn, the
+// way Go's os/exec starts a process. argv[1] is the mode: "wait", posix_spawn of /bin/true +
+// waitpid (the issue's floor of an exec); "first", posix_spawn of `/bin/echo x` with stdout on
+// a pipe, timed to the first byte read from it (the floor of a first byte), then read to its
+// end and waited for, untimed. argv[2] recorded spawns follow argv[3] unrecorded ones; it
+// prints the recorded times (ns) as a JSON list. A spawn that does not exit 0, or an echo that
+// writes anything but "x\n", fails the script.
 const floorScript = `import json, os, sys, time
-n, warm = int(sys.argv[1]), int(sys.argv[2])
+mode, n, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 out = []
 for i in range(warm + n):
-    t0 = time.perf_counter_ns()
-    pid = os.posix_spawn("/bin/true", ["true"], os.environ)
-    _, status = os.waitpid(pid, 0)
-    t1 = time.perf_counter_ns()
+    if mode == "first":
+        r, w = os.pipe()
+        t0 = time.perf_counter_ns()
+        pid = os.posix_spawn("/bin/echo", ["echo", "x"], os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1)])
+        os.close(w)
+        data = os.read(r, 64)
+        t1 = time.perf_counter_ns()
+        while True:
+            more = os.read(r, 64)
+            if not more:
+                break
+            data += more
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        if data != b"x\n":
+            sys.exit("echo wrote %r" % data)
+    else:
+        t0 = time.perf_counter_ns()
+        pid = os.posix_spawn("/bin/true", ["true"], os.environ)
+        _, status = os.waitpid(pid, 0)
+        t1 = time.perf_counter_ns()
     if status != 0:
-        sys.exit("true exited with status %d" % status)
+        sys.exit("the spawned command exited with status %d" % status)
     if i >= warm:
         out.append(t1 - t0)
 print(json.dumps(out))
 `
 
-// floorSpawns is how many spawns the floor row records at least (the issue's floor is the
-// median of 50).
-const floorSpawns = 50
+// Floor modes of floorScript.
+const (
+	floorWait  = "wait"
+	floorFirst = "first"
+)
 
-// execFloor runs floorScript in sandbox id by one REST exec (untimed from outside) and records
-// each spawn it timed into res. It returns the CPU the sandbox's processes spent per spawn:
-// that exec's, less an exec of python3 that spawns nothing, over every spawn.
-func (b *bench) execFloor(ctx context.Context, id string, res *Result) (time.Duration, error) {
-	n, warm := max(b.opts.execN, floorSpawns), max(b.opts.warmup, 1)
+// floorSpawns is how many spawns a floor row records at least (the issue's floor is the median
+// of 50); floorWarm is how many each of the script's runs makes first, unrecorded (python's
+// first spawns fault in its spawn path).
+const (
+	floorSpawns = 50
+	floorWarm   = 2
+)
+
+// floorPerRound is how many spawns each round's floor step records so that rounds of them
+// record floorSpawns at least.
+func floorPerRound(rounds int) int {
+	r := max(rounds, 1)
+	return max((floorSpawns+r-1)/r, 1)
+}
+
+// floorStep is a step of an interleaved loop that times, inside sandbox id, perRound spawns
+// of floorScript's mode (after floorWarm unrecorded ones) by one REST exec of python3, and from
+// its (warmup+1)-th run on records every one of them into floor. So the floor is measured in
+// the same rounds as the paths set against it, not before or after them. The step's own
+// result (the script's whole exec, python's start included) is no row of any group.
+func (b *bench) floorStep(id, mode string, floor *Result, warmup, perRound int) step {
+	runs := 0
+	argv := []string{"python3", "-c", floorScript, mode, fmt.Sprint(perRound), fmt.Sprint(floorWarm)}
+	return step{res: &Result{Label: floor.Label + " (its script's exec)"}, run: func(ctx context.Context) (time.Duration, error) {
+		runs++
+		var out execResult
+		d, err := timed(func() (err error) {
+			out, err = b.api.exec(ctx, id, execBody(argv, ""))
+			return err
+		})
+		if err != nil {
+			return d, err
+		}
+		ns, err := floorTimings(out, perRound)
+		if err != nil {
+			return d, err
+		}
+		if runs > warmup {
+			for _, v := range ns {
+				floor.add(v)
+			}
+		}
+		return d, nil
+	}}
+}
+
+// floorTimings checks one run of floorScript and decodes the n spawn times it printed.
+func floorTimings(out execResult, n int) ([]time.Duration, error) {
+	if err := out.check(""); err != nil {
+		return nil, err
+	}
+	var ns []int64
+	if err := json.Unmarshal([]byte(out.Stdout), &ns); err != nil {
+		return nil, fmt.Errorf("decoding the floor script's timings %q: %w", out.Stdout, err)
+	}
+	if len(ns) != n {
+		return nil, fmt.Errorf("the floor script printed %d timings, want %d", len(ns), n)
+	}
+	d := make([]time.Duration, len(ns))
+	for i, v := range ns {
+		if v <= 0 {
+			return nil, fmt.Errorf("the floor script printed a timing of %d ns", v)
+		}
+		d[i] = time.Duration(v)
+	}
+	return d, nil
+}
+
+// floorSpawnCPU is the CPU the sandbox's processes spend per spawn of the floor (mode wait):
+// one exec of floorScript with floorSpawns spawns after the rounds, less an exec of python3
+// that spawns nothing, over every spawn it made. Its timings are not recorded: the floor row
+// holds only the spawns timed in the rounds. (CPU is read in ticks of 10 ms, so it takes many
+// spawns in one exec to see one's cost.)
+func (b *bench) floorSpawnCPU(ctx context.Context, id string) (time.Duration, error) {
 	before := b.cpuSnapshot(id)
 	if out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", "pass"}, "")); err != nil {
 		return 0, err
@@ -220,43 +318,38 @@ func (b *bench) execFloor(ctx context.Context, id string, res *Result) (time.Dur
 		return 0, err
 	}
 	mid := b.cpuSnapshot(id)
-	out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", floorScript, fmt.Sprint(n), fmt.Sprint(warm)}, ""))
+	out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", floorScript, floorWait, fmt.Sprint(floorSpawns), fmt.Sprint(floorWarm)}, ""))
 	if err != nil {
 		return 0, err
 	}
 	after := b.cpuSnapshot(id)
-	if err := out.check(""); err != nil {
+	if _, err := floorTimings(out, floorSpawns); err != nil {
 		return 0, err
 	}
-	var ns []int64
-	if err := json.Unmarshal([]byte(out.Stdout), &ns); err != nil {
-		return 0, fmt.Errorf("decoding the script's timings %q: %w", out.Stdout, err)
-	}
-	if len(ns) != n {
-		return 0, fmt.Errorf("got %d timings, want %d", len(ns), n)
-	}
-	for _, v := range ns {
-		res.add(time.Duration(v))
-	}
 	spawns := after.box - mid.box - (mid.box - before.box)
-	return max(spawns, 0) / time.Duration(n+warm), nil
+	return max(spawns, 0) / time.Duration(floorSpawns+floorWarm), nil
 }
 
-// floorNote says how the floor row was measured and what each of the group's paths costs
-// above it (difference of the medians).
-func floorNote(g *Group, floor *Result, warm int) string {
+// aboveFloor gives what each of the group's timed paths costs above the floor (difference of
+// the medians).
+func aboveFloor(g *Group, floor *Result) string {
 	f := summarize(floor.Samples).Median
 	var gaps []string
 	for _, r := range g.Results {
-		if r == floor || len(r.Samples) == 0 {
+		if r == floor || r.Reference || len(r.Samples) == 0 {
 			continue
 		}
 		gaps = append(gaps, fmt.Sprintf("%s %s", r.Label, fmtDuration(summarize(r.Samples).Median-f)))
 	}
-	return fmt.Sprintf("Floor: one REST exec of python3 in the same sandbox, after the rounds, timing %d spawns of "+
-		"`os.posix_spawn(\"/bin/true\")` + `os.waitpid` with `time.perf_counter_ns` (after %d unrecorded ones), which is how "+
-		"Go's os/exec starts a process: what a command costs inside gVisor before any control plane. "+
-		"Above the floor (median − floor median): %s.", len(floor.Samples), warm, strings.Join(gaps, "; "))
+	return "Above the floor (median − floor median): " + strings.Join(gaps, "; ") + "."
+}
+
+// floorNote says how a floor row was measured and what the group's paths cost above it.
+func floorNote(g *Group, floor *Result, perRound int, what string) string {
+	return fmt.Sprintf("Floor: in every round, like one more path, one REST exec of python3 in the same sandbox timing %d spawns of "+
+		"%s with `time.perf_counter_ns` (after %d unrecorded ones), which is how Go's os/exec starts a process: what it "+
+		"costs inside gVisor before any control plane, measured side by side with the paths (%d spawns recorded). %s",
+		perRound, what, floorWarm, len(floor.Samples), aboveFloor(g, floor))
 }
 
 // benchCreate: REST create + REST exec `true` of a new sandbox each round (destroyed untimed),
