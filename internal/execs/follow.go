@@ -461,16 +461,18 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 		s.sandboxes.TouchNow(s.bg, f.meta.Sandbox)
 	}()
 	indexed := make(chan struct{})
-	go func() {
-		defer close(indexed)
-		if f.exitAppended {
+	if f.exitAppended {
+		go func() {
+			defer close(indexed)
 			ctx, cancel := context.WithTimeout(s.bg, 5*time.Second)
 			defer cancel()
 			if err := s.store.Ended(ctx, f.meta.ID); err != nil {
 				s.log.Debug("moving an ended exec to the ended index; the reconciler does it later", "exec", f.meta.ID, "err", err)
 			}
-		}
-	}()
+		}()
+	} else {
+		close(indexed) // not ended here: nothing to move
+	}
 	if f.exitAppended {
 		if f.startedSent != nil {
 			<-f.startedSent
