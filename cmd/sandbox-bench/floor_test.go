@@ -15,9 +15,9 @@ func runFloorScript(t *testing.T, mode string, n, warm int) execResult {
 	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("python3 is not on PATH")
+		t.Skip("python3 is not on PATH (scripts/test.sh installs it)")
 	}
-	cmd := exec.Command(py, "-c", floorScript, mode, itoa(n), itoa(warm))
+	cmd := exec.Command(py, "-c", floorScript, mode, strconv.Itoa(n), strconv.Itoa(warm))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
@@ -30,8 +30,6 @@ func runFloorScript(t *testing.T, mode string, n, warm int) execResult {
 	}
 	return res
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 func TestFloorScriptModes(t *testing.T) {
 	for _, mode := range []string{floorWait, floorFirst} {
