@@ -460,8 +460,8 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 		defer close(touched)
 		s.sandboxes.TouchNow(s.bg, f.meta.Sandbox)
 	}()
-	indexed := make(chan struct{})
 	if f.exitAppended {
+		indexed := make(chan struct{})
 		go func() {
 			defer close(indexed)
 			ctx, cancel := context.WithTimeout(s.bg, 5*time.Second)
@@ -470,17 +470,13 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 				s.log.Debug("moving an ended exec to the ended index; the reconciler does it later", "exec", f.meta.ID, "err", err)
 			}
 		}()
-	} else {
-		close(indexed) // not ended here: nothing to move
-	}
-	if f.exitAppended {
 		if f.startedSent != nil {
 			<-f.startedSent
 		}
 		s.publish(f.meta, sandbox.EventExecEnded, r)
+		<-indexed
 	}
 	<-touched
-	<-indexed
 	if c != nil {
 		r.Stdout, r.Stderr = c.stdout.Bytes(), c.stderr.Bytes()
 		r.StdoutTruncated, r.StderrTruncated = cutFlags(exit, r.Stdout, r.Stderr, c.stdout.Cut() || c.gap, c.stderr.Cut() || c.gap)
