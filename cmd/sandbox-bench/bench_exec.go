@@ -259,7 +259,7 @@ func floorPerRound(rounds int) int {
 // result (the script's whole exec, python's start included) is no row of any group.
 func (b *bench) floorStep(id, mode string, floor *Result, warmup, perRound int) step {
 	runs := 0
-	argv := []string{"python3", "-c", floorScript, mode, fmt.Sprint(perRound), fmt.Sprint(floorWarm)}
+	argv := floorArgv(mode, perRound)
 	return step{res: &Result{Label: floor.Label + " (its script's exec)"}, run: func(ctx context.Context) (time.Duration, error) {
 		runs++
 		var out execResult
@@ -281,6 +281,11 @@ func (b *bench) floorStep(id, mode string, floor *Result, warmup, perRound int) 
 		}
 		return d, nil
 	}}
+}
+
+// floorArgv is the command that runs floorScript in mode, recording n spawns after floorWarm.
+func floorArgv(mode string, n int) []string {
+	return []string{"python3", "-c", floorScript, mode, fmt.Sprint(n), fmt.Sprint(floorWarm)}
 }
 
 // floorTimings checks one run of floorScript and decodes the n spawn times it printed.
@@ -318,7 +323,7 @@ func (b *bench) floorSpawnCPU(ctx context.Context, id string) (time.Duration, er
 		return 0, err
 	}
 	mid := b.cpuSnapshot(id)
-	out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", floorScript, floorWait, fmt.Sprint(floorSpawns), fmt.Sprint(floorWarm)}, ""))
+	out, err := b.api.exec(ctx, id, execBody(floorArgv(floorWait, floorSpawns), ""))
 	if err != nil {
 		return 0, err
 	}
@@ -336,7 +341,7 @@ func aboveFloor(g *Group, floor *Result) string {
 	f := summarize(floor.Samples).Median
 	var gaps []string
 	for _, r := range g.Results {
-		if r == floor || r.Reference || len(r.Samples) == 0 {
+		if r.Reference || len(r.Samples) == 0 { // the floor itself is a reference row
 			continue
 		}
 		gaps = append(gaps, fmt.Sprintf("%s %s", r.Label, fmtDuration(summarize(r.Samples).Median-f)))

@@ -4,20 +4,19 @@ import (
 	"bytes"
 	"errors"
 	"os/exec"
-	"strconv"
 	"testing"
 	"time"
 )
 
-// runFloorScript runs floorScript with python3 on this host, as the floor steps run it in a
-// sandbox, and returns it the way the REST exec answers it.
-func runFloorScript(t *testing.T, mode string, n, warm int) execResult {
+// runFloorScript runs floorArgv's command with python3 on this host, as the floor steps run it
+// in a sandbox, and returns it the way the REST exec answers it.
+func runFloorScript(t *testing.T, mode string, n int) execResult {
 	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 is not on PATH (scripts/test.sh installs it)")
 	}
-	cmd := exec.Command(py, "-c", floorScript, mode, strconv.Itoa(n), strconv.Itoa(warm))
+	cmd := exec.Command(py, floorArgv(mode, n)[1:]...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
@@ -34,7 +33,7 @@ func runFloorScript(t *testing.T, mode string, n, warm int) execResult {
 func TestFloorScriptModes(t *testing.T) {
 	for _, mode := range []string{floorWait, floorFirst} {
 		t.Run(mode, func(t *testing.T) {
-			res := runFloorScript(t, mode, 3, 1)
+			res := runFloorScript(t, mode, 3)
 			ds, err := floorTimings(res, 3)
 			if err != nil {
 				t.Fatalf("%v (stdout %q, stderr %q)", err, res.Stdout, res.Stderr)
