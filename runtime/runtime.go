@@ -270,6 +270,15 @@ func Capability[T any](d Driver) (T, bool) {
 	return zero, false
 }
 
+// LocalAttacher is implemented by drivers whose Attach is a connect on this host (a unix
+// socket into the box: no process, no API server). The domain then starts commands over exec
+// streams (guest/proto/stream.go), each an Attach of its own kept across commands, beside the
+// attach every other call shares.
+type LocalAttacher interface {
+	// AttachesLocally marks the driver; it does nothing.
+	AttachesLocally()
+}
+
 // StoppedWorkspaceReader is implemented by drivers whose stopped box keeps its workspace on a
 // volume they can read beside the box, at the speed of the node's own file system (the kube
 // driver: a short-lived pod on the cluster's native runtime mounts the box's PVC read-only).

@@ -42,6 +42,10 @@ const dialTimeout = 15 * time.Second
 type Client struct {
 	conn *streamConn
 	cc   *http2.ClientConn
+	// execStreams: Dial's health call said that the init serves exec streams.
+	execStreams bool
+	// streams, when set (UseExecStreams), carries StartLog's calls.
+	streams *streamPool
 }
 
 // Dial speaks the protocol over rwc (a driver's Attach stream) and checks the other end with
@@ -58,10 +62,12 @@ func DialContext(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Health(ctx); err != nil {
+	h, err := c.Health(ctx)
+	if err != nil {
 		_ = c.Close()
 		return nil, err
 	}
+	c.execStreams = h.ExecStreams
 	return c, nil
 }
 
@@ -92,6 +98,9 @@ func DialUnchecked(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error)
 
 // Close ends the stream; calls in flight fail with ErrClosed. Running execs are not affected.
 func (c *Client) Close() error {
+	if c.streams != nil {
+		c.streams.close()
+	}
 	_ = c.cc.Close()
 	return c.conn.Close()
 }
@@ -218,6 +227,9 @@ type LogReader struct {
 	br   *bufio.Reader
 	off  int64
 	hdr  [proto.RecordHeaderLen]byte
+	// stream is the exec stream the log is read from (stream.go), nil over HTTP/2: the
+	// stream goes on after the exit record with the next call, so the reader ends there.
+	stream *streamBody
 }
 
 // Log opens an exec's output log at offset (0, or the Offset of a record read before). With
@@ -237,11 +249,14 @@ func (c *Client) Log(ctx context.Context, id string, offset int64, follow bool) 
 
 // Next returns the next record; io.EOF when the log (or, following, the exec) ended.
 func (r *LogReader) Next() (Record, error) {
+	if r.stream != nil && r.stream.done.Load() {
+		return Record{}, io.EOF
+	}
 	if _, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
-		if err == io.EOF {
+		if err == io.EOF && r.stream == nil {
 			return Record{}, io.EOF
 		}
-		return Record{}, r.c.wrapErr(r.ctx, err)
+		return Record{}, r.wrapErr(err)
 	}
 	n := binary.BigEndian.Uint32(r.hdr[1:])
 	if n > proto.MaxRecordPayload && r.hdr[0] != proto.RecordExit || n > 16<<20 ||
@@ -253,7 +268,7 @@ func (r *LogReader) Next() (Record, error) {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return Record{}, r.c.wrapErr(r.ctx, err)
+		return Record{}, r.wrapErr(err)
 	}
 	if r.hdr[0] == proto.RecordTruncated {
 		// Not a record of the log: it moves the reader on to where the kept log resumes.
@@ -266,7 +281,19 @@ func (r *LogReader) Next() (Record, error) {
 		return rec, nil
 	}
 	r.off += proto.RecordHeaderLen + int64(n)
+	if r.hdr[0] == proto.RecordExit && r.stream != nil {
+		r.stream.done.Store(true)
+	}
 	return Record{Kind: r.hdr[0], Data: data, Offset: r.off}, nil
+}
+
+// wrapErr maps a read error of the log like the rest of the client's: ErrClosed when the
+// stream under it broke.
+func (r *LogReader) wrapErr(err error) error {
+	if r.stream != nil {
+		return streamErr(r.ctx, err)
+	}
+	return r.c.wrapErr(r.ctx, err)
 }
 
 // Offset is the log offset after the last record returned.
@@ -281,6 +308,18 @@ func (r *LogReader) Close() error {
 // reader yields the command's records as they are written and ends after the exit record.
 // Cancelling ctx stops reading; the command keeps running.
 func (c *Client) StartLog(ctx context.Context, req proto.ExecRequest) (*LogReader, error) {
+	if c.streams != nil {
+		if st := c.streams.take(); st != nil {
+			return c.startLogStream(ctx, st, req)
+		}
+		// None is ready: this call goes over HTTP/2, and the next one finds a stream.
+		c.streams.fill()
+	}
+	return c.startLogHTTP(ctx, req)
+}
+
+// startLogHTTP is StartLog over HTTP/2.
+func (c *Client) startLogHTTP(ctx context.Context, req proto.ExecRequest) (*LogReader, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,4 +195,42 @@ func WaitTreeGone(t testing.TB, id string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Streams counts what a harness's exec streams carried.
+type Streams struct {
+	dials atomic.Int64
+	read  atomic.Int64
+}
+
+// Dials is how many streams were opened; Read how many bytes the client read from them.
+func (s *Streams) Dials() int  { return int(s.dials.Load()) }
+func (s *Streams) Read() int64 { return s.read.Load() }
+
+// UseExecStreams makes the harness's client start commands over exec streams, each a new
+// socketpair whose server end the server serves (guest/proto/stream.go).
+func (h *Harness) UseExecStreams(t testing.TB) *Streams {
+	t.Helper()
+	st := &Streams{}
+	ok := h.C.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) {
+		st.dials.Add(1)
+		serverEnd, clientEnd := Socketpair(t)
+		go h.Srv.ServeConn(serverEnd)
+		return countingConn{Conn: clientEnd, n: &st.read}, nil
+	})
+	if !ok {
+		t.Fatal("the server's health does not offer exec streams")
+	}
+	return st
+}
+
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }

@@ -3,6 +3,8 @@
 // client the control plane uses over a driver's Attach stream (guest/client). The wire is
 // HTTP/2 (h2c, prior knowledge) over that one byte stream, so many calls share one attach;
 // before it, the stream carries the ConnectReady byte and the channel handshake (channel.go).
+// An attach may instead carry exec streams (stream.go): one exec start and its log at a time,
+// with no HTTP/2 between, for runtimes whose attach is a local connect.
 //
 // Endpoints (JSON bodies; every non-2xx answer carries an Error with a stable code):
 //
@@ -286,6 +288,8 @@ type Health struct {
 	// ProcessTracking says how the init finds an exec's processes for a timeout, signal or
 	// shutdown: TrackingCgroup or TrackingProcessGroup (empty from an older init).
 	ProcessTracking string `json:"process_tracking,omitempty"`
+	// ExecStreams says that the init serves exec streams (stream.go); false from an older one.
+	ExecStreams bool `json:"exec_streams,omitempty"`
 }
 
 // Values of Health.ProcessTracking.

@@ -791,6 +791,23 @@ func BenchmarkRunTrue(b *testing.B) {
 	}
 }
 
+// BenchmarkRunTrueStream is BenchmarkRunTrue over exec streams (proto/stream.go).
+func BenchmarkRunTrueStream(b *testing.B) {
+	h := guesttest.New(b, server.Options{KeepEnded: 100}, guesttest.OverSocketpair)
+	streams := h.UseExecStreams(b)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		res, err := h.C.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
+		if err != nil || res.Exit.ExitCode != 0 {
+			b.Fatalf("Run: %+v %v", res.Exit, err)
+		}
+	}
+	if n := streams.Dials(); n != 1 {
+		b.Fatalf("%d streams dialled for one exec at a time, want 1", n)
+	}
+}
+
 // BenchmarkStartProcessTrue is the floor BenchmarkRunTrue compares with: a plain fork, exec
 // and wait of `true` from Go, without the protocol.
 func BenchmarkStartProcessTrue(b *testing.B) {

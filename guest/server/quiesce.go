@@ -13,7 +13,8 @@ import (
 )
 
 // handleQuiesce serves POST /v1/quiesce (proto/pause.go): refused while a process holds a unix
-// socket bound in the workspace, else Options.Quiesce closes the host socket.
+// socket bound in the workspace, else Options.Quiesce closes the host socket, and the exec
+// streams are closed.
 func (s *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Quiesce == nil {
 		writeError(w, errorf(proto.ErrCodeInvalid, "this guest init has no host socket to close: it cannot be paused"))
@@ -35,6 +36,7 @@ func (s *Server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	closed, err := s.opts.Quiesce()
+	s.closeStreams()
 	if err != nil {
 		writeError(w, errorf(proto.ErrCodeInternal, "closing the host socket: %v", err))
 		return

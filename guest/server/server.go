@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/net/http2"
 
@@ -99,6 +100,7 @@ type Server struct {
 	running int
 	closed  bool
 	conns   map[net.Conn]struct{}
+	streams map[net.Conn]struct{} // the conns that carry an exec stream (stream.go)
 	// extraEnv is laid over opts.BaseEnv for every exec (PUT /v1/env, env.go).
 	extraEnv []string
 
@@ -159,6 +161,7 @@ func New(opts Options) (*Server, error) {
 		log:     opts.Logger,
 		execs:   make(map[string]*execState),
 		conns:   make(map[net.Conn]struct{}),
+		streams: make(map[net.Conn]struct{}),
 		h2: &http2.Server{
 			MaxConcurrentStreams:         1000,
 			MaxReadFrameSize:             256 << 10,
@@ -246,9 +249,26 @@ func (s *Server) ServeConn(c net.Conn) {
 		_ = c.Close()
 		s.connsWG.Done()
 	}()
-	s.h2.ServeConn(&bufferedConn{Conn: c, r: bufio.NewReaderSize(c, connReadBuffer)},
-		&http2.ServeConnOpts{Context: s.ctx, Handler: s.wrapped})
+	bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, connReadBuffer)}
+	// The first bytes choose the protocol: HTTP/2's preface or an exec stream's hello. Both
+	// come at once; an attach that sends neither is closed as HTTP/2 would close it.
+	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
+	hello, err := bc.r.Peek(len(proto.StreamHello))
+	if err != nil {
+		return
+	}
+	if string(hello) == proto.StreamHello {
+		_, _ = bc.r.Discard(len(hello))
+		s.serveStream(c, bc.r)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	s.h2.ServeConn(bc, &http2.ServeConnOpts{Context: s.ctx, Handler: s.wrapped})
 }
+
+// prefaceTimeout is how long a new attach may take to send its first bytes (HTTP/2's own
+// wait for a client preface).
+const prefaceTimeout = 10 * time.Second
 
 // connReadBuffer is the read buffer of an attach stream. The HTTP/2 server reads its frames
 // straight from the connection: a 9-byte header, then the payload, two reads per frame. While
@@ -324,7 +344,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Cgroups != nil {
 		tracking = proto.TrackingCgroup
 	}
-	writeJSON(w, http.StatusOK, proto.Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking})
+	writeJSON(w, http.StatusOK, proto.Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking, ExecStreams: true})
 }
 
 func (s *Server) handleStartExec(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"time"
 
@@ -114,6 +115,9 @@ func (c *attachments) attach(ctx context.Context, id string) (*client.Client, er
 	if err != nil {
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
+	}
+	if _, ok := runtime.Capability[runtime.LocalAttacher](c.driver); ok {
+		client.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return c.driver.Attach(ctx, id) })
 	}
 	return client, nil
 }

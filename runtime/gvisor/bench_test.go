@@ -1,12 +1,16 @@
 package gvisor_test
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
@@ -44,6 +48,39 @@ func BenchmarkAttachExec(b *testing.B) {
 			b.Fatalf("got exit %+v", res.Exit)
 		}
 	}
+}
+
+// BenchmarkAttachExecStreamVsHTTP2 runs `true` over both transports of one box in turns, so
+// that a noisy host slows both alike, and reports each one's median (ms) and their difference.
+func BenchmarkAttachExecStreamVsHTTP2(b *testing.B) {
+	d := newDriver(b)
+	id := runtimetest.CreateBox(b, d, defaultSpec())
+	h2 := runtimetest.Client(b, d, id)
+	st := runtimetest.Client(b, d, id)
+	st.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return d.Attach(ctx, id) })
+	var ms [2][]float64
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		c := [2]*client.Client{h2, st}[i%2]
+		t0 := time.Now()
+		res := runtimetest.MustRun(b, c, proto.ExecRequest{Argv: []string{"true"}})
+		ms[i%2] = append(ms[i%2], float64(time.Since(t0).Microseconds())/1000)
+		if res.Exit.ExitCode != 0 {
+			b.Fatalf("got exit %+v", res.Exit)
+		}
+	}
+	if len(ms[1]) > 0 {
+		m0, m1 := median(ms[0]), median(ms[1])
+		b.ReportMetric(m0, "http2-ms")
+		b.ReportMetric(m1, "stream-ms")
+		b.ReportMetric(m0-m1, "saved-ms")
+	}
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 // BenchmarkAttachHealth is the transport's floor: one request/response over an existing
