@@ -780,21 +780,21 @@ func waitFor(t testing.TB, cond func() bool) {
 }
 
 func BenchmarkRunTrue(b *testing.B) {
-	h := guesttest.New(b, server.Options{KeepEnded: 100}, guesttest.OverSocketpair)
-	ctx := context.Background()
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		res, err := h.C.Run(ctx, proto.ExecRequest{ID: fmt.Sprintf("b-%d", i), Argv: []string{"true"}}, 0, 0)
-		if err != nil || res.Exit.ExitCode != 0 {
-			b.Fatalf("Run: %+v %v", res.Exit, err)
-		}
-	}
+	runTrue(b, guesttest.New(b, server.Options{KeepEnded: 100}, guesttest.OverSocketpair))
 }
 
 // BenchmarkRunTrueStream is BenchmarkRunTrue over exec streams (proto/stream.go).
 func BenchmarkRunTrueStream(b *testing.B) {
 	h := guesttest.New(b, server.Options{KeepEnded: 100}, guesttest.OverSocketpair)
 	streams := h.UseExecStreams(b)
+	runTrue(b, h)
+	if n := streams.Dials(); n != 1 {
+		b.Fatalf("%d streams dialled for one exec at a time, want 1", n)
+	}
+}
+
+// runTrue runs `true` b.N times through h's client.
+func runTrue(b *testing.B, h *guesttest.Harness) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -802,9 +802,6 @@ func BenchmarkRunTrueStream(b *testing.B) {
 		if err != nil || res.Exit.ExitCode != 0 {
 			b.Fatalf("Run: %+v %v", res.Exit, err)
 		}
-	}
-	if n := streams.Dials(); n != 1 {
-		b.Fatalf("%d streams dialled for one exec at a time, want 1", n)
 	}
 }
 
