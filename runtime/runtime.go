@@ -270,13 +270,14 @@ func Capability[T any](d Driver) (T, bool) {
 	return zero, false
 }
 
-// LocalAttacher is implemented by drivers whose Attach is a connect on this host (a unix
+// LocalAttacher is implemented by drivers that can attach with a connect on this host (a unix
 // socket into the box: no process, no API server). The domain then starts commands over exec
-// streams (guest/proto/stream.go), each an Attach of its own kept across commands, beside the
-// attach every other call shares.
+// streams (guest/proto/stream.go), each an AttachStream of its own kept across commands, beside
+// the Attach every other call shares.
 type LocalAttacher interface {
-	// AttachesLocally marks the driver; it does nothing.
-	AttachesLocally()
+	// AttachStream is Attach by that connect only: when the box cannot be reached so, it fails
+	// (the caller goes on with its Attach) rather than start a process.
+	AttachStream(ctx context.Context, id string) (io.ReadWriteCloser, error)
 }
 
 // StoppedWorkspaceReader is implemented by drivers whose stopped box keeps its workspace on a

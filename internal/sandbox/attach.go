@@ -116,8 +116,8 @@ func (c *attachments) attach(ctx context.Context, id string) (*client.Client, er
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
 	}
-	if _, ok := runtime.Capability[runtime.LocalAttacher](c.driver); ok {
-		client.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return c.driver.Attach(ctx, id) })
+	if la, ok := runtime.Capability[runtime.LocalAttacher](c.driver); ok {
+		client.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return la.AttachStream(ctx, id) })
 	}
 	return client, nil
 }

@@ -34,6 +34,19 @@ import (
 // PhaseFailed with the reason; no other box is touched. ctx bounds only the set-up: the stream
 // lives until Close.
 func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	return d.attachBox(ctx, id, true)
+}
+
+// AttachStream implements runtime.LocalAttacher: Attach through the box's host socket only.
+// Without that socket it fails rather than start `runsc exec … connect`: an exec stream is held
+// for as long as its command runs, and a process per stream would count against the box's
+// pids limit.
+func (d *Driver) AttachStream(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	return d.attachBox(ctx, id, false)
+}
+
+// attachBox is Attach; without fallback it neither starts `runsc exec` nor takes the spare.
+func (d *Driver) attachBox(ctx context.Context, id string, fallback bool) (io.ReadWriteCloser, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
@@ -55,8 +68,11 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 		return nil, fmt.Errorf("gvisor: box %s is being paused: %w", id, runtime.ErrNotRunning)
 	}
 	d.warmIdentity() // a box that runs may be paused: see warmIdentity
-	if s := d.spares.Take(id); s != nil {
-		return s, nil
+	if fallback {
+		// The spare, which may be a `runsc exec` stream, is kept for the next Attach.
+		if s := d.spares.Take(id); s != nil {
+			return s, nil
+		}
 	}
 	key, err := d.channelKey(id)
 	if err != nil {
@@ -68,6 +84,9 @@ func (d *Driver) Attach(ctx context.Context, id string) (io.ReadWriteCloser, err
 	}
 	if errors.Is(err, errTampered) {
 		return nil, d.tampered(ctx, id, err)
+	}
+	if !fallback {
+		return nil, fmt.Errorf("gvisor: box %s: its host socket does not answer: %w", id, err)
 	}
 	// No host socket (the init could not make it), or it does not answer: the fallback.
 	s, err := d.attach(ctx, id, key)

@@ -57,7 +57,7 @@ func BenchmarkAttachExecStreamVsHTTP2(b *testing.B) {
 	id := runtimetest.CreateBox(b, d, defaultSpec())
 	h2 := runtimetest.Client(b, d, id)
 	st := runtimetest.Client(b, d, id)
-	st.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return d.Attach(ctx, id) })
+	st.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return d.AttachStream(ctx, id) })
 	var ms [2][]float64
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {

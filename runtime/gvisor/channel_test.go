@@ -1,12 +1,15 @@
 package gvisor_test
 
 import (
+	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -214,6 +217,42 @@ func TestChannelFallback(t *testing.T) {
 			t.Errorf("a connect process holds capabilities: %q, want none", l)
 		}
 	}
+}
+
+// AttachStream connects through the box's host socket only: exec streams work over it, and
+// without the socket it fails at once rather than start a `runsc exec … connect` (a process per
+// stream, held while its command runs), while Attach still falls back.
+func TestAttachStreamHostSocketOnly(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	var dials atomic.Int32
+	if !c.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { dials.Add(1); return d.AttachStream(ctx, id) }) {
+		t.Fatal("the init does not offer exec streams")
+	}
+	for i := range 3 {
+		res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"echo", "over a stream"}})
+		if string(res.Stdout) != "over a stream\n" {
+			t.Fatalf("run %d: %q", i, res.Stdout)
+		}
+		time.Sleep(50 * time.Millisecond) // the background dial lands
+	}
+	if n := dials.Load(); n != 1 {
+		t.Fatalf("%d exec streams dialled, want 1", n)
+	}
+
+	if err := os.Remove(hostSocket(t, d, id)); err != nil {
+		t.Fatal(err)
+	}
+	if rwc, err := d.AttachStream(ctxT(t), id); err == nil {
+		rwc.Close()
+		t.Fatal("AttachStream without a host socket succeeded")
+	}
+	rwc, err := d.Attach(ctxT(t), id)
+	if err != nil {
+		t.Fatalf("Attach's fallback: %v", err)
+	}
+	rwc.Close()
 }
 
 // No command holds CAP_SYS_ADMIN (nor can gain it: not in its bounding set), and PID 1 holds

@@ -236,10 +236,6 @@ func (d *Driver) Close() error {
 // Name implements runtime.Driver.
 func (d *Driver) Name() string { return "gvisor" }
 
-// AttachesLocally implements runtime.LocalAttacher: an attach is a connect on the box's host
-// socket (or, without one, a `runsc exec` on this host).
-func (d *Driver) AttachesLocally() {}
-
 // RootDir is runsc's --root folder of this driver (for tools and tests: `runsc --root … list`).
 func (d *Driver) RootDir() string { return d.rootDir }
 
