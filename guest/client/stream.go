@@ -33,8 +33,9 @@ func (c *Client) UseExecStreams(dial StreamDialer) bool {
 	return true
 }
 
-// Stream pool limits: how many idle streams a client keeps, and for how long (well within
-// the init's proto.StreamIdle, so a kept stream is never one the init closed for idleness);
+// Stream pool limits: how many idle streams a client keeps, and for how long: long enough for
+// an agent's think time between two commands, and well within the init's proto.StreamIdle, so
+// a kept stream is never one the init closed for idleness;
 // how long a dial may take, and how long after a failed one the pool dials again.
 const (
 	maxIdleStreams = 4
@@ -42,7 +43,7 @@ const (
 	// its stream (a connection at each end) all along, so past this many commands in flight
 	// the others go over HTTP/2's one connection.
 	maxStreams        = 8
-	streamKeep        = 30 * time.Second
+	streamKeep        = 90 * time.Second
 	streamDialTimeout = 30 * time.Second
 	streamDialBackoff = time.Second
 )

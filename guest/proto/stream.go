@@ -35,5 +35,5 @@ const (
 	// MaxStreamRefusal bounds a refusal's Error.
 	MaxStreamRefusal = 64 << 10
 	// StreamIdle is how long the init keeps a stream that waits for its next call.
-	StreamIdle = 2 * time.Minute
+	StreamIdle = 3 * time.Minute
 )

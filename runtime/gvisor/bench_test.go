@@ -77,6 +77,36 @@ func BenchmarkAttachExecStreamVsHTTP2(b *testing.B) {
 	}
 }
 
+// BenchmarkAttachExecAfterIdle is the pace of an agent: `true` over an exec stream after the
+// box sat idle for a second and a half, next to two back-to-back ones (each op is all three).
+// It reports both medians (ms): what a box's idle threads cost the first command.
+func BenchmarkAttachExecAfterIdle(b *testing.B) {
+	d := newDriver(b)
+	id := runtimetest.CreateBox(b, d, defaultSpec())
+	c := runtimetest.Client(b, d, id)
+	c.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return d.AttachStream(ctx, id) })
+	run := func() float64 {
+		t0 := time.Now()
+		res := runtimetest.MustRun(b, c, proto.ExecRequest{Argv: []string{"true"}})
+		if res.Exit.ExitCode != 0 {
+			b.Fatalf("got exit %+v", res.Exit)
+		}
+		return float64(time.Since(t0).Microseconds()) / 1000
+	}
+	run()
+	var warm, idle []float64
+	b.ResetTimer()
+	for b.Loop() {
+		warm = append(warm, run(), run())
+		b.StopTimer()
+		time.Sleep(1500 * time.Millisecond)
+		b.StartTimer()
+		idle = append(idle, run())
+	}
+	b.ReportMetric(median(warm), "warm-ms")
+	b.ReportMetric(median(idle), "idle-ms")
+}
+
 func median(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
