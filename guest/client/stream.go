@@ -33,17 +33,20 @@ func (c *Client) UseExecStreams(dial StreamDialer) bool {
 	return true
 }
 
-// Stream pool limits: how many idle streams a client keeps, and for how long: long enough for
-// an agent's think time between two commands, and well within the init's proto.StreamIdle, so
-// a kept stream is never one the init closed for idleness;
-// how long a dial may take, and how long after a failed one the pool dials again.
+// Stream pool limits.
 const (
+	// maxIdleStreams is how many idle streams a client keeps.
 	maxIdleStreams = 4
 	// maxStreams bounds a client's streams, idle or busy: a command that runs for hours holds
 	// its stream (a connection at each end) all along, so past this many commands in flight
 	// the others go over HTTP/2's one connection.
-	maxStreams        = 8
-	streamKeep        = 90 * time.Second
+	maxStreams = 8
+	// streamKeep is how long an idle stream is kept: long enough for an agent's think time
+	// between two commands, and well within the init's proto.StreamIdle, so that a kept stream
+	// is never one the init closed for idleness.
+	streamKeep = 90 * time.Second
+	// streamDialTimeout bounds a dial; streamDialBackoff is how long after a failed one the
+	// pool dials again.
 	streamDialTimeout = 30 * time.Second
 	streamDialBackoff = time.Second
 )
@@ -233,12 +236,12 @@ func (c *Client) callStream(ctx context.Context, st *execStream, body []byte) (*
 	case ans[0] == proto.StreamRefused && n <= proto.MaxStreamRefusal:
 		b := make([]byte, n)
 		_, err := io.ReadFull(st.br, b)
-		stop()
+		whole := stop() // false: ctx closed the stream meanwhile
 		if err != nil {
 			c.streams.put(st, false)
 			return nil, streamErr(ctx, err)
 		}
-		c.streams.put(st, true)
+		c.streams.put(st, whole)
 		e := &proto.Error{}
 		if json.Unmarshal(b, e) != nil || e.Code == "" {
 			e = &proto.Error{Code: proto.ErrCodeInternal, Message: "the guest init refused a command with an unreadable error"}
