@@ -151,6 +151,13 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		"WebSocket: one graphql-transport-ws connection kept open, the exec mutation sent as `subscribe`, timed until its `next`; " +
 		"bare: `runsc <the driver's global flags> exec <sandbox id> …` on the same sandbox (no guest init in its path). " +
 		"The paths alternate round by round, the first one rotating."
+	idle, err := b.benchExecAfterIdle(ctx, id)
+	if idle != nil {
+		groups = append(groups, idle)
+	}
+	if err != nil {
+		return groups, err
+	}
 	floorCPU, err := b.floorSpawnCPU(ctx, id)
 	if err != nil {
 		return groups, fmt.Errorf("the in-sandbox floor's CPU: %w", err)
@@ -158,6 +165,53 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 	groups[0].Note += " " + floorNote(groups[0], floor, perRound, "`os.posix_spawn(\"/bin/true\")` + `os.waitpid`") +
 		" " + boxCPUNote(groups[0], boxCPU, floorCPU)
 	return groups, nil
+}
+
+// execIdle is how long the idle path of benchExecAfterIdle waits before each exec: past the
+// server's read cache (1 s) and its once-a-second activity write, and long enough for the box's
+// threads to sleep. idleRounds bounds its rounds (each costs the wait).
+const (
+	execIdle   = 1500 * time.Millisecond
+	idleRounds = 15
+)
+
+// benchExecAfterIdle is the pace of an agent that thinks between commands: a REST exec of
+// `true` after the sandbox sat idle for execIdle, next to one right after another exec.
+func (b *bench) benchExecAfterIdle(ctx context.Context, id string) (*Group, error) {
+	g := &Group{Name: "exec `true` after an idle pause (an agent's pace)"}
+	warm := g.result("REST POST …/exec, right after another exec", false)
+	idle := g.result(fmt.Sprintf("REST POST …/exec, after %v idle", execIdle), false)
+	body := execBody([]string{"true"}, "")
+	run := func(ctx context.Context) (time.Duration, error) {
+		var res execResult
+		d, err := timed(func() (err error) {
+			res, err = b.api.exec(ctx, id, body)
+			return err
+		})
+		if err != nil {
+			return d, err
+		}
+		return d, res.check("")
+	}
+	steps := []step{
+		{warm, run},
+		{idle, func(ctx context.Context) (time.Duration, error) {
+			select {
+			case <-time.After(execIdle):
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+			return run(ctx)
+		}},
+	}
+	if err := interleave(ctx, g.Name, b.opts.warmup, min(b.opts.execN, idleRounds), steps); err != nil {
+		return g, err
+	}
+	g.Note = fmt.Sprintf("the same sandbox and connection; the idle path waits %v, untimed, before each exec: "+
+		"the server's read cache (1 s) and its activity clock (written at most once a second) have lapsed, and the box's threads sleep. "+
+		"The back-to-back path runs right after another exec. Idle minus back to back (medians): %s.",
+		execIdle, fmtDuration(summarize(idle.Samples).Median-summarize(warm.Samples).Median))
+	return g, nil
 }
 
 // meteredStep wraps s so that the CPU the sandbox's processes use during each of its runs
