@@ -76,17 +76,7 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		restBody := execBody(c.argv, "")
 		gqlBody := gqlExecRequest(id, c.argv)
 		steps := []step{
-			{rest, func(ctx context.Context) (time.Duration, error) {
-				var res execResult
-				d, err := timed(func() (err error) {
-					res, err = b.api.exec(ctx, id, restBody)
-					return err
-				})
-				if err != nil {
-					return d, err
-				}
-				return d, res.check(c.want)
-			}},
+			{rest, func(ctx context.Context) (time.Duration, error) { return b.timedExec(ctx, id, restBody, c.want) }},
 			{gqlPost, func(ctx context.Context) (time.Duration, error) {
 				var res execResult
 				d, err := timed(func() (err error) {
@@ -182,17 +172,7 @@ func (b *bench) benchExecAfterIdle(ctx context.Context, id string) (*Group, erro
 	warm := g.result("REST POST …/exec, right after another exec", false)
 	idle := g.result(fmt.Sprintf("REST POST …/exec, after %v idle", execIdle), false)
 	body := execBody([]string{"true"}, "")
-	run := func(ctx context.Context) (time.Duration, error) {
-		var res execResult
-		d, err := timed(func() (err error) {
-			res, err = b.api.exec(ctx, id, body)
-			return err
-		})
-		if err != nil {
-			return d, err
-		}
-		return d, res.check("")
-	}
+	run := func(ctx context.Context) (time.Duration, error) { return b.timedExec(ctx, id, body, "") }
 	steps := []step{
 		{warm, run},
 		{idle, func(ctx context.Context) (time.Duration, error) {
@@ -212,6 +192,19 @@ func (b *bench) benchExecAfterIdle(ctx context.Context, id string) (*Group, erro
 		"The back-to-back path runs right after another exec. Idle minus back to back (medians): %s.",
 		execIdle, fmtDuration(summarize(idle.Samples).Median-summarize(warm.Samples).Median))
 	return g, nil
+}
+
+// timedExec times one REST exec of body in sandbox id, then checks its answer (stdout want).
+func (b *bench) timedExec(ctx context.Context, id string, body []byte, want string) (time.Duration, error) {
+	var res execResult
+	d, err := timed(func() (err error) {
+		res, err = b.api.exec(ctx, id, body)
+		return err
+	})
+	if err != nil {
+		return d, err
+	}
+	return d, res.check(want)
 }
 
 // meteredStep wraps s so that the CPU the sandbox's processes use during each of its runs
