@@ -144,7 +144,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 	switch {
 	case s.closed:
 		s.mu.Unlock()
-		return proto.ExecInfo{}, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
+		return proto.ExecInfo{}, errShuttingDown()
 	case s.execs[req.ID] != nil:
 		s.mu.Unlock()
 		return proto.ExecInfo{}, errorf(proto.ErrCodeExists, "exec %s exists", req.ID)

@@ -218,17 +218,29 @@ func (s *Server) routes() http.Handler {
 // ServeConn). Once Close has begun it answers ErrCodeUnavailable.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			writeError(w, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down"))
+		if !s.enter() {
+			writeError(w, errShuttingDown())
 			return
 		}
-		s.handlers.Add(1) // under mu, so never concurrent with Close's Wait
-		s.mu.Unlock()
 		defer s.handlers.Done()
 		s.handler.ServeHTTP(w, r)
 	})
+}
+
+// enter counts a call in (Close waits for it) unless Close has begun; the caller calls
+// s.handlers.Done when the call ends.
+func (s *Server) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.handlers.Add(1) // under mu, so never concurrent with Close's Wait
+	return true
+}
+
+func errShuttingDown() *proto.Error {
+	return errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
 }
 
 // ServeConn serves HTTP/2 with prior knowledge on c until it breaks or Close is called.

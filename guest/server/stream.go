@@ -55,14 +55,10 @@ func (s *Server) serveStream(c net.Conn, br *bufio.Reader) {
 // serveCall answers one call of an exec stream and reports whether the stream can carry the
 // next one.
 func (s *Server) serveCall(c net.Conn, br *bufio.Reader, body []byte) bool {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		_ = refuse(c, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down"))
+	if !s.enter() {
+		_ = refuse(c, errShuttingDown())
 		return false
 	}
-	s.handlers.Add(1) // under mu, so never concurrent with Close's Wait
-	s.mu.Unlock()
 	defer s.handlers.Done()
 
 	var req proto.ExecRequest

@@ -191,7 +191,7 @@ func (ws *watchSet) create(req proto.WatchRequest) (*watch, proto.WatchInfo, *pr
 	closed := ws.closed
 	ws.mu.Unlock()
 	if closed {
-		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeUnavailable, "the guest init is shutting down")
+		return nil, proto.WatchInfo{}, errShuttingDown()
 	}
 	if full {
 		return nil, proto.WatchInfo{}, errorf(proto.ErrCodeTooMany, "%d watches exist in this sandbox, the most allowed", limit)
