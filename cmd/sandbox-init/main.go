@@ -169,6 +169,9 @@ func serve() int {
 	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	if pid1 {
+		ignoreStraySignals(log)
+	}
 	// The channel key: read and deleted before anything else of the box runs. A runtime that
 	// names a key file wants every connection to prove the key; without one (a test on a host)
 	// connections are served as they come. A runtime that brings the key with its first attach

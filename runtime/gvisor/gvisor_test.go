@@ -131,6 +131,45 @@ func TestSandboxDeathNotOOM(t *testing.T) {
 	}
 }
 
+// TestInitOutlivesStraySignals: a command in the box sends PID 1 every signal the init can
+// catch (among them the ones Go's runtime dies of when a process sends them: SIGHUP, SIGQUIT,
+// SIGABRT, SIGSYS, SIGTRAP, SIGILL, SIGSEGV, SIGBUS, SIGFPE, SIGSTKFLT; and SIGTSTP, SIGTTIN,
+// SIGTTOU, which stopped it), each three times; the box runs on and serves the next command. Not sent: SIGTERM and SIGINT, which ask the init to
+// stop; SIGKILL (TestSandboxDeathNotOOM); and signals 32 and 34, which Go leaves at their
+// default action (C libraries reserve them), so that they end PID 1 as SIGKILL does.
+func TestInitOutlivesStraySignals(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	var sigs []string
+	for s := 1; s <= 64; s++ {
+		switch syscall.Signal(s) {
+		case syscall.SIGKILL, syscall.SIGSTOP, syscall.SIGTERM, syscall.SIGINT, 32, 34:
+			continue
+		}
+		sigs = append(sigs, strconv.Itoa(s))
+	}
+	script := "for s in " + strings.Join(sigs, " ") + "; do kill -$s 1 && kill -$s 1 && kill -$s 1 || echo refused $s; done; echo sent"
+	res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
+	if res.Exit.ExitCode != 0 || !strings.Contains(string(res.Stdout), "sent") || strings.Contains(string(res.Stdout), "refused") {
+		t.Fatalf("sending the signals: exit %+v, stdout %q, stderr %q", res.Exit, res.Stdout, res.Stderr)
+	}
+	time.Sleep(200 * time.Millisecond) // signals are delivered asynchronously
+	if res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"echo", "still here"}}); string(res.Stdout) != "still here\n" {
+		t.Fatalf("after the signals: got %q", res.Stdout)
+	}
+	if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseRunning {
+		t.Fatalf("after the signals: phase %v (%s), %v", b.Phase, b.Reason, err)
+	}
+	// What PID 1 keeps for itself is not what its commands get: each starts with those
+	// signals at their default action (none ignored).
+	check := "import signal as s; print(all(s.getsignal(g) == s.SIG_DFL for g in " +
+		"(s.SIGHUP, s.SIGQUIT, s.SIGABRT, s.SIGSEGV, s.SIGTSTP, s.SIGTTIN, s.SIGTTOU, s.SIGUSR1, s.SIGRTMIN, s.SIGRTMAX)))"
+	if res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"python3", "-c", check}}); string(res.Stdout) != "True\n" {
+		t.Fatalf("a command's signal dispositions: got %q (stderr %q), want all at their default", res.Stdout, res.Stderr)
+	}
+}
+
 func TestMemoryLimitVisible(t *testing.T) {
 	d := newDriver(t)
 	spec := defaultSpec()
