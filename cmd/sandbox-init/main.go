@@ -49,6 +49,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -167,10 +168,17 @@ func serve() int {
 		}
 		reap = b
 	}
+	// SIGTERM and SIGINT stop the init, unless the runtime never sends them
+	// (proto.StopSignalsEnv): then only a command in the box could, and PID 1 ignores them.
 	stop := make(chan os.Signal, 1)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	stray := straySignals
+	if pid1 && os.Getenv(proto.StopSignalsEnv) == "0" {
+		stray = append(slices.Clip(stray), syscall.SIGTERM, syscall.SIGINT)
+	} else {
+		signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	}
 	if pid1 {
-		ignoreStraySignals(log)
+		ignoreSignals(log, stray)
 	}
 	// The channel key: read and deleted before anything else of the box runs. A runtime that
 	// names a key file wants every connection to prove the key; without one (a test on a host)

@@ -24,11 +24,13 @@ import (
 // of these at its default action, as before: the fork resets every signal Go handles (which
 // costs the three stop signals one system call each in every command's fork).
 //
-// Still ending the init from inside the box: SIGTERM and SIGINT, which ask it to stop (what a
-// Kubernetes pod's deletion sends; the local runtime never does); SIGKILL; and signals 32 and
-// 34, which Go leaves at their default action (C libraries reserve them) and os/signal cannot
-// take: ignoring them would have every command inherit them ignored. Each leaves the sandbox
-// FAILED with its reason, and a start brings it back on its workspace.
+// SIGTERM and SIGINT ask the init to stop (what a Kubernetes pod's deletion sends); where the
+// runtime never sends them (proto.StopSignalsEnv: the local runtime ends a box with SIGKILL),
+// PID 1 ignores them too. Still ending the init from inside the box: SIGKILL; SIGTERM and
+// SIGINT on Kubernetes; and signals 32 and 34, which Go leaves at their default action (C
+// libraries reserve them) and os/signal cannot take: ignoring them would have every command
+// inherit them ignored. Each leaves the sandbox FAILED with its reason, and a start brings it
+// back on its workspace.
 var straySignals = []os.Signal{
 	syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGILL, syscall.SIGTRAP, syscall.SIGABRT, syscall.SIGBUS,
 	syscall.SIGFPE, syscall.SIGSEGV, syscall.SIGSTKFLT, syscall.SIGSYS,
@@ -39,11 +41,11 @@ var straySignals = []os.Signal{
 // signals in a loop must not fill the runtime's log of the box.
 const strayLogEvery = time.Minute
 
-// ignoreStraySignals keeps PID 1 running through straySignals until the process ends, and
-// logs how many came at most once per strayLogEvery.
-func ignoreStraySignals(log *slog.Logger) {
+// ignoreSignals keeps PID 1 running through sigs (straySignals, perhaps with the stop
+// signals) until the process ends, and logs how many came at most once per strayLogEvery.
+func ignoreSignals(log *slog.Logger, sigs []os.Signal) {
 	ch := make(chan os.Signal, 16)
-	signal.Notify(ch, straySignals...)
+	signal.Notify(ch, sigs...)
 	go func() {
 		var n int
 		var last time.Time

@@ -55,6 +55,11 @@ const (
 	// cgroups, refuse mounts and drop CAP_SYS_ADMIN. The local runtime, which starts it with
 	// that capability, sets it, so a box never runs with less than the runtime promised.
 	RequireContainmentEnv = "SBX_REQUIRE_CONTAINMENT"
+	// StopSignalsEnv set to 0 makes PID 1 ignore SIGTERM and SIGINT, from anyone: a runtime
+	// that never asks the init to stop with them (the local runtime ends a box with SIGKILL)
+	// sets it, so that a command in the box cannot end its init with `kill 1`. Unset, they
+	// stop it gracefully, as a Kubernetes pod's deletion asks.
+	StopSignalsEnv = "SBX_STOP_SIGNALS"
 	// ChannelKeyLen is the key's length in bytes.
 	ChannelKeyLen = 32
 

@@ -162,6 +162,7 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 		env[proto.ChannelKeyFileEnv] = channelKeyInBox
 	}
 	env[proto.RequireContainmentEnv] = "1"
+	env[proto.StopSignalsEnv] = "0" // the driver ends a box with SIGKILL, never SIGTERM
 	envList := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])

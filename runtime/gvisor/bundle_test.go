@@ -32,7 +32,7 @@ func TestBuildSpec(t *testing.T) {
 	if oci.Process.Terminal || !oci.Process.NoNewPrivileges || oci.Process.Cwd != "/workspace" {
 		t.Errorf("got process %+v, want no terminal, noNewPrivileges, cwd /workspace", oci.Process)
 	}
-	wantEnv := []string{"FOO=bar", "HOME=/root", "LANG=C.UTF-8", "PATH=/opt/bin:/usr/bin", "SBX_REQUIRE_CONTAINMENT=1"}
+	wantEnv := []string{"FOO=bar", "HOME=/root", "LANG=C.UTF-8", "PATH=/opt/bin:/usr/bin", "SBX_REQUIRE_CONTAINMENT=1", "SBX_STOP_SIGNALS=0"}
 	if !slices.Equal(oci.Process.Env, wantEnv) {
 		t.Errorf("got env %q, want %q", oci.Process.Env, wantEnv)
 	}
