@@ -2,6 +2,7 @@ package tests
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,40 @@ func TestSandboxDeath(t *testing.T) {
 		r := s.Curl(t, http.MethodDelete, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1)
 		r.Want(t, http.StatusOK)
 		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id, nil, e2e.HdrTenant1).WantError(t, http.StatusNotFound, "NOT_FOUND")
+	})
+}
+
+// TestInitOutlivesSignalsFromItsBox: a command sends the box's PID 1 the signals that used to
+// end it or stop it (`kill 1`, a container's `kill -HUP 1` for "reload", the crash signals a
+// process can send, the terminal stop signals), each several times. The sandbox stays RUNNING,
+// answers the next command, and a command that ran across the signals runs on undisturbed.
+func TestInitOutlivesSignalsFromItsBox(t *testing.T) {
+	s := e2e.StartServer(t, e2e.ServerOptions{})
+	id := s.Create(t, `{"profile":"sandboxes-default"}`, e2e.HdrTenant1).SandboxID
+	bg := detach(t, s, id, `{"command":["sh","-c","i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo tick $i; sleep 0.1; done"],"wait":false}`, e2e.HdrTenant1)
+
+	// By number (a shell's kill knows not every name): TERM INT HUP QUIT ILL TRAP ABRT BUS FPE
+	// SEGV STKFLT SYS TSTP TTIN TTOU USR1 USR2 ALRM PIPE.
+	const sigs = "15 2 1 3 4 5 6 7 8 11 16 31 20 21 22 10 12 14 13"
+	res := s.Exec(t, id, `{"command":["sh","-c","for r in 1 2 3; do for s in `+sigs+`; do kill -$s 1 || echo refused $s; done; done; sleep 0.5; echo sent"]}`, e2e.HdrTenant1)
+	if res.ExitCode != 0 || res.Stdout != "sent\n" {
+		t.Fatalf("sending PID 1 the signals: %+v", res)
+	}
+	if got := s.Get(t, id, e2e.HdrTenant1); got.State != "RUNNING" {
+		t.Fatalf("after the signals: state %s (%s), want RUNNING", got.State, got.StateReason)
+	}
+	if res := s.Exec(t, id, `{"command":["echo","still here"]}`, e2e.HdrTenant1); res.Stdout != "still here\n" {
+		t.Fatalf("the command after the signals: %+v", res)
+	}
+	var st execStatusFull
+	before := 0
+	e2e.Eventually(t, 10*time.Second, "the command started before the signals goes on", func() (bool, string) {
+		s.Curl(t, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+bg.ExecID, nil, e2e.HdrTenant1).Decode(t, &st)
+		n := strings.Count(st.Stdout, "tick ")
+		if before == 0 {
+			before = n
+			return false, st.State
+		}
+		return st.State == "RUNNING" && n > before+5, st.State + " " + strconv.Itoa(n)
 	})
 }
