@@ -229,6 +229,7 @@ func serve() int {
 		StateDir:  env("SBX_STATE_DIR", proto.StateDir),
 		Reap:      reap,
 		Cgroups:   cgroups,
+		Spawner:   os.Getenv(proto.SpawnerEnv),
 		Logger:    log,
 	}
 	if os.Getenv(proto.HostSocketEnv) != "" {

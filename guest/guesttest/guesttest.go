@@ -5,12 +5,19 @@ package guesttest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,6 +66,13 @@ func NewWrapped(t testing.TB, opts server.Options, tr Transport, wrap func(net.C
 		t.Fatalf("server.New: %v", err)
 	}
 	h.Srv = srv
+	if opts.Spawner != "" {
+		// What PID 1 does at its start: the spawner program starts the execs from here on.
+		if err := srv.Warm(); err != nil {
+			srv.Close()
+			t.Fatalf("starting the spawner program: %v", err)
+		}
+	}
 	var clientEnd net.Conn
 	switch tr {
 	case OverNetPipe:
@@ -233,4 +247,66 @@ func (c countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+var spawnerBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Spawner returns the spawner program (guest/spawner/spawner.c) built by
+// scripts/build-spawner.sh, once per test binary, into the cache folder under a name its
+// source's hash gives (so runs share it and a changed source is built anew).
+func Spawner(t testing.TB) string {
+	t.Helper()
+	b := &spawnerBuild
+	b.once.Do(func() { b.path, b.err = buildSpawner() })
+	if b.err != nil {
+		t.Fatalf("building the spawner program: %v", b.err)
+	}
+	return b.path
+}
+
+func buildSpawner() (string, error) {
+	repo, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(repo, "go.mod")); err == nil {
+			break
+		}
+		up := filepath.Dir(repo)
+		if up == repo {
+			return "", errors.New("no go.mod above the test's folder")
+		}
+		repo = up
+	}
+	src, err := os.ReadFile(filepath.Join(repo, "guest", "spawner", "spawner.c"))
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(src)
+	cache := os.Getenv("SANDBOXD_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		cache = filepath.Join(home, ".cache", "sandboxd")
+	}
+	out := filepath.Join(cache, "test-spawner", hex.EncodeToString(sum[:8]), "sandbox-spawn")
+	if fi, err := os.Stat(out); err == nil && fi.Mode().IsRegular() {
+		return out, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return "", err
+	}
+	cmd := exec.Command(filepath.Join(repo, "scripts", "build-spawner.sh"), out)
+	cmd.Dir = repo
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%v: %s", err, b)
+	}
+	return out, nil
 }

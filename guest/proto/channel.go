@@ -60,6 +60,9 @@ const (
 	// sets it, so that a command in the box cannot end its init with `kill 1`. Unset, they
 	// stop it gracefully, as a Kubernetes pod's deletion asks.
 	StopSignalsEnv = "SBX_STOP_SIGNALS"
+	// SpawnerEnv is the path in the box of the spawner program (guest/spawner), which PID 1
+	// then starts the commands with; a runtime that installs one sets it.
+	SpawnerEnv = "SBX_SPAWNER"
 	// ChannelKeyLen is the key's length in bytes.
 	ChannelKeyLen = 32
 

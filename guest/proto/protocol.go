@@ -290,6 +290,10 @@ type Health struct {
 	ProcessTracking string `json:"process_tracking,omitempty"`
 	// ExecStreams says that the init serves exec streams (stream.go); false from an older one.
 	ExecStreams bool `json:"exec_streams,omitempty"`
+	// SpawnerPid is the pid of the spawner program that starts the commands (0: PID 1 forks
+	// them itself), and SpawnerStarts how many commands it started.
+	SpawnerPid    int    `json:"spawner_pid,omitempty"`
+	SpawnerStarts uint64 `json:"spawner_starts,omitempty"`
 }
 
 // Values of Health.ProcessTracking.

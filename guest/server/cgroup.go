@@ -269,6 +269,12 @@ func (c *Cgroups) spawnLoop(ch chan spawnReq, ready chan<- error) {
 	ready <- nil
 	tid := strconv.Itoa(unix.Gettid())
 	for req := range ch {
+		if req.name == "" {
+			// A process of PID 1's own (the spawner program, spawner.go): the root cgroup.
+			p, err := req.fork()
+			req.done <- spawnResult{p, err}
+			continue
+		}
 		if err := c.write(req.name+"/tasks", tid); err != nil {
 			req.done <- spawnResult{nil, fmt.Errorf("entering the exec's cgroup: %w", err)}
 			continue
@@ -410,7 +416,8 @@ func (c *Cgroups) create(id string) (string, error) {
 }
 
 // start runs fork (which starts a process) on the spawner's thread (see Seal) while it stands
-// in cgroup name, so that the process starts inside it, filtered.
+// in cgroup name, so that the process starts inside it, filtered; with name "" the thread
+// stays in the root cgroup.
 func (c *Cgroups) start(name string, fork func() (*os.Process, error)) (*os.Process, error) {
 	ch, err := c.spawner()
 	if err != nil {
@@ -425,6 +432,15 @@ func (c *Cgroups) start(name string, fork func() (*os.Process, error)) (*os.Proc
 	}
 	r := <-done
 	return r.p, r.err
+}
+
+// openTasks opens the tasks file of cgroup name for writing: a process that writes its own
+// pid there enters the cgroup (the spawner program's children do, before execve).
+func (c *Cgroups) openTasks(name string) (int, error) {
+	if name == "" {
+		return -1, errors.New("guest: cgroups: no cgroup named")
+	}
+	return unix.Openat(c.root, name+"/tasks", unix.O_WRONLY|unix.O_CLOEXEC, 0)
 }
 
 // write writes s to the file name (relative to the hierarchy's root) in one write.

@@ -243,7 +243,7 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 		inner := fork
 		fork = func() (*os.Process, error) { return s.opts.Cgroups.start(name, inner) }
 	}
-	pid, status, err := s.waiter.start(fork)
+	pid, status, err := s.startProcess(e, argv0, req.Argv, attr, fork)
 	sio.closeChild() // the child holds its own copies
 	if err != nil {
 		sio.closeOurs()
@@ -274,6 +274,26 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 		}()
 	}
 	return &proc{status: status, io: sio}, nil
+}
+
+// startProcess starts an exec's process through the spawner program when there is one
+// (spawner.go), and with fork (Go's own) otherwise or when the program cannot take it.
+func (s *Server) startProcess(e *execState, argv0 string, argv []string, attr *os.ProcAttr, fork func() (*os.Process, error)) (int, <-chan syscall.WaitStatus, error) {
+	s.mu.Lock()
+	sp := s.spawner
+	s.mu.Unlock()
+	if sp != nil {
+		e.mu.Lock()
+		cg, name := e.cg, e.cgroup
+		e.mu.Unlock()
+		pid, status, err := s.waiter.(*reaper).startPID(func() (int, error) {
+			return sp.start(cg, name, argv0, argv, attr)
+		})
+		if !errors.Is(err, errNoSpawner) {
+			return pid, status, err
+		}
+	}
+	return s.waiter.start(fork)
 }
 
 // supervise owns a running exec: it collects the pipes into the log, enforces the timeout,
@@ -738,16 +758,63 @@ func closeAll(files ...*os.File) {
 	}
 }
 
-// Warm readies the starts of execs in the background of PID 1's first moments (see
-// Cgroups.Warm). Nothing to do without cgroups.
+// Warm readies the starts of execs in the background of PID 1's first moments, and again after
+// a restore: the spawner thread's first fork (Cgroups.Warm), and the spawner program (started
+// when it does not run, else made to pay its own first clone).
 func (s *Server) Warm() error {
-	if s.opts.Cgroups == nil || s.isClosed() {
+	if s.isClosed() {
 		return nil
 	}
 	s.wg.Add(1)
 	defer s.wg.Done()
-	return s.opts.Cgroups.Warm(func(fork func() (*os.Process, error)) error {
-		_, _, err := s.waiter.start(fork)
+	var errs []error
+	if s.opts.Cgroups != nil {
+		errs = append(errs, s.opts.Cgroups.Warm(func(fork func() (*os.Process, error)) error {
+			_, _, err := s.waiter.start(fork)
+			return err
+		}))
+	}
+	if s.opts.Spawner != "" {
+		errs = append(errs, s.warmSpawner())
+	}
+	return errors.Join(errs...)
+}
+
+// warmSpawner starts the spawner program (Options.Spawner) where PID 1 reaps and none runs:
+// from the spawner thread when there are exec cgroups (so it carries that thread's seccomp
+// filter and bounding set, as every command does). Either way it then has the program start
+// one process that cannot run: a program's first clone, and its first after a restore, costs
+// more than the others.
+func (s *Server) warmSpawner() error {
+	r, ok := s.waiter.(*reaper)
+	if !ok {
+		return nil // its children are PID 1's: only a reaping PID 1 can take them
+	}
+	s.warmMu.Lock()
+	defer s.warmMu.Unlock()
+	s.mu.Lock()
+	sp := s.spawner
+	s.mu.Unlock()
+	if sp != nil {
+		if pid, _ := sp.state(); pid != 0 {
+			return sp.warm(s.devNull)
+		}
+	}
+	place := func(fork func() (*os.Process, error)) (*os.Process, error) { return fork() }
+	if s.opts.Cgroups != nil {
+		place = func(fork func() (*os.Process, error)) (*os.Process, error) { return s.opts.Cgroups.start("", fork) }
+	}
+	sp, err := startSpawner(s.log, s.opts.Spawner, r, place, s.devNull)
+	if err != nil {
 		return err
-	})
+	}
+	if err := sp.warm(s.devNull); err != nil {
+		sp.close()
+		return err
+	}
+	s.mu.Lock()
+	s.spawner = sp
+	s.mu.Unlock()
+	s.log.Info("the spawner program starts the commands", "path", s.opts.Spawner, "pid", sp.pid)
+	return nil
 }

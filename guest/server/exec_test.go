@@ -34,8 +34,8 @@ func TestHealth(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		if err := os.WriteFile(filepath.Join(h.WS, "noexec.sh"), []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -195,8 +195,8 @@ func TestExecErrors(t *testing.T) {
 }
 
 func TestTimeoutKillsTree(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		tests := []struct {
 			name string
 			argv []string
@@ -227,8 +227,8 @@ func TestTimeoutKillsTree(t *testing.T) {
 }
 
 func TestSignal(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		// A non-interactive shell starts background jobs with SIGINT ignored: SIGINT is
 		// tried on a lone process.
 		tree := "setsid sleep 100 & sleep 100 & exec sleep 100"
@@ -245,7 +245,7 @@ func TestSignal(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.sig, func(t *testing.T) {
-				id := fmt.Sprintf("sig-%s-%v", tt.sig, reap)
+				id := fmt.Sprintf("sig-%s-%v", tt.sig, opts.Reap)
 				ctx := guesttest.Ctx(t, 20*time.Second)
 				// exec replaces sh by sleep, so the main process dies of the signal itself.
 				argv := []string{"sh", "-c", tt.script}
@@ -273,8 +273,8 @@ func TestSignal(t *testing.T) {
 // TestBackgroundHoldsStdout: a background process that inherited stdout must not hold the
 // exec open much beyond one second after the main process exited.
 func TestBackgroundHoldsStdout(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 20*time.Second)
 		start := time.Now()
 		res, err := h.C.Run(ctx, proto.ExecRequest{ID: "bg", Argv: []string{"sh", "-c", "sleep 100 & echo hi"}}, 0, 0)
@@ -701,8 +701,8 @@ func TestExecLimits(t *testing.T) {
 }
 
 func TestCloseKillsExecs(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 20*time.Second)
 		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "long", Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100"}}); err != nil {
 			t.Fatal(err)
@@ -836,8 +836,8 @@ func BenchmarkHealth(b *testing.B) {
 // TestForget: an ended exec is forgotten as if it never ran (record, log, folder, what it left
 // running); a running one is refused, an unknown one is not found, and the others stay.
 func TestForget(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 20*time.Second)
 		keep, err := h.C.Run(ctx, proto.ExecRequest{ID: "keep", Argv: []string{"sh", "-c", "echo kept"}}, 0, 0)
 		if err != nil || string(keep.Stdout) != "kept\n" {

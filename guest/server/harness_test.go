@@ -10,7 +10,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
+	"sandboxd/guest/server"
 )
 
 func TestMain(m *testing.M) {
@@ -39,14 +41,17 @@ func helperCommand(t testing.TB, name string) ([]string, []string) {
 	return []string{self}, []string{helperEnv + "=" + name}
 }
 
-// modes runs f once per process-waiting strategy.
-func modes(t *testing.T, f func(t *testing.T, reap bool)) {
-	for _, reap := range []bool{false, true} {
-		name := "wait"
-		if reap {
-			name = "reap"
-		}
-		t.Run(name, func(t *testing.T) { f(t, reap) })
+// modes runs f once per way of starting and waiting for processes: each process waited for
+// on its own, one reaper for all, and the reaper with the spawner program starting them.
+func modes(t *testing.T, f func(t *testing.T, opts server.Options)) {
+	for _, m := range []string{"wait", "reap", "spawner"} {
+		t.Run(m, func(t *testing.T) {
+			opts := server.Options{Reap: m != "wait"}
+			if m == "spawner" {
+				opts.Spawner = guesttest.Spawner(t)
+			}
+			f(t, opts)
+		})
 	}
 }
 

@@ -117,16 +117,28 @@ func (r *reaper) reap() {
 }
 
 func (r *reaper) start(fork func() (*os.Process, error)) (int, <-chan syscall.WaitStatus, error) {
+	return r.startPID(func() (int, error) {
+		p, err := fork()
+		if err != nil {
+			return 0, err
+		}
+		pid := p.Pid
+		_ = p.Release() // the loop waits for it by pid; drop the pidfd
+		return pid, nil
+	})
+}
+
+// startPID is start for a fork that gives a pid of our child (the spawner program's starts,
+// made with CLONE_PARENT).
+func (r *reaper) startPID(fork func() (int, error)) (int, <-chan syscall.WaitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p, err := fork()
+	pid, err := fork()
 	if err != nil {
 		return 0, nil, err
 	}
 	ch := make(chan syscall.WaitStatus, 1)
-	r.waiting[p.Pid] = ch
-	pid := p.Pid
-	_ = p.Release() // the loop waits for it by pid; drop the pidfd
+	r.waiting[pid] = ch
 	return pid, ch, nil
 }
 

@@ -82,8 +82,8 @@ func TestOpenCgroupsOnlyInPID1(t *testing.T) {
 // TestTimeoutKillsEscapedTree: processes that leave the exec's session and group and drop its
 // environment still end with the timeout, as long as their parent is one of the exec's.
 func TestTimeoutKillsEscapedTree(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		m := markers(t, 5)
 		script := fmt.Sprintf(`setsid env -i sleep %s &
 setsid sh -c 'env -i sleep %s & wait' &
@@ -113,8 +113,8 @@ sleep %s`, m[0], m[1], m[2], m[3], m[4])
 // normal exit, and a signal sent to the ended exec still reaches all of it, a child that
 // left the group included.
 func TestSignalAfterNormalExit(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 30*time.Second)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`sleep %s & sh -c 'setsid env -i sleep %s & wait' >/dev/null 2>&1 & echo started`, m[0], m[1])
@@ -137,8 +137,8 @@ func TestSignalAfterNormalExit(t *testing.T) {
 
 // TestCloseKillsEscapedTree: Close ends a running exec's escaped processes too.
 func TestCloseKillsEscapedTree(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		m := markers(t, 2)
 		script := fmt.Sprintf(`setsid env -i sleep %s & sleep %s`, m[0], m[1])
 		if _, err := h.C.StartExec(guesttest.Ctx(t, 10*time.Second), proto.ExecRequest{ID: "close", Argv: []string{"sh", "-c", script}}); err != nil {

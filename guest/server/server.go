@@ -72,6 +72,10 @@ type Options struct {
 	// workspace import (PUT /v1/workspace/tar) while the tar is read on (0: the reading
 	// goroutine writes every file). See fileWriters.
 	ImportWriters int
+	// Spawner is the path of the spawner program (guest/spawner) in the box: with Reap, Warm
+	// starts it and it starts the execs' processes from then on (spawner.go). Empty: PID 1
+	// forks each one itself.
+	Spawner string
 	// Quiesce, when set, closes the init's host socket for a pause (POST /v1/quiesce, see
 	// proto/pause.go) and reports whether it was open. Without it the endpoint refuses.
 	Quiesce func() (closed bool, err error)
@@ -101,6 +105,10 @@ type Server struct {
 	closed  bool
 	conns   map[net.Conn]struct{}
 	streams map[net.Conn]struct{} // the conns that carry an exec stream (stream.go)
+	// spawner starts the execs' processes once Warm started it (nil: Go's fork). warmMu
+	// keeps two Warms from starting two.
+	spawner *spawner
+	warmMu  sync.Mutex
 	// extraEnv is laid over opts.BaseEnv for every exec (PUT /v1/env, env.go).
 	extraEnv []string
 
@@ -334,6 +342,12 @@ func (s *Server) Close() {
 		s.connsWG.Wait()
 		s.handlers.Wait()
 		s.trash.wait()
+		s.mu.Lock()
+		sp := s.spawner
+		s.mu.Unlock()
+		if sp != nil {
+			sp.close() // before the reaper stops: it takes the program's status
+		}
 		s.waiter.stop()
 		_ = s.devNull.Close()
 	})
@@ -356,7 +370,14 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Cgroups != nil {
 		tracking = proto.TrackingCgroup
 	}
-	writeJSON(w, http.StatusOK, proto.Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking, ExecStreams: true})
+	health := proto.Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking, ExecStreams: true}
+	s.mu.Lock()
+	sp := s.spawner
+	s.mu.Unlock()
+	if sp != nil {
+		health.SpawnerPid, health.SpawnerStarts = sp.state()
+	}
+	writeJSON(w, http.StatusOK, health)
 }
 
 func (s *Server) handleStartExec(w http.ResponseWriter, r *http.Request) {

@@ -75,8 +75,8 @@ func execInfo(t testing.TB, c *client.Client, id string) proto.ExecInfo {
 // TestStdinOpen: the bytes of every call reach the command in the order the calls were taken,
 // after the request's own Stdin; close ends its input; stdin_open says whether calls are taken.
 func TestStdinOpen(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 20*time.Second)
 		tests := []struct {
 			name    string
@@ -209,8 +209,8 @@ func TestStdinErrors(t *testing.T) {
 // TestStdinNeverRead: a command that never reads its stdin fills the buffer; later writes are
 // refused at once, nothing else waits on it, and it ends and is cleaned up as usual.
 func TestStdinNeverRead(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 30*time.Second)
 		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "deaf", Argv: []string{"sleep", "100"}, StdinOpen: true}); err != nil {
 			t.Fatal(err)

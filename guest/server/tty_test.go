@@ -57,8 +57,8 @@ func startTty(t testing.TB, c *client.Client, id string, rows, cols int, argv ..
 // TestTtyShell: an interactive shell under a terminal sees its size, answers what is typed and
 // sees the new size after a resize.
 func TestTtyShell(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 20*time.Second)
 		info := startTty(t, h.C, "bash", 24, 80, "bash", "--norc", "--noprofile", "-i")
 		if !info.StdinOpen || info.Tty == nil || *info.Tty != (proto.TtySize{Rows: 24, Cols: 80}) {
@@ -216,11 +216,11 @@ func TestTtyCloseStdin(t *testing.T) {
 // come first) holds the terminal; the terminal is hung up for it afterwards, and a signal to
 // the ended exec still reaches it.
 func TestTtyLeaderExit(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 30*time.Second)
 		rc := filepath.Join(h.WS, "rc")
-		id := fmt.Sprintf("leader-%v", reap)
+		id := fmt.Sprintf("leader-%v", opts.Reap)
 		start := time.Now()
 		startTty(t, h.C, id, 24, 80, "sh", "-c", `trap "" HUP; (sleep 2.5; echo late; echo $? > rc; exec sleep 100) & echo started`)
 		out, st := output(t, h.C, id)
@@ -255,10 +255,10 @@ func TestTtyLeaderExit(t *testing.T) {
 // TestTtyTimeoutAndSignals: the timeout kills a Tty exec's whole tree; an interactive shell
 // ignores SIGTERM, as at a keyboard, and ends on SIGHUP.
 func TestTtyTimeoutAndSignals(t *testing.T) {
-	modes(t, func(t *testing.T, reap bool) {
-		h := guesttest.New(t, server.Options{Reap: reap}, guesttest.OverSocketpair)
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
 		ctx := guesttest.Ctx(t, 30*time.Second)
-		id := fmt.Sprintf("timeout-%v", reap)
+		id := fmt.Sprintf("timeout-%v", opts.Reap)
 		res, err := h.C.Run(ctx, proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "setsid sleep 100 & sleep 100 & sleep 100"},
 			Tty: &proto.TtySize{Rows: 24, Cols: 80}, TimeoutMs: 300}, 0, 0)
 		if err != nil {
@@ -269,7 +269,7 @@ func TestTtyTimeoutAndSignals(t *testing.T) {
 		}
 		guesttest.WaitTreeGone(t, id)
 
-		id = fmt.Sprintf("bash-%v", reap)
+		id = fmt.Sprintf("bash-%v", opts.Reap)
 		startTty(t, h.C, id, 24, 80, "bash", "--norc", "--noprofile", "-i")
 		// The shell's own output, which the terminal's echo of the typed line ("echo u''p")
 		// does not contain: that echo comes before the shell has even started (and set itself
