@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="$SANDBOXD_CACHE/bin"
 mkdir -p "$bin"
-log "building sandboxd and sandbox-init"
+log "building sandboxd, sandbox-init and sandbox-spawn"
 # The revision they report (`sandboxd version`, /readyz, sandboxd_build_info); -dirty when the
 # tree has changes.
 rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -14,4 +14,6 @@ rev=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 ldflags="-X sandboxd/internal/version.revision=$rev"
 CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/sandbox-init" ./cmd/sandbox-init
 go build -ldflags "$ldflags" -o "$bin/sandboxd" ./cmd/sandboxd
+# The spawner program beside the init: sandboxd finds it there (--spawner-binary).
+scripts/build-spawner.sh "$bin/sandbox-spawn"
 printf '%s\n' "$bin"

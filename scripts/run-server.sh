@@ -8,7 +8,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 need_root
-apt_install redis-server debootstrap ca-certificates zstd e2fsprogs
+apt_install redis-server debootstrap ca-certificates zstd e2fsprogs gcc libc6-dev
 runsc=$(scripts/ensure-runsc.sh)
 rootfs=$(scripts/ensure-rootfs.sh sandboxes-default)
 scripts/build-dashboard.sh # only when internal/dashboard/web changed since dist/ was built

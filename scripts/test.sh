@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 need_root
 # python3: the benchmark's floor script is tested on the host (cmd/sandbox-bench/floor_test.go).
-apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs iproute2 chromium fonts-dejavu-core python3
+apt_install redis-server debootstrap ca-certificates zstd git e2fsprogs iproute2 chromium fonts-dejavu-core python3 gcc libc6-dev
 # The dashboard's browser test (tests/dashboard_test.go) drives Debian's Chromium with chromedp.
 export SANDBOXD_CHROMIUM; SANDBOXD_CHROMIUM=$(command -v chromium)
 

@@ -60,6 +60,9 @@ type Config struct {
 	Runsc string `json:"runsc"`
 	// InitBinary is the static sandbox-init binary mounted into every sandbox.
 	InitBinary string `json:"init_binary"`
+	// SpawnerBinary is the static spawner program the init starts commands with (empty:
+	// sandbox-spawn beside InitBinary, when there is one).
+	SpawnerBinary string `json:"spawner_binary"`
 	// Rootfs is the base rootfs of the default profile when the profile names none.
 	Rootfs string `json:"rootfs"`
 
@@ -186,6 +189,8 @@ func (c *Config) settings() []setting {
 			help: "local checkpoint folder (empty: <state dir>/checkpoint-store)", val: &c.CheckpointDir},
 		{flag: "runsc", env: "SANDBOXD_RUNSC", key: "runsc", help: "runsc binary", val: &c.Runsc},
 		{flag: "init-binary", env: "SANDBOXD_INIT", key: "init_binary", help: "static sandbox-init binary", val: &c.InitBinary},
+		{flag: "spawner-binary", env: "SANDBOXD_SPAWNER", key: "spawner_binary",
+			help: "static spawner program the init starts commands with (empty: sandbox-spawn beside the init binary, if any)", val: &c.SpawnerBinary},
 		{flag: "rootfs", env: "SANDBOXD_ROOTFS", key: "rootfs", help: "base rootfs of the default profile", val: &c.Rootfs},
 		{flag: "runtime", env: "SANDBOXD_RUNTIME", key: "runtime", help: "runtime driver: gvisor (default) or kube", val: &c.Runtime},
 		{flag: "kubeconfig", env: "SANDBOXD_KUBECONFIG", envUnderFile: "KUBECONFIG", key: "kube.kubeconfig",

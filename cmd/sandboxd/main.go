@@ -397,7 +397,7 @@ func openDriver(ctx context.Context, cfg Config, log *slog.Logger) (runtime.Driv
 		}
 		d, closeFn = kd, func() { kd.Close() }
 	default:
-		gd, err := gvisor.New(gvisor.Options{Runsc: cfg.Runsc, StateDir: cfg.StateDir, InitBinary: cfg.InitBinary, Logger: log,
+		gd, err := gvisor.New(gvisor.Options{Runsc: cfg.Runsc, StateDir: cfg.StateDir, InitBinary: cfg.InitBinary, SpawnerBinary: cfg.SpawnerBinary, Logger: log,
 			LocalSubnet: cfg.Network.LocalSubnet})
 		if err != nil {
 			return nil, nil, fmt.Errorf("gvisor runtime: %w", err)

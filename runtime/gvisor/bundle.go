@@ -151,7 +151,7 @@ var initCaps = append(slices.Clone(dockerCaps), "CAP_SYS_ADMIN")
 // finds its channel key (proto.ChannelKeyFileEnv, deleted once read) and creates its host
 // socket (proto.HostSocketEnv); it then covers the folder with an empty read-only tmpfs, so no
 // command of the box ever reaches it.
-func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string, nw boxNetwork) (*ociSpec, error) {
+func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir string, spawner bool, nw boxNetwork) (*ociSpec, error) {
 	if err := validateSpec(spec); err != nil {
 		return nil, err
 	}
@@ -163,6 +163,9 @@ func buildSpec(id string, spec runtime.BoxSpec, workspace, initDir, hostDir stri
 	}
 	env[proto.RequireContainmentEnv] = "1"
 	env[proto.StopSignalsEnv] = "0" // the driver ends a box with SIGKILL, never SIGTERM
+	if spawner {
+		env[proto.SpawnerEnv] = spawnerPathInBox
+	}
 	envList := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])
@@ -238,6 +241,8 @@ const (
 	channelKeyName = "channel.key"
 	initDirInBox   = "/.sbx"
 	initPathInBox  = "/.sbx/init"
+	// spawnerPathInBox is the spawner program, when the driver has one (Options.SpawnerBinary).
+	spawnerPathInBox = "/.sbx/spawn"
 )
 
 func cgroupPath(id string) string { return "/" + id }

@@ -19,7 +19,7 @@ func TestBuildSpec(t *testing.T) {
 		MemoryBytes: 1 << 30,
 		Env:         map[string]string{"FOO": "bar", "PATH": "/opt/bin:/usr/bin"},
 	}
-	oci, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "", boxNetwork{})
+	oci, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "", false, boxNetwork{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestBuildSpec(t *testing.T) {
 	if c := cp.Capabilities; len(c.Bounding)+len(c.Effective)+len(c.Permitted)+len(c.Inheritable) != 0 || !cp.NoNewPrivileges {
 		t.Errorf("connect process %+v: want no capability and noNewPrivileges", cp)
 	}
-	withHost, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "/state/boxes/sbx_1/host", boxNetwork{})
+	withHost, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "/state/boxes/sbx_1/host", false, boxNetwork{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestBuildSpec(t *testing.T) {
 }
 
 func TestBuildSpecNoLimits(t *testing.T) {
-	oci, err := buildSpec("sbx_1", runtime.BoxSpec{Rootfs: "/r", PidsLimit: 100}, "/w", "/i", "", boxNetwork{})
+	oci, err := buildSpec("sbx_1", runtime.BoxSpec{Rootfs: "/r", PidsLimit: 100}, "/w", "/i", "", false, boxNetwork{})
 	if err != nil {
 		t.Fatal(err)
 	}

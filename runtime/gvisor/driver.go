@@ -49,6 +49,12 @@ type Options struct {
 	StateDir string
 	// InitBinary is the host path of the static guest init binary.
 	InitBinary string
+	// SpawnerBinary is the host path of the static spawner program (guest/spawner,
+	// scripts/build-spawner.sh) that the init starts the commands with; default
+	// "sandbox-spawn" beside InitBinary when that is an executable file. Without one the
+	// init forks every command itself, which costs a command's start a few milliseconds
+	// more (one trap per signal handler Go installed).
+	SpawnerBinary string
 	// Platform is runsc's --platform; default "systrap".
 	Platform string
 	// ExtraFlags are appended to runsc's global flags on every call.
@@ -139,6 +145,19 @@ func New(opts Options) (*Driver, error) {
 	if opts.InitBinary, err = filepath.Abs(opts.InitBinary); err != nil {
 		return nil, err
 	}
+	if opts.SpawnerBinary == "" {
+		beside := filepath.Join(filepath.Dir(opts.InitBinary), "sandbox-spawn")
+		if fi, err := os.Stat(beside); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			opts.SpawnerBinary = beside
+		}
+	} else {
+		if opts.SpawnerBinary, err = filepath.Abs(opts.SpawnerBinary); err != nil {
+			return nil, err
+		}
+		if fi, err := os.Stat(opts.SpawnerBinary); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			return nil, fmt.Errorf("gvisor: the spawner program %s is not an executable file", opts.SpawnerBinary)
+		}
+	}
 	if opts.Platform == "" {
 		opts.Platform = "systrap"
 	}
@@ -187,6 +206,10 @@ func New(opts Options) (*Driver, error) {
 		kept:    keptMounts{max: opts.KeptMounts},
 
 		teardownHold: teardownHold,
+	}
+	if opts.SpawnerBinary == "" {
+		d.log.Info("no spawner program beside the guest init: PID 1 forks every command itself, a few ms slower per exec",
+			"init", opts.InitBinary)
 	}
 	for _, dir := range []string{d.boxes.dir, d.rootDir, d.initDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -629,7 +652,7 @@ func (d *Driver) startContainer(ctx context.Context, id string, spec runtime.Box
 			return fmt.Errorf("gvisor: resolv.conf: %w", err)
 		}
 	}
-	oci, err := buildSpec(id, spec, d.disks.workspacePath(id), d.initDir, hostDir, nw)
+	oci, err := buildSpec(id, spec, d.disks.workspacePath(id), d.initDir, hostDir, d.opts.SpawnerBinary != "", nw)
 	if err != nil {
 		return err
 	}
@@ -676,32 +699,45 @@ func (d *Driver) rotateLog(id string) {
 	}
 }
 
-// syncInit copies the guest init binary into StateDir/init/, the folder mounted at /.sbx,
-// when it differs (size or modification time) from the copy there.
+// syncInit copies the guest init binary, and the spawner program when there is one, into
+// StateDir/init/ (the folder mounted at /.sbx, as init and spawn) when they differ (size or
+// modification time) from the copies there.
 func (d *Driver) syncInit() error {
 	d.initMu.Lock()
 	defer d.initMu.Unlock()
-	src, err := os.Open(d.opts.InitBinary)
+	if err := d.syncFile(d.opts.InitBinary, "init", "guest init"); err != nil {
+		return err
+	}
+	if d.opts.SpawnerBinary == "" {
+		return nil
+	}
+	return d.syncFile(d.opts.SpawnerBinary, "spawn", "spawner program")
+}
+
+// syncFile copies the executable src into StateDir/init/name, atomically, unless the copy
+// there has its size and modification time.
+func (d *Driver) syncFile(srcPath, name, what string) error {
+	src, err := os.Open(srcPath)
 	if err != nil {
-		return fmt.Errorf("gvisor: guest init: %w", err)
+		return fmt.Errorf("gvisor: %s: %w", what, err)
 	}
 	defer src.Close()
 	sfi, err := src.Stat()
 	if err != nil {
-		return fmt.Errorf("gvisor: guest init: %w", err)
+		return fmt.Errorf("gvisor: %s: %w", what, err)
 	}
-	dst := filepath.Join(d.initDir, "init")
+	dst := filepath.Join(d.initDir, name)
 	if dfi, err := os.Stat(dst); err == nil && dfi.Size() == sfi.Size() && dfi.ModTime().Equal(sfi.ModTime()) {
 		return nil
 	}
-	tmp, err := os.CreateTemp(d.initDir, ".init.tmp*")
+	tmp, err := os.CreateTemp(d.initDir, "."+name+".tmp*")
 	if err != nil {
-		return fmt.Errorf("gvisor: copy guest init: %w", err)
+		return fmt.Errorf("gvisor: copy %s: %w", what, err)
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := io.Copy(tmp, src); err != nil {
 		tmp.Close()
-		return fmt.Errorf("gvisor: copy guest init: %w", err)
+		return fmt.Errorf("gvisor: copy %s: %w", what, err)
 	}
 	if err := tmp.Chmod(0o755); err != nil {
 		tmp.Close()

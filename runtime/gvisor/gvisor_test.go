@@ -171,6 +171,104 @@ func TestInitOutlivesStraySignals(t *testing.T) {
 	}
 }
 
+// TestSpawnerInTheBox: the box's commands are started by the spawner program (which the
+// driver installs beside the init): each is PID 1's child, in its exec's cgroup, with no
+// signal blocked or ignored. What a command can do to the program: not read its descriptors
+// or memory (it is not dumpable and a command lacks CAP_SYS_PTRACE); send it any signal
+// (all but SIGKILL and SIGSTOP change nothing); and kill it, after which PID 1 starts the
+// commands itself.
+func TestSpawnerInTheBox(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	c := runtimetest.Client(t, d, id)
+	health := func() proto.Health {
+		t.Helper()
+		h, err := c.Health(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for health().SpawnerPid == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no spawner program in the box (is sandbox-spawn beside the init?)")
+		}
+		time.Sleep(20 * time.Millisecond) // PID 1 starts it right after it began to serve
+	}
+	h := health()
+	sp := strconv.Itoa(h.SpawnerPid)
+
+	// $$ is the exec's own process (sh), which the program started.
+	res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c",
+		`grep PPid /proc/$$/status; grep job /proc/$$/cgroup; cat /proc/` + sp + `/comm`}})
+	out := string(res.Stdout)
+	for _, want := range []string{"PPid:\t1\n", "spawn\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the command's view: got %q, want %q in it (stderr %q)", out, want, res.Stderr)
+		}
+	}
+	if !strings.Contains(out, "job:/") || strings.Contains(out, "job:/\n") {
+		t.Errorf("the command's cgroup: got %q, want an exec cgroup of the job hierarchy", out)
+	}
+	// python3 as the exec's process: nothing blocked, and no signal ignored or handled but
+	// SIGINT, SIGPIPE and SIGXFSZ, which python sets itself.
+	check := "import signal as s; print(s.pthread_sigmask(s.SIG_BLOCK, []) == set(), all(s.getsignal(g) == s.SIG_DFL " +
+		"for g in s.valid_signals() if g not in (s.SIGKILL, s.SIGSTOP, s.SIGINT, s.SIGPIPE, s.SIGXFSZ)))"
+	if res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"python3", "-c", check}}); string(res.Stdout) != "True True\n" {
+		t.Errorf("a command's signal mask and dispositions: got %q (stderr %q), want none blocked, all at their default", res.Stdout, res.Stderr)
+	}
+	if got := health().SpawnerStarts; got != h.SpawnerStarts+2 {
+		t.Errorf("spawner starts: got %d, want %d", got, h.SpawnerStarts+2)
+	}
+
+	// Its socket, environment and memory are out of a command's reach, and so is ptrace.
+	reach := `
+import ctypes, os
+for p in ("fd/3", "environ", "mem"):
+    try:
+        os.close(os.open("/proc/` + sp + `/" + p, os.O_RDONLY)); print("opened", p)
+    except PermissionError:
+        print("refused", p)
+libc = ctypes.CDLL(None, use_errno=True)
+print("ptrace", libc.ptrace(16, ` + sp + `, 0, 0), ctypes.get_errno())
+`
+	res = runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"python3", "-c", reach}})
+	if want := "refused fd/3\nrefused environ\nrefused mem\nptrace -1 1\n"; string(res.Stdout) != want {
+		t.Errorf("reaching into the program: got %q (stderr %q), want %q", res.Stdout, res.Stderr, want)
+	}
+
+	// Every signal but SIGKILL and SIGSTOP, three times.
+	script := "for s in $(seq 1 64); do case $s in 9|19) continue;; esac; kill -$s " + sp + "; kill -$s " + sp + "; kill -$s " + sp + "; done; echo sent"
+	if res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", script}}); string(res.Stdout) != "sent\n" {
+		t.Fatalf("signalling the program: stdout %q, stderr %q", res.Stdout, res.Stderr)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"echo", "still"}}); string(res.Stdout) != "still\n" {
+		t.Fatalf("after the signals: %q", res.Stdout)
+	}
+	if got := health(); got.SpawnerPid != h.SpawnerPid {
+		t.Fatalf("after the signals: spawner pid %d, want %d", got.SpawnerPid, h.SpawnerPid)
+	}
+
+	// Killed, it is replaced by PID 1's own fork.
+	runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"kill", "-KILL", sp}})
+	deadline = time.Now().Add(10 * time.Second)
+	for health().SpawnerPid != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("PID 1 still reports the killed spawner program")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res = runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "grep PPid /proc/$$/status; grep job /proc/$$/cgroup"}})
+	if out := string(res.Stdout); !strings.Contains(out, "PPid:\t1\n") || !strings.Contains(out, "job:/") || strings.Contains(out, "job:/\n") {
+		t.Fatalf("a command after the program died: %q (stderr %q)", out, res.Stderr)
+	}
+	if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseRunning {
+		t.Fatalf("the box: phase %v (%s), %v", b.Phase, b.Reason, err)
+	}
+}
+
 func TestMemoryLimitVisible(t *testing.T) {
 	d := newDriver(t)
 	spec := defaultSpec()

@@ -142,6 +142,12 @@ func buildBinaries() error {
 			fmt.Fprintf(os.Stderr, "e2e: go %s took %s\n", strings.Join(b.args, " "), time.Since(start).Round(time.Millisecond))
 		}
 	}
+	// The spawner program beside the init, where sandboxd finds it (--spawner-binary).
+	cmd := exec.Command(filepath.Join(suite.modRoot, "scripts", "build-spawner.sh"), filepath.Join(bin, "sandbox-spawn"))
+	cmd.Dir = suite.modRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building the spawner program: %v\n%s", err, out)
+	}
 	return nil
 }
 
