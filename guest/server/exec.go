@@ -804,7 +804,7 @@ func (s *Server) warmSpawner() error {
 	if s.opts.Cgroups != nil {
 		place = func(fork func() (*os.Process, error)) (*os.Process, error) { return s.opts.Cgroups.start("", fork) }
 	}
-	sp, err := startSpawner(s.log, s.opts.Spawner, r, place, s.devNull)
+	sp, err := startSpawner(s.log, s.opts.Spawner, r, place, s.devNull, s.spawnerEnded)
 	if err != nil {
 		return err
 	}
@@ -817,4 +817,33 @@ func (s *Server) warmSpawner() error {
 	s.mu.Unlock()
 	s.log.Info("the spawner program starts the commands", "path", s.opts.Spawner, "pid", sp.pid)
 	return nil
+}
+
+// spawnerRestartDelay is how long after the spawner program's first unexpected end a new one
+// is started; it doubles with every further end, up to spawnerRestartMax. A command that kills
+// the program (`kill -9 -1` kills every process it may) slows the box's later starts only
+// until then; one that kills it again and again costs PID 1 a fork per minute at most.
+var spawnerRestartDelay = time.Second
+
+const spawnerRestartMax = time.Minute
+
+// spawnerEnded replaces a spawner program that ended other than by Close, after a delay.
+func (s *Server) spawnerEnded() {
+	s.mu.Lock()
+	s.spawnerEnds++
+	delay := spawnerRestartDelay << min(s.spawnerEnds-1, 6)
+	s.mu.Unlock()
+	time.AfterFunc(min(delay, spawnerRestartMax), func() {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		s.wg.Add(1) // under s.mu: Close waits for it, or it sees closed
+		s.mu.Unlock()
+		defer s.wg.Done()
+		if err := s.warmSpawner(); err != nil {
+			s.log.Warn("replacing the spawner program", "err", err)
+		}
+	})
 }

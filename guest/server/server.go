@@ -109,6 +109,8 @@ type Server struct {
 	// keeps two Warms from starting two.
 	spawner *spawner
 	warmMu  sync.Mutex
+	// spawnerEnds counts the spawner programs that ended other than by Close (spawnerEnded).
+	spawnerEnds int
 	// extraEnv is laid over opts.BaseEnv for every exec (PUT /v1/env, env.go).
 	extraEnv []string
 

@@ -39,6 +39,9 @@ type spawner struct {
 	starts uint64
 	exit   <-chan syscall.WaitStatus // the program's own wait status, from the reaper
 	done   chan struct{}             // closed once the program's status arrived
+	// ended is called once the program ended other than by close (killed, or given up).
+	ended   func()
+	closing bool
 }
 
 // The request layout (spawner.c's struct header, then NUL-terminated strings: the path, the
@@ -67,7 +70,7 @@ var errNoSpawner = errors.New("guest: the spawner program cannot take this start
 
 // startSpawner starts the spawner program at path through fork (a function that starts a
 // process the way the server wants it placed) and registers its wait with r.
-func startSpawner(log *slog.Logger, path string, r *reaper, place func(fork func() (*os.Process, error)) (*os.Process, error), devNull *os.File) (*spawner, error) {
+func startSpawner(log *slog.Logger, path string, r *reaper, place func(fork func() (*os.Process, error)) (*os.Process, error), devNull *os.File, ended func()) (*spawner, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("guest: spawner: socket pair: %w", err)
@@ -97,23 +100,28 @@ func startSpawner(log *slog.Logger, path string, r *reaper, place func(fork func
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		return nil, fmt.Errorf("guest: spawner: receive timeout: %w", err)
 	}
-	sp := &spawner{log: log, fd: fds[0], pid: pid, exit: exit, done: make(chan struct{})}
+	sp := &spawner{log: log, fd: fds[0], pid: pid, exit: exit, done: make(chan struct{}), ended: ended}
 	go sp.watch()
 	return sp, nil
 }
 
-// watch waits for the program's end: from then on every start goes through Go's fork.
+// watch waits for the program's end: from then on every start goes through Go's fork, and
+// ended is told, unless close ended it.
 func (sp *spawner) watch() {
 	ws := <-sp.exit
 	close(sp.done)
 	sp.mu.Lock()
-	defer sp.mu.Unlock()
 	if sp.fd >= 0 {
 		code, sig := exitStatus(ws)
-		sp.log.Warn("the spawner program ended; commands are started by PID 1 itself from now on",
+		sp.log.Warn("the spawner program ended; PID 1 starts the commands itself until it is replaced",
 			"pid", sp.pid, "exit_code", code, "signal", sig)
 		_ = unix.Close(sp.fd)
 		sp.fd = -1
+	}
+	closing := sp.closing
+	sp.mu.Unlock()
+	if !closing && sp.ended != nil {
+		sp.ended()
 	}
 }
 
@@ -147,7 +155,7 @@ func (sp *spawner) state() (pid int, starts uint64) {
 // breakLocked gives the program up after a failed exchange: it is killed (the reaper takes
 // its status) and never used again.
 func (sp *spawner) breakLocked(what string, err error) {
-	sp.log.Warn("the spawner program failed; commands are started by PID 1 itself from now on",
+	sp.log.Warn("the spawner program failed; PID 1 starts the commands itself until it is replaced",
 		"pid", sp.pid, "step", what, "err", err)
 	_ = unix.Close(sp.fd)
 	sp.fd = -1
@@ -158,6 +166,7 @@ func (sp *spawner) breakLocked(what string, err error) {
 // a second before it kills it.
 func (sp *spawner) close() {
 	sp.mu.Lock()
+	sp.closing = true
 	if sp.fd >= 0 {
 		_ = unix.Close(sp.fd)
 		sp.fd = -1

@@ -9,3 +9,11 @@ func SetSpawnTimeout(d time.Duration) (restore func()) {
 	spawnTimeout = d
 	return func() { spawnTimeout = old }
 }
+
+// SetSpawnerRestartDelay sets the first delay before a spawner program that ended is replaced
+// and returns the function that restores it.
+func SetSpawnerRestartDelay(d time.Duration) (restore func()) {
+	old := spawnerRestartDelay
+	spawnerRestartDelay = d
+	return func() { spawnerRestartDelay = old }
+}

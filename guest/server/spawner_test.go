@@ -109,28 +109,55 @@ func TestSpawnerOutlivesStraySignals(t *testing.T) {
 	}
 }
 
-// TestSpawnerKilledFallsBack: when the program dies, the server starts the commands itself.
+// TestSpawnerKilledFallsBack: when the program dies, the server starts the commands itself,
+// and replaces the program after a delay that doubles with every death.
 func TestSpawnerKilledFallsBack(t *testing.T) {
+	defer server.SetSpawnerRestartDelay(300 * time.Millisecond)()
 	h := spawnerHarness(t)
-	pid := health(t, h.C).SpawnerPid
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	first := health(t, h.C).SpawnerPid
+	killed := time.Now() // the delay runs from the death, which comes after this
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for health(t, h.C).SpawnerPid != 0 {
+	for health(t, h.C).SpawnerPid == first {
 		if time.Now().After(deadline) {
 			t.Fatal("the server still reports the killed spawner program")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
-	for i := range 3 {
-		if res := run(t, h.C, "echo", strconv.Itoa(i)); string(res.Stdout) != strconv.Itoa(i)+"\n" {
-			t.Fatalf("echo after the program died: %+v", res)
+	if res := run(t, h.C, "echo", "meanwhile"); string(res.Stdout) != "meanwhile\n" {
+		t.Fatalf("echo after the program died: %+v", res)
+	}
+	// Replaced: a new program, which starts the next command.
+	replaced := func(old int, after time.Duration) int {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if pid := health(t, h.C).SpawnerPid; pid != 0 && pid != old {
+				if waited := time.Since(killed); waited < after {
+					t.Fatalf("replaced after %v, want no sooner than %v", waited, after)
+				}
+				return pid
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the killed spawner program was not replaced")
+			}
 		}
 	}
-	if got := health(t, h.C).SpawnerStarts; got != 0 {
-		t.Fatalf("starts: got %d, want 0", got)
+	second := replaced(first, 300*time.Millisecond)
+	starts := health(t, h.C).SpawnerStarts
+	if res := run(t, h.C, "echo", "again"); string(res.Stdout) != "again\n" {
+		t.Fatalf("echo through the new program: %+v", res)
 	}
+	if got := health(t, h.C).SpawnerStarts; got != starts+1 {
+		t.Fatalf("starts of the new program: got %d, want %d", got, starts+1)
+	}
+	// A second death waits twice as long.
+	killed = time.Now()
+	if err := syscall.Kill(second, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	replaced(second, 600*time.Millisecond)
 }
 
 // TestSpawnerStoppedFailsOneStart: a stopped program (SIGSTOP, which nothing can block) makes
@@ -151,7 +178,7 @@ func TestSpawnerStoppedFailsOneStart(t *testing.T) {
 	if res := run(t, h.C, "echo", "next"); string(res.Stdout) != "next\n" {
 		t.Fatalf("the next start: %+v", res)
 	}
-	if got := health(t, h.C).SpawnerPid; got != 0 {
+	if got := health(t, h.C).SpawnerPid; got == pid {
 		t.Fatalf("the stopped program still serves: pid %d", got)
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -176,7 +176,7 @@ func TestInitOutlivesStraySignals(t *testing.T) {
 // signal blocked or ignored. What a command can do to the program: not read its descriptors
 // or memory (it is not dumpable and a command lacks CAP_SYS_PTRACE); send it any signal
 // (all but SIGKILL and SIGSTOP change nothing); and kill it, after which PID 1 starts the
-// commands itself.
+// commands itself until it replaced the program.
 func TestSpawnerInTheBox(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
@@ -251,18 +251,36 @@ print("ptrace", libc.ptrace(16, ` + sp + `, 0, 0), ctypes.get_errno())
 		t.Fatalf("after the signals: spawner pid %d, want %d", got.SpawnerPid, h.SpawnerPid)
 	}
 
-	// Killed, it is replaced by PID 1's own fork.
-	runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"kill", "-KILL", sp}})
+	// Killed (`kill -9 -1` kills it too), PID 1 forks the commands itself, and replaces the
+	// program a second later.
+	checkCmd := func(when string) {
+		t.Helper()
+		res := runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "grep PPid /proc/$$/status; grep job /proc/$$/cgroup"}})
+		if out := string(res.Stdout); !strings.Contains(out, "PPid:\t1\n") || !strings.Contains(out, "job:/") || strings.Contains(out, "job:/\n") {
+			t.Fatalf("a command %s: %q (stderr %q)", when, out, res.Stderr)
+		}
+	}
+	runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "kill -9 -1; true"}})
 	deadline = time.Now().Add(10 * time.Second)
-	for health().SpawnerPid != 0 {
+	for health().SpawnerPid == h.SpawnerPid {
 		if time.Now().After(deadline) {
 			t.Fatal("PID 1 still reports the killed spawner program")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	res = runtimetest.MustRun(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "grep PPid /proc/$$/status; grep job /proc/$$/cgroup"}})
-	if out := string(res.Stdout); !strings.Contains(out, "PPid:\t1\n") || !strings.Contains(out, "job:/") || strings.Contains(out, "job:/\n") {
-		t.Fatalf("a command after the program died: %q (stderr %q)", out, res.Stderr)
+	checkCmd("right after the program died")
+	var replaced proto.Health
+	for deadline = time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if replaced = health(); replaced.SpawnerPid != 0 && replaced.SpawnerPid != h.SpawnerPid {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed spawner program was not replaced")
+		}
+	}
+	checkCmd("through the new program")
+	if got := health(); got.SpawnerPid != replaced.SpawnerPid || got.SpawnerStarts != replaced.SpawnerStarts+1 {
+		t.Fatalf("the new program: got %+v, want pid %d and one more start than %d", got, replaced.SpawnerPid, replaced.SpawnerStarts)
 	}
 	if b, err := d.Get(ctxT(t), id); err != nil || b.Phase != runtime.PhaseRunning {
 		t.Fatalf("the box: phase %v (%s), %v", b.Phase, b.Reason, err)
