@@ -2,9 +2,11 @@
 # Builds every image deploy/ runs, without Docker, as OCI image layouts in OUTDIR (one folder per
 # image, its index.json naming it by reference, and OUTDIR/images.json with digests and sizes):
 #   sandboxd/sandboxd:VERSION         the gateway (static, from scratch, runs as 65532)
-#   sandboxd/sandbox-init:VERSION     the static guest init at /sandbox-init (kube.init_image)
+#   sandboxd/sandbox-init:VERSION     the static guest init at /sandbox-init (kube.init_image), the
+#                                     spawner program at /sandbox-spawn
 #   sandboxd/sandbox-default:VERSION  the default sandbox base: the debootstrap rootfs of
-#                                     scripts/ensure-rootfs.sh, the guest init at /.sbx/init
+#                                     scripts/ensure-rootfs.sh, the guest init at /.sbx/init, the
+#                                     spawner program at /.sbx/spawn
 # VERSION is internal/version/VERSION. With --push REGISTRY it also pushes REGISTRY/sandboxd:VERSION,
 # REGISTRY/sandbox-init:VERSION and REGISTRY/sandbox-default:VERSION (credentials: the docker
 # config, ~/.docker/config.json, and its credential helpers).

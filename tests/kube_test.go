@@ -90,6 +90,15 @@ func TestKubeRuntime(t *testing.T) {
 		}
 	})
 
+	e2e.Step(t, "spawner-starts-commands", func(t *testing.T) {
+		// The spawner program the images carry beside the init runs in the pod, and a
+		// command it started is PID 1's child all the same.
+		got := s.Run(t, id, []string{"sh", "-c", "grep PPid /proc/$$/status; cat /proc/[0-9]*/comm | grep -x spawn"}, e2e.HdrDev)
+		if got != "PPid:\t1\nspawn\n" {
+			t.Errorf("got %q, want the command PID 1's child and the spawner program running", got)
+		}
+	})
+
 	e2e.Step(t, "stop-keeps-pvc", func(t *testing.T) {
 		s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/stop", nil, e2e.HdrDev).Want(t, http.StatusOK)
 		if sb := s.Get(t, id, e2e.HdrDev); sb.State != "STOPPED" {

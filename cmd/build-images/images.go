@@ -27,7 +27,11 @@ const (
 	sandboxdPath  = "/sandboxd"
 	initImagePath = "/sandbox-init" // the init image's binary (runtime/kube's init container runs it)
 	baseInitPath  = "/.sbx/init"    // the guest init baked into the base image
-	caBundlePath  = "etc/ssl/certs/ca-certificates.crt"
+	// The spawner program (guest/spawner) beside each: `sandbox-init install` copies the
+	// init image's one beside the init it installs, as spawn.
+	initSpawnerPath = "/sandbox-spawn"
+	baseSpawnerPath = "/.sbx/spawn"
+	caBundlePath    = "etc/ssl/certs/ca-certificates.crt"
 )
 
 // Labels every image carries.

@@ -2,9 +2,11 @@
 // and pushes them when asked (go-containerregistry):
 //
 //	sandboxd/sandboxd        the gateway: the static sandboxd from scratch, run as 65532
-//	sandboxd/sandbox-init    the static guest init at /sandbox-init (runtime/kube's init image)
+//	sandboxd/sandbox-init    the static guest init at /sandbox-init (runtime/kube's init image),
+//	                         the spawner program (guest/spawner) at /sandbox-spawn
 //	sandboxd/sandbox-default the default sandbox base: the debootstrap rootfs the local runtime
 //	                         uses (scripts/ensure-rootfs.sh), the guest init baked in at /.sbx/init
+//	                         and the spawner program at /.sbx/spawn
 //
 //	build-images --out DIR --rootfs ROOTFS [--push REGISTRY] [--tag TAG] [--revision REV]
 //	             [--source URL] [--epoch UNIX] [--cache DIR] [--ca-certificates FILE]
@@ -13,8 +15,10 @@
 // (org.opencontainers.image.ref.name, e.g. sandboxd/sandboxd:0.1.0); DIR/images.json lists
 // references, digests and sizes. Builds are reproducible: every time in the images is the epoch
 // (--epoch, else SOURCE_DATE_EPOCH, else the commit's time), tar entries are sorted, owners
-// numeric, the Go binaries built with -trimpath, -buildvcs=false and no build id, gzip without
-// names or times; the same inputs give the same digests. scripts/build-images.sh wraps it.
+// numeric, the Go binaries built with -trimpath, -buildvcs=false and no build id, the spawner
+// by scripts/build-spawner.sh (static, no debug information), gzip without names or times; the
+// same inputs give the same digests. Run it from the repository's root (scripts/build-images.sh
+// does, and wraps it).
 package main
 
 import (
@@ -108,6 +112,10 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
+	spawner := filepath.Join(bin, "sandbox-spawn")
+	if b, err := exec.CommandContext(ctx, "scripts/build-spawner.sh", spawner).CombinedOutput(); err != nil {
+		return fmt.Errorf("building the spawner program: %v\n%s", err, b)
+	}
 
 	var images []*built
 	add := func(repo string, cfg v1.Config, what []string, writes ...func(*layerWriter) error) error {
@@ -133,13 +141,20 @@ func run(ctx context.Context, o options) error {
 		files(sandboxdFiles(sandboxd, o.caBundle))); err != nil {
 		return err
 	}
-	if err := add(repoInit, m.initConfig(), []string{"sandbox-init"},
-		files([]file{{name: strings.TrimPrefix(initImagePath, "/"), mode: 0o755, src: initBin}})); err != nil {
+	if err := add(repoInit, m.initConfig(), []string{"sandbox-init, sandbox-spawn"},
+		files([]file{
+			{name: strings.TrimPrefix(initImagePath, "/"), mode: 0o755, src: initBin},
+			{name: strings.TrimPrefix(initSpawnerPath, "/"), mode: 0o755, src: spawner},
+		})); err != nil {
 		return err
 	}
-	if err := add(repoBase, m.baseConfig(), []string{"debootstrap rootfs (sandboxes-default)", "guest init at " + baseInitPath},
+	if err := add(repoBase, m.baseConfig(), []string{"debootstrap rootfs (sandboxes-default)", "guest init at " + baseInitPath + ", spawner at " + baseSpawnerPath},
 		func(w *layerWriter) error { return w.writeRootfs(o.rootfs) },
-		files([]file{{name: ".sbx", mode: 0o755, dir: true}, {name: strings.TrimPrefix(baseInitPath, "/"), mode: 0o755, src: initBin}})); err != nil {
+		files([]file{
+			{name: ".sbx", mode: 0o755, dir: true},
+			{name: strings.TrimPrefix(baseInitPath, "/"), mode: 0o755, src: initBin},
+			{name: strings.TrimPrefix(baseSpawnerPath, "/"), mode: 0o755, src: spawner},
+		})); err != nil {
 		return err
 	}
 

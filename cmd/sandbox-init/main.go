@@ -20,7 +20,9 @@
 //	                       copy this binary to DEST (mode 0755): what the Kubernetes driver's
 //	                       init container runs to put the init into the pod's shared folder;
 //	                       with SBX_CHANNEL_KEY and SBX_CHANNEL_KEY_FILE set it also writes
-//	                       the box's channel key to that file for PID 1 (see guest/proto/channel.go)
+//	                       the box's channel key to that file for PID 1 (see guest/proto/channel.go);
+//	                       a sandbox-spawn beside this binary (the spawner program) is copied
+//	                       to DEST's folder as spawn
 //
 // PID 1 makes itself non-dumpable, takes its channel key (SBX_CHANNEL_KEY_FILE: read, then
 // deleted) and serves a connection only once the caller proved that key. Started with
@@ -43,6 +45,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -95,7 +98,8 @@ func main() {
 
 // install copies the running binary to dest (mode 0755) through a temporary file in dest's
 // folder, so a reader never sees half a binary, and writes the channel key from
-// SBX_CHANNEL_KEY to SBX_CHANNEL_KEY_FILE when both are set.
+// SBX_CHANNEL_KEY to SBX_CHANNEL_KEY_FILE when both are set. The spawner program, when it is
+// beside the binary (sandbox-spawn), goes beside dest as spawn (proto.SpawnerEnv).
 func install(dest string) error {
 	if k, kf := os.Getenv(proto.ChannelKeyEnv), os.Getenv(proto.ChannelKeyFileEnv); k != "" && kf != "" {
 		if _, err := proto.ParseChannelKey(k); err != nil {
@@ -109,7 +113,20 @@ func install(dest string) error {
 	if err != nil {
 		return err
 	}
-	src, err := os.Open(self)
+	if err := copyExecutable(self, dest); err != nil {
+		return err
+	}
+	spawner := filepath.Join(filepath.Dir(self), "sandbox-spawn")
+	if _, err := os.Stat(spawner); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return copyExecutable(spawner, filepath.Join(filepath.Dir(dest), "spawn"))
+}
+
+// copyExecutable copies the file src to dest (mode 0755) through a temporary file in dest's
+// folder.
+func copyExecutable(srcPath, dest string) error {
+	src, err := os.Open(srcPath)
 	if err != nil {
 		return err
 	}

@@ -77,6 +77,7 @@ const (
 	workspaceVolume    = "workspace"
 	initDir            = "/.sbx"
 	initPath           = initDir + "/init"
+	spawnerPath        = initDir + "/spawn"
 	workspacePath      = "/workspace"
 	defaultDiskBytes   = 1 << 30
 	terminationGraceSc = 5
@@ -409,8 +410,11 @@ func (s podSettings) newPod(name string, rec runtime.Record) (*corev1.Pod, error
 				Image:      spec.Image,
 				Command:    []string{initPath, "serve"},
 				WorkingDir: workspacePath,
-				Env:        append(env, corev1.EnvVar{Name: proto.ChannelKeyFileEnv, Value: channelKeyFile}),
-				Resources:  res,
+				// The spawner program beside the init (from the init image, or the image's
+				// own): PID 1 starts the commands with it, or itself when there is none.
+				Env: append(env, corev1.EnvVar{Name: proto.ChannelKeyFileEnv, Value: channelKeyFile},
+					corev1.EnvVar{Name: proto.SpawnerEnv, Value: spawnerPath}),
+				Resources: res,
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: initVolume, MountPath: initDir, ReadOnly: true},
 					{Name: runVolume, MountPath: runDir},
