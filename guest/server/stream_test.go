@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -239,11 +240,24 @@ func TestExecStreamBrokenFallsBack(t *testing.T) {
 	h := guesttest.New(t, server.Options{Quiesce: func() (bool, error) { return true, nil }}, guesttest.OverSocketpair)
 	ctx := guesttest.Ctx(t, 30*time.Second)
 	var dials atomic.Int64
+	// serverReads counts, per dial, the server's reads of its end: a second read means the
+	// server took the stream's hello and serves it as an exec stream (a quiesce closes it).
+	var mu sync.Mutex
+	var serverReads []*atomic.Int64
+	served := func(dial int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(serverReads) >= dial && serverReads[dial-1].Load() >= 2
+	}
 	dropAnswer := atomic.Bool{}
 	ok := h.C.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) {
 		dials.Add(1)
 		serverEnd, clientEnd := guesttest.Socketpair(t)
-		go h.Srv.ServeConn(serverEnd)
+		reads := new(atomic.Int64)
+		mu.Lock()
+		serverReads = append(serverReads, reads)
+		mu.Unlock()
+		go h.Srv.ServeConn(&readCounter{Conn: serverEnd, reads: reads})
 		return &answerDropper{Conn: clientEnd, drop: &dropAnswer}, nil
 	})
 	if !ok {
@@ -266,14 +280,26 @@ func TestExecStreamBrokenFallsBack(t *testing.T) {
 		t.Fatal("the call did not go over the stream")
 	}
 
-	// The init closes the kept stream (a quiesce) without this end noticing.
-	waitFor(t, func() bool { return dials.Load() == 2 })
+	// The init closes the kept stream (a quiesce) without this end noticing. (Once the init
+	// serves it: a quiesce before that would miss it, and the call would go over it.)
+	waitFor(t, func() bool { return dials.Load() == 2 && served(2) })
 	if _, err := h.C.Quiesce(ctx); err != nil {
 		t.Fatal(err)
 	}
 	run("stale", "stale")
 	// It was taken, found broken and replaced.
 	waitFor(t, func() bool { return dials.Load() == 3 })
+}
+
+// readCounter counts the reads of a connection.
+type readCounter struct {
+	net.Conn
+	reads *atomic.Int64
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	c.reads.Add(1)
+	return c.Conn.Read(p)
 }
 
 // answerDropper is a stream that, once drop is set, breaks at its next read: the call's
