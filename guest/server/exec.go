@@ -805,6 +805,11 @@ func (s *Server) warmSpawner() error {
 		place = func(fork func() (*os.Process, error)) (*os.Process, error) { return s.opts.Cgroups.start("", fork) }
 	}
 	sp, err := startSpawner(s.log, s.opts.Spawner, r, place, s.devNull, s.spawnerEnded)
+	if errors.Is(err, fs.ErrNotExist) {
+		// An image of the Kubernetes runtime that carries the init without the program.
+		s.log.Info("no spawner program in the box: PID 1 starts the commands itself", "path", s.opts.Spawner)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

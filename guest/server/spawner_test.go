@@ -351,3 +351,15 @@ func TestSpawnerRefusesMalformedRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestSpawnerMissing: a box without the program (an image of one's own on Kubernetes) starts
+// its commands through Go's fork, and Warm says nothing is wrong.
+func TestSpawnerMissing(t *testing.T) {
+	h := guesttest.New(t, server.Options{Reap: true, Spawner: "/no/such/sandbox-spawn"}, guesttest.OverSocketpair)
+	if got := health(t, h.C); got.SpawnerPid != 0 {
+		t.Fatalf("health: got %+v, want no spawner program", got)
+	}
+	if res := run(t, h.C, "echo", "fine"); string(res.Stdout) != "fine\n" {
+		t.Fatalf("echo: %+v", res)
+	}
+}
