@@ -825,10 +825,11 @@ func (s *Server) warmSpawner() error {
 }
 
 // spawnerRestartDelay is how long after the spawner program's first unexpected end a new one
-// is started; it doubles with every further end, up to spawnerRestartMax. A command that kills
+// is started (nanoseconds; 0: a second, what a test may change); it doubles with every
+// further end, up to spawnerRestartMax. A command that kills
 // the program (`kill -9 -1` kills every process it may) slows the box's later starts only
 // until then; one that kills it again and again costs PID 1 a fork per minute at most.
-var spawnerRestartDelay = time.Second
+var spawnerRestartDelay atomic.Int64
 
 const spawnerRestartMax = time.Minute
 
@@ -836,7 +837,11 @@ const spawnerRestartMax = time.Minute
 func (s *Server) spawnerEnded() {
 	s.mu.Lock()
 	s.spawnerEnds++
-	delay := spawnerRestartDelay << min(s.spawnerEnds-1, 6)
+	delay := time.Duration(spawnerRestartDelay.Load())
+	if delay == 0 {
+		delay = time.Second
+	}
+	delay <<= min(s.spawnerEnds-1, 6)
 	s.mu.Unlock()
 	time.AfterFunc(min(delay, spawnerRestartMax), func() {
 		s.mu.Lock()

@@ -13,7 +13,6 @@ func SetSpawnTimeout(d time.Duration) (restore func()) {
 // SetSpawnerRestartDelay sets the first delay before a spawner program that ended is replaced
 // and returns the function that restores it.
 func SetSpawnerRestartDelay(d time.Duration) (restore func()) {
-	old := spawnerRestartDelay
-	spawnerRestartDelay = d
-	return func() { spawnerRestartDelay = old }
+	old := spawnerRestartDelay.Swap(int64(d))
+	return func() { spawnerRestartDelay.Store(old) }
 }
