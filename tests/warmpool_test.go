@@ -117,7 +117,7 @@ func wantFreshWarm(t *testing.T, s *e2e.Server, id, who, hdr string) {
 	t.Helper()
 	out := s.Run(t, id, []string{"sh", "-c",
 		`echo "$WHO|$PROFILE_VAR"; ls -A /workspace | wc -l; ls -A /tmp | wc -l; ` +
-			`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdr)
+			`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e '^sandbox-spawn $' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdr)
 	if want := who + "|p\n0\n0\n0\n"; out != want {
 		t.Fatalf("sandbox %s: got %q, want %q (env, /workspace and /tmp entries, other processes)", id, out, want)
 	}
@@ -254,8 +254,8 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 
 	// Nothing of the box's warm-up (a command every pool box runs before it is ready) is left
 	// for its claimer: no exec listed, and in the box the guest init's exec folder holds the
-	// claimer's first command's log only (<exec id>.log.0), with no other process but the init
-	// and it.
+	// claimer's first command's log only (<exec id>.log.0), with no other process but the init,
+	// its spawner program and it.
 	var list struct {
 		Execs []struct {
 			ExecID string `json:"exec_id"`
@@ -266,7 +266,7 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 		t.Fatalf("execs of a freshly claimed sandbox: got %+v, want none", list.Execs)
 	}
 	first := s.Run(t, sb.SandboxID, []string{"sh", "-c", `ls -A /run/sbx/execs | grep -c "^$SBX_EXEC_ID\.log\.0$"; ls -A /run/sbx/execs | grep -v "^$SBX_EXEC_ID\.log\.[0-9]*$"; ` +
-		`echo procs:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -v -e '^/.sbx/init ' -e '^sh -c ' -e '^tr ' -e '^grep ' -e '^$'; ` +
+		`echo procs:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -v -e '^/.sbx/init ' -e '^sandbox-spawn $' -e '^sh -c ' -e '^tr ' -e '^grep ' -e '^$'; ` +
 		`echo workspace:; ls -A /workspace; echo end`}, e2e.HdrTenant1)
 	if first != "1\nprocs:\nworkspace:\nend\n" {
 		t.Fatalf("the claimer's first command found traces of the warm-up:\n%s", first)
