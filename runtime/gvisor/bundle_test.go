@@ -50,9 +50,14 @@ func TestBuildSpec(t *testing.T) {
 	if c := cp.Capabilities; len(c.Bounding)+len(c.Effective)+len(c.Permitted)+len(c.Inheritable) != 0 || !cp.NoNewPrivileges {
 		t.Errorf("connect process %+v: want no capability and noNewPrivileges", cp)
 	}
-	withHost, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "/state/boxes/sbx_1/host", false, boxNetwork{})
+	withHost, err := buildSpec("sbx_1", spec, "/state/boxes/sbx_1/workspace", "/state/init", "/state/boxes/sbx_1/host", true, boxNetwork{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A driver with a spawner program tells PID 1 where it is (SBX_SPAWNER); without one
+	// (above) nothing does.
+	if !slices.Contains(withHost.Process.Env, "SBX_SPAWNER=/.sbx/spawn") {
+		t.Errorf("env with a spawner program %q: want SBX_SPAWNER=/.sbx/spawn", withHost.Process.Env)
 	}
 	for _, kv := range []string{"SBX_HOST_SOCKET=/run/sbx/host/init.sock", "SBX_CHANNEL_KEY_FILE=/run/sbx/host/channel.key"} {
 		if !slices.Contains(withHost.Process.Env, kv) {
@@ -217,5 +222,45 @@ func TestKeyedMutex(t *testing.T) {
 	}
 	if len(k.m) != 0 {
 		t.Errorf("got %d entries left, want 0", len(k.m))
+	}
+}
+
+// TestSpawnerBinaryOption: the spawner program is found beside the init binary as
+// sandbox-spawn, taken from SpawnerBinary when set, and an explicit one that is not an
+// executable file is refused at once (not at every create).
+func TestSpawnerBinaryOption(t *testing.T) {
+	dir := t.TempDir()
+	initBin := filepath.Join(dir, "sandbox-init")
+	if err := os.WriteFile(initBin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	newDriver := func(spawner string) (*Driver, error) {
+		return New(Options{Runsc: "/bin/true", StateDir: filepath.Join(dir, "state"), InitBinary: initBin,
+			SpawnerBinary: spawner, Mkfs: "/bin/true"})
+	}
+	d, err := newDriver("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.opts.SpawnerBinary != "" {
+		t.Fatalf("no sandbox-spawn beside the init: got %q, want none", d.opts.SpawnerBinary)
+	}
+	d.Close()
+	beside := filepath.Join(dir, "sandbox-spawn")
+	if err := os.WriteFile(beside, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if d, err = newDriver(""); err != nil || d.opts.SpawnerBinary != beside {
+		t.Fatalf("sandbox-spawn beside the init: got %q, %v", d.opts.SpawnerBinary, err)
+	}
+	d.Close()
+	if _, err := newDriver(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "not an executable file") {
+		t.Fatalf("a missing spawner program: got %v, want refused", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "plain"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newDriver(filepath.Join(dir, "plain")); err == nil {
+		t.Fatal("a spawner program that is not executable: accepted")
 	}
 }
