@@ -8,8 +8,9 @@
 // starting a command. This program handles no signal at all, so its children go straight to
 // execve.
 //
-// How it is used. PID 1 starts it once, from its spawner thread (so it carries the same
-// seccomp filter and capability bounding set as every command), with one end of a
+// How it is used. PID 1 starts it once (where PID 1 has exec cgroups, from its spawner thread,
+// so it carries the same seccomp filter and capability bounding set as every command), with
+// one end of a
 // SOCK_SEQPACKET socket pair as descriptor 3. Each request is one message (layout in
 // guest/server/spawner.go) with the command's stdin, stdout and stderr, and optionally the
 // exec cgroup's tasks file, as SCM_RIGHTS. The program clones a child with CLONE_VFORK and
@@ -219,7 +220,7 @@ int main(void) {
 		msg.msg_controllen = sizeof control.buf;
 		ssize_t n = recvmsg(SOCK_FD, &msg, MSG_CMSG_CLOEXEC);
 		if (n < 0 && errno == EINTR) {
-			continue;
+			continue; // a stop and continue may end the call so, though every signal is blocked
 		}
 		if (n <= 0) {
 			return n == 0 ? 0 : 1; // PID 1 closed its end, or the socket broke
