@@ -826,9 +826,9 @@ func (s *Server) warmSpawner() error {
 
 // spawnerRestartDelay is how long after the spawner program's first unexpected end a new one
 // is started (nanoseconds; 0: a second, what a test may change); it doubles with every
-// further end, up to spawnerRestartMax. A command that kills
-// the program (`kill -9 -1` kills every process it may) slows the box's later starts only
-// until then; one that kills it again and again costs PID 1 a fork per minute at most.
+// further end, up to spawnerRestartMax. A command that kills the program (`kill -9 -1` kills
+// every process it may) slows the box's later starts only until then; one that kills it
+// again and again costs PID 1 a fork per minute at most.
 var spawnerRestartDelay atomic.Int64
 
 const spawnerRestartMax = time.Minute
