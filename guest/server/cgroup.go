@@ -434,8 +434,8 @@ func (c *Cgroups) start(name string, fork func() (*os.Process, error)) (*os.Proc
 	return r.p, r.err
 }
 
-// openTasks opens the tasks file of cgroup name for writing: a process that writes its own
-// pid there enters the cgroup (the spawner program's children do, before execve).
+// openTasks opens the tasks file of cgroup name for writing: a process that writes "0" (itself)
+// or its pid there enters the cgroup (the spawner program's children do, before execve).
 func (c *Cgroups) openTasks(name string) (int, error) {
 	if name == "" {
 		return -1, errors.New("guest: cgroups: no cgroup named")
