@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"runtime"
 	"strconv"
@@ -573,11 +572,10 @@ func (c *Cgroups) Warm(start func(fork func() (*os.Process, error)) error) error
 			c.remove(name)
 		}
 	}()
-	self, err := os.Executable()
+	none, err := unrunnable()
 	if err != nil {
 		return err
 	}
-	none := self + "/.warm" // ENOTDIR: self is a file
 	err = start(func() (*os.Process, error) {
 		return c.start(name, func() (*os.Process, error) {
 			return os.StartProcess(none, []string{none}, &os.ProcAttr{Dir: "/"})
@@ -586,7 +584,7 @@ func (c *Cgroups) Warm(start func(fork func() (*os.Process, error)) error) error
 	if err == nil {
 		return errors.New("guest: cgroups: the warm-up started a process")
 	}
-	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrNotExist) {
+	if ranNothing(err) {
 		return nil
 	}
 	return err

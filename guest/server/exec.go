@@ -279,9 +279,7 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 // startProcess starts an exec's process through the spawner program when there is one
 // (spawner.go), and with fork (Go's own) otherwise or when the program cannot take it.
 func (s *Server) startProcess(e *execState, argv0 string, argv []string, attr *os.ProcAttr, fork func() (*os.Process, error)) (int, <-chan syscall.WaitStatus, error) {
-	s.mu.Lock()
-	sp := s.spawner
-	s.mu.Unlock()
+	sp := s.spawnerNow()
 	if sp != nil {
 		e.mu.Lock()
 		cg, name := e.cg, e.cgroup
@@ -780,6 +778,27 @@ func (s *Server) Warm() error {
 	return errors.Join(errs...)
 }
 
+// spawnerNow is the spawner program the server has (nil: none yet, or it forks itself).
+func (s *Server) spawnerNow() *spawner {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spawner
+}
+
+// unrunnable is a path that cannot be executed (a file under the init's own binary: ENOTDIR):
+// a start of it pays a first clone and runs nothing. ranNothing says a start of it failed so.
+func unrunnable() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return self + "/.warm", nil
+}
+
+func ranNothing(err error) bool {
+	return errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrNotExist)
+}
+
 // warmSpawner starts the spawner program (Options.Spawner) where PID 1 reaps and none runs:
 // from the spawner thread when there are exec cgroups (so it carries that thread's seccomp
 // filter and bounding set, as every command does). Either way it then has the program start
@@ -792,9 +811,7 @@ func (s *Server) warmSpawner() error {
 	}
 	s.warmMu.Lock()
 	defer s.warmMu.Unlock()
-	s.mu.Lock()
-	sp := s.spawner
-	s.mu.Unlock()
+	sp := s.spawnerNow()
 	if sp != nil {
 		if pid, _ := sp.state(); pid != 0 {
 			return sp.warm(s.devNull)

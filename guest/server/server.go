@@ -344,9 +344,7 @@ func (s *Server) Close() {
 		s.connsWG.Wait()
 		s.handlers.Wait()
 		s.trash.wait()
-		s.mu.Lock()
-		sp := s.spawner
-		s.mu.Unlock()
+		sp := s.spawnerNow()
 		if sp != nil {
 			sp.close() // before the reaper stops: it takes the program's status
 		}
@@ -373,9 +371,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 		tracking = proto.TrackingCgroup
 	}
 	health := proto.Health{OK: true, Pid: os.Getpid(), Version: Version, ProcessTracking: tracking, ExecStreams: true}
-	s.mu.Lock()
-	sp := s.spawner
-	s.mu.Unlock()
+	sp := s.spawnerNow()
 	if sp != nil {
 		health.SpawnerPid, health.SpawnerStarts = sp.state()
 	}

@@ -4,10 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"reflect"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,7 +22,7 @@ import (
 // the largest part of starting a command. The program's children go straight to execve.
 //
 // It starts each process with CLONE_PARENT, so the process is PID 1's own child: the reaper
-// waits for it like for any other. Its cgroup: the child writes its own pid into the exec
+// waits for it like for any other. Its cgroup: the child writes "0" (itself) into the exec
 // cgroup's tasks file (a descriptor PID 1 opens and passes for that one start) before
 // anything else. It is used only where PID 1 reaps (Options.Reap) and only once started
 // (Server.Warm); everything it cannot take (a start it cannot express, a program that died or
@@ -125,17 +125,16 @@ func (sp *spawner) watch() {
 	}
 }
 
-// warm has the program start a process that cannot run (self/.warm: ENOTDIR), which pays the
+// warm has the program start a process that cannot run (unrunnable), which pays the
 // program's first clone.
 func (sp *spawner) warm(devNull *os.File) error {
-	self, err := os.Executable()
+	none, err := unrunnable()
 	if err != nil {
-		self = "/proc/self/exe"
+		none = "/proc/self/exe/.warm"
 	}
-	none := self + "/.warm"
 	files := []*os.File{devNull, devNull, devNull}
 	_, err = sp.start(nil, "", none, []string{none}, &os.ProcAttr{Dir: "/", Files: files})
-	if err == nil || !(errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrNotExist)) {
+	if err == nil || !ranNothing(err) {
 		return fmt.Errorf("guest: spawner: a start that cannot run: got %v", err)
 	}
 	return nil
@@ -210,10 +209,8 @@ func spawnRequest(buf []byte, argv0, dir string, argv, env []string, sys *syscal
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(argv)))
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(env)))
 	put := func(s string) bool {
-		for i := 0; i < len(s); i++ {
-			if s[i] == 0 {
-				return false // execve would cut it here: Go's fork reports EINVAL
-			}
+		if strings.IndexByte(s, 0) >= 0 {
+			return false // execve would cut it here: Go's fork reports EINVAL
 		}
 		buf = append(buf, s...)
 		buf = append(buf, 0)
