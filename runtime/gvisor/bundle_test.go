@@ -253,6 +253,13 @@ func TestSpawnerBinaryOption(t *testing.T) {
 	if d, err = newDriver(""); err != nil || d.opts.SpawnerBinary != beside {
 		t.Fatalf("sandbox-spawn beside the init: got %q, %v", d.opts.SpawnerBinary, err)
 	}
+	// Readiness: every create copies it into the box, so a program gone since is reported.
+	if err := os.Remove(beside); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Check(t.Context()); err == nil || !strings.Contains(err.Error(), "spawner program") {
+		t.Errorf("Check with the spawner program gone: got %v, want it named", err)
+	}
 	d.Close()
 	if _, err := newDriver(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "not an executable file") {
 		t.Fatalf("a missing spawner program: got %v, want refused", err)

@@ -126,7 +126,7 @@ func findMkfs() (string, error) {
 		return p, nil
 	}
 	for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		if isExecutableFile(p) {
 			return p, nil
 		}
 	}

@@ -146,15 +146,14 @@ func New(opts Options) (*Driver, error) {
 		return nil, err
 	}
 	if opts.SpawnerBinary == "" {
-		beside := filepath.Join(filepath.Dir(opts.InitBinary), "sandbox-spawn")
-		if fi, err := os.Stat(beside); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+		if beside := filepath.Join(filepath.Dir(opts.InitBinary), "sandbox-spawn"); isExecutableFile(beside) {
 			opts.SpawnerBinary = beside
 		}
 	} else {
 		if opts.SpawnerBinary, err = filepath.Abs(opts.SpawnerBinary); err != nil {
 			return nil, err
 		}
-		if fi, err := os.Stat(opts.SpawnerBinary); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		if !isExecutableFile(opts.SpawnerBinary) {
 			return nil, fmt.Errorf("gvisor: the spawner program %s is not an executable file", opts.SpawnerBinary)
 		}
 	}
@@ -564,14 +563,23 @@ func (d *Driver) Check(ctx context.Context) error {
 	}
 	f.Close()
 	os.Remove(f.Name())
-	fi, err := os.Stat(d.opts.InitBinary)
-	if err != nil {
+	if _, err := os.Stat(d.opts.InitBinary); err != nil {
 		return fmt.Errorf("gvisor: guest init: %w", err)
 	}
-	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+	if !isExecutableFile(d.opts.InitBinary) {
 		return fmt.Errorf("gvisor: guest init %s is not an executable file", d.opts.InitBinary)
 	}
+	// Every create copies it into the box (syncInit): gone, they would all fail.
+	if d.opts.SpawnerBinary != "" && !isExecutableFile(d.opts.SpawnerBinary) {
+		return fmt.Errorf("gvisor: the spawner program %s is not an executable file", d.opts.SpawnerBinary)
+	}
 	return d.disks.checkDisks()
+}
+
+// isExecutableFile says path is a regular file with an execute bit.
+func isExecutableFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
 // checkRunsc runs `runsc --version` when the binary is new to this driver or changed since
