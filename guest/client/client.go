@@ -33,6 +33,23 @@ import (
 // client was closed. A caller reattaches (Dial a new stream) and resumes from its offsets.
 var ErrClosed = errors.New("guest: attach stream closed")
 
+// ErrNoAnswer is wrapped by the error of a start (StartLog, Run) the init did not answer
+// within startAnswerTimeout. The command may still start: the init got the request and keeps
+// it. The error also wraps a *proto.Error of code ErrCodeUnavailable that says so.
+var ErrNoAnswer = errors.New("guest: no answer to a start")
+
+// startAnswerTimeout bounds a start's wait for the init's answer. The init answers once the
+// command's process exists, or with its failure; its own bound on that is the spawner's 10 s.
+// A box that answers nothing for this long is stuck (stopped, starved), and a caller must not
+// wait on it forever: the start fails and the stream it went on is closed.
+var startAnswerTimeout = 30 * time.Second
+
+// noAnswer is the error of a start of exec id that got no answer.
+func noAnswer(id string) error {
+	return fmt.Errorf("%w: %w", ErrNoAnswer, &proto.Error{Code: proto.ErrCodeUnavailable,
+		Message: fmt.Sprintf("the sandbox did not answer the start of exec %s within %s; the command may still start", id, startAnswerTimeout)})
+}
+
 // dialTimeout bounds Dial's health call: `init connect` itself retries for up to 10 s while
 // PID 1 is not listening yet.
 const dialTimeout = 15 * time.Second
@@ -324,11 +341,24 @@ func (c *Client) startLogHTTP(ctx context.Context, req proto.ExecRequest) (*LogR
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.do(withExecID(ctx, req.ID), http.MethodPost, "/v1/execs", url.Values{"follow": {"1"}}, bytes.NewReader(b))
+	// The answer's headers come once the command started (or failed to): a timer bounds the
+	// wait for them, and only for them. The log after them is read as long as ctx allows.
+	rctx, cancel := context.WithCancel(ctx)
+	timer := time.AfterFunc(startAnswerTimeout, cancel)
+	resp, err := c.do(withExecID(rctx, req.ID), http.MethodPost, "/v1/execs", url.Values{"follow": {"1"}}, bytes.NewReader(b))
+	if !timer.Stop() && ctx.Err() == nil {
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel()
+		return nil, noAnswer(req.ID)
+	}
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	return &LogReader{c: c, ctx: ctx, body: resp.Body, br: bufio.NewReaderSize(resp.Body, 64<<10)}, nil
+	body := &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+	return &LogReader{c: c, ctx: ctx, body: body, br: bufio.NewReaderSize(body, 64<<10)}, nil
 }
 
 // RunResult is the collected outcome of Run.
@@ -706,6 +736,18 @@ func (c *Client) wrapErr(ctx context.Context, err error) error {
 		return fmt.Errorf("guest: %w (%v)", ctx.Err(), err)
 	}
 	return fmt.Errorf("guest: %w", err)
+}
+
+// cancelBody is a response body whose Close also cancels the context its request was made on.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // bodyCloser maps a response body's errors like the rest of the client's.

@@ -198,7 +198,7 @@ func (c *Client) startLogStream(ctx context.Context, st *execStream, req proto.E
 		return nil, &proto.Error{Code: proto.ErrCodeTooLarge, Message: fmt.Sprintf("request body over %d bytes", proto.MaxStreamRequest)}
 	}
 	sctx, span := startCall(withExecID(ctx, req.ID), "POST", "/v1/execs")
-	lr, err := c.callStream(sctx, st, body)
+	lr, err := c.callStream(sctx, st, req.ID, body)
 	endCall(span, err)
 	if err == nil || !errors.Is(err, ErrClosed) || ctx.Err() != nil {
 		return lr, err
@@ -211,39 +211,50 @@ func (c *Client) startLogStream(ctx context.Context, st *execStream, req proto.E
 	return lr, err
 }
 
-// callStream sends one call on st and reads the answer's opening; a started command's log
-// follows on st.
-func (c *Client) callStream(ctx context.Context, st *execStream, body []byte) (*LogReader, error) {
+// callStream sends one call (the start of exec id) on st and reads the answer's opening; a
+// started command's log follows on st. The write and the answer's opening are bounded by
+// startAnswerTimeout: past it the stream is closed and the call fails with ErrNoAnswer.
+func (c *Client) callStream(ctx context.Context, st *execStream, id string, body []byte) (*LogReader, error) {
 	stop := context.AfterFunc(ctx, func() { st.rwc.Close() })
+	timer := time.AfterFunc(startAnswerTimeout, func() { st.rwc.Close() })
+	failed := func(err error) error {
+		stop()
+		c.streams.put(st, false)
+		if !timer.Stop() && ctx.Err() == nil {
+			return noAnswer(id)
+		}
+		return streamErr(ctx, err)
+	}
 	msg := make([]byte, 4, 4+len(body))
 	binary.BigEndian.PutUint32(msg, uint32(len(body)))
 	if _, err := st.rwc.Write(append(msg, body...)); err != nil {
-		stop()
-		c.streams.put(st, false)
-		return nil, streamErr(ctx, err)
+		return nil, failed(err)
 	}
 	var ans [proto.StreamAnswerLen]byte
 	if _, err := io.ReadFull(st.br, ans[:]); err != nil {
-		stop()
-		c.streams.put(st, false)
-		return nil, streamErr(ctx, err)
+		return nil, failed(err)
 	}
 	n := binary.BigEndian.Uint32(ans[1:])
+	var refusal []byte
+	if ans[0] == proto.StreamRefused && n <= proto.MaxStreamRefusal {
+		refusal = make([]byte, n)
+		if _, err := io.ReadFull(st.br, refusal); err != nil {
+			return nil, failed(err)
+		}
+	}
+	if !timer.Stop() {
+		// The answer came as the timer closed the stream: what follows it is lost.
+		return nil, failed(io.ErrUnexpectedEOF)
+	}
 	switch {
 	case ans[0] == proto.StreamStarted && n == 0:
 		sb := &streamBody{p: c.streams, st: st, stop: stop}
 		return &LogReader{c: c, ctx: ctx, body: sb, br: st.br, stream: sb}, nil
-	case ans[0] == proto.StreamRefused && n <= proto.MaxStreamRefusal:
-		b := make([]byte, n)
-		_, err := io.ReadFull(st.br, b)
+	case refusal != nil:
 		whole := stop() // false: ctx closed the stream meanwhile
-		if err != nil {
-			c.streams.put(st, false)
-			return nil, streamErr(ctx, err)
-		}
 		c.streams.put(st, whole)
 		e := &proto.Error{}
-		if json.Unmarshal(b, e) != nil || e.Code == "" {
+		if json.Unmarshal(refusal, e) != nil || e.Code == "" {
 			e = &proto.Error{Code: proto.ErrCodeInternal, Message: "the guest init refused a command with an unreadable error"}
 		}
 		return nil, e
