@@ -72,6 +72,22 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 			}
 		}
 	}
+	if errors.Is(err, client.ErrNoAnswer) {
+		// The sandbox took the start and did not answer it (stopped, starved): the command may
+		// start yet. The follower looks for its log as after a broken attach, and the exec
+		// ends with the command, or as never started once the sandbox answers that it has no
+		// record of it. The caller hears now, with the exec's id.
+		f.wait = nil
+		f.unanswered = true
+		f.start(nil)
+		s.metrics.observe("error", s.now().Sub(start))
+		msg := err.Error()
+		if ge := (*proto.Error)(nil); errors.As(err, &ge) {
+			msg = ge.Message
+		}
+		return sandbox.ExecResult{}, apierror.Wrap(err, apierror.Unavailable, "%s: the exec's status says whether it did", msg).
+			WithDetail("exec_id", meta.ID)
+	}
 	if err != nil {
 		gerr := s.sandboxes.GuestError(ctx, id, err)
 		// The command never started: end its stream so that no subscriber waits for it.
@@ -84,6 +100,10 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 		s.metrics.observe("detached", s.now().Sub(start))
 		return execResultOf(meta), nil
 	}
+	// The sandbox ends the command at its timeout and reports the end; one that reports nothing
+	// for endGrace more is stuck (its PID 1 stopped or starved): the caller is not held.
+	bound := time.NewTimer(timeout + endGrace)
+	defer bound.Stop()
 	select {
 	case out := <-f.result:
 		if out.err != nil {
@@ -99,11 +119,19 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 		s.metrics.observe("error", s.now().Sub(start))
 		return sandbox.ExecResult{}, apierror.Wrap(ctx.Err(), apierror.Unavailable,
 			"the request was cancelled; the command runs on as exec %s", meta.ID).WithDetail("exec_id", meta.ID)
+	case <-bound.C:
+		s.metrics.observe("error", s.now().Sub(start))
+		return sandbox.ExecResult{}, apierror.New(apierror.Unavailable,
+			"the sandbox did not report the end of exec %s within its timeout (%s) and %s more; the exec's status will say how it ends",
+			meta.ID, timeout, endGrace).WithDetail("exec_id", meta.ID)
 	case <-s.bg.Done():
 		return sandbox.ExecResult{}, apierror.New(apierror.Unavailable, "the server is shutting down; the command runs on as exec %s", meta.ID).
 			WithDetail("exec_id", meta.ID).WithRetryAfter(time.Second)
 	}
 }
+
+// endGrace is how long past an exec's timeout a waiting caller waits for its end.
+const endGrace = 30 * time.Second
 
 // keyExecID is internal/tracing's attribute of an exec's id: the request's span gets the id
 // of the exec it started.

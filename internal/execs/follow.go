@@ -22,6 +22,9 @@ type follower struct {
 	meta execstream.Meta
 	// fresh: this replica started the exec (it publishes EXEC_STARTED).
 	fresh bool
+	// unanswered: the sandbox did not answer the exec's start (client.ErrNoAnswer), so a log
+	// it does not know means a command that never started.
+	unanswered bool
 	// pos is the guest log offset after the last record read; stored is the offset Redis has
 	// (the start of the next Append).
 	pos, stored int64
@@ -404,6 +407,9 @@ func (f *follower) reopen() (*client.LogReader, error) {
 				}
 				var ge *proto.Error
 				if errors.As(err, &ge) && ge.Code == proto.ErrCodeNotFound {
+					if f.unanswered {
+						return nil, errors.New("the command did not start: the sandbox did not answer its start and has no record of it")
+					}
 					return nil, errors.New("the sandbox restarted while the command ran; its end is unknown")
 				}
 			}
