@@ -239,6 +239,17 @@ func Rootfs() string { return suite.rootfs }
 // runscRoot is runsc's --root folder of the gvisor driver under a state folder.
 func runscRoot(stateDir string) string { return filepath.Join(stateDir, "runsc-root") }
 
+// Runsc runs runsc on the containers of a state folder's servers (a sandbox's container is
+// named by its id) and returns its output.
+func Runsc(t testing.TB, stateDir string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(suite.runsc, append([]string{"--root", runscRoot(stateDir)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("runsc %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
 // LeftoverContainers lists the runsc containers under a state folder.
 func LeftoverContainers(stateDir string) ([]string, error) {
 	root := runscRoot(stateDir)
