@@ -15,6 +15,7 @@ import (
 //     and 30 s more passed without its end reported;
 //   - an exec started meanwhile answers 503 UNAVAILABLE with its exec_id after the 30 s bound on
 //     the start's answer ("it may still start");
+//   - while that start is unanswered, the next exec fails at once (the sandbox looks stuck);
 //   - the server serves other calls meanwhile.
 //
 // Once PID 1 goes on (SIGCONT from outside; stop and destroy would do too) nothing is lost: the
@@ -94,6 +95,14 @@ func TestStuckSandbox(t *testing.T) {
 		a.r.Decode(t, &unanswered)
 		if !strings.HasPrefix(unanswered.Error.ExecID, "exec_") || a.took < 29*time.Second || a.took > 60*time.Second {
 			t.Errorf("got exec_id %q after %v, want the exec's id after the 30 s bound", unanswered.Error.ExecID, a.took)
+		}
+		// While that start is unanswered, the next fails at once: a stuck sandbox gathers no
+		// waiting requests and followers.
+		t0 = time.Now()
+		r = s.Curl(t, http.MethodPost, e2e.Prefix+"/"+id+"/exec", []byte(`{"command":["true"]}`), e2e.HdrJSON, e2e.HdrTenant1)
+		r.WantError(t, http.StatusServiceUnavailable, "UNAVAILABLE", "looks stuck", unanswered.Error.ExecID)
+		if d := time.Since(t0); d > 5*time.Second || r.Header.Get("Retry-After") == "" {
+			t.Errorf("%s: answered after %v with Retry-After %q, want at once with a Retry-After", r, d, r.Header.Get("Retry-After"))
 		}
 		a = wait(t, runningAns)
 		a.r.WantError(t, http.StatusServiceUnavailable, "UNAVAILABLE", "did not report the end", "timeout (3s)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -31,6 +32,11 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
+	endStart, err := s.beginStart(id)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	defer endStart()
 	g, err := s.sandboxes.Guest(ctx, id)
 	if err != nil {
 		return sandbox.ExecResult{}, err
@@ -72,6 +78,7 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 			}
 		}
 	}
+	endStart()
 	if errors.Is(err, client.ErrNoAnswer) {
 		// The sandbox took the start and did not answer it (stopped, starved): the command may
 		// start yet. The follower looks for its log as after a broken attach, and the exec
@@ -79,6 +86,11 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 		// record of it. The caller hears now, with the exec's id.
 		f.wait = nil
 		f.unanswered = true
+		s.followMu.Lock()
+		if s.stuck[id] == "" {
+			s.stuck[id] = meta.ID
+		}
+		s.followMu.Unlock()
 		f.start(nil)
 		s.metrics.observe("error", s.now().Sub(start))
 		msg := err.Error()
@@ -128,6 +140,34 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 		return sandbox.ExecResult{}, apierror.New(apierror.Unavailable, "the server is shutting down; the command runs on as exec %s", meta.ID).
 			WithDetail("exec_id", meta.ID).WithRetryAfter(time.Second)
 	}
+}
+
+// beginStart admits a start on the sandbox, or refuses it while the sandbox looks stuck (the
+// fields starting and stuck). end, which may be called more than once, ends the start's
+// count once the sandbox answered it (or did not).
+func (s *Service) beginStart(sandboxID string) (end func(), err error) {
+	s.followMu.Lock()
+	defer s.followMu.Unlock()
+	if execID := s.stuck[sandboxID]; execID != "" {
+		return nil, apierror.New(apierror.Unavailable,
+			"the sandbox did not answer the start of exec %s and has not answered since: it looks stuck (its PID 1 stopped or starved); stop it, or retry later", execID).
+			WithRetryAfter(5 * time.Second)
+	}
+	if n := s.starting[sandboxID]; n >= s.cfg.MaxRunningExecs {
+		return nil, apierror.New(apierror.LimitExceeded, "%d starts wait on this sandbox's answer, the most allowed at once", n).
+			WithDetail("limit_name", "running_execs_per_sandbox").WithRetryAfter(time.Second)
+	}
+	s.starting[sandboxID]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.followMu.Lock()
+			defer s.followMu.Unlock()
+			if s.starting[sandboxID]--; s.starting[sandboxID] <= 0 {
+				delete(s.starting, sandboxID)
+			}
+		})
+	}, nil
 }
 
 // endGrace is how long past an exec's timeout a waiting caller waits for its end.

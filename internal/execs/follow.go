@@ -95,7 +95,22 @@ func (f *follower) forget() {
 	f.s.followMu.Lock()
 	delete(f.s.following, f.meta.ID)
 	f.s.followMu.Unlock()
+	f.answered()
 	f.s.store.EndFeed(f.meta.ID)
+}
+
+// answered notes that the sandbox of an exec whose start it did not answer answered since (or
+// that its follower ended): new starts on it are let through again.
+func (f *follower) answered() {
+	if !f.unanswered {
+		return
+	}
+	s := f.s
+	s.followMu.Lock()
+	if s.stuck[f.meta.Sandbox] == f.meta.ID {
+		delete(s.stuck, f.meta.Sandbox)
+	}
+	s.followMu.Unlock()
 }
 
 type logItem struct {
@@ -402,6 +417,7 @@ func (f *follower) reopen() (*client.LogReader, error) {
 			if err == nil {
 				var lr *client.LogReader
 				if lr, err = g.Log(s.bg, f.meta.ID, offset, true); err == nil {
+					f.answered()
 					f.pos = offset
 					return lr, nil
 				}

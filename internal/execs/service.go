@@ -84,7 +84,15 @@ type Service struct {
 	followers sync.WaitGroup
 	followMu  sync.Mutex
 	following map[string]bool // exec ids this replica follows
-	subs      atomic.Int64    // exec output streams this replica serves
+	// starting counts, per sandbox, the starts this replica waits on the sandbox to answer;
+	// stuck names, per sandbox, an exec whose start the sandbox did not answer
+	// (client.ErrNoAnswer) and whose follower has not reached the sandbox since. Together they
+	// keep a stuck sandbox (its PID 1 stopped or starved) from gathering requests and
+	// followers here: at most MaxRunningExecs starts wait on it, and while one went unanswered
+	// the next fails at once (beginStart).
+	starting  map[string]int
+	stuck     map[string]string
+	subs      atomic.Int64 // exec output streams this replica serves
 	lastSweep atomic.Int64
 	// endedSinceSweep is the output of the execs that ended here since the last sweep
 	// (endedOutput).
@@ -97,7 +105,8 @@ func New(cfg sandbox.Config, sandboxes Sandboxes, d Deps) (*Service, error) {
 		return nil, errors.New("execs: the exec store and the event bus are required")
 	}
 	s := &Service{cfg: cfg, sandboxes: sandboxes, store: d.Store, events: d.Events, metrics: d.Metrics,
-		log: d.Logger, now: d.Now, token: d.ReplicaToken, following: map[string]bool{}}
+		log: d.Logger, now: d.Now, token: d.ReplicaToken, following: map[string]bool{},
+		starting: map[string]int{}, stuck: map[string]string{}}
 	if s.token == "" {
 		s.token = "replica_" + ulid.Make().String()
 	}
