@@ -96,6 +96,9 @@ func New(rdb redis.UniversalClient, source Source, opts Options) *Quota {
 // Limit is tenant:project's concurrency limit (0: unlimited), from the configuration alone.
 func (q *Quota) Limit(tenant, project string) int { return q.opts.Limits.For(tenant, project) }
 
+// Lease is how long a slot is held without a renewal.
+func (q *Quota) Lease() time.Duration { return q.opts.Lease }
+
 // Usage is the limit of a project and the slots in use. Limit 0 means unlimited.
 type Usage struct {
 	Limit, InUse int

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"testing"
 	"time"
 
 	"sandboxd/internal/auth"
@@ -51,3 +52,13 @@ func SetWarmUpArgv(t interface{ Cleanup(func()) }, argv []string) {
 	warmUpArgv = argv
 	t.Cleanup(func() { warmUpArgv = old })
 }
+
+// SetBusyTimeout shortens the reconciler's bound on asking a guest whether a command runs.
+func SetBusyTimeout(t testing.TB, d time.Duration) {
+	old := busyTimeout
+	busyTimeout = d
+	t.Cleanup(func() { busyTimeout = old })
+}
+
+// Busy is the reconciler's question whether a command runs in sandbox id.
+func Busy(s *Service, ctx context.Context, id string) bool { return s.recon.busy(ctx, id) }

@@ -450,6 +450,27 @@ func TestAutostopPauses(t *testing.T) {
 	if got, _ := e.Svc.Get(ctx, alice, third.ID); got.State != Stopped || !strings.Contains(got.StateReason, "could not be paused") {
 		t.Fatalf("auto-pause on a runtime that cannot: got %s %q, want STOPPED saying why", got.State, got.StateReason)
 	}
+	// A sandbox whose pauses fail with it left running (a stuck guest, a runtime that cannot
+	// save it) is stopped once they failed three passes in a row.
+	fourth, err := e.Svc.Create(ctx, alice, CreateRequest{AutostopSec: domaintest.Ptr[int64](60), AutostopAction: AutostopPause})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Clock.Advance(2 * time.Minute)
+	for pass := 1; pass <= 3; pass++ {
+		e.Fake.FailNext("Pause", errors.New("runsc checkpoint: the guest did not answer"))
+		if err := e.Svc.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := e.Svc.Get(ctx, alice, fourth.ID)
+		switch {
+		case pass < 3 && got.State != Running:
+			t.Fatalf("after %d failed auto-pauses: got %s %q, want RUNNING (tried again)", pass, got.State, got.StateReason)
+		case pass == 3 && (got.State != Stopped || !strings.Contains(got.StateReason, "could not be paused")):
+			t.Fatalf("after %d failed auto-pauses: got %s %q, want STOPPED saying why", pass, got.State, got.StateReason)
+		}
+		e.Clock.Advance(2 * time.Minute) // the Get above was activity
+	}
 }
 
 func TestReconcilerFinishesInterruptedPauseAndResume(t *testing.T) {

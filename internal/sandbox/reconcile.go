@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"sandboxd/internal/apierror"
@@ -38,6 +39,51 @@ func (s *Service) SetExecReconciler(x ExecReconciler) { s.recon.execs = x }
 type reconciler struct {
 	s     *Service
 	execs ExecReconciler
+	// pauseFailed counts, per sandbox, the auto-pauses in a row that failed with the sandbox
+	// left running (pausesBeforeStop).
+	mu          sync.Mutex
+	pauseFailed map[string]int
+}
+
+// pausesBeforeStop is how many auto-pauses of one sandbox in a row may fail with it left
+// running (a stuck guest that does not answer the pause's quiesce, a runtime that fails to
+// save it) before the reconciler stops it instead: idle compute is released all the same.
+const pausesBeforeStop = 3
+
+// forgetPauseFailures drops the counts of sandboxes not running any more.
+func (r *reconciler) forgetPauseFailures(running []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.pauseFailed) == 0 {
+		return
+	}
+	keep := make(map[string]int, len(r.pauseFailed))
+	for _, id := range running {
+		if n := r.pauseFailed[id]; n > 0 {
+			keep[id] = n
+		}
+	}
+	r.pauseFailed = keep
+}
+
+// pauseFailedAgain counts a failed auto-pause of id and reports whether it is time to stop
+// it instead; a nil err (the pause went through, or was not tried) clears the count.
+func (r *reconciler) pauseFailedAgain(id string, err error) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		delete(r.pauseFailed, id)
+		return false
+	}
+	if r.pauseFailed == nil {
+		r.pauseFailed = map[string]int{}
+	}
+	r.pauseFailed[id]++
+	if r.pauseFailed[id] < pausesBeforeStop {
+		return false
+	}
+	delete(r.pauseFailed, id)
+	return true
 }
 
 // RunReconciler runs a pass every interval until ctx ends.
@@ -78,11 +124,21 @@ func (r *reconciler) pass(ctx context.Context) error {
 			running = append(running, b.Record.ID)
 		}
 	}
+	r.forgetPauseFailures(running)
 	acts, err := s.store.Activity(ctx, running...)
 	if err != nil {
 		s.log.Warn("reading activity failed; no auto-stop in this pass", "err", err)
 	}
 	activityKnown := err == nil
+	listed := map[[2]string][]string{}
+	for _, b := range boxes {
+		if holdsSlot(State(b.Record.State)) {
+			k := [2]string{b.Record.Tenant, b.Record.Project}
+			listed[k] = append(listed[k], b.Record.ID)
+		}
+	}
+	stopRenewing := s.slots.keepRenewing(ctx, listed)
+	defer stopRenewing()
 	holders := map[[2]string][]string{}
 	for _, b := range boxes {
 		if ctx.Err() != nil {
@@ -94,6 +150,7 @@ func (r *reconciler) pass(ctx context.Context) error {
 			holders[k] = append(holders[k], b.Record.ID)
 		}
 	}
+	stopRenewing()
 	s.slots.renew(ctx, holders)
 	s.metrics.quotaUse(s.slots.use(holders))
 	if r.execs != nil {
@@ -155,15 +212,16 @@ func (r *reconciler) box(ctx context.Context, b runtime.Box, activity time.Time,
 		if rec.Annotations[annAutostopAction] == AutostopPause {
 			sb, err := s.pause(ctx, p, rec.ID, fmt.Sprintf("auto-paused after %d s without activity", rec.AutostopSec))
 			if err == nil {
+				r.pauseFailedAgain(rec.ID, nil)
 				s.log.Info("sandbox auto-paused", "sandbox", rec.ID, "autostop_sec", rec.AutostopSec, "state", sb.State)
 				return sb.State
 			}
-			if !pauseRefused(err) {
+			if !pauseRefused(err) && !r.pauseFailedAgain(rec.ID, err) {
 				r.actionFailed(rec.ID, "auto-pause", err)
 				return st
 			}
-			// It cannot be paused (its runtime cannot, or its guest refused): idle compute is
-			// released all the same.
+			// It cannot be paused (its runtime cannot, or its guest refused, or the pause
+			// failed pausesBeforeStop times in a row): idle compute is released all the same.
 			why = fmt.Sprintf("auto-stopped after %d s without activity (it could not be paused: %s)", rec.AutostopSec, apierror.From(err).Message)
 		}
 		if _, err := s.stop(ctx, p, rec.ID, why); err != nil {
@@ -183,8 +241,15 @@ func (r *reconciler) actionFailed(id, action string, err error) {
 	r.s.log.Warn("reconciler action failed", "sandbox", id, "action", action, "err", err)
 }
 
+// busyTimeout bounds busy's question to a sandbox's guest init (a variable for tests).
+var busyTimeout = 10 * time.Second
+
 // busy reports whether an exec is still running in the sandbox (asking its guest init).
 func (r *reconciler) busy(ctx context.Context, id string) bool {
+	// A guest that does not answer within busyTimeout counts as idle, as one that fails does:
+	// a sandbox stuck (its PID 1 stopped) is auto-stopped, and holds the pass no longer.
+	ctx, cancel := context.WithTimeout(ctx, busyTimeout)
+	defer cancel()
 	g, err := r.s.Guest(ctx, id)
 	if err != nil {
 		return false

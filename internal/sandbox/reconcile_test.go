@@ -117,6 +117,41 @@ func TestReconcilerAutostopsIdleButNotBusy(t *testing.T) {
 	}
 }
 
+// TestReconcilerBusyOfAStuckSandbox: asking a sandbox whose guest stopped answering (its PID 1
+// stopped) whether a command runs takes no longer than its bound, and counts it idle (so that
+// auto-stop releases it): the reconciler's pass, which renews every project's slot leases,
+// is not held by it.
+func TestReconcilerBusyOfAStuckSandbox(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	SetBusyTimeout(t, bound)
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Svc.Exec(ctx, alice, sb.ID, ExecRequest{Command: []string{"sleep", "2"}, TimeoutSec: domaintest.Ptr[int64](30)})
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if !Busy(e.Svc.Core, ctx, sb.ID) {
+		t.Fatal("with an exec running: not busy")
+	}
+	e.Fake.Stick(sb.ID)
+	start := time.Now()
+	busy := Busy(e.Svc.Core, ctx, sb.ID)
+	took := time.Since(start)
+	e.Fake.Unstick(sb.ID)
+	if busy || took < bound || took > bound+5*time.Second {
+		t.Fatalf("a stuck guest: got busy %v after %v, want idle after the %v bound", busy, took, bound)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the exec across the stick: %v", err)
+	}
+}
+
 func TestReconcilerExpires(t *testing.T) {
 	e := domaintest.New(t, domaintest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

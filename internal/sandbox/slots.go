@@ -103,6 +103,41 @@ func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 	}
 }
 
+// keepRenewing extends the leases of holders every quarter lease until stop is called: a
+// reconcile pass runs it from its start (holders by the listed states) to its end, where renew
+// takes over. One sandbox's action in a pass can take long (a stuck guest's calls run into
+// their bounds, a large checkpoint), and a pass that outlived the lease would let every
+// project's slots lapse and be taken by new creates. It only extends: a holder whose slot is
+// gone meanwhile (the pass stopped it) is not given one again.
+func (s slots) keepRenewing(ctx context.Context, holders map[[2]string][]string) (stop func()) {
+	if s.quota == nil || len(holders) == 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.quota.Lease() / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for k, ids := range holders {
+				if _, err := s.quota.Renew(ctx, k[0], k[1], ids); err != nil && ctx.Err() == nil {
+					s.log.Warn("renewing slot leases during a pass failed", "tenant", k[0], "project", k[1], "err", err)
+				}
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 // use is each tenant:project's slots held (holders, by runtime truth) against its limit, for
 // the quota metrics; nil without a quota.
 func (s slots) use(holders map[[2]string][]string) []quotaUse {

@@ -56,6 +56,9 @@ type fakeBox struct {
 	paused   *server.Server
 	pauseGen int
 	image    []byte
+	// stuck, while not nil, holds every read and write of the guest's ends of the box's
+	// attaches until Unstick closes it: a box whose PID 1 was stopped (Stick).
+	stuck chan struct{}
 }
 
 var _ runtime.Driver = (*Fake)(nil)
@@ -383,11 +386,12 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	if b.conns == nil {
 		b.conns = map[net.Conn]struct{}{}
 	}
-	b.conns[initEnd] = struct{}{}
+	guestEnd := &stickyConn{Conn: initEnd, f: f, b: b, closed: make(chan struct{})}
+	b.conns[guestEnd] = struct{}{}
 	go func() {
 		defer func() {
 			f.mu.Lock()
-			delete(b.conns, initEnd)
+			delete(b.conns, guestEnd)
 			f.mu.Unlock()
 		}()
 		_ = initEnd.SetDeadline(time.Now().Add(10 * time.Second))
@@ -400,7 +404,7 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 			return
 		}
 		_ = initEnd.SetDeadline(time.Time{})
-		srv.ServeConn(initEnd) // ends when the pipe closes or the server is closed
+		srv.ServeConn(guestEnd) // ends when the pipe closes or the server is closed
 	}()
 	_ = hostEnd.SetDeadline(time.Now().Add(10 * time.Second))
 	if err := client.AwaitReady(hostEnd); err != nil {
@@ -413,6 +417,71 @@ func (f *Fake) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error
 	}
 	_ = hostEnd.SetDeadline(time.Time{})
 	return hostEnd, nil
+}
+
+// Stick makes box id's guest stop answering on its attaches, as a box whose PID 1 was stopped
+// (SIGSTOP) does: what it reads and writes waits until Unstick. Attaches still connect.
+func (f *Fake) Stick(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b, ok := f.boxes[id]; ok && b.stuck == nil {
+		b.stuck = make(chan struct{})
+	}
+}
+
+// Unstick lets box id's guest go on (SIGCONT).
+func (f *Fake) Unstick(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b, ok := f.boxes[id]; ok && b.stuck != nil {
+		close(b.stuck)
+		b.stuck = nil
+	}
+}
+
+// stickyConn is the guest's end of an attach, held while its box is stuck.
+type stickyConn struct {
+	net.Conn
+	f      *Fake
+	b      *fakeBox
+	closed chan struct{}
+	once   sync.Once
+}
+
+// wait returns once the box is not stuck, or the conn was closed.
+func (c *stickyConn) wait() error {
+	c.f.mu.Lock()
+	stuck := c.b.stuck
+	c.f.mu.Unlock()
+	if stuck == nil {
+		return nil
+	}
+	select {
+	case <-stuck:
+		return nil
+	case <-c.closed:
+		return net.ErrClosed
+	}
+}
+
+func (c *stickyConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if werr := c.wait(); werr != nil {
+		return 0, werr
+	}
+	return n, err
+}
+
+func (c *stickyConn) Write(p []byte) (int, error) {
+	if err := c.wait(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *stickyConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }
 
 // Check implements runtime.Driver.
