@@ -20,13 +20,20 @@ import (
 // hostileExporter is a peer that answers like a guest init, with an export of its choosing.
 func hostileExporter(t *testing.T, export http.HandlerFunc) *client.Client {
 	t.Helper()
-	a, b := net.Pipe()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"ok":true}`)
 	})
 	mux.HandleFunc("GET /v1/workspace/tar", export)
+	return servePeer(t, mux)
+}
+
+// servePeer serves mux over HTTP/2 as a guest init would (it must answer GET /v1/health) and
+// returns a client Dialed to it; both end with the test.
+func servePeer(t *testing.T, mux *http.ServeMux) *client.Client {
+	t.Helper()
+	a, b := net.Pipe()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

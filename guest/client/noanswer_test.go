@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-
 	"sandboxd/guest/client"
 	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
@@ -34,7 +32,12 @@ type silentInit struct {
 func newSilentInit(t *testing.T) *silentInit {
 	t.Helper()
 	s := &silentInit{}
-	a, b := net.Pipe()
+	var peers atomic.Int64
+	t.Cleanup(func() { // after the client's end (cleanups run last first): its streams are closed
+		for peers.Load() > 0 {
+			time.Sleep(time.Millisecond)
+		}
+	})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -45,16 +48,7 @@ func newSilentInit(t *testing.T) *silentInit {
 		<-r.Context().Done()
 		s.httpGaveUp.Add(1)
 	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		(&http2.Server{}).ServeConn(b, &http2.ServeConnOpts{Handler: mux})
-	}()
-	c, err := client.Dial(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var peers atomic.Int64
+	c := servePeer(t, mux)
 	ok := c.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) {
 		s.streams.Add(1)
 		mine, theirs := net.Pipe()
@@ -72,14 +66,6 @@ func newSilentInit(t *testing.T) *silentInit {
 		t.Fatal("the client did not take exec streams from a health that offers them")
 	}
 	s.c = c
-	t.Cleanup(func() {
-		c.Close()
-		b.Close()
-		<-done
-		for peers.Load() > 0 {
-			time.Sleep(time.Millisecond)
-		}
-	})
 	return s
 }
 
