@@ -133,6 +133,12 @@ func (s *Service) Exec(ctx context.Context, p auth.Principal, id string, req san
 			"the request was cancelled; the command runs on as exec %s", meta.ID).WithDetail("exec_id", meta.ID)
 	case <-bound.C:
 		s.metrics.observe("error", s.now().Sub(start))
+		if box, err := s.sandboxes.Box(ctx, id); err == nil && sandbox.State(box.Record.State).KeepsProcesses() {
+			// Not stuck: paused (or on the way there or back) while the command ran.
+			return sandbox.ExecResult{}, apierror.New(apierror.InvalidState,
+				"sandbox %s is %s: exec %s goes on after its resume, and its status will say how it ends", id, box.Record.State, meta.ID).
+				WithDetail("exec_id", meta.ID).WithDetail("state", box.Record.State)
+		}
 		return sandbox.ExecResult{}, apierror.New(apierror.Unavailable,
 			"the sandbox did not report the end of exec %s within its timeout (%s) and %s more; the exec's status will say how it ends",
 			meta.ID, timeout, endGrace).WithDetail("exec_id", meta.ID)
@@ -170,8 +176,9 @@ func (s *Service) beginStart(sandboxID string) (end func(), err error) {
 	}, nil
 }
 
-// endGrace is how long past an exec's timeout a waiting caller waits for its end.
-const endGrace = 30 * time.Second
+// endGrace is how long past an exec's timeout a waiting caller waits for its end (a variable
+// for tests).
+var endGrace = 30 * time.Second
 
 // keyExecID is internal/tracing's attribute of an exec's id: the request's span gets the id
 // of the exec it started.

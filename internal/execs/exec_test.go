@@ -235,3 +235,53 @@ func TestEndedExecIsIndexedByItsAnswer(t *testing.T) {
 		t.Fatalf("the swept exec: %v, want ErrNotFound", err)
 	}
 }
+
+// TestWaitedExecAcrossAPause: a waited exec whose sandbox is paused while the command runs
+// answers once its timeout and the grace after it passed, with INVALID_STATE naming the state
+// and the exec's id (not UNAVAILABLE, which says the sandbox looks stuck); the exec goes on
+// after the resume and ends.
+func TestWaitedExecAcrossAPause(t *testing.T) {
+	execs.SetEndGrace(t, 300*time.Millisecond)
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb := e.CreateRunning(t, alice)
+	type answer struct {
+		res sandbox.ExecResult
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		res, err := e.Svc.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "sleep 2; echo done"},
+			TimeoutSec: domaintest.Ptr[int64](1)})
+		answered <- answer{res, err}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	var a answer
+	select {
+	case a = <-answered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer within 20 s")
+	}
+	ae := apierror.From(a.err)
+	execID, _ := ae.Details["exec_id"].(string)
+	if ae.Code != apierror.InvalidState || ae.Details["state"] != string(sandbox.Paused) || execID == "" {
+		t.Fatalf("got %v (details %v), want INVALID_STATE naming PAUSED and the exec", a.err, ae.Details)
+	}
+	if _, err := e.Svc.Resume(ctx, alice, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := e.Svc.GetExec(ctx, alice, sb.ID, execID, false)
+		if err == nil && res.State == "ENDED" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the exec after the resume: got %+v %v, want ENDED", res, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

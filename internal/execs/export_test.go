@@ -1,6 +1,11 @@
 package execs
 
-import "sandboxd/internal/execstream"
+import (
+	"testing"
+	"time"
+
+	"sandboxd/internal/execstream"
+)
 
 // What the package's external tests (package execs_test, which drive the whole domain through
 // internal/domain/domaintest) reach inside a Service.
@@ -10,3 +15,10 @@ func Token(s *Service) string { return s.token }
 
 // Store is s's exec store.
 func Store(s *Service) *execstream.Store { return s.store }
+
+// SetEndGrace shortens how long past an exec's timeout a waiting caller waits for its end.
+func SetEndGrace(t testing.TB, d time.Duration) {
+	old := endGrace
+	endGrace = d
+	t.Cleanup(func() { endGrace = old })
+}

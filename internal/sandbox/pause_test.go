@@ -451,7 +451,7 @@ func TestAutostopPauses(t *testing.T) {
 		t.Fatalf("auto-pause on a runtime that cannot: got %s %q, want STOPPED saying why", got.State, got.StateReason)
 	}
 	// A sandbox whose pauses fail with it left running (a stuck guest, a runtime that cannot
-	// save it) is stopped once they failed three passes in a row.
+	// save it) is stopped once three of them in a row failed.
 	fourth, err := e.Svc.Create(ctx, alice, CreateRequest{AutostopSec: domaintest.Ptr[int64](60), AutostopAction: AutostopPause})
 	if err != nil {
 		t.Fatal(err)
