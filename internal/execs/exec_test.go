@@ -245,21 +245,13 @@ func TestWaitedExecAcrossAPause(t *testing.T) {
 	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
 	sb := e.CreateRunning(t, alice)
-	type answer struct {
-		res sandbox.ExecResult
-		err error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		res, err := e.Svc.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "sleep 2; echo done"},
-			TimeoutSec: domaintest.Ptr[int64](1)})
-		answered <- answer{res, err}
-	}()
+	answered := execInBackground(e, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "sleep 2; echo done"},
+		TimeoutSec: domaintest.Ptr[int64](1)})
 	time.Sleep(200 * time.Millisecond)
 	if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	var a answer
+	var a execAnswer
 	select {
 	case a = <-answered:
 	case <-time.After(20 * time.Second):
@@ -273,15 +265,5 @@ func TestWaitedExecAcrossAPause(t *testing.T) {
 	if _, err := e.Svc.Resume(ctx, alice, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		res, err := e.Svc.GetExec(ctx, alice, sb.ID, execID, false)
-		if err == nil && res.State == "ENDED" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the exec after the resume: got %+v %v, want ENDED", res, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitEnded(t, e, execID) // fails unless the exec's stream ends with its exit
 }

@@ -152,15 +152,7 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 	e := domaintest.New(t, domaintest.Options{})
 	ctx := context.Background()
 	sb := e.CreateRunning(t, alice)
-	type answer struct {
-		res sandbox.ExecResult
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		res, err := e.Svc.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo started; sleep 60"}})
-		done <- answer{res, err}
-	}()
+	done := execInBackground(e, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo started; sleep 60"}})
 	g, err := e.Svc.Guest(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +173,7 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 	if err := e.Fake.Kill(sb.ID, "out of memory"); err != nil {
 		t.Fatal(err)
 	}
-	var a answer
+	var a execAnswer
 	select {
 	case a = <-done:
 	case <-time.After(30 * time.Second):

@@ -49,6 +49,22 @@ func waitEnded(t *testing.T, e *domaintest.Env, execID string) ([]byte, sandbox.
 	return out, *last.Result
 }
 
+// execAnswer is what a waited exec answered.
+type execAnswer struct {
+	res sandbox.ExecResult
+	err error
+}
+
+// execInBackground runs Alice's waited exec in sandbox sbx, its answer sent on the channel.
+func execInBackground(e *domaintest.Env, sbx string, req sandbox.ExecRequest) <-chan execAnswer {
+	ch := make(chan execAnswer, 1)
+	go func() {
+		res, err := e.Svc.Exec(context.Background(), alice, sbx, req)
+		ch <- execAnswer{res, err}
+	}()
+	return ch
+}
+
 func execIDs(rs []sandbox.ExecResult) []string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
