@@ -250,7 +250,9 @@ func (d *Driver) waitReader(ctx context.Context, id, name string, uid types.UID)
 // exit status, or the stream cut) ends it with that error, never with io.EOF.
 func (d *Driver) execExport(id, name string) (*exportStream, error) {
 	// SPDY first, unlike the attach: for one bulk stream out of the pod it carried 50 MB in
-	// 240-254 ms on the test cluster, against 312-348 ms for WebSocket.
+	// 240-254 ms on the test cluster, against 312-348 ms for WebSocket. And over WebSocket the
+	// API server resets the connection when the exec ends, dropping what a slow reader had
+	// not read yet: on a fallback to it, such a read fails (never ends short).
 	exec, err := d.executor(name, readerContainer, []string{readerInitPath, "export", workspacePath}, false, true)
 	if err != nil {
 		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)

@@ -131,6 +131,7 @@ func TestKubeenv(t *testing.T) {
 		t.Fatalf("1 MiB through cat: got %d bytes back, equal=%v", len(out), out == string(big))
 	}
 	t.Logf("timing: 1 MiB stdin → cat → stdout: %d ms", time.Since(start).Milliseconds())
+	e.checkSlowClient(ctx)
 	e.logExecLatency(ctx)
 	e.checkGuestHTTP2(ctx)
 

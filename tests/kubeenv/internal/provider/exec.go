@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
@@ -27,8 +28,9 @@ const (
 	// written on at once (no batching), so small messages, like the HTTP/2 frames the
 	// project's driver sends through `sandbox-init connect`, are not delayed.
 	copyBufSize = 32 << 10
-	// outputDrain is how long the output streams may still run after the command exited
-	// (a background process of the command may hold them open).
+	// outputDrain is how long the output streams may stay idle after the command exited
+	// before the exec ends without their EOF (a background process of the command may hold
+	// them open). Idle, not in all: see outputPump.drain.
 	outputDrain = 2 * time.Second
 	// execKillWait is how long a cancelled exec's host process gets after its command was
 	// killed inside the sandbox.
@@ -133,20 +135,14 @@ func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attac
 			stdinW.Close() // the client's stdin ended: the command sees EOF
 		}()
 	}
-	outputs := make(chan struct{}, 2)
-	nOutputs := 0
+	var pump outputPump
 	for _, s := range []struct {
 		r *os.File
 		w io.Writer
 	}{{stdoutR, attach.Stdout()}, {stderrR, attach.Stderr()}} {
-		if s.r == nil {
-			continue
+		if s.r != nil {
+			pump.start(s.w, s.r)
 		}
-		nOutputs++
-		go func() {
-			_ = copyStream(s.w, s.r)
-			outputs <- struct{}{}
-		}()
 	}
 
 	waited := make(chan error, 1)
@@ -165,15 +161,7 @@ func (pr *podRuntime) exec(ctx context.Context, name string, cmd []string, attac
 	}
 	// Let the output drain: it ends at EOF once the command and the sandbox's copies of
 	// its stdio are closed.
-	drain := time.NewTimer(outputDrain)
-	defer drain.Stop()
-	for i := 0; i < nOutputs; i++ {
-		select {
-		case <-outputs:
-		case <-drain.C:
-			i = nOutputs
-		}
-	}
+	pump.drain(ctx, outputDrain)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -202,6 +190,89 @@ func (pr *podRuntime) killExec(eng engine.Engine, pidFile, id string) {
 	if err := eng.KillExec(ctx, pidFile, id); err != nil {
 		pr.p.log.Debug("kill exec", "pod", pr.key, "err", err)
 	}
+}
+
+// outputPump copies a command's output pipes to the client's streams.
+type outputPump struct {
+	ended chan struct{} // a receive per copy at its end
+	n     int
+
+	mu      sync.Mutex
+	last    time.Time // the last write's end, or the drain's start
+	writing int       // writes under way
+}
+
+// start copies src to dst until src's EOF.
+func (p *outputPump) start(dst io.Writer, src io.Reader) {
+	if p.ended == nil {
+		p.ended = make(chan struct{}, 2)
+	}
+	p.n++
+	go func() {
+		_ = copyStream(&pumpWriter{w: dst, p: p}, src)
+		p.ended <- struct{}{}
+	}()
+}
+
+// drain waits, once the command exited, until every copy ended, or until none has moved
+// data for idle (a background process of the command may hold an output open without writing).
+// A write blocked on a slow client is not idleness: output still on its way (in the pipe and
+// the streams' windows) is copied to its end, as a kubelet does, however long that takes.
+// A client gone (ctx ended) is waited for no more.
+func (p *outputPump) drain(ctx context.Context, idle time.Duration) {
+	p.mark(0)
+	t := time.NewTimer(idle)
+	defer t.Stop()
+	for left := p.n; left > 0; {
+		select {
+		case <-p.ended:
+			left--
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			quiet := p.quiet()
+			if quiet >= idle {
+				return
+			}
+			t.Reset(idle - quiet)
+		}
+	}
+}
+
+func (p *outputPump) mark(writing int) {
+	p.mu.Lock()
+	p.last = time.Now()
+	p.writing += writing
+	p.mu.Unlock()
+}
+
+// quiet is how long no copy has written; 0 while one writes.
+func (p *outputPump) quiet() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.writing > 0 {
+		return 0
+	}
+	return time.Since(p.last)
+}
+
+// pumpWriter is a copy's destination, marking its writes in the pump.
+type pumpWriter struct {
+	w io.Writer
+	p *outputPump
+}
+
+func (m *pumpWriter) Write(b []byte) (int, error) {
+	m.p.mark(1)
+	defer m.p.mark(-1)
+	return m.w.Write(b)
+}
+
+func (m *pumpWriter) Flush() error {
+	if f, ok := m.w.(interface{ Flush() error }); ok {
+		return f.Flush()
+	}
+	return nil
 }
 
 // copyStream copies src to dst, writing every read at once.
