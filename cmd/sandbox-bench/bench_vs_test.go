@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +47,36 @@ func TestVsSuiteIsOptIn(t *testing.T) {
 	only, err := selectSuites("vs")
 	if err != nil || len(only) != 1 || only[0].name != "vs" {
 		t.Errorf("--only vs selects %v (%v)", only, err)
+	}
+}
+
+// TestHasSpawner: the vs suite compares builds only when both sides' inits have the spawner
+// program beside them, or neither has: one without it is slower by that alone.
+func TestHasSpawner(t *testing.T) {
+	with, without := t.TempDir(), t.TempDir()
+	for _, d := range []string{with, without} {
+		for _, f := range []string{"sandbox-init", "sandboxd"} {
+			if err := os.WriteFile(filepath.Join(d, f), nil, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(with, spawnerName), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(without, spawnerName), nil, 0o644); err != nil { // not executable
+		t.Fatal(err)
+	}
+	if !hasSpawner(filepath.Join(with, "sandbox-init")) {
+		t.Error("an executable sandbox-spawn beside the init is not seen")
+	}
+	if hasSpawner(filepath.Join(without, "sandbox-init")) {
+		t.Error("a sandbox-spawn that cannot run counts as the spawner program")
+	}
+	b := &bench{opts: &options{sandboxd: filepath.Join(with, "sandboxd"), initBin: filepath.Join(with, "sandbox-init"),
+		vsSandboxd: filepath.Join(without, "sandboxd"), vsInit: filepath.Join(without, "sandbox-init"), vsRounds: 1, execN: 1}}
+	b.server = &server{}
+	if _, err := benchVs(t.Context(), b); err == nil || !strings.Contains(err.Error(), "only one side has the spawner program") {
+		t.Errorf("a vs run with the spawner on one side only: got %v, want it refused", err)
 	}
 }
