@@ -24,6 +24,9 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	if o.vsSandboxd == "" && o.vsInit == "" {
 		return nil, errors.New("the vs suite needs --vs-sandboxd or --vs-init-binary (the build to compare with)")
 	}
+	if o.vsIdle < 0 || o.vsIdle > time.Minute {
+		return nil, fmt.Errorf("--vs-idle must be between 0 and 1m, got %v", o.vsIdle)
+	}
 	if o.vsRounds < 1 || o.execN < 1 {
 		return nil, fmt.Errorf("the vs suite needs --vs-rounds and --exec-n of at least 1 (got %d and %d)", o.vsRounds, o.execN)
 	}
@@ -66,7 +69,11 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 		rounds []time.Duration // each round's median
 		cpu    cpuMeter        // around each recorded round
 	}
-	g := &Group{Name: fmt.Sprintf("exec of `true` through REST, this build against another (%d alternating rounds of %d)", o.vsRounds, o.execN)}
+	pace := ""
+	if o.vsIdle > 0 {
+		pace = fmt.Sprintf(", each after %v idle", o.vsIdle)
+	}
+	g := &Group{Name: fmt.Sprintf("exec of `true` through REST, this build against another (%d alternating rounds of %d%s)", o.vsRounds, o.execN, pace)}
 	this := &side{label: "this build", api: b.api}
 	other := &side{label: "the --vs build", api: newClient(vs.url, vs.key)}
 	this.res = g.result(this.label, false)
@@ -96,6 +103,13 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 		var ds []time.Duration
 		before := b.cpuSnapshot(s.id)
 		for range n {
+			if record && o.vsIdle > 0 {
+				select {
+				case <-time.After(o.vsIdle):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			t0 := time.Now()
 			r, err := s.api.exec(ctx, s.id, body)
 			d := time.Since(t0)

@@ -56,6 +56,7 @@ type options struct {
 	warmN, warmPool                   int
 	vsSandboxd, vsInit                string
 	vsRounds                          int
+	vsIdle                            time.Duration
 }
 
 // suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
@@ -133,6 +134,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.vsSandboxd, "vs-sandboxd", "", "the vs suite's second server: its sandboxd binary (default --sandboxd)")
 	flag.StringVar(&o.vsInit, "vs-init-binary", "", "the vs suite's second server: its sandbox-init binary (default --init-binary)")
 	flag.IntVar(&o.vsRounds, "vs-rounds", 20, "alternating rounds of the vs suite (each of --exec-n execs per server)")
+	flag.DurationVar(&o.vsIdle, "vs-idle", 0, "the vs suite waits this long, untimed, before each exec (an agent's pace: read caches lapsed, threads asleep); 0: back to back")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
 		flag.PrintDefaults()
