@@ -192,3 +192,47 @@ func TestListTenancyWhileCached(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadRefusalDoesNotWaitForTheRuntime: on a cache miss the lookup and the runtime's record
+// are read at once, and a lookup that refuses the caller answers without waiting for the
+// runtime's read: another tenant's NOT_FOUND comes as fast for a sandbox that exists as for
+// one that does not (here: while the runtime's reads are held), and the owner's read waits
+// for the runtime as before.
+func TestLoadRefusalDoesNotWaitForTheRuntime(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb, err := e.Svc.Create(ctx, alice, CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := e.Replica(t) // nothing in its cache
+	release := e.Fake.HoldGets()
+	defer release()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Get(ctx, bob, sb.ID)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if apierror.CodeOf(err) != apierror.NotFound {
+			t.Fatalf("bob's get of alice's sandbox: got %v, want NOT_FOUND", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("bob's get of alice's sandbox waited for the runtime's read of it")
+	}
+	owner := make(chan error, 1)
+	go func() {
+		_, err := b.Get(ctx, alice, sb.ID)
+		owner <- err
+	}()
+	select {
+	case err := <-owner:
+		t.Fatalf("alice's get answered (%v) while the runtime's reads were held", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	if err := <-owner; err != nil {
+		t.Fatalf("alice's get once the runtime answered: %v", err)
+	}
+}

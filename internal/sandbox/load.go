@@ -30,6 +30,22 @@ func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Ve
 	// the lookup is read only for a box this replica has not read lately.
 	box, cached := s.cache.get(id)
 	if !cached {
+		// The lookup and the runtime's record are read at once: each is a round trip to
+		// another process (Redis; a file and runsc's state, or the API server), and a request
+		// that finds the cache lapsed (an agent's next command, seconds after the last) paid
+		// both in turn, 0.4-0.9 ms each on a 2-core host. The box is used only once the lookup
+		// said the caller owns it; reading it has no effect of its own. A lookup that refuses
+		// answers without waiting for the read: a foreign tenant's 404 takes no longer for a
+		// sandbox that exists than for one that does not.
+		type boxOrError struct {
+			box runtime.Box
+			err error
+		}
+		read := make(chan boxOrError, 1)
+		go func() {
+			b, err := s.driver.Get(ctx, id)
+			read <- boxOrError{b, err}
+		}()
 		e, err := s.store.Get(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
 			return runtime.Record{}, notFound(id)
@@ -40,7 +56,8 @@ func (s *Service) load(ctx context.Context, p auth.Principal, id string, verb Ve
 		if e.Tenant != p.Tenant || e.Project != p.Project {
 			return runtime.Record{}, notFound(id)
 		}
-		box, err = s.driver.Get(ctx, id)
+		got := <-read
+		box, err = got.box, got.err
 		if errors.Is(err, runtime.ErrNotFound) {
 			// The lookup outlived the box (a create that died half way, a destroy elsewhere).
 			_ = s.store.Delete(ctx, e)

@@ -37,6 +37,8 @@ type Fake struct {
 	closed bool
 	// imageGate, while set, holds the images MemoryImage returns (GateMemoryImages).
 	imageGate *ImageGate
+	// getsHeld, while set, holds every Get until it is closed (HoldGets).
+	getsHeld chan struct{}
 }
 
 type fakeBox struct {
@@ -122,6 +124,26 @@ func (f *Fake) takeDown(id, reason string, lost bool) error {
 		srv.Close()
 	}
 	return nil
+}
+
+// HoldGets holds every Get (as a runtime whose reads are slow) until the returned function
+// is called.
+func (f *Fake) HoldGets() (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	held := make(chan struct{})
+	f.getsHeld = held
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			if f.getsHeld == held {
+				f.getsHeld = nil
+			}
+			f.mu.Unlock()
+			close(held)
+		})
+	}
 }
 
 // FailNext makes the next call of the named method ("Create", "Start", "Stop", "Delete",
@@ -279,6 +301,16 @@ func (f *Fake) Delete(ctx context.Context, id string) error {
 
 // Get implements runtime.Driver.
 func (f *Fake) Get(ctx context.Context, id string) (runtime.Box, error) {
+	f.mu.Lock()
+	held := f.getsHeld
+	f.mu.Unlock()
+	if held != nil {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return runtime.Box{}, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.injected("Get"); err != nil {
