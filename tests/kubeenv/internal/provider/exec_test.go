@@ -130,4 +130,3 @@ func TestDrainClientGone(t *testing.T) {
 		t.Fatal("the drain waited on a write to a client that is gone")
 	}
 }
-
