@@ -251,12 +251,7 @@ func TestWaitedExecAcrossAPause(t *testing.T) {
 	if _, err := e.Svc.Pause(ctx, alice, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	var a execAnswer
-	select {
-	case a = <-answered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no answer within 20 s")
-	}
+	a := awaitAnswer(t, answered, 20*time.Second)
 	ae := apierror.From(a.err)
 	execID, _ := ae.Details["exec_id"].(string)
 	if ae.Code != apierror.InvalidState || ae.Details["state"] != string(sandbox.Paused) || execID == "" {

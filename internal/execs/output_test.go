@@ -173,12 +173,7 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 	if err := e.Fake.Kill(sb.ID, "out of memory"); err != nil {
 		t.Fatal(err)
 	}
-	var a execAnswer
-	select {
-	case a = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the exec did not answer")
-	}
+	a := awaitAnswer(t, done, 30*time.Second)
 	ae := apierror.From(a.err)
 	if ae.Code != apierror.SandboxFailed || !strings.Contains(ae.Message, "out of memory") {
 		t.Fatalf("exec: got %+v %v, want SANDBOX_FAILED naming the reason", a.res, a.err)

@@ -65,6 +65,18 @@ func execInBackground(e *domaintest.Env, sbx string, req sandbox.ExecRequest) <-
 	return ch
 }
 
+// awaitAnswer is the answer ch brings, failing the test when none comes within d.
+func awaitAnswer(t *testing.T, ch <-chan execAnswer, d time.Duration) execAnswer {
+	t.Helper()
+	select {
+	case a := <-ch:
+		return a
+	case <-time.After(d):
+		t.Fatalf("the exec did not answer within %v", d)
+		return execAnswer{}
+	}
+}
+
 func execIDs(rs []sandbox.ExecResult) []string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
