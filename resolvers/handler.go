@@ -169,6 +169,11 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 				acceptOptions: websocket.AcceptOptions{OriginPatterns: opts.AllowedOrigins},
 				maxOps:        opts.MaxOperationsPerConnection,
 				initTimeout:   opts.InitTimeout,
+				// graphql-transport-ws: a ping every interval; a client that does not pong is
+				// not cut off, the pings only keep proxies from closing idle sockets.
+				// graphql-ws: a "ka" every interval.
+				keepAlive:    opts.KeepAlivePingInterval,
+				writeTimeout: opts.WriteTimeout,
 			},
 			timeout: opts.WriteTimeout,
 			log:     opts.Logger,
@@ -176,11 +181,9 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 		InitFunc: g.websocketInit,
 		// The connection closes itself with 4408 after InitTimeout (coderConn); gqlgen's own
 		// timeout, which would close with 4400, is a backstop.
-		InitTimeout:           2 * opts.InitTimeout,
-		KeepAlivePingInterval: opts.KeepAlivePingInterval,
-		// graphql-transport-ws: ping every interval; a client that does not pong is not cut
-		// off (MissingPongOk), the pings only keep proxies from closing idle sockets.
-		PingPongInterval: opts.KeepAlivePingInterval,
+		InitTimeout: 2 * opts.InitTimeout,
+		// Keepalives come from the connection (coderConn), not from gqlgen's goroutines:
+		// KeepAlivePingInterval and PingPongInterval stay 0.
 		MissingPongOk:    true,
 		PayloadReadLimit: &opts.MaxBodyBytes,
 	})

@@ -29,6 +29,10 @@ type coderWebsocket struct {
 	maxOps int
 	// initTimeout is how long a connection may go without connection_init.
 	initTimeout time.Duration
+	// keepAlive is how often an initialised connection gets the subprotocol's keepalive (a
+	// graphql-transport-ws ping, a graphql-ws "ka"); 0: never. Each is written within
+	// writeTimeout, or the connection closes.
+	keepAlive, writeTimeout time.Duration
 }
 
 var _ transport.WebsocketImplementation = coderWebsocket{}
@@ -49,7 +53,8 @@ func (u coderWebsocket) Accept(w http.ResponseWriter, r *http.Request, options t
 	if err != nil {
 		return nil, err
 	}
-	c := &coderConn{conn: conn, maxOps: u.maxOps, active: map[string]bool{}, raw: rawDataFrom(r.Context())}
+	c := &coderConn{conn: conn, maxOps: u.maxOps, active: map[string]bool{}, raw: rawDataFrom(r.Context()),
+		keepAlive: u.keepAlive, writeTimeout: u.writeTimeout}
 	c.mu.Lock()
 	c.initTimer = time.AfterFunc(u.initTimeout, func() { c.closeWith(wsInitTimedOut, "Connection initialisation timeout") })
 	c.mu.Unlock()
@@ -65,15 +70,22 @@ func (u coderWebsocket) Accept(w http.ResponseWriter, r *http.Request, options t
 //     cancel function, leaving it running and impossible to stop);
 //   - more than maxOps operations open at once: that operation is answered with an error
 //     (LIMIT_EXCEEDED) and never reaches gqlgen.
+//
+// It also sends the keepalives itself, from a timer: gqlgen's would hold a goroutine and a
+// ticker per connection, idle or not (10,000 idle subscriptions are 10,000 connections).
 type coderConn struct {
 	conn   *websocket.Conn
 	maxOps int
+
+	keepAlive, writeTimeout time.Duration
 
 	mu                sync.Mutex
 	readDeadlineTimer *time.Timer
 	closing           bool
 	initTimer         *time.Timer
 	initSeen          bool
+	// keepAliveTimer sends the next keepalive; armed at connection_init, stopped at close.
+	keepAliveTimer *time.Timer
 	// active are the ids of the operations open: from the client's subscribe (start) until the
 	// client's complete (stop) or the server's complete or error.
 	active map[string]bool
@@ -112,6 +124,9 @@ func (c *coderConn) screen(data []byte) bool {
 		if c.initTimer != nil {
 			c.initTimer.Stop()
 		}
+		if c.keepAlive > 0 && !c.closing {
+			c.keepAliveTimer = time.AfterFunc(c.keepAlive, c.sendKeepAlive)
+		}
 	case "subscribe", "start":
 		switch {
 		case !c.initSeen:
@@ -135,6 +150,41 @@ func (c *coderConn) screen(data []byte) bool {
 	}
 	c.mu.Unlock()
 	return true
+}
+
+// Keepalive messages: graphql-transport-ws's ping (the client answers pong; one that does not
+// is not cut off: the pings keep proxies from closing idle sockets), legacy graphql-ws's "ka".
+var (
+	wsPing = []byte(`{"type":"ping"}`)
+	wsKa   = []byte(`{"type":"ka"}`)
+)
+
+// sendKeepAlive writes one keepalive within writeTimeout and arms the next; a write that fails
+// or misses the deadline closes the connection (as any other write's does), and a closing
+// connection gets none.
+func (c *coderConn) sendKeepAlive() {
+	c.mu.Lock()
+	closing := c.closing
+	c.mu.Unlock()
+	if closing {
+		return
+	}
+	msg := wsKa
+	if c.conn.Subprotocol() == "graphql-transport-ws" {
+		msg = wsPing
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.writeTimeout)
+	err := c.conn.Write(ctx, websocket.MessageText, msg)
+	cancel()
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	c.mu.Lock()
+	if !c.closing {
+		c.keepAliveTimer.Reset(c.keepAlive)
+	}
+	c.mu.Unlock()
 }
 
 // refuse answers one operation with an error message, in the subprotocol's shape.
@@ -283,7 +333,7 @@ func isWireMessage(t reflect.Type) bool {
 }
 
 func (c *coderConn) WriteClose(code int, message string) error {
-	c.clearReadDeadline()
+	c.stopTimers()
 	c.mu.Lock()
 	if c.closing {
 		c.mu.Unlock()
@@ -297,7 +347,7 @@ func (c *coderConn) WriteClose(code int, message string) error {
 }
 
 func (c *coderConn) Close() error {
-	c.clearReadDeadline()
+	c.stopTimers()
 	c.mu.Lock()
 	closing := c.closing
 	c.mu.Unlock()
@@ -329,10 +379,15 @@ func (c *coderConn) SetReadDeadline(deadline time.Time) error {
 	return nil
 }
 
-func (c *coderConn) clearReadDeadline() {
+// stopTimers stops the read deadline's, the init timeout's and the keepalive's timers (the
+// connection is closing).
+func (c *coderConn) stopTimers() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopReadDeadlineLocked()
+	if c.keepAliveTimer != nil {
+		c.keepAliveTimer.Stop()
+	}
 }
 
 func (c *coderConn) stopReadDeadlineLocked() {

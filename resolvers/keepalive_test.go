@@ -1,0 +1,108 @@
+package resolvers
+
+import (
+	"context"
+	"encoding/json"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"sandboxd/internal/api/apitest"
+)
+
+// Keepalives: graphql-transport-ws gets a ping every interval, legacy graphql-ws a "ka"; none
+// before connection_init.
+func TestKeepAlives(t *testing.T) {
+	const interval = 40 * time.Millisecond
+	for protocol, want := range map[string]string{"graphql-transport-ws": "ping", "graphql-ws": "ka"} {
+		t.Run(protocol, func(t *testing.T) {
+			e := newEnv(t, HandlerOptions{KeepAlivePingInterval: interval})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c := dialWS(ctx, t, e, protocol, nil)
+			type got struct {
+				typ string
+				at  time.Time
+			}
+			msgs := make(chan got, 100)
+			go func() {
+				defer close(msgs)
+				for {
+					_, data, err := c.Read(ctx)
+					if err != nil {
+						return
+					}
+					var m wsMsg
+					if json.Unmarshal(data, &m) != nil {
+						t.Errorf("not JSON: %q", data)
+						return
+					}
+					msgs <- got{m.Type, time.Now()}
+				}
+			}()
+			time.Sleep(4 * interval)
+			initAt := time.Now()
+			send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
+			keepalives := 0
+			for keepalives < 4 {
+				var m got
+				select {
+				case m = <-msgs:
+				case <-ctx.Done():
+					t.Fatalf("after %d keepalives: %v", keepalives, ctx.Err())
+				}
+				if m.at.Before(initAt) {
+					t.Fatalf("got %q before connection_init", m.typ)
+				}
+				switch m.typ {
+				case want:
+					keepalives++
+				case "connection_ack":
+				default:
+					t.Fatalf("got %q, want %q or connection_ack", m.typ, want)
+				}
+			}
+			c.Close(websocket.StatusNormalClosure, "")
+		})
+	}
+}
+
+// An idle connection holds two goroutines (its read loop and the one gqlgen ends it with): no
+// keepalive goroutine, 10,000 idle subscriptions being 10,000 connections.
+func TestIdleConnectionGoroutines(t *testing.T) {
+	const conns = 50
+	e := newEnv(t, HandlerOptions{KeepAlivePingInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	settled := func() int {
+		// Goroutines of connections just made or closed take a moment to start or end.
+		n := runtime.NumGoroutine()
+		for range 20 {
+			time.Sleep(20 * time.Millisecond)
+			n = min(n, runtime.NumGoroutine())
+		}
+		return n
+	}
+	before := settled()
+	for range conns {
+		c := dialWS(ctx, t, e, "graphql-transport-ws", nil)
+		send(ctx, t, c, wsMsg{Type: "connection_init", Payload: mustJSON(map[string]any{"X-Api-Key": apitest.UserKey})})
+		if m := next(ctx, t, c); m.Type != "connection_ack" {
+			t.Fatalf("got %s, want connection_ack", m.Type)
+		}
+		go func() { // the client's reader: takes the keepalives
+			for {
+				if _, _, err := c.Read(ctx); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	per := float64(settled()-before) / conns
+	t.Logf("%.2f goroutines per idle connection (the client's reader included)", per)
+	if per > 3.1 {
+		t.Errorf("%.2f goroutines per idle connection, want at most 3 (the server's 2, the client's reader)", per)
+	}
+}
