@@ -52,9 +52,10 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 			r.Header.Del("Upgrade")
 		}
 		sse := !ws && (transport.SSE{}).Supports(r)
-		if ws || sse {
-			// A stream ends with its request's context: on shutdown, and for SSE when a write
-			// fails or misses its deadline (a WebSocket's writes are bounded by deadlineConn).
+		if sse {
+			// A stream ends with its request's context: on shutdown, and when a write fails or
+			// misses its deadline (a WebSocket's writes are bounded by deadlineConn, and its
+			// context ends as serveDetached says).
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
 			if g.shutdown != nil {
@@ -62,19 +63,17 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 				defer stop()
 			}
 			r = r.WithContext(ctx)
-			if sse {
-				// An SSE stream outlives the server's WriteTimeout, as a WebSocket does (net/http
-				// clears a hijacked connection's deadlines): each write sets its own deadline.
-				sw := newSSEWriter(ctx, w, g.writeTimeout, cancel, g.log)
-				defer sw.finish()
-				w = sw
-			}
+			// An SSE stream outlives the server's WriteTimeout, as a WebSocket does (net/http
+			// clears a hijacked connection's deadlines): each write sets its own deadline.
+			sw := newSSEWriter(ctx, w, g.writeTimeout, cancel, g.log)
+			defer sw.finish()
+			w = sw
 		}
 		key := r.Header.Get(auth.HeaderAPIKey)
 		if ws {
 			r = r.WithContext(withRawData(context.WithValue(r.Context(), websocketKey{}, true)))
 			if key == "" {
-				next.ServeHTTP(w, r) // the WebSocket authenticates in connection_init
+				serveDetached(next, w, r, g.shutdown) // the WebSocket authenticates in connection_init
 				return
 			}
 		}
@@ -110,6 +109,10 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 			if !sse {
 				ctx = context.WithValue(ctx, oneShotKey{}, true)
 			}
+		}
+		if ws {
+			serveDetached(next, w, r.WithContext(ctx), g.shutdown)
+			return
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

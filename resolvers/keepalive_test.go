@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,52 @@ func TestIdleConnectionGoroutines(t *testing.T) {
 	t.Logf("%.2f goroutines per idle connection (the client's reader included)", per)
 	if per > 3.1 {
 		t.Errorf("%.2f goroutines per idle connection, want at most 3 (the server's 2, the client's reader)", per)
+	}
+}
+
+// A WebSocket's read loop does not run on net/http's goroutine for the connection, under the
+// server's and the middleware's frames: that goroutine ends once the upgrade is hijacked
+// (serveDetached), and the connection goes on serving.
+func TestWebSocketServedDetached(t *testing.T) {
+	e := newEnv(t, HandlerOptions{})
+	e.fake.SandboxEvents = testEvents()[:1] // then the stream stays open and idle
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := wsSubscribe(ctx, t, e, eventsQuery, nil)
+	if m := next(ctx, t, c); m.Type != "next" {
+		t.Fatalf("got %s %s, want next", m.Type, m.Payload)
+	}
+	var loops, underServe int
+	for _, g := range strings.Split(allStacks(), "\n\n") {
+		if strings.Contains(g, "transport.(*wsConnection).run(") {
+			loops++
+			if strings.Contains(g, "net/http.(*conn).serve(") {
+				underServe++
+			}
+		}
+	}
+	// (Other tests of the package may run beside this one, with read loops of their own.)
+	if loops == 0 || underServe != 0 {
+		t.Fatalf("%d read loops, %d of them on net/http's connection goroutine; want 1 or more, none", loops, underServe)
+	}
+	// The connection still works after the upgrade's handler returned.
+	send(ctx, t, c, wsMsg{ID: "2", Type: "subscribe", Payload: mustJSON(map[string]any{"query": eventsQuery})})
+	for {
+		m := next(ctx, t, c)
+		if m.ID == "2" && m.Type == "next" {
+			break
+		}
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+}
+
+func allStacks() string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return string(buf[:n])
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }
