@@ -193,7 +193,8 @@ func NewHandler(svc api.Service, authn *auth.Authenticator, opts HandlerOptions)
 
 	// Outermost: every other extension sees a response's real data (wsraw.go).
 	srv.AroundResponses(stashData)
-	srv.Use(tracingExtension{}) // first of the rest: its spans enclose the other extensions' work
+	srv.AroundOperations(setUpSubscriptionsOffStack) // outermost: the set-up's stack dies with it
+	srv.Use(tracingExtension{})                      // first of the rest: its spans enclose the other extensions' work
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.SetParserTokenLimit(maxQueryTokens)
 	if !opts.DisableIntrospection {

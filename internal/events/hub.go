@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"sandboxd/internal/offstack"
 )
 
 // A hub is this replica's one reader of one project's stream: it waits in XREAD BLOCK on a
@@ -175,8 +177,13 @@ func (b *Bus) follow(ctx context.Context, key, sandboxID, cursor string, send fu
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		// Catch up with plain reads, a page at a time.
-		msgs, err := b.rdb.XRangeN(ctx, key, "("+cursor, "+", 200).Result()
+		// Catch up with plain reads, a page at a time. The Redis client's calls run deep; this
+		// goroutine then waits as long as its subscription: each read runs off its stack.
+		read := offstack.Run(func() xrange {
+			msgs, err := b.rdb.XRangeN(ctx, key, "("+cursor, "+", 200).Result()
+			return xrange{msgs, err}
+		})
+		msgs, err := read.msgs, read.err
 		if err != nil {
 			failures++
 			if failures > 20 || !sleepCtx(ctx, time.Duration(failures)*50*time.Millisecond) {
@@ -225,6 +232,12 @@ func (b *Bus) follow(ctx context.Context, key, sandboxID, cursor string, send fu
 			}
 		}
 	}
+}
+
+// xrange is one catch-up read's answer.
+type xrange struct {
+	msgs []redis.XMessage
+	err  error
 }
 
 // compareIDs orders two stream entry ids ("ms-seq").

@@ -154,3 +154,29 @@ func allStacks() string {
 		buf = make([]byte, 2*len(buf))
 	}
 }
+
+// A subscription whose set-up panics (now off the waiting goroutine's stack) is answered as
+// before: an INTERNAL error in its field (gqlgen recovers the resolver's panic), the panic
+// logged without its cause reaching the client; the connection and the server go on.
+func TestSubscriptionSetUpPanic(t *testing.T) {
+	e := newEnv(t, HandlerOptions{})
+	e.fake.SandboxEvents = testEvents()[:1]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := wsSubscribe(ctx, t, e, eventsQuery, map[string]any{"s": apitest.SandboxPanic})
+	m := next(ctx, t, c)
+	if m.ID != "1" || m.Type != "next" || !strings.Contains(string(m.Payload), `"INTERNAL"`) || strings.Contains(string(m.Payload), apitest.SecretCause) {
+		t.Fatalf("got %s %s, want an INTERNAL error without the cause", m.Type, m.Payload)
+	}
+	if m := next(ctx, t, c); m.ID != "1" || m.Type != "complete" {
+		t.Fatalf("got %s %s %s, want the first subscription's complete", m.ID, m.Type, m.Payload)
+	}
+	send(ctx, t, c, wsMsg{ID: "2", Type: "subscribe", Payload: mustJSON(map[string]any{"query": eventsQuery})})
+	if m := next(ctx, t, c); m.ID != "2" || m.Type != "next" {
+		t.Fatalf("got %s %s %s, want the second subscription's next", m.ID, m.Type, m.Payload)
+	}
+	if !strings.Contains(e.logs.String(), "graphql: panic") {
+		t.Errorf("the panic was not logged; logs:\n%s", e.logs.String())
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+}
