@@ -658,10 +658,9 @@ func (s *gfService) Quota(context.Context, auth.Principal) (quota.Usage, error) 
 	return quota.Usage{}, nil
 }
 
-func (s *gfService) Events(context.Context, auth.Principal, string, string) (<-chan sandbox.Event, error) {
-	ch := make(chan sandbox.Event)
-	close(ch)
-	return ch, nil
+func (s *gfService) EventsFunc(_ context.Context, _ auth.Principal, _, _ string, _ func(sandbox.Event) bool, ended func()) error {
+	go ended()
+	return nil
 }
 
 func (s *gfService) Snapshot(_ context.Context, _ auth.Principal, id string) (sandbox.SnapshotInfo, error) {

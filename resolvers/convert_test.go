@@ -3,6 +3,7 @@ package resolvers
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"sandboxd/graph/model"
 	"sandboxd/internal/api/apitest"
+	"sandboxd/internal/auth"
 	"sandboxd/internal/sandbox"
 )
 
@@ -64,34 +66,80 @@ func TestEmptyExecPageWithACursor(t *testing.T) {
 	}
 }
 
-// forwardEvents stops, and closes its channel, when the subscriber's ctx ends even while it
-// is blocked sending to a subscriber that does not read.
-func TestForwardEventsStopsOnCancel(t *testing.T) {
+var eventsUser = auth.Principal{Key: "k1", Tenant: "t1", Project: "p1"}
+
+// subscribeEvents stops, and closes its channel, when the subscriber's ctx ends even while the
+// follower is blocked sending to a subscriber that does not read.
+func TestSubscribeEventsStopsOnCancel(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	in := make(chan sandbox.Event, 1)
-	in <- sandbox.Event{Cursor: "1", Type: sandbox.EventStateChanged}
+	f := apitest.New()
+	f.SandboxEvents = []sandbox.Event{{Cursor: "1", Type: sandbox.EventStateChanged}}
 	ctx, cancel := context.WithCancel(context.Background())
-	out := forwardEvents(ctx, "", in)
+	out, err := subscribeEvents(ctx, f, eventsUser, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(10 * time.Millisecond) // let it block on the send
 	cancel()
 	for range out { // drains at most the one event, then sees the close
 	}
+	f.WaitStreams(t, 10*time.Second)
 }
 
-func TestForwardEventsEndsWithInput(t *testing.T) {
+// A stream that ends while its subscriber lives broke off; events of an unknown kind are left
+// out.
+func TestSubscribeEventsEndsWithInput(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	in := make(chan sandbox.Event, 3)
-	in <- sandbox.Event{Cursor: "1", Type: sandbox.EventStateChanged, State: sandbox.Running}
-	in <- sandbox.Event{Cursor: "0", Type: "SOMETHING_NEW", State: sandbox.Running} // a newer replica's: left out
-	in <- sandbox.Event{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Stopping, PreviousState: sandbox.Running}
-	close(in)
+	f := apitest.New()
+	f.SandboxEvents = []sandbox.Event{
+		{Cursor: "1", Type: sandbox.EventStateChanged, State: sandbox.Running},
+		{Cursor: "0", Type: "SOMETHING_NEW", State: sandbox.Running}, // a newer replica's: left out
+		{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Stopping, PreviousState: sandbox.Running},
+	}
+	f.SandboxEventsEnd = true
+	end := &streamEnd{}
+	out, err := subscribeEvents(context.WithValue(context.Background(), streamEndKey{}, end), f, eventsUser, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got []*model.SandboxEvent
-	for e := range forwardEvents(context.Background(), "", in) {
+	for e := range out {
 		got = append(got, e)
 	}
 	if len(got) != 2 || got[0].PreviousState != nil || got[1].PreviousState == nil || *got[1].PreviousState != model.SandboxStateRunning {
 		t.Errorf("got %+v, want two events, the first without a previous state", got)
 	}
+	if end.err == nil {
+		t.Error("the stream ended while its subscriber lived, and did not break off")
+	}
+	f.WaitStreams(t, 10*time.Second)
+}
+
+// A sandbox's own stream ends after its DESTROYED event, complete (not broken off), and stops
+// the follower: nothing after it is delivered.
+func TestSubscribeEventsEndsAfterDestroyed(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := apitest.New()
+	f.SandboxEvents = []sandbox.Event{
+		{Cursor: "1", Type: sandbox.EventStateChanged, State: sandbox.Stopping},
+		{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Destroyed},
+		{Cursor: "3", Type: sandbox.EventStateChanged, State: sandbox.Running},
+	}
+	end := &streamEnd{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), streamEndKey{}, end))
+	defer cancel()
+	out, err := subscribeEvents(ctx, f, eventsUser, apitest.SandboxRunning, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for e := range out {
+		got = append(got, e.Cursor)
+	}
+	if !slices.Equal(got, []string{"1", "2"}) || end.err != nil {
+		t.Errorf("got cursors %v and end %v, want 1 and 2, no error", got, end.err)
+	}
+	f.WaitStreams(t, 10*time.Second)
 }
 
 func TestBootstrapProgressEvent(t *testing.T) {

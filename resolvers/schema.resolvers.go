@@ -526,11 +526,7 @@ func (r *subscriptionResolver) SandboxEvents(ctx context.Context, sandboxID *str
 	if err != nil {
 		return nil, err
 	}
-	in, err := r.svc.Events(ctx, p, deref(sandboxID), deref(after))
-	if err != nil {
-		return nil, err
-	}
-	return forwardEvents(ctx, deref(sandboxID), in), nil
+	return subscribeEvents(ctx, r.svc, p, deref(sandboxID), deref(after))
 }
 
 // ExecOutput is the resolver for the execOutput field.

@@ -33,9 +33,12 @@ type Service interface {
 	Resume(ctx context.Context, p auth.Principal, id string) (sandbox.Sandbox, error)
 	// Update changes a sandbox's labels (a merge patch), autostop_sec and ttl_sec.
 	Update(ctx context.Context, p auth.Principal, id string, req sandbox.UpdateRequest) (sandbox.Sandbox, error)
-	// Events streams status changes after the cursor; sandboxID "" means the caller's whole
-	// project. The channel closes when ctx ends.
-	Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error)
+	// EventsFunc streams status changes after the cursor to deliver, in order, on a goroutine
+	// of the service's; sandboxID "" means the caller's whole project. deliver returns false to
+	// stop. The stream ends when ctx ends, when deliver refuses, after a watched sandbox's
+	// DESTROYED, or when the event store fails for good; ended runs once then, after the last
+	// deliver, on the same goroutine.
+	EventsFunc(ctx context.Context, p auth.Principal, sandboxID, after string, deliver func(sandbox.Event) bool, ended func()) error
 	// EventsCursor is the cursor of the newest status event of the caller's project: Events
 	// after it misses nothing that happened after this call.
 	EventsCursor(ctx context.Context, p auth.Principal) (string, error)

@@ -12,23 +12,43 @@ import (
 )
 
 // Events follows status events of one of the caller's sandboxes, or of the caller's whole
-// project when sandboxID is "". after resumes after a cursor ("" = only new events).
+// project when sandboxID is "". after resumes after a cursor ("" = only new events). The
+// channel closes when the stream ends (see EventsFunc).
 func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan Event, error) {
+	out := make(chan Event)
+	send := func(e Event) bool {
+		select {
+		case out <- e:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if err := s.EventsFunc(ctx, p, sandboxID, after, send, func() { close(out) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// EventsFunc is Events handing each event to deliver, in order, on the follower's goroutine
+// (no goroutine of the caller's between: a subscription's resolver converts and sends on
+// there). deliver returns false to stop. The stream ends when ctx ends, when deliver refuses,
+// after a watched sandbox's DESTROYED, or when the event store fails for good; ended runs once
+// then, after the last deliver, on the same goroutine.
+func (s *Service) EventsFunc(ctx context.Context, p auth.Principal, sandboxID, after string, deliver func(Event) bool, ended func()) error {
 	if sandboxID != "" {
 		if _, err := s.Load(ctx, p, sandboxID, VerbGet); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if !events.ValidCursor(after) {
-		return nil, apierror.New(apierror.InvalidArgument, "malformed cursor %q", apierror.Truncate(after, 64))
+		return apierror.New(apierror.InvalidArgument, "malformed cursor %q", apierror.Truncate(after, 64))
 	}
 	release, err := s.HoldStream(p)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	// The follower's own goroutine converts and hands on each event (none of ours between).
-	out := make(chan Event)
-	deliver := func(ev events.Event) bool {
+	hand := func(ev events.Event) bool {
 		e := Event{Cursor: ev.Cursor, Type: ev.Type, SandboxID: ev.SandboxID, State: State(ev.Fields["state"]),
 			PreviousState: State(ev.Fields["previous_state"]), Reason: ev.Fields["reason"], At: ev.At}
 		switch ev.Type {
@@ -37,27 +57,22 @@ func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after
 		case EventBootstrapProgress:
 			e.BytesRead, _ = strconv.ParseInt(ev.Fields["bytes_read"], 10, 64)
 		}
-		select {
-		case out <- e:
-		case <-ctx.Done():
-			return false
-		}
 		// After a watched sandbox's DESTROYED nothing more happens to it: the stream ends.
-		return sandboxID == "" || e.State != Destroyed
+		return deliver(e) && (sandboxID == "" || e.State != Destroyed)
 	}
-	ended := func() {
-		close(out)
+	end := func() {
+		ended()
 		release()
 	}
-	if err := s.events.SubscribeFunc(ctx, p.Tenant, p.Project, sandboxID, after, deliver, ended); err != nil {
+	if err := s.events.SubscribeFunc(ctx, p.Tenant, p.Project, sandboxID, after, hand, end); err != nil {
 		release()
 		if errors.Is(err, events.ErrTooManySubscribers) {
-			return nil, apierror.Wrap(err, apierror.Unavailable, "this server follows as many subscriptions as it may; retry shortly").
+			return apierror.Wrap(err, apierror.Unavailable, "this server follows as many subscriptions as it may; retry shortly").
 				WithRetryAfter(5 * time.Second)
 		}
-		return nil, apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable")
+		return apierror.Wrap(err, apierror.Unavailable, "the event stream is unavailable")
 	}
-	return out, nil
+	return nil
 }
 
 // EventsCursor is the cursor of the newest status event of the caller's project now. Read it

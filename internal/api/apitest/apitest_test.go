@@ -36,7 +36,9 @@ func TestSpecialSandboxes(t *testing.T) {
 				"Exec":     func() error { _, err := f.Exec(ctx, user, tt.id, sandbox.ExecRequest{}); return err },
 				"ReadFile": func() error { _, _, err := f.ReadFile(ctx, user, tt.id, "a", 10); return err },
 				"Snapshot": func() error { _, err := f.Snapshot(ctx, user, tt.id); return err },
-				"Events":   func() error { _, err := f.Events(ctx, user, tt.id, ""); return err },
+				"Events": func() error {
+					return f.EventsFunc(ctx, user, tt.id, "", func(sandbox.Event) bool { return true }, func() {})
+				},
 			} {
 				err := call()
 				var ae *apierror.Error

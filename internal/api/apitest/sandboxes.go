@@ -104,32 +104,29 @@ func (f *Fake) Destroy(_ context.Context, p auth.Principal, id string) (sandbox.
 	return sandbox.DestroyResult{Sandbox: s, SnapshotID: SnapDestroyed}, err
 }
 
-// Events sends SandboxEvents (see Fake).
-func (f *Fake) Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error) {
+// EventsFunc delivers SandboxEvents (see Fake), then ends (SandboxEventsEnd) or waits for ctx.
+func (f *Fake) EventsFunc(ctx context.Context, p auth.Principal, sandboxID, after string, deliver func(sandbox.Event) bool, ended func()) error {
 	f.record(Call{Method: "Events", Principal: p, SandboxID: sandboxID, After: after})
 	if sandboxID != "" {
 		if _, err := lookup(p, sandboxID); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	f.mu.Lock()
 	evs, end, delay := append([]sandbox.Event(nil), f.SandboxEvents...), f.SandboxEventsEnd, f.SandboxEventsDelay
 	f.mu.Unlock()
-	out := make(chan sandbox.Event)
 	f.streams.Add(1)
 	go func() {
 		defer f.streams.Done()
 		defer signal(f.eventsDone, struct{}{})
-		defer close(out)
+		defer ended()
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
 			return
 		}
 		for _, e := range evs {
-			select {
-			case out <- e:
-			case <-ctx.Done():
+			if ctx.Err() != nil || !deliver(e) {
 				return
 			}
 		}
@@ -137,7 +134,7 @@ func (f *Fake) Events(ctx context.Context, p auth.Principal, sandboxID, after st
 			<-ctx.Done()
 		}
 	}()
-	return out, nil
+	return nil
 }
 
 // EventsCursor answers EventsCursorNow, and records the call.
