@@ -424,12 +424,6 @@ func subscribeEvents(ctx context.Context, svc api.Service, p auth.Principal, san
 // while ctx lives, the service's stream broke off: the subscription ends with an UNAVAILABLE error
 // (streamend.go), never a bare complete.
 func forward[In, Out any](ctx context.Context, in <-chan In, convert func(In) Out, last func(In) bool) <-chan Out {
-	return forwardKept(ctx, in, nil, convert, last)
-}
-
-// forwardKept is forward for the events of in that keep reports true for (keep nil: all); the
-// others are dropped unseen, last included. One goroutine per subscription does both.
-func forwardKept[In, Out any](ctx context.Context, in <-chan In, keep func(In) bool, convert func(In) Out, last func(In) bool) <-chan Out {
 	out := make(chan Out)
 	go func() {
 		defer close(out)
@@ -443,9 +437,6 @@ func forwardKept[In, Out any](ctx context.Context, in <-chan In, keep func(In) b
 						streamBroke(ctx)
 					}
 					return
-				}
-				if keep != nil && !keep(e) {
-					continue
 				}
 				select {
 				case out <- convert(e):
