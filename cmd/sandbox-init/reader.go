@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"os/signal"
@@ -13,6 +15,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"sandboxd/guest/server"
+	"sandboxd/internal/exportend"
 	"sandboxd/internal/zframes"
 )
 
@@ -35,8 +38,10 @@ func idle() int {
 
 // exportDir writes the tree under dir to stdout as a zstd-compressed tar: independent frames
 // of 1 MiB compressed on every core (zframes, the checkpoint store's own format, which it then
-// keeps as it comes), and reports the number of entries on stderr. A failure
-// exits non-zero: the driver then refuses the stream, even if what came before it decodes.
+// keeps as it comes), and reports the number of entries on stderr, then the end mark: the
+// bytes written and their SHA-256 (exportend), by which the driver tells a stream that lost its
+// tail on the way from one that ended. A failure exits non-zero: the driver then refuses the
+// stream, even if what came before it decodes.
 func exportDir(args []string) int {
 	if len(args) != 1 {
 		fmt.Fprintln(os.Stderr, "usage: sandbox-init export DIR")
@@ -55,7 +60,8 @@ func exportDir(args []string) int {
 		pw.CloseWithError(err)
 		walked <- err
 	}()
-	_, err := zframes.New(runtime.GOMAXPROCS(0), zstd.SpeedFastest).Compress(ctx, os.Stdout, pr)
+	out := &hashingWriter{w: os.Stdout, h: sha256.New()}
+	_, err := zframes.New(runtime.GOMAXPROCS(0), zstd.SpeedFastest).Compress(ctx, out, pr)
 	pr.CloseWithError(errors.New("the compressor stopped"))
 	if werr := <-walked; werr != nil {
 		err = werr
@@ -65,5 +71,20 @@ func exportDir(args []string) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "%d entries\n", files)
+	fmt.Fprint(os.Stderr, exportend.Line(out.n, out.h.Sum(nil)))
 	return 0
+}
+
+// hashingWriter counts and hashes what it writes to w.
+type hashingWriter struct {
+	w io.Writer
+	h hash.Hash
+	n int64
+}
+
+func (h *hashingWriter) Write(p []byte) (int, error) {
+	n, err := h.w.Write(p)
+	h.h.Write(p[:n])
+	h.n += int64(n)
+	return n, err
 }

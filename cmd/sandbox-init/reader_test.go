@@ -3,6 +3,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"sandboxd/internal/exportend"
 )
 
 // TestExportAndIdle: `export DIR` writes DIR as a zstd tar of independent frames (links as
@@ -42,6 +45,11 @@ func TestExportAndIdle(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "3 entries") {
 		t.Errorf("stderr %q, want the entry count (d, d/big, leak)", stderr.String())
+	}
+	// The end mark: stdout's size and SHA-256, by which a reader tells a stream cut on the way.
+	sum := sha256.Sum256(stdout.Bytes())
+	if n, got, ok := exportend.Parse(stderr.String()); !ok || n != int64(stdout.Len()) || !bytes.Equal(got, sum[:]) {
+		t.Errorf("stderr %q: end mark %d %x %v, want %d %x", stderr.String(), n, got, ok, stdout.Len(), sum)
 	}
 	zr, err := zstd.NewReader(bytes.NewReader(stdout.Bytes()), zstd.WithDecoderMaxWindow(1<<20))
 	if err != nil {

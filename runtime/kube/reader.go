@@ -247,27 +247,30 @@ func (d *Driver) waitReader(ctx context.Context, id, name string, uid types.UID)
 
 // execExport execs the init's export of the workspace in reader pod name and returns its
 // stdout, the zstd-compressed tar. The stream's end is the exec's: a reader that failed (its
-// exit status, or the stream cut) ends it with that error, never with io.EOF.
+// exit status, or a stream cut more often than resumeExport reads again) ends it with that
+// error, never with io.EOF.
 func (d *Driver) execExport(id, name string) (*exportStream, error) {
 	// SPDY first, unlike the attach: for one bulk stream out of the pod it carried 50 MB in
-	// 240-254 ms on the test cluster, against 312-348 ms for WebSocket. And over WebSocket the
-	// API server resets the connection when the exec ends, dropping what a slow reader had
-	// not read yet: on a fallback to it, such a read fails (never ends short).
-	exec, err := d.executor(name, readerContainer, []string{readerInitPath, "export", workspacePath}, false, true)
-	if err != nil {
+	// 240-254 ms on the test cluster, against 312-348 ms for WebSocket. Either may lose the
+	// stream's tail when the exec ends while a slow reader has not read it yet (the API server
+	// resets the connection): resumeExport tells by the export's end mark and reads the rest.
+	argv := []string{readerInitPath, "export", workspacePath}
+	if _, err := d.executor(name, readerContainer, argv, false, true); err != nil {
 		return nil, fmt.Errorf("kube: workspace reader of %s: %w", id, err)
 	}
 	outR, outW := io.Pipe()
 	sctx, cancel := context.WithCancel(context.Background())
 	s := &exportStream{pipe: outR, cancel: cancel, done: make(chan struct{})}
-	stderr := &capped{max: 4 << 10}
+	run := func(ctx context.Context, stdout, stderr io.Writer) error {
+		exec, err := d.executor(name, readerContainer, argv, false, true)
+		if err != nil {
+			return err
+		}
+		return exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: stdout, Stderr: stderr})
+	}
 	go func() {
 		defer close(s.done)
-		err := exec.StreamWithContext(sctx, remotecommand.StreamOptions{Stdout: outW, Stderr: stderr})
-		if err != nil {
-			if msg := stderr.String(); msg != "" {
-				err = fmt.Errorf("%w (stderr: %s)", err, msg)
-			}
+		if err := resumeExport(sctx, outW, run, d.log.With("box", id, "pod", name)); err != nil {
 			outW.CloseWithError(fmt.Errorf("kube: workspace reader of %s: %w", id, err))
 			return
 		}
