@@ -73,7 +73,7 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 		if ws {
 			r = r.WithContext(withRawData(context.WithValue(r.Context(), websocketKey{}, true)))
 			if key == "" {
-				serveDetached(next, w, r, g.shutdown) // the WebSocket authenticates in connection_init
+				serveDetached(next, w, r, g.shutdown, g.log) // the WebSocket authenticates in connection_init
 				return
 			}
 		}
@@ -111,7 +111,7 @@ func (g *gate) wrap(next http.Handler) http.Handler {
 			}
 		}
 		if ws {
-			serveDetached(next, w, r.WithContext(ctx), g.shutdown)
+			serveDetached(next, w, r.WithContext(ctx), g.shutdown, g.log)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))

@@ -3,8 +3,10 @@ package resolvers
 import (
 	"bufio"
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"sync"
 )
 
@@ -17,7 +19,11 @@ import (
 //
 // The connection's context no longer ends with the upgrade request's: it ends when the client
 // goes before the upgrade, when ctx's shutdown ends, or when the WebSocket's handler returns.
-func serveDetached(next http.Handler, w http.ResponseWriter, r *http.Request, shutdown context.Context) {
+//
+// A panic before the hijack is raised again on net/http's goroutine, which recovers and logs
+// it as for any request; one after it (net/http's goroutine is gone) is recovered and logged
+// here: a panicking connection never takes the server down.
+func serveDetached(next http.Handler, w http.ResponseWriter, r *http.Request, shutdown context.Context, log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	stopShutdown := func() bool { return false }
 	if shutdown != nil {
@@ -26,9 +32,24 @@ func serveDetached(next http.Handler, w http.ResponseWriter, r *http.Request, sh
 	hw := &hijackWatch{ResponseWriter: w, hijacked: make(chan struct{}),
 		stopClient: context.AfterFunc(r.Context(), cancel)}
 	done := make(chan struct{})
+	var panicked any // set before done closes
 	r = r.WithContext(ctx)
 	go func() {
 		defer close(done)
+		defer func() {
+			p := recover()
+			if p == nil {
+				return
+			}
+			select {
+			case <-hw.hijacked:
+				if p != http.ErrAbortHandler {
+					log.ErrorContext(ctx, "graphql: panic serving a WebSocket", "panic", p, "stack", string(debug.Stack()))
+				}
+			default:
+				panicked = p
+			}
+		}()
 		defer cancel()
 		defer stopShutdown()
 		defer hw.stopClient()
@@ -37,6 +58,9 @@ func serveDetached(next http.Handler, w http.ResponseWriter, r *http.Request, sh
 	select {
 	case <-hw.hijacked:
 	case <-done:
+		if panicked != nil {
+			panic(panicked)
+		}
 	}
 }
 
