@@ -717,11 +717,10 @@ func (s *fzService) Profiles() []sandbox.Profile {
 	return nil
 }
 
-func (s *fzService) Events(context.Context, auth.Principal, string, string) (<-chan sandbox.Event, error) {
+func (s *fzService) EventsFunc(_ context.Context, _ auth.Principal, _, _ string, _ func(sandbox.Event) bool, ended func()) error {
 	s.record("Events", nil)
-	ch := make(chan sandbox.Event)
-	close(ch)
-	return ch, nil
+	go ended()
+	return nil
 }
 
 func (s *fzService) ListExecs(_ context.Context, _ auth.Principal, _ string, opts sandbox.ExecListOptions) (sandbox.ExecPage, error) {
