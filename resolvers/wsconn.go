@@ -84,8 +84,10 @@ type coderConn struct {
 	closing           bool
 	initTimer         *time.Timer
 	initSeen          bool
-	// keepAliveTimer sends the next keepalive; armed at connection_init, stopped at close.
+	// keepAliveTimer sends the next keepalive; armed at connection_init, stopped at close
+	// (stopped: never armed again).
 	keepAliveTimer *time.Timer
+	stopped        bool
 	// active are the ids of the operations open: from the client's subscribe (start) until the
 	// client's complete (stop) or the server's complete or error.
 	active map[string]bool
@@ -124,7 +126,7 @@ func (c *coderConn) screen(data []byte) bool {
 		if c.initTimer != nil {
 			c.initTimer.Stop()
 		}
-		if c.keepAlive > 0 && !c.closing {
+		if c.keepAlive > 0 && !c.stopped {
 			c.keepAliveTimer = time.AfterFunc(c.keepAlive, c.sendKeepAlive)
 		}
 	case "subscribe", "start":
@@ -160,13 +162,13 @@ var (
 )
 
 // sendKeepAlive writes one keepalive within writeTimeout and arms the next; a write that fails
-// or misses the deadline closes the connection (as any other write's does), and a closing
-// connection gets none.
+// or misses the deadline closes the connection (as any other write's does), and a connection
+// closing or closed (its timers stopped) gets none, nor another timer.
 func (c *coderConn) sendKeepAlive() {
 	c.mu.Lock()
-	closing := c.closing
+	stopped := c.stopped
 	c.mu.Unlock()
-	if closing {
+	if stopped {
 		return
 	}
 	msg := wsKa
@@ -181,7 +183,7 @@ func (c *coderConn) sendKeepAlive() {
 		return
 	}
 	c.mu.Lock()
-	if !c.closing {
+	if !c.stopped {
 		c.keepAliveTimer.Reset(c.keepAlive)
 	}
 	c.mu.Unlock()
@@ -385,6 +387,7 @@ func (c *coderConn) stopTimers() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopReadDeadlineLocked()
+	c.stopped = true
 	if c.keepAliveTimer != nil {
 		c.keepAliveTimer.Stop()
 	}
