@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -620,18 +621,26 @@ func TestPauseImageGrowsLittlePerExec(t *testing.T) {
 			}
 		}
 	}
+	// The typical cycle's growth (the median of the cycles'), not the mean: a leak grows the
+	// state in every cycle, while a one-time growth does not (on a loaded host the restored
+	// init's Go runtime may start one more thread, a task of some 5 KB, in any one cycle: once
+	// 669 bytes per cycle on average against 34-76 in other runs).
 	waitWarm(2)
-	start := kernelState()
+	sizes := []int64{kernelState()}
 	const cycles = 8
-	for i := range cycles - 1 {
+	for i := range cycles {
 		waitWarm(3 + i)
-		kernelState()
+		sizes = append(sizes, kernelState())
 	}
-	waitWarm(2 + cycles)
-	end := kernelState()
-	perCycle := (end - start) / cycles
-	t.Logf("checkpoint.img: %d bytes, then %d after %d more pauses and resumes: %d bytes per cycle", start, end, cycles, perCycle)
-	if perCycle > 300 {
-		t.Errorf("each pause and resume adds %d bytes to the box's saved kernel state, want at most 300", perCycle)
+	growth := make([]int64, cycles)
+	for i := range growth {
+		growth[i] = sizes[i+1] - sizes[i]
+	}
+	slices.Sort(growth)
+	median := (growth[cycles/2-1] + growth[cycles/2]) / 2
+	t.Logf("checkpoint.img: %d bytes, then %d after %d more pauses and resumes: %d bytes per cycle on average, the median cycle %d (each: %v)",
+		sizes[0], sizes[cycles], cycles, (sizes[cycles]-sizes[0])/cycles, median, growth)
+	if median > 300 {
+		t.Errorf("each pause and resume adds %d bytes to the box's saved kernel state (the median cycle), want at most 300", median)
 	}
 }
