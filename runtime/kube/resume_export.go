@@ -70,7 +70,7 @@ func resumeExport(ctx context.Context, w io.Writer, run runExport, log *slog.Log
 		if attempt == exportAttempts {
 			return fmt.Errorf("%w (run %d times)", err, attempt)
 		}
-		log.Info("workspace reader: the export's stream was cut; reading the rest again",
+		log.Info("workspace reader: the export's stream was cut or its run failed; running it again for the rest",
 			"bytes", sent, "attempt", attempt, "err", err)
 	}
 }
