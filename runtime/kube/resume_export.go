@@ -12,6 +12,7 @@ import (
 
 	utilexec "k8s.io/client-go/util/exec"
 
+	"sandboxd/guest/client"
 	"sandboxd/internal/exportend"
 )
 
@@ -40,7 +41,7 @@ func resumeExport(ctx context.Context, w io.Writer, run runExport, log *slog.Log
 	var sent int64
 	for attempt := 1; ; attempt++ {
 		stderr := &capped{max: 4 << 10}
-		tail := &lastBytes{max: 512}
+		tail := &tailWriter{t: client.Tail{Limit: 512}}
 		sink := &skipWriter{w: w, h: h, skip: sent}
 		err := run(ctx, sink, io.MultiWriter(stderr, tail))
 		sent += sink.written
@@ -110,18 +111,12 @@ func (s *skipWriter) Write(p []byte) (int, error) {
 	return all, nil
 }
 
-// lastBytes keeps the last max bytes written to it: the end of stderr, where the end mark is.
-type lastBytes struct {
-	max int
-	b   []byte
-}
+// tailWriter is client.Tail as an io.Writer: the end of stderr, where the end mark is.
+type tailWriter struct{ t client.Tail }
 
-func (l *lastBytes) Write(p []byte) (int, error) {
-	l.b = append(l.b, p...)
-	if len(l.b) > l.max {
-		l.b = append(l.b[:0], l.b[len(l.b)-l.max:]...)
-	}
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.t.Write(p)
 	return len(p), nil
 }
 
-func (l *lastBytes) String() string { return string(l.b) }
+func (w *tailWriter) String() string { return string(w.t.Bytes()) }
