@@ -97,15 +97,7 @@ func TestSubscribeEventsEndsWithInput(t *testing.T) {
 		{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Stopping, PreviousState: sandbox.Running},
 	}
 	f.SandboxEventsEnd = true
-	end := &streamEnd{}
-	out, err := subscribeEvents(context.WithValue(context.Background(), streamEndKey{}, end), f, eventsUser, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []*model.SandboxEvent
-	for e := range out {
-		got = append(got, e)
-	}
+	got, end := allEvents(t, f, "")
 	if len(got) != 2 || got[0].PreviousState != nil || got[1].PreviousState == nil || *got[1].PreviousState != model.SandboxStateRunning {
 		t.Errorf("got %+v, want two events, the first without a previous state", got)
 	}
@@ -125,21 +117,33 @@ func TestSubscribeEventsEndsAfterDestroyed(t *testing.T) {
 		{Cursor: "2", Type: sandbox.EventStateChanged, State: sandbox.Destroyed},
 		{Cursor: "3", Type: sandbox.EventStateChanged, State: sandbox.Running},
 	}
-	end := &streamEnd{}
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), streamEndKey{}, end))
-	defer cancel()
-	out, err := subscribeEvents(ctx, f, eventsUser, apitest.SandboxRunning, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	events, end := allEvents(t, f, apitest.SandboxRunning)
 	var got []string
-	for e := range out {
+	for _, e := range events {
 		got = append(got, e.Cursor)
 	}
 	if !slices.Equal(got, []string{"1", "2"}) || end.err != nil {
 		t.Errorf("got cursors %v and end %v, want 1 and 2, no error", got, end.err)
 	}
 	f.WaitStreams(t, 10*time.Second)
+}
+
+// allEvents subscribes to f's events (sandboxID "": the project's) until the stream ends, and
+// returns them with how it ended (a subscriber whose stream broke off has end.err set).
+func allEvents(t *testing.T, f *apitest.Fake, sandboxID string) ([]*model.SandboxEvent, *streamEnd) {
+	t.Helper()
+	end := &streamEnd{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), streamEndKey{}, end))
+	defer cancel()
+	out, err := subscribeEvents(ctx, f, eventsUser, sandboxID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*model.SandboxEvent
+	for e := range out {
+		got = append(got, e)
+	}
+	return got, end
 }
 
 func TestBootstrapProgressEvent(t *testing.T) {

@@ -430,13 +430,9 @@ func TestIdleStreamGetsKeepalives(t *testing.T) {
 	opts := HandlerOptions{KeepAlivePingInterval: 50 * time.Millisecond, WriteTimeout: 100 * time.Millisecond}
 	t.Run("websocket", func(t *testing.T) {
 		e := newEnv(t, opts)
-		e.fake.SandboxEvents = testEvents()[:1] // then the stream stays open and idle
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		c := wsSubscribe(ctx, t, e, eventsQuery, nil)
-		if m := next(ctx, t, c); m.Type != "next" {
-			t.Fatalf("got %s %s, want next", m.Type, m.Payload)
-		}
+		c := idleSubscription(ctx, t, e)
 		for pings := 0; pings < want; {
 			var m wsMsg
 			if err := wsjson.Read(ctx, c, &m); err != nil {

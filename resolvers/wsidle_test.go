@@ -113,13 +113,9 @@ func TestIdleConnectionGoroutines(t *testing.T) {
 // (serveDetached), and the connection goes on serving.
 func TestWebSocketServedDetached(t *testing.T) {
 	e := newEnv(t, HandlerOptions{})
-	e.fake.SandboxEvents = testEvents()[:1] // then the stream stays open and idle
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := wsSubscribe(ctx, t, e, eventsQuery, nil)
-	if m := next(ctx, t, c); m.Type != "next" {
-		t.Fatalf("got %s %s, want next", m.Type, m.Payload)
-	}
+	c := idleSubscription(ctx, t, e)
 	var loops, underServe int
 	for _, g := range strings.Split(allStacks(), "\n\n") {
 		if strings.Contains(g, "transport.(*wsConnection).run(") {
@@ -142,6 +138,18 @@ func TestWebSocketServedDetached(t *testing.T) {
 		}
 	}
 	c.Close(websocket.StatusNormalClosure, "")
+}
+
+// idleSubscription opens a WebSocket whose events subscription got its one event and then
+// stays open and idle.
+func idleSubscription(ctx context.Context, t *testing.T, e *env) *websocket.Conn {
+	t.Helper()
+	e.fake.SandboxEvents = testEvents()[:1]
+	c := wsSubscribe(ctx, t, e, eventsQuery, nil)
+	if m := next(ctx, t, c); m.Type != "next" {
+		t.Fatalf("got %s %s, want next", m.Type, m.Payload)
+	}
+	return c
 }
 
 func allStacks() string {
