@@ -171,7 +171,7 @@ func TestExecEventsOnTheSandboxStream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sb := e.CreateRunning(t, alice)
-	evs, err := e.Svc.Events(ctx, alice, sb.ID, "0-0")
+	evs, err := domaintest.Events(ctx, e.Svc, alice, sb.ID, "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}

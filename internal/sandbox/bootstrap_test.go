@@ -257,7 +257,7 @@ func TestBootstrapProgress(t *testing.T) {
 	SetProgressEvery(e.Svc.Core, 20*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	evs, err := e.Svc.Events(ctx, alice, "", "0-0")
+	evs, err := domaintest.Events(ctx, e.Svc, alice, "", "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}

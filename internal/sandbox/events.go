@@ -11,30 +11,13 @@ import (
 	"sandboxd/internal/events"
 )
 
-// Events follows status events of one of the caller's sandboxes, or of the caller's whole
-// project when sandboxID is "". after resumes after a cursor ("" = only new events). The
-// channel closes when the stream ends (see EventsFunc).
-func (s *Service) Events(ctx context.Context, p auth.Principal, sandboxID, after string) (<-chan Event, error) {
-	out := make(chan Event)
-	send := func(e Event) bool {
-		select {
-		case out <- e:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	if err := s.EventsFunc(ctx, p, sandboxID, after, send, func() { close(out) }); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// EventsFunc is Events handing each event to deliver, in order, on the follower's goroutine
-// (no goroutine of the caller's between: a subscription's resolver converts and sends on
-// there). deliver returns false to stop. The stream ends when ctx ends, when deliver refuses,
-// after a watched sandbox's DESTROYED, or when the event store fails for good; ended runs once
-// then, after the last deliver, on the same goroutine.
+// EventsFunc follows status events of one of the caller's sandboxes, or of the caller's whole
+// project when sandboxID is "", after a cursor ("" = only new events), handing each to
+// deliver, in order, on the follower's goroutine (no goroutine of the caller's between: a
+// subscription's resolver converts and sends on there). deliver returns false to stop. The
+// stream ends when ctx ends, when deliver refuses, after a watched sandbox's DESTROYED, or
+// when the event store fails for good; ended runs once then, after the last deliver, on the
+// same goroutine.
 func (s *Service) EventsFunc(ctx context.Context, p auth.Principal, sandboxID, after string, deliver func(Event) bool, ended func()) error {
 	if sandboxID != "" {
 		if _, err := s.Load(ctx, p, sandboxID, VerbGet); err != nil {
@@ -76,7 +59,7 @@ func (s *Service) EventsFunc(ctx context.Context, p auth.Principal, sandboxID, a
 }
 
 // EventsCursor is the cursor of the newest status event of the caller's project now. Read it
-// before a page of sandboxes: Events after it then gives every change since, none lost
+// before a page of sandboxes: EventsFunc after it then gives every change since, none lost
 // between the page and the subscription (some may be older than the page, and say nothing
 // new).
 func (s *Service) EventsCursor(ctx context.Context, p auth.Principal) (string, error) {

@@ -261,7 +261,7 @@ func TestUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, err := e.Svc.Events(ctx, alice, sb.ID, "")
+	evs, err := domaintest.Events(ctx, e.Svc, alice, sb.ID, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -361,7 +361,7 @@ func TestWarmPoolClaimSeesNoWarmUp(t *testing.T) {
 	// The project's events from the start: the claimed sandbox's create and its one exec.
 	ectx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	evs, err := svc.Events(ectx, alice, "", "0-0")
+	evs, err := domaintest.Events(ectx, svc, alice, "", "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,7 +161,7 @@ func TestReconcilerExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.MustExec(t, alice, sb.ID, "sh", "-c", "echo last > words")
-	evs, err := e.Svc.Events(ctx, alice, sb.ID, "0-0")
+	evs, err := domaintest.Events(ctx, e.Svc, alice, sb.ID, "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}

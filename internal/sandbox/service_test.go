@@ -168,7 +168,7 @@ func TestTenancyIsNotFound(t *testing.T) {
 			return err
 		},
 		"list":   func() error { _, _, err := e.Svc.ListDir(ctx, bob, sb.ID, ".", 10); return err },
-		"events": func() error { _, err := e.Svc.Events(ctx, bob, sb.ID, ""); return err },
+		"events": func() error { _, err := domaintest.Events(ctx, e.Svc, bob, sb.ID, ""); return err },
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {
@@ -326,7 +326,7 @@ func TestEventsFollowTransitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch, err := e.Svc.Events(ctx, alice, sb.ID, "0-0")
+	ch, err := domaintest.Events(ctx, e.Svc, alice, sb.ID, "0-0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -191,3 +191,21 @@ func Collect(t *testing.T, ch <-chan sandbox.ExecEvent) (stdout, stderr []byte, 
 		}
 	}
 }
+
+// Events is svc's EventsFunc as a channel, closed when the stream ends (see EventsFunc): how
+// the tests read a stream of status events.
+func Events(ctx context.Context, svc *domain.Service, p auth.Principal, sandboxID, after string) (<-chan sandbox.Event, error) {
+	out := make(chan sandbox.Event)
+	send := func(e sandbox.Event) bool {
+		select {
+		case out <- e:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if err := svc.EventsFunc(ctx, p, sandboxID, after, send, func() { close(out) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
