@@ -141,7 +141,7 @@ func New(cfg Config, d Deps) (*Service, error) {
 		s.resolve = NewResolver(cfg.Network.DNSServers)
 	}
 	s.attachs = newAttachments(raw, s.Observe)
-	s.slots = slots{quota: d.Quota, driver: d.Driver, log: d.Logger, metrics: d.Metrics}
+	s.slots = slots{quota: d.Quota, driver: raw, log: d.Logger, metrics: d.Metrics}
 	s.ckpts = &checkpoints{store: d.Checkpoints, driver: d.Driver, attachs: s.attachs, metrics: d.Metrics, log: d.Logger,
 		now: d.Now, keep: cfg.KeepCheckpoints}
 	s.mem = &memories{store: d.Checkpoints.Derive(MemoryPrefix), driver: d.Driver, log: d.Logger}

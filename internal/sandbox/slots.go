@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -18,7 +19,8 @@ const systemKey = "system:reconciler"
 // slots are the concurrency slots of the tenant:projects, as leases in internal/quota (a nil
 // quota: no limits).
 type slots struct {
-	quota   *quota.Quota
+	quota *quota.Quota
+	// driver is the runtime without the read cache (holders are checked against its truth).
 	driver  runtime.Driver
 	log     *slog.Logger
 	metrics *Metrics
@@ -57,9 +59,18 @@ func (s slots) release(ctx context.Context, tenant, project, id string) {
 }
 
 // releaseUnlessHolding gives the slot back unless the sandbox is (still, or by another call)
-// in a state that holds one.
+// in a state that holds one. The runtime's record is read, never a read cache's copy: the
+// change that gave the slot up may have been made on another replica a moment ago.
 func (s slots) releaseUnlessHolding(ctx context.Context, tenant, project, id string) {
-	if box, err := s.driver.Get(context.WithoutCancel(ctx), id); err == nil && holdsSlot(State(box.Record.State)) {
+	box, err := s.driver.Get(context.WithoutCancel(ctx), id)
+	if err == nil && holdsSlot(State(box.Record.State)) {
+		return
+	}
+	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		// Not known either way (the runtime did not answer): keep the slot, whose lease runs
+		// out unless a pass finds the sandbox holding it. Releasing could let a create
+		// overshoot the limit while the sandbox runs.
+		s.log.Warn("could not read a sandbox to see if it holds its slot; its lease decides", "sandbox", id, "err", err)
 		return
 	}
 	s.release(ctx, tenant, project, id)
@@ -85,6 +96,14 @@ func (s *Service) Quota(ctx context.Context, p auth.Principal) (quota.Usage, err
 
 // renew extends the leases of the sandboxes that hold a slot by runtime truth, and takes
 // one again for a holder whose lease was lost (a Redis flush).
+//
+// holders is what a pass saw, and another replica may have moved a holder since: a CREATING
+// sandbox whose lock another replica held while this pass looked at it, which that replica then
+// marked FAILED and gave its slot back. Taking a slot for it again would hold one for a
+// sandbox that holds none until the lease ran out (and refuse the project's next create). So a
+// slot taken again is checked against the runtime's record read after the take, and given back
+// unless the sandbox still holds one: every state change that gives a slot up is written before
+// its slot is released, so whichever order the two replicas run in, no slot is left behind.
 func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 	if s.quota == nil {
 		return
@@ -98,7 +117,9 @@ func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 		for _, id := range missing {
 			if _, err := s.quota.Acquire(ctx, k[0], k[1], id); err != nil {
 				s.log.Warn("a running sandbox has no slot and none is free", "sandbox", id, "err", err)
+				continue
 			}
+			s.releaseUnlessHolding(ctx, k[0], k[1], id)
 		}
 	}
 }

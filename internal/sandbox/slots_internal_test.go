@@ -8,6 +8,8 @@ import (
 
 	"sandboxd/internal/quota"
 	"sandboxd/internal/redistest"
+	"sandboxd/runtime"
+	"sandboxd/runtime/runtimetest"
 )
 
 // TestKeepRenewing: while a reconcile pass runs, its holders' leases are extended every
@@ -46,5 +48,49 @@ func TestKeepRenewing(t *testing.T) {
 	time.Sleep(2 * lease)
 	if n := inUse(); n != 0 {
 		t.Fatalf("two leases after the pass stopped renewing: got %d slots in use, want 0", n)
+	}
+}
+
+// TestRenewTakesNoSlotForALeaver: a pass's holders are what it saw, and another replica may
+// have moved one since (a CREATING sandbox whose lock it held, then marked FAILED with its slot
+// given back). The pass's renewal takes a slot again only for a holder the runtime still says
+// holds one: a RUNNING sandbox whose lease a Redis flush lost gets its slot back; a FAILED
+// one, and one the runtime no longer has, are left without. Seen in the suite: a replica
+// killed during a create left its project's one slot held by a FAILED sandbox for a lease.
+func TestRenewTakesNoSlotForALeaver(t *testing.T) {
+	rs := redistest.Embedded(t)
+	none := func(context.Context, string, string) ([]string, error) { return nil, nil }
+	q := quota.New(rs.Client, none, quota.Options{Limits: quota.Limits{Default: 3}, Lease: time.Minute, Settle: -1})
+	fake := runtimetest.NewFakeT(t)
+	ctx := context.Background()
+	box := func(state string) runtime.Record {
+		rec := runtimetest.NewRecord(runtime.BoxSpec{})
+		rec.Tenant, rec.Project = "t", "p"
+		if err := fake.Create(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := fake.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error { r.State = state; return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	running, failed := box(string(Running)), box(string(Failed))
+	gone := runtimetest.NewID()
+	s := slots{quota: q, driver: fake, log: slog.Default()}
+	// The pass saw all three holding a slot; none has one now (a flush; the others' replicas
+	// released theirs after their state changes).
+	s.renew(ctx, map[[2]string][]string{{"t", "p"}: {running.ID, failed.ID, gone}})
+	for id, want := range map[string]bool{running.ID: true, failed.ID: false, gone: false} {
+		held, err := q.Held(ctx, "t", "p", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if held != want {
+			t.Errorf("after the renewal: %s holds a slot: %v, want %v", id, held, want)
+		}
+	}
+	if u, err := q.Usage(ctx, "t", "p"); err != nil || u.InUse != 1 {
+		t.Errorf("after the renewal: got in_use %d (%v), want 1 (the running sandbox)", u.InUse, err)
 	}
 }
