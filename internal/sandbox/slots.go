@@ -102,8 +102,8 @@ func (s *Service) Quota(ctx context.Context, p auth.Principal) (quota.Usage, err
 // marked FAILED and gave its slot back. Taking a slot for it again would hold one for a
 // sandbox that holds none until the lease ran out (and refuse the project's next create). So a
 // slot taken again is checked against the runtime's record read after the take, and given back
-// unless the sandbox still holds one: every state change that gives a slot up is written before
-// its slot is released, so whichever order the two replicas run in, no slot is left behind.
+// unless the sandbox is in a state whose slot is released only after the state is left
+// (retakes): whichever order the two replicas run in, no slot is left behind.
 func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 	if s.quota == nil {
 		return
@@ -119,9 +119,33 @@ func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 				s.log.Warn("a running sandbox has no slot and none is free", "sandbox", id, "err", err)
 				continue
 			}
-			s.releaseUnlessHolding(ctx, k[0], k[1], id)
+			s.releaseUnlessRetaken(ctx, k[0], k[1], id)
 		}
 	}
+}
+
+// retakes reports whether a sandbox in state st whose slot is missing gets one again from a
+// pass: a state that holds a slot and is left (by a write to the record) before the slot is
+// given back. Not PAUSING: a pause gives its slot back once the compute is gone, before it
+// records PAUSED; a PAUSING sandbox whose slot a flush lost is given one again by the next
+// pass if its pause fails and it runs on.
+func retakes(st State) bool {
+	return st == Creating || st == Starting || st == Running || st == Resuming
+}
+
+// releaseUnlessRetaken gives back the slot a pass took again for id unless the runtime's
+// record, read now, is in a state that retakes one. A runtime that does not answer leaves the
+// slot to its lease (a pass renews it only while the sandbox holds it).
+func (s slots) releaseUnlessRetaken(ctx context.Context, tenant, project, id string) {
+	box, err := s.driver.Get(ctx, id)
+	if err == nil && retakes(State(box.Record.State)) {
+		return
+	}
+	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		s.log.Warn("could not read a sandbox whose slot a pass took again; its lease decides", "sandbox", id, "err", err)
+		return
+	}
+	s.release(ctx, tenant, project, id)
 }
 
 // keepRenewing extends the leases of holders every quarter lease until stop is called: a

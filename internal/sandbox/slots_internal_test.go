@@ -55,7 +55,8 @@ func TestKeepRenewing(t *testing.T) {
 // have moved one since (a CREATING sandbox whose lock it held, then marked FAILED with its slot
 // given back). The pass's renewal takes a slot again only for a holder the runtime still says
 // holds one: a RUNNING sandbox whose lease a Redis flush lost gets its slot back; a FAILED
-// one, and one the runtime no longer has, are left without. Seen in the suite: a replica
+// one, a PAUSING one (a pause gives its slot back before it records PAUSED), and one the
+// runtime no longer has, are left without. Seen in the suite: a replica
 // killed during a create left its project's one slot held by a FAILED sandbox for a lease.
 func TestRenewTakesNoSlotForALeaver(t *testing.T) {
 	rs := redistest.Embedded(t)
@@ -75,13 +76,14 @@ func TestRenewTakesNoSlotForALeaver(t *testing.T) {
 		}
 		return rec
 	}
-	running, failed := box(string(Running)), box(string(Failed))
+	running, failed, pausing := box(string(Running)), box(string(Failed)), box(string(Pausing))
 	gone := runtimetest.NewID()
 	s := slots{quota: q, driver: fake, log: slog.Default()}
-	// The pass saw all three holding a slot; none has one now (a flush; the others' replicas
-	// released theirs after their state changes).
-	s.renew(ctx, map[[2]string][]string{{"t", "p"}: {running.ID, failed.ID, gone}})
-	for id, want := range map[string]bool{running.ID: true, failed.ID: false, gone: false} {
+	// The pass saw all four holding a slot; none has one now (a flush; the others' replicas
+	// released theirs: after their state changes, or, a pause, once its compute was gone and
+	// before it records PAUSED).
+	s.renew(ctx, map[[2]string][]string{{"t", "p"}: {running.ID, failed.ID, pausing.ID, gone}})
+	for id, want := range map[string]bool{running.ID: true, failed.ID: false, pausing.ID: false, gone: false} {
 		held, err := q.Held(ctx, "t", "p", id)
 		if err != nil {
 			t.Fatal(err)
