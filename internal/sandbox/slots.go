@@ -62,15 +62,21 @@ func (s slots) release(ctx context.Context, tenant, project, id string) {
 // in a state that holds one. The runtime's record is read, never a read cache's copy: the
 // change that gave the slot up may have been made on another replica a moment ago.
 func (s slots) releaseUnlessHolding(ctx context.Context, tenant, project, id string) {
-	box, err := s.driver.Get(context.WithoutCancel(ctx), id)
-	if err == nil && holdsSlot(State(box.Record.State)) {
+	s.releaseUnless(context.WithoutCancel(ctx), tenant, project, id, holdsSlot,
+		"could not read a sandbox to see if it holds its slot; its lease decides")
+}
+
+// releaseUnless gives id's slot back unless the runtime's record, read now, is in a state
+// keep reports. A runtime that does not answer (any error but ErrNotFound) leaves the slot to
+// its lease, logged with msg: releasing it could let a create overshoot the limit while the
+// sandbox runs, and a pass renews the lease only while the sandbox holds the slot.
+func (s slots) releaseUnless(ctx context.Context, tenant, project, id string, keep func(State) bool, msg string) {
+	box, err := s.driver.Get(ctx, id)
+	if err == nil && keep(State(box.Record.State)) {
 		return
 	}
 	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
-		// Not known either way (the runtime did not answer): keep the slot, whose lease runs
-		// out unless a pass finds the sandbox holding it. Releasing could let a create
-		// overshoot the limit while the sandbox runs.
-		s.log.Warn("could not read a sandbox to see if it holds its slot; its lease decides", "sandbox", id, "err", err)
+		s.log.Warn(msg, "sandbox", id, "err", err)
 		return
 	}
 	s.release(ctx, tenant, project, id)
@@ -119,7 +125,9 @@ func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 				s.log.Warn("a running sandbox has no slot and none is free", "sandbox", id, "err", err)
 				continue
 			}
-			s.releaseUnlessRetaken(ctx, k[0], k[1], id)
+			// Read after the take, so that whichever order this and another replica's
+			// release run in, no slot is left behind (above).
+			s.releaseUnless(ctx, k[0], k[1], id, retakes, "could not read a sandbox whose slot a pass took again; its lease decides")
 		}
 	}
 }
@@ -131,21 +139,6 @@ func (s slots) renew(ctx context.Context, holders map[[2]string][]string) {
 // pass if its pause fails and it runs on.
 func retakes(st State) bool {
 	return st == Creating || st == Starting || st == Running || st == Resuming
-}
-
-// releaseUnlessRetaken gives back the slot a pass took again for id unless the runtime's
-// record, read now, is in a state that retakes one. A runtime that does not answer leaves the
-// slot to its lease (a pass renews it only while the sandbox holds it).
-func (s slots) releaseUnlessRetaken(ctx context.Context, tenant, project, id string) {
-	box, err := s.driver.Get(ctx, id)
-	if err == nil && retakes(State(box.Record.State)) {
-		return
-	}
-	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
-		s.log.Warn("could not read a sandbox whose slot a pass took again; its lease decides", "sandbox", id, "err", err)
-		return
-	}
-	s.release(ctx, tenant, project, id)
 }
 
 // keepRenewing extends the leases of holders every quarter lease until stop is called: a
