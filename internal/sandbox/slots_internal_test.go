@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -94,5 +95,38 @@ func TestRenewTakesNoSlotForALeaver(t *testing.T) {
 	}
 	if u, err := q.Usage(ctx, "t", "p"); err != nil || u.InUse != 1 {
 		t.Errorf("after the renewal: got in_use %d (%v), want 1 (the running sandbox)", u.InUse, err)
+	}
+}
+
+// TestRenewKeepsASlotTheRuntimeCannotTell: when the runtime does not answer the read after a
+// retake, the slot is kept and its lease decides (a pass renews it only while the sandbox holds
+// it): giving it back could let a create overshoot the limit while the sandbox runs.
+func TestRenewKeepsASlotTheRuntimeCannotTell(t *testing.T) {
+	rs := redistest.Embedded(t)
+	none := func(context.Context, string, string) ([]string, error) { return nil, nil }
+	q := quota.New(rs.Client, none, quota.Options{Limits: quota.Limits{Default: 3}, Lease: time.Minute, Settle: -1})
+	fake := runtimetest.NewFakeT(t)
+	ctx := context.Background()
+	rec := runtimetest.NewRecord(runtime.BoxSpec{})
+	rec.Tenant, rec.Project = "t", "p"
+	if err := fake.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error { r.State = string(Failed); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	fake.FailNext("Get", errors.New("the runtime is unreachable"))
+	s := slots{quota: q, driver: fake, log: slog.Default()}
+	s.renew(ctx, map[[2]string][]string{{"t", "p"}: {rec.ID}})
+	if held, err := q.Held(ctx, "t", "p", rec.ID); err != nil || !held {
+		t.Errorf("after a renewal whose read failed: the slot is held: %v (%v), want true (left to its lease)", held, err)
+	}
+	// The next pass reads the record (FAILED): the slot, taken again once its lease is gone, goes.
+	if err := q.Release(ctx, "t", "p", rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.renew(ctx, map[[2]string][]string{{"t", "p"}: {rec.ID}})
+	if held, err := q.Held(ctx, "t", "p", rec.ID); err != nil || held {
+		t.Errorf("after a renewal that read FAILED: the slot is held: %v (%v), want false", held, err)
 	}
 }
