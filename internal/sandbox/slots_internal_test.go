@@ -60,26 +60,11 @@ func TestKeepRenewing(t *testing.T) {
 // runtime no longer has, are left without. Seen in the suite: a replica
 // killed during a create left its project's one slot held by a FAILED sandbox for a lease.
 func TestRenewTakesNoSlotForALeaver(t *testing.T) {
-	rs := redistest.Embedded(t)
-	none := func(context.Context, string, string) ([]string, error) { return nil, nil }
-	q := quota.New(rs.Client, none, quota.Options{Limits: quota.Limits{Default: 3}, Lease: time.Minute, Settle: -1})
-	fake := runtimetest.NewFakeT(t)
+	q, fake, s := renewFixture(t)
 	ctx := context.Background()
-	box := func(state string) runtime.Record {
-		rec := runtimetest.NewRecord(runtime.BoxSpec{})
-		rec.Tenant, rec.Project = "t", "p"
-		if err := fake.Create(ctx, rec); err != nil {
-			t.Fatal(err)
-		}
-		rec, err := fake.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error { r.State = state; return nil })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rec
-	}
-	running, failed, pausing := box(string(Running)), box(string(Failed)), box(string(Pausing))
+	box := func(st State) runtime.Record { return boxIn(t, fake, st) }
+	running, failed, pausing := box(Running), box(Failed), box(Pausing)
 	gone := runtimetest.NewID()
-	s := slots{quota: q, driver: fake, log: slog.Default()}
 	// The pass saw all four holding a slot; none has one now (a flush; the others' replicas
 	// released theirs: after their state changes, or, a pause, once its compute was gone and
 	// before it records PAUSED).
@@ -102,21 +87,10 @@ func TestRenewTakesNoSlotForALeaver(t *testing.T) {
 // retake, the slot is kept and its lease decides (a pass renews it only while the sandbox holds
 // it): giving it back could let a create overshoot the limit while the sandbox runs.
 func TestRenewKeepsASlotTheRuntimeCannotTell(t *testing.T) {
-	rs := redistest.Embedded(t)
-	none := func(context.Context, string, string) ([]string, error) { return nil, nil }
-	q := quota.New(rs.Client, none, quota.Options{Limits: quota.Limits{Default: 3}, Lease: time.Minute, Settle: -1})
-	fake := runtimetest.NewFakeT(t)
+	q, fake, s := renewFixture(t)
 	ctx := context.Background()
-	rec := runtimetest.NewRecord(runtime.BoxSpec{})
-	rec.Tenant, rec.Project = "t", "p"
-	if err := fake.Create(ctx, rec); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fake.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error { r.State = string(Failed); return nil }); err != nil {
-		t.Fatal(err)
-	}
+	rec := boxIn(t, fake, Failed)
 	fake.FailNext("Get", errors.New("the runtime is unreachable"))
-	s := slots{quota: q, driver: fake, log: slog.Default()}
 	s.renew(ctx, map[[2]string][]string{{"t", "p"}: {rec.ID}})
 	if held, err := q.Held(ctx, "t", "p", rec.ID); err != nil || !held {
 		t.Errorf("after a renewal whose read failed: the slot is held: %v (%v), want true (left to its lease)", held, err)
@@ -129,4 +103,30 @@ func TestRenewKeepsASlotTheRuntimeCannotTell(t *testing.T) {
 	if held, err := q.Held(ctx, "t", "p", rec.ID); err != nil || held {
 		t.Errorf("after a renewal that read FAILED: the slot is held: %v (%v), want false", held, err)
 	}
+}
+
+// renewFixture is a quota of 3 slots per project on an embedded Redis (no rebuild source) and
+// the slots of a fake runtime.
+func renewFixture(t *testing.T) (*quota.Quota, *runtimetest.Fake, slots) {
+	rs := redistest.Embedded(t)
+	none := func(context.Context, string, string) ([]string, error) { return nil, nil }
+	q := quota.New(rs.Client, none, quota.Options{Limits: quota.Limits{Default: 3}, Lease: time.Minute, Settle: -1})
+	fake := runtimetest.NewFakeT(t)
+	return q, fake, slots{quota: q, driver: fake, log: slog.Default()}
+}
+
+// boxIn makes a box of tenant t, project p on the fake runtime, its record in state st.
+func boxIn(t *testing.T, fake *runtimetest.Fake, st State) runtime.Record {
+	t.Helper()
+	ctx := context.Background()
+	rec := runtimetest.NewRecord(runtime.BoxSpec{})
+	rec.Tenant, rec.Project = "t", "p"
+	if err := fake.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := fake.UpdateRecord(ctx, rec.ID, func(r *runtime.Record) error { r.State = string(st); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
