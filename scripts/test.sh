@@ -68,7 +68,9 @@ export SANDBOXD_KUBEENV="$kube_dir/cluster" SANDBOXD_KUBECTL="$kube_bin/kubectl"
 # two cores): named first, it starts at once and the others run beside it, where listed in
 # import path order it started last, after all the others (the stage took their time plus its).
 log "go test -race ./..."
-go test -race -count=1 -timeout 60m sandboxd/tests $(go list ./... | grep -vx sandboxd/tests) "$@"
+others=$(go list ./... | grep -vx sandboxd/tests) # an assignment, so that a failed list stops the run
+# shellcheck disable=SC2086 # one package per word
+go test -race -count=1 -timeout 60m sandboxd/tests $others "$@"
 
 # The allocation tests again, without the race detector: its sync.Pool drops a quarter of what
 # is put back, so some of them skip under it.
