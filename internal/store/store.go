@@ -47,11 +47,14 @@ type Store struct {
 	rdb    redis.UniversalClient
 	source Source
 	now    func() time.Time
+	// pages are the ids the latest reads of list pages found, read again with the next read of
+	// the same page (pageMemo).
+	pages *pageMemo
 }
 
 // New returns a Store on rdb that rebuilds itself from source when Redis has lost the lookup.
 func New(rdb redis.UniversalClient, source Source) *Store {
-	return &Store{rdb: rdb, source: source, now: time.Now}
+	return &Store{rdb: rdb, source: source, now: time.Now, pages: newPageMemo(pageMemoKeys, pageMemoIDs)}
 }
 
 // WithClock sets the clock that stamps a rebuild (the time idle clocks restart from after a
@@ -205,7 +208,7 @@ func (s *Store) List(ctx context.Context, tenant, project, after string, limit i
 }
 
 // ListActive is List with the last activity of every listed sandbox, as Activity reports it,
-// read in the same two round trips (a list page of running sandboxes needs both).
+// read in the same round trips (a list page of running sandboxes needs both).
 func (s *Store) ListActive(ctx context.Context, tenant, project, after string, limit int) ([]Entry, map[string]time.Time, error) {
 	return s.list(ctx, tenant, project, after, limit, true)
 }
@@ -217,13 +220,25 @@ func (s *Store) list(ctx context.Context, tenant, project, after string, limit i
 	}
 	by := &redis.ZRangeBy{Max: max, Min: "-", Count: int64(limit)}
 	// The built marker and the index page in one round trip (EnsureBuilt's check without a
-	// round trip of its own); after a rebuild both are read again.
+	// round trip of its own); after a rebuild both are read again. The entries (and activity)
+	// of the ids the last read of this page found are read with them: a page read again (a
+	// dashboard's poll, the next page of a walk done before) takes one round trip instead of
+	// two. Every value is read in this request, so nothing is older than the index page; the
+	// memo only says which keys to read early. Ids the page has that the guess lacked are read
+	// in a second round trip, as every id was before.
+	memoKey := pageKey(tenant, project, after, limit)
+	guess := s.pages.get(memoKey)
 	var built *redis.StringCmd
 	var page *redis.StringSliceCmd
+	var reads map[string]entryReads
 	for attempt := 0; ; attempt++ {
+		reads = make(map[string]entryReads, len(guess))
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			built = p.Get(ctx, builtKey)
 			page = p.ZRevRangeByLex(ctx, indexKey(tenant, project), by)
+			for _, id := range guess {
+				reads[id] = queueEntryReads(ctx, p, id, activity)
+			}
 			return nil
 		})
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -240,46 +255,66 @@ func (s *Store) list(ctx context.Context, tenant, project, after string, limit i
 		}
 	}
 	ids := page.Val()
-	cmds := make([]*redis.MapStringStringCmd, len(ids))
-	acts := make([]*redis.StringCmd, len(ids))
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			cmds[i] = p.HGetAll(ctx, entryKey(id))
-			if activity {
-				acts[i] = p.Get(ctx, activityKey(id))
-			}
+	s.pages.put(memoKey, ids)
+	var missing []string
+	for _, id := range ids {
+		if _, ok := reads[id]; !ok {
+			missing = append(missing, id)
 		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+	}
+	if len(missing) > 0 {
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, id := range missing {
+				reads[id] = queueEntryReads(ctx, p, id, activity)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
+		}
 	}
 	out := make([]Entry, 0, len(ids))
 	var last map[string]time.Time
 	var rebuilt time.Time
 	if activity {
 		last = make(map[string]time.Time, len(ids))
+		var err error
 		if rebuilt, err = s.rebuiltAt(ctx, built); err != nil {
 			return nil, nil, err
 		}
 	}
-	for i, id := range ids {
-		if err := cmds[i].Err(); err != nil {
+	for _, id := range ids {
+		r := reads[id]
+		if err := r.entry.Err(); err != nil {
 			return nil, nil, fmt.Errorf("store list %s:%s: %w", tenant, project, err)
 		}
-		e, ok := parseEntry(id, cmds[i].Val())
+		e, ok := parseEntry(id, r.entry.Val())
 		if !ok || e.Tenant != tenant || e.Project != project {
 			continue
 		}
 		out = append(out, e)
 		if activity {
 			last[id] = rebuilt
-			if ms, err := acts[i].Int64(); err == nil && time.UnixMilli(ms).After(rebuilt) {
+			if ms, err := r.activity.Int64(); err == nil && time.UnixMilli(ms).After(rebuilt) {
 				last[id] = time.UnixMilli(ms).UTC()
 			}
 		}
 	}
 	return out, last, nil
+}
+
+// entryReads are the reads of one listed sandbox's entry and, for ListActive, its activity.
+type entryReads struct {
+	entry    *redis.MapStringStringCmd
+	activity *redis.StringCmd
+}
+
+func queueEntryReads(ctx context.Context, p redis.Pipeliner, id string, activity bool) entryReads {
+	r := entryReads{entry: p.HGetAll(ctx, entryKey(id))}
+	if activity {
+		r.activity = p.Get(ctx, activityKey(id))
+	}
+	return r
 }
 
 // EnsureBuilt rebuilds the lookup from the runtime when Redis does not hold a complete one.

@@ -565,3 +565,171 @@ func TestListActive(t *testing.T) {
 		}
 	})
 }
+
+// pipelineCounter counts the pipelines (round trips of several commands) a client sends.
+type pipelineCounter struct{ n atomic.Int64 }
+
+func (c *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (c *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (c *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestListPageReadAgainInOneRoundTrip: a list page read again reads its entries and activity
+// in the index's round trip, and what it answers is what Redis holds at that read, never what
+// the earlier read found: a changed state, label or activity, a new sandbox at the top, a
+// deleted one, each shows at once (a page that changed takes the second round trip again).
+func TestListPageReadAgainInOneRoundTrip(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		ctx := context.Background()
+		s := New(srv.Client, func(context.Context) ([]Entry, error) { return nil, nil })
+		if err := s.EnsureBuilt(ctx); err != nil {
+			t.Fatal(err)
+		}
+		es := newEntries(5, "t1", "p1")
+		for _, e := range es {
+			if err := s.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var count pipelineCounter
+		srv.Client.AddHook(&count)
+		// read lists the first page of 3 and returns its ids, states and activities, and the
+		// round trips it took.
+		read := func(step string) ([]Entry, map[string]time.Time, int64) {
+			t.Helper()
+			before := count.n.Load()
+			page, acts, err := s.ListActive(ctx, "t1", "p1", "", 3)
+			if err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+			return page, acts, count.n.Load() - before
+		}
+		ids := func(page []Entry) []string {
+			var out []string
+			for _, e := range page {
+				out = append(out, e.ID)
+			}
+			return out
+		}
+		wantIDs := func(step string, page []Entry, want ...Entry) {
+			t.Helper()
+			var w []string
+			for _, e := range want {
+				w = append(w, e.ID)
+			}
+			if got := ids(page); !slices.Equal(got, w) {
+				t.Fatalf("%s: page %v, want %v", step, got, w)
+			}
+		}
+
+		page, _, trips := read("first read")
+		wantIDs("first read", page, es[4], es[3], es[2])
+		if trips != 2 {
+			t.Fatalf("first read: %d round trips, want 2 (the index, then its entries)", trips)
+		}
+		page, _, trips = read("read again")
+		wantIDs("read again", page, es[4], es[3], es[2])
+		if trips != 1 {
+			t.Fatalf("read again: %d round trips, want 1", trips)
+		}
+
+		// Changed values of the same ids: one round trip, the new values.
+		if err := s.SetState(ctx, es[3].ID, "STOPPED"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetLabels(ctx, es[2].ID, map[string]string{"team": "ml"}); err != nil {
+			t.Fatal(err)
+		}
+		used := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+		if err := s.Touch(ctx, es[4].ID, used); err != nil {
+			t.Fatal(err)
+		}
+		page, acts, trips := read("after changes")
+		if trips != 1 || page[1].State != "STOPPED" || page[2].Labels["team"] != "ml" || !acts[es[4].ID].Equal(used) {
+			t.Fatalf("after changes: %d round trips, states %s/%s, labels %v, activity %v; want 1, STOPPED, team=ml, %v",
+				trips, page[0].State, page[1].State, page[2].Labels, acts[es[4].ID], used)
+		}
+
+		// A new sandbox at the top: the page moves; the new id is read in a second round trip.
+		fresh := newEntries(1, "t1", "p1")[0]
+		if err := s.Put(ctx, fresh); err != nil {
+			t.Fatal(err)
+		}
+		page, acts, trips = read("after a create")
+		wantIDs("after a create", page, fresh, es[4], es[3])
+		if trips != 2 || page[0].Profile != fresh.Profile || len(acts) != 3 {
+			t.Fatalf("after a create: %d round trips, %+v, %d activities; want 2, the new entry, 3", trips, page[0], len(acts))
+		}
+		if _, _, trips = read("again"); trips != 1 {
+			t.Fatalf("the moved page read again: %d round trips, want 1", trips)
+		}
+
+		// A deleted sandbox leaves the page at once; one that comes up from below is read.
+		if err := s.Delete(ctx, es[4]); err != nil {
+			t.Fatal(err)
+		}
+		page, _, _ = read("after a delete")
+		wantIDs("after a delete", page, fresh, es[3], es[2])
+		if page[2].Labels["team"] != "ml" {
+			t.Fatalf("after a delete: the entry that came up reads %+v", page[2])
+		}
+
+		// An entry whose hash says it is another project's (the index may lag the entry) is
+		// left out whether it was guessed or not.
+		srv.Client.HSet(ctx, entryKey(es[3].ID), "project", "p2")
+		for _, step := range []string{"guessed", "guessed again"} {
+			page, _, _ = read(step)
+			if slices.Contains(ids(page), es[3].ID) {
+				t.Fatalf("%s: the page lists %s, now another project's", step, es[3].ID)
+			}
+		}
+		// Another project's page of the same cursor and size is its own.
+		other, err := s.List(ctx, "t1", "p2", "", 3)
+		if err != nil || len(other) != 0 {
+			t.Fatalf("p2's page: %v, %v, want none (p2's index is empty)", ids(other), err)
+		}
+	})
+}
+
+// TestPageMemoBounds: the memo never holds more pages or ids than its bounds, forgets an
+// emptied page, and keeps its own copy of what it was given.
+func TestPageMemoBounds(t *testing.T) {
+	m := newPageMemo(4, 10)
+	for i := range 50 {
+		ids := make([]string, i%5)
+		for j := range ids {
+			ids[j] = fmt.Sprintf("id%d-%d", i, j)
+		}
+		m.put(pageKey("t", "p", fmt.Sprint(i), 3), ids)
+		total := 0
+		for _, v := range m.pages {
+			total += len(v)
+		}
+		if len(m.pages) > 4 || total > 10 || total != m.ids {
+			t.Fatalf("after put %d: %d pages, %d ids (counted %d); bounds 4 and 10", i, len(m.pages), total, m.ids)
+		}
+	}
+	given := []string{"a", "b"}
+	k := pageKey("t", "p", "", 2)
+	m.put(k, given)
+	given[0] = "changed"
+	if got := m.get(k); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("the memo's copy: %v", got)
+	}
+	m.put(k, nil)
+	if got := m.get(k); got != nil {
+		t.Fatalf("an emptied page is still remembered: %v", got)
+	}
+	m.put(k, make([]string, 11))
+	if got := m.get(k); got != nil {
+		t.Fatalf("a page over the ids bound is remembered: %d ids", len(got))
+	}
+	// Keys of different projects, cursors or sizes never meet.
+	if pageKey("t", "p1", "", 3) == pageKey("t", "p", "1", 3) || pageKey("t", "p", "", 13) == pageKey("t", "p", "1", 3) {
+		t.Fatal("page keys collide")
+	}
+}
