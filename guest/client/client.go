@@ -150,6 +150,14 @@ func (c *Client) SetEnv(ctx context.Context, env []string) (proto.EnvResult, err
 	return res, err
 }
 
+// Release forgets the ended execs of ids that left nothing running (proto/release.go): their
+// whole output and exit are kept elsewhere. An init older than the endpoint answers not found.
+func (c *Client) Release(ctx context.Context, ids []string) (proto.ReleaseResult, error) {
+	var res proto.ReleaseResult
+	err := c.doJSON(ctx, http.MethodPost, proto.ReleasePath, nil, proto.ReleaseRequest{IDs: ids}, &res)
+	return res, err
+}
+
 // StartExec starts a command. One that cannot start is not an error: it ends at once with
 // exit code 127 or 126 and ExitStatus.Error.
 func (c *Client) StartExec(ctx context.Context, req proto.ExecRequest) (proto.ExecInfo, error) {

@@ -977,3 +977,51 @@ func TestReusedReadBufferCarriesNothingOver(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseWithoutCgroups: an init that tracks an exec's processes without cgroups (the
+// harness runs outside a sandbox, where it has none) cannot tell that nothing of an ended exec
+// runs, so a release keeps every exec that started: ended, running, and one that left a
+// process behind; it forgets one whose command never started. Unknown and malformed ids are
+// skipped; a batch over the bound is refused whole. (The release of execs tracked by cgroups
+// is shown end to end: tests.TestEndedExecsLeaveTheGuest.)
+func TestReleaseWithoutCgroups(t *testing.T) {
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 20*time.Second)
+		if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "ended", Argv: []string{"true"}}, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.C.Run(ctx, proto.ExecRequest{ID: "left", Argv: []string{"sh", "-c", "sleep 100 &"}}, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.C.StartExec(ctx, proto.ExecRequest{ID: "running", Argv: []string{"sleep", "100"}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = h.C.Signal(context.Background(), "running", "SIGKILL")
+			_ = h.C.Signal(context.Background(), "left", "SIGKILL")
+		})
+		if res, err := h.C.Run(ctx, proto.ExecRequest{ID: "unstarted", Argv: []string{"no-such-program-release"}}, 0, 0); err != nil || res.Exit.ExitCode != 127 {
+			t.Fatalf("unstarted: %+v, %v, want exit 127", res.Exit, err)
+		}
+		res, err := h.C.Release(ctx, []string{"ended", "left", "running", "nosuch", "../ended", "", "unstarted"})
+		if err != nil || res.Released != 1 {
+			t.Fatalf("Release: got %+v, %v, want the unstarted exec alone released", res, err)
+		}
+		_, err = h.C.Exec(ctx, "unstarted")
+		wantCode(t, err, proto.ErrCodeNotFound)
+		if files := execFiles(t, h.State, "unstarted"); len(files) > 0 {
+			t.Errorf("the released exec's files: %v, want them gone", files)
+		}
+		for _, id := range []string{"ended", "left", "running"} {
+			if _, err := h.C.Exec(ctx, id); err != nil {
+				t.Errorf("%s after the release: %v, want it kept", id, err)
+			}
+			if files := execFiles(t, h.State, id); len(files) == 0 {
+				t.Errorf("%s after the release: its log's files are gone", id)
+			}
+		}
+		_, err = h.C.Release(ctx, make([]string, proto.MaxReleaseIDs+1))
+		wantCode(t, err, proto.ErrCodeInvalid)
+	})
+}

@@ -218,6 +218,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/workspace/tar", s.handleImport)
 	mux.HandleFunc("POST "+proto.QuiescePath, s.handleQuiesce)
 	mux.HandleFunc("PUT "+proto.EnvPath, s.handleSetEnv)
+	mux.HandleFunc("POST "+proto.ReleasePath, s.handleRelease)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(proto.ErrCodeNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
 	})
