@@ -2,8 +2,11 @@ package execs
 
 import (
 	"context"
+	"errors"
 
+	"sandboxd/guest/proto"
 	"sandboxd/internal/auth"
+	"sandboxd/internal/execstream"
 	"sandboxd/internal/sandbox"
 )
 
@@ -23,6 +26,11 @@ func (s *Service) CancelExec(ctx context.Context, p auth.Principal, sandboxID, e
 		return err
 	}
 	if err := g.Signal(ctx, execID, "SIGKILL"); err != nil {
+		if ge := (*proto.Error)(nil); m.State != execstream.Running && errors.As(err, &ge) && ge.Code == proto.ErrCodeNotFound {
+			// Its guest forgot it (released once its exit was stored, or pushed out by newer
+			// ones): it ended and left nothing running.
+			return nil
+		}
 		return s.sandboxes.GuestError(ctx, m.Sandbox, err)
 	}
 	return nil

@@ -459,6 +459,10 @@ func (f *follower) finishWith(exit *execstream.Exit, cause error) {
 	if !f.exitAppended {
 		f.append(nil, exit)
 	}
+	if f.exitAppended {
+		// The stream holds the whole exec now: its guest's copy can go (release.go).
+		s.released.add(f.meta.Sandbox, f.meta.ID)
+	}
 	if f.exitAppended && f.stored > 0 {
 		// An exec that wrote something ran on this follower's goroutine (one that never
 		// started is finished on its request's, which must not start a sweep: Close waits

@@ -97,6 +97,9 @@ type Service struct {
 	// endedSinceSweep is the output of the execs that ended here since the last sweep
 	// (endedOutput).
 	endedSinceSweep atomic.Int64
+	// released gathers the execs whose exit this replica stored, for their guests to forget
+	// (release.go).
+	released releaser
 }
 
 // New returns a Service. cfg is the checked config (sandbox.Service.Config).
@@ -120,6 +123,8 @@ func New(cfg sandbox.Config, sandboxes Sandboxes, d Deps) (*Service, error) {
 		s.metrics = NewMetrics(nil)
 	}
 	s.bg, s.cancel = context.WithCancel(context.Background())
+	s.followers.Add(1)
+	go s.releaseLoop()
 	return s, nil
 }
 
