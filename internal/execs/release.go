@@ -69,27 +69,46 @@ func (s *Service) releaseLoop() {
 	}
 }
 
-// releaseNow asks each sandbox with gathered ids to forget them, one sandbox after another.
+// releaseAtOnce bounds the sandboxes released at the same time: a sandbox that does not
+// answer (its PID 1 stopped) holds one place for the call's timeout, not the others' turn.
+const releaseAtOnce = 8
+
+// releaseNow asks each sandbox with gathered ids to forget them, and returns once every call
+// ended.
 func (s *Service) releaseNow() {
+	var wg sync.WaitGroup
+	places := make(chan struct{}, releaseAtOnce)
 	for sb, ids := range s.released.take() {
-		if s.bg.Err() != nil {
+		select {
+		case places <- struct{}{}:
+		case <-s.bg.Done():
+			wg.Wait()
 			return
 		}
-		for len(ids) > 0 {
-			batch := ids[:min(len(ids), proto.MaxReleaseIDs)]
-			ids = ids[len(batch):]
-			if err := s.release(sb, batch); err != nil {
-				s.log.Debug("releasing ended execs in the sandbox failed; its init keeps them", "sandbox", sb, "execs", len(batch), "err", err)
-				break
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-places }()
+			for len(ids) > 0 {
+				batch := ids[:min(len(ids), proto.MaxReleaseIDs)]
+				ids = ids[len(batch):]
+				if err := s.release(sb, batch); err != nil {
+					s.log.Debug("releasing ended execs in the sandbox failed; its init keeps them", "sandbox", sb, "execs", len(batch), "err", err)
+					return
+				}
 			}
-		}
+		}()
 	}
+	wg.Wait()
 }
+
+// releaseTimeout bounds one release call (a variable for tests).
+var releaseTimeout = 10 * time.Second
 
 // release asks sandbox sb's init to forget the ended execs ids. A failure is not the sandbox's
 // (no GuestError): it only leaves the init its copies.
 func (s *Service) release(sb string, ids []string) error {
-	ctx, cancel := context.WithTimeout(s.bg, 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.bg, releaseTimeout)
 	defer cancel()
 	g, err := s.sandboxes.Guest(ctx, sb)
 	if err != nil {
