@@ -22,7 +22,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, proto.ReleaseResult{Released: s.releaseEnded(req.IDs)})
 }
 
-// releaseEnded forgets each exec of ids that ended and whose cgroup is empty and given back,
+// releaseEnded forgets each exec of ids that ended and left nothing running (releasable),
 // and returns how many it forgot. Nothing of such an exec can run or be signalled any more:
 // forgetting it drops its log's files and its record, and nothing else.
 func (s *Server) releaseEnded(ids []string) int {
