@@ -628,14 +628,20 @@ func (s *Server) forgetExec(id string) *proto.Error {
 		s.mu.Unlock()
 		return errorf(proto.ErrCodeState, "exec %s is running; signal it and wait for its end first", id)
 	}
-	delete(s.execs, id)
-	s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
+	s.unlistLocked(id)
 	s.mu.Unlock()
 	// Its exit record is out; its cgroup's recycling follows at once.
 	<-e.done
 	e.kill(syscall.SIGKILL) // what it left in the background (none: nothing to signal)
 	e.discard()
 	return nil
+}
+
+// unlistLocked takes exec id off the server's records: the map every lookup reads and the
+// list of ended execs that retire bounds. s.mu is held.
+func (s *Server) unlistLocked(id string) {
+	delete(s.execs, id)
+	s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
 }
 
 // cwd resolves an exec's working directory: relative to the workspace, and a path under

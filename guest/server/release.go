@@ -2,7 +2,6 @@ package server
 
 import (
 	"net/http"
-	"slices"
 
 	"sandboxd/guest/proto"
 )
@@ -37,8 +36,7 @@ func (s *Server) releaseEnded(ids []string) int {
 			s.mu.Unlock()
 			continue // forgotten meanwhile
 		}
-		delete(s.execs, id)
-		s.ended = slices.DeleteFunc(s.ended, func(x string) bool { return x == id })
+		s.unlistLocked(id)
 		s.mu.Unlock()
 		e.discard()
 		n++
