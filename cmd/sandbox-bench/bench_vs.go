@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
-// benchVs: an exec of `true` through REST on this run's server and on a second server of
-// another build (--vs-sandboxd, --vs-init-binary), one sandbox each, in alternating rounds of
+// benchVs: an exec of `true` (or --vs-command) through REST on this run's server and on a
+// second server of another build or rootfs (--vs-sandboxd, --vs-init-binary, --vs-rootfs), one
+// sandbox each, in alternating rounds of
 // --exec-n execs (the side that goes first alternates too). A change worth a fraction of a
 // millisecond shows in how many rounds one build was faster and in the median of the rounds'
 // differences, where two runs of the exec suite one after the other cannot show it: on a
@@ -21,8 +23,12 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	if b.server == nil {
 		return nil, errors.New("the vs suite starts its own second server: it does not run with --url")
 	}
-	if o.vsSandboxd == "" && o.vsInit == "" {
-		return nil, errors.New("the vs suite needs --vs-sandboxd or --vs-init-binary (the build to compare with)")
+	if o.vsSandboxd == "" && o.vsInit == "" && o.vsRootfs == "" {
+		return nil, errors.New("the vs suite needs --vs-sandboxd, --vs-init-binary or --vs-rootfs (the build or rootfs to compare with)")
+	}
+	argv := strings.Fields(o.vsCommand)
+	if len(argv) == 0 {
+		return nil, errors.New("--vs-command is empty")
 	}
 	if o.vsIdle < 0 || o.vsIdle > time.Minute {
 		return nil, fmt.Errorf("--vs-idle must be between 0 and 1m, got %v", o.vsIdle)
@@ -36,6 +42,12 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	}
 	if o.vsInit != "" {
 		vo.initBin = o.vsInit
+	}
+	if o.vsRootfs != "" {
+		if fi, err := os.Stat(filepath.Join(o.vsRootfs, "bin")); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("--vs-rootfs %s has no bin folder: not a rootfs (scripts/ensure-rootfs.sh)", o.vsRootfs)
+		}
+		vo.rootfs = o.vsRootfs
 	}
 	for _, c := range []struct{ what, path string }{{"--vs-sandboxd", vo.sandboxd}, {"--vs-init-binary", vo.initBin}} {
 		if err := checkFile(c.what, c.path, "scripts/build.sh"); err != nil {
@@ -73,7 +85,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	if o.vsIdle > 0 {
 		pace = fmt.Sprintf(", each after %v idle", o.vsIdle)
 	}
-	g := &Group{Name: fmt.Sprintf("exec of `true` through REST, this build against another (%d alternating rounds of %d%s)", o.vsRounds, o.execN, pace)}
+	g := &Group{Name: fmt.Sprintf("exec of `%s` through REST, this build against another (%d alternating rounds of %d%s)", o.vsCommand, o.vsRounds, o.execN, pace)}
 	this := &side{label: "this build", api: b.api}
 	other := &side{label: "the --vs build", api: newClient(vs.url, vs.key)}
 	this.res = g.result(this.label, false)
@@ -98,7 +110,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 		}
 	}()
 
-	body := execBody([]string{"true"}, "")
+	body := execBody(argv, "")
 	round := func(s *side, n int, record bool) error {
 		var ds []time.Duration
 		before := b.cpuSnapshot(s.id)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,5 +79,36 @@ func TestHasSpawner(t *testing.T) {
 	b.server = &server{}
 	if _, err := benchVs(t.Context(), b); err == nil || !strings.Contains(err.Error(), "only one side has the spawner program") {
 		t.Errorf("a vs run with the spawner on one side only: got %v, want it refused", err)
+	}
+}
+
+// TestVsRefusesBadInput: a vs run with nothing to compare, an empty command or a --vs-rootfs
+// that is no rootfs is refused before any server starts.
+func TestVsRefusesBadInput(t *testing.T) {
+	bin := t.TempDir()
+	for _, f := range []string{"sandboxd", "sandbox-init"} {
+		if err := os.WriteFile(filepath.Join(bin, f), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := options{sandboxd: filepath.Join(bin, "sandboxd"), initBin: filepath.Join(bin, "sandbox-init"), vsRounds: 1, execN: 1, vsCommand: "true"}
+	for _, c := range []struct {
+		name string
+		set  func(o *options)
+		want string
+	}{
+		{"nothing to compare", func(o *options) {}, "needs --vs-sandboxd, --vs-init-binary or --vs-rootfs"},
+		{"empty command", func(o *options) { o.vsRootfs = t.TempDir(); o.vsCommand = "  " }, "--vs-command is empty"},
+		{"not a rootfs", func(o *options) { o.vsRootfs = t.TempDir() }, "not a rootfs"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := base
+			c.set(&o)
+			b := &bench{opts: &o, server: &server{}, tmp: t.TempDir()}
+			_, err := benchVs(context.Background(), b)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("benchVs = %v, want an error with %q", err, c.want)
+			}
+		})
 	}
 }

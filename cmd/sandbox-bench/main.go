@@ -54,7 +54,8 @@ type options struct {
 	subsWait                          time.Duration
 	streamMB, streamN, firstByteN     int
 	warmN, warmPool                   int
-	vsSandboxd, vsInit                string
+	vsSandboxd, vsInit, vsRootfs      string
+	vsCommand                         string
 	vsRounds                          int
 	vsIdle                            time.Duration
 }
@@ -133,6 +134,8 @@ func parseFlags() *options {
 	flag.IntVar(&o.warmPool, "warm-pool", 1, "warm_pool of the warm suite's profile")
 	flag.StringVar(&o.vsSandboxd, "vs-sandboxd", "", "the vs suite's second server: its sandboxd binary (default --sandboxd)")
 	flag.StringVar(&o.vsInit, "vs-init-binary", "", "the vs suite's second server: its sandbox-init binary (default --init-binary)")
+	flag.StringVar(&o.vsRootfs, "vs-rootfs", "", "the vs suite's second server: its base rootfs (default --rootfs)")
+	flag.StringVar(&o.vsCommand, "vs-command", "true", "the vs suite's command, split at spaces (no shell)")
 	flag.IntVar(&o.vsRounds, "vs-rounds", 20, "alternating rounds of the vs suite (each of --exec-n execs per server)")
 	flag.DurationVar(&o.vsIdle, "vs-idle", 0, "the vs suite waits this long, untimed, before each exec (an agent's pace: read caches lapsed, threads asleep); 0: back to back")
 	flag.Usage = func() {
