@@ -15,7 +15,7 @@ sandboxes-default)
 *) die "unknown profile $profile" ;;
 esac
 
-key=$(printf '%s|%s|v3' "$profile" "$packages" | sha256sum | cut -c1-12)
+key=$(printf '%s|%s|v4' "$profile" "$packages" | sha256sum | cut -c1-12)
 dir="$SANDBOXD_CACHE/rootfs/$profile-$key"
 if [ -f "$dir/.sbx-complete" ]; then
 	printf '%s\n' "$dir"
@@ -41,6 +41,20 @@ chroot "$tmp" localedef --add-to-archive /usr/lib/locale/C.utf8 >>"$tmp.log" 2>&
 	tail -20 "$tmp.log" >&2
 	die "localedef --add-to-archive failed (log: $tmp.log)"
 }
+# A login shell (`bash -lc CMD`, how agents run commands) without the two processes Debian's
+# profiles start on the way: /etc/profile's `$(id -u)` (bash knows its EUID) and root's
+# ~/.profile's `mesg n` (only meaningful on a terminal). Each is a fork and exec, about as
+# much as the command itself inside gVisor. Same behaviour; a file that differs is left as is.
+if grep -q '^ *if \[ "$(id -u)" -eq 0 \]; then$' "$tmp/etc/profile"; then
+	sed -i 's/^\( *\)if \[ "$(id -u)" -eq 0 \]; then$/\1if [ "${EUID:-$(id -u)}" -eq 0 ]; then/' "$tmp/etc/profile"
+else
+	log "note: /etc/profile has no \`if [ \"\$(id -u)\" -eq 0 ]\` line; left as is"
+fi
+if grep -q '^mesg n 2> /dev/null || true$' "$tmp/root/.profile"; then
+	sed -i 's/^mesg n 2> \/dev\/null || true$/if [ -t 0 ]; then mesg n 2> \/dev\/null || true; fi/' "$tmp/root/.profile"
+else
+	log "note: /root/.profile has no \`mesg n\` line; left as is"
+fi
 # Mount points the sandbox needs even though the root is read-only.
 mkdir -p "$tmp/workspace" "$tmp/.sbx" "$tmp/run/sbx"
 chmod 0755 "$tmp/workspace"
