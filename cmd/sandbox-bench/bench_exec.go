@@ -66,6 +66,8 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 	}{
 		{"exec `true`", []string{"true"}, ""},
 		{"exec `echo hi`", []string{"echo", "hi"}, "hi\n"},
+		// How agents run their commands: a login shell's start is paid by every one of them.
+		{"exec `bash -lc true`", []string{"bash", "-lc", "true"}, ""},
 	} {
 		g := &Group{Name: c.name}
 		groups = append(groups, g)
