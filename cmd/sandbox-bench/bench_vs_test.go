@@ -75,7 +75,7 @@ func TestHasSpawner(t *testing.T) {
 		t.Error("a sandbox-spawn that cannot run counts as the spawner program")
 	}
 	b := &bench{opts: &options{sandboxd: filepath.Join(with, "sandboxd"), initBin: filepath.Join(with, "sandbox-init"),
-		vsSandboxd: filepath.Join(without, "sandboxd"), vsInit: filepath.Join(without, "sandbox-init"), vsRounds: 1, execN: 1}}
+		vsSandboxd: filepath.Join(without, "sandboxd"), vsInit: filepath.Join(without, "sandbox-init"), vsRounds: 1, execN: 1, vsCommand: "true"}}
 	b.server = &server{}
 	if _, err := benchVs(t.Context(), b); err == nil || !strings.Contains(err.Error(), "only one side has the spawner program") {
 		t.Errorf("a vs run with the spawner on one side only: got %v, want it refused", err)
