@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the read-only base rootfs of a profile with debootstrap, once per machine, and prints its path.
 # usage: ensure-rootfs.sh [PROFILE]   (default: sandboxes-default)
-# The rootfs is rebuilt only when the package list below changes (its hash names the folder).
+# The rootfs is rebuilt only when the package list below or the build steps change (the hash of
+# the list and the steps' version, vN in the key, names the folder: bump it with every step changed).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need_root
