@@ -13,10 +13,11 @@ import (
 
 // benchVs: an exec of `true` (or --vs-command) through REST on this run's server and on a
 // second server of another build or rootfs (--vs-sandboxd, --vs-init-binary, --vs-rootfs), one
-// sandbox each, in alternating rounds of --exec-n execs (the side that goes first alternates too). A change worth a fraction of a
-// millisecond shows in how many rounds one build was faster and in the median of the rounds'
-// differences, where two runs of the exec suite one after the other cannot show it: on a
-// noisy host their medians move by more than that. Only with --only vs.
+// sandbox each, in alternating rounds of --exec-n execs (the side that goes first alternates
+// too). A change worth a fraction of a millisecond shows in how many rounds one build was
+// faster and in the median of the rounds' differences, where two runs of the exec suite one
+// after the other cannot show it: on a noisy host their medians move by more than that. Only
+// with --only vs.
 func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	o := b.opts
 	if b.server == nil {

@@ -11,8 +11,8 @@ package proto
 // started, or its cgroup is empty and given back), as DELETE /v1/execs/{id} does. Every other
 // id is skipped without an error: one unknown here, one still running, one whose command left
 // processes behind (they stay the exec's, for a kill or a forget), and every started exec of
-// an init that tracks processes without cgroups. An init older than this endpoint answers not found: its execs are kept as before,
-// within its own bounds.
+// an init that tracks processes without cgroups. An init older than this endpoint answers not
+// found: its execs are kept as before, within its own bounds.
 const (
 	// ReleasePath is the endpoint of a release.
 	ReleasePath = "/v1/release"
