@@ -46,16 +46,17 @@ chroot "$tmp" localedef --add-to-archive /usr/lib/locale/C.utf8 >>"$tmp.log" 2>&
 # profiles start on the way: /etc/profile's `$(id -u)` (bash knows its EUID) and root's
 # ~/.profile's `mesg n` (only meaningful on a terminal). Each is a fork and exec, about as
 # much as the command itself inside gVisor. Same behaviour; a file that differs is left as is.
-if grep -q '^ *if \[ "$(id -u)" -eq 0 \]; then$' "$tmp/etc/profile"; then
-	sed -i 's/^\( *\)if \[ "$(id -u)" -eq 0 \]; then$/\1if [ "${EUID:-$(id -u)}" -eq 0 ]; then/' "$tmp/etc/profile"
-else
-	log "note: /etc/profile has no \`if [ \"\$(id -u)\" -eq 0 ]\` line; left as is"
-fi
-if grep -q '^mesg n 2> /dev/null || true$' "$tmp/root/.profile"; then
-	sed -i 's/^mesg n 2> \/dev\/null || true$/if [ -t 0 ]; then mesg n 2> \/dev\/null || true; fi/' "$tmp/root/.profile"
-else
-	log "note: /root/.profile has no \`mesg n\` line; left as is"
-fi
+# rewrite_lines FILE PATTERN REPLACEMENT: sed's s#PATTERN#REPLACEMENT# (a BRE) on FILE, or a
+# note that no line matches (the file is then left as is).
+rewrite_lines() {
+	if grep -q "$2" "$1"; then
+		sed -i "s#$2#$3#" "$1"
+	else
+		log "note: no line of ${1#"$tmp"} matches $2; left as is"
+	fi
+}
+rewrite_lines "$tmp/etc/profile" '^\( *\)if \[ "$(id -u)" -eq 0 \]; then$' '\1if [ "${EUID:-$(id -u)}" -eq 0 ]; then'
+rewrite_lines "$tmp/root/.profile" '^mesg n 2> /dev/null || true$' 'if [ -t 0 ]; then mesg n 2> /dev/null || true; fi'
 # Mount points the sandbox needs even though the root is read-only.
 mkdir -p "$tmp/workspace" "$tmp/.sbx" "$tmp/run/sbx"
 chmod 0755 "$tmp/workspace"
