@@ -15,5 +15,5 @@ ldflags="-X sandboxd/internal/version.revision=$rev"
 CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/sandbox-init" ./cmd/sandbox-init
 go build -ldflags "$ldflags" -o "$bin/sandboxd" ./cmd/sandboxd
 # The spawner program beside the init: sandboxd finds it there (--spawner-binary).
-scripts/build-spawner.sh "$bin/sandbox-spawn"
+scripts/build-guest-c.sh spawner "$bin/sandbox-spawn"
 printf '%s\n' "$bin"

@@ -249,26 +249,53 @@ func (c countingConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-var spawnerBuild struct {
+// cBuilds holds, per program, the one build of a test binary's guest C program.
+var cBuilds struct {
+	mu     sync.Mutex
+	byName map[string]*cBuild
+}
+
+type cBuild struct {
 	once sync.Once
 	path string
 	err  error
 }
 
-// Spawner returns the spawner program (guest/spawner/spawner.c) built by
-// scripts/build-spawner.sh, once per test binary, into the cache folder under a name its
-// source's hash gives (so runs share it and a changed source is built anew).
+// Spawner returns the spawner program (guest/spawner/spawner.c), built as cProgram says.
 func Spawner(t testing.TB) string {
 	t.Helper()
-	b := &spawnerBuild
-	b.once.Do(func() { b.path, b.err = buildSpawner() })
+	return cProgram(t, "spawner", "sandbox-spawn")
+}
+
+// Connect returns the connect program (guest/connect/connect.c), built as cProgram says.
+func Connect(t testing.TB) string {
+	t.Helper()
+	return cProgram(t, "connect", "sandbox-connect")
+}
+
+// cProgram returns the guest C program guest/NAME/NAME.c built by scripts/build-guest-c.sh,
+// once per test binary, into the cache folder under a name its source's hash gives (so runs
+// share it and a changed source is built anew), as file.
+func cProgram(t testing.TB, name, file string) string {
+	t.Helper()
+	cBuilds.mu.Lock()
+	if cBuilds.byName == nil {
+		cBuilds.byName = map[string]*cBuild{}
+	}
+	b := cBuilds.byName[name]
+	if b == nil {
+		b = &cBuild{}
+		cBuilds.byName[name] = b
+	}
+	cBuilds.mu.Unlock()
+	b.once.Do(func() { b.path, b.err = buildC(name, file) })
 	if b.err != nil {
-		t.Fatalf("building the spawner program: %v", b.err)
+		t.Fatalf("building the %s program: %v", name, b.err)
 	}
 	return b.path
 }
 
-func buildSpawner() (string, error) {
+func buildC(name, file string) (string, error) {
 	repo, err := os.Getwd()
 	if err != nil {
 		return "", err
@@ -283,7 +310,7 @@ func buildSpawner() (string, error) {
 		}
 		repo = up
 	}
-	src, err := os.ReadFile(filepath.Join(repo, "guest", "spawner", "spawner.c"))
+	src, err := os.ReadFile(filepath.Join(repo, "guest", name, name+".c"))
 	if err != nil {
 		return "", err
 	}
@@ -296,14 +323,14 @@ func buildSpawner() (string, error) {
 		}
 		cache = filepath.Join(home, ".cache", "sandboxd")
 	}
-	out := filepath.Join(cache, "test-spawner", hex.EncodeToString(sum[:8]), "sandbox-spawn")
+	out := filepath.Join(cache, "test-"+name, hex.EncodeToString(sum[:8]), file)
 	if fi, err := os.Stat(out); err == nil && fi.Mode().IsRegular() {
 		return out, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return "", err
 	}
-	cmd := exec.Command(filepath.Join(repo, "scripts", "build-spawner.sh"), out)
+	cmd := exec.Command(filepath.Join(repo, "scripts", "build-guest-c.sh"), name, out)
 	cmd.Dir = repo
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("%v: %s", err, b)

@@ -50,7 +50,7 @@ type Options struct {
 	// InitBinary is the host path of the static guest init binary.
 	InitBinary string
 	// SpawnerBinary is the host path of the static spawner program (guest/spawner,
-	// scripts/build-spawner.sh) that the init starts the commands with; default
+	// scripts/build-guest-c.sh) that the init starts the commands with; default
 	// "sandbox-spawn" beside InitBinary when that is an executable file. Without one the
 	// init forks every command itself, which costs a command's start a few milliseconds
 	// more (one trap per signal handler Go installed).

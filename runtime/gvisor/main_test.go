@@ -79,7 +79,7 @@ func locate(tmp string) error {
 		return fmt.Errorf("building the guest init: %v: %s", err, out)
 	}
 	// The spawner program beside it, where the driver finds it (Options.SpawnerBinary).
-	spawner := exec.Command(filepath.Join(repo, "scripts", "build-spawner.sh"), filepath.Join(tmp, "sandbox-spawn"))
+	spawner := exec.Command(filepath.Join(repo, "scripts", "build-guest-c.sh"), "spawner", filepath.Join(tmp, "sandbox-spawn"))
 	spawner.Dir = repo
 	if out, err := spawner.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the spawner program: %v: %s", err, out)

@@ -143,7 +143,7 @@ func buildBinaries() error {
 		}
 	}
 	// The spawner program beside the init, where sandboxd finds it (--spawner-binary).
-	cmd := exec.Command(filepath.Join(suite.modRoot, "scripts", "build-spawner.sh"), filepath.Join(bin, "sandbox-spawn"))
+	cmd := exec.Command(filepath.Join(suite.modRoot, "scripts", "build-guest-c.sh"), "spawner", filepath.Join(bin, "sandbox-spawn"))
 	cmd.Dir = suite.modRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the spawner program: %v\n%s", err, out)
