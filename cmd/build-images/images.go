@@ -31,6 +31,10 @@ const (
 	// init image's one beside the init it installs, as spawn.
 	initSpawnerPath = "/sandbox-spawn"
 	baseSpawnerPath = "/.sbx/spawn"
+	// The connect program (guest/connect), runtime/kube's attach, the same way: installed
+	// beside the init as connect.
+	initConnectPath = "/sandbox-connect"
+	baseConnectPath = "/.sbx/connect"
 	caBundlePath    = "etc/ssl/certs/ca-certificates.crt"
 )
 

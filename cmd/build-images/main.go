@@ -3,10 +3,12 @@
 //
 //	sandboxd/sandboxd        the gateway: the static sandboxd from scratch, run as 65532
 //	sandboxd/sandbox-init    the static guest init at /sandbox-init (runtime/kube's init image),
-//	                         the spawner program (guest/spawner) at /sandbox-spawn
+//	                         the spawner program (guest/spawner) at /sandbox-spawn and the
+//	                         connect program (guest/connect) at /sandbox-connect
 //	sandboxd/sandbox-default the default sandbox base: the debootstrap rootfs the local runtime
-//	                         uses (scripts/ensure-rootfs.sh), the guest init baked in at /.sbx/init
-//	                         and the spawner program at /.sbx/spawn
+//	                         uses (scripts/ensure-rootfs.sh), the guest init baked in at /.sbx/init,
+//	                         the spawner program at /.sbx/spawn and the connect program at
+//	                         /.sbx/connect
 //
 //	build-images --out DIR --rootfs ROOTFS [--push REGISTRY] [--tag TAG] [--revision REV]
 //	             [--source URL] [--epoch UNIX] [--cache DIR] [--ca-certificates FILE]
@@ -15,8 +17,8 @@
 // (org.opencontainers.image.ref.name, e.g. sandboxd/sandboxd:0.1.0); DIR/images.json lists
 // references, digests and sizes. Builds are reproducible: every time in the images is the epoch
 // (--epoch, else SOURCE_DATE_EPOCH, else the commit's time), tar entries are sorted, owners
-// numeric, the Go binaries built with -trimpath, -buildvcs=false and no build id, the spawner
-// by scripts/build-spawner.sh (static, no debug information), gzip without names or times; the
+// numeric, the Go binaries built with -trimpath, -buildvcs=false and no build id, the C programs
+// by scripts/build-guest-c.sh (static, no debug information), gzip without names or times; the
 // same inputs give the same digests. Run it from the repository's root (scripts/build-images.sh
 // does, and wraps it).
 package main
@@ -112,9 +114,11 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	spawner := filepath.Join(bin, "sandbox-spawn")
-	if b, err := exec.CommandContext(ctx, "scripts/build-spawner.sh", spawner).CombinedOutput(); err != nil {
-		return fmt.Errorf("building the spawner program: %v\n%s", err, b)
+	spawner, connect := filepath.Join(bin, "sandbox-spawn"), filepath.Join(bin, "sandbox-connect")
+	for _, c := range []struct{ name, out string }{{"spawner", spawner}, {"connect", connect}} {
+		if b, err := exec.CommandContext(ctx, "scripts/build-guest-c.sh", c.name, c.out).CombinedOutput(); err != nil {
+			return fmt.Errorf("building the %s program: %v\n%s", c.name, err, b)
+		}
 	}
 
 	var images []*built
@@ -141,19 +145,21 @@ func run(ctx context.Context, o options) error {
 		files(sandboxdFiles(sandboxd, o.caBundle))); err != nil {
 		return err
 	}
-	if err := add(repoInit, m.initConfig(), []string{"sandbox-init, sandbox-spawn"},
+	if err := add(repoInit, m.initConfig(), []string{"sandbox-init, sandbox-spawn, sandbox-connect"},
 		files([]file{
 			{name: strings.TrimPrefix(initImagePath, "/"), mode: 0o755, src: initBin},
 			{name: strings.TrimPrefix(initSpawnerPath, "/"), mode: 0o755, src: spawner},
+			{name: strings.TrimPrefix(initConnectPath, "/"), mode: 0o755, src: connect},
 		})); err != nil {
 		return err
 	}
-	if err := add(repoBase, m.baseConfig(), []string{"debootstrap rootfs (sandboxes-default)", "guest init at " + baseInitPath + ", spawner at " + baseSpawnerPath},
+	if err := add(repoBase, m.baseConfig(), []string{"debootstrap rootfs (sandboxes-default)", "guest init at " + baseInitPath + ", spawner at " + baseSpawnerPath + ", connect at " + baseConnectPath},
 		func(w *layerWriter) error { return w.writeRootfs(o.rootfs) },
 		files([]file{
 			{name: ".sbx", mode: 0o755, dir: true},
 			{name: strings.TrimPrefix(baseInitPath, "/"), mode: 0o755, src: initBin},
 			{name: strings.TrimPrefix(baseSpawnerPath, "/"), mode: 0o755, src: spawner},
+			{name: strings.TrimPrefix(baseConnectPath, "/"), mode: 0o755, src: connect},
 		})); err != nil {
 		return err
 	}

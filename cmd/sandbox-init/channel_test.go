@@ -164,6 +164,12 @@ func TestInstallWritesChannelKey(t *testing.T) {
 // answers, and the init then serves only callers that prove that key.
 func TestServeAwaitsProvisionedKey(t *testing.T) {
 	bin := buildInit(t)
+	for _, conn := range connectors(t, bin) {
+		t.Run(conn.name, func(t *testing.T) { awaitsProvisionedKey(t, bin, conn) })
+	}
+}
+
+func awaitsProvisionedKey(t *testing.T, bin string, conn connector) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "init.sock")
 	keyFile := filepath.Join(dir, "channel.key")
@@ -176,7 +182,7 @@ func TestServeAwaitsProvisionedKey(t *testing.T) {
 	}
 
 	key := proto.NewChannelKey()
-	cmd, s, connErr := startConnect(t, bin, env, proto.ConnectProvision, keyFile)
+	cmd, s, connErr := startConnect(t, conn, env, proto.ConnectProvision, keyFile)
 	defer func() {
 		_ = s.Close()
 		_ = cmd.Wait()
@@ -194,7 +200,7 @@ func TestServeAwaitsProvisionedKey(t *testing.T) {
 
 	// A second provisioning, once the init listens, writes nothing: the other key it brings
 	// does not become the init's, and no file is left.
-	other := exec.Command(bin, "connect", proto.ConnectProvision, keyFile)
+	other := conn.command(proto.ConnectProvision, keyFile)
 	other.Env = env
 	other.Stdin = strings.NewReader(proto.EncodeChannelKey(proto.NewChannelKey()) + "\n")
 	_ = other.Run()

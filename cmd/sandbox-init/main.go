@@ -21,8 +21,9 @@
 //	                       init container runs to put the init into the pod's shared folder;
 //	                       with SBX_CHANNEL_KEY and SBX_CHANNEL_KEY_FILE set it also writes
 //	                       the box's channel key to that file for PID 1 (see guest/proto/channel.go);
-//	                       a sandbox-spawn beside this binary (the spawner program) is copied
-//	                       to DEST's folder as spawn
+//	                       a sandbox-spawn and a sandbox-connect beside this binary (the
+//	                       spawner and connect programs) are copied to DEST's folder as
+//	                       spawn and connect
 //
 // PID 1 makes itself non-dumpable, takes its channel key (SBX_CHANNEL_KEY_FILE: read, then
 // deleted) and serves a connection only once the caller proved that key. Started with
@@ -99,7 +100,8 @@ func main() {
 // install copies the running binary to dest (mode 0755) through a temporary file in dest's
 // folder, so a reader never sees half a binary, and writes the channel key from
 // SBX_CHANNEL_KEY to SBX_CHANNEL_KEY_FILE when both are set. The spawner program, when it is
-// beside the binary (sandbox-spawn), goes beside dest as spawn (proto.SpawnerEnv).
+// beside the binary (sandbox-spawn), goes beside dest as spawn (proto.SpawnerEnv), and the
+// connect program (sandbox-connect) as connect (runtime/kube's attach).
 func install(dest string) error {
 	if k, kf := os.Getenv(proto.ChannelKeyEnv), os.Getenv(proto.ChannelKeyFileEnv); k != "" && kf != "" {
 		if _, err := proto.ParseChannelKey(k); err != nil {
@@ -116,11 +118,16 @@ func install(dest string) error {
 	if err := copyExecutable(self, dest); err != nil {
 		return err
 	}
-	spawner := filepath.Join(filepath.Dir(self), "sandbox-spawn")
-	if _, err := os.Stat(spawner); errors.Is(err, fs.ErrNotExist) {
-		return nil
+	for _, p := range []struct{ from, to string }{{"sandbox-spawn", "spawn"}, {"sandbox-connect", "connect"}} {
+		src := filepath.Join(filepath.Dir(self), p.from)
+		if _, err := os.Stat(src); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := copyExecutable(src, filepath.Join(filepath.Dir(dest), p.to)); err != nil {
+			return err
+		}
 	}
-	return copyExecutable(spawner, filepath.Join(filepath.Dir(dest), "spawn"))
+	return nil
 }
 
 // copyExecutable copies the file src to dest (mode 0755) through a temporary file in dest's

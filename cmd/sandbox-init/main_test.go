@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"sandboxd/guest/client"
+	"sandboxd/guest/guesttest"
 	"sandboxd/guest/proto"
 	"sandboxd/guest/server"
 )
@@ -49,9 +50,25 @@ type stdioStream struct {
 	io.WriteCloser
 }
 
-func startConnect(t *testing.T, bin string, env []string, args ...string) (*exec.Cmd, *stdioStream, *bytes.Buffer) {
+// connector is one of the two programs that do the runtime's attach: the init's own
+// `connect`, and its C twin (guest/connect), which must behave the same.
+type connector struct {
+	name string
+	argv []string
+}
+
+func (c connector) command(args ...string) *exec.Cmd {
+	return exec.Command(c.argv[0], append(append([]string{}, c.argv[1:]...), args...)...)
+}
+
+// connectors are both, bin being the init.
+func connectors(t *testing.T, bin string) []connector {
+	return []connector{{"init", []string{bin, "connect"}}, {"c", []string{guesttest.Connect(t)}}}
+}
+
+func startConnect(t *testing.T, conn connector, env []string, args ...string) (*exec.Cmd, *stdioStream, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"connect"}, args...)...)
+	cmd := conn.command(args...)
 	cmd.Env = env
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -144,6 +161,14 @@ func TestBinary(t *testing.T) {
 		}
 	})
 
+	for _, conn := range connectors(t, bin) {
+		t.Run("connect="+conn.name, func(t *testing.T) { serveOverConnect(t, bin, conn) })
+	}
+}
+
+// serveOverConnect runs the init's server and drives it through conn: the protocol, an exec
+// that outlives its attach, a reattach, and the ends of both at SIGTERM.
+func serveOverConnect(t *testing.T, bin string, conn connector) {
 	dir := t.TempDir()
 	ws := filepath.Join(dir, "ws")
 	sock := filepath.Join(dir, "run", "init.sock")
@@ -162,7 +187,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	// connect starts first: it retries until PID 1 listens.
-	conn1, stream1, conn1Err := startConnect(t, bin, env)
+	conn1, stream1, conn1Err := startConnect(t, conn, env)
 	time.Sleep(300 * time.Millisecond)
 
 	serve := exec.Command(bin, "serve")
@@ -237,7 +262,7 @@ func TestBinary(t *testing.T) {
 	}
 
 	// Reattach: a second connect finds the exec and its whole output.
-	conn2, stream2, _ := startConnect(t, bin, env)
+	conn2, stream2, _ := startConnect(t, conn, env)
 	c2, err := client.DialContext(ctx, stream2)
 	if err != nil {
 		t.Fatalf("second Dial: %v", err)
@@ -289,17 +314,21 @@ func TestConnectGivesUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits 10 s")
 	}
-	bin := buildInit(t)
-	cmd := exec.Command(bin, "connect")
-	cmd.Env = append(os.Environ(), "SBX_SOCKET="+filepath.Join(t.TempDir(), "none.sock"))
-	start := time.Now()
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-		t.Errorf("connect without a server: got %v (%s), want exit 1", err, out)
-	}
-	if d := time.Since(start); d < 9*time.Second || d > 20*time.Second {
-		t.Errorf("connect gave up after %v, want about 10s", d)
+	for _, conn := range connectors(t, buildInit(t)) {
+		t.Run(conn.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := conn.command()
+			cmd.Env = append(os.Environ(), "SBX_SOCKET="+filepath.Join(t.TempDir(), "none.sock"))
+			start := time.Now()
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Errorf("connect without a server: got %v (%s), want exit 1", err, out)
+			}
+			if d := time.Since(start); d < 9*time.Second || d > 20*time.Second {
+				t.Errorf("connect gave up after %v, want about 10s", d)
+			}
+		})
 	}
 }
 

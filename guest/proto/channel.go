@@ -50,6 +50,11 @@ const (
 	// PID 1 answers. The runtime provisions only the pod it just made and never again, so a
 	// `connect` the workload replaced later is never sent the key.
 	ConnectProvision = "provision"
+	// ConnectProgramError begins every error the connect program (guest/connect/connect.c, the
+	// C twin of `sandbox-init connect`) writes to its stderr: the runtime tells by it that the
+	// program ran, and falls back to the init's connect only when it did not (an image made
+	// before it existed).
+	ConnectProgramError = "sandbox-connect: "
 	// RequireContainmentEnv set to 1 makes PID 1 refuse to serve unless it could set up all of
 	// its containment: hide its host socket's folder (when it has one), track execs in
 	// cgroups, refuse mounts and drop CAP_SYS_ADMIN. The local runtime, which starts it with
