@@ -21,14 +21,35 @@ import (
 	"sandboxd/runtime"
 )
 
-// attach execs the guest init's `connect` in the box's sandbox container through the API
-// server (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and
-// returns once the init answered with its ready byte and proved the pod's channel key
+// attach execs the attach program in the box's sandbox container through the API server
+// (WebSocket, or SPDY where the server or a proxy cannot upgrade to WebSocket) and returns once
+// the init answered with its ready byte and proved the pod's channel key
 // (client.HostHandshake; a peer that fails it is errTampered). With provision (only the first
 // attach of a pod it just made, whose PID 1 waits for its key) the key goes first, as the
-// first line of connect's stdin (proto.ConnectProvision).
+// first line of the program's stdin (proto.ConnectProvision).
+//
+// The program is the connect program beside the init (guest/connect: C, where the init's own
+// `connect` is a Go program, whose start in gVisor costs some 40 ms more), and the init's
+// `connect` where the image has none (one made before it existed): the first exec then ends
+// without the ready byte and without a word of the program's own (proto.ConnectProgramError),
+// and the attach runs again with the init.
 func (d *Driver) attach(ctx context.Context, id, name string, key []byte, provision bool) (io.ReadWriteCloser, error) {
-	command := []string{initPath, "connect"}
+	if !d.initConnect {
+		rwc, err := d.attachWith(ctx, id, name, key, provision, connectPath)
+		if !errors.Is(err, errNoConnectProgram) {
+			return rwc, err
+		}
+		d.log.Debug("no connect program in the box; attaching with the init's connect", "box", id, "err", err)
+	}
+	return d.attachWith(ctx, id, name, key, provision, initPath, "connect")
+}
+
+// errNoConnectProgram says the attach's exec ended before the ready byte with no error of the
+// connect program's own: the program did not run.
+var errNoConnectProgram = errors.New("the connect program did not run")
+
+// attachWith is attach through the program command (then, with provision, its arguments).
+func (d *Driver) attachWith(ctx context.Context, id, name string, key []byte, provision bool, command ...string) (io.ReadWriteCloser, error) {
 	if provision {
 		command = append(command, proto.ConnectProvision, channelKeyFile)
 	}
@@ -63,6 +84,12 @@ func (d *Driver) attach(ctx context.Context, id, name string, key []byte, provis
 		}
 		if err == nil {
 			err = client.AwaitReady(outR)
+			// The stream ended (its stderr is whole by then) before the ready byte: unless the
+			// connect program said why, it did not run.
+			if err != nil && !errors.Is(err, proto.ErrImpostor) && command[0] == connectPath &&
+				!strings.Contains(stderr.String(), proto.ConnectProgramError) {
+				err = fmt.Errorf("%w: %w", errNoConnectProgram, err)
+			}
 		}
 		if err == nil {
 			err = client.HostHandshake(s, key)

@@ -61,6 +61,39 @@ func BenchmarkAttachExec(b *testing.B) {
 	}
 }
 
+// BenchmarkAttachNew is one attach of a running box with no spare, as another replica's first
+// call makes it: the pods/exec of the attach program, its ready byte and the handshake; through
+// the connect program (C) and through the init's own connect (Go), side by side.
+func BenchmarkAttachNew(b *testing.B) {
+	c := kubetest.Require(b)
+	cfg, _ := c.Gateway(b)
+	d := newDriver(b, cfg)
+	id := runtimetest.CreateBox(b, d, initSpec)
+	ctx := benchCtx(b)
+	attach := func(b *testing.B, d *kube.Driver) {
+		rwc, err := d.Attach(ctx, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		rwc.Close()
+		b.StartTimer()
+	}
+	attach(b, d) // the create's spare
+	goConnect := newDriver(b, cfg)
+	kube.UseInitConnect(goConnect)
+	for _, v := range []struct {
+		name string
+		d    *kube.Driver
+	}{{"connect=c", d}, {"connect=init", goConnect}} {
+		b.Run(v.name, func(b *testing.B) {
+			for b.Loop() {
+				attach(b, v.d)
+			}
+		})
+	}
+}
+
 // BenchmarkAttachHealth is the transport's floor: one request/response over an existing
 // attach, no process started.
 func BenchmarkAttachHealth(b *testing.B) {
@@ -78,21 +111,30 @@ func BenchmarkAttachHealth(b *testing.B) {
 	}
 }
 
-func BenchmarkCreateToFirstExec(b *testing.B) { createToFirstExec(b, spec) }
+func BenchmarkCreateToFirstExec(b *testing.B) { createToFirstExec(b, spec, false) }
 
 // BenchmarkCreateToFirstExecImageHasInit is the same over an image that carries the guest init:
 // no init container, the key brought by the first attach.
-func BenchmarkCreateToFirstExecImageHasInit(b *testing.B) { createToFirstExec(b, initSpec) }
+func BenchmarkCreateToFirstExecImageHasInit(b *testing.B) { createToFirstExec(b, initSpec, false) }
+
+// BenchmarkCreateToFirstExecImageHasInitGoConnect is that with every attach through the init's
+// own connect (a Go program) instead of the connect program (C): what the program saves.
+func BenchmarkCreateToFirstExecImageHasInitGoConnect(b *testing.B) {
+	createToFirstExec(b, initSpec, true)
+}
 
 // BenchmarkCreateToFirstExecEgress is the same with an egress policy: the sandbox's
 // NetworkPolicy, written before the pod either way, carries ipBlocks and the DNS rule instead of
 // no rule. (The test node enforces no policy: this is the control plane's cost alone.)
-func BenchmarkCreateToFirstExecEgress(b *testing.B) { createToFirstExec(b, egressSpec) }
+func BenchmarkCreateToFirstExecEgress(b *testing.B) { createToFirstExec(b, egressSpec, false) }
 
-func createToFirstExec(b *testing.B, spec runtime.BoxSpec) {
+func createToFirstExec(b *testing.B, spec runtime.BoxSpec, initConnect bool) {
 	c := kubetest.Require(b)
 	cfg, _ := c.Gateway(b)
 	d := newDriver(b, cfg)
+	if initConnect {
+		kube.UseInitConnect(d)
+	}
 	for b.Loop() {
 		rec := runtimetest.NewRecord(spec)
 		if err := d.Create(benchCtx(b), rec); err != nil {

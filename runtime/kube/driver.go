@@ -95,6 +95,10 @@ type Driver struct {
 	// spares holds, per box, the ready attach of its last create or start.
 	spares runtime.Spares
 
+	// initConnect makes every attach run the init's connect, never the connect program (the
+	// benchmarks compare the two).
+	initConnect bool
+
 	closeOnce sync.Once
 }
 

@@ -33,3 +33,6 @@ func PlantCopy(d *Driver, pvc *corev1.PersistentVolumeClaim) {
 	}
 	d.copies.m[pvc.Name] = pvc
 }
+
+// UseInitConnect makes d attach with the init's connect instead of the connect program.
+func UseInitConnect(d *Driver) { d.initConnect = true }

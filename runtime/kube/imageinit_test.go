@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sandboxd/guest/client"
 	"sandboxd/guest/proto"
 	"sandboxd/internal/kubetest"
 	"sandboxd/runtime"
@@ -28,10 +29,10 @@ func TestConformanceImageHasInit(t *testing.T) {
 
 // TestImageInitKeyStaysOut: a box whose pod has no init container gets its key on the first
 // attach, and nothing of the workload finds it afterwards: not in the run folder, not in any
-// process's environment, not in the pod's spec. A workload that replaces /.sbx/init (the image's
-// file, writable by the box's root) with a program recording its stdin and arguments then sees
-// a later attach (another replica's, which brings no key) pass through it, never the key; the
-// attach works through a faithful relay, as for any box.
+// process's environment, not in the pod's spec. A workload that replaces /.sbx/connect and
+// /.sbx/init (the image's files, writable by the box's root) with programs recording their
+// stdin and arguments then sees a later attach (another replica's, which brings no key) pass
+// through them, never the key; the attach works through a faithful relay, as for any box.
 func TestImageInitKeyStaysOut(t *testing.T) {
 	c := kubetest.Require(t)
 	cfg, _ := c.Gateway(t)
@@ -60,23 +61,25 @@ func TestImageInitKeyStaysOut(t *testing.T) {
 		t.Errorf("a key file is left in the run folder: %s", look.Stdout)
 	}
 
-	// The workload puts a recorder in the place of the image's init.
+	// The workload puts recorders in the place of the image's attach programs.
 	runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"sh", "-c", `set -e
-cp /.sbx/init /tmp/real-init
-cat > /tmp/fake <<'EOF'
+for p in connect init; do
+cp /.sbx/$p /tmp/real-$p
+cat > /tmp/fake-$p <<EOF
 #!/bin/sh
-echo "$@" >> /workspace/args
-tee -a /workspace/stolen | /tmp/real-init "$@"
+echo "\$0 \$@" >> /workspace/args
+tee -a /workspace/stolen | /tmp/real-$p "\$@"
 EOF
-chmod 755 /tmp/fake
-cp /tmp/fake /.sbx/init.new && mv /.sbx/init.new /.sbx/init`}})
+chmod 755 /tmp/fake-$p
+cp /tmp/fake-$p /.sbx/$p.new && mv /.sbx/$p.new /.sbx/$p
+done`}})
 
 	// Another replica: no spare, no provisioning; it attaches through the recorder.
 	d2 := newDriver(t, cfg)
 	res := runtimetest.MustRun(t, runtimetest.Client(t, d2, id), proto.ExecRequest{Argv: []string{"sh", "-c", "cat /workspace/args; echo ---; cat /workspace/stolen | od -An -tx1 | tr -d ' \\n'"}})
 	out := string(res.Stdout)
 	args, stolen, _ := strings.Cut(out, "---")
-	if !strings.Contains(args, "connect") {
+	if !strings.Contains(args, "/.sbx/connect") {
 		t.Fatalf("the recorder did not run (args %q): the test shows nothing", args)
 	}
 	if strings.Contains(args, proto.ConnectProvision) {
@@ -85,6 +88,51 @@ cp /tmp/fake /.sbx/init.new && mv /.sbx/init.new /.sbx/init`}})
 	// The key must appear neither as its hex text nor as bytes in what passed through.
 	if strings.Contains(stolen, hex.EncodeToString([]byte(key))) || strings.Contains(stolen, key) {
 		t.Errorf("the recorder saw the channel key")
+	}
+}
+
+// TestAttachWithoutConnectProgram: a box whose image has no connect program (one made before
+// it existed; here the workload deleted it) is attached to with the init's connect: another
+// replica's attach runs it and works. The program is what every attach runs otherwise, for
+// both kinds of pod: the live attach's process in the box is /.sbx/connect.
+func TestAttachWithoutConnectProgram(t *testing.T) {
+	c := kubetest.Require(t)
+	cfg, _ := c.Gateway(t)
+	for name, s := range map[string]runtime.BoxSpec{"init container": spec, "image has init": initSpec} {
+		t.Run(name, func(t *testing.T) {
+			d := newDriver(t, cfg)
+			id := runtimetest.CreateBox(t, d, s)
+			cl := runtimetest.Client(t, d, id)
+			// The command lines of the box's attach processes (the exec's own shell excluded).
+			attaches := func(cl *client.Client) string {
+				t.Helper()
+				res := runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"sh", "-c",
+					`for p in /proc/[0-9]*; do c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null); case "$c" in "/.sbx/connect "*|"/.sbx/init connect"*) echo "$c";; esac; done`}})
+				return strings.TrimSpace(string(res.Stdout))
+			}
+			// (The attach that provisioned the pod's key carries its arguments.)
+			if got := attaches(cl); got != "/.sbx/connect" && got != "/.sbx/connect provision /run/sbx/channel.key" {
+				t.Errorf("the attach's process: %q, want /.sbx/connect", got)
+			}
+			if name == "init container" {
+				// The init container's folder is read-only in the sandbox container: the
+				// workload cannot take the program away there.
+				res := runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"rm", "-f", "/.sbx/connect"}})
+				if res.Exit.ExitCode == 0 {
+					t.Errorf("the workload removed the init container's /.sbx/connect")
+				}
+				return
+			}
+			runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"rm", "/.sbx/connect"}})
+			cl2 := runtimetest.Client(t, newDriver(t, cfg), id)
+			if got := attaches(cl2); !strings.Contains(got, "/.sbx/init connect") {
+				t.Errorf("the attaches' processes without the program: %q, want the init's connect among them", got)
+			}
+			res := runtimetest.MustRun(t, cl2, proto.ExecRequest{Argv: []string{"echo", "ok"}})
+			if string(res.Stdout) != "ok\n" {
+				t.Errorf("exec through the init's connect: %q", res.Stdout)
+			}
+		})
 	}
 }
 

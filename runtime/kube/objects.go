@@ -78,6 +78,7 @@ const (
 	initDir            = "/.sbx"
 	initPath           = initDir + "/init"
 	spawnerPath        = initDir + "/spawn"
+	connectPath        = initDir + "/connect"
 	workspacePath      = "/workspace"
 	defaultDiskBytes   = 1 << 30
 	terminationGraceSc = 5
