@@ -29,11 +29,37 @@ func HostHandshake(rw io.ReadWriter, key []byte) error {
 	if len(key) != proto.ChannelKeyLen {
 		return fmt.Errorf("guest: host handshake: no channel key for this box")
 	}
+	hello, err := HostHello(rw)
+	if err != nil {
+		return err
+	}
+	return hello.Finish(rw, key)
+}
+
+// Hello is the host's greeting, sent: the first half of HostHandshake.
+type Hello struct{ nonce []byte }
+
+// HostHello sends the host's greeting. A runtime whose stream delivers it only once the init
+// dialled (an attach program's stdin) may send it before the ready byte arrived, and so save
+// a round trip; Finish then completes the handshake after AwaitReady.
+func HostHello(w io.Writer) (Hello, error) {
 	hostNonce := make([]byte, proto.NonceLen)
 	_, _ = rand.Read(hostNonce)
-	if _, err := rw.Write(append(append([]byte{}, proto.HandshakeHostHello...), hostNonce...)); err != nil {
-		return fmt.Errorf("guest: host handshake: %w", err)
+	if _, err := w.Write(append(append([]byte{}, proto.HandshakeHostHello...), hostNonce...)); err != nil {
+		return Hello{}, fmt.Errorf("guest: host handshake: %w", err)
 	}
+	return Hello{nonce: hostNonce}, nil
+}
+
+// Finish is the rest of HostHandshake after HostHello.
+func (h Hello) Finish(rw io.ReadWriter, key []byte) error {
+	if len(key) != proto.ChannelKeyLen {
+		return fmt.Errorf("guest: host handshake: no channel key for this box")
+	}
+	if len(h.nonce) != proto.NonceLen {
+		return fmt.Errorf("guest: host handshake: no greeting was sent")
+	}
+	hostNonce := h.nonce
 	msg := make([]byte, len(proto.HandshakeInitHello)+proto.NonceLen+proto.MACLen)
 	if _, err := io.ReadFull(rw, msg[:len(proto.HandshakeInitHello)]); err != nil {
 		return fmt.Errorf("guest: host handshake: %w", err)

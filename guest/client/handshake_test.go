@@ -1,7 +1,9 @@
 package client_test
 
 import (
+	"bytes"
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -51,6 +53,54 @@ func TestHandshake(t *testing.T) {
 		}
 		if ierr == nil {
 			t.Errorf("got init error nil, want the stream to end before the host's proof")
+		}
+	})
+	t.Run("GreetingBeforeReady", func(t *testing.T) {
+		// A runtime whose stream buffers (an attach program's stdin) greets before the ready
+		// byte arrives; the init, once up, sends the ready byte and finds the greeting waiting.
+		h, i := net.Pipe()
+		defer h.Close()
+		defer i.Close()
+		_ = h.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = i.SetDeadline(time.Now().Add(5 * time.Second))
+		greeted := make(chan client.Hello, 1)
+		go func() {
+			hello, err := client.HostHello(h)
+			if err != nil {
+				t.Error(err)
+			}
+			greeted <- hello
+		}()
+		initErr := make(chan error, 1)
+		go func() {
+			// The greeting is read before the ready byte is written: net.Pipe does not
+			// buffer, so this is the order a buffering stream delivers.
+			hello := make([]byte, len(proto.HandshakeHostHello)+proto.NonceLen)
+			if _, err := io.ReadFull(i, hello); err != nil {
+				initErr <- err
+				return
+			}
+			if _, err := i.Write([]byte{proto.ConnectReady}); err != nil {
+				initErr <- err
+				return
+			}
+			initErr <- server.InitHandshake(struct {
+				io.Reader
+				io.Writer
+			}{io.MultiReader(bytes.NewReader(hello), i), i}, key)
+		}()
+		hello := <-greeted
+		if err := client.AwaitReady(h); err != nil {
+			t.Fatal(err)
+		}
+		if err := hello.Finish(h, key); err != nil {
+			t.Errorf("Finish after an early greeting: %v", err)
+		}
+		if err := <-initErr; err != nil {
+			t.Errorf("init: %v", err)
+		}
+		if err := (client.Hello{}).Finish(h, key); err == nil {
+			t.Error("Finish without a greeting: got nil, want an error")
 		}
 	})
 	t.Run("ImpostorSpeaksHTTP2", func(t *testing.T) {

@@ -82,6 +82,12 @@ func (d *Driver) attachWith(ctx context.Context, id, name string, key []byte, pr
 		if provision {
 			_, err = s.Write([]byte(proto.EncodeChannelKey(key) + "\n"))
 		}
+		// The greeting goes before the ready byte comes: the program's stdin holds it until the
+		// program dialled the init, which then finds it at once (a round trip less).
+		var hello client.Hello
+		if err == nil {
+			hello, err = client.HostHello(s)
+		}
 		if err == nil {
 			err = client.AwaitReady(outR)
 			// The stream ended (its stderr is whole by then) before the ready byte: unless the
@@ -92,7 +98,7 @@ func (d *Driver) attachWith(ctx context.Context, id, name string, key []byte, pr
 			}
 		}
 		if err == nil {
-			err = client.HostHandshake(s, key)
+			err = hello.Finish(s, key)
 			// The pod's init answers a greeting at once; a peer that hangs up instead is not
 			// it (a pod that died meanwhile is told apart by the caller).
 			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
