@@ -29,17 +29,18 @@ import (
 // first line of the program's stdin (proto.ConnectProvision).
 //
 // The program is the connect program beside the init (guest/connect: C, where the init's own
-// `connect` is a Go program, whose start in gVisor costs some 40 ms more), and the init's
-// `connect` where the image has none (one made before it existed): the first exec then ends
-// without the ready byte and without a word of the program's own (proto.ConnectProgramError),
-// and the attach runs again with the init.
+// `connect` is a Go program, whose start in gVisor made each attach some 26 ms slower on the
+// test cluster), and the init's `connect` where the program did not run (an image made before
+// it existed): the first exec then ends without the ready byte and without a word of the
+// program's own (proto.ConnectProgramError), and the attach runs again with the init. (An exec
+// the API server refuses outright is tried twice so, and fails with the second answer.)
 func (d *Driver) attach(ctx context.Context, id, name string, key []byte, provision bool) (io.ReadWriteCloser, error) {
 	if !d.initConnect {
 		rwc, err := d.attachWith(ctx, id, name, key, provision, connectPath)
 		if !errors.Is(err, errNoConnectProgram) {
 			return rwc, err
 		}
-		d.log.Debug("no connect program in the box; attaching with the init's connect", "box", id, "err", err)
+		d.log.Debug("the connect program did not run; attaching with the init's connect", "box", id, "err", err)
 	}
 	return d.attachWith(ctx, id, name, key, provision, initPath, "connect")
 }
