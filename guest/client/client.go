@@ -88,9 +88,11 @@ func DialContext(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error) {
 	return c, nil
 }
 
-// DialUnchecked is DialContext without the health call, one round trip less: for a stream made
-// for one call, whose answer tells as well whether the init is there (the driver's quiesce of
-// a pause, on a stream its handshake already proved to be the box's init).
+// DialUnchecked is DialContext without the health call, one round trip less: for a stream whose
+// handshake just proved it to be the box's init and whose caller needs nothing of the health
+// answer (the driver's quiesce of a pause; internal/sandbox on a driver that does not attach
+// locally, where the answer's exec streams are never used). Its first call then tells whether
+// the init is there.
 func DialUnchecked(ctx context.Context, rwc io.ReadWriteCloser) (*Client, error) {
 	conn := newStreamConn(rwc)
 	// The HTTP/2 preface is written synchronously; an unresponsive stream must not hang us.

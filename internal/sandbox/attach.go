@@ -111,15 +111,26 @@ func (c *attachments) attach(ctx context.Context, id string) (*client.Client, er
 		}
 		return nil, apierror.Wrap(err, apierror.Unavailable, "could not attach to the sandbox").WithRetryAfter(time.Second)
 	}
-	client, err := client.Dial(rwc)
+	// The attach's handshake proved the init; its health call is asked only where its answer
+	// decides something: whether the init serves exec streams, which only a driver that attaches
+	// locally opens. Elsewhere (Kubernetes, where each round trip crosses the API server) the
+	// first call goes out with the stream's HTTP/2 preface, and a stream that broke since fails
+	// that call, which GuestError then reads as for any broken attach.
+	la, local := runtime.Capability[runtime.LocalAttacher](c.driver)
+	var cl *client.Client
+	if local {
+		cl, err = client.Dial(rwc)
+	} else {
+		cl, err = client.DialUnchecked(actx, rwc)
+	}
 	if err != nil {
 		rwc.Close()
 		return nil, apierror.Wrap(err, apierror.Unavailable, "the sandbox's init does not answer").WithRetryAfter(time.Second)
 	}
-	if la, ok := runtime.Capability[runtime.LocalAttacher](c.driver); ok {
-		client.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return la.AttachStream(ctx, id) })
+	if local {
+		cl.UseExecStreams(func(ctx context.Context) (io.ReadWriteCloser, error) { return la.AttachStream(ctx, id) })
 	}
-	return client, nil
+	return cl, nil
 }
 
 // drop forgets the sandbox's attach stream and closes it in the background.
