@@ -111,13 +111,14 @@ func concurrentWarmCreates(t *testing.T, a, b *e2e.Server, n int, hdrOf func(int
 
 // wantFreshWarm checks that warm sandbox id (created with env WHO=who, from profile "warm",
 // whose env has PROFILE_VAR=p) starts empty: the caller's env and the profile's, no file in
-// /workspace or /tmp, no process but the guest init's and the check's own; then it leaves
+// /workspace or /tmp, no process but the guest init's (and on Kubernetes the runtime's attach
+// relays, /.sbx/connect) and the check's own; then it leaves
 // files and a process behind that no later claim may see.
 func wantFreshWarm(t *testing.T, s *e2e.Server, id, who, hdr string) {
 	t.Helper()
 	out := s.Run(t, id, []string{"sh", "-c",
 		`echo "$WHO|$PROFILE_VAR"; ls -A /workspace | wc -l; ls -A /tmp | wc -l; ` +
-			`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e '^sandbox-spawn $' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdr)
+			`for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -c -v -e '^$' -e '/.sbx/init' -e '^/.sbx/connect' -e '^sandbox-spawn $' -e 'sh -c' -e '^tr' -e '^grep' || true`}, hdr)
 	if want := who + "|p\n0\n0\n0\n"; out != want {
 		t.Fatalf("sandbox %s: got %q, want %q (env, /workspace and /tmp entries, other processes)", id, out, want)
 	}
