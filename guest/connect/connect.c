@@ -80,7 +80,7 @@ static int write_all(int fd, const char *p, size_t n, int is_socket) {
 	return 0;
 }
 
-// read_full reads exactly n bytes from fd; 0, an errno, or EIO at an early end.
+// read_full reads exactly n bytes from fd; 0, an errno, or -1 at an early end.
 static int read_full(int fd, char *p, size_t n) {
 	while (n > 0) {
 		ssize_t r = read(fd, p, n);
@@ -91,7 +91,7 @@ static int read_full(int fd, char *p, size_t n) {
 			return errno;
 		}
 		if (r == 0) {
-			return EIO;
+			return -1;
 		}
 		p += r;
 		n -= (size_t)r;
@@ -194,7 +194,11 @@ static int provision(const char *key_file, const struct sockaddr_un *sa, socklen
 	int err = read_full(0, line, sizeof line);
 	if (err != 0) {
 		explicit_bzero(line, sizeof line);
-		fail(err == EIO ? "reading the channel key from stdin: it ended first" : "reading the channel key from stdin", err == EIO ? 0 : err);
+		if (err < 0) {
+			fail("reading the channel key from stdin: it ended first", 0);
+		} else {
+			fail("reading the channel key from stdin", err);
+		}
 		return -2;
 	}
 	int ok = line[KEY_HEX] == '\n';
