@@ -9,10 +9,11 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
-[ $# -eq 2 ] || die "usage: scripts/build-guest-c.sh spawner|connect OUT"
+usage="usage: scripts/build-guest-c.sh spawner|connect OUT"
+[ $# -eq 2 ] || die "$usage"
 case $1 in
 spawner | connect) src="guest/$1/$1.c" ;;
-*) die "usage: scripts/build-guest-c.sh spawner|connect OUT" ;;
+*) die "$usage" ;;
 esac
 out=$2
 apt_install gcc libc6-dev # libc6-dev: the static libc

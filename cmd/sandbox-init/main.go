@@ -8,7 +8,9 @@
 //	                       the same, after taking the box's channel key from the first line of
 //	                       stdin and writing it to KEYFILE for a PID 1 that waits for it
 //	                       (SBX_CHANNEL_KEY_AWAIT=1; provision.go): a Kubernetes pod whose image
-//	                       carries the init, on the runtime's first attach
+//	                       carries the init, on the runtime's first attach. The Kubernetes
+//	                       runtime runs the C twin of connect (guest/connect) instead where the
+//	                       image or the init image carries it, and this where it does not
 //	sandbox-init idle      wait for SIGTERM: the process of the Kubernetes driver's workspace
 //	                       reader pod (reader.go)
 //	sandbox-init export DIR

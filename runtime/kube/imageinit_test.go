@@ -98,10 +98,16 @@ done`}})
 func TestAttachWithoutConnectProgram(t *testing.T) {
 	c := kubetest.Require(t)
 	cfg, _ := c.Gateway(t)
-	for name, s := range map[string]runtime.BoxSpec{"init container": spec, "image has init": initSpec} {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec runtime.BoxSpec
+		// ownCopy: the program is the image's own file, which the box's root can remove;
+		// else the init container's copy, in a folder read-only in the sandbox container.
+		ownCopy bool
+	}{{"init container", spec, false}, {"image has init", initSpec, true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			d := newDriver(t, cfg)
-			id := runtimetest.CreateBox(t, d, s)
+			id := runtimetest.CreateBox(t, d, tc.spec)
 			cl := runtimetest.Client(t, d, id)
 			// The command lines of the box's attach processes (the exec's own shell excluded).
 			attaches := func(cl *client.Client) string {
@@ -114,9 +120,8 @@ func TestAttachWithoutConnectProgram(t *testing.T) {
 			if got := attaches(cl); got != "/.sbx/connect" && got != "/.sbx/connect provision /run/sbx/channel.key" {
 				t.Errorf("the attach's process: %q, want /.sbx/connect", got)
 			}
-			if name == "init container" {
-				// The init container's folder is read-only in the sandbox container: the
-				// workload cannot take the program away there.
+			if !tc.ownCopy {
+				// The workload cannot take the init container's copy away.
 				res := runtimetest.MustRun(t, cl, proto.ExecRequest{Argv: []string{"rm", "-f", "/.sbx/connect"}})
 				if res.Exit.ExitCode == 0 {
 					t.Errorf("the workload removed the init container's /.sbx/connect")
