@@ -63,6 +63,7 @@ func (d *Driver) Create(ctx context.Context, rec runtime.Record) (err error) {
 // runPod creates the pod, waits for it to run and for the guest init to answer, and keeps that
 // first attach as the box's spare. An old pod of the same name must be gone.
 func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) error {
+	start := time.Now()
 	created, err := d.cs.CoreV1().Pods(d.opts.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("kube: create pod %s: %w", name, err)
@@ -70,6 +71,7 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 	if err := d.waitRunning(ctx, id, name, created.UID); err != nil {
 		return err
 	}
+	running := time.Now()
 	key, err := podChannelKey(pod)
 	if err != nil {
 		return err
@@ -81,6 +83,7 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 	if err != nil {
 		return fmt.Errorf("kube: box %s: the guest init does not answer: %w", id, err)
 	}
+	attached := time.Now()
 	if provision {
 		if err := d.patchPodMeta(ctx, name, "annotations", map[string]any{AnnChannelReady: "true"}); err != nil {
 			rwc.Close()
@@ -88,5 +91,12 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 		}
 	}
 	d.spares.Keep(id, rwc)
+	// Where a create's or start's wait went, for a slow one: the pod's run (scheduling, the
+	// node, the watch), the first attach, the mark.
+	d.log.Debug("box pod running", "box", id, "running_ms", ms(running.Sub(start)),
+		"attach_ms", ms(attached.Sub(running)), "mark_ms", ms(time.Since(attached)))
 	return nil
 }
+
+// ms is d in milliseconds, for logs.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
