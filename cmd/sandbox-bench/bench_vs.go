@@ -16,8 +16,9 @@ import (
 // sandbox each, in alternating rounds of --exec-n execs (the side that goes first alternates
 // too). A change worth a fraction of a millisecond shows in how many rounds one build was
 // faster and in the median of the rounds' differences, where two runs of the exec suite one
-// after the other cannot show it: on a noisy host their medians move by more than that. Only
-// with --only vs.
+// after the other cannot show it: on a noisy host their medians move by more than that. With
+// --vs-first-byte each exec goes through REST SSE and is timed to its first stdout bytes (the
+// stream suite's first-byte row, side by side). Only with --only vs.
 func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	o := b.opts
 	if b.server == nil {
@@ -85,7 +86,11 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	if o.vsIdle > 0 {
 		pace = fmt.Sprintf(", each after %v idle", o.vsIdle)
 	}
-	g := &Group{Name: fmt.Sprintf("exec of `%s` through REST, this build against another (%d alternating rounds of %d%s)", o.vsCommand, o.vsRounds, o.execN, pace)}
+	what := "exec of `%s` through REST"
+	if o.vsFirstByte {
+		what = "first stdout bytes of `%s` through REST SSE"
+	}
+	g := &Group{Name: fmt.Sprintf(what+", this build against another (%d alternating rounds of %d%s)", o.vsCommand, o.vsRounds, o.execN, pace)}
 	this := &side{label: "this build", api: b.api}
 	other := &side{label: "the --vs build", api: newClient(vs.url, vs.key)}
 	this.res = g.result(this.label, false)
@@ -122,12 +127,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 					return ctx.Err()
 				}
 			}
-			t0 := time.Now()
-			r, err := s.api.exec(ctx, s.id, body)
-			d := time.Since(t0)
-			if err == nil {
-				err = r.check("")
-			}
+			d, err := vsExec(ctx, s.api, s.id, body, o.vsFirstByte)
 			if err != nil {
 				return fmt.Errorf("%s: exec: %w", s.label, err)
 			}
@@ -165,6 +165,30 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 	perExec := func(s *side) time.Duration { return s.cpu.total.box / time.Duration(s.cpu.runs*o.execN) }
 	g.Note = vsNote(this.rounds, other.rounds, perExec(this), perExec(other))
 	return []*Group{g}, nil
+}
+
+// vsExec runs one exec of the vs suite and returns its time: a waited REST exec to its answer,
+// or with firstByte a REST SSE exec to its first stdout bytes (read to its exit event).
+func vsExec(ctx context.Context, api *client, id string, body []byte, firstByte bool) (time.Duration, error) {
+	if !firstByte {
+		t0 := time.Now()
+		r, err := api.exec(ctx, id, body)
+		d := time.Since(t0)
+		if err == nil {
+			err = r.check("")
+		}
+		return d, err
+	}
+	r, err := api.sseExec(ctx, id, body)
+	switch {
+	case err != nil:
+		return 0, err
+	case !r.exited:
+		return 0, errors.New("the event stream ended without an exit event")
+	case r.stdoutBytes == 0:
+		return 0, errors.New("the command wrote nothing to stdout: --vs-first-byte times the first stdout bytes")
+	}
+	return r.first, r.exit.check("")
 }
 
 // vsNote sums up the rounds of the vs suite: in how many this build's median was lower, the

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,6 +111,58 @@ func TestVsRefusesBadInput(t *testing.T) {
 			_, err := benchVs(context.Background(), b)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("benchVs = %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestVsExecFirstByte: with --vs-first-byte an exec is timed to its first stdout bytes, not to
+// its exit, and one that writes nothing to stdout, fails, or never ends is an error.
+func TestVsExecFirstByte(t *testing.T) {
+	const gap = 150 * time.Millisecond
+	cases := []struct {
+		name   string
+		events string // after a pause of gap following the first chunk, if any
+		chunk  bool
+		exit   string
+		want   string // error text; "" for a result
+	}{
+		{name: "output then exit", chunk: true, exit: `{"exit_code":0}`},
+		{name: "no stdout", exit: `{"exit_code":0}`, want: "wrote nothing to stdout"},
+		{name: "failed", chunk: true, exit: `{"exit_code":3}`, want: "exit 3"},
+		{name: "no exit event", chunk: true, want: "without an exit event"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPost || r.URL.Path != restPrefix+"/sbx_1/exec" || r.Header.Get("Accept") != "text/event-stream" {
+					http.Error(w, "unexpected request", http.StatusBadRequest)
+					return
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, "event: started\ndata: {}\n\n")
+				if c.chunk {
+					fmt.Fprint(w, "event: chunk\ndata: {\"stream\":\"stdout\",\"data\":\"x\\n\"}\n\n")
+				}
+				w.(http.Flusher).Flush()
+				time.Sleep(gap)
+				if c.exit != "" {
+					fmt.Fprintf(w, "event: exit\ndata: %s\n\n", c.exit)
+				}
+			}))
+			defer srv.Close()
+			d, err := vsExec(context.Background(), newClient(srv.URL, "k"), "sbx_1", []byte(`{}`), true)
+			if c.want != "" {
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("vsExec = %v, %v; want an error saying %q", d, err, c.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d <= 0 || d >= gap {
+				t.Errorf("vsExec = %v, want the time to the first bytes (the exit came %v after them)", d, gap)
 			}
 		})
 	}

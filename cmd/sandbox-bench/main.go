@@ -58,6 +58,7 @@ type options struct {
 	vsCommand                         string
 	vsRounds                          int
 	vsIdle                            time.Duration
+	vsFirstByte                       bool
 }
 
 // suite is one family of groups. Adding a row to the benchmark is adding a suite here (or a
@@ -137,6 +138,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.vsRootfs, "vs-rootfs", "", "the vs suite's second server: its base rootfs (default --rootfs)")
 	flag.StringVar(&o.vsCommand, "vs-command", "true", "the vs suite's command, split at spaces (no shell)")
 	flag.IntVar(&o.vsRounds, "vs-rounds", 20, "alternating rounds of the vs suite (each of --exec-n execs per server)")
+	flag.BoolVar(&o.vsFirstByte, "vs-first-byte", false, "the vs suite times each exec through REST SSE to its first stdout bytes instead of a waited exec to its answer (the command must write to stdout)")
 	flag.DurationVar(&o.vsIdle, "vs-idle", 0, "the vs suite waits this long, untimed, before each exec (an agent's pace: read caches lapsed, threads asleep); 0: back to back")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: sandbox-bench [flags]   (as root)\n\n")
