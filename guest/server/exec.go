@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -352,6 +353,9 @@ wait:
 		DurationMs: exited.Sub(e.started).Milliseconds(),
 		EndedAt:    exited,
 	})
+	// The exit record first: finish woke the stream that sends it, which on PID 1's one P
+	// would otherwise wait for the cgroup's check below (three traps into gVisor).
+	runtime.Gosched()
 	e.dropEmptyCgroup()
 }
 
@@ -490,7 +494,7 @@ func (c *collector) run() {
 		case progress && quiet:
 			// The first output after a quiet spell goes out at once; then wait one linger at
 			// most, woken early by more output (which then lingers) or by the pipes' end.
-			c.flush()
+			c.flushOut()
 			quiet = false
 			c.poll(c.linger)
 		case progress:
@@ -498,7 +502,7 @@ func (c *collector) run() {
 			time.Sleep(c.linger)
 		default:
 			// The pipes are quiet: what was read goes out now, then wait for more.
-			c.flush()
+			c.flushOut()
 			c.poll(quietPoll)
 			quiet = true
 		}
@@ -555,10 +559,20 @@ func (c *collector) poll(timeout time.Duration) {
 	_, _ = unix.Poll(fds, int(max(timeout.Milliseconds(), 1)))
 }
 
-// flush puts pending output into the log.
-func (c *collector) flush() {
+// flushOut is flush before the collector waits in poll(2): the log's readers that the write
+// woke (the stream that sends the output to the host) run first. On PID 1's one P they would
+// otherwise wait until the Go runtime takes the P back from the blocked poll, a tick of its
+// sysmon and a hand-off to another thread later, on the way of a command's first byte.
+func (c *collector) flushOut() {
+	if c.flush() {
+		runtime.Gosched()
+	}
+}
+
+// flush puts pending output into the log and reports whether there was any.
+func (c *collector) flush() bool {
 	if len(c.pend) == 0 {
-		return
+		return false
 	}
 	c.log.write(c.pendKind, c.pend)
 	if cap(c.pend) > 2*maxCollect {
@@ -566,6 +580,7 @@ func (c *collector) flush() {
 	} else {
 		c.pend = c.pend[:0]
 	}
+	return true
 }
 
 // retire moves an exec to the ended list and forgets the oldest ended ones: beyond
