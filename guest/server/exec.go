@@ -480,13 +480,14 @@ func (c *collector) run() {
 	defer c.flush()
 	// A command just started has written nothing yet, most likely: wait for output before the
 	// first read rather than find the pipes empty (a read per pipe, each a trap into gVisor).
-	c.poll(quietPoll)
+	// After a wait, only the descriptors it found readable (or ended) are read.
+	ready := c.poll(quietPoll)
 	quiet := true // nothing was read since the last wait for output
 	for {
 		if stop := c.stopAt.Load(); stop != 0 && time.Now().UnixNano() >= stop {
 			return
 		}
-		progress := c.readRound()
+		progress := c.readRound(ready)
 		if c.allEOF() {
 			return
 		}
@@ -496,24 +497,29 @@ func (c *collector) run() {
 			// most, woken early by more output (which then lingers) or by the pipes' end.
 			c.flushOut()
 			quiet = false
-			c.poll(c.linger)
+			ready = c.poll(c.linger)
 		case progress:
 			// Output flows: let more gather in the pipes before reading again.
 			time.Sleep(c.linger)
+			ready = allFds
 		default:
 			// The pipes are quiet: what was read goes out now, then wait for more.
 			c.flushOut()
-			c.poll(quietPoll)
+			ready = c.poll(quietPoll)
 			quiet = true
 		}
 	}
 }
 
-// readRound reads each open pipe once and reports whether anything came.
-func (c *collector) readRound() bool {
+// allFds is the set of every descriptor a collector reads (bit j: c.fds[j]).
+const allFds = ^uint64(0)
+
+// readRound reads each open descriptor of the set ready once and reports whether anything
+// came.
+func (c *collector) readRound(ready uint64) bool {
 	progress := false
 	for j := range c.fds {
-		if c.eof[j] {
+		if c.eof[j] || ready&(1<<j) == 0 {
 			continue
 		}
 		n, err := syscall.Read(c.fds[j], c.buf)
@@ -542,21 +548,40 @@ func (c *collector) readRound() bool {
 	return progress
 }
 
-// poll waits until a pipe is readable (or closed), timeout passes, or stopAt comes.
-func (c *collector) poll(timeout time.Duration) {
+// poll waits until a pipe is readable (or closed), timeout passes, or stopAt comes, and
+// returns the set of descriptors to read (bit j: c.fds[j]): those it found readable or at
+// their end, none when the wait timed out, all when it could not tell.
+func (c *collector) poll(timeout time.Duration) uint64 {
 	if stop := c.stopAt.Load(); stop != 0 {
 		timeout = min(timeout, time.Until(time.Unix(0, stop)))
 	}
 	if timeout <= 0 {
-		return
+		return allFds
 	}
-	fds := make([]unix.PollFd, 0, len(c.fds))
+	var fds [2]unix.PollFd
+	var idx [2]int
+	n := 0
 	for j, fd := range c.fds {
-		if !c.eof[j] {
-			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		if c.eof[j] {
+			continue
+		}
+		if n == len(fds) {
+			return allFds // never: a collector reads two pipes or one terminal
+		}
+		fds[n], idx[n] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}, j
+		n++
+	}
+	got, err := unix.Poll(fds[:n], int(max(timeout.Milliseconds(), 1)))
+	if err != nil {
+		return allFds
+	}
+	var ready uint64
+	for i := range n {
+		if got > 0 && fds[i].Revents != 0 {
+			ready |= 1 << idx[i]
 		}
 	}
-	_, _ = unix.Poll(fds, int(max(timeout.Milliseconds(), 1)))
+	return ready
 }
 
 // flushOut is flush before the collector waits in poll(2): the log's readers that the write

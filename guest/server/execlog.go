@@ -76,11 +76,20 @@ type execLog struct {
 	exitRec []byte
 	changed chan struct{}
 	buf     []byte
+	// recent are the newest records, which the newest segment holds too, from the logical
+	// offset recentBase (-1: none) to end: a reader that has caught up takes the next ones
+	// from here instead of opening and reading the file (traps into gVisor's kernel on a
+	// command's first byte). At most recentMax bytes, and none once the log ended.
+	recent     []byte
+	recentBase int64
 }
+
+// recentMax bounds an exec log's copy of its newest records in memory (execLog.recent).
+const recentMax = 64 << 10
 
 func newExecLog(path string, limit int64) (*execLog, error) {
 	limit = max(limit, minLogBytes)
-	l := &execLog{path: path, max: limit, segMax: limit / segmentsPerLog, changed: make(chan struct{})}
+	l := &execLog{path: path, max: limit, segMax: limit / segmentsPerLog, changed: make(chan struct{}), recentBase: -1}
 	// The first segment must be new: segments left by an earlier server under this exec's id
 	// are removed first (found by the exclusive create, without a look of its own per exec).
 	err := l.newSegmentLocked(unix.O_EXCL)
@@ -144,6 +153,7 @@ func (l *execLog) newSegmentLocked(flags int) error {
 		_ = l.f.Close()
 	}
 	l.f = f
+	l.recent, l.recentBase = l.recent[:0], -1
 	if n := len(l.segs); n > 0 && l.segs[n-1].size == 0 {
 		_ = os.Remove(l.segPath(l.segs[n-1].seq))
 		l.segs = l.segs[:n-1]
@@ -220,7 +230,15 @@ func (l *execLog) flushLocked() bool {
 		_, _ = l.f.Seek(cur.size, io.SeekStart)
 		l.end += int64(len(l.buf))
 		l.lost += payloadOf(l.buf)
+		l.recent, l.recentBase = l.recent[:0], -1
 		return true
+	}
+	if at := cur.base + cur.size; len(l.buf) > recentMax {
+		l.recent, l.recentBase = l.recent[:0], -1
+	} else if l.recentBase < 0 || l.recentBase+int64(len(l.recent)) != at || len(l.recent)+len(l.buf) > recentMax {
+		l.recent, l.recentBase = append(l.recent[:0], l.buf...), at
+	} else {
+		l.recent = append(l.recent, l.buf...)
 	}
 	for b, at := l.buf, cur.base+cur.size; len(b) >= proto.RecordHeaderLen; {
 		for cur.base+int64(len(cur.index))*indexStride <= at {
@@ -283,8 +301,21 @@ func (l *execLog) finish(st proto.ExitStatus) proto.ExitStatus {
 		l.f = nil
 	}
 	l.buf = nil
+	l.recent, l.recentBase = nil, -1
 	l.notifyLocked()
 	return st
+}
+
+// fromRecent copies the records at logical offset pos and after from the log's copy of its
+// newest ones (execLog.recent) into buf, and returns how many bytes it copied: 0 when that
+// copy does not hold pos.
+func (l *execLog) fromRecent(pos int64, buf []byte) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.recentBase < 0 || pos < l.recentBase || pos >= l.recentBase+int64(len(l.recent)) {
+		return 0
+	}
+	return copy(buf, l.recent[pos-l.recentBase:])
 }
 
 // sizeLocked is the logical size of the log: its end, and the exit record once ended.
@@ -439,6 +470,19 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 		rd, rdSeq = nil, -1
 	}
 	for {
+		if rd == nil {
+			// Caught up: the newest records from memory, where the log still has them.
+			if n := l.fromRecent(pos, buf); n > 0 {
+				if _, err := w.Write(buf[:n]); err != nil {
+					return err
+				}
+				pos += int64(n)
+				if err := flush(); err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		v := l.view(pos, rdSeq)
 		switch {
 		case rd != nil && !v.rdNewest:
@@ -472,11 +516,7 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			rd, rdSeq, rdBase = f, v.hold, v.holdBase
 			continue
 		case rd == nil && v.resume > pos:
-			var rec [proto.RecordHeaderLen + proto.TruncatedPayloadLen]byte
-			rec[0] = proto.RecordTruncated
-			binary.BigEndian.PutUint32(rec[1:proto.RecordHeaderLen], proto.TruncatedPayloadLen)
-			binary.BigEndian.PutUint64(rec[proto.RecordHeaderLen:], uint64(v.resume))
-			if _, err := w.Write(rec[:]); err != nil {
+			if err := writeMarker(w, v.resume); err != nil {
 				return err
 			}
 			pos = v.resume
@@ -503,6 +543,16 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			return nil
 		}
 	}
+}
+
+// writeMarker writes a RecordTruncated record: the log goes on at offset resume.
+func writeMarker(w io.Writer, resume int64) error {
+	var rec [proto.RecordHeaderLen + proto.TruncatedPayloadLen]byte
+	rec[0] = proto.RecordTruncated
+	binary.BigEndian.PutUint32(rec[1:proto.RecordHeaderLen], proto.TruncatedPayloadLen)
+	binary.BigEndian.PutUint64(rec[proto.RecordHeaderLen:], uint64(resume))
+	_, err := w.Write(rec[:])
+	return err
 }
 
 // copyRange copies the segment bytes from *pos up to limit (-1: the file's end) to w,

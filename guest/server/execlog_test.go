@@ -413,3 +413,54 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 	w.n.Add(int64(len(p)))
 	return len(p), nil
 }
+
+// TestRingLogNewestFromMemory: a reader that has caught up takes the newest records from the
+// log's copy in memory, not from the segment file (here removed, so a read of the file would
+// fail), byte for byte as the file holds them; writes larger than the copy's bound, and every
+// read once the log ended, go through the files.
+func TestRingLogNewestFromMemory(t *testing.T) {
+	l, _ := newTestLog(t, 1<<20)
+	l.write(proto.RecordStdout, []byte("a\n"))
+	l.write(proto.RecordStderr, []byte("b\n"))
+	if err := os.Remove(l.segPath(0)); err != nil {
+		t.Fatal(err)
+	}
+	recs := readAll(t, l, 0)
+	if len(recs) != 2 || string(recs[0].data) != "a\n" || recs[1].kind != proto.RecordStderr || string(recs[1].data) != "b\n" {
+		t.Fatalf("from offset 0 got %+v, want a and b from memory", recs)
+	}
+	if recs := readAll(t, l, recs[0].offset); len(recs) != 1 || string(recs[0].data) != "b\n" {
+		t.Fatalf("from after a got %+v, want b", recs)
+	}
+
+	l2, _ := newTestLog(t, 1<<20)
+	big := lines(0, recentMax/14+1) // over the bound
+	l2.write(proto.RecordStdout, []byte("first\n"))
+	l2.write(proto.RecordStdout, big)
+	l2.mu.Lock()
+	inMemory := len(l2.recent)
+	l2.mu.Unlock()
+	if inMemory != 0 {
+		t.Errorf("after a write of %d bytes the log keeps %d in memory, want none (bound %d)", len(big), inMemory, recentMax)
+	}
+	l2.write(proto.RecordStdout, []byte("last\n"))
+	st := l2.finish(proto.ExitStatus{})
+	l2.mu.Lock()
+	inMemory = cap(l2.recent)
+	l2.mu.Unlock()
+	if inMemory != 0 {
+		t.Errorf("an ended log keeps %d bytes of records in memory, want none", inMemory)
+	}
+	var got []byte
+	recs = readAll(t, l2, 0)
+	for _, r := range recs[:len(recs)-1] {
+		got = append(got, r.data...)
+	}
+	if want := append(append([]byte("first\n"), big...), "last\n"...); !bytes.Equal(got, want) || recs[len(recs)-1].kind != proto.RecordExit {
+		t.Errorf("read back %d bytes (last record kind %d), want the %d written and the exit", len(got), recs[len(recs)-1].kind, len(want))
+	}
+	if st.StdoutBytes != int64(len(big))+11 {
+		t.Errorf("stdout bytes %d, want %d", st.StdoutBytes, len(big)+11)
+	}
+}
+
