@@ -1025,3 +1025,36 @@ func TestReleaseWithoutCgroups(t *testing.T) {
 		wantCode(t, err, proto.ErrCodeInvalid)
 	})
 }
+
+// TestCommandRemovesItsLog: a command (root in a box, where the state folder is within its
+// reach) that removes its own exec's log files loses its output to later readers, and only
+// that: a reader from the start gets a marker over the bytes that are gone and the exit, at
+// once, where it used to wait for the file forever, and the server serves on.
+func TestCommandRemovesItsLog(t *testing.T) {
+	h := guesttest.New(t, server.Options{}, guesttest.OverSocketpair)
+	ctx := guesttest.Ctx(t, 30*time.Second)
+	script := `head -c 200000 /dev/zero; rm -f "$LOGS/$` + proto.ExecIDEnv + `".log.*; echo after`
+	res, err := h.C.Run(ctx, proto.ExecRequest{ID: "self-rm", Argv: []string{"sh", "-c", script}, Env: []string{"LOGS=" + h.State}}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The live follower got what it had read before the removal and a marker over what it had
+	// not (StdoutTruncated), or everything, and the exit.
+	if res.Exit.ExitCode != 0 || len(res.Stdout) != 200006 && !res.StdoutTruncated || len(res.Stdout) > 200006 {
+		t.Fatalf("got exit %+v and %d bytes of stdout (truncated %v), want 0 and every byte or the truncated flag",
+			res.Exit, len(res.Stdout), res.StdoutTruncated)
+	}
+	got := make(chan []client.Record, 1)
+	go func() { got <- guesttest.Records(t, h.C, "self-rm", 0, true) }()
+	select {
+	case recs := <-got:
+		if len(recs) != 2 || recs[0].Kind != proto.RecordTruncated || recs[1].Kind != proto.RecordExit {
+			t.Fatalf("a reader from the start got %d records (%+v), want a marker and the exit", len(recs), recs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reader of the removed log did not end within 10 s")
+	}
+	if res, err := h.C.Run(ctx, proto.ExecRequest{ID: "next", Argv: []string{"echo", "ok"}}, 0, 0); err != nil || string(res.Stdout) != "ok\n" {
+		t.Fatalf("the next exec: %q, %v", res.Stdout, err)
+	}
+}

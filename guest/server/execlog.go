@@ -408,9 +408,11 @@ func (l *execLog) checkOffset(off int64) (int64, error) {
 // logView is what a reader needs to know of the log at one moment.
 type logView struct {
 	// hold is the seq of the kept segment holding pos (base ≤ pos < base+size), or -1;
-	// holdBase its base.
-	hold     int
-	holdBase int64
+	// holdBase and holdEnd its base and the end of its committed bytes.
+	hold              int
+	holdBase, holdEnd int64
+	// recentBase is where the log's copy of its newest records in memory begins (-1: none).
+	recentBase int64
 	// resume is, when no kept segment holds pos, where the kept log goes on after pos (the
 	// end when nothing is kept after it).
 	resume int64
@@ -426,14 +428,14 @@ type logView struct {
 func (l *execLog) view(pos int64, rdSeq int) logView {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	v := logView{hold: -1, resume: l.end, end: l.end, ended: l.ended, exitRec: l.exitRec, changed: l.changed}
+	v := logView{hold: -1, resume: l.end, end: l.end, ended: l.ended, exitRec: l.exitRec, changed: l.changed, recentBase: l.recentBase}
 	if newest := l.segs[len(l.segs)-1]; newest.seq == rdSeq {
 		v.rdNewest, v.rdSize = true, newest.size
 	}
 	for _, s := range l.segs {
 		if s.base+s.size > pos {
 			if s.base <= pos {
-				v.hold, v.holdBase = s.seq, s.base
+				v.hold, v.holdBase, v.holdEnd = s.seq, s.base, s.base+s.size
 			} else {
 				v.resume = s.base
 			}
@@ -510,10 +512,29 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			continue
 		case rd == nil && v.hold >= 0:
 			f, err := openLogFile(l.segPath(v.hold), unix.O_RDONLY, 0)
-			if err != nil {
+			if err == nil {
+				rd, rdSeq, rdBase = f, v.hold, v.holdBase
+				continue
+			}
+			again := l.view(pos, -1)
+			if again.hold != v.hold {
 				continue // dropped just now: look again
 			}
-			rd, rdSeq, rdBase = f, v.hold, v.holdBase
+			// Still kept, yet its file cannot be opened: removed from under the log (commands
+			// run as root and can reach the state folder). Its bytes are lost to readers, who
+			// get a marker to its end (or to the newest records, which memory still holds)
+			// rather than a reader that tries again forever.
+			lostTo := again.holdEnd
+			if again.recentBase > pos && again.recentBase < lostTo {
+				lostTo = again.recentBase
+			}
+			if err := writeMarker(w, lostTo); err != nil {
+				return err
+			}
+			pos = lostTo
+			if err := flush(); err != nil {
+				return err
+			}
 			continue
 		case rd == nil && v.resume > pos:
 			if err := writeMarker(w, v.resume); err != nil {

@@ -464,3 +464,41 @@ func TestRingLogNewestFromMemory(t *testing.T) {
 	}
 }
 
+// TestRingLogSegmentRemovedUnderIt: a command (root in the box) that removes its exec's log
+// files loses that output, and only that: readers get a marker over the bytes they can no
+// longer read, then what follows, then the exit, and never wait for a file that is gone.
+func TestRingLogSegmentRemovedUnderIt(t *testing.T) {
+	l, _ := newTestLog(t, 1<<20)
+	big := lines(0, recentMax/14+1) // not kept in memory
+	l.write(proto.RecordStdout, big)
+	if err := os.Remove(l.segPath(0)); err != nil {
+		t.Fatal(err)
+	}
+	read := func(off int64) []logRec {
+		t.Helper()
+		done := make(chan []logRec, 1)
+		go func() { done <- readAll(t, l, off) }()
+		select {
+		case recs := <-done:
+			return recs
+		case <-time.After(10 * time.Second):
+			t.Fatal("the reader did not return within 10 s")
+			return nil
+		}
+	}
+	l.mu.Lock()
+	end := l.end // the records of big (cut at the largest payload)
+	l.mu.Unlock()
+	if recs := read(0); len(recs) != 1 || recs[0].kind != proto.RecordTruncated || recs[0].offset != end {
+		t.Fatalf("got %+v, want one marker to %d", recs, end)
+	}
+	l.write(proto.RecordStdout, []byte("after\n"))
+	if recs := read(0); len(recs) != 2 || recs[0].offset != end || string(recs[1].data) != "after\n" {
+		t.Fatalf("got %+v, want the marker, then the newer output", recs)
+	}
+	l.finish(proto.ExitStatus{ExitCode: 3})
+	recs := read(0)
+	if len(recs) != 2 || recs[0].kind != proto.RecordTruncated || recs[1].kind != proto.RecordExit {
+		t.Fatalf("after the end got %+v, want a marker over all the output (its file is gone) and the exit", recs)
+	}
+}
