@@ -381,7 +381,7 @@ func (l *execLog) checkOffset(off int64) (int64, error) {
 	base := seg.base
 	l.mu.Unlock()
 
-	f, err := openLogFile(l.segPath(seq), unix.O_RDONLY, 0)
+	f, err := openSegment(l.segPath(seq))
 	if err != nil {
 		return size, nil // dropped meanwhile: no longer kept
 	}
@@ -511,7 +511,7 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			closeRd()
 			continue
 		case rd == nil && v.hold >= 0:
-			f, err := openLogFile(l.segPath(v.hold), unix.O_RDONLY, 0)
+			f, err := openSegment(l.segPath(v.hold))
 			if err == nil {
 				rd, rdSeq, rdBase = f, v.hold, v.holdBase
 				continue
@@ -610,6 +610,32 @@ func copyRange(w io.Writer, f *os.File, buf []byte, pos *int64, base, limit int6
 func openLogFile(path string, flags int, perm uint32) (*os.File, error) {
 	fd, err := retryEINTR(func() (int, error) { return unix.Open(path, flags|unix.O_CLOEXEC, perm) })
 	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// openSegment opens a segment of a log for reading: never through a link, never blocking in
+// the open, and only a regular file. Commands run as root in the box and can put anything at a
+// segment's path (a link to a file of PID 1's own /proc, a FIFO whose open would wait for a
+// writer, a device): a reader then finds no segment there, as if it had been removed.
+func openSegment(path string) (*os.File, error) {
+	fd, err := retryEINTR(func() (int, error) {
+		return unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	})
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err = unix.Fstat(fd, &st); err == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+		err = unix.EINVAL
+	}
+	if err == nil {
+		// A plain blocking file, as openLogFile makes (see there).
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, 0)
+	}
+	if err != nil {
+		_ = unix.Close(fd)
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	return os.NewFile(uintptr(fd), path), nil

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -500,5 +501,49 @@ func TestRingLogSegmentRemovedUnderIt(t *testing.T) {
 	recs := read(0)
 	if len(recs) != 2 || recs[0].kind != proto.RecordTruncated || recs[1].kind != proto.RecordExit {
 		t.Fatalf("after the end got %+v, want a marker over all the output (its file is gone) and the exit", recs)
+	}
+}
+
+// TestRingLogSegmentReplacedUnderIt: what a command (root in the box) puts at a segment's path
+// in the log's place, a link to a file of its choice (PID 1's own /proc files among them) or a
+// FIFO, is never read: the reader finds no segment there, gets a marker over the lost bytes
+// and returns (an open of the FIFO would have waited for a writer). A regular file put there is
+// read like the log it replaced: the command could as well have written its bytes into the log.
+func TestRingLogSegmentReplacedUnderIt(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, bytes.Repeat([]byte("SECRET\n"), 20000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plants := map[string]func(path string) error{
+		"link": func(path string) error { return os.Symlink(secret, path) },
+		"fifo": func(path string) error { return syscall.Mkfifo(path, 0o600) },
+	}
+	for name, plant := range plants {
+		t.Run(name, func(t *testing.T) {
+			l, _ := newTestLog(t, 1<<20)
+			l.write(proto.RecordStdout, lines(0, recentMax/14+1)) // not kept in memory
+			if err := os.Remove(l.segPath(0)); err != nil {
+				t.Fatal(err)
+			}
+			if err := plant(l.segPath(0)); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan []logRec, 1)
+			go func() { done <- readAll(t, l, 0) }()
+			var recs []logRec
+			select {
+			case recs = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the reader did not return within 10 s")
+			}
+			for _, r := range recs {
+				if bytes.Contains(r.data, []byte("SECRET")) {
+					t.Fatalf("the reader read the planted file's content: %.40q", r.data)
+				}
+			}
+			if len(recs) != 1 || recs[0].kind != proto.RecordTruncated {
+				t.Fatalf("got %d records, want one marker", len(recs))
+			}
+		})
 	}
 }
