@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"sandboxd/internal/execstream"
 )
 
@@ -22,3 +24,6 @@ func SetEndGrace(t testing.TB, d time.Duration) {
 	endGrace = d
 	t.Cleanup(func() { endGrace = old })
 }
+
+// LogReopens is how many guest logs s's followers opened again after they broke.
+func LogReopens(s *Service) float64 { return testutil.ToFloat64(s.metrics.logReopens) }

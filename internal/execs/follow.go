@@ -141,6 +141,7 @@ func (f *follower) follow(lr *client.LogReader) {
 	}
 	renew := time.NewTicker(s.cfg.ExecLease / 3)
 	defer renew.Stop()
+	idle := 0 // reopened logs in a row that broke before they brought a record
 	for {
 		if lr == nil {
 			// The log broke (or was never opened here): the attach went away because the sandbox
@@ -165,6 +166,7 @@ func (f *follower) follow(lr *client.LogReader) {
 		items := make(chan logItem, 64)
 		rctx, stopReader := context.WithCancel(s.bg)
 		go readLog(rctx, lr, items)
+		from := f.pos
 		exit, stop := f.copy(items, renew.C)
 		stopReader()
 		lr.Close()
@@ -179,7 +181,26 @@ func (f *follower) follow(lr *client.LogReader) {
 			f.abandon()
 			return
 		}
+		// The log broke. One that breaks again before it brought a record is reopened after a
+		// pause that grows to 2 s: a command can garble its own log's file in the sandbox (it
+		// runs as root there), and every reopen then meets the same corrupt record; without
+		// the pause that was a tight loop of round trips into the box on this replica.
+		if f.pos != from {
+			idle = 0
+			continue
+		}
+		idle++
+		select {
+		case <-time.After(reopenPause(idle)):
+		case <-s.bg.Done():
+		}
 	}
+}
+
+// reopenPause is how long a follower waits before it reopens a log that broke n times in a row
+// without bringing a record.
+func reopenPause(n int) time.Duration {
+	return min(time.Duration(n)*100*time.Millisecond, 2*time.Second)
 }
 
 func readLog(ctx context.Context, lr *client.LogReader, out chan<- logItem) {
@@ -416,6 +437,7 @@ func (f *follower) reopen() (*client.LogReader, error) {
 			cancel()
 			if err == nil {
 				var lr *client.LogReader
+				s.metrics.logReopens.Inc()
 				if lr, err = g.Log(s.bg, f.meta.ID, offset, true); err == nil {
 					f.answered()
 					f.pos = offset

@@ -12,6 +12,8 @@ type Metrics struct {
 	// outputLive and outputRedis count the output events subscribers got from this replica's
 	// live window and from Redis.
 	outputLive, outputRedis prometheus.Counter
+	// logReopens counts the guest logs this replica's followers opened again after they broke.
+	logReopens prometheus.Counter
 }
 
 // NewMetrics registers exec's metrics on reg (nil: not registered, for tests).
@@ -28,8 +30,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Exec output events sent to subscribers, by where they were read: live (this replica follows the exec and fed them from memory) or redis.",
 	}, []string{"source"})
 	m.outputLive, m.outputRedis = events.WithLabelValues("live"), events.WithLabelValues("redis")
+	m.logReopens = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandboxd_exec_log_reopens_total",
+		Help: "Guest exec logs this replica's followers opened again: after they broke (the sandbox's attach went away, the log read back corrupt) or to take over another replica's exec.",
+	})
 	if reg != nil {
-		reg.MustRegister(m.execSeconds, events)
+		reg.MustRegister(m.execSeconds, events, m.logReopens)
 	}
 	return m
 }

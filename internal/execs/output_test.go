@@ -3,6 +3,7 @@ package execs_test
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/domain"
 	"sandboxd/internal/domain/domaintest"
+	"sandboxd/internal/execs"
 	"sandboxd/internal/execstream"
 	"sandboxd/internal/sandbox"
 )
@@ -196,4 +198,60 @@ func TestExecOfASandboxThatDiesIsSandboxFailed(t *testing.T) {
 
 func tail(b []byte) string {
 	return string(b[max(0, len(b)-16):])
+}
+
+// TestCorruptLogIsNotReadInATightLoop: a command that garbles its own log's file (it runs as
+// root in its sandbox, where the state folder is within reach) makes every reopen of the log
+// meet the same corrupt record. The replica that follows it reopens the log after growing
+// pauses, not in a tight loop of round trips into the sandbox; the exec still ends when its
+// sandbox stops.
+func TestCorruptLogIsNotReadInATightLoop(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{})
+	ctx := context.Background()
+	sb := e.CreateRunning(t, alice)
+	first, second := e.Replica(t), e.Replica(t)
+	// The first record's header becomes kind 9 with a payload of 4 GiB.
+	script := `sleep 0.3; head -c 100000 /dev/zero | tr '\000' y; ` +
+		`printf '\011\377\377\377\377' | dd of="$(ls ../execs-*/"$` + proto.ExecIDEnv + `".log.0)" conv=notrunc 2>/dev/null; ` +
+		`touch corrupted; sleep 60`
+	res, err := first.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", script}, Detach: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Close() // nobody follows while the command writes and garbles
+	g, err := second.Guest(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if out, err := g.Run(ctx, proto.ExecRequest{ID: "probe-" + strconv.FormatInt(time.Now().UnixNano(), 10), Argv: []string{"ls", "corrupted"}}, 0, 0); err == nil && out.Exit.ExitCode == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not garble its log")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := second.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const watch = 3 * time.Second
+	time.Sleep(watch)
+	// Pauses of 0.1, 0.2, 0.3 s and on: seven reopens fit in 3 s, and a few more on a slow
+	// machine's clock; a tight loop made hundreds.
+	if n := execs.LogReopens(second.Execs); n < 2 || n > 12 {
+		t.Errorf("the follower reopened the corrupt log %v times in %v, want a few", n, watch)
+	}
+	if _, err := second.Stop(ctx, alice, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := second.ExecOutput(ctx, alice, res.ExecID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, evs := domaintest.Collect(t, ch)
+	if last := evs[len(evs)-1]; last.Kind != sandbox.ExecExit || last.Result == nil || last.Result.Error == "" {
+		t.Errorf("last event after the stop: %+v, want EXIT with the error that ended it", last)
+	}
 }
