@@ -558,25 +558,22 @@ func (c *collector) poll(timeout time.Duration) uint64 {
 	if timeout <= 0 {
 		return allFds
 	}
-	var fds [2]unix.PollFd
-	var idx [2]int
-	n := 0
+	// Two pipes or one terminal: no allocation per wait.
+	var fdsBuf [2]unix.PollFd
+	var idxBuf [2]int
+	fds, idx := fdsBuf[:0], idxBuf[:0]
 	for j, fd := range c.fds {
-		if c.eof[j] {
-			continue
+		if !c.eof[j] {
+			fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+			idx = append(idx, j)
 		}
-		if n == len(fds) {
-			return allFds // never: a collector reads two pipes or one terminal
-		}
-		fds[n], idx[n] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}, j
-		n++
 	}
-	got, err := unix.Poll(fds[:n], int(max(timeout.Milliseconds(), 1)))
-	if err != nil {
+	got, err := unix.Poll(fds, int(max(timeout.Milliseconds(), 1)))
+	if err != nil || len(c.fds) > 64 {
 		return allFds
 	}
 	var ready uint64
-	for i := range n {
+	for i := range fds {
 		if got > 0 && fds[i].Revents != 0 {
 			ready |= 1 << idx[i]
 		}
