@@ -520,6 +520,9 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			if again.hold != v.hold {
 				continue // dropped just now: look again
 			}
+			if !segmentGone(err) {
+				return errLogBroken // out of descriptors or memory, say: the host reads again later
+			}
 			// Still kept, yet its file cannot be opened: removed from under the log (commands
 			// run as root and can reach the state folder). Its bytes are lost to readers, who
 			// get a marker to its end (or to the newest records, which memory still holds)
@@ -564,6 +567,14 @@ func (l *execLog) copyTo(ctx context.Context, w io.Writer, flush func() error, o
 			return nil
 		}
 	}
+}
+
+// segmentGone reports whether openSegment failed because no segment file stands at its path
+// any more: removed, or something else put there.
+func segmentGone(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EINVAL) ||
+		errors.Is(err, unix.ENXIO) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTDIR) ||
+		errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM)
 }
 
 // writeMarker writes a RecordTruncated record: the log goes on at offset resume.
