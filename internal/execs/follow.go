@@ -181,10 +181,11 @@ func (f *follower) follow(lr *client.LogReader) {
 			f.abandon()
 			return
 		}
-		// The log broke. One that breaks again before it brought a record is reopened after a
-		// pause that grows to 2 s: a command can garble its own log's file in the sandbox (it
-		// runs as root there), and every reopen then meets the same corrupt record; without
-		// the pause that was a tight loop of round trips into the box on this replica.
+		// The log broke. One that broke before it brought a record is reopened after a pause
+		// that grows by 0.1 s with each such break in a row, to 2 s: a command can garble its
+		// own log's file in the sandbox (it runs as root there), and every reopen then meets
+		// the same corrupt record; without the pause that was a tight loop of round trips into
+		// the box on this replica.
 		if f.pos != from {
 			idle = 0
 			continue

@@ -12,7 +12,8 @@ type Metrics struct {
 	// outputLive and outputRedis count the output events subscribers got from this replica's
 	// live window and from Redis.
 	outputLive, outputRedis prometheus.Counter
-	// logReopens counts the guest logs this replica's followers opened again after they broke.
+	// logReopens counts the guest logs this replica's followers opened again (after a break, or
+	// to take an exec over).
 	logReopens prometheus.Counter
 }
 
