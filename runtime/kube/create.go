@@ -93,10 +93,7 @@ func (d *Driver) runPod(ctx context.Context, id, name string, pod *corev1.Pod) e
 	d.spares.Keep(id, rwc)
 	// Where a create's or start's wait went, for a slow one: the pod's run (scheduling, the
 	// node, the watch), the first attach, the mark.
-	d.log.Debug("box pod running", "box", id, "running_ms", ms(running.Sub(start)),
-		"attach_ms", ms(attached.Sub(running)), "mark_ms", ms(time.Since(attached)))
+	d.log.Debug("box pod running", "box", id, "running_ms", running.Sub(start).Milliseconds(),
+		"attach_ms", attached.Sub(running).Milliseconds(), "mark_ms", time.Since(attached).Milliseconds())
 	return nil
 }
-
-// ms is d in milliseconds, for logs.
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
