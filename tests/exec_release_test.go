@@ -40,10 +40,10 @@ func TestEndedExecsLeaveTheGuest(t *testing.T) {
 		t.Fatalf("the command that leaves a process behind: %+v", bg)
 	}
 
-	// kept lists the execs whose log files the init's state folder holds, the listing's own
-	// exec aside (it runs while it lists).
+	// kept lists the execs whose log files the init's state folder holds (hidden from the box's
+	// commands: read as the host can).
 	kept := func() (ids []string, kib int) {
-		out := s.Run(t, id, []string{"sh", "-c", `ls /run/sbx/execs; echo "du $(du -sk /run/sbx/execs | cut -f1)"`}, key)
+		out := e2e.RunOverExecLogs(t, s.State.Dir, id, `ls /run/sbx/execs; echo "du $(du -sk /run/sbx/execs | cut -f1)"`)
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 			if k, ok := strings.CutPrefix(line, "du "); ok {
 				kib, _ = strconv.Atoi(k)
@@ -57,7 +57,7 @@ func TestEndedExecsLeaveTheGuest(t *testing.T) {
 	}
 	var ids []string
 	var size int
-	// The releases go every 2 s; the bound is for a loaded machine (each listing is an exec).
+	// The releases go every 2 s; the bound is for a loaded machine (each listing is a runsc exec).
 	polled := time.Now()
 	for deadline := polled.Add(60 * time.Second); ; {
 		ids, size = kept()
@@ -78,7 +78,7 @@ func TestEndedExecsLeaveTheGuest(t *testing.T) {
 	if !slices.Contains(ids, bg.ExecID) {
 		t.Fatalf("the exec that left a process behind was forgotten: the init keeps %v", ids)
 	}
-	// What is left: the kept exec's log, the listings' own (the newest are not released yet).
+	// What is left: the kept exec's log and the newest ones' (not released yet).
 	if len(ids) > 6 || size > 1024 {
 		t.Fatalf("the init keeps the logs of %d execs, %d KiB: %v", len(ids), size, ids)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"sandboxd/guest/proto"
 	"sandboxd/internal/redistest"
 	"sandboxd/tests/e2e"
 )
@@ -254,9 +255,8 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 	}
 
 	// Nothing of the box's warm-up (a command every pool box runs before it is ready) is left
-	// for its claimer: no exec listed, and in the box the guest init's exec folder holds the
-	// claimer's first command's log only (<exec id>.log.0), with no other process but the init,
-	// its spawner program and it.
+	// for its claimer: no exec listed, nothing in the guest init's (hidden) exec folder, and no
+	// process in the box but the init, its spawner program and the claimer's first command.
 	var list struct {
 		Execs []struct {
 			ExecID string `json:"exec_id"`
@@ -266,10 +266,12 @@ func TestWarmPoolHostileWorkload(t *testing.T) {
 	if len(list.Execs) != 0 {
 		t.Fatalf("execs of a freshly claimed sandbox: got %+v, want none", list.Execs)
 	}
-	first := s.Run(t, sb.SandboxID, []string{"sh", "-c", `ls -A /run/sbx/execs | grep -c "^$SBX_EXEC_ID\.log\.0$"; ls -A /run/sbx/execs | grep -v "^$SBX_EXEC_ID\.log\.[0-9]*$"; ` +
-		`echo procs:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -v -e '^/.sbx/init ' -e '^sandbox-spawn $' -e '^sh -c ' -e '^tr ' -e '^grep ' -e '^$'; ` +
+	if logs := e2e.RunOverExecLogs(t, opts.State.Dir, sb.SandboxID, "ls -A "+proto.StateDir); logs != "" {
+		t.Fatalf("the init's exec folder of a freshly claimed sandbox holds %q, want nothing", logs)
+	}
+	first := s.Run(t, sb.SandboxID, []string{"sh", "-c", `echo procs:; for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done | grep -v -e '^/.sbx/init ' -e '^sandbox-spawn $' -e '^sh -c ' -e '^tr ' -e '^grep ' -e '^$'; ` +
 		`echo workspace:; ls -A /workspace; echo end`}, e2e.HdrTenant1)
-	if first != "1\nprocs:\nworkspace:\nend\n" {
+	if first != "procs:\nworkspace:\nend\n" {
 		t.Fatalf("the claimer's first command found traces of the warm-up:\n%s", first)
 	}
 	s.Curl(t, http.MethodGet, e2e.Prefix+"/"+sb.SandboxID+"/execs", nil, e2e.HdrTenant1).Decode(t, &list)

@@ -29,8 +29,9 @@
 //
 // PID 1 makes itself non-dumpable, takes its channel key (SBX_CHANNEL_KEY_FILE: read, then
 // deleted) and serves a connection only once the caller proved that key. Started with
-// CAP_SYS_ADMIN (the local runtime does), it first hides its host socket's folder, opens the
-// exec cgroups, and then drops CAP_SYS_ADMIN on every thread (setup.go).
+// CAP_SYS_ADMIN (the local runtime does), it first opens the exec cgroups, hides its exec
+// state folder and its host socket's folder, and then drops CAP_SYS_ADMIN on every thread
+// (setup.go).
 //
 // Environment overrides (for tests and for running the server on a host):
 //
@@ -257,6 +258,19 @@ func serve() int {
 		Cgroups:   cgroups,
 		Spawner:   os.Getenv(proto.SpawnerEnv),
 		Logger:    log,
+	}
+	if privileged {
+		// The exec logs leave the box's sight too; PID 1 keeps them through a descriptor.
+		via, err := hideStateDir(opts.StateDir)
+		switch {
+		case err != nil && strict:
+			log.Error("hiding the exec state folder", "err", err)
+			return 1
+		case err != nil:
+			log.Warn("hiding the exec state folder; commands can reach their logs", "err", err)
+		default:
+			opts.StateDir = via
+		}
 	}
 	if os.Getenv(proto.HostSocketEnv) != "" {
 		opts.Quiesce = func() (bool, error) {

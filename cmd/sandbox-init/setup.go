@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"unsafe"
 
@@ -12,9 +13,10 @@ import (
 )
 
 // What PID 1 does with the privileges it starts with. The local runtime starts it with
-// CAP_SYS_ADMIN on top of the commands' capability set, for three things only a privileged
-// PID 1 can do before any workload exists: hide the host socket's folder, open the cgroups
-// that track each exec's processes, and nothing else. Then it drops CAP_SYS_ADMIN from its
+// CAP_SYS_ADMIN on top of the commands' capability set, for what only a privileged PID 1 can
+// do before any workload exists: open the cgroups that track each exec's processes, hide the
+// exec state folder and the host socket's folder, refuse mounts from then on, and nothing
+// else. Then it drops CAP_SYS_ADMIN from its
 // effective, permitted and bounding sets on every thread, so no command it starts (and no
 // later code of its own) holds it. A runtime that starts PID 1 without it (Kubernetes under
 // PodSecurity baseline) simply skips those steps.
@@ -102,6 +104,26 @@ func hideDir(dir string) error {
 		return errors.New("refusing to hide the root folder")
 	}
 	return unix.Mount("tmpfs", dir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555")
+}
+
+// hideStateDir makes the exec state folder (the exec logs), opens it and hides it (hideDir).
+// PID 1 then works in it through the descriptor, by the returned path /proc/self/fd/<dir>
+// (close-on-exec, and PID 1 is not dumpable: no command can follow it), while every command
+// sees an empty read-only folder. A command runs as root in the box: without this it could
+// remove, replace or rewrite its own exec's log under PID 1 and the replicas that follow it.
+func hideStateDir(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("opening %s: %w", dir, err)
+	}
+	if err := hideDir(dir); err != nil {
+		_ = unix.Close(fd)
+		return "", err
+	}
+	return "/proc/self/fd/" + strconv.Itoa(fd), nil
 }
 
 // isAbstract reports whether a unix socket address names the abstract namespace ("@name"):

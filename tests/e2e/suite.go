@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"sandboxd/guest/proto"
 )
 
 // suite is what TestMain prepares for every test.
@@ -248,6 +250,15 @@ func Runsc(t testing.TB, stateDir string, args ...string) string {
 		t.Fatalf("runsc %s: %v: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// RunOverExecLogs runs script (sh -c) in sandbox id's box as only the host can: `runsc exec`
+// with CAP_SYS_ADMIN, in a mount namespace of its own where the guest init's state folder (the
+// exec logs, which PID 1 hides from the box's commands) is uncovered. It returns the output.
+func RunOverExecLogs(t testing.TB, stateDir, id, script string) string {
+	t.Helper()
+	return Runsc(t, stateDir, "exec", "--cap", "CAP_SYS_ADMIN", id, "unshare", "-m", "sh", "-c",
+		"umount "+proto.StateDir+" && "+script)
 }
 
 // LeftoverContainers lists the runsc containers under a state folder.
