@@ -113,6 +113,9 @@ type Server struct {
 	spawnerEnds int
 	// extraEnv is laid over opts.BaseEnv for every exec (PUT /v1/env, env.go).
 	extraEnv []string
+	// quiesces counts the pauses' quiesces (closeStreams): a connection that was there before
+	// one never becomes an exec stream after it.
+	quiesces uint64
 
 	wg        sync.WaitGroup // exec supervisors, stdin writers
 	handlers  sync.WaitGroup
@@ -264,6 +267,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	}
 	s.conns[c] = struct{}{}
 	s.connsWG.Add(1)
+	quiesces := s.quiesces
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -282,7 +286,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	}
 	if string(hello) == proto.StreamHello {
 		_, _ = bc.r.Discard(len(hello))
-		s.serveStream(c, bc.r)
+		s.serveStream(c, bc.r, quiesces)
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})

@@ -16,3 +16,18 @@ func SetSpawnerRestartDelay(d time.Duration) (restore func()) {
 	old := spawnerRestartDelay.Swap(int64(d))
 	return func() { spawnerRestartDelay.Store(old) }
 }
+
+// OpenStreams is how many exec streams the server serves now.
+func (s *Server) OpenStreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
+}
+
+// OpenConns is how many connections the server serves now (exec streams, HTTP/2, and those
+// whose first bytes it still waits for).
+func (s *Server) OpenConns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}

@@ -19,9 +19,15 @@ import (
 const streamRequestTimeout = 30 * time.Second
 
 // serveStream serves the exec stream (proto/stream.go) on c, whose reads go through br and
-// whose StreamHello was read. It returns when the stream ends; the caller closes c.
-func (s *Server) serveStream(c net.Conn, br *bufio.Reader) {
+// whose StreamHello was read. It returns when the stream ends; the caller closes c. quiesces
+// is s.quiesces when c came: a connection whose hello was still on its way when a pause's
+// quiesce closed the streams is closed too (the pause saves no connection to the host).
+func (s *Server) serveStream(c net.Conn, br *bufio.Reader, quiesces uint64) {
 	s.mu.Lock()
+	if s.quiesces != quiesces {
+		s.mu.Unlock()
+		return
+	}
 	s.streams[c] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
@@ -117,6 +123,7 @@ func refuse(c net.Conn, e *proto.Error) error {
 // in flight is read on from its log after the resume.
 func (s *Server) closeStreams() {
 	s.mu.Lock()
+	s.quiesces++
 	conns := make([]net.Conn, 0, len(s.streams))
 	for c := range s.streams {
 		conns = append(conns, c)

@@ -121,10 +121,24 @@ func TestExecStreamQuiesce(t *testing.T) {
 	}
 	idle, idleBr := rawStream(t, h)
 	defer idle.Close()
+	// Both streams are the server's before the quiesce (the idle one's hello may still be on
+	// its way: a connection the server has not taken yet is not the quiesce's to close).
+	waitFor(t, func() bool { return h.Srv.OpenStreams() == 2 })
+	// A connection the server took whose hello comes only after the quiesce.
+	late, lateEnd := guesttest.Socketpair(t)
+	defer lateEnd.Close()
+	conns := h.Srv.OpenConns()
+	go h.Srv.ServeConn(late)
+	waitFor(t, func() bool { return h.Srv.OpenConns() == conns+1 })
 	if _, err := h.C.Quiesce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for name, r := range map[string]*bufio.Reader{"busy": br, "idle": idleBr} {
+	if _, err := io.WriteString(lateEnd, proto.StreamHello); err != nil {
+		t.Fatal(err)
+	}
+	_ = lateEnd.SetDeadline(time.Now().Add(10 * time.Second))
+	lateBr := bufio.NewReader(lateEnd)
+	for name, r := range map[string]*bufio.Reader{"busy": br, "idle": idleBr, "late": lateBr} {
 		if _, err := io.Copy(io.Discard, r); err != nil && !strings.Contains(err.Error(), "reset") {
 			t.Fatalf("%s stream: %v", name, err)
 		}
