@@ -191,6 +191,7 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 			EndedAt:    now,
 			Error:      serr.msg,
 		})
+		e.log.closeFile()
 		close(e.done)
 		return e.info(), nil
 	}
@@ -204,19 +205,12 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 	// The exec's id in its environment is information for the command; nothing relies on it
 	// to find the command's processes (a command may drop it).
 	env := mergeEnv(s.execBaseEnv(), req.Env, []string{proto.ExecIDEnv + "=" + e.id})
+	// The working folder is looked at only when the start fails: the child's chdir finds a
+	// missing one anyway, and a start that works pays no stat for it.
 	cwd := s.cwd(req.Cwd)
-	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
-		reason := "No such file or directory"
-		if err == nil {
-			reason = "Not a directory"
-		} else if errors.Is(err, fs.ErrPermission) {
-			reason = "Permission denied"
-		}
-		return nil, &startError{127, fmt.Sprintf("cd: %s: %s", cwd, reason)}
-	}
 	argv0, serr := lookPath(req.Argv[0], envValue(env, "PATH"), cwd)
 	if serr != nil {
-		return nil, serr
+		return nil, cwdError(cwd, serr)
 	}
 
 	sio, err := s.openStdio(req)
@@ -256,7 +250,7 @@ func (s *Server) spawn(e *execState, req proto.ExecRequest) (*proc, *startError)
 		if errors.As(err, &perr) {
 			err = perr.Err
 		}
-		return nil, &startError{code, fmt.Sprintf("%s: %v", req.Argv[0], err)}
+		return nil, cwdError(cwd, &startError{code, fmt.Sprintf("%s: %v", req.Argv[0], err)})
 	}
 
 	e.mu.Lock()
@@ -339,7 +333,6 @@ wait:
 
 	col.stopAt.Store(exited.Add(drainAfterExit).UnixNano())
 	<-collected
-	p.io.closeOutput()
 
 	code, sig := exitStatus(ws)
 	e.mu.Lock()
@@ -354,9 +347,15 @@ wait:
 		EndedAt:    exited,
 	})
 	// The exit record first: finish woke the stream that sends it, which on PID 1's one P
-	// would otherwise wait for the cgroup's check below (three traps into gVisor).
+	// would otherwise wait for what follows, each a trap into gVisor or more: the closes of
+	// the pipes and the log's file, the cgroup's check, the next exec's pipes.
 	runtime.Gosched()
+	p.io.closeOutput()
+	e.log.closeFile()
 	e.dropEmptyCgroup()
+	if p.io.term == nil {
+		s.refillPipes()
+	}
 }
 
 // maxCollect is the most one read of an output pipe takes (and the size pipes are grown to).
@@ -383,6 +382,72 @@ func outputPipe() (r int, w *os.File, err error) {
 		return -1, nil, err
 	}
 	return fds[0], os.NewFile(uintptr(fds[1]), "|output"), nil
+}
+
+// outputPipes are an exec's stdout and stderr pipes (outputPipe), made for it or ahead of it.
+type outputPipes struct {
+	r [2]int
+	w [2]*os.File
+}
+
+func makeOutputPipes() (*outputPipes, error) {
+	p := &outputPipes{r: [2]int{-1, -1}}
+	for i := range p.r {
+		r, w, err := outputPipe()
+		if err != nil {
+			p.close()
+			return nil, err
+		}
+		p.r[i], p.w[i] = r, w
+	}
+	return p, nil
+}
+
+func (p *outputPipes) close() {
+	for i := range p.r {
+		if p.r[i] >= 0 {
+			_ = syscall.Close(p.r[i])
+		}
+		if p.w[i] != nil {
+			_ = p.w[i].Close()
+		}
+	}
+}
+
+// takePipes returns the pipes made ahead (refillPipes), or new ones when there are none: an
+// exec's start then pays none of the six traps into gVisor that making them takes.
+func (s *Server) takePipes() (*outputPipes, error) {
+	s.mu.Lock()
+	p := s.sparePipes
+	s.sparePipes = nil
+	s.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	return makeOutputPipes()
+}
+
+// refillPipes makes the next exec's pipes ahead of it, where none are kept: after an exec's
+// exit record went out, and when the init warms up. One pair at most; Close closes it.
+func (s *Server) refillPipes() {
+	s.mu.Lock()
+	need := s.sparePipes == nil && !s.closed
+	s.mu.Unlock()
+	if !need {
+		return
+	}
+	p, err := makeOutputPipes()
+	if err != nil {
+		return // the next exec makes its own, and reports what fails
+	}
+	s.mu.Lock()
+	if s.sparePipes == nil && !s.closed {
+		s.sparePipes, p = p, nil
+	}
+	s.mu.Unlock()
+	if p != nil {
+		p.close()
+	}
 }
 
 // growPipe grows the pipe of descriptor fd to maxCollect, where the kernel allows: a command
@@ -698,6 +763,22 @@ func (s *Server) cwd(dir string) string {
 	return dir
 }
 
+// cwdError is the start error of a command whose start failed with serr: a shell's "cd" error
+// when its working folder cwd is not one, else serr.
+func cwdError(cwd string, serr *startError) *startError {
+	fi, err := os.Stat(cwd)
+	if err == nil && fi.IsDir() {
+		return serr
+	}
+	reason := "No such file or directory"
+	if err == nil {
+		reason = "Not a directory"
+	} else if errors.Is(err, fs.ErrPermission) {
+		reason = "Permission denied"
+	}
+	return &startError{127, fmt.Sprintf("cd: %s: %s", cwd, reason)}
+}
+
 // lookPath finds a command the way a shell does, with the exec's own PATH.
 func lookPath(file, pathEnv, cwd string) (string, *startError) {
 	if strings.Contains(file, "/") {
@@ -818,6 +899,7 @@ func (s *Server) Warm() error {
 	if s.opts.Spawner != "" {
 		errs = append(errs, s.warmSpawner())
 	}
+	s.refillPipes()
 	return errors.Join(errs...)
 }
 

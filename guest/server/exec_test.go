@@ -65,6 +65,10 @@ func TestExec(t *testing.T) {
 				wantCode: 126, wantErr: "Is a directory", wantStatus: "Is a directory"},
 			{name: "bad-cwd", req: proto.ExecRequest{Argv: []string{"true"}, Cwd: "/no/such/dir"},
 				wantCode: 127, wantErr: "cd: /no/such/dir", wantStatus: "cd: /no/such/dir"},
+			{name: "bad-cwd-relative-command", req: proto.ExecRequest{Argv: []string{"./missing"}, Cwd: "/no/such/dir"},
+				wantCode: 127, wantErr: "cd: /no/such/dir: No such file or directory", wantStatus: "cd: /no/such/dir"},
+			{name: "cwd-is-a-file", req: proto.ExecRequest{Argv: []string{"true"}, Cwd: "noexec.sh"},
+				wantCode: 127, wantErr: "cd: " + filepath.Join(h.WS, "noexec.sh") + ": Not a directory", wantStatus: "Not a directory"},
 			{name: "stdin", req: proto.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("hello stdin")},
 				wantOut: "hello stdin"},
 			{name: "no-stdin", req: proto.ExecRequest{Argv: []string{"cat"}}},
@@ -114,6 +118,47 @@ func TestExec(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestExecPipesMadeAhead: an exec's output pipes are made after the exec before it ended, not
+// in its start; every exec gets its own (no output crosses), and none is left open: the
+// process's descriptors do not grow over many execs, and Close closes the spare ones.
+func TestExecPipesMadeAhead(t *testing.T) {
+	modes(t, func(t *testing.T, opts server.Options) {
+		h := guesttest.New(t, opts, guesttest.OverSocketpair)
+		ctx := guesttest.Ctx(t, 60*time.Second)
+		run := func(id string) {
+			t.Helper()
+			res, err := h.C.Run(ctx, proto.ExecRequest{ID: id, Argv: []string{"sh", "-c", "echo out " + id + "; echo err " + id + " >&2"}}, 0, 0)
+			if err != nil || res.Exit.ExitCode != 0 || string(res.Stdout) != "out "+id+"\n" || string(res.Stderr) != "err "+id+"\n" {
+				t.Fatalf("exec %s: %+v %v (stdout %q, stderr %q)", id, res.Exit, err, res.Stdout, res.Stderr)
+			}
+		}
+		run("first")
+		waitFor(t, h.Srv.HasSparePipes)
+		fds := openFDs(t)
+		for i := range 20 {
+			run(fmt.Sprintf("next-%d", i))
+		}
+		waitFor(t, h.Srv.HasSparePipes)
+		if now := openFDs(t); now > fds {
+			t.Fatalf("open descriptors: %d after 20 execs, %d before", now, fds)
+		}
+		h.Srv.Close()
+		if h.Srv.HasSparePipes() {
+			t.Fatal("the spare pipes outlived Close")
+		}
+	})
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
 }
 
 // TestExecRecordOrder checks the records of one exec arrive in order, stdout and stderr kept

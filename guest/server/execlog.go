@@ -285,8 +285,8 @@ func (l *execLog) notifyLocked() {
 	l.changed = make(chan struct{})
 }
 
-// finish appends the exit record (kept in memory, never dropped), marks the log ended and
-// closes its file. The status it returns carries the byte counts.
+// finish appends the exit record (kept in memory, never dropped) and marks the log ended; its
+// file stays open until closeFile. The status it returns carries the byte counts.
 func (l *execLog) finish(st proto.ExitStatus) proto.ExitStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -296,14 +296,22 @@ func (l *execLog) finish(st proto.ExitStatus) proto.ExitStatus {
 	l.exitRec = appendRecord(nil, proto.RecordExit, payload)
 	l.ended = true
 	l.exit = &st
-	if l.f != nil {
-		_ = l.f.Close()
-		l.f = nil
-	}
 	l.buf = nil
 	l.recent, l.recentBase = nil, -1
 	l.notifyLocked()
 	return st
+}
+
+// closeFile closes the newest segment's file of an ended log (finish leaves it open, so that
+// the exit record's readers need not wait for the close). Nothing writes to an ended log.
+func (l *execLog) closeFile() {
+	l.mu.Lock()
+	f := l.f
+	l.f = nil
+	l.mu.Unlock()
+	if f != nil {
+		_ = f.Close()
+	}
 }
 
 // fromRecent copies the records at logical offset pos and after from the log's copy of its

@@ -113,6 +113,8 @@ type Server struct {
 	spawnerEnds int
 	// extraEnv is laid over opts.BaseEnv for every exec (PUT /v1/env, env.go).
 	extraEnv []string
+	// sparePipes are the next exec's output pipes, made ahead (refillPipes); nil: none.
+	sparePipes *outputPipes
 	// quiesces counts the pauses' quiesces (closeStreams): a connection that was there before
 	// one never becomes an exec stream after it.
 	quiesces uint64
@@ -355,6 +357,12 @@ func (s *Server) Close() {
 		}
 		s.waiter.stop()
 		_ = s.devNull.Close()
+		s.mu.Lock()
+		if s.sparePipes != nil {
+			s.sparePipes.close()
+			s.sparePipes = nil
+		}
+		s.mu.Unlock()
 	})
 }
 

@@ -31,3 +31,10 @@ func (s *Server) OpenConns() int {
 	defer s.mu.Unlock()
 	return len(s.conns)
 }
+
+// HasSparePipes reports whether the next exec's output pipes are made ahead.
+func (s *Server) HasSparePipes() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sparePipes != nil
+}

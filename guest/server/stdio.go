@@ -63,14 +63,12 @@ func (s *Server) openStdio(req proto.ExecRequest) (_ *stdio, err error) {
 		sio.child[0] = r
 		sio.in = newStdinFeed(w, true, nil, req.Stdin, !req.StdinOpen)
 	}
-	for range 2 {
-		r, w, err := outputPipe()
-		if err != nil {
-			return nil, fmt.Errorf("pipe: %w", err)
-		}
-		sio.out = append(sio.out, r)
-		sio.owned = append(sio.owned, w)
+	pipes, err := s.takePipes()
+	if err != nil {
+		return nil, fmt.Errorf("pipe: %w", err)
 	}
+	sio.out = append(sio.out, pipes.r[:]...)
+	sio.owned = append(sio.owned, pipes.w[:]...)
 	sio.child[1], sio.child[2] = sio.owned[len(sio.owned)-2], sio.owned[len(sio.owned)-1]
 	sio.kinds = []byte{proto.RecordStdout, proto.RecordStderr}
 	return sio, nil
