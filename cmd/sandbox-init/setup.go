@@ -16,10 +16,9 @@ import (
 // CAP_SYS_ADMIN on top of the commands' capability set, for what only a privileged PID 1 can
 // do before any workload exists: open the cgroups that track each exec's processes, hide the
 // exec state folder and the host socket's folder, refuse mounts from then on, and nothing
-// else. Then it drops CAP_SYS_ADMIN from its
-// effective, permitted and bounding sets on every thread, so no command it starts (and no
-// later code of its own) holds it. A runtime that starts PID 1 without it (Kubernetes under
-// PodSecurity baseline) simply skips those steps.
+// else. Then it drops CAP_SYS_ADMIN from its effective, permitted and bounding sets on every
+// thread, so no command it starts (and no later code of its own) holds it. A runtime that
+// starts PID 1 without it (Kubernetes under PodSecurity baseline) simply skips those steps.
 
 // capSysAdmin is CAP_SYS_ADMIN's bit number.
 const capSysAdmin = 21

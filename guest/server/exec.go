@@ -192,6 +192,9 @@ func (s *Server) startExec(req proto.ExecRequest) (proto.ExecInfo, *proto.Error)
 			Error:      serr.msg,
 		})
 		e.log.closeFile()
+		// A start can fail after the exec's cgroup was made (a working folder that is none, a
+		// program execve refuses): the child that could not run has left it.
+		e.dropEmptyCgroup()
 		close(e.done)
 		return e.info(), nil
 	}

@@ -570,6 +570,49 @@ func TestPauseQuiescesOverTheCallersAttach(t *testing.T) {
 	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
 }
 
+// TestFailedStartsLeaveNoCgroup: a start that fails after its exec's cgroup was made (a working
+// folder that does not exist, found by the child's chdir) gives the cgroup back at once, like
+// an exec that ran and ended: each such exec adds its log's file to the box's saved kernel
+// state, not a cgroup (about 1.7 KiB more).
+func TestFailedStartsLeaveNoCgroup(t *testing.T) {
+	d := newDriver(t)
+	id := runtimetest.CreateBox(t, d, defaultSpec())
+	kernelState := func() int64 {
+		t.Helper()
+		if err := d.Pause(ctxT(t), id); err != nil {
+			t.Fatalf("Pause: %v", err)
+		}
+		fi, err := os.Stat(filepath.Join(stateDirOf(t, d), "boxes", id, "memory", "checkpoint.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Stop(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		return fi.Size()
+	}
+	c := runtimetest.Client(t, d, id)
+	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
+	before := kernelState()
+	const n = 100
+	c = runtimetest.Client(t, d, id)
+	for range n {
+		res := runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}, Cwd: "/no/such/folder"})
+		if res.Exit.ExitCode != 127 || !strings.Contains(res.Exit.Error, "cd: /no/such/folder") {
+			t.Fatalf("a start in a missing folder: %+v, want 127 and the cd error", res.Exit)
+		}
+	}
+	after := kernelState()
+	per := (after - before) / n
+	t.Logf("checkpoint.img: %d bytes, then %d after %d failed starts: %d bytes per exec", before, after, n, per)
+	if per > 800 {
+		t.Errorf("each failed start adds %d bytes to the box's saved kernel state, want at most 800 (no cgroup kept)", per)
+	}
+}
+
 // TestPauseImageGrowsLittlePerExec: what the guest init keeps of each ended exec is state of
 // the box's kernel, which every pause saves and every resume restores. A cgroup per exec (kept
 // until the exec was forgotten, and some of it by gVisor even after), a status file and a
