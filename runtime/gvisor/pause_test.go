@@ -570,6 +570,26 @@ func TestPauseQuiescesOverTheCallersAttach(t *testing.T) {
 	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
 }
 
+// savedKernelState pauses box id, returns the size of its checkpoint.img (the box's kernel
+// state a pause saves) and resumes it from that image.
+func savedKernelState(t *testing.T, d *gvisor.Driver, id string) int64 {
+	t.Helper()
+	if err := d.Pause(ctxT(t), id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	fi, err := os.Stat(filepath.Join(stateDirOf(t, d), "boxes", id, "memory", "checkpoint.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	return fi.Size()
+}
+
 // TestFailedStartsLeaveNoCgroup: a start that fails after its exec's cgroup was made (a working
 // folder that does not exist, found by the child's chdir) gives the cgroup back at once, like
 // an exec that ran and ended: each such exec adds its log's file to the box's saved kernel
@@ -577,26 +597,9 @@ func TestPauseQuiescesOverTheCallersAttach(t *testing.T) {
 func TestFailedStartsLeaveNoCgroup(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
-	kernelState := func() int64 {
-		t.Helper()
-		if err := d.Pause(ctxT(t), id); err != nil {
-			t.Fatalf("Pause: %v", err)
-		}
-		fi, err := os.Stat(filepath.Join(stateDirOf(t, d), "boxes", id, "memory", "checkpoint.img"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Stop(ctxT(t), id); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
-			t.Fatalf("Resume: %v", err)
-		}
-		return fi.Size()
-	}
 	c := runtimetest.Client(t, d, id)
 	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
-	before := kernelState()
+	before := savedKernelState(t, d, id)
 	const n = 100
 	c = runtimetest.Client(t, d, id)
 	for range n {
@@ -605,7 +608,7 @@ func TestFailedStartsLeaveNoCgroup(t *testing.T) {
 			t.Fatalf("a start in a missing folder: %+v, want 127 and the cd error", res.Exit)
 		}
 	}
-	after := kernelState()
+	after := savedKernelState(t, d, id)
 	per := (after - before) / n
 	t.Logf("checkpoint.img: %d bytes, then %d after %d failed starts: %d bytes per exec", before, after, n, per)
 	if per > 800 {
@@ -621,32 +624,15 @@ func TestFailedStartsLeaveNoCgroup(t *testing.T) {
 func TestPauseImageGrowsLittlePerExec(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
-	kernelState := func() int64 {
-		t.Helper()
-		if err := d.Pause(ctxT(t), id); err != nil {
-			t.Fatalf("Pause: %v", err)
-		}
-		fi, err := os.Stat(filepath.Join(stateDirOf(t, d), "boxes", id, "memory", "checkpoint.img"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Stop(ctxT(t), id); err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Resume(ctxT(t), id, noSource(t)); err != nil {
-			t.Fatalf("Resume: %v", err)
-		}
-		return fi.Size()
-	}
 	c := runtimetest.Client(t, d, id)
 	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
-	before := kernelState()
+	before := savedKernelState(t, d, id)
 	const n = 100
 	c = runtimetest.Client(t, d, id)
 	for range n {
 		runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
 	}
-	after := kernelState()
+	after := savedKernelState(t, d, id)
 	per := (after - before) / n
 	t.Logf("checkpoint.img: %d bytes, then %d after %d more execs: %d bytes per exec", before, after, n, per)
 	if per > 600 {
@@ -669,11 +655,11 @@ func TestPauseImageGrowsLittlePerExec(t *testing.T) {
 	// init's Go runtime may start one more thread, a task of some 5 KB, in any one cycle: once
 	// 669 bytes per cycle on average against 34-76 in other runs).
 	waitWarm(2)
-	sizes := []int64{kernelState()}
+	sizes := []int64{savedKernelState(t, d, id)}
 	const cycles = 8
 	for i := range cycles {
 		waitWarm(3 + i)
-		sizes = append(sizes, kernelState())
+		sizes = append(sizes, savedKernelState(t, d, id))
 	}
 	growth := make([]int64, cycles)
 	for i := range growth {
