@@ -604,6 +604,12 @@ func (s *gfService) ExecOutput(context.Context, auth.Principal, string, string) 
 	return ch, nil
 }
 
+func (s *gfService) ExecOutputStatus(ctx context.Context, p auth.Principal, sandboxID, execID, after string) (sandbox.ExecResult, <-chan sandbox.ExecEvent, error) {
+	st, _ := s.GetExec(ctx, p, sandboxID, execID, false)
+	ch, err := s.ExecOutput(ctx, p, execID, after)
+	return st, ch, err
+}
+
 func (s *gfService) Stop(_ context.Context, _ auth.Principal, id string) (sandbox.Sandbox, error) {
 	return sandbox.Sandbox{ID: id}, nil
 }

@@ -58,6 +58,10 @@ type Service interface {
 	// ExecOutput replays an exec's output after the cursor and follows it; the channel closes
 	// after the EXIT event or when ctx ends.
 	ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error)
+	// ExecOutputStatus is ExecOutput of an exec of sandboxID ("" means any sandbox of the
+	// caller's project) that also returns the exec's status (without output) as the
+	// subscription found it: GetExec and ExecOutput in one call.
+	ExecOutputStatus(ctx context.Context, p auth.Principal, sandboxID, execID, after string) (sandbox.ExecResult, <-chan sandbox.ExecEvent, error)
 	// ListExecs lists a sandbox's execs, newest first, without output.
 	ListExecs(ctx context.Context, p auth.Principal, sandboxID string, opts sandbox.ExecListOptions) (sandbox.ExecPage, error)
 	// SignalExec signals a running exec's whole process tree and answers its status;

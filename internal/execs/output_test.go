@@ -3,10 +3,14 @@ package execs_test
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
@@ -253,5 +257,146 @@ func TestCorruptLogIsNotReadInATightLoop(t *testing.T) {
 	_, _, evs := domaintest.Collect(t, ch)
 	if last := evs[len(evs)-1]; last.Kind != sandbox.ExecExit || last.Result == nil || last.Result.Error == "" {
 		t.Errorf("last event after the stop: %+v, want EXIT with the error that ended it", last)
+	}
+}
+
+// execTrips counts the round trips to Redis that touch one exec's keys, and the reads of its
+// whole status (HGETALL of its meta hash) among their commands.
+type execTrips struct {
+	mu      sync.Mutex
+	execID  string
+	trips   int
+	hgetall int
+}
+
+func (c *execTrips) count(cmds []redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.execID == "" {
+		return
+	}
+	tag, touched := "{"+c.execID+"}", false
+	for _, cmd := range cmds {
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, tag) {
+				touched = true
+				if cmd.Name() == "hgetall" {
+					c.hgetall++
+				}
+				break
+			}
+		}
+	}
+	if touched {
+		c.trips++
+	}
+}
+
+// watch starts counting for execID from zero.
+func (c *execTrips) watch(execID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.execID, c.trips, c.hgetall = execID, 0, 0
+}
+
+func (c *execTrips) counts() (trips, hgetall int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.trips, c.hgetall
+}
+
+func (c *execTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *execTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (c *execTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.count(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// TestExecOutputReadsTheStatusOnce: a subscription to an exec's output checks the exec, reads
+// its status and its first output in one round trip to Redis, and its exit event takes no
+// read of the status after it (the exit entry carries what the status adds); the event's
+// result is what GetExec answers. So for an exec that ended before, the whole replay is one
+// round trip. Another tenant learns nothing, whatever cursor it sends.
+func TestExecOutputReadsTheStatusOnce(t *testing.T) {
+	e := domaintest.New(t, domaintest.Options{RealRedis: true})
+	trips := &execTrips{}
+	e.Redis.Client.AddHook(trips)
+	ctx := context.Background()
+	sb := e.CreateRunning(t, alice)
+
+	// lastOf follows an exec's output to its end and returns the exit event.
+	lastOf := func(ch <-chan sandbox.ExecEvent) sandbox.ExecEvent {
+		t.Helper()
+		var last sandbox.ExecEvent
+		for ev := range ch {
+			last = ev
+		}
+		if last.Kind != sandbox.ExecExit || last.Result == nil {
+			t.Fatalf("the output ended with %s, want EXIT with a result", last.Kind)
+		}
+		return last
+	}
+	// same fails unless an exit event's result is the exec's status as GetExec answers it.
+	same := func(step string, got *sandbox.ExecResult, execID string) {
+		t.Helper()
+		want, err := e.Svc.GetExec(ctx, alice, "", execID, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(*got, want) {
+			t.Errorf("%s: the exit event's result\n got %+v\nwant %+v (GetExec)", step, *got, want)
+		}
+	}
+
+	ended, err := e.Svc.Exec(ctx, alice, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips.watch(ended.ExecID)
+	ch, err := e.Svc.ExecOutput(ctx, alice, ended.ExecID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := lastOf(ch)
+	if n, _ := trips.counts(); n != 1 {
+		t.Errorf("the replay of an ended exec took %d round trips to Redis, want 1", n)
+	}
+	if last.Result.ExitCode != 3 || last.Result.OutputBytes != 8 || last.Result.EndedAt.IsZero() {
+		t.Errorf("the exit event's result: got %+v, want exit 3, 8 bytes, an end time", *last.Result)
+	}
+	same("ended before", last.Result, ended.ExecID)
+
+	running := detach(t, e, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo one; sleep 0.5; echo two"}})
+	trips.watch(running.ExecID)
+	ch, err = e.Svc.ExecOutput(ctx, alice, running.ExecID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last = lastOf(ch)
+	if last.Result.OutputBytes != 8 {
+		t.Errorf("the exit event's result: got %+v, want 8 bytes", *last.Result)
+	}
+	if _, reads := trips.counts(); reads != 1 {
+		t.Errorf("following an exec to its end read its whole status %d times, want once (with the first output)", reads)
+	}
+	same("ended under the subscription", last.Result, running.ExecID)
+
+	for _, cursor := range []string{"", "0-0", "not-a-cursor", "99-1"} {
+		if _, err := e.Svc.ExecOutput(ctx, bob, ended.ExecID, cursor); apierror.CodeOf(err) != apierror.NotFound {
+			t.Errorf("another tenant's subscription after %q: got %v, want NOT_FOUND", cursor, err)
+		}
+	}
+	if _, err := e.Svc.ExecOutput(ctx, alice, ended.ExecID, "not-a-cursor"); apierror.CodeOf(err) != apierror.InvalidArgument {
+		t.Errorf("the owner's subscription after a malformed cursor: got %v, want INVALID_ARGUMENT", err)
+	}
+	if _, err := e.Svc.ExecOutput(ctx, alice, "exec_01NOSUCHEXEC0000000000000", ""); apierror.CodeOf(err) != apierror.NotFound {
+		t.Errorf("an unknown exec: got %v, want NOT_FOUND", err)
 	}
 }

@@ -390,11 +390,16 @@ func TestTerminalAndResize(t *testing.T) {
 		t.Fatal(err)
 	}
 	var streams []string
+	var last sandbox.ExecEvent
 	for ev := range ch {
 		out = append(out, ev.Data...)
 		if ev.Kind == sandbox.ExecChunk && !slices.Contains(streams, ev.Stream) {
 			streams = append(streams, ev.Stream)
 		}
+		last = ev
+	}
+	if last.Kind != sandbox.ExecExit || last.Result.Tty == nil || *last.Result.Tty != (sandbox.TtySize{Rows: 50, Cols: 132}) {
+		t.Fatalf("the exit event: got %s with %+v, want EXIT with the terminal's last size, 50x132", last.Kind, last.Result)
 	}
 	if !regexp.MustCompile(`24 80\r\n(?s:.*)50 132\r\n(?s:.*)err\r\n`).Match(out) {
 		t.Fatalf("terminal output: got %q, want 24 80, then 50 132, then err, with terminal line ends", out)

@@ -69,30 +69,46 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 // stream dropped output, and the exit event last, after which the channel closes. It also
 // closes when ctx ends.
 func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error) {
-	if _, err := s.loadExec(ctx, p, "", execID); err != nil {
-		return nil, err
+	_, out, err := s.ExecOutputStatus(ctx, p, "", execID, after)
+	return out, err
+}
+
+// ExecOutputStatus is ExecOutput of an exec of sandboxID ("" for any sandbox of the caller's
+// project) that also returns the exec's status as the subscription found it: one round trip
+// to Redis checks the exec, reads its status and the first output after the cursor. Another
+// tenant's exec, or one of another sandbox, is NOT_FOUND whatever the cursor.
+func (s *Service) ExecOutputStatus(ctx context.Context, p auth.Principal, sandboxID, execID, after string) (sandbox.ExecResult, <-chan sandbox.ExecEvent, error) {
+	if !sandbox.ValidID(execID, execPrefix) {
+		return sandbox.ExecResult{}, nil, execNotFound(execID)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	var m execstream.Meta
+	in, err := s.store.SubscribeAs(sctx, execID, after, func(got execstream.Meta) error {
+		m = got
+		return owned(p, sandboxID, got)
+	})
+	if err != nil {
+		cancel()
+		var coded *apierror.Error
+		switch {
+		case errors.Is(err, execstream.ErrNotFound):
+			return sandbox.ExecResult{}, nil, s.execGone(execID)
+		case errors.As(err, &coded):
+			return sandbox.ExecResult{}, nil, err
+		}
+		return sandbox.ExecResult{}, nil, apierror.Wrap(err, apierror.Unavailable, "the exec's output stream is unavailable; retry").WithRetryAfter(time.Second)
 	}
 	release, err := s.sandboxes.HoldStream(p)
 	if err != nil {
-		return nil, err
+		cancel()
+		return sandbox.ExecResult{}, nil, err
 	}
 	if n := s.subs.Add(1); n > int64(s.cfg.MaxExecSubscriptions) {
 		s.subs.Add(-1)
-		release()
-		return nil, apierror.New(apierror.Unavailable, "this server follows as many exec streams as it may; retry shortly").
-			WithRetryAfter(5 * time.Second)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	in, err := s.store.Subscribe(sctx, execID, after)
-	if err != nil {
 		cancel()
-		s.subs.Add(-1)
 		release()
-		var coded *apierror.Error
-		if errors.As(err, &coded) {
-			return nil, err
-		}
-		return nil, apierror.Wrap(err, apierror.Unavailable, "the exec's output stream is unavailable; retry").WithRetryAfter(time.Second)
+		return sandbox.ExecResult{}, nil, apierror.New(apierror.Unavailable, "this server follows as many exec streams as it may; retry shortly").
+			WithRetryAfter(5 * time.Second)
 	}
 	out := make(chan sandbox.ExecEvent)
 	go func() {
@@ -114,15 +130,7 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 				e.Kind, e.MissedBytes = sandbox.ExecTruncated, ev.Missed
 			case execstream.EventExit:
 				e.Kind = sandbox.ExecExit
-				// The exit entry carries the status; the rest (times, size) is in the meta hash.
-				m, err := s.store.Get(context.WithoutCancel(ctx), execID)
-				var r sandbox.ExecResult
-				if err == nil {
-					r = execResultOf(m)
-				} else {
-					r = sandbox.ExecResult{ExecID: execID, State: sandbox.ExecEnded}
-				}
-				applyExit(&r, ev.Exit)
+				r := s.endResult(context.WithoutCancel(ctx), m, ev)
 				e.Result = &r
 			default:
 				continue
@@ -134,28 +142,69 @@ func (s *Service) ExecOutput(ctx context.Context, p auth.Principal, execID, afte
 			}
 		}
 	}()
-	return out, nil
+	return execResultOf(m), out, nil
+}
+
+// endResult is an exec's result at its exit event: m, the status its subscription began with,
+// ended as the exit entry records it. The status is read again only when the entry does not
+// say when the exec ended (an older version wrote it) or the exec ran under a terminal, whose
+// size may have changed since m was read.
+func (s *Service) endResult(ctx context.Context, m execstream.Meta, ev execstream.Event) sandbox.ExecResult {
+	switch {
+	case ev.End != nil && m.TtyRows == 0:
+		m.State, m.EndedAt, m.Bytes, m.Exit = execstream.Ended, ev.End.At, ev.End.Bytes, ev.Exit
+	default:
+		got, err := s.store.Get(ctx, m.ID)
+		if err != nil {
+			r := sandbox.ExecResult{ExecID: m.ID, State: sandbox.ExecEnded}
+			applyExit(&r, ev.Exit)
+			return r
+		}
+		m = got
+	}
+	r := execResultOf(m)
+	applyExit(&r, ev.Exit)
+	return r
 }
 
 // loadExec reads an exec's status and checks that it belongs to the caller's project (and to
 // sandboxID when given): another tenant's exec does not exist.
 func (s *Service) loadExec(ctx context.Context, p auth.Principal, sandboxID, execID string) (execstream.Meta, error) {
 	if !sandbox.ValidID(execID, execPrefix) {
-		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", apierror.Truncate(execID, 64))
+		return execstream.Meta{}, execNotFound(execID)
 	}
 	m, err := s.store.Get(ctx, execID)
 	if err != nil {
 		if errors.Is(err, execstream.ErrNotFound) {
-			return execstream.Meta{}, apierror.New(apierror.NotFound,
-				"exec %q not found (unknown, or ended and dropped: ended execs are kept %s, the newest %d MiB of output in all)",
-				execID, s.store.Retention(), s.store.MaxEndedBytes()>>20)
+			return execstream.Meta{}, s.execGone(execID)
 		}
 		return execstream.Meta{}, apierror.Wrap(err, apierror.Unavailable, "could not read the exec; retry").WithRetryAfter(time.Second)
 	}
-	if m.Tenant != p.Tenant || m.Project != p.Project || (sandboxID != "" && m.Sandbox != sandboxID) {
-		return execstream.Meta{}, apierror.New(apierror.NotFound, "exec %q not found", execID)
+	if err := owned(p, sandboxID, m); err != nil {
+		return execstream.Meta{}, err
 	}
 	return m, nil
+}
+
+// owned is NOT_FOUND unless the exec m belongs to the caller's project (and to sandboxID when
+// given).
+func owned(p auth.Principal, sandboxID string, m execstream.Meta) error {
+	if m.Tenant != p.Tenant || m.Project != p.Project || (sandboxID != "" && m.Sandbox != sandboxID) {
+		return apierror.New(apierror.NotFound, "exec %q not found", m.ID)
+	}
+	return nil
+}
+
+// execNotFound is the error for an exec id that cannot be one.
+func execNotFound(execID string) error {
+	return apierror.New(apierror.NotFound, "exec %q not found", apierror.Truncate(execID, 64))
+}
+
+// execGone is the error for an exec Redis does not hold: never made, or ended and swept.
+func (s *Service) execGone(execID string) error {
+	return apierror.New(apierror.NotFound,
+		"exec %q not found (unknown, or ended and dropped: ended execs are kept %s, the newest %d MiB of output in all)",
+		execID, s.store.Retention(), s.store.MaxEndedBytes()>>20)
 }
 
 // cursorOffset is the guest log offset of an output cursor ("<offset>-<part>"), -1 if none.

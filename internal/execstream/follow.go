@@ -143,7 +143,11 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 		return fmt.Errorf("execstream append %s: %w", execID, ErrEnded)
 	}
 	// Redis has the batch: this replica's subscribers may have it from memory now.
-	s.live.publish(execID, chunks, exit, res[1])
+	var end *End
+	if exit != nil {
+		end = &End{At: time.UnixMilli(now.UnixMilli()).UTC(), Bytes: res[2]}
+	}
+	s.live.publish(execID, chunks, exit, end, res[1])
 	return nil
 }
 
@@ -176,27 +180,29 @@ func (s *Store) Ended(ctx context.Context, execID string) error {
 // dropped (output bytes an older guest dropped at the end), ARGV[13] stdout_bytes, ARGV[14]
 // stderr_bytes (what the command wrote, kept or not; 0 when unknown); then 4 values per chunk
 // from ARGV[15]: stream (stdout|stderr|gap), start offset, end offset, data.
-// Returns {status, offset}: 1 = written, offset is the new stored offset; 0 = no such exec;
-// -1 = ARGV[1] is not the follower or its lease_until <= now; -2 = the chunks do not start at
-// the stored offset (or are not contiguous); -3 = the exec has ended. Nothing is written
-// unless status is 1.
+// Returns {status, offset, bytes}: 1 = written, offset is the new stored offset and bytes the
+// output bytes appended in all (the meta hash's bytes); 0 = no such exec; -1 = ARGV[1] is not
+// the follower or its lease_until <= now; -2 = the chunks do not start at the stored offset (or
+// are not contiguous); -3 = the exec has ended. Nothing is written unless status is 1.
 // Chunk entries get the id "<end offset>-0" and fields stream, start, data; a gap chunk only
 // moves the offset on (no entry: readers see the hole as a truncated event). The exit entry
 // gets "<stored offset>-1" and fields exit=1, code, signal, timed_out, duration_ms, error,
-// dropped, stdout_bytes, stderr_bytes. Then the stream is trimmed to MAXLEN ~ ARGV[3] and
+// dropped, stdout_bytes, stderr_bytes, start, and what the meta hash records of the end:
+// ended_at (ARGV[2]) and bytes (its bytes after this batch), so that a subscriber's exit event
+// needs no read of the hash. Then the stream is trimmed to MAXLEN ~ ARGV[3] and
 // MINID ~ "<last end - ARGV[4] + 1>-0", which never drops the newest entry. On the exit the
 // meta hash records state=ended, ended_at and the status, and the lease ends (lease_until 0).
 var appendScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[1], 'state', 'follower', 'lease_until', 'offset')
-if not m[1] then return {0, 0} end
+local m = redis.call('HMGET', KEYS[1], 'state', 'follower', 'lease_until', 'offset', 'bytes')
+if not m[1] then return {0, 0, 0} end
 local off = m[4]
-if m[1] ~= 'running' then return {-3, tonumber(off)} end
-if m[2] ~= ARGV[1] or (tonumber(m[3]) or 0) <= tonumber(ARGV[2]) then return {-1, tonumber(off)} end
+if m[1] ~= 'running' then return {-3, tonumber(off), 0} end
+if m[2] ~= ARGV[1] or (tonumber(m[3]) or 0) <= tonumber(ARGV[2]) then return {-1, tonumber(off), 0} end
 local n = tonumber(ARGV[5])
 local expect = tonumber(off)
 for i = 0, n - 1 do
   local j = 15 + 4 * i
-  if tonumber(ARGV[j + 1]) ~= expect then return {-2, tonumber(off)} end
+  if tonumber(ARGV[j + 1]) ~= expect then return {-2, tonumber(off), 0} end
   expect = tonumber(ARGV[j + 2])
 end
 local bytes = 0
@@ -211,7 +217,8 @@ end
 if ARGV[6] == '1' then
   redis.call('XADD', KEYS[2], off .. '-1', 'exit', '1', 'code', ARGV[7], 'signal', ARGV[8],
     'timed_out', ARGV[9], 'duration_ms', ARGV[10], 'error', ARGV[11], 'dropped', ARGV[12],
-    'stdout_bytes', ARGV[13], 'stderr_bytes', ARGV[14], 'start', off)
+    'stdout_bytes', ARGV[13], 'stderr_bytes', ARGV[14], 'start', off,
+    'ended_at', ARGV[2], 'bytes', (tonumber(m[5]) or 0) + bytes)
 end
 local maxlen = tonumber(ARGV[3])
 if maxlen > 0 then redis.call('XTRIM', KEYS[2], 'MAXLEN', '~', maxlen) end
@@ -220,13 +227,13 @@ if tonumber(ARGV[4]) > 0 and minid > 0 then
   redis.call('XTRIM', KEYS[2], 'MINID', '~', string.format('%d-0', minid))
 end
 redis.call('HSET', KEYS[1], 'offset', off)
-redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
+local total = redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'state', 'ended', 'ended_at', ARGV[2], 'lease_until', '0',
     'exit_code', ARGV[7], 'signal', ARGV[8], 'timed_out', ARGV[9], 'duration_ms', ARGV[10], 'error', ARGV[11],
     'dropped', ARGV[12], 'stdout_bytes', ARGV[13], 'stderr_bytes', ARGV[14])
 end
-return {1, tonumber(off)}`)
+return {1, tonumber(off), total}`)
 
 // createGrace is how long a running-index member may lack its meta hash before Orphans drops
 // it: Create adds the member just before it writes the hash.

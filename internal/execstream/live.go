@@ -40,6 +40,7 @@ type entry struct {
 	stream Stream
 	data   []byte
 	exit   *Exit
+	end    *End // with exit: what the status records of the end (nil from an older entry)
 }
 
 // feeds are the live windows of this replica, one per exec that a local subscriber watches.
@@ -101,8 +102,8 @@ func (f *feed) unwatch() {
 }
 
 // publish adds a batch Redis has just taken: chunks (their first one started at the stored
-// offset) and the exit, when there is one, at stored, the offset after the batch.
-func (fs *feeds) publish(execID string, chunks []Chunk, exit *Exit, stored int64) {
+// offset) and the exit with its end, when there is one, at stored, the offset after the batch.
+func (fs *feeds) publish(execID string, chunks []Chunk, exit *Exit, end *End, stored int64) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	f := fs.execs[execID]
@@ -129,7 +130,7 @@ func (fs *feeds) publish(execID string, chunks []Chunk, exit *Exit, stored int64
 	}
 	if exit != nil {
 		e := *exit
-		f.entries = append(f.entries, entry{id: cursor{off: stored, part: 1}, start: stored, exit: &e})
+		f.entries = append(f.entries, entry{id: cursor{off: stored, part: 1}, start: stored, exit: &e, end: end})
 	}
 	f.end = stored
 	for len(f.entries) > 0 && (f.bytes > fs.maxBytes || len(f.entries) > fs.maxLen || fs.total > liveTotalBytes) {

@@ -25,7 +25,8 @@ func sameEvents(t *testing.T, a, b []Event) {
 	for i := range a {
 		x, y := a[i], b[i]
 		if x.Kind != y.Kind || x.Cursor != y.Cursor || x.Stream != y.Stream || !bytes.Equal(x.Data, y.Data) || x.Missed != y.Missed ||
-			(x.Exit == nil) != (y.Exit == nil) || x.Exit != nil && *x.Exit != *y.Exit {
+			(x.Exit == nil) != (y.Exit == nil) || x.Exit != nil && *x.Exit != *y.Exit ||
+			(x.End == nil) != (y.End == nil) || x.End != nil && *x.End != *y.End {
 			t.Fatalf("event %d: got %+v and %+v, want the same", i, x, y)
 		}
 	}

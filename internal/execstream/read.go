@@ -37,11 +37,22 @@ type Event struct {
 	Stream Stream
 	Data   []byte
 	Exit   *Exit
+	// End comes with an exit event: what the exec's status records of its end, from the
+	// exit entry itself (nil for an entry an older version wrote, which does not carry it).
+	End *End
 	// Missed is, for EventTruncated, how many guest log bytes (output plus 5-byte record
 	// headers) were lost; 0 when unknown (the exec itself is gone).
 	Missed int64
 	// Live: a subscription took the event from this replica's live window, not from Redis.
 	Live bool
+}
+
+// End is what an exec's status (Meta) records of its end besides the exit status: when it
+// ended and the output bytes its stream took in all. Its exit entry carries them, so that
+// a subscriber's exit event is complete without a read of the status.
+type End struct {
+	At    time.Time
+	Bytes int64
 }
 
 // cursor is a position in an exec's stream: the entry id "<guest offset>-<part>", part 0 after
@@ -80,41 +91,64 @@ func (c cursor) String() string {
 // exit event gives an empty result at once. ErrBadCursor for a malformed cursor or one this
 // exec never gave; ErrNotFound for an unknown (or swept) exec.
 func (s *Store) Read(ctx context.Context, execID, after string, count int, block time.Duration) ([]Event, error) {
-	evs, _, err := s.read(ctx, execID, after, count, block)
+	evs, _, err := s.read(ctx, execID, after, count, block, nil)
 	return evs, err
 }
 
 // read is Read that also reports whether nothing can ever follow the events returned (the exit
-// event is among them, or the cursor was already at it).
-func (s *Store) read(ctx context.Context, execID, after string, count int, block time.Duration) ([]Event, bool, error) {
+// event is among them, or the cursor was already at it). With meta not nil it also reads the
+// exec's whole status into *meta, in the same round trip (and for a malformed cursor, alone,
+// before ErrBadCursor): *meta is set whenever the exec exists.
+func (s *Store) read(ctx context.Context, execID, after string, count int, block time.Duration, meta *Meta) ([]Event, bool, error) {
 	if !validID(execID) {
 		return nil, false, fmt.Errorf("execstream read %q: %w", execID, ErrNotFound)
 	}
 	pos, err := parseCursor(after)
 	if err != nil {
-		return nil, false, fmt.Errorf("execstream read %s: cursor %q: %w", execID, after, err)
+		if meta != nil {
+			if *meta, err = s.Get(ctx, execID); err != nil {
+				return nil, false, err
+			}
+		}
+		return nil, false, fmt.Errorf("execstream read %s: cursor %q: %w", execID, after, ErrBadCursor)
 	}
 	if count <= 0 {
 		count = 100
 	}
 	var hm *redis.SliceCmd
+	var ha *redis.MapStringStringCmd
 	var xr *redis.XMessageSliceCmd
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		hm = p.HMGet(ctx, metaKey(execID), "state", "offset")
+		if meta != nil {
+			ha = p.HGetAll(ctx, metaKey(execID))
+		} else {
+			hm = p.HMGet(ctx, metaKey(execID), "state", "offset")
+		}
 		xr = p.XRangeN(ctx, outKey(execID), cursor{pos.off, pos.part + 1}.String(), "+", int64(count))
 		return nil
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("execstream read %s: %w", execID, err)
 	}
-	vals := hm.Val()
-	state, _ := vals[0].(string)
-	if state == "" {
-		return nil, false, fmt.Errorf("execstream read %s: %w", execID, ErrNotFound)
+	var state State
+	var stored int64
+	if meta != nil {
+		m, ok := parseMeta(execID, ha.Val())
+		if !ok {
+			return nil, false, fmt.Errorf("execstream read %s: %w", execID, ErrNotFound)
+		}
+		*meta, state, stored = m, m.State, m.Offset
+	} else {
+		vals := hm.Val()
+		st, _ := vals[0].(string)
+		if st == "" {
+			return nil, false, fmt.Errorf("execstream read %s: %w", execID, ErrNotFound)
+		}
+		offStr, _ := vals[1].(string)
+		state = State(st)
+		stored, _ = strconv.ParseInt(offStr, 10, 64)
 	}
-	offStr, _ := vals[1].(string)
-	stored, _ := strconv.ParseInt(offStr, 10, 64)
-	ended := State(state) == Ended
+	ended := state == Ended
 	// The last entry id is "<stored>-1" once ended, else "<stored>-0" (or nothing yet): a cursor
 	// past it was never given out, and waiting for it could hang.
 	if pos.off > stored || pos.part == 1 && (!ended || pos.off != stored) {
@@ -166,6 +200,10 @@ func decode(pos cursor, msgs []redis.XMessage) ([]Event, bool, error) {
 			stderrBytes, _ := strconv.ParseInt(str("stderr_bytes"), 10, 64)
 			e.exit = &Exit{ExitCode: code, Signal: str("signal"), TimedOut: str("timed_out") == "1", DurationMs: dur,
 				Error: str("error"), Dropped: dropped, StdoutBytes: stdoutBytes, StderrBytes: stderrBytes}
+			if at := fromMs(str("ended_at")); !at.IsZero() {
+				bytes, _ := strconv.ParseInt(str("bytes"), 10, 64)
+				e.end = &End{At: at, Bytes: bytes}
+			}
 		} else {
 			e.start, err = strconv.ParseInt(str("start"), 10, 64)
 			if err != nil {
@@ -199,7 +237,12 @@ func events(pos cursor, entries []entry) ([]Event, bool, error) {
 				evs = append(evs, Event{Kind: EventTruncated, Cursor: cursor{off: e.start}.String(), Missed: e.exit.Dropped})
 			}
 			x := *e.exit
-			evs = append(evs, Event{Kind: EventExit, Cursor: e.id.String(), Exit: &x})
+			ev := Event{Kind: EventExit, Cursor: e.id.String(), Exit: &x}
+			if e.end != nil {
+				end := *e.end
+				ev.End = &end
+			}
+			evs = append(evs, ev)
 			return evs, true, nil
 		}
 		evs = append(evs, Event{Kind: EventChunk, Cursor: e.id.String(), Stream: e.stream, Data: e.data})
@@ -219,11 +262,33 @@ func events(pos cursor, entries []entry) ([]Event, bool, error) {
 // (live.go) instead of reading them back from Redis. Chunk events' Data must not be modified:
 // subscribers may share it. ErrBadCursor and ErrNotFound are returned at once.
 func (s *Store) Subscribe(ctx context.Context, execID, after string) (<-chan Event, error) {
+	return s.SubscribeAs(ctx, execID, after, nil)
+}
+
+// SubscribeAs is Subscribe for a caller that must see the exec's status first (whose exec it
+// is, where it stands): the first read of the output brings it in the same round trip, and
+// check (when not nil) gets it before anything else happens. An error from check is returned
+// instead of the subscription, and before a cursor is judged, so that a caller who may not
+// see the exec learns nothing of it from a bad cursor either.
+func (s *Store) SubscribeAs(ctx context.Context, execID, after string, check func(Meta) error) (<-chan Event, error) {
 	batch := s.opts.Buffer
 	// Watch before the first read: every batch appended from here on is either in what Redis
 	// answers or in the window.
 	live := s.live.watch(execID)
-	first, done, err := s.read(ctx, execID, after, batch, 0)
+	var meta Meta
+	var first []Event
+	var done bool
+	var err error
+	if check != nil {
+		first, done, err = s.read(ctx, execID, after, batch, 0, &meta)
+		if meta.ID != "" {
+			if cerr := check(meta); cerr != nil {
+				err = cerr
+			}
+		}
+	} else {
+		first, done, err = s.read(ctx, execID, after, batch, 0, nil)
+	}
 	if err != nil {
 		live.unwatch()
 		return nil, err
@@ -261,7 +326,7 @@ func (s *Store) Subscribe(ctx context.Context, execID, after string) (<-chan Eve
 					block = 0 // the window was quiet: only check that nobody else appended
 				}
 			}
-			evs, done, err = s.read(ctx, execID, pos.String(), batch, block)
+			evs, done, err = s.read(ctx, execID, pos.String(), batch, block, nil)
 			if err == nil {
 				failures = 0
 				// New entries after a quiet window: read Redis while it has more; an empty

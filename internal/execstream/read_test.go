@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"sandboxd/internal/apierror"
 	"sandboxd/internal/redistest"
@@ -471,6 +474,140 @@ func TestSubscribeCancelLeaksNothing(t *testing.T) {
 			if name == "waiting" && len(evs) != 0 {
 				t.Errorf("%s: got %d events, want none", name, len(evs))
 			}
+		}
+	})
+}
+
+// roundTrips counts what a client sends to Redis: one per command sent alone, one per pipeline.
+type roundTrips struct{ n atomic.Int64 }
+
+func (c *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (c *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestSubscribeAsChecksTheStatusFirst: a subscriber that must see the exec's status first gets
+// it with the first output, in one round trip; the check's refusal comes before anything else
+// (a bad cursor says nothing to a caller who may not see the exec), and an unknown exec never
+// reaches the check.
+func TestSubscribeAsChecksTheStatusFirst(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		create(t, s, c, "exec_as")
+		ch := series(0, []byte("0123456789"), []byte("abc")) // ends at 15 and 23
+		mustAppend(t, s, "exec_as", "A", ch, nil)
+		var trips roundTrips
+		srv.Client.AddHook(&trips)
+
+		var seen Meta
+		before := trips.n.Load()
+		sub, err := s.SubscribeAs(ctx, "exec_as", "", func(m Meta) error { seen = m; return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := trips.n.Load() - before; n != 1 {
+			t.Errorf("the subscription's first read took %d round trips, want 1", n)
+		}
+		if seen.ID != "exec_as" || seen.Tenant != "t" || seen.Project != "p" || seen.Sandbox != "sbx_1" || seen.State != Running ||
+			seen.Offset != 23 || seen.Bytes != 13 {
+			t.Errorf("the check got %+v, want the running exec's status at offset 23 with 13 bytes", seen)
+		}
+		mustAppend(t, s, "exec_as", "A", nil, &Exit{ExitCode: 4})
+		got := collect(t, sub, 10*time.Second)
+		checkChunks(t, got[:2], ch)
+		if len(got) != 3 || got[2].Kind != EventExit || got[2].Exit.ExitCode != 4 {
+			t.Fatalf("got %d events ending %+v, want the two chunks and the exit", len(got), got[len(got)-1])
+		}
+
+		refused := apierror.New(apierror.NotFound, "exec %q not found", "exec_as")
+		for _, cursor := range []string{"", "15-0", "23-1", "abc", "7-0", "24-0", "15-1"} {
+			_, err := s.SubscribeAs(ctx, "exec_as", cursor, func(Meta) error { return refused })
+			if err != refused {
+				t.Errorf("SubscribeAs(%q) with a refusing check: got %v, want the check's error", cursor, err)
+			}
+		}
+		called := false
+		for _, cursor := range []string{"", "abc"} {
+			_, err := s.SubscribeAs(ctx, "exec_nope", cursor, func(Meta) error { called = true; return nil })
+			if !errors.Is(err, ErrNotFound) {
+				t.Errorf("SubscribeAs(exec_nope, %q): got %v, want ErrNotFound", cursor, err)
+			}
+		}
+		if called {
+			t.Error("the check was called for an exec that does not exist")
+		}
+		// A check that lets the caller through leaves the cursor to be judged as before.
+		if _, err := s.SubscribeAs(ctx, "exec_as", "7-0", func(Meta) error { return nil }); !errors.Is(err, ErrBadCursor) {
+			t.Errorf("SubscribeAs(7-0) with an accepting check: got %v, want ErrBadCursor", err)
+		}
+	})
+}
+
+// TestExitEventCarriesTheEnd: the exit event says when the exec ended and how many output
+// bytes its stream took, exactly as its status does, from Redis and from the live window
+// alike; an exit entry without them (an older version's) gives none.
+func TestExitEventCarriesTheEnd(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		s, c := newStore(srv, Options{})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		create(t, s, c, "exec_end")
+		sub, err := s.Subscribe(ctx, "exec_end", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := s.live.watch("exec_end") // the window stays after the subscription ends
+		defer held.unwatch()
+		mustAppend(t, s, "exec_end", "A", series(0, []byte("hello "), []byte("world")), nil)
+		c.Add(1500*time.Millisecond + 123*time.Microsecond)
+		mustAppend(t, s, "exec_end", "A", series(21, []byte("!")), &Exit{ExitCode: 2, StdoutBytes: 12})
+		m, err := s.Get(ctx, "exec_end")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Bytes != 12 || !m.EndedAt.Equal(c.Now().Truncate(time.Millisecond)) {
+			t.Fatalf("status: %d bytes, ended %v; want 12 bytes, ended %v", m.Bytes, m.EndedAt, c.Now())
+		}
+		want := End{At: m.EndedAt, Bytes: m.Bytes}
+		live := collect(t, sub, 10*time.Second)
+		read := readAll(t, s, "exec_end", "", 100)
+		sameEvents(t, live, read)
+		for name, evs := range map[string][]Event{"subscription": live, "read": read} {
+			last := evs[len(evs)-1]
+			if last.Kind != EventExit || last.End == nil || *last.End != want {
+				t.Errorf("%s: last event %s with end %+v, want the exit with %+v", name, last.Kind, last.End, want)
+			}
+		}
+		// What the window fed the subscription held (whether or not it read from it in time).
+		s.live.mu.Lock()
+		entries := s.live.execs["exec_end"].entries
+		if len(entries) == 0 || entries[len(entries)-1].end == nil || *entries[len(entries)-1].end != want {
+			t.Errorf("the live window's exit entry: got %+v, want its end %+v", entries, want)
+		}
+		s.live.mu.Unlock()
+
+		create(t, s, c, "exec_old")
+		if err := srv.Client.XAdd(ctx, &redis.XAddArgs{Stream: outKey("exec_old"), ID: "0-1",
+			Values: []any{"exit", "1", "code", "0", "start", "0"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Client.HSet(ctx, metaKey("exec_old"), "state", "ended").Err(); err != nil {
+			t.Fatal(err)
+		}
+		old := readAll(t, s, "exec_old", "", 100)
+		if len(old) != 1 || old[0].Kind != EventExit || old[0].End != nil {
+			t.Errorf("an older exit entry: got %+v, want one exit event without an end", old)
 		}
 	})
 }

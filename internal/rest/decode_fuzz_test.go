@@ -626,6 +626,12 @@ func (s *fzService) ExecOutput(_ context.Context, _ auth.Principal, execID, _ st
 	return ch, nil
 }
 
+func (s *fzService) ExecOutputStatus(ctx context.Context, p auth.Principal, sandboxID, execID, after string) (sandbox.ExecResult, <-chan sandbox.ExecEvent, error) {
+	st, _ := s.GetExec(ctx, p, sandboxID, execID, false)
+	ch, err := s.ExecOutput(ctx, p, execID, after)
+	return st, ch, err
+}
+
 func (s *fzService) OpenFile(_ context.Context, _ auth.Principal, _, path string) (io.ReadCloser, sandbox.FileInfo, error) {
 	s.record("OpenFile", path)
 	return io.NopCloser(strings.NewReader("")), sandbox.FileInfo{}, nil

@@ -50,14 +50,9 @@ func (h *Handler) execOutput(w http.ResponseWriter, r *http.Request) {
 	if q := r.URL.Query(); q.Has("after") {
 		after = q.Get("after")
 	}
-	st, err := h.svc.GetExec(r.Context(), principal(r), id, execID, false)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
-	ch, err := h.svc.ExecOutput(ctx, principal(r), execID, after)
+	st, ch, err := h.svc.ExecOutputStatus(ctx, principal(r), id, execID, after)
 	if err != nil {
 		h.fail(w, r, err)
 		return

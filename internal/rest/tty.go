@@ -93,7 +93,7 @@ func (h *Handler) tty(w http.ResponseWriter, r *http.Request) {
 	if keyed {
 		// Authenticated by the header: refusals are plain REST errors, before the upgrade;
 		// another tenant's exec is NOT_FOUND whatever the request is.
-		if err := t.check(ctx, p); err != nil {
+		if err := t.open(ctx, p); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -101,12 +101,6 @@ func (h *Handler) tty(w http.ResponseWriter, r *http.Request) {
 	if !auth.IsWebSocketUpgrade(r) {
 		h.fail(w, r, apierror.New(apierror.InvalidArgument, "this path is a WebSocket: open it with an upgrade (see the README, Terminals)"))
 		return
-	}
-	if keyed {
-		if err := t.subscribe(ctx, p); err != nil {
-			h.fail(w, r, err)
-			return
-		}
 	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{TtySubprotocol}, OriginPatterns: h.wsOrigins})
 	if err != nil {
@@ -150,25 +144,11 @@ type ttySession struct {
 	lastCursor, cursorReported string
 }
 
-// open checks that the exec is the caller's and opens its output after the cursor.
+// open loads the exec's status and opens its output after the cursor, in one call: NOT_FOUND
+// unless the exec is the caller's, in this sandbox.
 func (t *ttySession) open(ctx context.Context, p auth.Principal) error {
-	if err := t.check(ctx, p); err != nil {
-		return err
-	}
-	return t.subscribe(ctx, p)
-}
-
-// check loads the exec's status: NOT_FOUND unless it is the caller's, in this sandbox.
-func (t *ttySession) check(ctx context.Context, p auth.Principal) error {
-	st, err := t.h.svc.GetExec(ctx, p, t.sandboxID, t.execID, false)
-	t.status = st
-	return err
-}
-
-// subscribe opens the exec's output after the cursor.
-func (t *ttySession) subscribe(ctx context.Context, p auth.Principal) error {
-	ch, err := t.h.svc.ExecOutput(ctx, p, t.execID, t.after)
-	t.out = ch
+	st, ch, err := t.h.svc.ExecOutputStatus(ctx, p, t.sandboxID, t.execID, t.after)
+	t.status, t.out = st, ch
 	return err
 }
 

@@ -70,6 +70,16 @@ func (f *Fake) GetExec(_ context.Context, p auth.Principal, sandboxID, execID st
 	return res, nil
 }
 
+// ExecOutputStatus is GetExec without output, then ExecOutput (both calls are recorded).
+func (f *Fake) ExecOutputStatus(ctx context.Context, p auth.Principal, sandboxID, execID, after string) (sandbox.ExecResult, <-chan sandbox.ExecEvent, error) {
+	st, err := f.GetExec(ctx, p, sandboxID, execID, false)
+	if err != nil {
+		return sandbox.ExecResult{}, nil, err
+	}
+	ch, err := f.ExecOutput(ctx, p, execID, after)
+	return st, ch, err
+}
+
 // ExecOutput follows a known exec: OutputErr, NOT_FOUND, INVALID_ARGUMENT for BadCursor, else
 // ExecEvents[execID] after the cursor, as the domain replays them (see Fake for what follows).
 func (f *Fake) ExecOutput(ctx context.Context, p auth.Principal, execID, after string) (<-chan sandbox.ExecEvent, error) {
