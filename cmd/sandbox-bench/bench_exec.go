@@ -156,6 +156,11 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 	}
 	groups[0].Note += " " + floorNote(groups[0], floor, perRound, "`os.posix_spawn(\"/bin/true\")` + `os.waitpid`") +
 		" " + boxCPUNote(groups[0], boxCPU, floorCPU)
+	if idle != nil {
+		// The floor's spawns follow one another inside one process; so does this group's
+		// back-to-back exec, while the first group's paths each follow other work.
+		idle.Note += " Against the first group's floor (its spawns back to back): " + strings.TrimPrefix(aboveFloor(idle, floor), "Above the floor ")
+	}
 	return groups, nil
 }
 
