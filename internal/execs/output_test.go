@@ -14,6 +14,7 @@ import (
 
 	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
+	"sandboxd/internal/auth"
 	"sandboxd/internal/domain"
 	"sandboxd/internal/domain/domaintest"
 	"sandboxd/internal/execs"
@@ -323,7 +324,8 @@ func (c *execTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // its status and its first output in one round trip to Redis, and its exit event takes no
 // read of the status after it (the exit entry carries what the status adds); the event's
 // result is what GetExec answers. So for an exec that ended before, the whole replay is one
-// round trip. Another tenant learns nothing, whatever cursor it sends.
+// round trip, and so is GetExec with its output. Another tenant learns nothing, whatever
+// cursor it sends.
 func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 	e := domaintest.New(t, domaintest.Options{RealRedis: true})
 	trips := &execTrips{}
@@ -372,6 +374,27 @@ func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 		t.Errorf("the exit event's result: got %+v, want exit 3, 8 bytes, an end time", *last.Result)
 	}
 	same("ended before", last.Result, ended.ExecID)
+
+	// The status with its output: one round trip too, for an exec this short.
+	trips.watch(ended.ExecID)
+	st, err := e.Svc.GetExec(ctx, alice, sb.ID, ended.ExecID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := trips.counts(); n != 1 {
+		t.Errorf("the status with output took %d round trips to Redis, want 1", n)
+	}
+	if string(st.Stdout) != "out\n" || string(st.Stderr) != "err\n" || st.ExitCode != 3 {
+		t.Errorf("the status with output: got %q / %q, exit %d; want out, err, exit 3", st.Stdout, st.Stderr, st.ExitCode)
+	}
+	for name, c := range map[string]struct {
+		p   auth.Principal
+		sbx string
+	}{"another-tenant": {bob, ""}, "another-sandbox": {alice, "sbx_01NOSUCHSANDBOX0000000000"}} {
+		if _, err := e.Svc.GetExec(ctx, c.p, c.sbx, ended.ExecID, true); apierror.CodeOf(err) != apierror.NotFound {
+			t.Errorf("%s: the status with output: got %v, want NOT_FOUND", name, err)
+		}
+	}
 
 	running := detach(t, e, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo one; sleep 0.5; echo two"}})
 	trips.watch(running.ExecID)

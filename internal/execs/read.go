@@ -19,20 +19,38 @@ import (
 // output cap; *Truncated when the command wrote more than that). sandboxID, when not "", must
 // be the exec's sandbox (else NOT_FOUND).
 func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, execID string, output bool) (sandbox.ExecResult, error) {
-	m, err := s.loadExec(ctx, p, sandboxID, execID)
-	if err != nil {
+	if !output {
+		m, err := s.loadExec(ctx, p, sandboxID, execID)
+		if err != nil {
+			return sandbox.ExecResult{}, err
+		}
+		return execResultOf(m), nil
+	}
+	// The status and the first of the output in one round trip; the status says whose it is
+	// before anything read is used.
+	if !sandbox.ValidID(execID, execPrefix) {
+		return sandbox.ExecResult{}, execNotFound(execID)
+	}
+	const batch = 256
+	m, evs, err := s.store.ReadFirst(ctx, execID, batch)
+	switch {
+	case errors.Is(err, execstream.ErrNotFound):
+		return sandbox.ExecResult{}, s.execGone(execID)
+	case err != nil:
+		return sandbox.ExecResult{}, apierror.Wrap(err, apierror.Unavailable, "could not read the exec; retry").WithRetryAfter(time.Second)
+	}
+	if err := owned(p, sandboxID, m); err != nil {
 		return sandbox.ExecResult{}, err
 	}
 	res := execResultOf(m)
-	if !output {
-		return res, nil
-	}
 	limit := s.cfg.Limits.ExecMaxOutputBytes
 	stdout, stderr := client.Tail{Limit: limit}, client.Tail{Limit: limit}
 	gap := false
 	after := ""
-	for {
-		evs, err := s.store.Read(ctx, execID, after, 256, 0)
+	for first := true; ; first = false {
+		if !first {
+			evs, err = s.store.Read(ctx, execID, after, batch, 0)
+		}
 		if err != nil {
 			if errors.Is(err, execstream.ErrNotFound) {
 				break // swept while reading: what was read stands
@@ -42,6 +60,7 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 		if len(evs) == 0 {
 			break
 		}
+		exited := false
 		for _, ev := range evs {
 			switch ev.Kind {
 			case execstream.EventTruncated:
@@ -52,11 +71,13 @@ func (s *Service) GetExec(ctx context.Context, p auth.Principal, sandboxID, exec
 				} else {
 					stdout.Write(ev.Data)
 				}
+			case execstream.EventExit:
+				exited = true // nothing follows it
 			}
 			after = ev.Cursor
 		}
-		if cursorOffset(after) >= m.Offset && m.State == execstream.Running {
-			break // as far as the exec had come when asked: a busy command is not chased
+		if exited || cursorOffset(after) >= m.Offset && m.State == execstream.Running {
+			break // the whole output, or as far as the exec had come when asked: a busy command is not chased
 		}
 	}
 	res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()

@@ -95,6 +95,14 @@ func (s *Store) Read(ctx context.Context, execID, after string, count int, block
 	return evs, err
 }
 
+// ReadFirst returns the exec's status and the first events of its output (up to count, as
+// Read from the start), read in one round trip. ErrNotFound for an unknown (or swept) exec.
+func (s *Store) ReadFirst(ctx context.Context, execID string, count int) (Meta, []Event, error) {
+	var m Meta
+	evs, _, err := s.read(ctx, execID, "", count, 0, &m)
+	return m, evs, err
+}
+
 // read is Read that also reports whether nothing can ever follow the events returned (the exit
 // event is among them, or the cursor was already at it). With meta not nil it also reads the
 // exec's whole status into *meta, in the same round trip (and for a malformed cursor, alone,
