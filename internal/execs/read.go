@@ -169,19 +169,18 @@ func (s *Service) ExecOutputStatus(ctx context.Context, p auth.Principal, sandbo
 // endResult is an exec's result at its exit event: m, the status its subscription began with,
 // ended as the exit entry records it. The status is read again only when the entry does not
 // say when the exec ended (an older version wrote it) or the exec ran under a terminal, whose
-// size may have changed since m was read.
+// size may have changed since m was read; when that read fails, m stands, ended.
 func (s *Service) endResult(ctx context.Context, m execstream.Meta, ev execstream.Event) sandbox.ExecResult {
-	switch {
-	case ev.End != nil && m.TtyRows == 0:
-		m.State, m.EndedAt, m.Bytes, m.Exit = execstream.Ended, ev.End.At, ev.End.Bytes, ev.Exit
-	default:
-		got, err := s.store.Get(ctx, m.ID)
-		if err != nil {
-			r := sandbox.ExecResult{ExecID: m.ID, State: sandbox.ExecEnded}
-			applyExit(&r, ev.Exit)
-			return r
+	if ev.End == nil || m.TtyRows > 0 {
+		if got, err := s.store.Get(ctx, m.ID); err == nil {
+			m = got
 		}
-		m = got
+	}
+	if m.State != execstream.Ended {
+		m.State, m.Exit = execstream.Ended, ev.Exit
+		if ev.End != nil {
+			m.EndedAt, m.Bytes = ev.End.At, ev.End.Bytes
+		}
 	}
 	r := execResultOf(m)
 	applyExit(&r, ev.Exit)
