@@ -6,11 +6,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"sandboxd/guest/proto"
 	"sandboxd/internal/apierror"
@@ -19,6 +16,7 @@ import (
 	"sandboxd/internal/domain/domaintest"
 	"sandboxd/internal/execs"
 	"sandboxd/internal/execstream"
+	"sandboxd/internal/redistest"
 	"sandboxd/internal/sandbox"
 )
 
@@ -261,65 +259,6 @@ func TestCorruptLogIsNotReadInATightLoop(t *testing.T) {
 	}
 }
 
-// execTrips counts the round trips to Redis that touch one exec's keys, and the reads of its
-// whole status (HGETALL of its meta hash) among their commands.
-type execTrips struct {
-	mu      sync.Mutex
-	execID  string
-	trips   int
-	hgetall int
-}
-
-func (c *execTrips) count(cmds []redis.Cmder) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.execID == "" {
-		return
-	}
-	tag, touched := "{"+c.execID+"}", false
-	for _, cmd := range cmds {
-		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, tag) {
-				touched = true
-				if cmd.Name() == "hgetall" {
-					c.hgetall++
-				}
-				break
-			}
-		}
-	}
-	if touched {
-		c.trips++
-	}
-}
-
-// watch starts counting for execID from zero.
-func (c *execTrips) watch(execID string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.execID, c.trips, c.hgetall = execID, 0, 0
-}
-
-func (c *execTrips) counts() (trips, hgetall int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.trips, c.hgetall
-}
-
-func (c *execTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *execTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.count([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-func (c *execTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.count(cmds)
-		return next(ctx, cmds)
-	}
-}
-
 // TestExecOutputReadsTheStatusOnce: a subscription to an exec's output checks the exec, reads
 // its status and its first output in one round trip to Redis, and its exit event takes no
 // read of the status after it (the exit entry carries what the status adds); the event's
@@ -328,8 +267,7 @@ func (c *execTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // cursor it sends.
 func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 	e := domaintest.New(t, domaintest.Options{RealRedis: true})
-	trips := &execTrips{}
-	e.Redis.Client.AddHook(trips)
+	trips := redistest.CountKeyTrips(e.Redis.Client, "")
 	ctx := context.Background()
 	sb := e.CreateRunning(t, alice)
 
@@ -361,13 +299,13 @@ func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trips.watch(ended.ExecID)
+	trips.Watch("{" + ended.ExecID + "}")
 	ch, err := e.Svc.ExecOutput(ctx, alice, ended.ExecID, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	last := lastOf(ch)
-	if n, _ := trips.counts(); n != 1 {
+	if n := trips.Trips(); n != 1 {
 		t.Errorf("the replay of an ended exec took %d round trips to Redis, want 1", n)
 	}
 	if last.Result.ExitCode != 3 || last.Result.OutputBytes != 8 || last.Result.EndedAt.IsZero() {
@@ -376,12 +314,12 @@ func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 	same("ended before", last.Result, ended.ExecID)
 
 	// The status with its output: one round trip too, for an exec this short.
-	trips.watch(ended.ExecID)
+	trips.Watch("{" + ended.ExecID + "}")
 	st, err := e.Svc.GetExec(ctx, alice, sb.ID, ended.ExecID, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := trips.counts(); n != 1 {
+	if n := trips.Trips(); n != 1 {
 		t.Errorf("the status with output took %d round trips to Redis, want 1", n)
 	}
 	if string(st.Stdout) != "out\n" || string(st.Stderr) != "err\n" || st.ExitCode != 3 {
@@ -397,7 +335,7 @@ func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 	}
 
 	running := detach(t, e, sb.ID, sandbox.ExecRequest{Command: []string{"sh", "-c", "echo one; sleep 0.5; echo two"}})
-	trips.watch(running.ExecID)
+	trips.Watch("{" + running.ExecID + "}")
 	ch, err = e.Svc.ExecOutput(ctx, alice, running.ExecID, "")
 	if err != nil {
 		t.Fatal(err)
@@ -406,7 +344,7 @@ func TestExecOutputReadsTheStatusOnce(t *testing.T) {
 	if last.Result.OutputBytes != 8 {
 		t.Errorf("the exit event's result: got %+v, want 8 bytes", *last.Result)
 	}
-	if _, reads := trips.counts(); reads != 1 {
+	if reads := trips.Commands("hgetall"); reads != 1 {
 		t.Errorf("following an exec to its end read its whole status %d times, want once (with the first output)", reads)
 	}
 	same("ended under the subscription", last.Result, running.ExecID)

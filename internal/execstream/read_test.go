@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -478,39 +477,6 @@ func TestSubscribeCancelLeaksNothing(t *testing.T) {
 	})
 }
 
-// roundTrips counts what a client sends to Redis about one exec (a key with its hash tag):
-// one per command sent alone, one per pipeline. (A new connection's own greeting, which the
-// client may send at any time, touches no key and is not counted.)
-type roundTrips struct {
-	tag string
-	n   atomic.Int64
-}
-
-func (c *roundTrips) count(cmds []redis.Cmder) {
-	for _, cmd := range cmds {
-		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, c.tag) {
-				c.n.Add(1)
-				return
-			}
-		}
-	}
-}
-
-func (c *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.count([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-func (c *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.count(cmds)
-		return next(ctx, cmds)
-	}
-}
-
 // TestSubscribeAsChecksTheStatusFirst: a subscriber that must see the exec's status first gets
 // it with the first output, in one round trip; the check's refusal comes before anything else
 // (a bad cursor says nothing to a caller who may not see the exec), and an unknown exec never
@@ -523,16 +489,15 @@ func TestSubscribeAsChecksTheStatusFirst(t *testing.T) {
 		create(t, s, c, "exec_as")
 		ch := series(0, []byte("0123456789"), []byte("abc")) // ends at 15 and 23
 		mustAppend(t, s, "exec_as", "A", ch, nil)
-		trips := roundTrips{tag: "{exec_as}"}
-		srv.Client.AddHook(&trips)
+		trips := redistest.CountKeyTrips(srv.Client, "{exec_as}")
 
 		var seen Meta
-		before := trips.n.Load()
+		trips.Watch("{exec_as}")
 		sub, err := s.SubscribeAs(ctx, "exec_as", "", func(m Meta) error { seen = m; return nil })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := trips.n.Load() - before; n != 1 {
+		if n := trips.Trips(); n != 1 {
 			t.Errorf("the subscription's first read took %d round trips, want 1", n)
 		}
 		if seen.ID != "exec_as" || seen.Tenant != "t" || seen.Project != "p" || seen.Sandbox != "sbx_1" || seen.State != Running ||
