@@ -590,6 +590,22 @@ func savedKernelState(t *testing.T, d *gvisor.Driver, id string) int64 {
 	return fi.Size()
 }
 
+// savedStatePerExec measures what n execs, each run by exec over an attach of box id, add to
+// the box's saved kernel state (savedKernelState): the size before and after them (after one
+// exec of `true` first), and the growth per exec.
+func savedStatePerExec(t *testing.T, d *gvisor.Driver, id string, n int, exec func(c *client.Client)) (before, after, per int64) {
+	t.Helper()
+	c := runtimetest.Client(t, d, id)
+	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
+	before = savedKernelState(t, d, id)
+	c = runtimetest.Client(t, d, id) // the pause broke the attach
+	for range n {
+		exec(c)
+	}
+	after = savedKernelState(t, d, id)
+	return before, after, (after - before) / int64(n)
+}
+
 // TestFailedStartsLeaveNoCgroup: a start that fails after its exec's cgroup was made (a working
 // folder that does not exist, found by the child's chdir) gives the cgroup back at once, like
 // an exec that ran and ended: each such exec adds its log's file to the box's saved kernel
@@ -597,19 +613,13 @@ func savedKernelState(t *testing.T, d *gvisor.Driver, id string) int64 {
 func TestFailedStartsLeaveNoCgroup(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
-	c := runtimetest.Client(t, d, id)
-	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
-	before := savedKernelState(t, d, id)
 	const n = 100
-	c = runtimetest.Client(t, d, id)
-	for range n {
+	before, after, per := savedStatePerExec(t, d, id, n, func(c *client.Client) {
 		res := runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}, Cwd: "/no/such/folder"})
 		if res.Exit.ExitCode != 127 || !strings.Contains(res.Exit.Error, "cd: /no/such/folder") {
 			t.Fatalf("a start in a missing folder: %+v, want 127 and the cd error", res.Exit)
 		}
-	}
-	after := savedKernelState(t, d, id)
-	per := (after - before) / n
+	})
 	t.Logf("checkpoint.img: %d bytes, then %d after %d failed starts: %d bytes per exec", before, after, n, per)
 	if per > 800 {
 		t.Errorf("each failed start adds %d bytes to the box's saved kernel state, want at most 800 (no cgroup kept)", per)
@@ -624,16 +634,10 @@ func TestFailedStartsLeaveNoCgroup(t *testing.T) {
 func TestPauseImageGrowsLittlePerExec(t *testing.T) {
 	d := newDriver(t)
 	id := runtimetest.CreateBox(t, d, defaultSpec())
-	c := runtimetest.Client(t, d, id)
-	runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
-	before := savedKernelState(t, d, id)
 	const n = 100
-	c = runtimetest.Client(t, d, id)
-	for range n {
+	before, after, per := savedStatePerExec(t, d, id, n, func(c *client.Client) {
 		runtimetest.MustRun(t, c, proto.ExecRequest{ID: runtimetest.NewExecID(), Argv: []string{"true"}})
-	}
-	after := savedKernelState(t, d, id)
-	per := (after - before) / n
+	})
 	t.Logf("checkpoint.img: %d bytes, then %d after %d more execs: %d bytes per exec", before, after, n, per)
 	if per > 600 {
 		t.Errorf("each ended exec adds %d bytes to the box's saved kernel state, want at most 600", per)
