@@ -283,19 +283,15 @@ func (s *Store) SubscribeAs(ctx context.Context, execID, after string, check fun
 	// Watch before the first read: every batch appended from here on is either in what Redis
 	// answers or in the window.
 	live := s.live.watch(execID)
-	var meta Meta
-	var first []Event
-	var done bool
-	var err error
+	var meta *Meta
 	if check != nil {
-		first, done, err = s.read(ctx, execID, after, batch, 0, &meta)
-		if meta.ID != "" {
-			if cerr := check(meta); cerr != nil {
-				err = cerr
-			}
+		meta = &Meta{}
+	}
+	first, done, err := s.read(ctx, execID, after, batch, 0, meta)
+	if meta != nil && meta.ID != "" {
+		if cerr := check(*meta); cerr != nil {
+			err = cerr
 		}
-	} else {
-		first, done, err = s.read(ctx, execID, after, batch, 0, nil)
 	}
 	if err != nil {
 		live.unwatch()
