@@ -3,11 +3,14 @@ package tests
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,6 +188,38 @@ func TestExecStreamLiveFeed(t *testing.T) {
 		t.Logf("%d of %d events on the follower's replica came from its live window", liveAfter-liveBefore, len(got))
 		local.c.Close(websocket.StatusNormalClosure, "done")
 		remote.c.Close(websocket.StatusNormalClosure, "done")
+	})
+
+	e2e.Step(t, "a-fresh-exec-is-fed-from-memory-from-its-first-byte", func(t *testing.T) {
+		// curl -N -H 'Accept: text/event-stream' … /exec on the replica that starts (and so
+		// follows) the exec: its subscriber waits on the replica's window from the start, and
+		// every event (each chunk as its batch goes to Redis, the exit once Redis took it) comes
+		// from memory; another replica replays the same events from Redis.
+		liveBefore, redisBefore := outputEvents(t, a)
+		resp := sseRequest(t, a, http.MethodPost, e2e.Prefix+"/"+id+"/exec",
+			`{"command":["sh","-c","sleep 0.5; echo x; sleep 0.2; echo y >&2"]}`, e2e.HdrTenant1)
+		evs := readSSE(t, resp.Body)
+		resp.Body.Close()
+		if kinds := sseKinds(evs); strings.Join(kinds, ",") != "started,chunk,chunk,exit" {
+			t.Fatalf("got events %v, want started, two chunks, exit", kinds)
+		}
+		if stdout, stderr := sseOutput(t, evs); stdout != "x\n" || stderr != "y\n" {
+			t.Fatalf("got stdout %q stderr %q", stdout, stderr)
+		}
+		liveAfter, redisAfter := outputEvents(t, a)
+		if liveAfter-liveBefore != 3 || redisAfter != redisBefore {
+			t.Fatalf("events from the live window %d, from Redis %d; want 3 and 0", liveAfter-liveBefore, redisAfter-redisBefore)
+		}
+		var started execStatusJSON
+		if err := json.Unmarshal([]byte(evs[0].data), &started); err != nil {
+			t.Fatal(err)
+		}
+		replay := sseRequest(t, b, http.MethodGet, e2e.Prefix+"/"+id+"/execs/"+started.ExecID+"/output", "", e2e.HdrTenant1)
+		again := readSSE(t, replay.Body)
+		replay.Body.Close()
+		if !slices.Equal(again, evs[1:]) {
+			t.Fatalf("replayed on another replica: %+v, want %+v", again, evs[1:])
+		}
 	})
 
 	e2e.Step(t, "follower-killed-mid-stream", func(t *testing.T) {

@@ -64,6 +64,9 @@ func (s *Service) newFollower(m execstream.Meta, offset int64, wait bool) *follo
 	s.followMu.Lock()
 	s.following[m.ID] = true
 	s.followMu.Unlock()
+	// This replica's subscribers of the exec take its output from the follower's batches, each
+	// as it goes to Redis; forget and stopWriting end that.
+	s.store.BeginFeed(m.ID, offset)
 	return f
 }
 

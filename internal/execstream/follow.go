@@ -128,6 +128,10 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 	for _, c := range chunks {
 		args = append(args, string(c.Stream), c.Start, c.Offset, c.Data)
 	}
+	if offerable(chunks) {
+		// This replica's subscribers have the chunks now, beside the round trip (live.go).
+		s.live.offer(execID, chunks)
+	}
 	res, err := appendScript.Run(ctx, s.rdb, []string{metaKey(execID), outKey(execID)}, args...).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("execstream append %s: %w", execID, err)
@@ -142,13 +146,30 @@ func (s *Store) Append(ctx context.Context, execID, token string, chunks []Chunk
 	case -3:
 		return fmt.Errorf("execstream append %s: %w", execID, ErrEnded)
 	}
-	// Redis has the batch: this replica's subscribers may have it from memory now.
+	// Redis has the batch: this replica's subscribers may have the exit from memory now (and the
+	// chunks, when they were not offered).
 	var end *End
 	if exit != nil {
 		end = &End{At: time.UnixMilli(now.UnixMilli()).UTC(), Bytes: res[2]}
 	}
 	s.live.publish(execID, chunks, exit, end, res[1])
 	return nil
+}
+
+// offerable reports whether a batch's chunks may reach this replica's subscribers before Redis
+// takes them: a batch within MaxLead, and without a gap (where the guest's log had dropped
+// output before this follower read it: another follower may have copied that output, and the
+// window then gives what Redis has).
+func offerable(chunks []Chunk) bool {
+	if len(chunks) == 0 || chunks[len(chunks)-1].Offset-chunks[0].Start > MaxLead {
+		return false
+	}
+	for _, c := range chunks {
+		if c.Stream == Gap {
+			return false
+		}
+	}
+	return true
 }
 
 // Ended moves an exec whose exit status Append wrote from the running index to the ended one

@@ -3,9 +3,14 @@ package execstream
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"sandboxd/internal/redistest"
 )
@@ -243,6 +248,245 @@ func TestLiveWindowNeverOutlivesTheStream(t *testing.T) {
 		s.live.mu.Unlock()
 		if n != 5 {
 			t.Fatalf("window: got %d entries, want 5", n)
+		}
+	})
+}
+
+// scriptGate holds a client's scripts that touch a tag's keys at Redis's door while it is
+// shut: an Append's round trip made as long as a test wants. A held script whose context ends
+// fails and never reaches Redis.
+type scriptGate struct {
+	tag     string
+	mu      sync.Mutex
+	shut    chan struct{} // nil: open
+	entered chan struct{} // one send per held script
+}
+
+func newScriptGate(c *redis.Client, tag string) *scriptGate {
+	g := &scriptGate{tag: tag, entered: make(chan struct{}, 16)}
+	c.AddHook(g)
+	return g
+}
+
+func (g *scriptGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut == nil {
+		g.shut = make(chan struct{})
+	}
+}
+
+func (g *scriptGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+}
+
+// waitEntered waits until a script is held.
+func (g *scriptGate) waitEntered(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no script reached Redis's door within 10s")
+	}
+}
+
+func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			for _, a := range cmd.Args() {
+				if s, ok := a.(string); ok && strings.Contains(s, g.tag) {
+					g.mu.Lock()
+					shut := g.shut
+					g.mu.Unlock()
+					if shut != nil {
+						g.entered <- struct{}{}
+						select {
+						case <-shut:
+						case <-ctx.Done():
+							cmd.SetErr(ctx.Err())
+							return ctx.Err()
+						}
+					}
+					break
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// gatedStore is a replica whose scripts on the exec's keys can be held (g), beside plain, another
+// replica on the same Redis and clock.
+func gatedStore(t *testing.T, srv *redistest.Server, execID string) (gated *Store, g *scriptGate, plain *Store, c *clock) {
+	plain, c = newStore(srv, Options{})
+	rc := redis.NewClient(srv.Client.Options())
+	t.Cleanup(func() { rc.Close() })
+	g = newScriptGate(rc, execID)
+	t.Cleanup(g.open)
+	return New(rc, Options{Now: c.Now, Block: 100 * time.Millisecond}), g, plain, c
+}
+
+// TestLiveFeedHasChunksBeforeRedis: the follower's replica hands a batch's chunks to its
+// subscribers while Redis takes them (not after), and the exit only once Redis has it; other
+// replicas get the same events from Redis.
+func TestLiveFeedHasChunksBeforeRedis(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		const id = "exec_early"
+		s, gate, other, c := gatedStore(t, srv, id)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		create(t, other, c, id)
+		s.BeginFeed(id, 0)
+		defer s.EndFeed(id)
+		local, err := s.Subscribe(ctx, id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		remote, err := other.Subscribe(ctx, id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := series(0, []byte("hello\n"), []byte("world\n"))
+		gate.close()
+		appended := make(chan error, 1)
+		go func() { appended <- s.Append(ctx, id, "A", want, nil) }()
+		gate.waitEntered(t)
+		got := collectN(t, local, 2)
+		for i, ev := range got {
+			if ev.Kind != EventChunk || !ev.Live || !fromMemory(ev, want[i]) || ev.Cursor != fmt.Sprintf("%d-0", want[i].Offset) {
+				t.Fatalf("event %d while Redis had not taken the batch: got %+v, want chunk %d from the window", i, ev, i)
+			}
+		}
+		if evs, err := other.Read(ctx, id, "", 10, 0); err != nil || len(evs) != 0 {
+			t.Fatalf("Redis while the batch was held: got %d events, %v; want none", len(evs), err)
+		}
+		gate.open()
+		if err := <-appended; err != nil {
+			t.Fatal(err)
+		}
+		// The exit is no news before the stream holds it.
+		gate.close()
+		go func() { appended <- s.Append(ctx, id, "A", nil, &Exit{ExitCode: 4, StdoutBytes: 12}) }()
+		gate.waitEntered(t)
+		select {
+		case ev := <-local:
+			t.Fatalf("got %+v while Redis had not taken the exit, want nothing", ev)
+		case <-time.After(300 * time.Millisecond):
+		}
+		gate.open()
+		if err := <-appended; err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, collect(t, local, 10*time.Second)...)
+		all := readAll(t, other, id, "", 100)
+		sameEvents(t, got, all)
+		sameEvents(t, collect(t, remote, 10*time.Second), all)
+	})
+}
+
+// TestLiveFeedCursorAheadOfRedis: a replica hands its subscriber a batch and dies before Redis
+// takes it. The subscriber's cursor, past what Redis holds, still resumes on another replica
+// (and on the same one, back on Redis) once a new follower copies the same records: every byte
+// once. A cursor ahead of an exec that ends short of it is refused.
+func TestLiveFeedCursorAheadOfRedis(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		const id = "exec_ahead"
+		a, gate, b, c := gatedStore(t, srv, id)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		create(t, b, c, id)
+		log := series(0, numbered(0, 30)...) // the guest init's log
+		a.BeginFeed(id, 0)
+		sub, err := a.Subscribe(ctx, id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, a, id, "A", log[:10], nil)
+		got := collectN(t, sub, 10)
+		// A's next batch reaches its subscriber; then A dies with the batch on its way.
+		gate.close()
+		actx, acancel := context.WithCancel(ctx)
+		appended := make(chan error, 1)
+		go func() { appended <- a.Append(actx, id, "A", log[10:15], nil) }()
+		gate.waitEntered(t)
+		got = append(got, collectN(t, sub, 5)...)
+		acancel()
+		if err := <-appended; err == nil {
+			t.Fatal("the dead replica's batch reached Redis")
+		}
+		a.EndFeed(id)
+		ahead := got[14].Cursor
+		if m, err := b.Get(ctx, id); err != nil || m.Offset != log[9].Offset {
+			t.Fatalf("Redis holds offset %d (%v), want %d: the test needs a cursor past it", m.Offset, err, log[9].Offset)
+		}
+		// The client resumes on B with the cursor A gave it.
+		resumed, err := b.Subscribe(ctx, id, ahead)
+		if err != nil {
+			t.Fatalf("resuming at %s, past what Redis holds: %v", ahead, err)
+		}
+		if evs, err := b.Read(ctx, id, ahead, 10, 0); err != nil || len(evs) != 0 {
+			t.Fatalf("Read at %s before the takeover: got %d events, %v; want none yet", ahead, len(evs), err)
+		}
+		// B takes over where Redis stands and copies the same records on.
+		c.Add(lease)
+		off, ok, err := b.TryFollow(ctx, id, "B", c.Now(), lease)
+		if err != nil || !ok || off != log[9].Offset {
+			t.Fatalf("B takes over: got %d %v %v, want offset %d", off, ok, err, log[9].Offset)
+		}
+		mustAppend(t, b, id, "B", log[10:20], nil)
+		mustAppend(t, b, id, "B", log[20:], &Exit{ExitCode: 0})
+		rest := collect(t, resumed, 10*time.Second)
+		if len(rest) != len(log)-15+1 || rest[len(rest)-1].Kind != EventExit {
+			t.Fatalf("resumed at %s: got %d events, want the %d chunks after it and the exit", ahead, len(rest), len(log)-15)
+		}
+		checkChunks(t, rest[:len(rest)-1], log[15:])
+		sameEvents(t, append(got, collect(t, sub, 10*time.Second)...), readAll(t, b, id, "", 100))
+
+		// A cursor past the end of an exec that ended short of it (the new follower found the
+		// sandbox gone): refused, and subscribers waiting there are let go.
+		const short = id + "_short" // held by the gate too
+		create(t, b, c, short)
+		a.BeginFeed(short, 0)
+		early, err := a.Subscribe(ctx, short, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		gate.close()
+		sctx, scancel := context.WithCancel(ctx)
+		go func() { appended <- a.Append(sctx, short, "A", log[:3], nil) }()
+		gate.waitEntered(t)
+		far := collectN(t, early, 3)[2].Cursor
+		scancel()
+		<-appended
+		gate.open()
+		a.EndFeed(short)
+		waiting, err := b.Subscribe(ctx, short, far)
+		if err != nil {
+			t.Fatalf("resuming at %s of a running exec: %v", far, err)
+		}
+		c.Add(lease)
+		if _, ok, err := b.TryFollow(ctx, short, "B", c.Now(), lease); err != nil || !ok {
+			t.Fatalf("B takes over: %v %v", ok, err)
+		}
+		mustAppend(t, b, short, "B", nil, &Exit{ExitCode: -1, Error: "the sandbox was destroyed while the command ran"})
+		for name, ch := range map[string]<-chan Event{"resumed on B": waiting, "A's own": early} {
+			if evs := collect(t, ch, 10*time.Second); len(evs) != 0 {
+				t.Fatalf("%s subscriber at %s, past the exit: got %+v, want none and the end", name, far, evs)
+			}
+		}
+		if _, err := b.Read(ctx, short, far, 10, 0); !errors.Is(err, ErrBadCursor) {
+			t.Fatalf("Read at %s past the exit: got %v, want ErrBadCursor", far, err)
 		}
 	})
 }

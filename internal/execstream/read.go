@@ -157,9 +157,12 @@ func (s *Store) read(ctx context.Context, execID, after string, count int, block
 		stored, _ = strconv.ParseInt(offStr, 10, 64)
 	}
 	ended := state == Ended
-	// The last entry id is "<stored>-1" once ended, else "<stored>-0" (or nothing yet): a cursor
-	// past it was never given out, and waiting for it could hang.
-	if pos.off > stored || pos.part == 1 && (!ended || pos.off != stored) {
+	// The last entry id is "<stored>-1" once ended, else "<stored>-0" (or nothing yet). A
+	// cursor past it was never given out, and waiting for it could hang; but for the one batch
+	// that a follower's replica hands its own subscribers while Redis takes it (MaxLead), whose
+	// entries come with the exec's next Append (from whichever replica follows it then) or
+	// never, when it ends first: then the cursor is refused.
+	if pos.off > stored && (ended || pos.off-stored > MaxLead) || pos.part == 1 && (!ended || pos.off != stored) {
 		return nil, false, fmt.Errorf("execstream read %s: cursor %q is past the end: %w", execID, after, ErrBadCursor)
 	}
 	msgs := xr.Val()
