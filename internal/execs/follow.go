@@ -95,11 +95,13 @@ func (f *follower) finishUnstarted(cause error) {
 // forget takes the exec off this replica's list of execs it follows; its subscribers here go
 // back to reading Redis.
 func (f *follower) forget() {
+	// The feed ends first: a takeover on this replica, which waits for the exec to leave the
+	// list, then begins its own, never ended by this one.
+	f.s.store.EndFeed(f.meta.ID)
 	f.s.followMu.Lock()
 	delete(f.s.following, f.meta.ID)
 	f.s.followMu.Unlock()
 	f.answered()
-	f.s.store.EndFeed(f.meta.ID)
 }
 
 // answered notes that the sandbox of an exec whose start it did not answer answered since (or
