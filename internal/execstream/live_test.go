@@ -490,3 +490,38 @@ func TestLiveFeedCursorAheadOfRedis(t *testing.T) {
 		}
 	})
 }
+
+// TestLiveFeedRetriedBatchOnce: an Append that failed after it offered its chunks (Redis did not
+// answer in time) and is retried offers the same chunks again; the subscriber gets each once.
+func TestLiveFeedRetriedBatchOnce(t *testing.T) {
+	redistest.Both(t, func(t *testing.T, srv *redistest.Server) {
+		const id = "exec_retry"
+		s, gate, other, c := gatedStore(t, srv, id)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		create(t, other, c, id)
+		s.BeginFeed(id, 0)
+		defer s.EndFeed(id)
+		sub, err := s.Subscribe(ctx, id, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := series(0, numbered(0, 12)...)
+		mustAppend(t, s, id, "A", log[:4], nil)
+		gate.close()
+		actx, acancel := context.WithCancel(ctx)
+		failed := make(chan error, 1)
+		go func() { failed <- s.Append(actx, id, "A", log[4:8], nil) }()
+		gate.waitEntered(t)
+		acancel()
+		if err := <-failed; err == nil {
+			t.Fatal("the held Append succeeded")
+		}
+		gate.open()
+		mustAppend(t, s, id, "A", log[4:8], nil) // the follower's retry
+		mustAppend(t, s, id, "A", log[8:], &Exit{ExitCode: 1})
+		got := collect(t, sub, 10*time.Second)
+		sameEvents(t, got, readAll(t, other, id, "", 100))
+		checkChunks(t, got[:len(got)-1], log)
+	})
+}
