@@ -22,6 +22,9 @@ const (
 // AnnMemoryPending is the record annotation of a paused sandbox's image not stored yet.
 const AnnMemoryPending = annMemoryPending
 
+// MemoryKept reports whether a record names a memory image of its sandbox, stored or on its way.
+func MemoryKept(rec runtime.Record) bool { return memoryKept(rec) }
+
 // MemoryStores is how many memory image stores s runs.
 func MemoryStores(s *Service) int { return s.memStores.count() }
 
