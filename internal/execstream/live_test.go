@@ -337,6 +337,33 @@ func gatedStore(t *testing.T, srv *redistest.Server, execID string) (gated *Stor
 	return New(rc, Options{Now: c.Now, Block: 100 * time.Millisecond}), g, plain, c
 }
 
+// hold shuts the gate and starts an Append on its own context, which returns once the script
+// is held at Redis's door; the Append's error comes on the channel. cancel ends the Append
+// there, as a replica that dies with its batch on the way.
+func (g *scriptGate) hold(t *testing.T, ctx context.Context, s *Store, id, token string, chunks []Chunk, exit *Exit) (appended <-chan error, cancel func()) {
+	t.Helper()
+	g.close()
+	actx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Append(actx, id, token, chunks, exit) }()
+	g.waitEntered(t)
+	return done, cancel
+}
+
+// fedSubscriber creates exec id (followed by token "A") through plain, marks it fed by
+// follower's replica from its start, and subscribes there from the start.
+func fedSubscriber(t *testing.T, ctx context.Context, follower, plain *Store, c *clock, id string) <-chan Event {
+	t.Helper()
+	create(t, plain, c, id)
+	follower.BeginFeed(id, 0)
+	t.Cleanup(func() { follower.EndFeed(id) })
+	sub, err := follower.Subscribe(ctx, id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
 // TestLiveFeedHasChunksBeforeRedis: the follower's replica hands a batch's chunks to its
 // subscribers while Redis takes them (not after), and the exit only once Redis has it; other
 // replicas get the same events from Redis.
@@ -346,22 +373,13 @@ func TestLiveFeedHasChunksBeforeRedis(t *testing.T) {
 		s, gate, other, c := gatedStore(t, srv, id)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		create(t, other, c, id)
-		s.BeginFeed(id, 0)
-		defer s.EndFeed(id)
-		local, err := s.Subscribe(ctx, id, "")
-		if err != nil {
-			t.Fatal(err)
-		}
+		local := fedSubscriber(t, ctx, s, other, c, id)
 		remote, err := other.Subscribe(ctx, id, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		want := series(0, []byte("hello\n"), []byte("world\n"))
-		gate.close()
-		appended := make(chan error, 1)
-		go func() { appended <- s.Append(ctx, id, "A", want, nil) }()
-		gate.waitEntered(t)
+		appended, _ := gate.hold(t, ctx, s, id, "A", want, nil)
 		got := collectN(t, local, 2)
 		for i, ev := range got {
 			if ev.Kind != EventChunk || !ev.Live || !fromMemory(ev, want[i]) || ev.Cursor != fmt.Sprintf("%d-0", want[i].Offset) {
@@ -376,9 +394,7 @@ func TestLiveFeedHasChunksBeforeRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The exit is no news before the stream holds it.
-		gate.close()
-		go func() { appended <- s.Append(ctx, id, "A", nil, &Exit{ExitCode: 4, StdoutBytes: 12}) }()
-		gate.waitEntered(t)
+		appended, _ = gate.hold(t, ctx, s, id, "A", nil, &Exit{ExitCode: 4, StdoutBytes: 12})
 		select {
 		case ev := <-local:
 			t.Fatalf("got %+v while Redis had not taken the exit, want nothing", ev)
@@ -405,21 +421,12 @@ func TestLiveFeedCursorAheadOfRedis(t *testing.T) {
 		a, gate, b, c := gatedStore(t, srv, id)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		create(t, b, c, id)
+		sub := fedSubscriber(t, ctx, a, b, c, id)
 		log := series(0, numbered(0, 30)...) // the guest init's log
-		a.BeginFeed(id, 0)
-		sub, err := a.Subscribe(ctx, id, "")
-		if err != nil {
-			t.Fatal(err)
-		}
 		mustAppend(t, a, id, "A", log[:10], nil)
 		got := collectN(t, sub, 10)
 		// A's next batch reaches its subscriber; then A dies with the batch on its way.
-		gate.close()
-		actx, acancel := context.WithCancel(ctx)
-		appended := make(chan error, 1)
-		go func() { appended <- a.Append(actx, id, "A", log[10:15], nil) }()
-		gate.waitEntered(t)
+		appended, acancel := gate.hold(t, ctx, a, id, "A", log[10:15], nil)
 		got = append(got, collectN(t, sub, 5)...)
 		acancel()
 		if err := <-appended; err == nil {
@@ -456,16 +463,8 @@ func TestLiveFeedCursorAheadOfRedis(t *testing.T) {
 		// A cursor past the end of an exec that ended short of it (the new follower found the
 		// sandbox gone): refused, and subscribers waiting there are let go.
 		const short = id + "_short" // held by the gate too
-		create(t, b, c, short)
-		a.BeginFeed(short, 0)
-		early, err := a.Subscribe(ctx, short, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		gate.close()
-		sctx, scancel := context.WithCancel(ctx)
-		go func() { appended <- a.Append(sctx, short, "A", log[:3], nil) }()
-		gate.waitEntered(t)
+		early := fedSubscriber(t, ctx, a, b, c, short)
+		appended, scancel := gate.hold(t, ctx, a, short, "A", log[:3], nil)
 		far := collectN(t, early, 3)[2].Cursor
 		scancel()
 		<-appended
@@ -499,20 +498,10 @@ func TestLiveFeedRetriedBatchOnce(t *testing.T) {
 		s, gate, other, c := gatedStore(t, srv, id)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		create(t, other, c, id)
-		s.BeginFeed(id, 0)
-		defer s.EndFeed(id)
-		sub, err := s.Subscribe(ctx, id, "")
-		if err != nil {
-			t.Fatal(err)
-		}
+		sub := fedSubscriber(t, ctx, s, other, c, id)
 		log := series(0, numbered(0, 12)...)
 		mustAppend(t, s, id, "A", log[:4], nil)
-		gate.close()
-		actx, acancel := context.WithCancel(ctx)
-		failed := make(chan error, 1)
-		go func() { failed <- s.Append(actx, id, "A", log[4:8], nil) }()
-		gate.waitEntered(t)
+		failed, acancel := gate.hold(t, ctx, s, id, "A", log[4:8], nil)
 		acancel()
 		if err := <-failed; err == nil {
 			t.Fatal("the held Append succeeded")
