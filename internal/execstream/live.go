@@ -151,7 +151,7 @@ func (fs *feeds) add(execID string, chunks []Chunk, exit *Exit, end *End, stored
 	if f.following {
 		// Skip what the window already holds: chunks offered before Redis took them, or
 		// offered again by a retried Append (the same records at the same offsets).
-		for len(chunks) > 0 && chunks[0].Start < f.end && chunks[0].Offset <= f.end {
+		for len(chunks) > 0 && chunks[0].Offset <= f.end {
 			chunks = chunks[1:]
 		}
 	}
@@ -250,7 +250,9 @@ func (f *feed) wait(ctx context.Context, pos cursor, count int, timeout time.Dur
 	}()
 	for {
 		f.fs.mu.Lock()
-		if f.base >= 0 && pos.off >= f.base {
+		// The window holds every entry after its base: what follows pos when pos is not before.
+		inWindow := f.base >= 0 && pos.off >= f.base
+		if inWindow {
 			// The first entry after pos (entries are in id order), also when the follower has
 			// just ended (the exit it fed stays until the subscriber takes it).
 			i := sort.Search(len(f.entries), func(i int) bool { return f.entries[i].id.after(pos) })
@@ -268,7 +270,7 @@ func (f *feed) wait(ctx context.Context, pos cursor, count int, timeout time.Dur
 		case !f.following:
 			f.fs.mu.Unlock()
 			return nil, false, liveOff, nil
-		case f.base < 0 || pos.off < f.base:
+		case !inWindow:
 			f.fs.mu.Unlock()
 			return nil, false, liveBehind, nil
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -299,22 +298,17 @@ func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook { return next 
 
 func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			for _, a := range cmd.Args() {
-				if s, ok := a.(string); ok && strings.Contains(s, g.tag) {
-					g.mu.Lock()
-					shut := g.shut
-					g.mu.Unlock()
-					if shut != nil {
-						g.entered <- struct{}{}
-						select {
-						case <-shut:
-						case <-ctx.Done():
-							cmd.SetErr(ctx.Err())
-							return ctx.Err()
-						}
-					}
-					break
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && redistest.Touches(cmd, g.tag) {
+			g.mu.Lock()
+			shut := g.shut
+			g.mu.Unlock()
+			if shut != nil {
+				g.entered <- struct{}{}
+				select {
+				case <-shut:
+				case <-ctx.Done():
+					cmd.SetErr(ctx.Err())
+					return ctx.Err()
 				}
 			}
 		}

@@ -56,17 +56,24 @@ func (k *KeyTrips) count(cmds []redis.Cmder) {
 	}
 	touched := false
 	for _, cmd := range cmds {
-		for _, a := range cmd.Args() {
-			if s, ok := a.(string); ok && strings.Contains(s, k.tag) {
-				touched = true
-				k.cmds[cmd.Name()]++
-				break
-			}
+		if Touches(cmd, k.tag) {
+			touched = true
+			k.cmds[cmd.Name()]++
 		}
 	}
 	if touched {
 		k.trips++
 	}
+}
+
+// Touches reports whether a command touches keys holding tag: one of its arguments contains it.
+func Touches(cmd redis.Cmder, tag string) bool {
+	for _, a := range cmd.Args() {
+		if s, ok := a.(string); ok && strings.Contains(s, tag) {
+			return true
+		}
+	}
+	return false
 }
 
 // DialHook implements redis.Hook.
