@@ -155,7 +155,7 @@ func benchExec(ctx context.Context, b *bench) (groups []*Group, err error) {
 		return groups, fmt.Errorf("the in-sandbox floor's CPU: %w", err)
 	}
 	groups[0].Note += " " + floorNote(groups[0], floor, perRound, "`os.posix_spawn(\"/bin/true\")` + `os.waitpid`") +
-		" " + boxCPUNote(groups[0], boxCPU, floorCPU)
+		" " + boxCPUNote(groups[0], boxCPU, floorCPU, b.boxCPUHow(id))
 	if idle != nil {
 		// The floor's spawns follow one another inside one process; so does this group's
 		// back-to-back exec, while the first group's paths each follow other work.
@@ -233,17 +233,17 @@ func (b *bench) meteredStep(id string, s step, meters map[*Result]*cpuMeter) ste
 // processes' host stubs) used per exec of each path, next to what one spawn of the floor costs
 // them: it follows the traps into gVisor an exec makes and the threads it wakes, which on a
 // host where those are dear is most of an exec's time.
-func boxCPUNote(g *Group, meters map[*Result]*cpuMeter, floor time.Duration) string {
+func boxCPUNote(g *Group, meters map[*Result]*cpuMeter, floor time.Duration, how string) string {
 	var parts []string
 	for _, r := range g.Results {
 		if m := meters[r]; m != nil && m.runs > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s", r.Label, fmtDuration(m.total.box/time.Duration(m.runs))))
 		}
 	}
-	return fmt.Sprintf("CPU of the sandbox's processes per exec (/proc ticks of 10 ms, over every round, warm-ups included): %s; "+
+	return fmt.Sprintf("CPU of the sandbox's processes per exec (%s, over every round, warm-ups included): %s; "+
 		"per spawn of the floor %s (one exec of %d spawns after the rounds, untimed; python's own start, measured by an exec of "+
 		"`python3 -c pass`, taken off).",
-		strings.Join(parts, "; "), fmtDuration(floor), floorSpawns+floorWarm)
+		how, strings.Join(parts, "; "), fmtDuration(floor), floorSpawns+floorWarm)
 }
 
 // floorScript times spawns of a tiny command inside the sandbox with python's posix_spawn, the
@@ -367,8 +367,8 @@ func floorTimings(out execResult, n int) ([]time.Duration, error) {
 // floorSpawnCPU is the CPU the sandbox's processes spend per spawn of the floor (mode wait):
 // one exec of floorScript with floorSpawns spawns after the rounds, less an exec of python3
 // that spawns nothing, over every spawn it made. Its timings are not recorded: the floor row
-// holds only the spawns timed in the rounds. (CPU is read in ticks of 10 ms, so it takes many
-// spawns in one exec to see one's cost.)
+// holds only the spawns timed in the rounds. (Where CPU is read in ticks of 10 ms, it takes
+// many spawns in one exec to see one's cost.)
 func (b *bench) floorSpawnCPU(ctx context.Context, id string) (time.Duration, error) {
 	before := b.cpuSnapshot(id)
 	if out, err := b.api.exec(ctx, id, execBody([]string{"python3", "-c", "pass"}, "")); err != nil {

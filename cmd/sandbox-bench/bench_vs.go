@@ -163,7 +163,7 @@ func benchVs(ctx context.Context, b *bench) (groups []*Group, err error) {
 		}
 	}
 	perExec := func(s *side) time.Duration { return s.cpu.total.box / time.Duration(s.cpu.runs*o.execN) }
-	g.Note = vsNote(this.rounds, other.rounds, perExec(this), perExec(other))
+	g.Note = vsNote(this.rounds, other.rounds, perExec(this), perExec(other), b.boxCPUHow(this.id))
 	return []*Group{g}, nil
 }
 
@@ -194,7 +194,7 @@ func vsExec(ctx context.Context, api *client, id string, body []byte, firstByte 
 // vsNote sums up the rounds of the vs suite: in how many this build's median was lower, the
 // median of the rounds' differences (this minus the other), and the CPU of each sandbox's
 // processes per exec.
-func vsNote(this, other []time.Duration, thisCPU, otherCPU time.Duration) string {
+func vsNote(this, other []time.Duration, thisCPU, otherCPU time.Duration, how string) string {
 	n := min(len(this), len(other))
 	faster := 0
 	diffs := make([]time.Duration, 0, n)
@@ -210,8 +210,8 @@ func vsNote(this, other []time.Duration, thisCPU, otherCPU time.Duration) string
 		md = fmt.Sprintf("%+.2f ms", float64(median(diffs))/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("This build was faster in %d of %d rounds; the median of the rounds' differences (this build's median minus the other's) is %s. "+
-		"CPU of the sandbox's processes per exec (/proc ticks of 10 ms): this build %s, the --vs build %s.",
-		faster, n, md, fmtDuration(thisCPU), fmtDuration(otherCPU))
+		"CPU of the sandbox's processes per exec (%s): this build %s, the --vs build %s.",
+		faster, n, md, how, fmtDuration(thisCPU), fmtDuration(otherCPU))
 }
 
 // stopVs stops the vs suite's server and deletes what it left in its runsc root.

@@ -21,16 +21,16 @@ func TestVsNote(t *testing.T) {
 		return out
 	}
 	// Rounds 1, 2 and 4 faster; differences -1, -2, +1, -0.5: median -0.75 ms.
-	got := vsNote(ms(10, 10, 12, 9.5), ms(11, 12, 11, 10), 27*time.Millisecond, 29*time.Millisecond)
-	for _, want := range []string{"faster in 3 of 4 rounds", "is -0.75 ms", "this build 27.0 ms, the --vs build 29.0 ms"} {
+	got := vsNote(ms(10, 10, 12, 9.5), ms(11, 12, 11, 10), 27*time.Millisecond, 29*time.Millisecond, "its cgroup's usage")
+	for _, want := range []string{"faster in 3 of 4 rounds", "is -0.75 ms", "(its cgroup's usage): this build 27.0 ms, the --vs build 29.0 ms"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("vsNote = %q, want it to say %q", got, want)
 		}
 	}
-	if got := vsNote(ms(12), ms(11), 0, 0); !strings.Contains(got, "faster in 0 of 1 rounds") || !strings.Contains(got, "+1.00 ms") {
+	if got := vsNote(ms(12), ms(11), 0, 0, ""); !strings.Contains(got, "faster in 0 of 1 rounds") || !strings.Contains(got, "+1.00 ms") {
 		t.Errorf("vsNote of a slower round = %q", got)
 	}
-	if got := vsNote(nil, nil, 0, 0); !strings.Contains(got, "0 of 0 rounds") || !strings.Contains(got, "is none") {
+	if got := vsNote(nil, nil, 0, 0, ""); !strings.Contains(got, "0 of 0 rounds") || !strings.Contains(got, "is none") {
 		t.Errorf("vsNote of no rounds = %q", got)
 	}
 }

@@ -278,6 +278,9 @@ type bench struct {
 
 	cleanOnce   sync.Once
 	cleanupErrs []string
+
+	// cpu is where cpuSnapshot reads.
+	cpu cpuSources
 }
 
 // setup checks the components and starts sandboxd (or connects to --url).

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"slices"
 	"testing"
+	"time"
 )
 
 const smapsRollupSample = `00400000-7ffc0fb10000 ---p 00000000 00:00 0                              [rollup]
@@ -145,5 +146,41 @@ func TestChildNamed(t *testing.T) {
 	}
 	if _, err := childNamed(os.Getpid(), "no-such-command"); err == nil {
 		t.Fatal("childNamed found a child that does not exist")
+	}
+}
+
+func TestCgroupCPUFiles(t *testing.T) {
+	for _, c := range []struct {
+		name, data string
+		want       []string
+	}{
+		{"v1", "9:pids:/sbx_1\n3:cpuset:/sbx_1\n2:cpuacct:/sbx_1\n1:cpu:/sbx_1\n0::/\n", []string{
+			"/sys/fs/cgroup/cpuacct/sbx_1/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/sbx_1/cpuacct.usage",
+			"/sys/fs/cgroup/cpuacct,cpu/sbx_1/cpuacct.usage"}},
+		{"v1 joined", "4:cpu,cpuacct:/a/b\n", []string{
+			"/sys/fs/cgroup/cpuacct/a/b/cpuacct.usage", "/sys/fs/cgroup/cpu,cpuacct/a/b/cpuacct.usage",
+			"/sys/fs/cgroup/cpuacct,cpu/a/b/cpuacct.usage"}},
+		{"v2", "0::/sbx_1\n", []string{"/sys/fs/cgroup/sbx_1/cpu.stat", "/sys/fs/cgroup/unified/sbx_1/cpu.stat"}},
+		{"the root, shared with the host", "2:cpuacct:/\n0::/\n", nil},
+		{"nothing", "", nil},
+	} {
+		if got := cgroupCPUFiles([]byte(c.data)); !slices.Equal(got, c.want) {
+			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestParseCgroupCPU(t *testing.T) {
+	if d, err := parseCgroupCPU("cpuacct.usage", []byte("563169080\n")); err != nil || d != 563169080 {
+		t.Errorf("cpuacct.usage: %v, %v", d, err)
+	}
+	stat := "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n"
+	if d, err := parseCgroupCPU("cpu.stat", []byte(stat)); err != nil || d != 1500*time.Microsecond {
+		t.Errorf("cpu.stat: %v, %v", d, err)
+	}
+	for name, data := range map[string]string{"cpu.stat": "user_usec 1\n", "cpuacct.usage": "x\n"} {
+		if _, err := parseCgroupCPU(name, []byte(data)); err == nil {
+			t.Errorf("%s %q: no error", name, data)
+		}
 	}
 }
