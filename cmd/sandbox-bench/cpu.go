@@ -66,11 +66,7 @@ func (b *bench) cpuSnapshot(sandboxID string) cpuSnap {
 	if pid := b.sandboxdPid(); pid != 0 {
 		t, _ := cpuTicks(pid)
 		s.sandboxd = time.Duration(t) * clockTick
-		if rpid := b.redisPid(pid); rpid != 0 {
-			// With the AOF rewrites it reaped.
-			t, _ := cpuTicks(rpid)
-			s.redis = time.Duration(t) * clockTick
-		}
+		s.redis = b.redisCPU(pid)
 	}
 	s.box = b.boxCPU(sandboxID)
 	var self, children syscall.Rusage
@@ -80,14 +76,15 @@ func (b *bench) cpuSnapshot(sandboxID string) cpuSnap {
 	return s
 }
 
-// redisPid is the embedded Redis of sandboxd pid: its redis-server child, found by a scan the
-// first time and again whenever the one found has gone (sandboxd restarts a Redis that died).
-func (b *bench) redisPid(sandboxd int) int {
+// redisCPU is the CPU used so far by the embedded Redis of sandboxd pid (its redis-server
+// child, with the AOF rewrites it reaped), found by a scan the first time and again whenever
+// the one found has gone (sandboxd restarts a Redis that died).
+func (b *bench) redisCPU(sandboxd int) time.Duration {
 	b.cpu.mu.Lock()
 	defer b.cpu.mu.Unlock()
 	if b.cpu.redisOf == sandboxd && b.cpu.redis != 0 {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", b.cpu.redis)); err == nil {
-			return b.cpu.redis
+		if t, err := cpuTicks(b.cpu.redis); err == nil {
+			return time.Duration(t) * clockTick
 		}
 	}
 	b.cpu.redis, b.cpu.redisOf = 0, sandboxd
@@ -98,10 +95,11 @@ func (b *bench) redisPid(sandboxd int) int {
 	for _, p := range procs {
 		if p.ppid == sandboxd && len(p.args) > 0 && isRedisServer(p.args[0]) {
 			b.cpu.redis = p.pid
-			break
+			t, _ := cpuTicks(p.pid)
+			return time.Duration(t) * clockTick
 		}
 	}
-	return b.cpu.redis
+	return 0
 }
 
 // boxCPU is the CPU used so far by sandbox id's host processes: its cgroup's usage, one read,
@@ -123,34 +121,28 @@ func (b *bench) boxCPU(id string) time.Duration {
 		return 0
 	}
 	pids := boxProcs(procs, id)
-	var sum time.Duration
-	for _, pid := range pids {
-		if pid == os.Getpid() {
-			continue
-		}
-		t, _ := cpuTicks(pid)
-		sum += time.Duration(t) * clockTick
-	}
 	for _, p := range procs {
-		if !slices.Contains(pids, p.pid) || len(p.args) == 0 || filepath.Base(p.args[0]) != "runsc-sandbox" {
-			continue
-		}
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid))
-		if err != nil {
+		if slices.Contains(pids, p.pid) && len(p.args) > 0 && filepath.Base(p.args[0]) == "runsc-sandbox" {
+			if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid)); err == nil {
+				if file, d := cgroupCPUFile(data); file != "" {
+					b.cpu.mu.Lock()
+					if b.cpu.boxes == nil {
+						b.cpu.boxes = map[string]string{}
+					}
+					b.cpu.boxes[id] = file
+					b.cpu.mu.Unlock()
+					return d
+				}
+			}
 			break
 		}
-		if file := cgroupCPUFile(data); file != "" {
-			if d, err := cgroupCPU(file); err == nil {
-				b.cpu.mu.Lock()
-				if b.cpu.boxes == nil {
-					b.cpu.boxes = map[string]string{}
-				}
-				b.cpu.boxes[id] = file
-				b.cpu.mu.Unlock()
-				return d
-			}
+	}
+	var sum time.Duration
+	for _, pid := range pids {
+		if pid != os.Getpid() {
+			t, _ := cpuTicks(pid)
+			sum += time.Duration(t) * clockTick
 		}
-		break
 	}
 	return sum
 }
@@ -166,14 +158,15 @@ func (b *bench) boxCPUHow(id string) string {
 }
 
 // cgroupCPUFile is the file that holds the CPU usage of the cgroup named in data (a
-// /proc/PID/cgroup), the first of cgroupCPUFiles that reads; "" when none does.
-func cgroupCPUFile(data []byte) string {
+// /proc/PID/cgroup), the first of cgroupCPUFiles that reads, with what it read; "" when none
+// does.
+func cgroupCPUFile(data []byte) (string, time.Duration) {
 	for _, c := range cgroupCPUFiles(data) {
-		if _, err := cgroupCPU(c); err == nil {
-			return c
+		if d, err := cgroupCPU(c); err == nil {
+			return c, d
 		}
 	}
-	return ""
+	return "", 0
 }
 
 // cgroupCPUFiles are where the CPU usage of the cgroup named in data may be: the cpuacct
